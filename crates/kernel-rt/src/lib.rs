@@ -1,0 +1,52 @@
+//! # kernel-rt
+//!
+//! The runtime every mha-kit kernel crate stands on, and the only crate that
+//! talks to the CUDA driver (through `cudarc`, loaded at run time):
+//!
+//! - [`gpu_status`] / [`Gpu`]: detection that never panics (no libcuda, no
+//!   device → [`KernelError::NoGpu`]), device choice by `MHA_KIT_DEVICE`, one
+//!   stream per device, a per-context cache of PTX modules and functions;
+//! - [`KernelError`]: the one error type of all launchers;
+//! - [`Strided`] / [`StridedMut`]: host-validated strided views of device
+//!   buffers (`[bs, max_num_pages]` tables, `[slots, num_kv_heads, head_dim]`
+//!   caches);
+//! - [`DeviceErrors`]: the device error word kernels count bad indices in;
+//! - [`timing`]: CUDA-event timing (median of N, criterion `iter_custom`);
+//! - [`testing`]: the libtest-mimic GPU test harness (ignored without a GPU);
+//! - `include/mha_kit/*.cuh`: device headers shared by all kernels (vector
+//!   loads, index helpers, the error word). [`INCLUDE_DIR`] points at them.
+//!
+//! PTX is produced by `cargo xtask ptx-build` and embedded by each kernel
+//! crate with `include_str!`; building needs no CUDA toolkit.
+
+mod error;
+mod errword;
+mod gpu;
+pub mod ptxhash;
+mod tensor;
+pub mod testing;
+pub mod timing;
+
+pub use cudarc;
+pub use error::{KernelError, Result};
+pub use errword::{DeviceErrors, ErrorReport, ERROR_WORD_LEN};
+pub use gpu::{gpu_available, gpu_status, Gpu, GpuStatus, PtxModule, DEVICE_ENV};
+pub use tensor::{Strided, StridedMut};
+
+/// Path of the shared device headers (`crates/kernel-rt/include`), for the
+/// PTX build.
+pub const INCLUDE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/include");
+
+/// Elements per launch-geometry limit: CUDA's grid `y`/`z` extent.
+pub const MAX_GRID_YZ: u32 = 65_535;
+
+/// Converts a launch-geometry count to `u32`, naming the argument on overflow.
+///
+/// # Errors
+/// [`KernelError::Unsupported`] when `n` does not fit in `limit`.
+pub fn grid_dim(arg: &'static str, n: usize, limit: u32) -> Result<u32> {
+    u32::try_from(n)
+        .ok()
+        .filter(|&v| v <= limit)
+        .ok_or_else(|| KernelError::unsupported(arg, format!("{n} exceeds the grid limit {limit}")))
+}

@@ -1,0 +1,261 @@
+//! Strided views of device buffers, validated on the host so that a kernel
+//! indexing inside `shape` can never leave the buffer.
+
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+
+use crate::{KernelError, Result};
+
+/// Checks that every index inside `shape` maps, through `strides`, into a
+/// buffer of `len` elements. Returns the number of elements the view spans.
+fn check_bounds<const N: usize>(
+    arg: &'static str,
+    len: usize,
+    shape: &[usize; N],
+    strides: &[usize; N],
+) -> Result<usize> {
+    if shape.contains(&0) {
+        return Ok(0);
+    }
+    let mut max_offset: usize = 0;
+    for (&n, &s) in shape.iter().zip(strides) {
+        let term = (n - 1).checked_mul(s).ok_or_else(|| KernelError::Stride {
+            arg,
+            detail: format!("shape {shape:?} with strides {strides:?} overflows usize"),
+        })?;
+        max_offset = max_offset
+            .checked_add(term)
+            .ok_or_else(|| KernelError::Stride {
+                arg,
+                detail: format!("shape {shape:?} with strides {strides:?} overflows usize"),
+            })?;
+    }
+    let needed = max_offset + 1;
+    if needed > len {
+        return Err(KernelError::Capacity {
+            arg,
+            needed,
+            available: len,
+        });
+    }
+    Ok(needed)
+}
+
+/// Checks that no two indices inside `shape` share an element (an output view
+/// must not alias itself). Dims of size 1 are ignored, whatever their stride.
+fn check_no_overlap<const N: usize>(
+    arg: &'static str,
+    shape: &[usize; N],
+    strides: &[usize; N],
+) -> Result<()> {
+    let mut dims: Vec<(usize, usize)> = shape
+        .iter()
+        .zip(strides)
+        .filter(|(&n, _)| n > 1)
+        .map(|(&n, &s)| (s, n))
+        .collect();
+    dims.sort_unstable();
+    let mut extent = 0usize; // max offset reachable by the inner dims
+    for (s, n) in dims {
+        if s <= extent {
+            return Err(KernelError::Stride {
+                arg,
+                detail: format!(
+                    "output view with shape {shape:?} and strides {strides:?} overlaps itself"
+                ),
+            });
+        }
+        extent += (n - 1) * s;
+    }
+    Ok(())
+}
+
+fn row_major<const N: usize>(shape: &[usize; N]) -> [usize; N] {
+    let mut strides = [1usize; N];
+    for d in (0..N.saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1].saturating_mul(shape[d + 1]);
+    }
+    strides
+}
+
+/// A read-only strided view `[shape]` (strides in elements) of a device buffer.
+///
+/// Construction checks that every index inside `shape` lies in the buffer, so
+/// a kernel that stays inside `shape` never reads out of bounds.
+#[derive(Debug)]
+pub struct Strided<'a, T, const N: usize> {
+    data: CudaView<'a, T>,
+    shape: [usize; N],
+    strides: [usize; N],
+}
+
+impl<'a, T, const N: usize> Strided<'a, T, N> {
+    /// A view with explicit strides (in elements).
+    ///
+    /// # Errors
+    /// [`KernelError::Capacity`] when an index inside `shape` falls outside
+    /// `data`; [`KernelError::Stride`] on arithmetic overflow.
+    pub fn new(
+        arg: &'static str,
+        data: CudaView<'a, T>,
+        shape: [usize; N],
+        strides: [usize; N],
+    ) -> Result<Self> {
+        check_bounds(arg, data.len(), &shape, &strides)?;
+        Ok(Self {
+            data,
+            shape,
+            strides,
+        })
+    }
+
+    /// A row-major contiguous view of `shape`.
+    ///
+    /// # Errors
+    /// As [`Strided::new`].
+    pub fn contiguous(arg: &'static str, data: CudaView<'a, T>, shape: [usize; N]) -> Result<Self> {
+        Self::new(arg, data, shape, row_major(&shape))
+    }
+
+    /// A row-major contiguous view of a whole slice.
+    ///
+    /// # Errors
+    /// As [`Strided::new`].
+    pub fn of(arg: &'static str, data: &'a CudaSlice<T>, shape: [usize; N]) -> Result<Self> {
+        Self::contiguous(arg, data.as_view(), shape)
+    }
+
+    /// Extents `[d0, d1, ...]`.
+    pub fn shape(&self) -> [usize; N] {
+        self.shape
+    }
+
+    /// Strides in elements.
+    pub fn strides(&self) -> [usize; N] {
+        self.strides
+    }
+
+    /// Device address of element `[0, 0, ...]`, for a kernel params struct.
+    pub fn device_ptr(&self, stream: &CudaStream) -> u64 {
+        // Event tracking is off on mha-kit contexts (see `Gpu`), so the
+        // returned guard does nothing and may be dropped at once.
+        let (ptr, _guard) = self.data.device_ptr(stream);
+        ptr
+    }
+}
+
+/// A writable strided view `[shape]` of a device buffer; construction also
+/// checks that the view does not alias itself.
+#[derive(Debug)]
+pub struct StridedMut<'a, T, const N: usize> {
+    data: CudaViewMut<'a, T>,
+    shape: [usize; N],
+    strides: [usize; N],
+}
+
+impl<'a, T, const N: usize> StridedMut<'a, T, N> {
+    /// A writable view with explicit strides (in elements).
+    ///
+    /// # Errors
+    /// As [`Strided::new`], plus [`KernelError::Stride`] when two indices
+    /// would share an element.
+    pub fn new(
+        arg: &'static str,
+        data: CudaViewMut<'a, T>,
+        shape: [usize; N],
+        strides: [usize; N],
+    ) -> Result<Self> {
+        check_bounds(arg, data.len(), &shape, &strides)?;
+        check_no_overlap(arg, &shape, &strides)?;
+        Ok(Self {
+            data,
+            shape,
+            strides,
+        })
+    }
+
+    /// A row-major contiguous writable view of `shape`.
+    ///
+    /// # Errors
+    /// As [`StridedMut::new`].
+    pub fn contiguous(
+        arg: &'static str,
+        data: CudaViewMut<'a, T>,
+        shape: [usize; N],
+    ) -> Result<Self> {
+        Self::new(arg, data, shape, row_major(&shape))
+    }
+
+    /// A row-major contiguous writable view of a whole slice.
+    ///
+    /// # Errors
+    /// As [`StridedMut::new`].
+    pub fn of(arg: &'static str, data: &'a mut CudaSlice<T>, shape: [usize; N]) -> Result<Self> {
+        Self::contiguous(arg, data.as_view_mut(), shape)
+    }
+
+    /// Extents `[d0, d1, ...]`.
+    pub fn shape(&self) -> [usize; N] {
+        self.shape
+    }
+
+    /// Strides in elements.
+    pub fn strides(&self) -> [usize; N] {
+        self.strides
+    }
+
+    /// Device address of element `[0, 0, ...]`, for a kernel params struct.
+    pub fn device_ptr_mut(&mut self, stream: &CudaStream) -> u64 {
+        let (ptr, _guard) = self.data.device_ptr_mut(stream);
+        ptr
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_accept_exact_fit_and_reject_one_past() {
+        assert_eq!(check_bounds("t", 12, &[3, 4], &[4, 1]).unwrap(), 12);
+        assert!(matches!(
+            check_bounds("t", 11, &[3, 4], &[4, 1]),
+            Err(KernelError::Capacity {
+                needed: 12,
+                available: 11,
+                ..
+            })
+        ));
+        // Padded rows: row stride 6 on a [3, 4] view needs 2*6 + 3 + 1 elements.
+        assert_eq!(check_bounds("t", 16, &[3, 4], &[6, 1]).unwrap(), 16);
+        assert!(check_bounds("t", 15, &[3, 4], &[6, 1]).is_err());
+    }
+
+    #[test]
+    fn empty_views_need_nothing() {
+        assert_eq!(check_bounds("t", 0, &[0, 4], &[4, 1]).unwrap(), 0);
+    }
+
+    #[test]
+    fn overflow_is_an_error_not_a_panic() {
+        assert!(matches!(
+            check_bounds("t", 10, &[usize::MAX, 2], &[usize::MAX, 1]),
+            Err(KernelError::Stride { .. })
+        ));
+    }
+
+    #[test]
+    fn overlapping_outputs_are_rejected_size_one_dims_ignored() {
+        assert!(check_no_overlap("t", &[3, 4], &[4, 1]).is_ok());
+        assert!(check_no_overlap("t", &[3, 4], &[3, 1]).is_err());
+        assert!(check_no_overlap("t", &[3, 4], &[0, 1]).is_err());
+        // A size-1 dim may carry any stride (1 KV head, any head stride).
+        assert!(check_no_overlap("t", &[5, 1, 4], &[4, 0, 1]).is_ok());
+        assert!(check_no_overlap("t", &[5, 1, 4], &[4, 2, 1]).is_ok());
+    }
+
+    #[test]
+    fn row_major_strides() {
+        assert_eq!(row_major(&[2, 3, 4]), [12, 4, 1]);
+        assert_eq!(row_major(&[7]), [1]);
+    }
+}

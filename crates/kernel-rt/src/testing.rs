@@ -1,0 +1,59 @@
+//! GPU test harness on `libtest-mimic` (`harness = false` test targets).
+//!
+//! A GPU test is marked *ignored* at run time when no GPU is found, so
+//! `cargo test` on a machine without one lists it as ignored, never as passed.
+//! `MHA_KIT_REQUIRE_GPU=1` turns a missing GPU into a failure of every GPU test.
+
+use std::sync::Arc;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+use crate::{gpu_available, gpu_status, Gpu, GpuStatus};
+
+/// Environment variable: when `1`, a missing GPU fails GPU tests instead of
+/// ignoring them.
+pub const REQUIRE_GPU_ENV: &str = "MHA_KIT_REQUIRE_GPU";
+
+/// Whether `MHA_KIT_REQUIRE_GPU=1` is set.
+pub fn gpu_required() -> bool {
+    std::env::var(REQUIRE_GPU_ENV).is_ok_and(|v| v.trim() == "1")
+}
+
+/// A test that needs a GPU: it receives the process's shared [`Gpu`].
+/// Ignored at run time when there is no GPU (unless [`gpu_required`]).
+pub fn gpu_trial<F>(name: impl Into<String>, body: F) -> Trial
+where
+    F: FnOnce(&Arc<Gpu>) -> Result<(), String> + Send + 'static,
+{
+    let ignore = !gpu_available() && !gpu_required();
+    Trial::test(name, move || {
+        let gpu = Gpu::shared().map_err(|e| Failed::from(format!("no GPU: {e}")))?;
+        body(&gpu).map_err(Failed::from)
+    })
+    .with_ignored_flag(ignore)
+}
+
+/// Runs `trials` and exits with libtest's status. GPU tests share one stream,
+/// so they run on one thread unless `--test-threads` says otherwise.
+pub fn run_trials(trials: Vec<Trial>) -> ! {
+    let mut args = Arguments::from_args();
+    if args.test_threads.is_none() {
+        args.test_threads = Some(1);
+    }
+    if let GpuStatus::Missing(why) = gpu_status() {
+        eprintln!("mha-kit: no GPU ({why}); GPU tests are ignored");
+    }
+    libtest_mimic::run(&args, trials).exit()
+}
+
+/// Turns any error into the test's failure message (for `?` in GPU tests).
+pub trait OrFail<T> {
+    /// Maps the error to a `String` naming `what` failed.
+    fn or_fail(self, what: &str) -> Result<T, String>;
+}
+
+impl<T, E: std::fmt::Display> OrFail<T> for Result<T, E> {
+    fn or_fail(self, what: &str) -> Result<T, String> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+}

@@ -1,0 +1,81 @@
+//! CUDA-event timing: device time of stream work, without host clocks.
+
+use std::time::Duration;
+
+use cudarc::driver::sys::CUevent_flags;
+
+use crate::{Gpu, Result};
+
+/// Device time of `iters` back-to-back calls of `work` on `gpu`'s stream,
+/// measured between two CUDA events (for criterion's `iter_custom`).
+///
+/// # Errors
+/// The first error of `work` or of the driver.
+pub fn time_iters(gpu: &Gpu, iters: u64, mut work: impl FnMut() -> Result<()>) -> Result<Duration> {
+    let ctx = gpu.context();
+    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    start.record(gpu.stream())?;
+    for _ in 0..iters {
+        work()?;
+    }
+    end.record(gpu.stream())?;
+    let ms = start.elapsed_ms(&end)?;
+    Ok(Duration::from_secs_f64(f64::from(ms) * 1e-3))
+}
+
+/// Median device time in microseconds of one call of `work`, over `runs`
+/// calls each bracketed by its own event pair, after `warmup` untimed calls.
+///
+/// # Errors
+/// The first error of `work` or of the driver.
+pub fn median_us(
+    gpu: &Gpu,
+    warmup: usize,
+    runs: usize,
+    mut work: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    for _ in 0..warmup {
+        work()?;
+    }
+    let ctx = gpu.context();
+    let mut events = Vec::with_capacity(runs);
+    for _ in 0..runs.max(1) {
+        let a = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let b = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        a.record(gpu.stream())?;
+        work()?;
+        b.record(gpu.stream())?;
+        events.push((a, b));
+    }
+    let mut us = Vec::with_capacity(events.len());
+    for (a, b) in &events {
+        us.push(f64::from(a.elapsed_ms(b)?) * 1e3);
+    }
+    Ok(median(&mut us))
+}
+
+/// Median of a non-empty sample (mean of the two middle values for even n);
+/// NaN for an empty one.
+pub fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn median_odd_even_empty() {
+        assert_eq!(super::median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(super::median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(super::median(&mut []).is_nan());
+    }
+}

@@ -1,0 +1,98 @@
+// mha-kit kernel family: page table (+ SWA page table) from req_to_token.
+// Semantics: shared/spec/page-table.md §3-§6 and DECISIONS.md D9, D11.
+// The params struct is mirrored by `PageTableParams` in src/launch.rs; a CPU
+// test pins its size and field offsets.
+#include "mha_kit/common.cuh"
+
+// Flag bits of the page-table family's device error word (src/lib.rs: ErrorFlags).
+#define PT_BAD_REQUEST_INDEX   1u   // req_pool_indices[i] outside [0, R): row skipped
+#define PT_NEGATIVE_SEQLEN     2u   // cache_seqlens[i] < 0: row has no live page
+#define PT_ROW_CLAMPED         4u   // ceil(L/P) > max_num_pages: clamped
+#define PT_ROW_PAST_WIDTH      8u   // page p would read position p*P >= W: clamped
+#define PT_NEGATIVE_SLOT      16u   // slot < 0: full page 0, SWA page -1
+#define PT_SLOT_OUTSIDE_POOL  32u   // slot >= pool_slots: full page 0
+#define PT_SLOT_OUTSIDE_MAP   64u   // slot >= N_map - 1: SWA page 0
+
+struct PageTableParams {
+    const i32* req_to_token;      // [R, W], row stride req_to_token_stride
+    const i64* req_pool_indices;  // [bs]
+    const i32* cache_seqlens;     // [bs]
+    i32* page_table;              // [bs, M], row stride page_table_stride
+    const i64* full_to_swa;       // [N_map] or null
+    i32* swa_page_table;          // [bs, M] or null (present iff full_to_swa)
+    u32* errors;                  // [2] device error word
+    i64 req_to_token_rows;        // R
+    i64 req_to_token_width;       // W
+    i64 req_to_token_stride;      // elements between rows
+    i64 page_table_stride;
+    i64 swa_page_table_stride;
+    i64 full_to_swa_len;          // N_map
+    i64 pool_slots;               // slots of the full pool; 0 = not checked
+    i32 bs;
+    i32 max_num_pages;            // M
+    i32 page_size;                // P
+    i32 reserved;
+};
+
+// Grid: x = batch row (bs), y = page chunk; block = blockDim.x threads, each
+// writing pages y*blockDim.x + tid, stepping by gridDim.y*blockDim.x.
+extern "C" __global__ void page_table_build(const PageTableParams p) {
+    const i64 row = blockIdx.x;
+    if (row >= p.bs) return;
+    // Row-level events are reported once, by the first thread of chunk 0.
+    const bool reporter = blockIdx.y == 0 && threadIdx.x == 0;
+
+    const i64 r = p.req_pool_indices[row];
+    if (r < 0 || r >= p.req_to_token_rows) {
+        if (reporter) mha_kit::report_error(p.errors, PT_BAD_REQUEST_INDEX);
+        return;
+    }
+    const i64 len = p.cache_seqlens[row];
+    if (len < 0) {
+        if (reporter) mha_kit::report_error(p.errors, PT_NEGATIVE_SEQLEN);
+        return;
+    }
+    const i64 P = p.page_size;
+    i64 n = mha_kit::ceil_div(len, P);
+    if (n > p.max_num_pages) {
+        n = p.max_num_pages;
+        if (reporter) mha_kit::report_error(p.errors, PT_ROW_CLAMPED);
+    }
+    const i64 readable = mha_kit::ceil_div(p.req_to_token_width, P);
+    if (n > readable) {
+        n = readable;
+        if (reporter) mha_kit::report_error(p.errors, PT_ROW_PAST_WIDTH);
+    }
+
+    const i32* src = p.req_to_token + r * p.req_to_token_stride;
+    i32* dst = p.page_table + row * p.page_table_stride;
+    i32* swa_dst = p.swa_page_table ? p.swa_page_table + row * p.swa_page_table_stride : nullptr;
+    const i64 step = (i64)gridDim.y * blockDim.x;
+    for (i64 page = (i64)blockIdx.y * blockDim.x + threadIdx.x; page < n; page += step) {
+        const i64 slot = __ldg(src + page * P);
+        i32 full_page;
+        if (slot < 0) {
+            full_page = 0;
+            mha_kit::report_error(p.errors, PT_NEGATIVE_SLOT);
+        } else if (p.pool_slots > 0 && slot >= p.pool_slots) {
+            full_page = 0;
+            mha_kit::report_error(p.errors, PT_SLOT_OUTSIDE_POOL);
+        } else {
+            full_page = (i32)(slot / P);
+        }
+        dst[page] = full_page;
+        if (swa_dst != nullptr) {
+            i32 swa_page;
+            if (slot < 0) {
+                swa_page = -1;
+            } else if (slot >= p.full_to_swa_len - 1) {
+                swa_page = 0;
+                mha_kit::report_error(p.errors, PT_SLOT_OUTSIDE_MAP);
+            } else {
+                const i64 s2 = __ldg(p.full_to_swa + slot);
+                swa_page = s2 < 0 ? -1 : (i32)(s2 / P);
+            }
+            swa_dst[page] = swa_page;
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! # page-table
+//!
+//! mha-kit kernel family: builds the paged-attention **page table** (block
+//! table) from the request-to-token pool in one launch, and in the same launch
+//! the **SWA page table** when a full→SWA slot map is given.
+//!
+//! For every batch row `i` with `L = cache_seqlens[i]`, `n = ceil(L / P)` and
+//! `r = req_pool_indices[i]` (spec `shared/spec/page-table.md` §3):
+//!
+//! ```text
+//! page_table[i, p]     = req_to_token[r, p * P] / P                 for p < n
+//! swa_page_table[i, p] = full_to_swa[req_to_token[r, p * P]] / P    (−1 stays −1)
+//! ```
+//!
+//! Only each row's live prefix is written; entries `p ≥ n` keep what the
+//! buffer held. Any page size `P ≥ 1` works (DECISIONS.md D16; upstream
+//! restricts `P` to divisors of 4096 and the server to 16/32/64).
+//!
+//! Device data the host cannot see is checked in the kernel and counted in the
+//! device error word ([`kernel_rt::DeviceErrors`]; flag bits [`ErrorFlags`]):
+//! a request index outside `[0, R)` skips the row; a row needing more than
+//! `max_num_pages` pages, or pages past the row's `W` tokens, is clamped
+//! (DECISIONS.md D11); a negative slot gives page 0 in the full table and −1 in
+//! the SWA table, a slot past the pool gives page 0, a slot past the SWA map
+//! gives SWA page 0 (D9). Nothing is ever read or written out of bounds.
+//!
+//! - [`PageTableKernel`]: the typed launcher ([`PageTableArgs`]);
+//! - [`reference`]: the CPU definition the GPU must match bit for bit.
+
+mod launch;
+pub mod reference;
+
+pub use launch::{launch_config, validate, PageTableArgs, PageTableKernel, PageTableParams, SwaTables, BLOCK_THREADS};
+
+/// The embedded PTX of this family (`cargo xtask ptx-build`).
+pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
+    name: "page_table",
+    ptx: include_str!("../ptx/page_table.ptx"),
+};
+
+/// Kernel entry point names used by the launcher (pinned by a CPU test).
+pub const KERNEL_NAMES: &[&str] = &["page_table_build"];
+
+/// Flag bits of the page-table family in the device error word
+/// (`kernels/page_table.cu` mirrors them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorFlags(u32);
+
+impl ErrorFlags {
+    /// `req_pool_indices[i]` outside `[0, R)`: the row is skipped (counted once per row).
+    pub const BAD_REQUEST_INDEX: Self = Self(1);
+    /// `cache_seqlens[i] < 0`: the row has no live page (once per row).
+    pub const NEGATIVE_SEQLEN: Self = Self(2);
+    /// `ceil(L / P) > max_num_pages`: the row is clamped to the table width (once per row).
+    pub const ROW_CLAMPED: Self = Self(4);
+    /// A live page would read position `p·P ≥ W` of its `req_to_token` row:
+    /// the row is clamped to `ceil(W / P)` pages (once per row).
+    pub const ROW_PAST_WIDTH: Self = Self(8);
+    /// A negative slot: full page 0, SWA page −1 (once per entry).
+    pub const NEGATIVE_SLOT: Self = Self(16);
+    /// A slot at or past `pool_slots`: full page 0 (once per entry).
+    pub const SLOT_OUTSIDE_POOL: Self = Self(32);
+    /// A slot at or past `N_map − 1`: SWA page 0 (once per entry).
+    pub const SLOT_OUTSIDE_MAP: Self = Self(64);
+
+    /// The raw bit.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+}

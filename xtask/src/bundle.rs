@@ -1,0 +1,196 @@
+//! `cargo xtask gpu-bundle`: release GPU test and bench binaries in one folder
+//! with `run.sh`, for a GPU host that has a driver but no Rust.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+
+/// Largest bundle we ship to the GPU host.
+const MAX_BUNDLE_BYTES: u64 = 60 << 20;
+
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+# mha-kit GPU bundle: runs every GPU test binary (ignored tests included, a
+# missing GPU is a failure), then every benchmark.
+# usage: run.sh [LOGDIR]     env: MHA_KIT_SKIP_BENCH=1 skips the benchmarks,
+#                                 MHA_KIT_TEST_ARGS extra args for test binaries
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+logs=${1:-$here/logs}
+mkdir -p "$logs"
+export MHA_KIT_REQUIRE_GPU=1
+passed=0
+failed=0
+for t in "$here"/tests/*; do
+  [ -x "$t" ] || continue
+  name=$(basename "$t")
+  "$t" --include-ignored ${MHA_KIT_TEST_ARGS:-} >"$logs/$name.log" 2>&1
+  rc=$?
+  line=$(grep -E '^test result:' "$logs/$name.log" | tail -n 1)
+  p=$(printf '%s' "$line" | sed -nE 's/.* ([0-9]+) passed.*/\1/p')
+  f=$(printf '%s' "$line" | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
+  if [ -z "$p" ] || [ -z "$f" ]; then
+    echo "$name: no test result (exit $rc); see $logs/$name.log"
+    tail -n 20 "$logs/$name.log"
+    failed=$((failed + 1))
+    continue
+  fi
+  passed=$((passed + p))
+  failed=$((failed + f))
+  echo "$name: $line"
+  [ "$f" -gt 0 ] && grep -E '^(test .* FAILED|---- )' "$logs/$name.log" | head -n 20
+done
+if [ "${MHA_KIT_SKIP_BENCH:-0}" != 1 ]; then
+  for b in "$here"/benches/*; do
+    [ -x "$b" ] || continue
+    name=$(basename "$b")
+    if "$b" --bench >"$logs/bench-$name.log" 2>&1; then
+      # The bench's own summary table (markdown lines) goes to the console.
+      grep -E '^(\||## )' "$logs/bench-$name.log"
+    else
+      echo "bench $name failed; see $logs/bench-$name.log"
+      tail -n 20 "$logs/bench-$name.log"
+      failed=$((failed + 1))
+    fi
+  done
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
+"#;
+
+/// One built executable and its bundle name.
+struct Artifact {
+    exe: PathBuf,
+    name: String,
+    bench: bool,
+}
+
+fn built_artifacts(root: &Path, args: &[&str], bench: bool) -> Result<Vec<Artifact>> {
+    eprintln!("$ cargo {}", args.join(" "));
+    let out = Command::new("cargo")
+        .args(args)
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cannot run cargo")?;
+    if !out.status.success() {
+        bail!("cargo {} failed", args.join(" "));
+    }
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let kind = msg["target"]["kind"][0].as_str().unwrap_or_default();
+        let target = msg["target"]["name"].as_str().unwrap_or_default();
+        let krate = Path::new(msg["manifest_path"].as_str().unwrap_or_default())
+            .parent()
+            .and_then(Path::file_name)
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let wanted = match kind {
+            "test" => target == "gpu",
+            "bench" => true,
+            "bin" => target.starts_with("mha-"),
+            _ => false,
+        };
+        if wanted {
+            found.push(Artifact {
+                exe: PathBuf::from(exe),
+                name: if kind == "bin" {
+                    target.to_string()
+                } else {
+                    format!("{krate}-{target}")
+                },
+                bench,
+            });
+        }
+    }
+    Ok(found)
+}
+
+/// Builds the bundle into `out`.
+pub fn build(root: &Path, out: &Path) -> Result<()> {
+    let out = if out.is_absolute() {
+        out.to_path_buf()
+    } else {
+        root.join(out)
+    };
+    let mut artifacts = built_artifacts(
+        root,
+        &[
+            "test",
+            "--release",
+            "--workspace",
+            "--no-run",
+            "--test",
+            "gpu",
+            "--message-format=json-render-diagnostics",
+        ],
+        false,
+    )?;
+    artifacts.extend(built_artifacts(
+        root,
+        &[
+            "bench",
+            "--workspace",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ],
+        true,
+    )?);
+    artifacts.extend(built_artifacts(
+        root,
+        &[
+            "build",
+            "--release",
+            "--workspace",
+            "--bins",
+            "--message-format=json-render-diagnostics",
+        ],
+        false,
+    )?);
+    let _ = std::fs::remove_dir_all(&out);
+    for sub in ["tests", "benches", "bin"] {
+        std::fs::create_dir_all(out.join(sub))?;
+    }
+    let mut total = 0u64;
+    for a in &artifacts {
+        let sub = if a.bench {
+            "benches"
+        } else if a.name.starts_with("mha-") {
+            "bin"
+        } else {
+            "tests"
+        };
+        let dst = out.join(sub).join(&a.name);
+        std::fs::copy(&a.exe, &dst)?;
+        // Best effort: `strip` shrinks test binaries built with debug info.
+        let _ = Command::new("strip").arg(&dst).status();
+        total += std::fs::metadata(&dst)?.len();
+        eprintln!("  {sub}/{}", a.name);
+    }
+    let run = out.join("run.sh");
+    std::fs::write(&run, RUN_SH)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755))?;
+    }
+    eprintln!(
+        "gpu-bundle: {} binaries, {:.1} MiB in {}",
+        artifacts.len(),
+        total as f64 / (1 << 20) as f64,
+        out.display()
+    );
+    if total > MAX_BUNDLE_BYTES {
+        bail!("bundle is {total} bytes, over the {MAX_BUNDLE_BYTES}-byte limit");
+    }
+    Ok(())
+}

@@ -1,0 +1,122 @@
+//! `cargo xtask`: the project's automation, in Rust (the rust-analyzer pattern).
+//!
+//! - `ptx-build [--check]`: compile every `crates/*/kernels/*.cu` to PTX with
+//!   the pinned NVRTC (installed from the Python package index into
+//!   `target/cuda-toolchain/` when missing); `--check` rebuilds in memory and
+//!   fails naming each stale file.
+//! - `ptx-report`: `ptxas -arch=sm_90 -v` on every committed PTX; a table of
+//!   registers, shared memory, stack frame and spills; fails on any spill.
+//! - `gpu-bundle [--out DIR]`: release GPU test and bench binaries plus
+//!   `run.sh`, for a GPU host with a driver but no Rust.
+//! - `ci`: fmt, clippy, ptx freshness, ptx-report and the README's test command.
+
+mod bundle;
+mod ptx;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "mha-kit automation")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Compile every crates/*/kernels/*.cu to crates/*/ptx/*.ptx.
+    PtxBuild {
+        /// Rebuild in memory and fail if a committed PTX file is stale.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Register / shared memory / spill table of every kernel (ptxas -v, sm_90).
+    PtxReport,
+    /// Build release GPU test and bench binaries into one folder with run.sh.
+    GpuBundle {
+        /// Output folder.
+        #[arg(long, default_value = "gpu-bundle")]
+        out: PathBuf,
+    },
+    /// Everything CI checks.
+    Ci,
+    /// (internal) NVRTC compile step, run in a child process whose
+    /// LD_LIBRARY_PATH holds the toolchain's lib folder.
+    #[command(hide = true)]
+    NvrtcCompile {
+        /// JSON job list: [{"src":..,"out":..}]
+        jobs: PathBuf,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    match cli.cmd {
+        Cmd::PtxBuild { check } => ptx::build(&root, check),
+        Cmd::PtxReport => ptx::report(&root),
+        Cmd::GpuBundle { out } => bundle::build(&root, &out),
+        Cmd::Ci => ci(&root),
+        Cmd::NvrtcCompile { jobs } => ptx::nvrtc_child(&root, &jobs),
+    }
+}
+
+/// The workspace root (the parent of this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives inside the workspace")
+        .to_path_buf()
+}
+
+/// Runs a command in `root`, failing with its name when it fails.
+pub fn run(root: &Path, program: &str, args: &[&str]) -> Result<()> {
+    eprintln!("$ {program} {}", args.join(" "));
+    let status = Command::new(program)
+        .args(args)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("cannot start {program}"))?;
+    if !status.success() {
+        bail!("`{program} {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+/// The README's test command: the first line of the code block that follows
+/// the marker `<!-- ci:test-command -->`.
+fn readme_test_command(root: &Path) -> Result<String> {
+    let readme = std::fs::read_to_string(root.join("README.md")).context("reading README.md")?;
+    let after = readme
+        .split_once("<!-- ci:test-command -->")
+        .map(|(_, a)| a)
+        .context("README.md has no `<!-- ci:test-command -->` marker")?;
+    after
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| !l.starts_with("```"))
+        .nth(1)
+        .filter(|l| !l.is_empty() && !l.starts_with("```"))
+        .map(str::to_string)
+        .context("no command in the code block after the ci:test-command marker")
+}
+
+fn ci(root: &Path) -> Result<()> {
+    run(root, "cargo", &["fmt", "--all", "--check"])?;
+    run(
+        root,
+        "cargo",
+        &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
+    )?;
+    ptx::build(root, true)?;
+    ptx::report(root)?;
+    let cmd = readme_test_command(root)?;
+    eprintln!("README test command: {cmd}");
+    run(root, "bash", &["-c", &cmd])?;
+    eprintln!("xtask ci: all checks passed");
+    Ok(())
+}

@@ -1,0 +1,350 @@
+//! PTX build, freshness check and resource report.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use kernel_rt::ptxhash;
+
+/// Pinned toolchain, installed with pip from the Python package index.
+const PIP_PACKAGES: [&str; 3] = [
+    "nvidia-cuda-nvrtc-cu12==12.4.127",
+    "nvidia-cuda-runtime-cu12==12.4.127",
+    "nvidia-cuda-nvcc-cu12==12.4.131",
+];
+/// The version written into every PTX header line.
+const TOOLCHAIN: &str = "nvrtc-12.4.127";
+/// Virtual architecture of every kernel.
+const ARCH: &str = "compute_90";
+/// Real architecture of the resource report.
+const REPORT_SM: &str = "sm_90";
+
+/// Where the pinned toolchain lives.
+fn toolchain_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("cuda-toolchain")
+}
+
+/// Installs the pinned toolchain when missing; returns its folder.
+fn ensure_toolchain(root: &Path) -> Result<PathBuf> {
+    let dir = toolchain_dir(root);
+    let marker = dir.join("mha-kit-toolchain.txt");
+    let want = PIP_PACKAGES.join("\n");
+    if std::fs::read_to_string(&marker).is_ok_and(|have| have == want) {
+        return Ok(dir);
+    }
+    eprintln!("installing the pinned CUDA toolchain into {}", dir.display());
+    let staging = dir.with_extension("partial");
+    let _ = std::fs::remove_dir_all(&staging);
+    let _ = std::fs::remove_dir_all(&dir);
+    let status = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--target",
+        ])
+        .arg(&staging)
+        .args(PIP_PACKAGES)
+        .status()
+        .context("cannot run `python3 -m pip` (Python 3 with pip is required to fetch NVRTC)")?;
+    if !status.success() {
+        bail!("pip failed to install the CUDA toolchain ({status})");
+    }
+    std::fs::rename(&staging, &dir)?;
+    std::fs::write(&marker, want)?;
+    Ok(dir)
+}
+
+/// One `.cu` file and where its PTX goes.
+struct Kernel {
+    src: PathBuf,
+    ptx: PathBuf,
+}
+
+fn kernels(root: &Path) -> Result<Vec<Kernel>> {
+    let mut out = Vec::new();
+    let mut crates: Vec<_> = std::fs::read_dir(root.join("crates"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    crates.sort();
+    for krate in crates {
+        let dir = krate.join("kernels");
+        if !dir.is_dir() {
+            continue;
+        }
+        let mut files: Vec<_> = std::fs::read_dir(&dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+            .collect();
+        files.sort();
+        for src in files {
+            let stem = src.file_stem().unwrap_or_default().to_owned();
+            let ptx = krate.join("ptx").join(stem).with_extension("ptx");
+            out.push(Kernel { src, ptx });
+        }
+    }
+    Ok(out)
+}
+
+fn include_dir(root: &Path) -> PathBuf {
+    root.join("crates/kernel-rt/include")
+}
+
+/// `cargo xtask ptx-build [--check]`.
+pub fn build(root: &Path, check: bool) -> Result<()> {
+    let tc = ensure_toolchain(root)?;
+    let kernels = kernels(root)?;
+    let scratch = toolchain_dir(root).with_file_name("ptx-scratch");
+    std::fs::create_dir_all(&scratch)?;
+    let mut jobs = Vec::new();
+    for (i, k) in kernels.iter().enumerate() {
+        let files = ptxhash::source_closure(&k.src, &[include_dir(root)])?;
+        let sha = ptxhash::hash_files(root, &files)?;
+        let out = if check {
+            scratch.join(format!("{i}.ptx"))
+        } else {
+            k.ptx.clone()
+        };
+        if let Some(parent) = out.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        jobs.push(serde_json::json!({
+            "src": k.src,
+            "out": out,
+            "header": ptxhash::header_line(&sha, TOOLCHAIN, ARCH),
+        }));
+    }
+    let jobs_file = scratch.join("jobs.json");
+    std::fs::write(&jobs_file, serde_json::to_vec(&jobs)?)?;
+
+    // cudarc finds libnvrtc only through the loader's search path, which is
+    // read at process start: compile in a child with LD_LIBRARY_PATH set.
+    let lib = tc.join("nvidia/cuda_nvrtc/lib");
+    let ld = match std::env::var_os("LD_LIBRARY_PATH") {
+        Some(old) => {
+            let mut v = lib.clone().into_os_string();
+            v.push(":");
+            v.push(old);
+            v
+        }
+        None => lib.into_os_string(),
+    };
+    let status = Command::new(std::env::current_exe()?)
+        .arg("nvrtc-compile")
+        .arg(&jobs_file)
+        .env("LD_LIBRARY_PATH", ld)
+        .env("MHA_KIT_CUDA_INCLUDE", tc.join("nvidia/cuda_runtime/include"))
+        .current_dir(root)
+        .status()?;
+    if !status.success() {
+        bail!("PTX compilation failed");
+    }
+
+    if check {
+        let mut stale = Vec::new();
+        for (i, k) in kernels.iter().enumerate() {
+            let fresh = std::fs::read_to_string(scratch.join(format!("{i}.ptx")))?;
+            let committed = std::fs::read_to_string(&k.ptx).unwrap_or_default();
+            if fresh != committed {
+                stale.push(k.ptx.strip_prefix(root).unwrap_or(&k.ptx).display().to_string());
+            }
+        }
+        let known: Vec<PathBuf> = kernels.iter().map(|k| k.ptx.clone()).collect();
+        for krate in std::fs::read_dir(root.join("crates"))?.filter_map(|e| e.ok()) {
+            let Ok(entries) = std::fs::read_dir(krate.path().join("ptx")) else {
+                continue;
+            };
+            for p in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+                if p.extension().is_some_and(|x| x == "ptx") && !known.contains(&p) {
+                    stale.push(format!("{} (no source)", p.strip_prefix(root).unwrap_or(&p).display()));
+                }
+            }
+        }
+        if !stale.is_empty() {
+            bail!(
+                "stale PTX (run `cargo xtask ptx-build` and commit):\n  {}",
+                stale.join("\n  ")
+            );
+        }
+        eprintln!("ptx-build --check: {} PTX file(s) up to date", kernels.len());
+    } else {
+        eprintln!("ptx-build: wrote {} PTX file(s)", kernels.len());
+    }
+    Ok(())
+}
+
+/// The child process of [`build`]: compiles each job with NVRTC.
+pub fn nvrtc_child(root: &Path, jobs_file: &Path) -> Result<()> {
+    let jobs: Vec<serde_json::Value> = serde_json::from_slice(&std::fs::read(jobs_file)?)?;
+    let cuda_include = std::env::var("MHA_KIT_CUDA_INCLUDE").context("MHA_KIT_CUDA_INCLUDE unset")?;
+    // SAFETY: only probes whether libnvrtc can be loaded.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        bail!("libnvrtc not found in LD_LIBRARY_PATH (toolchain install incomplete?)");
+    }
+    let mut failed = false;
+    for job in jobs {
+        let src = PathBuf::from(job["src"].as_str().context("job.src")?);
+        let out = PathBuf::from(job["out"].as_str().context("job.out")?);
+        let header = job["header"].as_str().context("job.header")?;
+        let text = std::fs::read_to_string(&src)?;
+        let name = src.file_name().unwrap_or_default().to_string_lossy().to_string();
+        let opts = cudarc::nvrtc::CompileOptions {
+            arch: Some(ARCH),
+            include_paths: vec![
+                include_dir(root).to_string_lossy().into_owned(),
+                src.parent().unwrap_or(root).to_string_lossy().into_owned(),
+                cuda_include.clone(),
+            ],
+            options: vec!["-std=c++17".into(), "-DMHA_KIT_NVRTC=1".into()],
+            name: Some(name.clone()),
+            ..Default::default()
+        };
+        match cudarc::nvrtc::compile_ptx_with_opts(&text, opts) {
+            Ok(ptx) => {
+                let body = ptx.to_src();
+                std::fs::write(&out, format!("{header}\n{}", body.trim_end_matches('\0')))?;
+            }
+            Err(e) => {
+                failed = true;
+                let log = match &e {
+                    cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                        log.to_string_lossy().into_owned()
+                    }
+                    other => format!("{other:?}"),
+                };
+                eprintln!("error: NVRTC failed on {}:\n{log}", src.display());
+            }
+        }
+    }
+    if failed {
+        bail!("NVRTC compilation failed");
+    }
+    Ok(())
+}
+
+/// Per-kernel resources parsed from `ptxas -v`.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Resources {
+    /// Entry point name.
+    pub name: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Static shared memory, bytes.
+    pub smem: u32,
+    /// Stack frame, bytes.
+    pub stack: u32,
+    /// Spill stores, bytes.
+    pub spill_stores: u32,
+    /// Spill loads, bytes.
+    pub spill_loads: u32,
+}
+
+fn number_before(s: &str, unit: &str) -> Option<u32> {
+    let idx = s.find(unit)?;
+    s[..idx].split_whitespace().last()?.parse().ok()
+}
+
+/// Parses `ptxas -v` output into one row per entry point.
+pub fn parse_ptxas(log: &str) -> Vec<Resources> {
+    let mut out: Vec<Resources> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default().to_string();
+            out.push(Resources {
+                name,
+                ..Default::default()
+            });
+        } else if let Some(cur) = out.last_mut() {
+            if line.contains("bytes stack frame") {
+                cur.stack = number_before(line, "bytes stack frame").unwrap_or(0);
+                cur.spill_stores = number_before(line, "bytes spill stores").unwrap_or(0);
+                cur.spill_loads = number_before(line, "bytes spill loads").unwrap_or(0);
+            } else if line.contains("Used") && line.contains("registers") {
+                cur.registers = number_before(line, "registers").unwrap_or(0);
+                cur.smem = number_before(line, "bytes smem").unwrap_or(0);
+            }
+        }
+    }
+    out
+}
+
+/// `cargo xtask ptx-report`.
+pub fn report(root: &Path) -> Result<()> {
+    let tc = ensure_toolchain(root)?;
+    let ptxas = tc.join("nvidia/cuda_nvcc/bin/ptxas");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mut perm = std::fs::metadata(&ptxas)?.permissions();
+        if perm.mode() & 0o111 == 0 {
+            perm.set_mode(0o755);
+            std::fs::set_permissions(&ptxas, perm)?;
+        }
+    }
+    let mut table = String::new();
+    writeln!(
+        table,
+        "| PTX | kernel | regs | smem B | stack B | spill st B | spill ld B |\n|---|---|---:|---:|---:|---:|---:|"
+    )?;
+    let mut spills = Vec::new();
+    for k in kernels(root)? {
+        let output = Command::new(&ptxas)
+            .args(["-arch", REPORT_SM, "-v", "-o", "/dev/null"])
+            .arg(&k.ptx)
+            .output()
+            .with_context(|| format!("cannot run {}", ptxas.display()))?;
+        let log = String::from_utf8_lossy(&output.stderr).into_owned();
+        if !output.status.success() {
+            bail!("ptxas failed on {}:\n{log}", k.ptx.display());
+        }
+        let file = k.ptx.file_name().unwrap_or_default().to_string_lossy().to_string();
+        for r in parse_ptxas(&log) {
+            writeln!(
+                table,
+                "| {file} | {} | {} | {} | {} | {} | {} |",
+                r.name, r.registers, r.smem, r.stack, r.spill_stores, r.spill_loads
+            )?;
+            if r.spill_stores > 0 || r.spill_loads > 0 {
+                spills.push(r.name.clone());
+            }
+        }
+    }
+    println!("{table}");
+    if !spills.is_empty() {
+        bail!("register spills in: {}", spills.join(", "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ptxas_verbose_output() {
+        let log = "ptxas info    : 0 bytes gmem\n\
+ptxas info    : Compiling entry function 'page_table_build' for 'sm_90'\n\
+ptxas info    : Function properties for page_table_build\n\
+    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
+ptxas info    : Used 24 registers, 1024 bytes smem, 400 bytes cmem[0]\n";
+        let r = parse_ptxas(log);
+        assert_eq!(
+            r,
+            vec![Resources {
+                name: "page_table_build".into(),
+                registers: 24,
+                smem: 1024,
+                stack: 8,
+                spill_stores: 4,
+                spill_loads: 12,
+            }]
+        );
+    }
+}
