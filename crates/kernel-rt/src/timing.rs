@@ -79,3 +79,21 @@ mod tests {
         assert!(super::median(&mut []).is_nan());
     }
 }
+
+/// The device's copy ceiling: bytes read + written per second (GB/s, 1e9) of
+/// a device-to-device copy of `bytes` bytes, median of `runs` timed copies.
+/// Measure it in the same run as the kernel it is compared with.
+///
+/// # Errors
+/// [`crate::KernelError::Driver`] when allocation or the copy fails.
+pub fn copy_ceiling_gbps(gpu: &Gpu, bytes: usize, runs: usize) -> Result<f64> {
+    let stream = gpu.stream();
+    let n = bytes / 4;
+    let src = stream.alloc_zeros::<u32>(n)?;
+    let mut dst = stream.alloc_zeros::<u32>(n)?;
+    let us = median_us(gpu, 3, runs, || {
+        stream.memcpy_dtod(&src, &mut dst)?;
+        Ok(())
+    })?;
+    Ok(2.0 * (n * 4) as f64 / (us * 1e-6) / 1e9)
+}
