@@ -110,7 +110,14 @@ fn ci(root: &Path) -> Result<()> {
     run(
         root,
         "cargo",
-        &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
     )?;
     ptx::build(root, true)?;
     ptx::report(root)?;

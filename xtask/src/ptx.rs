@@ -36,7 +36,10 @@ fn ensure_toolchain(root: &Path) -> Result<PathBuf> {
     if std::fs::read_to_string(&marker).is_ok_and(|have| have == want) {
         return Ok(dir);
     }
-    eprintln!("installing the pinned CUDA toolchain into {}", dir.display());
+    eprintln!(
+        "installing the pinned CUDA toolchain into {}",
+        dir.display()
+    );
     let staging = dir.with_extension("partial");
     let _ = std::fs::remove_dir_all(&staging);
     let _ = std::fs::remove_dir_all(&dir);
@@ -140,7 +143,10 @@ pub fn build(root: &Path, check: bool) -> Result<()> {
         .arg("nvrtc-compile")
         .arg(&jobs_file)
         .env("LD_LIBRARY_PATH", ld)
-        .env("MHA_KIT_CUDA_INCLUDE", tc.join("nvidia/cuda_runtime/include"))
+        .env(
+            "MHA_KIT_CUDA_INCLUDE",
+            tc.join("nvidia/cuda_runtime/include"),
+        )
         .current_dir(root)
         .status()?;
     if !status.success() {
@@ -153,7 +159,13 @@ pub fn build(root: &Path, check: bool) -> Result<()> {
             let fresh = std::fs::read_to_string(scratch.join(format!("{i}.ptx")))?;
             let committed = std::fs::read_to_string(&k.ptx).unwrap_or_default();
             if fresh != committed {
-                stale.push(k.ptx.strip_prefix(root).unwrap_or(&k.ptx).display().to_string());
+                stale.push(
+                    k.ptx
+                        .strip_prefix(root)
+                        .unwrap_or(&k.ptx)
+                        .display()
+                        .to_string(),
+                );
             }
         }
         let known: Vec<PathBuf> = kernels.iter().map(|k| k.ptx.clone()).collect();
@@ -163,7 +175,10 @@ pub fn build(root: &Path, check: bool) -> Result<()> {
             };
             for p in entries.filter_map(|e| e.ok().map(|e| e.path())) {
                 if p.extension().is_some_and(|x| x == "ptx") && !known.contains(&p) {
-                    stale.push(format!("{} (no source)", p.strip_prefix(root).unwrap_or(&p).display()));
+                    stale.push(format!(
+                        "{} (no source)",
+                        p.strip_prefix(root).unwrap_or(&p).display()
+                    ));
                 }
             }
         }
@@ -173,7 +188,10 @@ pub fn build(root: &Path, check: bool) -> Result<()> {
                 stale.join("\n  ")
             );
         }
-        eprintln!("ptx-build --check: {} PTX file(s) up to date", kernels.len());
+        eprintln!(
+            "ptx-build --check: {} PTX file(s) up to date",
+            kernels.len()
+        );
     } else {
         eprintln!("ptx-build: wrote {} PTX file(s)", kernels.len());
     }
@@ -183,7 +201,8 @@ pub fn build(root: &Path, check: bool) -> Result<()> {
 /// The child process of [`build`]: compiles each job with NVRTC.
 pub fn nvrtc_child(root: &Path, jobs_file: &Path) -> Result<()> {
     let jobs: Vec<serde_json::Value> = serde_json::from_slice(&std::fs::read(jobs_file)?)?;
-    let cuda_include = std::env::var("MHA_KIT_CUDA_INCLUDE").context("MHA_KIT_CUDA_INCLUDE unset")?;
+    let cuda_include =
+        std::env::var("MHA_KIT_CUDA_INCLUDE").context("MHA_KIT_CUDA_INCLUDE unset")?;
     // SAFETY: only probes whether libnvrtc can be loaded.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         bail!("libnvrtc not found in LD_LIBRARY_PATH (toolchain install incomplete?)");
@@ -194,7 +213,11 @@ pub fn nvrtc_child(root: &Path, jobs_file: &Path) -> Result<()> {
         let out = PathBuf::from(job["out"].as_str().context("job.out")?);
         let header = job["header"].as_str().context("job.header")?;
         let text = std::fs::read_to_string(&src)?;
-        let name = src.file_name().unwrap_or_default().to_string_lossy().to_string();
+        let name = src
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
         let opts = cudarc::nvrtc::CompileOptions {
             arch: Some(ARCH),
             include_paths: vec![
@@ -304,7 +327,12 @@ pub fn report(root: &Path) -> Result<()> {
         if !output.status.success() {
             bail!("ptxas failed on {}:\n{log}", k.ptx.display());
         }
-        let file = k.ptx.file_name().unwrap_or_default().to_string_lossy().to_string();
+        let file = k
+            .ptx
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
         for r in parse_ptxas(&log) {
             writeln!(
                 table,

@@ -83,7 +83,11 @@ pub enum KernelError {
 
 impl KernelError {
     /// Shorthand for [`KernelError::Shape`].
-    pub fn shape(arg: &'static str, expected: impl Into<String>, actual: impl Into<String>) -> Self {
+    pub fn shape(
+        arg: &'static str,
+        expected: impl Into<String>,
+        actual: impl Into<String>,
+    ) -> Self {
         Self::Shape {
             arg,
             expected: expected.into(),

@@ -60,7 +60,9 @@ pub fn gpu_status() -> &'static GpuStatus {
             return GpuStatus::Missing("libcuda (the NVIDIA driver library) not found".into());
         }
         match std::panic::catch_unwind(CudaContext::device_count) {
-            Ok(Ok(n)) if n > 0 => GpuStatus::Available { devices: n as usize },
+            Ok(Ok(n)) if n > 0 => GpuStatus::Available {
+                devices: n as usize,
+            },
             Ok(Ok(_)) => GpuStatus::Missing("the CUDA driver reports no device".into()),
             Ok(Err(e)) => GpuStatus::Missing(format!("the CUDA driver failed to initialise: {e}")),
             Err(_) => GpuStatus::Missing("the CUDA driver library could not be used".into()),

@@ -45,7 +45,8 @@ pub fn source_closure(source: &Path, include_dirs: &[PathBuf]) -> std::io::Resul
         let dir = canon.parent().map(Path::to_path_buf).unwrap_or_default();
         let mut found = Vec::new();
         for inc in quoted_includes(&text) {
-            let candidates = std::iter::once(dir.join(&inc)).chain(include_dirs.iter().map(|d| d.join(&inc)));
+            let candidates =
+                std::iter::once(dir.join(&inc)).chain(include_dirs.iter().map(|d| d.join(&inc)));
             if let Some(p) = candidates.into_iter().find(|p| p.is_file()) {
                 found.push(p);
             }
@@ -90,7 +91,8 @@ pub fn recorded_hash(ptx: &str) -> Option<&str> {
 /// A message naming the stale file.
 pub fn check_fresh(workspace_root: &Path, kernel: &Path, ptx: &str) -> Result<(), String> {
     let include = workspace_root.join("crates/kernel-rt/include");
-    let files = source_closure(kernel, &[include]).map_err(|e| format!("{}: {e}", kernel.display()))?;
+    let files =
+        source_closure(kernel, &[include]).map_err(|e| format!("{}: {e}", kernel.display()))?;
     let sha = hash_files(workspace_root, &files).map_err(|e| e.to_string())?;
     match recorded_hash(ptx) {
         Some(r) if r == sha => Ok(()),
@@ -98,7 +100,10 @@ pub fn check_fresh(workspace_root: &Path, kernel: &Path, ptx: &str) -> Result<()
             "PTX for {} is stale (records {r}, sources hash to {sha}): run `cargo xtask ptx-build`",
             kernel.display()
         )),
-        None => Err(format!("PTX for {} has no mha-kit-ptx header line", kernel.display())),
+        None => Err(format!(
+            "PTX for {} has no mha-kit-ptx header line",
+            kernel.display()
+        )),
     }
 }
 
@@ -115,7 +120,10 @@ mod tests {
     #[test]
     fn header_round_trip() {
         let line = header_line("abc123", "nvrtc-12.4", "compute_90");
-        assert_eq!(recorded_hash(&format!("{line}\n.version 8.4\n")), Some("abc123"));
+        assert_eq!(
+            recorded_hash(&format!("{line}\n.version 8.4\n")),
+            Some("abc123")
+        );
         assert_eq!(recorded_hash(".version 8.4\n"), None);
     }
 }

@@ -66,7 +66,13 @@ struct Case<'a> {
 }
 
 impl<'a> Case<'a> {
-    fn new(gpu: &Arc<Gpu>, kernel: &'a PageTableKernel, inputs: &'a Inputs, bs: usize, p: usize) -> Result<Self> {
+    fn new(
+        gpu: &Arc<Gpu>,
+        kernel: &'a PageTableKernel,
+        inputs: &'a Inputs,
+        bs: usize,
+        p: usize,
+    ) -> Result<Self> {
         let ctx = inputs.width;
         let m = ctx.div_ceil(p);
         let s = gpu.stream();
@@ -84,8 +90,16 @@ impl<'a> Case<'a> {
 
     fn launch(&mut self) -> Result<()> {
         let mut args = PageTableArgs {
-            req_to_token: Strided::of("req_to_token", &self.inputs.req_to_token, [self.inputs.rows, self.inputs.width])?,
-            req_pool_indices: Strided::contiguous("req_pool_indices", self.inputs.req_pool_indices.slice(0..self.bs), [self.bs])?,
+            req_to_token: Strided::of(
+                "req_to_token",
+                &self.inputs.req_to_token,
+                [self.inputs.rows, self.inputs.width],
+            )?,
+            req_pool_indices: Strided::contiguous(
+                "req_pool_indices",
+                self.inputs.req_pool_indices.slice(0..self.bs),
+                [self.bs],
+            )?,
             cache_seqlens: Strided::of("cache_seqlens", &self.lens, [self.bs])?,
             page_size: self.p,
             page_table: StridedMut::of("page_table", &mut self.table, [self.bs, self.m])?,
@@ -116,13 +130,18 @@ fn bench(c: &mut Criterion) {
                 let mut case = Case::new(&gpu, &kernel, &inputs, bs, p).expect("case");
                 let id = BenchmarkId::from_parameter(format!("bs{bs}_ctx{ctx}_P{p}"));
                 group.bench_function(id, |b| {
-                    b.iter_custom(|iters| time_iters(&gpu, iters, || case.launch()).expect("timing"))
+                    b.iter_custom(|iters| {
+                        time_iters(&gpu, iters, || case.launch()).expect("timing")
+                    })
                 });
                 let before = kernel.launches();
                 let us = median_us(&gpu, 5, 51, || case.launch()).expect("median");
                 let per_launch = (kernel.launches() - before) / 56;
                 let report = case.errors.read().expect("error word");
-                assert!(report.is_clean(), "benchmark input produced device errors: {report:?}");
+                assert!(
+                    report.is_clean(),
+                    "benchmark input produced device errors: {report:?}"
+                );
                 let entries = bs * case.m;
                 let gbps = (entries * 8) as f64 / (us * 1e-6) / 1e9;
                 rows.push(format!(
@@ -134,7 +153,10 @@ fn bench(c: &mut Criterion) {
         }
     }
     group.finish();
-    println!("## page_table_build on {} (copy ceiling {ceiling:.0} GB/s read+write)", gpu.describe());
+    println!(
+        "## page_table_build on {} (copy ceiling {ceiling:.0} GB/s read+write)",
+        gpu.describe()
+    );
     println!("| bs | max context | P | launches | median µs | entries/µs | GB/s (4 B read + 4 B written per entry) | % of copy |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {

@@ -34,8 +34,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         GpuStatus::Available { .. } => {
             let gpu = Gpu::shared()?;
             let s = gpu.stream();
-            let (d_r2t, d_rpi, d_lens, d_map) =
-                (s.clone_htod(&r2t)?, s.clone_htod(&rpi)?, s.clone_htod(&cache_seqlens)?, s.clone_htod(&map)?);
+            let (d_r2t, d_rpi, d_lens, d_map) = (
+                s.clone_htod(&r2t)?,
+                s.clone_htod(&rpi)?,
+                s.clone_htod(&cache_seqlens)?,
+                s.clone_htod(&map)?,
+            );
             let mut d_table = s.clone_htod(&[-1i32; 2 * M])?;
             let mut d_swa = s.clone_htod(&[-1i32; 2 * M])?;
             let mut errors = DeviceErrors::new(&gpu)?;
@@ -56,7 +60,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 &mut errors,
             )?;
             println!("device error word: {:?}", errors.read()?);
-            (gpu.describe(), s.clone_dtoh(&d_table)?, s.clone_dtoh(&d_swa)?)
+            (
+                gpu.describe(),
+                s.clone_dtoh(&d_table)?,
+                s.clone_dtoh(&d_swa)?,
+            )
         }
         GpuStatus::Missing(why) => {
             let mut table = vec![-1i32; 2 * M];

@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
-use kernel_rt::{grid_dim, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut, MAX_GRID_YZ};
+use kernel_rt::{
+    grid_dim, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut, MAX_GRID_YZ,
+};
 
 use crate::PTX;
 
@@ -120,7 +122,11 @@ fn to_i64(arg: &'static str, v: usize) -> Result<i64> {
     i64::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i64")))
 }
 
-fn require_contiguous_last(arg: &'static str, shape: [usize; 2], strides: [usize; 2]) -> Result<()> {
+fn require_contiguous_last(
+    arg: &'static str,
+    shape: [usize; 2],
+    strides: [usize; 2],
+) -> Result<()> {
     if shape[1] > 1 && strides[1] != 1 {
         return Err(KernelError::Stride {
             arg,
@@ -132,7 +138,11 @@ fn require_contiguous_last(arg: &'static str, shape: [usize; 2], strides: [usize
 
 fn require_vector(arg: &'static str, v: &Strided<'_, impl Sized, 1>, bs: usize) -> Result<()> {
     if v.shape()[0] != bs {
-        return Err(KernelError::shape(arg, format!("[bs={bs}]"), format!("{:?}", v.shape())));
+        return Err(KernelError::shape(
+            arg,
+            format!("[bs={bs}]"),
+            format!("{:?}", v.shape()),
+        ));
     }
     if bs > 1 && v.strides()[0] != 1 {
         return Err(KernelError::Stride {
@@ -156,14 +166,28 @@ pub fn validate(args: &PageTableArgs<'_>) -> Result<PageTableParams> {
         return Err(KernelError::unsupported("page_size", "must be ≥ 1"));
     }
     if m == 0 {
-        return Err(KernelError::unsupported("page_table", "max_num_pages (dim 1) must be ≥ 1"));
+        return Err(KernelError::unsupported(
+            "page_table",
+            "max_num_pages (dim 1) must be ≥ 1",
+        ));
     }
-    require_contiguous_last("req_to_token", args.req_to_token.shape(), args.req_to_token.strides())?;
-    require_contiguous_last("page_table", args.page_table.shape(), args.page_table.strides())?;
+    require_contiguous_last(
+        "req_to_token",
+        args.req_to_token.shape(),
+        args.req_to_token.strides(),
+    )?;
+    require_contiguous_last(
+        "page_table",
+        args.page_table.shape(),
+        args.page_table.strides(),
+    )?;
     require_vector("req_pool_indices", &args.req_pool_indices, bs)?;
     require_vector("cache_seqlens", &args.cache_seqlens, bs)?;
     if args.pool_slots == Some(0) {
-        return Err(KernelError::unsupported("pool_slots", "must be ≥ 1 when given"));
+        return Err(KernelError::unsupported(
+            "pool_slots",
+            "must be ≥ 1 when given",
+        ));
     }
     let mut params = PageTableParams {
         req_to_token_rows: to_i64("req_to_token", rows)?,

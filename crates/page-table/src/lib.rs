@@ -30,7 +30,10 @@
 mod launch;
 pub mod reference;
 
-pub use launch::{launch_config, validate, PageTableArgs, PageTableKernel, PageTableParams, SwaTables, BLOCK_THREADS};
+pub use launch::{
+    launch_config, validate, PageTableArgs, PageTableKernel, PageTableParams, SwaTables,
+    BLOCK_THREADS,
+};
 
 /// The embedded PTX of this family (`cargo xtask ptx-build`).
 pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {

@@ -93,15 +93,33 @@ impl Case {
         let shape = [self.bs(), self.m];
         let strides = [self.pt_stride, 1];
         let mut args = PageTableArgs {
-            req_to_token: Strided::new("req_to_token", r2t.as_view(), [self.rows, self.width], [self.r2t_stride, 1])?,
-            req_pool_indices: Strided::contiguous("req_pool_indices", rpi.slice(0..self.bs()), [self.bs()])?,
-            cache_seqlens: Strided::contiguous("cache_seqlens", lens.slice(0..self.bs()), [self.bs()])?,
+            req_to_token: Strided::new(
+                "req_to_token",
+                r2t.as_view(),
+                [self.rows, self.width],
+                [self.r2t_stride, 1],
+            )?,
+            req_pool_indices: Strided::contiguous(
+                "req_pool_indices",
+                rpi.slice(0..self.bs()),
+                [self.bs()],
+            )?,
+            cache_seqlens: Strided::contiguous(
+                "cache_seqlens",
+                lens.slice(0..self.bs()),
+                [self.bs()],
+            )?,
             page_size: self.p,
             page_table: StridedMut::new("page_table", table.as_view_mut(), shape, strides)?,
             swa: match &map {
                 Some(m) => Some(SwaTables {
                     full_to_swa: Strided::of("full_to_swa", m, [m.len()])?,
-                    swa_page_table: StridedMut::new("swa_page_table", swa.as_view_mut(), shape, strides)?,
+                    swa_page_table: StridedMut::new(
+                        "swa_page_table",
+                        swa.as_view_mut(),
+                        shape,
+                        strides,
+                    )?,
                 }),
                 None => None,
             },
@@ -140,7 +158,10 @@ impl Case {
             }
         }
         if got.err != want.err {
-            return Err(format!("error word: gpu {:?} vs reference {:?}", got.err, want.err));
+            return Err(format!(
+                "error word: gpu {:?} vs reference {:?}",
+                got.err, want.err
+            ));
         }
         Ok(())
     }
@@ -151,7 +172,15 @@ impl Case {
 /// padded strides, SWA maps with unmapped slots and the −1 sentinel, and a few
 /// bad request indices and bad slots.
 fn case() -> impl Strategy<Value = Case> {
-    let p = prop_oneof![Just(1usize), Just(2), Just(16), Just(32), Just(64), Just(128), 1usize..=130];
+    let p = prop_oneof![
+        Just(1usize),
+        Just(2),
+        Just(16),
+        Just(32),
+        Just(64),
+        Just(128),
+        1usize..=130
+    ];
     (p, 1usize..=24, 1usize..=6, 0usize..=12, 0usize..=3, 0usize..=2, any::<bool>(), any::<bool>())
         .prop_flat_map(|(p, m, rows, bs, pad, pt_pad, swa, pool)| {
             let width = p * m + (pad * 7) % (p + 1);
@@ -212,21 +241,45 @@ fn main() {
                 ..Config::default()
             });
             runner
-                .run(&case(), |c| c.check(gpu, &kernel).map_err(TestCaseError::fail))
+                .run(&case(), |c| {
+                    c.check(gpu, &kernel).map_err(TestCaseError::fail)
+                })
                 .map_err(|e| e.to_string())?;
-            println!("gpu_matches_reference_proptest: {GPU_CASES} cases, {} launches", kernel.launches());
+            println!(
+                "gpu_matches_reference_proptest: {GPU_CASES} cases, {} launches",
+                kernel.launches()
+            );
             Ok(())
         }),
         gpu_trial("issue_example_p4_row2", |gpu| {
             let kernel = PageTableKernel::new(gpu).or_fail("load")?;
             let mut r2t: Vec<i32> = vec![0; 64];
-            let row2: Vec<i32> = [40, 8, 100, 12].iter().flat_map(|&s| s..s + 4).chain(16..32).collect();
+            let row2: Vec<i32> = [40, 8, 100, 12]
+                .iter()
+                .flat_map(|&s| s..s + 4)
+                .chain(16..32)
+                .collect();
             r2t.extend(row2);
-            for (len, want) in [(10, vec![10, 2, 25]), (12, vec![10, 2, 25]), (13, vec![10, 2, 25, 3])] {
-                let c = Case { rows: 3, width: 32, r2t_stride: 32, r2t: r2t.clone(), ..single_row(4, 8, vec![], 2, len) };
+            for (len, want) in [
+                (10, vec![10, 2, 25]),
+                (12, vec![10, 2, 25]),
+                (13, vec![10, 2, 25, 3]),
+            ] {
+                let c = Case {
+                    rows: 3,
+                    width: 32,
+                    r2t_stride: 32,
+                    r2t: r2t.clone(),
+                    ..single_row(4, 8, vec![], 2, len)
+                };
                 let out = c.gpu(gpu, &kernel).or_fail("launch")?;
-                if out.table[..want.len()] != want[..] || out.table[want.len()..].iter().any(|&v| v != POISON) {
-                    return Err(format!("seq_len {len}: got {:?}, want {want:?} then poison", out.table));
+                if out.table[..want.len()] != want[..]
+                    || out.table[want.len()..].iter().any(|&v| v != POISON)
+                {
+                    return Err(format!(
+                        "seq_len {len}: got {:?}, want {want:?} then poison",
+                        out.table
+                    ));
                 }
                 c.check(gpu, &kernel)?;
             }
@@ -237,10 +290,20 @@ fn main() {
             let m = 130;
             let mut r2t = vec![0; m * 32];
             r2t.extend((0..(m * 32) as i32).map(|t| 32000 + t));
-            let c = Case { rows: 2, width: m * 32, r2t_stride: m * 32, r2t, ..single_row(32, m, vec![], 1, 4097) };
+            let c = Case {
+                rows: 2,
+                width: m * 32,
+                r2t_stride: m * 32,
+                r2t,
+                ..single_row(32, m, vec![], 1, 4097)
+            };
             let out = c.gpu(gpu, &kernel).or_fail("launch")?;
             let want: Vec<i32> = (0..129).map(|p| 1000 + p).collect();
-            if out.table[..129] != want[..] || out.table[128] != 1128 || out.table[129] != POISON || !out.err.is_clean() {
+            if out.table[..129] != want[..]
+                || out.table[128] != 1128
+                || out.table[129] != POISON
+                || !out.err.is_clean()
+            {
                 return Err(format!("got {:?} err {:?}", out.table, out.err));
             }
             Ok(())
@@ -248,7 +311,11 @@ fn main() {
         gpu_trial("empty_batch_no_launch", |gpu| {
             let kernel = PageTableKernel::new(gpu).or_fail("load")?;
             let c = single_row(4, 4, vec![0; 16], 0, 0);
-            let c = Case { rpi: vec![], lens: vec![], ..c };
+            let c = Case {
+                rpi: vec![],
+                lens: vec![],
+                ..c
+            };
             let out = c.gpu(gpu, &kernel).or_fail("launch")?;
             if kernel.launches() != 0 || !out.err.is_clean() || !out.table.is_empty() {
                 return Err(format!("bs 0 launched {} kernel(s)", kernel.launches()));
@@ -273,13 +340,23 @@ fn main() {
                 pool_slots: None,
             };
             match kernel.launch(&mut args, &mut errors) {
-                Err(KernelError::Shape { arg: "req_pool_indices", .. }) => {}
-                other => return Err(format!("expected a shape error naming req_pool_indices, got {other:?}")),
+                Err(KernelError::Shape {
+                    arg: "req_pool_indices",
+                    ..
+                }) => {}
+                other => {
+                    return Err(format!(
+                        "expected a shape error naming req_pool_indices, got {other:?}"
+                    ))
+                }
             }
-            args.req_pool_indices = Strided::contiguous("req_pool_indices", rpi.slice(0..2), [2]).or_fail("view")?;
+            args.req_pool_indices =
+                Strided::contiguous("req_pool_indices", rpi.slice(0..2), [2]).or_fail("view")?;
             args.page_size = 0;
             match kernel.launch(&mut args, &mut errors) {
-                Err(KernelError::Unsupported { arg: "page_size", .. }) => {}
+                Err(KernelError::Unsupported {
+                    arg: "page_size", ..
+                }) => {}
                 other => return Err(format!("expected page_size to be rejected, got {other:?}")),
             }
             if kernel.launches() != 0 {

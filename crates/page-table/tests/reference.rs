@@ -21,7 +21,11 @@ fn run(
     let w = r2t.iter().map(Vec::len).max().unwrap_or(0);
     let flat: Vec<i32> = r2t
         .iter()
-        .flat_map(|row| row.iter().copied().chain(std::iter::repeat(0).take(w - row.len())))
+        .flat_map(|row| {
+            row.iter()
+                .copied()
+                .chain(std::iter::repeat(0).take(w - row.len()))
+        })
         .collect();
     let input = HostInputs {
         req_to_token: &flat,
@@ -56,10 +60,17 @@ fn issue_example_p4_row2() {
     let mut row2: Vec<i32> = [40, 8, 100, 12].iter().flat_map(|&s| s..s + 4).collect();
     row2.extend(16..32);
     let r2t = vec![vec![0; 32], vec![0; 32], row2];
-    for (len, want) in [(10, vec![10, 2, 25]), (12, vec![10, 2, 25]), (13, vec![10, 2, 25, 3])] {
+    for (len, want) in [
+        (10, vec![10, 2, 25]),
+        (12, vec![10, 2, 25]),
+        (13, vec![10, 2, 25, 3]),
+    ] {
         let (t, _, err) = run(&r2t, &[2], &[len], 4, 8, None);
         assert_eq!(live(&t, 8, 0, want.len()), want, "seq_len {len}");
-        assert!(t[want.len()..].iter().all(|&v| v == POISON), "tail untouched");
+        assert!(
+            t[want.len()..].iter().all(|&v| v == POISON),
+            "tail untouched"
+        );
         assert!(err.is_clean());
     }
 }
@@ -90,7 +101,10 @@ fn spec_rows() -> Vec<Vec<i32>> {
     vec![
         vec![0; 16],
         vec![12, 13, 14, 15, 28, 29, 30, 31, 8, 9, 10, 11, 40, 41, 42, 43],
-        [20, 21, 22, 23, 36, 37, 38, 39].into_iter().chain([0; 8]).collect(),
+        [20, 21, 22, 23, 36, 37, 38, 39]
+            .into_iter()
+            .chain([0; 8])
+            .collect(),
     ]
 }
 
@@ -119,9 +133,19 @@ fn spec_worked_example_with_swa() {
     for (lens, full, swa) in cases {
         let (t, s, err) = run(&spec_rows(), &[1, 2], &lens, 4, 4, Some(&map));
         for row in 0..2 {
-            assert_eq!(live(&t, 4, row, full[row].len()), full[row], "{lens:?} row {row}");
-            assert_eq!(live(&s, 4, row, swa[row].len()), swa[row], "{lens:?} swa row {row}");
-            assert!(t[row * 4 + full[row].len()..row * 4 + 4].iter().all(|&v| v == POISON));
+            assert_eq!(
+                live(&t, 4, row, full[row].len()),
+                full[row],
+                "{lens:?} row {row}"
+            );
+            assert_eq!(
+                live(&s, 4, row, swa[row].len()),
+                swa[row],
+                "{lens:?} swa row {row}"
+            );
+            assert!(t[row * 4 + full[row].len()..row * 4 + 4]
+                .iter()
+                .all(|&v| v == POISON));
         }
         assert!(err.is_clean());
     }
@@ -148,7 +172,13 @@ fn zero_length_and_row_past_table_width() {
     let row: Vec<i32> = (100..124).collect();
     let (t, _, err) = run(&[row], &[0], &[17], 4, 4, None);
     assert_eq!(t, vec![25, 26, 27, 28]);
-    assert_eq!(err, ErrorReport { count: 1, flags: ErrorFlags::ROW_CLAMPED.bits() });
+    assert_eq!(
+        err,
+        ErrorReport {
+            count: 1,
+            flags: ErrorFlags::ROW_CLAMPED.bits()
+        }
+    );
 }
 
 /// DECISIONS.md D9: negative slot → 0 (full) / −1 (SWA); out-of-map → SWA 0;
@@ -216,10 +246,24 @@ struct Case {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    (prop_oneof![Just(1usize), Just(2), Just(16), Just(32), Just(64), Just(128), 1usize..=130], 1usize..=12, 1usize..=5, 0usize..=9)
+    (
+        prop_oneof![
+            Just(1usize),
+            Just(2),
+            Just(16),
+            Just(32),
+            Just(64),
+            Just(128),
+            1usize..=130
+        ],
+        1usize..=12,
+        1usize..=5,
+        0usize..=9,
+    )
         .prop_flat_map(|(p, m, r, bs)| {
             let w = p * m + 3;
-            let rows = proptest::collection::vec(proptest::collection::vec(-2i32..5000, w..=w), r..=r);
+            let rows =
+                proptest::collection::vec(proptest::collection::vec(-2i32..5000, w..=w), r..=r);
             let len = prop_oneof![
                 Just(0i32),
                 Just(1),
@@ -231,7 +275,12 @@ fn case() -> impl Strategy<Value = Case> {
                 0i32..=(p * m + 2) as i32,
             ];
             let rpi = prop_oneof![8 => 0i64..r as i64, 1 => Just(r as i64), 1 => Just(-1i64)];
-            (Just(p), Just(m), rows, proptest::collection::vec((rpi, len), bs..=bs))
+            (
+                Just(p),
+                Just(m),
+                rows,
+                proptest::collection::vec((rpi, len), bs..=bs),
+            )
         })
         .prop_map(|(p, m, rows, pairs)| Case {
             p,
