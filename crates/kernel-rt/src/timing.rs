@@ -70,16 +70,6 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn median_odd_even_empty() {
-        assert_eq!(super::median(&mut [3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(super::median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert!(super::median(&mut []).is_nan());
-    }
-}
-
 /// The device's copy ceiling: bytes read + written per second (GB/s, 1e9) of
 /// a device-to-device copy of `bytes` bytes, median of `runs` timed copies.
 /// Measure it in the same run as the kernel it is compared with.
@@ -96,4 +86,14 @@ pub fn copy_ceiling_gbps(gpu: &Gpu, bytes: usize, runs: usize) -> Result<f64> {
         Ok(())
     })?;
     Ok(2.0 * (n * 4) as f64 / (us * 1e-6) / 1e9)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn median_odd_even_empty() {
+        assert_eq!(super::median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(super::median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(super::median(&mut []).is_nan());
+    }
 }

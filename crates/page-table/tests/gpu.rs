@@ -126,7 +126,6 @@ impl Case {
             pool_slots: self.pool_slots,
         };
         kernel.launch(&mut args, &mut errors)?;
-        drop(args);
         let mut table = s.clone_dtoh(&table)?;
         let mut swa = s.clone_dtoh(&swa)?;
         table.truncate(self.bs() * self.pt_stride);

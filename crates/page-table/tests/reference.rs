@@ -24,7 +24,7 @@ fn run(
         .flat_map(|row| {
             row.iter()
                 .copied()
-                .chain(std::iter::repeat(0).take(w - row.len()))
+                .chain(std::iter::repeat_n(0, w - row.len()))
         })
         .collect();
     let input = HostInputs {
@@ -125,7 +125,8 @@ fn spec_map() -> Vec<i64> {
 #[test]
 fn spec_worked_example_with_swa() {
     let map = spec_map();
-    let cases: [([i32; 2], [&[i32]; 2], [&[i32]; 2]); 3] = [
+    type Rows<'a> = [&'a [i32]; 2];
+    let cases: [([i32; 2], Rows, Rows); 3] = [
         ([10, 4], [&[3, 7, 2], &[5]], [&[1, 0, 2], &[4]]),
         ([12, 6], [&[3, 7, 2], &[5, 9]], [&[1, 0, 2], &[4, 5]]),
         ([13, 7], [&[3, 7, 2, 10], &[5, 9]], [&[1, 0, 2, 3], &[4, 5]]),
@@ -157,7 +158,7 @@ fn page_size_one_and_sixteen() {
     let (t, _, _) = run(&[vec![5, 9, 2, 7]], &[0], &[4], 1, 4, None);
     assert_eq!(t, vec![5, 9, 2, 7]);
     let row: Vec<i32> = (32..64).collect();
-    let (t, _, _) = run(&[row.clone()], &[0], &[16], 16, 2, None);
+    let (t, _, _) = run(std::slice::from_ref(&row), &[0], &[16], 16, 2, None);
     assert_eq!(t, vec![2, POISON]);
     let (t, _, _) = run(&[row], &[0], &[17], 16, 2, None);
     assert_eq!(t, vec![2, 3]);
