@@ -62,10 +62,11 @@ echo "$passed passed, $failed failed"
 struct Artifact {
     exe: PathBuf,
     name: String,
-    bench: bool,
+    /// Bundle sub-folder: `tests`, `benches` or `bin`.
+    dir: &'static str,
 }
 
-fn built_artifacts(root: &Path, args: &[&str], bench: bool) -> Result<Vec<Artifact>> {
+fn built_artifacts(root: &Path, args: &[&str]) -> Result<Vec<Artifact>> {
     eprintln!("$ cargo {}", args.join(" "));
     let out = Command::new("cargo")
         .args(args)
@@ -94,23 +95,18 @@ fn built_artifacts(root: &Path, args: &[&str], bench: bool) -> Result<Vec<Artifa
             .and_then(Path::file_name)
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let wanted = match kind {
-            "test" => target == "gpu",
-            "bench" => true,
-            "bin" => target.starts_with("mha-"),
-            _ => false,
+        let (dir, name) = match kind {
+            "test" if target == "gpu" => ("tests", format!("{krate}-{target}")),
+            "bench" => ("benches", format!("{krate}-{target}")),
+            "bin" if target.starts_with("mha-") => ("bin", target.to_string()),
+            "example" => ("bin", target.to_string()),
+            _ => continue,
         };
-        if wanted {
-            found.push(Artifact {
-                exe: PathBuf::from(exe),
-                name: if kind == "bin" {
-                    target.to_string()
-                } else {
-                    format!("{krate}-{target}")
-                },
-                bench,
-            });
-        }
+        found.push(Artifact {
+            exe: PathBuf::from(exe),
+            name,
+            dir,
+        });
     }
     Ok(found)
 }
@@ -133,7 +129,6 @@ pub fn build(root: &Path, out: &Path) -> Result<()> {
             "gpu",
             "--message-format=json-render-diagnostics",
         ],
-        false,
     )?;
     artifacts.extend(built_artifacts(
         root,
@@ -143,7 +138,6 @@ pub fn build(root: &Path, out: &Path) -> Result<()> {
             "--no-run",
             "--message-format=json-render-diagnostics",
         ],
-        true,
     )?);
     artifacts.extend(built_artifacts(
         root,
@@ -152,9 +146,9 @@ pub fn build(root: &Path, out: &Path) -> Result<()> {
             "--release",
             "--workspace",
             "--bins",
+            "--examples",
             "--message-format=json-render-diagnostics",
         ],
-        false,
     )?);
     let _ = std::fs::remove_dir_all(&out);
     for sub in ["tests", "benches", "bin"] {
@@ -162,13 +156,7 @@ pub fn build(root: &Path, out: &Path) -> Result<()> {
     }
     let mut total = 0u64;
     for a in &artifacts {
-        let sub = if a.bench {
-            "benches"
-        } else if a.name.starts_with("mha-") {
-            "bin"
-        } else {
-            "tests"
-        };
+        let sub = a.dir;
         let dst = out.join(sub).join(&a.name);
         std::fs::copy(&a.exe, &dst)?;
         // Best effort: `strip` shrinks test binaries built with debug info.

@@ -14,6 +14,19 @@ use crate::{gpu_available, gpu_status, Gpu, GpuStatus};
 /// ignoring them.
 pub const REQUIRE_GPU_ENV: &str = "MHA_KIT_REQUIRE_GPU";
 
+/// Environment variable overriding the number of random cases of GPU
+/// property tests (e.g. fewer under compute-sanitizer).
+pub const GPU_CASES_ENV: &str = "MHA_KIT_GPU_CASES";
+
+/// Random cases a GPU property test runs: `MHA_KIT_GPU_CASES` when set to a
+/// number, else `default`.
+pub fn gpu_cases(default: u32) -> u32 {
+    std::env::var(GPU_CASES_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
 /// Whether `MHA_KIT_REQUIRE_GPU=1` is set.
 pub fn gpu_required() -> bool {
     std::env::var(REQUIRE_GPU_ENV).is_ok_and(|v| v.trim() == "1")

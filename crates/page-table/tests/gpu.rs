@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use kernel_rt::cudarc::driver::CudaSlice;
-use kernel_rt::testing::{gpu_trial, run_trials, OrFail};
+use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, OrFail};
 use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
 use page_table::reference::{build_page_table, HostInputs};
 use page_table::{PageTableArgs, PageTableKernel, SwaTables};
@@ -234,8 +234,9 @@ fn main() {
     let trials = vec![
         gpu_trial("gpu_matches_reference_proptest", |gpu| {
             let kernel = PageTableKernel::new(gpu).or_fail("load")?;
+            let cases = gpu_cases(GPU_CASES);
             let mut runner = TestRunner::new(Config {
-                cases: GPU_CASES,
+                cases,
                 failure_persistence: None,
                 ..Config::default()
             });
@@ -245,7 +246,7 @@ fn main() {
                 })
                 .map_err(|e| e.to_string())?;
             println!(
-                "gpu_matches_reference_proptest: {GPU_CASES} cases, {} launches",
+                "gpu_matches_reference_proptest: {cases} cases, {} launches",
                 kernel.launches()
             );
             Ok(())
