@@ -34,20 +34,25 @@ struct PageTableParams {
     i32 reserved;
 };
 
-// Grid: x = batch row (bs), y = page chunk; block = blockDim.x threads, each
-// writing pages y*blockDim.x + tid, stepping by gridDim.y*blockDim.x.
-extern "C" __global__ void page_table_build(const PageTableParams p) {
+// Pages each thread keeps in flight: their slot loads are all issued before
+// any store (the pointers are __restrict__, so the stores cannot alias them).
+#define PT_UNROLL 4
+
+// Grid: x = batch row (bs), y = page chunk; block = blockDim.x threads. A
+// thread handles pages base + k*blockDim.x (k < PT_UNROLL), then steps by
+// gridDim.y*blockDim.x*PT_UNROLL.
+extern "C" __global__ void __launch_bounds__(256, 8) page_table_build(const PageTableParams p) {
     const i64 row = blockIdx.x;
     if (row >= p.bs) return;
+    // Independent loads first: request index and length in one round trip.
+    const i64 r = p.req_pool_indices[row];
+    const i64 len = p.cache_seqlens[row];
     // Row-level events are reported once, by the first thread of chunk 0.
     const bool reporter = blockIdx.y == 0 && threadIdx.x == 0;
-
-    const i64 r = p.req_pool_indices[row];
     if (r < 0 || r >= p.req_to_token_rows) {
         if (reporter) mha_kit::report_error(p.errors, PT_BAD_REQUEST_INDEX);
         return;
     }
-    const i64 len = p.cache_seqlens[row];
     if (len < 0) {
         if (reporter) mha_kit::report_error(p.errors, PT_NEGATIVE_SEQLEN);
         return;
@@ -64,35 +69,53 @@ extern "C" __global__ void page_table_build(const PageTableParams p) {
         if (reporter) mha_kit::report_error(p.errors, PT_ROW_PAST_WIDTH);
     }
 
-    const i32* src = p.req_to_token + r * p.req_to_token_stride;
-    i32* dst = p.page_table + row * p.page_table_stride;
-    i32* swa_dst = p.swa_page_table ? p.swa_page_table + row * p.swa_page_table_stride : nullptr;
-    const i64 step = (i64)gridDim.y * blockDim.x;
-    for (i64 page = (i64)blockIdx.y * blockDim.x + threadIdx.x; page < n; page += step) {
-        const i64 slot = __ldg(src + page * P);
-        i32 full_page;
-        if (slot < 0) {
-            full_page = 0;
-            mha_kit::report_error(p.errors, PT_NEGATIVE_SLOT);
-        } else if (p.pool_slots > 0 && slot >= p.pool_slots) {
-            full_page = 0;
-            mha_kit::report_error(p.errors, PT_SLOT_OUTSIDE_POOL);
-        } else {
-            full_page = (i32)(slot / P);
+    const i32* __restrict__ src = p.req_to_token + r * p.req_to_token_stride;
+    i32* __restrict__ dst = p.page_table + row * p.page_table_stride;
+    i32* __restrict__ swa_dst =
+        p.swa_page_table ? p.swa_page_table + row * p.swa_page_table_stride : nullptr;
+    const i64* __restrict__ map = p.full_to_swa;
+    const i32 P32 = p.page_size;
+    const i64 block = blockDim.x;
+    const i64 step = (i64)gridDim.y * block * PT_UNROLL;
+    for (i64 base = (i64)blockIdx.y * block * PT_UNROLL + threadIdx.x; base < n; base += step) {
+        i32 slot[PT_UNROLL];
+#pragma unroll
+        for (int k = 0; k < PT_UNROLL; ++k) {
+            const i64 page = base + k * block;
+            slot[k] = page < n ? __ldg(src + page * P) : 0;
         }
-        dst[page] = full_page;
-        if (swa_dst != nullptr) {
-            i32 swa_page;
-            if (slot < 0) {
-                swa_page = -1;
-            } else if (slot >= p.full_to_swa_len - 1) {
-                swa_page = 0;
-                mha_kit::report_error(p.errors, PT_SLOT_OUTSIDE_MAP);
+#pragma unroll
+        for (int k = 0; k < PT_UNROLL; ++k) {
+            const i64 page = base + k * block;
+            if (page >= n) break;
+            const i32 s = slot[k];
+            i32 full_page;
+            if (s < 0) {
+                full_page = 0;
+                mha_kit::report_error(p.errors, PT_NEGATIVE_SLOT);
+            } else if (p.pool_slots > 0 && s >= p.pool_slots) {
+                full_page = 0;
+                mha_kit::report_error(p.errors, PT_SLOT_OUTSIDE_POOL);
             } else {
-                const i64 s2 = __ldg(p.full_to_swa + slot);
-                swa_page = s2 < 0 ? -1 : (i32)(s2 / P);
+                full_page = s / P32;
             }
-            swa_dst[page] = swa_page;
+            dst[page] = full_page;
+            if (swa_dst != nullptr) {
+                i32 swa_page;
+                if (s < 0) {
+                    swa_page = -1;
+                } else if (s >= p.full_to_swa_len - 1) {
+                    swa_page = 0;
+                    mha_kit::report_error(p.errors, PT_SLOT_OUTSIDE_MAP);
+                } else {
+                    const i64 s2 = __ldg(map + s);
+                    // 32-bit division when the SWA slot fits (always, for real pools).
+                    swa_page = s2 < 0 ? -1
+                             : s2 <= 0x7fffffff ? (i32)s2 / P32
+                             : (i32)(s2 / P);
+                }
+                swa_dst[page] = swa_page;
+            }
         }
     }
 }

@@ -12,8 +12,11 @@ use crate::PTX;
 
 /// Threads per block.
 pub const BLOCK_THREADS: u32 = 256;
-/// Blocks the launch aims for when rows are few (≈ 8 per SM on 132 SMs).
-const TARGET_BLOCKS: usize = 1024;
+/// Pages per thread per step (`PT_UNROLL` in the kernel).
+pub const PAGES_PER_THREAD: usize = 4;
+/// Blocks the launch aims for: one full wave on an H200 (132 SMs × 8 blocks
+/// of 256 threads at ≤ 32 registers).
+const TARGET_BLOCKS: usize = 132 * 8;
 
 /// Kernel parameters, mirrored by `struct PageTableParams` in
 /// `kernels/page_table.cu` (size and offsets pinned by a CPU test).
@@ -94,13 +97,16 @@ pub struct PageTableArgs<'a> {
 }
 
 /// Launch geometry: grid `(bs, chunks)`, [`BLOCK_THREADS`] threads; `chunks`
-/// page blocks per row, enough to cover `M` pages once when rows are few
-/// and never more than needed.
+/// page blocks per row (each covering `BLOCK_THREADS × PAGES_PER_THREAD`
+/// pages per step), enough for about one wave of blocks when rows are few
+/// and never more than the row needs.
 ///
 /// # Errors
 /// [`KernelError::Unsupported`] when `bs` exceeds the grid's x limit.
 pub fn launch_config(bs: usize, max_num_pages: usize) -> Result<LaunchConfig> {
-    let per_row = max_num_pages.div_ceil(BLOCK_THREADS as usize).max(1);
+    let per_row = max_num_pages
+        .div_ceil(BLOCK_THREADS as usize * PAGES_PER_THREAD)
+        .max(1);
     let wanted = TARGET_BLOCKS.div_ceil(bs.max(1)).max(1);
     let chunks = per_row.min(wanted).min(MAX_GRID_YZ as usize);
     Ok(LaunchConfig {

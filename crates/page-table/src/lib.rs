@@ -32,7 +32,7 @@ pub mod reference;
 
 pub use launch::{
     launch_config, validate, PageTableArgs, PageTableKernel, PageTableParams, SwaTables,
-    BLOCK_THREADS,
+    BLOCK_THREADS, PAGES_PER_THREAD,
 };
 
 /// The embedded PTX of this family (`cargo xtask ptx-build`).

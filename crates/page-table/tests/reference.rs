@@ -4,7 +4,9 @@
 
 use kernel_rt::ErrorReport;
 use page_table::reference::{build_page_table, HostInputs};
-use page_table::{launch_config, ErrorFlags, PageTableParams, BLOCK_THREADS, KERNEL_NAMES, PTX};
+use page_table::{
+    launch_config, ErrorFlags, PageTableParams, BLOCK_THREADS, KERNEL_NAMES, PAGES_PER_THREAD, PTX,
+};
 use proptest::prelude::*;
 
 const POISON: i32 = -0x5A5A_5A5A;
@@ -337,7 +339,7 @@ proptest! {
         prop_assert_eq!(cfg.block_dim.0, BLOCK_THREADS);
         // Grid-stride over pages: covered as long as the stride is positive;
         // and no more chunks than pages need.
-        let block = BLOCK_THREADS as usize;
+        let block = BLOCK_THREADS as usize * PAGES_PER_THREAD;
         prop_assert!((cfg.grid_dim.1 as usize - 1) * block < m);
     }
 }
