@@ -1,0 +1,471 @@
+//! Typed launcher of the KV-write kernels (`fp8_kv_set_kv_buffer`,
+//! `fp8_kv_fused_fp8_write_{bf16,f16}`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use kernel_rt::{grid_dim, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut};
+
+use crate::{KvCacheDtype, KvScales, PTX};
+
+/// Threads per block (the kernels' `__launch_bounds__`).
+pub const BLOCK_THREADS: u32 = 256;
+/// Most blocks one launch uses; more tokens are covered by the grid-stride loop.
+const MAX_BLOCKS: usize = 1 << 20;
+/// Bytes of one vector access.
+const VECTOR_BYTES: usize = 16;
+
+/// dtype of the new K and V rows (both stored as `u16` bits on the device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    /// bfloat16 (`half::bf16::to_bits`).
+    Bf16,
+    /// IEEE half (`half::f16::to_bits`).
+    F16,
+}
+
+/// Kernel parameters, mirrored by `struct KvWriteParams` in
+/// `kernels/fp8_kv.cu` (size and offsets pinned by a CPU test).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KvWriteParams {
+    /// `const u16*` `[n, Hkv, D]`.
+    pub k: u64,
+    /// `const u16*` `[n, Hkv, D]`.
+    pub v: u64,
+    /// `const i64*` `[n]`.
+    pub cache_loc: u64,
+    /// `u16*` or `u8*` `[S, Hkv, D]`.
+    pub k_cache: u64,
+    /// `u16*` or `u8*` `[S, Hkv, D]`.
+    pub v_cache: u64,
+    /// `u32*` `[2]` error word.
+    pub errors: u64,
+    /// Token stride of `k`, elements.
+    pub k_token_stride: i64,
+    /// Head stride of `k`, elements.
+    pub k_head_stride: i64,
+    /// Token stride of `v`, elements.
+    pub v_token_stride: i64,
+    /// Head stride of `v`, elements.
+    pub v_head_stride: i64,
+    /// Slot stride of `k_cache`, elements.
+    pub k_cache_slot_stride: i64,
+    /// Head stride of `k_cache`, elements.
+    pub k_cache_head_stride: i64,
+    /// Slot stride of `v_cache`, elements.
+    pub v_cache_slot_stride: i64,
+    /// Head stride of `v_cache`, elements.
+    pub v_cache_head_stride: i64,
+    /// `n`, tokens.
+    pub num_tokens: i64,
+    /// `S`, slots of the pool.
+    pub slots: i64,
+    /// `f32(1 / k_scale)`; 1.0 for `set_kv_buffer`.
+    pub inv_k_scale: f32,
+    /// `f32(1 / v_scale)`; 1.0 for `set_kv_buffer`.
+    pub inv_v_scale: f32,
+    /// `Hkv`.
+    pub num_kv_heads: i32,
+    /// `D`.
+    pub head_dim: i32,
+    /// `D / chunk_elems`.
+    pub chunks_per_head: i32,
+    /// Threads sharing one token ([`WriteGeometry`]).
+    pub threads_per_token: i32,
+    /// Tokens per block ([`WriteGeometry`]).
+    pub tokens_per_block: i32,
+    /// 1: 16-byte accesses; 0: one element per access.
+    pub vectorized: i32,
+}
+
+// SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
+// (pinned by `params_layout_matches_cuda` in tests/reference.rs).
+unsafe impl DeviceRepr for KvWriteParams {}
+
+/// Arguments of one KV write (shapes in `[..]`, all device buffers on the
+/// launcher's GPU). `C` is the cache element: `u16` (bf16/f16 bits) for
+/// [`KvWriteKernel::set_kv_buffer`], `u8` (e4m3 bytes) for
+/// [`KvWriteKernel::fused_fp8_set_kv_buffer`].
+#[derive(Debug)]
+pub struct KvWriteArgs<'a, C> {
+    /// `[n, Hkv, D]` new K rows (bf16/f16 bits); any token and head stride,
+    /// last dim contiguous.
+    pub k: Strided<'a, u16, 3>,
+    /// `[n, Hkv, D]` new V rows, as `k`.
+    pub v: Strided<'a, u16, 3>,
+    /// `[n]` i64 slots, contiguous. Slots outside `[0, S)` are skipped and counted.
+    pub cache_loc: Strided<'a, i64, 1>,
+    /// `[S, Hkv, D]` K cache of the layer; any slot and head stride, last dim
+    /// contiguous; `S % page_size == 0`.
+    pub k_cache: StridedMut<'a, C, 3>,
+    /// `[S, Hkv, D]` V cache, same shape as `k_cache`.
+    pub v_cache: StridedMut<'a, C, 3>,
+    /// `P ≥ 1`, tokens per page (slot `s` = page `s / P`, offset `s % P`).
+    pub page_size: usize,
+}
+
+/// How one launch splits the work: every token's K and V rows are
+/// `2 · Hkv · chunks_per_head` chunks of [`chunk_elems`] elements; a block
+/// runs `tokens_per_block` tokens side by side, `threads_per_token` threads
+/// each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteGeometry {
+    /// `D / chunk_elems`.
+    pub chunks_per_head: usize,
+    /// Threads sharing one token (≤ [`BLOCK_THREADS`]).
+    pub threads_per_token: usize,
+    /// Tokens per block (`tokens_per_block · threads_per_token ≤ BLOCK_THREADS`).
+    pub tokens_per_block: usize,
+}
+
+/// Elements per chunk: 16-byte accesses move 8 `u16` (copy) or 16 elements
+/// (FP8 write: 32 input bytes, 16 output bytes); the fallback moves one.
+pub fn chunk_elems(fp8: bool, vectorized: bool) -> usize {
+    match (vectorized, fp8) {
+        (false, _) => 1,
+        (true, false) => VECTOR_BYTES / 2,
+        (true, true) => VECTOR_BYTES,
+    }
+}
+
+/// Whether the 16-byte path applies: `head_dim` is a multiple of the chunk,
+/// and every base address (bytes) and every stride of a dim of size > 1
+/// (in bytes: elements × element size) is a multiple of 16.
+///
+/// `views` lists every buffer the kernel touches.
+pub fn vectorizable(head_dim: usize, fp8: bool, views: &[ViewAlignment]) -> bool {
+    if head_dim % chunk_elems(fp8, true) != 0 {
+        return false;
+    }
+    views.iter().all(|v| {
+        v.addr % VECTOR_BYTES as u64 == 0
+            && v.outer.iter().all(|&(n, s)| {
+                n <= 1
+                    || s.checked_mul(v.elem_bytes)
+                        .is_some_and(|b| b % VECTOR_BYTES == 0)
+            })
+    })
+}
+
+/// What [`vectorizable`] needs to know of one view `[d0, d1, D]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewAlignment {
+    /// Device address of element `[0, 0, 0]`, bytes.
+    pub addr: u64,
+    /// Bytes per element (2 for bf16/f16, 1 for e4m3).
+    pub elem_bytes: usize,
+    /// `(extent, stride in elements)` of the two outer dims (tokens or slots, heads).
+    pub outer: [(usize, usize); 2],
+}
+
+/// Launch geometry for `n` tokens of `Hkv` heads of `D` elements, chunks of
+/// `chunk` elements (`D % chunk == 0`): grid `(min(ceil(n / tokens_per_block),
+/// 2^20), 1, 1)`, [`BLOCK_THREADS`] threads.
+///
+/// # Errors
+/// [`KernelError::Unsupported`] when a count does not fit the kernel's i32
+/// fields or `chunk` does not divide `D`.
+pub fn launch_config(
+    n: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    chunk: usize,
+) -> Result<(LaunchConfig, WriteGeometry)> {
+    if chunk == 0 || head_dim % chunk != 0 {
+        return Err(KernelError::unsupported(
+            "head_dim",
+            format!("{head_dim} is not a multiple of {chunk}"),
+        ));
+    }
+    let chunks_per_head = head_dim / chunk;
+    let per_token = num_kv_heads
+        .checked_mul(chunks_per_head)
+        .and_then(|x| x.checked_mul(2))
+        .filter(|&x| x <= i32::MAX as usize && x > 0)
+        .ok_or_else(|| {
+            KernelError::unsupported(
+                "num_kv_heads",
+                format!("{num_kv_heads} heads × {head_dim} dims out of range"),
+            )
+        })?;
+    let block = BLOCK_THREADS as usize;
+    let (threads_per_token, tokens_per_block) = if per_token >= block {
+        (block, 1)
+    } else {
+        (per_token, block / per_token)
+    };
+    let blocks = n.div_ceil(tokens_per_block).clamp(1, MAX_BLOCKS);
+    Ok((
+        LaunchConfig {
+            grid_dim: (grid_dim("cache_loc", blocks, i32::MAX as u32)?, 1, 1),
+            block_dim: (BLOCK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        WriteGeometry {
+            chunks_per_head,
+            threads_per_token,
+            tokens_per_block,
+        },
+    ))
+}
+
+fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i32")))
+}
+
+fn to_i64(arg: &'static str, v: usize) -> Result<i64> {
+    i64::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i64")))
+}
+
+fn require_last_contiguous(
+    arg: &'static str,
+    shape: [usize; 3],
+    strides: [usize; 3],
+) -> Result<()> {
+    if shape[2] > 1 && strides[2] != 1 {
+        return Err(KernelError::Stride {
+            arg,
+            detail: format!(
+                "last dim (head_dim) must be contiguous (stride 1), got strides {strides:?}"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Validates `args` and returns the kernel parameters (pointers, scales and
+/// geometry left for the launch to fill). Every rejection happens here,
+/// before any launch.
+///
+/// # Errors
+/// [`KernelError::Shape`], [`KernelError::Stride`] or
+/// [`KernelError::Unsupported`] naming the argument.
+pub fn validate<C>(args: &KvWriteArgs<'_, C>) -> Result<KvWriteParams> {
+    let [n, heads, dim] = args.k.shape();
+    if heads == 0 || dim == 0 {
+        return Err(KernelError::unsupported(
+            "k",
+            "num_kv_heads and head_dim must be ≥ 1",
+        ));
+    }
+    if args.v.shape() != [n, heads, dim] {
+        return Err(KernelError::shape(
+            "v",
+            format!("[n={n}, Hkv={heads}, D={dim}] (as k)"),
+            format!("{:?}", args.v.shape()),
+        ));
+    }
+    if args.cache_loc.shape() != [n] {
+        return Err(KernelError::shape(
+            "cache_loc",
+            format!("[n={n}]"),
+            format!("{:?}", args.cache_loc.shape()),
+        ));
+    }
+    if n > 1 && args.cache_loc.strides()[0] != 1 {
+        return Err(KernelError::Stride {
+            arg: "cache_loc",
+            detail: format!(
+                "must be contiguous, got stride {}",
+                args.cache_loc.strides()[0]
+            ),
+        });
+    }
+    let [slots, cache_heads, cache_dim] = args.k_cache.shape();
+    if cache_heads != heads || cache_dim != dim {
+        return Err(KernelError::shape(
+            "k_cache",
+            format!("[S, Hkv={heads}, D={dim}]"),
+            format!("{:?}", args.k_cache.shape()),
+        ));
+    }
+    if args.v_cache.shape() != args.k_cache.shape() {
+        return Err(KernelError::shape(
+            "v_cache",
+            format!("{:?} (as k_cache)", args.k_cache.shape()),
+            format!("{:?}", args.v_cache.shape()),
+        ));
+    }
+    require_last_contiguous("k", args.k.shape(), args.k.strides())?;
+    require_last_contiguous("v", args.v.shape(), args.v.strides())?;
+    require_last_contiguous("k_cache", args.k_cache.shape(), args.k_cache.strides())?;
+    require_last_contiguous("v_cache", args.v_cache.shape(), args.v_cache.strides())?;
+    if args.page_size == 0 {
+        return Err(KernelError::unsupported("page_size", "must be ≥ 1"));
+    }
+    if slots % args.page_size != 0 {
+        return Err(KernelError::unsupported(
+            "k_cache",
+            format!(
+                "{slots} slots is not a multiple of page_size {}",
+                args.page_size
+            ),
+        ));
+    }
+    // The grid splits every token's rows in i32 chunk counts.
+    launch_config(1, heads, dim, 1)?;
+    let [kt, kh, _] = args.k.strides();
+    let [vt, vh, _] = args.v.strides();
+    let [kcs, kch, _] = args.k_cache.strides();
+    let [vcs, vch, _] = args.v_cache.strides();
+    Ok(KvWriteParams {
+        k_token_stride: to_i64("k", kt)?,
+        k_head_stride: to_i64("k", kh)?,
+        v_token_stride: to_i64("v", vt)?,
+        v_head_stride: to_i64("v", vh)?,
+        k_cache_slot_stride: to_i64("k_cache", kcs)?,
+        k_cache_head_stride: to_i64("k_cache", kch)?,
+        v_cache_slot_stride: to_i64("v_cache", vcs)?,
+        v_cache_head_stride: to_i64("v_cache", vch)?,
+        num_tokens: to_i64("cache_loc", n)?,
+        slots: to_i64("k_cache", slots)?,
+        inv_k_scale: 1.0,
+        inv_v_scale: 1.0,
+        num_kv_heads: to_i32("num_kv_heads", heads)?,
+        head_dim: to_i32("head_dim", dim)?,
+        ..Default::default()
+    })
+}
+
+/// The KV-write launcher: the three kernel functions are resolved once, at
+/// construction; launches are stream-ordered on the GPU's stream and
+/// graph-capturable (no host sync, no allocation, no copy).
+#[derive(Debug)]
+pub struct KvWriteKernel {
+    gpu: Arc<Gpu>,
+    set_kv: CudaFunction,
+    fp8_bf16: CudaFunction,
+    fp8_f16: CudaFunction,
+    launches: AtomicU64,
+}
+
+impl KvWriteKernel {
+    /// Loads the fp8-kv kernels on `gpu`.
+    ///
+    /// # Errors
+    /// [`KernelError::Load`] when the PTX does not load.
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
+        Ok(Self {
+            gpu: gpu.clone(),
+            set_kv: gpu.function(&PTX, "fp8_kv_set_kv_buffer")?,
+            fp8_bf16: gpu.function(&PTX, "fp8_kv_fused_fp8_write_bf16")?,
+            fp8_f16: gpu.function(&PTX, "fp8_kv_fused_fp8_write_f16")?,
+            launches: AtomicU64::new(0),
+        })
+    }
+
+    /// Kernel launches issued so far by this launcher.
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
+    }
+
+    /// `set_kv_buffer` for a bf16/f16 cache (spec §2, same dtype): copies
+    /// `k[t]`, `v[t]` (`[Hkv, D]` rows) to slot `cache_loc[t]` of `k_cache`,
+    /// `v_cache`, bit for bit, K and V in one launch; `n == 0` launches
+    /// nothing. Checkpoint scales do not apply (D8). A slot outside `[0, S)`
+    /// is skipped and counted in `errors` ([`crate::ErrorFlags`]).
+    /// Asynchronous: buffers must stay alive until the stream is synchronised.
+    ///
+    /// # Errors
+    /// As [`validate`]; [`KernelError::Driver`] when the launch fails.
+    pub fn set_kv_buffer(
+        &self,
+        args: &mut KvWriteArgs<'_, u16>,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
+        let params = validate(args)?;
+        self.launch(&self.set_kv, args, params, false, errors)
+    }
+
+    /// Fused FP8 quantize + write (spec §3, D7): for an e4m3 cache, writes
+    /// `e4m3_satfinite(f32(k[t,h,d]) · f32(1/k_scale))` (and V with
+    /// `v_scale`) at slot `cache_loc[t]`, K and V in one launch; `n == 0`
+    /// launches nothing. `dtype` says how to read `k`/`v`; `scales` is the
+    /// layer's resolved pair (an e4m3 one). A slot outside `[0, S)` is skipped
+    /// and counted in `errors`. Asynchronous, as [`Self::set_kv_buffer`].
+    ///
+    /// # Errors
+    /// As [`validate`]; [`KernelError::Unsupported`] when `scales` was
+    /// resolved for another cache dtype; [`KernelError::Driver`] on launch failure.
+    pub fn fused_fp8_set_kv_buffer(
+        &self,
+        args: &mut KvWriteArgs<'_, u8>,
+        dtype: KvDtype,
+        scales: &KvScales,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
+        if scales.cache_dtype() != KvCacheDtype::Fp8E4m3 {
+            return Err(KernelError::unsupported(
+                "scales",
+                format!(
+                    "resolved for a {:?} cache, the write is to an e4m3 cache",
+                    scales.cache_dtype()
+                ),
+            ));
+        }
+        let mut params = validate(args)?;
+        params.inv_k_scale = scales.inv_k_scale();
+        params.inv_v_scale = scales.inv_v_scale();
+        let func = match dtype {
+            KvDtype::Bf16 => &self.fp8_bf16,
+            KvDtype::F16 => &self.fp8_f16,
+        };
+        self.launch(func, args, params, true, errors)
+    }
+
+    fn launch<C>(
+        &self,
+        func: &CudaFunction,
+        args: &mut KvWriteArgs<'_, C>,
+        mut params: KvWriteParams,
+        fp8: bool,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
+        if params.num_tokens == 0 {
+            return Ok(());
+        }
+        let stream = self.gpu.stream();
+        params.k = args.k.device_ptr(stream);
+        params.v = args.v.device_ptr(stream);
+        params.cache_loc = args.cache_loc.device_ptr(stream);
+        params.k_cache = args.k_cache.device_ptr_mut(stream);
+        params.v_cache = args.v_cache.device_ptr_mut(stream);
+        params.errors = errors.device_ptr();
+        let [n, heads, dim] = args.k.shape();
+        let slots = args.k_cache.shape()[0];
+        let out_elem = std::mem::size_of::<C>();
+        let view = |addr: u64, elem_bytes: usize, s: [usize; 3], e0: usize| ViewAlignment {
+            addr,
+            elem_bytes,
+            outer: [(e0, s[0]), (heads, s[1])],
+        };
+        let vec = vectorizable(
+            dim,
+            fp8,
+            &[
+                view(params.k, 2, args.k.strides(), n),
+                view(params.v, 2, args.v.strides(), n),
+                view(params.k_cache, out_elem, args.k_cache.strides(), slots),
+                view(params.v_cache, out_elem, args.v_cache.strides(), slots),
+            ],
+        );
+        let (cfg, geo) = launch_config(n, heads, dim, chunk_elems(fp8, vec))?;
+        params.chunks_per_head = to_i32("head_dim", geo.chunks_per_head)?;
+        params.threads_per_token = to_i32("head_dim", geo.threads_per_token)?;
+        params.tokens_per_block = to_i32("head_dim", geo.tokens_per_block)?;
+        params.vectorized = i32::from(vec);
+        let mut builder = stream.launch_builder(func);
+        builder.arg(&params);
+        // SAFETY: `validate` checked every shape and stride, and the
+        // Strided/StridedMut constructors checked that every index inside
+        // [n, Hkv, D] and [S, Hkv, D] lies in its buffer; the kernel writes
+        // only slots in [0, S) (others are skipped and counted) and reads only
+        // tokens in [0, n); 16-byte accesses are used only when `vectorizable`
+        // proved every address aligned; the params layout is pinned by a test.
+        unsafe { builder.launch(cfg) }?;
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
