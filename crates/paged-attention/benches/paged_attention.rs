@@ -1,0 +1,250 @@
+//! Bench of the decode/verify kernel: criterion (`iter_custom` + CUDA events)
+//! and a markdown table (median µs, TB/s of KV + Q/O traffic, % of the copy
+//! ceiling measured in the same run). KV pools are ≥ 2× L2 (random page
+//! order), so reads come from HBM. Prints a line and exits 0 without a GPU.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::Criterion;
+use kernel_rt::cudarc::driver::CudaSlice;
+use kernel_rt::timing::{copy_ceiling_gbps, median_us, time_iters};
+use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
+use paged_attention::{
+    workspace_for, DecodeArgs, HalfDtype, KvCache, PagedAttentionKernel, QueryLayout, SplitMode,
+};
+
+struct Shape {
+    name: &'static str,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    bs: usize,
+    len: usize,
+    fp8: bool,
+    q_len: usize,
+    window: Option<u32>,
+    sinks: bool,
+}
+
+const fn s(name: &'static str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shape {
+    Shape {
+        name,
+        hq,
+        hkv,
+        d,
+        bs,
+        len,
+        fp8: false,
+        q_len: 1,
+        window: None,
+        sinks: false,
+    }
+}
+
+fn cases() -> Vec<Shape> {
+    vec![
+        s("bs 64, L 8192", 32, 8, 128, 64, 8192),
+        s("bs 256, L 8192", 32, 8, 128, 256, 8192),
+        s("bs 1, L 1024", 32, 8, 128, 1, 1024),
+        s("bs 16, L 1024", 32, 8, 128, 16, 1024),
+        s("bs 1, L 32768", 32, 8, 128, 1, 32768),
+        Shape {
+            fp8: true,
+            ..s("FP8 KV, bs 64, L 8192", 32, 8, 128, 64, 8192)
+        },
+        Shape {
+            q_len: 4,
+            ..s("verify q_len 4, bs 64, L 8192", 32, 8, 128, 64, 8192)
+        },
+        Shape {
+            window: Some(127),
+            sinks: true,
+            ..s("64/8/64 W 127 + sinks, bs 64, L 8192", 64, 8, 64, 64, 8192)
+        },
+    ]
+}
+
+const P: usize = 16;
+const L2_BYTES: usize = 60 << 20;
+
+struct Prepared {
+    q: CudaSlice<u16>,
+    out: CudaSlice<u16>,
+    k8: CudaSlice<u8>,
+    v8: CudaSlice<u8>,
+    k16: CudaSlice<u16>,
+    v16: CudaSlice<u16>,
+    pt: CudaSlice<i32>,
+    lens: CudaSlice<i32>,
+    sinks: CudaSlice<f32>,
+    ws: CudaSlice<f32>,
+    num_pages: usize,
+    m: usize,
+    bytes: f64,
+}
+
+fn prepare(gpu: &Arc<Gpu>, kernel: &PagedAttentionKernel, c: &Shape) -> Result<Prepared> {
+    let st = gpu.stream();
+    let es: usize = if c.fp8 { 1 } else { 2 };
+    let m = c.len.div_ceil(P);
+    let page_bytes = P * c.hkv * c.d * es;
+    let used = c.bs * m;
+    let num_pages = used.max((2 * L2_BYTES).div_ceil(page_bytes)) + 1;
+    // Random distinct pages (LCG permutation stride).
+    let mut ids = Vec::with_capacity(used);
+    // Scatter pages with a stride coprime to the pool size (not contiguous).
+    let n = (num_pages - 1).max(1);
+    let mut stride = 7919 % n;
+    while stride == 0 || gcd(stride, n) != 1 {
+        stride += 1;
+    }
+    for i in 0..used {
+        ids.push((1 + (i * stride) % n) as i32);
+    }
+    let elems = num_pages * P * c.hkv * c.d;
+    // Small non-zero values (0x30 = 0.125 in e4m3, 0x3E00 = 0.125 in bf16).
+    let (n8, n16) = if c.fp8 { (elems, 1) } else { (1, elems) };
+    let k8 = st.clone_htod(&vec![0x30u8; n8])?;
+    let v8 = st.clone_htod(&vec![0x30u8; n8])?;
+    let k16 = st.clone_htod(&vec![0x3E00u16; n16])?;
+    let v16 = st.clone_htod(&vec![0x3E00u16; n16])?;
+    let rows = c.bs * c.q_len;
+    let q = st.clone_htod(&vec![0x3C00u16; rows * c.hq * c.d])?;
+    let out = st.alloc_zeros::<u16>(rows * c.hq * c.d)?;
+    let pt = st.clone_htod(&ids)?;
+    let lens = st.clone_htod(&vec![c.len as i32; c.bs])?;
+    let sinks = st.clone_htod(&vec![0.5f32; c.hq])?;
+    let need = workspace_for(
+        c.bs,
+        c.hq,
+        c.hkv,
+        c.d,
+        c.q_len,
+        c.len,
+        SplitMode::Auto,
+        kernel.num_sms(),
+    )?;
+    let ws = st.alloc_zeros::<f32>(need.max(1))?;
+    let kv_read = match c.window {
+        Some(w) => (w as usize + c.q_len).min(c.len),
+        None => c.len,
+    };
+    let bytes = (2 * c.bs * kv_read * c.hkv * c.d * es + 2 * 2 * rows * c.hq * c.d) as f64;
+    Ok(Prepared {
+        q,
+        out,
+        k8,
+        v8,
+        k16,
+        v16,
+        pt,
+        lens,
+        sinks,
+        ws,
+        num_pages,
+        m,
+        bytes,
+    })
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn launch(
+    kernel: &PagedAttentionKernel,
+    c: &Shape,
+    p: &mut Prepared,
+    errors: &mut DeviceErrors,
+) -> Result<()> {
+    let rows = c.bs * c.q_len;
+    let shape = [p.num_pages, c.hkv, P, c.d];
+    let strides = [P * c.hkv * c.d, c.d, c.hkv * c.d, 1];
+    let kv = if c.fp8 {
+        KvCache::E4m3 {
+            k: Strided::new("k_cache", p.k8.as_view(), shape, strides)?,
+            v: Strided::new("v_cache", p.v8.as_view(), shape, strides)?,
+        }
+    } else {
+        KvCache::Half {
+            dtype: HalfDtype::Bf16,
+            k: Strided::new("k_cache", p.k16.as_view(), shape, strides)?,
+            v: Strided::new("v_cache", p.v16.as_view(), shape, strides)?,
+        }
+    };
+    let ws_len = p.ws.len();
+    let mut args = DecodeArgs {
+        q: Strided::of("q", &p.q, [rows, c.hq, c.d])?,
+        q_dtype: HalfDtype::Bf16,
+        out: StridedMut::of("out", &mut p.out, [rows, c.hq, c.d])?,
+        kv,
+        page_table: Strided::of("page_table", &p.pt, [c.bs, p.m])?,
+        cache_seqlens: Strided::of("cache_seqlens", &p.lens, [c.bs])?,
+        layout: QueryLayout::Uniform {
+            q_len_per_req: c.q_len,
+        },
+        max_seq_len: c.len,
+        bmm1_scale: 1.0 / (c.d as f32).sqrt(),
+        bmm2_scale: 1.0,
+        window_left: c.window,
+        sinks: if c.sinks {
+            Some(Strided::of("sinks", &p.sinks, [c.hq])?)
+        } else {
+            None
+        },
+        split: SplitMode::Auto,
+        workspace: Some(StridedMut::contiguous(
+            "workspace",
+            p.ws.slice_mut(0..ws_len),
+            [ws_len],
+        )?),
+    };
+    kernel.launch(&mut args, errors)
+}
+
+fn main() {
+    if let GpuStatus::Missing(why) = gpu_status() {
+        println!("paged_attention bench: no GPU ({why}); nothing measured");
+        return;
+    }
+    let gpu = Gpu::shared().expect("GPU");
+    let kernel = PagedAttentionKernel::new(&gpu).expect("load");
+    let mut errors = DeviceErrors::new(&gpu).expect("errors");
+    let ceiling = copy_ceiling_gbps(&gpu, 1 << 30, 20).expect("ceiling");
+    let mut crit = Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(10);
+    let mut table = Vec::new();
+    for c in cases() {
+        let mut p = prepare(&gpu, &kernel, &c).expect("prepare");
+        crit.bench_function(c.name, |b| {
+            b.iter_custom(|iters| {
+                time_iters(&gpu, iters, || launch(&kernel, &c, &mut p, &mut errors)).expect("time")
+            })
+        });
+        let us =
+            median_us(&gpu, 5, 30, || launch(&kernel, &c, &mut p, &mut errors)).expect("median");
+        let gbps = p.bytes / (us * 1e-6) / 1e9;
+        table.push(format!(
+            "| {} | {us:.1} | {:.2} | {:.0} % |",
+            c.name,
+            gbps / 1e3,
+            100.0 * gbps / ceiling
+        ));
+    }
+    println!(
+        "\n## paged-attention decode/verify on {} (copy ceiling {:.2} TB/s)\n",
+        gpu.describe(),
+        ceiling / 1e3
+    );
+    println!("| case | µs | TB/s read | % of ceiling |\n|---|---:|---:|---:|");
+    for row in table {
+        println!("{row}");
+    }
+}

@@ -1,0 +1,635 @@
+// mha-kit kernel family: paged-KV attention, decode and multi-token verify.
+// Semantics: shared/spec/attention.md §2-§7, fp8-kv.md §4, DECISIONS.md D4-D6,
+// D10, D12, D13. Design: shared/design/ATTENTION-KERNELS.md (step 1: CUDA cores).
+//
+// Work item = (split s, KV head h x row tile rt, request b). A row tile packs up
+// to 16 query rows (token j, head g) of the G heads sharing KV head h,
+// token-major (r -> j = r / G, g = r % G), so one CTA reads each KV byte of its
+// range once for all of them. KV tiles of 32 tokens stream through a
+// cp.async (16 B, L2-only) ring of NST stages; page ids are loaded one tile
+// ahead of their use. Online softmax in f32 with exp2 (scale_log2 =
+// bmm1_scale * log2 e). Splits write unnormalised partials (O, m, d) to the
+// caller's workspace and paged_attention_merge_* combines them in a fixed
+// order. No counters: the workspace never needs zeroing (graph-safe).
+//
+// The params struct is mirrored by `PagedAttentionParams` in src/launch.rs; a
+// CPU test pins its size and field offsets.
+#include "mha_kit/common.cuh"
+
+typedef unsigned short u16;
+
+// Flag bits of the device error word (src/lib.rs: ErrorFlags).
+#define PA_BAD_CU_SEQLENS  1u  // cu_seqlens_q row range invalid: request skipped
+#define PA_Q_LEN_CLAMPED   2u  // n_b > max_q_len: clamped
+#define PA_NEGATIVE_SEQLEN 4u  // cache_seqlens < 0: read as 0
+#define PA_BAD_PAGE        8u  // needed page past the table or id outside [0, num_pages): masked
+
+struct PagedAttentionParams {
+    const u16* q;              // [num_tokens, Hq, D]
+    u16* out;                  // [num_tokens, Hq, D]
+    const u8* k_cache;         // view [num_pages, Hkv, P, D] (bytes)
+    const u8* v_cache;
+    const i32* page_table;     // [bs, M]
+    const i32* cache_seqlens;  // [bs]
+    const i32* cu_seqlens_q;   // [bs + 1] or null (uniform)
+    const float* sinks;        // [Hq] or null
+    float* ws_o;               // [items, max_splits, 16, D] or null
+    float* ws_ml;              // [items, max_splits, 16, 2] or null
+    u32* errors;               // [2]
+    i64 q_stride_tok, q_stride_head;     // elements
+    i64 o_stride_tok, o_stride_head;
+    i64 k_stride_page, k_stride_head, k_stride_tok;  // elements
+    i64 v_stride_page, v_stride_head, v_stride_tok;
+    i64 page_table_stride;
+    i32 bs, num_q_heads, num_kv_heads, group;
+    i32 page_size, max_num_pages, num_pages, num_tokens;
+    i32 q_len;        // uniform: q_len_per_req; ragged: max_q_len
+    i32 row_tiles;    // ceil(q_len * group / 16)
+    i32 max_splits;   // S_max = grid x
+    i32 fixed_chunk;  // > 0: fixed split size in tokens (deterministic mode); 0: auto
+    i32 window_left;  // -1 = none
+    float scale_log2; // bmm1_scale * log2(e)
+    float bmm2_scale;
+    i32 reserved;
+};
+
+namespace pa {
+
+constexpr int T = 32;        // tokens per KV tile (= lanes)
+constexpr int NT = 128;      // threads per CTA
+constexpr int ROWS = 16;     // query rows per CTA
+constexpr int PSTRIDE = T + 1;
+constexpr float LOG2E = 1.4426950408889634f;
+
+#define NEG_INF __int_as_float(0xff800000)
+
+MHA_KIT_DEVICE float ex2(float x) {
+    float y;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+MHA_KIT_DEVICE float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+MHA_KIT_DEVICE u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+MHA_KIT_DEVICE float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+MHA_KIT_DEVICE u16 f32_to_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+// QT: 0 = bf16, 1 = f16.
+template <int QT>
+MHA_KIT_DEVICE float half_to_f32(u16 h) { return QT == 0 ? bf16_to_f32(h) : f16_to_f32(h); }
+template <int QT>
+MHA_KIT_DEVICE u16 f32_to_half(float f) { return QT == 0 ? f32_to_bf16(f) : f32_to_f16(f); }
+
+// Two e4m3 bytes (low byte = first element) -> two f16 (exact), then f32.
+MHA_KIT_DEVICE void e4m3x2_to_f32(u16 b, float& lo, float& hi) {
+    u32 h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(b));
+    lo = f16_to_f32((u16)(h2 & 0xffffu));
+    hi = f16_to_f32((u16)(h2 >> 16));
+}
+
+// KV: 0 = bf16, 1 = f16, 2 = e4m3. Loads 8 consecutive elements from shared
+// memory (16 B, or 8 B for e4m3) and widens them to f32.
+template <int KV>
+MHA_KIT_DEVICE void load8(const u8* p, float* f) {
+    if constexpr (KV == 2) {
+        const uint2 u = *reinterpret_cast<const uint2*>(p);
+        const u32 w[2] = {u.x, u.y};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            e4m3x2_to_f32((u16)(w[i] & 0xffffu), f[4 * i], f[4 * i + 1]);
+            e4m3x2_to_f32((u16)(w[i] >> 16), f[4 * i + 2], f[4 * i + 3]);
+        }
+    } else {
+        const uint4 u = *reinterpret_cast<const uint4*>(p);
+        const u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if constexpr (KV == 0) {
+                f[2 * i] = __uint_as_float(w[i] << 16);
+                f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+            } else {
+                f[2 * i] = f16_to_f32((u16)(w[i] & 0xffffu));
+                f[2 * i + 1] = f16_to_f32((u16)(w[i] >> 16));
+            }
+        }
+    }
+}
+
+MHA_KIT_DEVICE u32 smem_u32(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+
+// 16-byte async copy global -> shared; src_size 0 zero-fills.
+MHA_KIT_DEVICE void cp_async16(u32 dst, const void* src, u32 src_size) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
+                 : "memory");
+}
+MHA_KIT_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+MHA_KIT_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+MHA_KIT_DEVICE float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+MHA_KIT_DEVICE float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// ---- geometry shared by the main and merge kernels (reference.rs mirrors it) ----
+struct Geom {
+    i32 row_start, n, len;
+    bool skip;
+};
+
+MHA_KIT_DEVICE Geom request_geom(const PagedAttentionParams& p, int b, bool report) {
+    Geom g;
+    g.skip = false;
+    if (p.cu_seqlens_q != nullptr) {
+        const i32 s = p.cu_seqlens_q[b], e = p.cu_seqlens_q[b + 1];
+        if (s < 0 || e < s || e > p.num_tokens) {
+            if (report) mha_kit::report_error(p.errors, PA_BAD_CU_SEQLENS);
+            g.skip = true;
+            g.row_start = 0;
+            g.n = 0;
+            g.len = 0;
+            return g;
+        }
+        g.row_start = s;
+        g.n = e - s;
+        if (g.n > p.q_len) {
+            g.n = p.q_len;
+            if (report) mha_kit::report_error(p.errors, PA_Q_LEN_CLAMPED);
+        }
+    } else {
+        g.row_start = b * p.q_len;
+        g.n = p.q_len;
+    }
+    i32 len = p.cache_seqlens[b];
+    if (len < 0) {
+        len = 0;
+        if (report) mha_kit::report_error(p.errors, PA_NEGATIVE_SEQLEN);
+    }
+    g.len = len;
+    return g;
+}
+
+// Key range [k_lo, k_hi) of a row tile and its split partition.
+struct Split {
+    i32 rows;        // rows in this tile (0 = none)
+    i32 k_lo, k_hi;  // needed keys of the tile
+    i32 chunk;       // tokens per split
+    i32 nb;          // splits used (>= 1 when rows > 0)
+};
+
+MHA_KIT_DEVICE Split tile_split(const PagedAttentionParams& p, const Geom& g, int rt) {
+    Split s;
+    const i32 total = g.n * p.group;
+    const i32 r0 = rt * ROWS;
+    s.rows = total > r0 ? min(ROWS, total - r0) : 0;
+    s.k_lo = 0;
+    s.k_hi = 0;
+    s.chunk = 1;
+    s.nb = 1;
+    if (s.rows == 0) return s;
+    const i32 j_min = r0 / p.group;
+    const i32 j_max = (r0 + s.rows - 1) / p.group;
+    const i32 x_min = g.len - g.n + j_min;
+    const i32 x_max = g.len - g.n + j_max;
+    s.k_hi = max(x_max + 1, 0);
+    s.k_lo = p.window_left >= 0 ? max(x_min - p.window_left, 0) : 0;
+    const i32 leff = s.k_hi > s.k_lo ? s.k_hi - s.k_lo : 0;
+    if (leff == 0) {
+        s.k_hi = s.k_lo;
+        return s;
+    }
+    if (p.fixed_chunk > 0) {
+        s.chunk = p.fixed_chunk;
+        i32 nb = (leff + s.chunk - 1) / s.chunk;
+        if (nb > p.max_splits) {
+            s.chunk *= (nb + p.max_splits - 1) / p.max_splits;
+        }
+    } else {
+        const i32 want = min(p.max_splits, (leff + 127) / 128);
+        const i32 c = (leff + want - 1) / want;
+        s.chunk = (c + T - 1) / T * T;
+    }
+    s.nb = (leff + s.chunk - 1) / s.chunk;
+    return s;
+}
+
+// Shared-memory layout (bytes); src/launch.rs `smem_bytes` mirrors it.
+template <int D, int KV, int NST>
+struct Smem {
+    static constexpr int ES = KV == 2 ? 1 : 2;
+    static constexpr int RB = D * ES;       // bytes per head row
+    static constexpr int SRB = RB + 16;     // padded row stride: conflict-free row reads
+    static constexpr int CPR = RB / 16;     // 16-byte chunks per row
+    static constexpr int Q_OFF = 0;                              // f32 [ROWS][D]
+    static constexpr int K_OFF = Q_OFF + ROWS * D * 4;           // [NST][T][SRB]
+    static constexpr int V_OFF = K_OFF + NST * T * SRB;
+    static constexpr int P_OFF = V_OFF + NST * T * SRB;          // f32 [ROWS][PSTRIDE]
+    static constexpr int A_OFF = P_OFF + ROWS * PSTRIDE * 4;     // f32 alpha [ROWS]
+    static constexpr int M_OFF = A_OFF + ROWS * 4;               // f32 m [ROWS]
+    static constexpr int DN_OFF = M_OFF + ROWS * 4;              // f32 d [ROWS]
+    static constexpr int VAL_OFF = DN_OFF + ROWS * 4;            // u32 valid [NST]
+    static constexpr int BYTES = (VAL_OFF + NST * 4 + 15) / 16 * 16;
+};
+
+template <int QT, int KV, int D>
+MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
+    constexpr int NST = D <= 128 ? 3 : 2;
+    using L = Smem<D, KV, NST>;
+    constexpr int ES = L::ES;
+    constexpr int SRB = L::SRB;
+    constexpr int CPR = L::CPR;
+    constexpr int NCH = D / 8;           // 8-element chunks per row (phase 3)
+    constexpr int RPT = ROWS * NCH / NT; // rows per thread in phase 3 = D / 64
+    constexpr int LOAD_ITERS = T * CPR / NT;
+    static_assert(LOAD_ITERS >= 1 && (T * CPR) % NT == 0, "tile load split");
+    static_assert(RPT >= 1, "rows per thread");
+
+    extern __shared__ __align__(16) u8 smem[];
+    float* qs = reinterpret_cast<float*>(smem + L::Q_OFF);
+    u8* ks = smem + L::K_OFF;
+    u8* vs = smem + L::V_OFF;
+    float* ps = reinterpret_cast<float*>(smem + L::P_OFF);
+    float* alpha_s = reinterpret_cast<float*>(smem + L::A_OFF);
+    float* m_s = reinterpret_cast<float*>(smem + L::M_OFF);
+    float* d_s = reinterpret_cast<float*>(smem + L::DN_OFF);
+    u32* valid_s = reinterpret_cast<u32*>(smem + L::VAL_OFF);
+
+    const int split = blockIdx.x;
+    const int h = blockIdx.y % p.num_kv_heads;
+    const int rt = blockIdx.y / p.num_kv_heads;
+    const int b = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+
+    const bool reporter_cta = split == 0 && h == 0 && rt == 0;
+    const Geom g = request_geom(p, b, reporter_cta && tid == 0);
+    if (g.skip) return;
+
+    // D10: count bad entries among the request's needed pages, once.
+    if (reporter_cta && g.n > 0) {
+        const i32 k_lo_req = p.window_left >= 0 ? max(g.len - g.n - p.window_left, 0) : 0;
+        if (k_lo_req < g.len) {
+            const i32 p_first = k_lo_req / p.page_size;
+            const i32 p_last = (g.len - 1) / p.page_size;
+            for (i32 pg = p_first + tid; pg <= p_last; pg += NT) {
+                bool bad = pg >= p.max_num_pages;
+                if (!bad) {
+                    const i32 id = __ldg(p.page_table + (i64)b * p.page_table_stride + pg);
+                    bad = id < 0 || id >= p.num_pages;
+                }
+                if (bad) mha_kit::report_error(p.errors, PA_BAD_PAGE);
+            }
+        }
+    }
+
+    const Split sp = tile_split(p, g, rt);
+    if (sp.rows == 0 || split >= sp.nb) return;
+    const i32 ks0 = sp.k_lo + split * sp.chunk;
+    const i32 ke = min(ks0 + sp.chunk, sp.k_hi);  // ks0 == ke only when the tile has no key
+    const int ntiles = ke > ks0 ? (ke - ks0 + T - 1) / T : 0;
+    const int nrows = sp.rows;
+    const int r0 = rt * ROWS;
+
+    // Q rows -> f32 shared memory (rows >= nrows zero).
+    for (int c = tid; c < ROWS * NCH; c += NT) {
+        const int r = c / NCH, ch = c % NCH;
+        float f[8];
+        if (r < nrows) {
+            const int rg = r0 + r;
+            const int j = rg / p.group, gq = rg % p.group;
+            const u16* src = p.q + (i64)(g.row_start + j) * p.q_stride_tok +
+                             (i64)(h * p.group + gq) * p.q_stride_head + ch * 8;
+            const uint4 u = mha_kit::load16(src);
+            const u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                f[2 * i] = half_to_f32<QT>((u16)(w[i] & 0xffffu));
+                f[2 * i + 1] = half_to_f32<QT>((u16)(w[i] >> 16));
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) f[i] = 0.f;
+        }
+        float4* dst = reinterpret_cast<float4*>(qs + r * D + ch * 8);
+        dst[0] = make_float4(f[0], f[1], f[2], f[3]);
+        dst[1] = make_float4(f[4], f[5], f[6], f[7]);
+    }
+
+    const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
+    const i64 k_head = (i64)h * p.k_stride_head;
+    const i64 v_head = (i64)h * p.v_stride_head;
+
+    // Page lookup of token (tile ti, lane): loaded one iteration before use.
+    i32 pf_id = 0, pf_off = 0;
+    bool pf_ok = false;
+    auto lookup = [&](int ti) {
+        const i32 k = ks0 + ti * T + lane;
+        pf_ok = ti < ntiles && k < ke;
+        const i32 pg = pf_ok ? k / p.page_size : 0;
+        pf_off = k - pg * p.page_size;
+        pf_ok = pf_ok && pg < p.max_num_pages;
+        pf_id = pf_ok ? __ldg(pt_row + pg) : 0;
+    };
+    auto issue = [&](int ti) {
+        if (ti >= ntiles) return;
+        const int stage = ti % NST;
+        const bool ok = pf_ok && pf_id >= 0 && pf_id < p.num_pages;
+        const i64 koff = ok ? ((i64)pf_id * p.k_stride_page + k_head + (i64)pf_off * p.k_stride_tok) * ES : 0;
+        const i64 voff = ok ? ((i64)pf_id * p.v_stride_page + v_head + (i64)pf_off * p.v_stride_tok) * ES : 0;
+        const u32 mask = __ballot_sync(0xffffffffu, ok);
+        if (tid == 0) valid_s[stage] = mask;
+        const u32 kdst = smem_u32(ks + stage * T * SRB);
+        const u32 vdst = smem_u32(vs + stage * T * SRB);
+#pragma unroll
+        for (int it = 0; it < LOAD_ITERS; ++it) {
+            const int c = tid + it * NT;
+            const int tt = c / CPR, cc = c % CPR;
+            const i64 ko = __shfl_sync(0xffffffffu, koff, tt);
+            const i64 vo = __shfl_sync(0xffffffffu, voff, tt);
+            const bool tok = (mask >> tt) & 1u;
+            const u32 sz = tok ? 16u : 0u;
+            cp_async16(kdst + tt * SRB + cc * 16, p.k_cache + (tok ? ko + cc * 16 : 0), sz);
+            cp_async16(vdst + tt * SRB + cc * 16, p.v_cache + (tok ? vo + cc * 16 : 0), sz);
+        }
+    };
+
+    // Pipeline prologue: tiles 0 .. NST-2 in flight, ids of tile NST-1 loading.
+#pragma unroll
+    for (int s = 0; s < NST - 1; ++s) {
+        lookup(s);
+        issue(s);
+        cp_async_commit();
+    }
+    lookup(NST - 1);
+
+    // Phase-1 rows of this warp: r = warp + 4 q.
+    float m_r[4], d_r[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        m_r[q] = NEG_INF;
+        d_r[q] = 0.f;
+    }
+    const int nq = nrows > warp ? (nrows - warp + 3) / 4 : 0;
+    // Phase-3 mapping: rows rg3*RPT + i, dims ch*8 .. ch*8+7.
+    const int rg3 = tid / NCH, ch = tid % NCH;
+    const bool p3_active = rg3 * RPT < nrows;
+    float o[RPT][8];
+#pragma unroll
+    for (int i = 0; i < RPT; ++i)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[i][e] = 0.f;
+
+    const i32 x_base = g.len - g.n;  // position of row j is x_base + j
+    for (int i = 0; i < ntiles; ++i) {
+        cp_async_wait<NST - 2>();
+        __syncthreads();
+        issue(i + NST - 1);
+        cp_async_commit();
+        lookup(i + NST);
+
+        const int stage = i % NST;
+        // ---- phase 1: scores for the warp's rows, lane = token ----
+        const i32 k = ks0 + i * T + lane;
+        const bool kval = (valid_s[stage] >> lane) & 1u;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const u8* krow = ks + stage * T * SRB + lane * SRB;
+#pragma unroll 4
+        for (int d0 = 0; d0 < D; d0 += 8) {
+            float kf[8];
+            load8<KV>(krow + d0 * ES, kf);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                if (q < nq) {
+                    const float4* qp = reinterpret_cast<const float4*>(qs + (warp + 4 * q) * D + d0);
+                    const float4 a = qp[0], c = qp[1];
+                    float s = acc[q];
+                    s = fmaf(a.x, kf[0], s);
+                    s = fmaf(a.y, kf[1], s);
+                    s = fmaf(a.z, kf[2], s);
+                    s = fmaf(a.w, kf[3], s);
+                    s = fmaf(c.x, kf[4], s);
+                    s = fmaf(c.y, kf[5], s);
+                    s = fmaf(c.z, kf[6], s);
+                    s = fmaf(c.w, kf[7], s);
+                    acc[q] = s;
+                }
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            if (q < nq) {
+                const int r = warp + 4 * q;
+                const i32 x = x_base + (r0 + r) / p.group;
+                const bool vis = kval && k <= x && (p.window_left < 0 || k >= x - p.window_left);
+                const float sc = vis ? acc[q] * p.scale_log2 : NEG_INF;
+                const float mnew = fmaxf(m_r[q], warp_max(sc));
+                float alpha, pr;
+                if (mnew == NEG_INF) {
+                    alpha = 1.f;
+                    pr = 0.f;
+                } else {
+                    alpha = ex2(m_r[q] - mnew);
+                    pr = vis ? ex2(sc - mnew) : 0.f;
+                }
+                d_r[q] = d_r[q] * alpha + warp_sum(pr);
+                m_r[q] = mnew;
+                ps[r * PSTRIDE + lane] = pr;
+                if (lane == 0) alpha_s[r] = alpha;
+            }
+        }
+        __syncthreads();
+        // ---- phase 3: O = O * alpha + P V ----
+        if (p3_active) {
+#pragma unroll
+            for (int ii = 0; ii < RPT; ++ii) {
+                const int rr = rg3 * RPT + ii;
+                const float a = rr < nrows ? alpha_s[rr] : 1.f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) o[ii][e] *= a;
+            }
+            const u8* vbase = vs + stage * T * SRB + ch * 8 * ES;
+#pragma unroll 4
+            for (int t = 0; t < T; ++t) {
+                float vf[8];
+                load8<KV>(vbase + t * SRB, vf);
+#pragma unroll
+                for (int ii = 0; ii < RPT; ++ii) {
+                    const int rr = rg3 * RPT + ii;
+                    if (rr < nrows) {
+                        const float pr = ps[rr * PSTRIDE + t];
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) o[ii][e] = fmaf(pr, vf[e], o[ii][e]);
+                    }
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // Row statistics to shared memory.
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        if (q < nq && lane == 0) {
+            m_s[warp + 4 * q] = m_r[q];
+            d_s[warp + 4 * q] = d_r[q];
+        }
+    }
+    __syncthreads();
+    if (!p3_active) return;
+
+    if (sp.nb == 1) {
+        // Final write: sink joins the denominator once (raw logit), bmm2, D13 zeros.
+#pragma unroll
+        for (int ii = 0; ii < RPT; ++ii) {
+            const int rr = rg3 * RPT + ii;
+            if (rr >= nrows) continue;
+            const int rg = r0 + rr;
+            const int j = rg / p.group, qh = h * p.group + rg % p.group;
+            const float m = m_s[rr], d = d_s[rr];
+            float scale = 0.f;
+            if (d > 0.f) {
+                if (p.sinks != nullptr) {
+                    const float sg = p.sinks[qh] * LOG2E;
+                    const float mm = fmaxf(m, sg);
+                    const float w = ex2(m - mm);
+                    scale = p.bmm2_scale * w / (d * w + ex2(sg - mm));
+                } else {
+                    scale = p.bmm2_scale / d;
+                }
+            }
+            u32 packed[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const u32 lo = f32_to_half<QT>(o[ii][2 * e] * scale);
+                const u32 hi = f32_to_half<QT>(o[ii][2 * e + 1] * scale);
+                packed[e] = lo | (hi << 16);
+            }
+            u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + ch * 8;
+            mha_kit::store16(dst, make_uint4(packed[0], packed[1], packed[2], packed[3]));
+        }
+    } else {
+        const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
+        const i64 base = (item * p.max_splits + split) * ROWS;
+#pragma unroll
+        for (int ii = 0; ii < RPT; ++ii) {
+            const int rr = rg3 * RPT + ii;
+            if (rr >= nrows) continue;
+            float4* dst = reinterpret_cast<float4*>(p.ws_o + (base + rr) * D + ch * 8);
+            dst[0] = make_float4(o[ii][0], o[ii][1], o[ii][2], o[ii][3]);
+            dst[1] = make_float4(o[ii][4], o[ii][5], o[ii][6], o[ii][7]);
+            if (ch == 0) {
+                p.ws_ml[(base + rr) * 2] = m_s[rr];
+                p.ws_ml[(base + rr) * 2 + 1] = d_s[rr];
+            }
+        }
+    }
+}
+
+// Merge of split partials, fixed order s = 0 .. nb-1 (deterministic).
+// Grid (Hkv * row_tiles, bs), NT threads; D is a runtime value here.
+template <int QT>
+MHA_KIT_DEVICE void merge_body(const PagedAttentionParams& p, int D) {
+    const int h = blockIdx.x % p.num_kv_heads;
+    const int rt = blockIdx.x / p.num_kv_heads;
+    const int b = blockIdx.y;
+    const Geom g = request_geom(p, b, false);
+    if (g.skip) return;
+    const Split sp = tile_split(p, g, rt);
+    if (sp.rows == 0 || sp.nb <= 1) return;
+    const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
+    const int r0 = rt * ROWS;
+    for (int rr = 0; rr < sp.rows; ++rr) {
+        const int rg = r0 + rr;
+        const int j = rg / p.group, qh = h * p.group + rg % p.group;
+        float mx = NEG_INF;
+        for (int s = 0; s < sp.nb; ++s) {
+            const i64 base = (item * p.max_splits + s) * ROWS + rr;
+            if (p.ws_ml[base * 2 + 1] > 0.f) mx = fmaxf(mx, p.ws_ml[base * 2]);
+        }
+        float den = 0.f;
+        for (int s = 0; s < sp.nb; ++s) {
+            const i64 base = (item * p.max_splits + s) * ROWS + rr;
+            const float d = p.ws_ml[base * 2 + 1];
+            if (d > 0.f) den += d * ex2(p.ws_ml[base * 2] - mx);
+        }
+        float scale = 0.f, mm = mx;
+        if (den > 0.f) {
+            if (p.sinks != nullptr) {
+                const float sg = p.sinks[qh] * LOG2E;
+                mm = fmaxf(mx, sg);
+                den = den * ex2(mx - mm) + ex2(sg - mm);
+            }
+            scale = p.bmm2_scale / den;
+        }
+        u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head;
+        for (int dd = threadIdx.x; dd < D; dd += NT) {
+            float num = 0.f;
+            if (den > 0.f) {
+                for (int s = 0; s < sp.nb; ++s) {
+                    const i64 base = (item * p.max_splits + s) * ROWS + rr;
+                    const float d = p.ws_ml[base * 2 + 1];
+                    if (d > 0.f) num += p.ws_o[base * D + dd] * ex2(p.ws_ml[base * 2] - mm);
+                }
+            }
+            dst[dd] = f32_to_half<QT>(num * scale);
+        }
+    }
+}
+
+}  // namespace pa
+
+#define PA_DECODE(QN, QT, KVN, KV, D)                                                              \
+    extern "C" __global__ void __launch_bounds__(pa::NT)                                             \
+        paged_attention_decode_##QN##_kv_##KVN##_d##D(const PagedAttentionParams p) {                \
+        pa::decode_body<QT, KV, D>(p);                                                             \
+    }
+
+#define PA_DECODE_D(QN, QT, KVN, KV) \
+    PA_DECODE(QN, QT, KVN, KV, 64)   \
+    PA_DECODE(QN, QT, KVN, KV, 128)  \
+    PA_DECODE(QN, QT, KVN, KV, 256)
+
+PA_DECODE_D(bf16, 0, bf16, 0)
+PA_DECODE_D(bf16, 0, f16, 1)
+PA_DECODE_D(bf16, 0, e4m3, 2)
+PA_DECODE_D(f16, 1, bf16, 0)
+PA_DECODE_D(f16, 1, f16, 1)
+PA_DECODE_D(f16, 1, e4m3, 2)
+
+// head_dim is passed separately: the merge serves every D.
+extern "C" __global__ void __launch_bounds__(pa::NT)
+    paged_attention_merge_bf16(const PagedAttentionParams p, const int head_dim) {
+    pa::merge_body<0>(p, head_dim);
+}
+extern "C" __global__ void __launch_bounds__(pa::NT)
+    paged_attention_merge_f16(const PagedAttentionParams p, const int head_dim) {
+    pa::merge_body<1>(p, head_dim);
+}

@@ -1,0 +1,773 @@
+//! Typed launcher of the decode/verify kernels and their merge.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use kernel_rt::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use kernel_rt::{
+    grid_dim, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut, MAX_GRID_YZ,
+};
+
+use crate::{HalfDtype, KvDtype, HEAD_DIMS, PTX};
+
+/// Threads per CTA.
+pub const BLOCK_THREADS: u32 = 128;
+/// Query rows (token, head) packed into one CTA.
+pub const ROWS_PER_CTA: usize = 16;
+/// Tokens per KV tile.
+pub const TILE_TOKENS: usize = 32;
+/// Largest supported GQA group `Hq / Hkv`.
+pub const MAX_GROUP: usize = 16;
+/// Largest uniform `q_len_per_req` / ragged `max_q_len`.
+pub const MAX_Q_LEN: usize = 16;
+/// Windows at or above this are "no window" (keys never reach 2^30 positions).
+const WINDOW_CAP: u32 = 1 << 30;
+
+/// Kernel parameters, mirrored by `struct PagedAttentionParams` in
+/// `kernels/paged_attention.cu` (size and offsets pinned by a CPU test).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PagedAttentionParams {
+    /// `const u16*` `[num_tokens, Hq, D]`.
+    pub q: u64,
+    /// `u16*` `[num_tokens, Hq, D]`.
+    pub out: u64,
+    /// `const u8*` K view base.
+    pub k_cache: u64,
+    /// `const u8*` V view base.
+    pub v_cache: u64,
+    /// `const i32*` `[bs, M]`.
+    pub page_table: u64,
+    /// `const i32*` `[bs]`.
+    pub cache_seqlens: u64,
+    /// `const i32*` `[bs + 1]` or 0 (uniform).
+    pub cu_seqlens_q: u64,
+    /// `const f32*` `[Hq]` or 0.
+    pub sinks: u64,
+    /// `f32*` partial outputs or 0.
+    pub ws_o: u64,
+    /// `f32*` partial (m, d) or 0.
+    pub ws_ml: u64,
+    /// `u32*` `[2]` error word.
+    pub errors: u64,
+    /// Elements between query tokens.
+    pub q_stride_tok: i64,
+    /// Elements between query heads.
+    pub q_stride_head: i64,
+    /// Elements between output tokens.
+    pub o_stride_tok: i64,
+    /// Elements between output heads.
+    pub o_stride_head: i64,
+    /// K page stride, elements.
+    pub k_stride_page: i64,
+    /// K head stride (0 when `Hkv = 1`).
+    pub k_stride_head: i64,
+    /// K token stride.
+    pub k_stride_tok: i64,
+    /// V page stride.
+    pub v_stride_page: i64,
+    /// V head stride (0 when `Hkv = 1`).
+    pub v_stride_head: i64,
+    /// V token stride.
+    pub v_stride_tok: i64,
+    /// Elements between page-table rows.
+    pub page_table_stride: i64,
+    /// Requests.
+    pub bs: i32,
+    /// `Hq`.
+    pub num_q_heads: i32,
+    /// `Hkv`.
+    pub num_kv_heads: i32,
+    /// `G = Hq / Hkv`.
+    pub group: i32,
+    /// `P`.
+    pub page_size: i32,
+    /// `M`.
+    pub max_num_pages: i32,
+    /// Pages in the pool.
+    pub num_pages: i32,
+    /// Query rows.
+    pub num_tokens: i32,
+    /// Uniform `q_len_per_req` or ragged `max_q_len`.
+    pub q_len: i32,
+    /// `ceil(q_len · G / 16)`.
+    pub row_tiles: i32,
+    /// `S_max`, grid x.
+    pub max_splits: i32,
+    /// Fixed split size in tokens, 0 = auto.
+    pub fixed_chunk: i32,
+    /// `W` or −1.
+    pub window_left: i32,
+    /// `bmm1_scale · log2 e`.
+    pub scale_log2: f32,
+    /// `bmm2_scale`.
+    pub bmm2_scale: f32,
+    /// Padding, 0.
+    pub reserved: i32,
+}
+
+// SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
+// (pinned by `params_layout_matches_cuda` in tests/reference.rs).
+unsafe impl DeviceRepr for PagedAttentionParams {}
+
+/// K and V pools as `[num_pages, Hkv, P, D]` strided views (element strides;
+/// last dim contiguous; the stride of a size-1 dim is ignored). The HND-shaped
+/// view of the slot-major pool has strides `(P·Hkv·D, D, Hkv·D, 1)`.
+#[derive(Debug)]
+pub enum KvCache<'a> {
+    /// bf16 or f16 bits.
+    Half {
+        /// Element type of both pools.
+        dtype: HalfDtype,
+        /// K view.
+        k: Strided<'a, u16, 4>,
+        /// V view, same shape.
+        v: Strided<'a, u16, 4>,
+    },
+    /// e4m3 bytes (scales folded into `bmm1_scale`/`bmm2_scale`).
+    E4m3 {
+        /// K view.
+        k: Strided<'a, u8, 4>,
+        /// V view, same shape.
+        v: Strided<'a, u8, 4>,
+    },
+}
+
+impl KvCache<'_> {
+    /// Element type.
+    pub fn dtype(&self) -> KvDtype {
+        match self {
+            Self::Half {
+                dtype: HalfDtype::Bf16,
+                ..
+            } => KvDtype::Bf16,
+            Self::Half {
+                dtype: HalfDtype::F16,
+                ..
+            } => KvDtype::F16,
+            Self::E4m3 { .. } => KvDtype::E4m3,
+        }
+    }
+
+    fn shapes(&self) -> ([usize; 4], [usize; 4], [usize; 4], [usize; 4]) {
+        match self {
+            Self::Half { k, v, .. } => (k.shape(), k.strides(), v.shape(), v.strides()),
+            Self::E4m3 { k, v } => (k.shape(), k.strides(), v.shape(), v.strides()),
+        }
+    }
+}
+
+/// How query rows are grouped into requests (attention.md §4.1).
+#[derive(Debug)]
+pub enum QueryLayout<'a> {
+    /// `n = q_len_per_req` rows per request (1 = decode), `num_tokens = bs·n`.
+    Uniform {
+        /// 1..=16.
+        q_len_per_req: usize,
+    },
+    /// Request `i` owns rows `cu_seqlens_q[i] .. cu_seqlens_q[i+1]` (n may be 0).
+    Ragged {
+        /// `[bs + 1]` i32, contiguous.
+        cu_seqlens_q: Strided<'a, i32, 1>,
+        /// 1..=16, upper bound on rows per request (longer requests clamped, counted).
+        max_q_len: usize,
+    },
+}
+
+/// Split-KV policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitMode {
+    /// Splits chosen from the launch shape to fill the GPU (`S_max =
+    /// ⌊2·SMs / (bs·Hkv·row_tiles)⌋`, capped by `⌈max_seq_len/128⌉`);
+    /// deterministic run to run, not across batch compositions.
+    Auto,
+    /// Every request's key range is cut into chunks of `chunk_tokens` from its
+    /// first needed key: results are bitwise identical run to run and
+    /// independent of the batch (as long as `L ≤ max_seq_len`).
+    Fixed {
+        /// Tokens per split, ≥ 1.
+        chunk_tokens: usize,
+    },
+}
+
+/// Arguments of one decode / verify call (device buffers on the launcher's GPU).
+#[derive(Debug)]
+pub struct DecodeArgs<'a> {
+    /// `[num_tokens, Hq, D]`, bf16/f16 bits; last dim contiguous, token and
+    /// head strides multiples of 8, base 16-byte aligned.
+    pub q: Strided<'a, u16, 3>,
+    /// Dtype of `q` and `out`.
+    pub q_dtype: HalfDtype,
+    /// `[num_tokens, Hq, D]` output, same dtype and alignment rules as `q`.
+    pub out: StridedMut<'a, u16, 3>,
+    /// K/V pools.
+    pub kv: KvCache<'a>,
+    /// `[bs, M]` i32 page ids, last dim contiguous.
+    pub page_table: Strided<'a, i32, 2>,
+    /// `[bs]` i32 KV lengths (including the new tokens), contiguous.
+    pub cache_seqlens: Strided<'a, i32, 1>,
+    /// Rows per request.
+    pub layout: QueryLayout<'a>,
+    /// Upper bound on `cache_seqlens` (sizes splits and the workspace), ≥ 1.
+    pub max_seq_len: usize,
+    /// Logit scale in natural-log units (finite).
+    pub bmm1_scale: f32,
+    /// Output scale (finite).
+    pub bmm2_scale: f32,
+    /// `W`: keys `[x − W, x]`; `None` = no window.
+    pub window_left: Option<u32>,
+    /// `[Hq]` f32 sink logits, contiguous.
+    pub sinks: Option<Strided<'a, f32, 1>>,
+    /// Split policy.
+    pub split: SplitMode,
+    /// f32 scratch of at least [`LaunchPlan::workspace_elems`] elements when
+    /// that is non-zero. Never needs zeroing.
+    pub workspace: Option<StridedMut<'a, f32, 1>>,
+}
+
+/// Everything [`validate`] derives from the arguments.
+#[derive(Debug, Clone)]
+pub struct LaunchPlan {
+    /// Kernel params (pointers 0: filled at launch).
+    pub params: PagedAttentionParams,
+    /// Decode kernel entry name.
+    pub entry: String,
+    /// Merge kernel entry name.
+    pub merge_entry: String,
+    /// Decode launch geometry.
+    pub config: LaunchConfig,
+    /// Merge launch geometry, when splits are used (`max_splits > 1`).
+    pub merge_config: Option<LaunchConfig>,
+    /// Workspace f32 elements needed.
+    pub workspace_elems: usize,
+    /// Head dim.
+    pub head_dim: usize,
+}
+
+/// Kernel entry name for a dtype pair and head dim.
+pub fn entry_name(q: HalfDtype, kv: KvDtype, head_dim: usize) -> String {
+    format!(
+        "paged_attention_decode_{}_kv_{}_d{head_dim}",
+        q.name(),
+        kv.name()
+    )
+}
+
+/// Dynamic shared memory of the decode kernel (mirrors `Smem` in the .cu):
+/// f32 Q `[16, D]`, NST stages (3 for D ≤ 128, else 2) of K and V
+/// `[32, D·es + 16]`, P `[16, 33]` f32, row stats, stage masks.
+pub fn smem_bytes(head_dim: usize, kv: KvDtype) -> usize {
+    let nst = if head_dim <= 128 { 3 } else { 2 };
+    let srb = head_dim * kv.size() + 16;
+    let bytes = ROWS_PER_CTA * head_dim * 4
+        + 2 * nst * TILE_TOKENS * srb
+        + ROWS_PER_CTA * (TILE_TOKENS + 1) * 4
+        + 3 * ROWS_PER_CTA * 4
+        + nst * 4;
+    bytes.div_ceil(16) * 16
+}
+
+/// f32 workspace elements for a launch: `items · S_max · 16 · (D + 2)` with
+/// `items = bs · Hkv · row_tiles`; 0 when `S_max = 1` (no split).
+pub fn workspace_elems(
+    bs: usize,
+    num_kv_heads: usize,
+    row_tiles: usize,
+    max_splits: usize,
+    head_dim: usize,
+) -> usize {
+    if max_splits <= 1 {
+        return 0;
+    }
+    bs * num_kv_heads * row_tiles * max_splits * ROWS_PER_CTA * (head_dim + 2)
+}
+
+/// Workspace f32 elements a launch with these shapes needs (0 = none): the
+/// size function callers use to allocate the workspace once.
+/// `q_len` = `q_len_per_req` or `max_q_len`.
+///
+/// # Errors
+/// As [`launch_config`].
+#[allow(clippy::too_many_arguments)]
+pub fn workspace_for(
+    bs: usize,
+    num_q_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    q_len: usize,
+    max_seq_len: usize,
+    split: SplitMode,
+    num_sms: usize,
+) -> Result<usize> {
+    let group = num_q_heads / num_kv_heads.max(1);
+    let row_tiles = (q_len * group).div_ceil(ROWS_PER_CTA).max(1);
+    let (s, _, _) = launch_config(bs, num_kv_heads, row_tiles, max_seq_len, split, num_sms, 0)?;
+    Ok(workspace_elems(bs, num_kv_heads, row_tiles, s, head_dim))
+}
+
+/// Launch geometry (pure): returns `(S_max, decode config, merge config)`.
+/// Grid `(S_max, Hkv·row_tiles, bs)`, [`BLOCK_THREADS`] threads.
+///
+/// # Errors
+/// [`KernelError::Unsupported`] when a grid dim exceeds CUDA's limits.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_config(
+    bs: usize,
+    num_kv_heads: usize,
+    row_tiles: usize,
+    max_seq_len: usize,
+    split: SplitMode,
+    num_sms: usize,
+    smem: usize,
+) -> Result<(usize, LaunchConfig, Option<LaunchConfig>)> {
+    let items = (bs * num_kv_heads * row_tiles).max(1);
+    let max_splits = match split {
+        SplitMode::Auto => ((2 * num_sms) / items).clamp(1, max_seq_len.div_ceil(128).max(1)),
+        SplitMode::Fixed { chunk_tokens } => max_seq_len.div_ceil(chunk_tokens.max(1)).max(1),
+    };
+    let y = grid_dim("num_kv_heads", num_kv_heads * row_tiles, MAX_GRID_YZ)?;
+    let z = grid_dim("bs", bs, MAX_GRID_YZ)?;
+    let x = grid_dim("max_splits", max_splits, i32::MAX as u32)?;
+    let cfg = LaunchConfig {
+        grid_dim: (x, y, z),
+        block_dim: (BLOCK_THREADS, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let merge = (max_splits > 1).then_some(LaunchConfig {
+        grid_dim: (y, z, 1),
+        block_dim: (BLOCK_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    });
+    Ok((max_splits, cfg, merge))
+}
+
+fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i32")))
+}
+
+fn to_i64(arg: &'static str, v: usize) -> Result<i64> {
+    i64::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i64")))
+}
+
+fn stride_err(arg: &'static str, detail: String) -> KernelError {
+    KernelError::Stride { arg, detail }
+}
+
+/// Effective stride: 0 for a size-1 dim (its stride is ignored).
+fn eff(shape: &[usize], strides: &[usize], i: usize) -> usize {
+    if shape[i] == 1 {
+        0
+    } else {
+        strides[i]
+    }
+}
+
+fn check_vector<T>(arg: &'static str, v: &Strided<'_, T, 1>, n: usize) -> Result<()> {
+    if v.shape()[0] != n {
+        return Err(KernelError::shape(
+            arg,
+            format!("[{n}]"),
+            format!("{:?}", v.shape()),
+        ));
+    }
+    if n > 1 && v.strides()[0] != 1 {
+        return Err(stride_err(
+            arg,
+            format!("must be contiguous, got stride {}", v.strides()[0]),
+        ));
+    }
+    Ok(())
+}
+
+/// Validates `args` for a GPU with `num_sms` SMs and derives the launch plan.
+/// Every rejection happens here, before any launch (D15).
+///
+/// # Errors
+/// [`KernelError::Shape`], [`KernelError::Stride`],
+/// [`KernelError::Unsupported`] or [`KernelError::Capacity`] (workspace)
+/// naming the argument.
+pub fn validate(args: &DecodeArgs<'_>, num_sms: usize) -> Result<LaunchPlan> {
+    let [num_tokens, hq, dim] = args.q.shape();
+    let (ks, kst, vs, vst) = args.kv.shapes();
+    let [num_pages, hkv, page_size, kdim] = ks;
+    if !HEAD_DIMS.contains(&dim) {
+        return Err(KernelError::unsupported(
+            "q",
+            format!("head_dim {dim} (supported: 64, 128, 256)"),
+        ));
+    }
+    if args.out.shape() != args.q.shape() {
+        return Err(KernelError::shape(
+            "out",
+            format!("{:?} (as q)", args.q.shape()),
+            format!("{:?}", args.out.shape()),
+        ));
+    }
+    if vs != ks {
+        return Err(KernelError::shape(
+            "v_cache",
+            format!("{ks:?} (as k_cache)"),
+            format!("{vs:?}"),
+        ));
+    }
+    if kdim != dim {
+        return Err(KernelError::shape(
+            "k_cache",
+            format!("[num_pages, Hkv, P, D={dim}]"),
+            format!("{ks:?}"),
+        ));
+    }
+    if num_pages == 0 || hkv == 0 || page_size == 0 {
+        return Err(KernelError::shape(
+            "k_cache",
+            "[num_pages ≥ 1, Hkv ≥ 1, P ≥ 1, D]",
+            format!("{ks:?}"),
+        ));
+    }
+    if hq == 0 || hq % hkv != 0 {
+        return Err(KernelError::unsupported(
+            "q",
+            format!("num_q_heads {hq} is not a multiple of num_kv_heads {hkv}"),
+        ));
+    }
+    let group = hq / hkv;
+    if group > MAX_GROUP {
+        return Err(KernelError::unsupported(
+            "q",
+            format!("group size {group} > {MAX_GROUP}"),
+        ));
+    }
+    let es = args.kv.dtype().size();
+    for (arg, shape, st) in [("k_cache", ks, kst), ("v_cache", vs, vst)] {
+        if st[3] != 1 {
+            return Err(stride_err(
+                arg,
+                format!("last dim must be contiguous, got strides {st:?}"),
+            ));
+        }
+        for i in 0..3 {
+            if (eff(&shape, &st, i) * es) % 16 != 0 {
+                return Err(stride_err(
+                    arg,
+                    format!("strides {st:?} must be multiples of 16 bytes (16-byte loads)"),
+                ));
+            }
+        }
+    }
+    for (arg, shape, st) in [
+        ("q", args.q.shape(), args.q.strides()),
+        ("out", args.out.shape(), args.out.strides()),
+    ] {
+        if st[2] != 1 {
+            return Err(stride_err(
+                arg,
+                format!("last dim must be contiguous, got strides {st:?}"),
+            ));
+        }
+        if eff(&shape, &st, 0) % 8 != 0 || eff(&shape, &st, 1) % 8 != 0 {
+            return Err(stride_err(
+                arg,
+                format!("token/head strides {st:?} must be multiples of 8 elements"),
+            ));
+        }
+    }
+    let [bs, m] = args.page_table.shape();
+    if m == 0 {
+        return Err(KernelError::shape(
+            "page_table",
+            "[bs, max_num_pages ≥ 1]",
+            format!("{:?}", [bs, m]),
+        ));
+    }
+    if m > 1 && args.page_table.strides()[1] != 1 {
+        return Err(stride_err(
+            "page_table",
+            "last dim must be contiguous".into(),
+        ));
+    }
+    check_vector("cache_seqlens", &args.cache_seqlens, bs)?;
+    let (q_len, uniform) = match &args.layout {
+        QueryLayout::Uniform { q_len_per_req } => {
+            if !(1..=MAX_Q_LEN).contains(q_len_per_req) {
+                return Err(KernelError::unsupported(
+                    "q_len_per_req",
+                    format!("{q_len_per_req} (supported 1..=16)"),
+                ));
+            }
+            if num_tokens != bs * q_len_per_req {
+                return Err(KernelError::shape(
+                    "q",
+                    format!("[bs·q_len_per_req = {}, Hq, D]", bs * q_len_per_req),
+                    format!("{:?}", args.q.shape()),
+                ));
+            }
+            (*q_len_per_req, true)
+        }
+        QueryLayout::Ragged {
+            cu_seqlens_q,
+            max_q_len,
+        } => {
+            if !(1..=MAX_Q_LEN).contains(max_q_len) {
+                return Err(KernelError::unsupported(
+                    "max_q_len",
+                    format!("{max_q_len} (supported 1..=16)"),
+                ));
+            }
+            check_vector("cu_seqlens_q", cu_seqlens_q, bs + 1)?;
+            (*max_q_len, false)
+        }
+    };
+    let _ = uniform;
+    if let Some(s) = &args.sinks {
+        check_vector("sinks", s, hq)?;
+    }
+    if !args.bmm1_scale.is_finite() {
+        return Err(KernelError::unsupported("bmm1_scale", "must be finite"));
+    }
+    if !args.bmm2_scale.is_finite() {
+        return Err(KernelError::unsupported("bmm2_scale", "must be finite"));
+    }
+    if args.max_seq_len == 0 || args.max_seq_len >= WINDOW_CAP as usize {
+        return Err(KernelError::unsupported(
+            "max_seq_len",
+            format!("{} (supported 1..2^30)", args.max_seq_len),
+        ));
+    }
+    if let SplitMode::Fixed { chunk_tokens } = args.split {
+        if chunk_tokens == 0 || chunk_tokens >= WINDOW_CAP as usize {
+            return Err(KernelError::unsupported(
+                "split",
+                "chunk_tokens must be in 1..2^30",
+            ));
+        }
+    }
+    let row_tiles = (q_len * group).div_ceil(ROWS_PER_CTA);
+    let smem = smem_bytes(dim, args.kv.dtype());
+    let (max_splits, config, merge_config) = launch_config(
+        bs,
+        hkv,
+        row_tiles,
+        args.max_seq_len,
+        args.split,
+        num_sms,
+        smem,
+    )?;
+    let workspace_elems = workspace_elems(bs, hkv, row_tiles, max_splits, dim);
+    if workspace_elems > 0 {
+        let have = args.workspace.as_ref().map_or(0, |w| w.shape()[0]);
+        if have < workspace_elems {
+            return Err(KernelError::Capacity {
+                arg: "workspace",
+                needed: workspace_elems,
+                available: have,
+            });
+        }
+        if let Some(w) = &args.workspace {
+            if w.strides()[0] != 1 {
+                return Err(stride_err("workspace", "must be contiguous".into()));
+            }
+        }
+    }
+    let window = args
+        .window_left
+        .filter(|&w| w < WINDOW_CAP)
+        .map_or(-1, |w| w as i32);
+    let params = PagedAttentionParams {
+        q_stride_tok: to_i64("q", eff(&args.q.shape(), &args.q.strides(), 0))?,
+        q_stride_head: to_i64("q", eff(&args.q.shape(), &args.q.strides(), 1))?,
+        o_stride_tok: to_i64("out", eff(&args.out.shape(), &args.out.strides(), 0))?,
+        o_stride_head: to_i64("out", eff(&args.out.shape(), &args.out.strides(), 1))?,
+        k_stride_page: to_i64("k_cache", eff(&ks, &kst, 0))?,
+        k_stride_head: to_i64("k_cache", eff(&ks, &kst, 1))?,
+        k_stride_tok: to_i64("k_cache", eff(&ks, &kst, 2))?,
+        v_stride_page: to_i64("v_cache", eff(&vs, &vst, 0))?,
+        v_stride_head: to_i64("v_cache", eff(&vs, &vst, 1))?,
+        v_stride_tok: to_i64("v_cache", eff(&vs, &vst, 2))?,
+        page_table_stride: to_i64("page_table", eff(&[bs, m], &args.page_table.strides(), 0))?,
+        bs: to_i32("bs", bs)?,
+        num_q_heads: to_i32("q", hq)?,
+        num_kv_heads: to_i32("k_cache", hkv)?,
+        group: to_i32("q", group)?,
+        page_size: to_i32("page_size", page_size)?,
+        max_num_pages: to_i32("page_table", m)?,
+        num_pages: to_i32("k_cache", num_pages)?,
+        num_tokens: to_i32("q", num_tokens)?,
+        q_len: to_i32("q_len", q_len)?,
+        row_tiles: to_i32("q_len", row_tiles)?,
+        max_splits: to_i32("max_splits", max_splits)?,
+        fixed_chunk: match args.split {
+            SplitMode::Auto => 0,
+            SplitMode::Fixed { chunk_tokens } => to_i32("split", chunk_tokens)?,
+        },
+        window_left: window,
+        scale_log2: args.bmm1_scale * std::f32::consts::LOG2_E,
+        bmm2_scale: args.bmm2_scale,
+        ..Default::default()
+    };
+    Ok(LaunchPlan {
+        params,
+        entry: entry_name(args.q_dtype, args.kv.dtype(), dim),
+        merge_entry: format!("paged_attention_merge_{}", args.q_dtype.name()),
+        config,
+        merge_config,
+        workspace_elems,
+        head_dim: dim,
+    })
+}
+
+/// The decode/verify launcher: every kernel function is resolved once, at
+/// construction (with its dynamic shared memory limit raised); launches are
+/// stream-ordered and graph-capturable (no host sync, allocation or copy).
+#[derive(Debug)]
+pub struct PagedAttentionKernel {
+    gpu: Arc<Gpu>,
+    funcs: HashMap<String, CudaFunction>,
+    num_sms: usize,
+    launches: AtomicU64,
+}
+
+impl PagedAttentionKernel {
+    /// Loads every entry point on `gpu`.
+    ///
+    /// # Errors
+    /// [`KernelError::Load`] when the PTX does not load; [`KernelError::Driver`].
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
+        let mut funcs = HashMap::new();
+        for q in [HalfDtype::Bf16, HalfDtype::F16] {
+            for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
+                for d in HEAD_DIMS {
+                    let name = entry_name(q, kv, d);
+                    let f = gpu.function(&PTX, &name)?;
+                    f.set_attribute(
+                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem_bytes(d, kv) as i32,
+                    )?;
+                    funcs.insert(name, f);
+                }
+            }
+            let name = format!("paged_attention_merge_{}", q.name());
+            funcs.insert(name.clone(), gpu.function(&PTX, &name)?);
+        }
+        let num_sms = gpu
+            .context()
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            .max(1) as usize;
+        Ok(Self {
+            gpu: gpu.clone(),
+            funcs,
+            num_sms,
+            launches: AtomicU64::new(0),
+        })
+    }
+
+    /// SMs of the device (input of [`launch_config`]).
+    pub fn num_sms(&self) -> usize {
+        self.num_sms
+    }
+
+    /// Kernel launches issued so far (decode + merge).
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
+    }
+
+    /// The plan [`PagedAttentionKernel::launch`] would use (e.g. to size the workspace).
+    ///
+    /// # Errors
+    /// As [`validate`].
+    pub fn plan(&self, args: &DecodeArgs<'_>) -> Result<LaunchPlan> {
+        validate(args, self.num_sms)
+    }
+
+    /// Computes `out` (rows of requests only; other rows untouched); `bs = 0`
+    /// launches nothing. One decode launch, plus one merge launch when
+    /// `max_splits > 1`. Bad device data is counted in `errors`
+    /// ([`crate::ErrorFlags`]), never read through. Asynchronous.
+    ///
+    /// # Errors
+    /// As [`validate`]; [`KernelError::Stride`] for misaligned base pointers;
+    /// [`KernelError::Driver`] when a launch fails.
+    pub fn launch(&self, args: &mut DecodeArgs<'_>, errors: &mut DeviceErrors) -> Result<()> {
+        let plan = validate(args, self.num_sms)?;
+        let mut p = plan.params;
+        if p.bs == 0 {
+            return Ok(());
+        }
+        let stream = self.gpu.stream();
+        p.q = args.q.device_ptr(stream);
+        p.out = args.out.device_ptr_mut(stream);
+        (p.k_cache, p.v_cache) = match &args.kv {
+            KvCache::Half { k, v, .. } => (k.device_ptr(stream), v.device_ptr(stream)),
+            KvCache::E4m3 { k, v } => (k.device_ptr(stream), v.device_ptr(stream)),
+        };
+        for (arg, ptr) in [
+            ("q", p.q),
+            ("out", p.out),
+            ("k_cache", p.k_cache),
+            ("v_cache", p.v_cache),
+        ] {
+            if ptr % 16 != 0 {
+                return Err(stride_err(
+                    arg,
+                    format!("base address {ptr:#x} is not 16-byte aligned"),
+                ));
+            }
+        }
+        p.page_table = args.page_table.device_ptr(stream);
+        p.cache_seqlens = args.cache_seqlens.device_ptr(stream);
+        if let QueryLayout::Ragged { cu_seqlens_q, .. } = &args.layout {
+            p.cu_seqlens_q = cu_seqlens_q.device_ptr(stream);
+        }
+        if let Some(s) = &args.sinks {
+            p.sinks = s.device_ptr(stream);
+        }
+        if plan.workspace_elems > 0 {
+            let ws = args
+                .workspace
+                .as_mut()
+                .ok_or(KernelError::Capacity {
+                    arg: "workspace",
+                    needed: plan.workspace_elems,
+                    available: 0,
+                })?
+                .device_ptr_mut(stream);
+            if ws % 16 != 0 {
+                return Err(stride_err(
+                    "workspace",
+                    format!("base address {ws:#x} is not 16-byte aligned"),
+                ));
+            }
+            let o_elems = plan.workspace_elems / (plan.head_dim + 2) * plan.head_dim;
+            p.ws_o = ws;
+            p.ws_ml = ws + 4 * o_elems as u64;
+        }
+        p.errors = errors.device_ptr();
+        let func = self
+            .funcs
+            .get(&plan.entry)
+            .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {}", plan.entry)))?;
+        let mut builder = stream.launch_builder(func);
+        builder.arg(&p);
+        // SAFETY: `validate` checked every shape and stride against the
+        // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
+        // alignment, and the workspace size; device data (page ids, lengths,
+        // cu_seqlens_q) is range-checked in the kernel; the params layout is pinned.
+        unsafe { builder.launch(plan.config) }?;
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        if let Some(mcfg) = plan.merge_config {
+            let merge = self.funcs.get(&plan.merge_entry).ok_or_else(|| {
+                KernelError::unsupported("q", format!("no kernel {}", plan.merge_entry))
+            })?;
+            let d = plan.head_dim as i32;
+            let mut builder = stream.launch_builder(merge);
+            builder.arg(&p);
+            builder.arg(&d);
+            // SAFETY: as above; the merge reads only the partials the decode
+            // kernel wrote for the same params, inside the checked workspace.
+            unsafe { builder.launch(mcfg) }?;
+            self.launches.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,127 @@
+//! # paged-attention
+//!
+//! mha-kit kernel family: attention of new query rows against a **paged KV
+//! cache**, for decode (one row per request) and speculative **verify**
+//! (uniform `q_len_per_req` 1..=16, or ragged `cu_seqlens_q` + `max_q_len`).
+//! Spec: `shared/spec/attention.md` §2–§7, `fp8-kv.md` §1/§4, DECISIONS.md
+//! D4–D6, D10, D12, D13.
+//!
+//! For request `i` with `n_i` rows and KV length `L_i`, row `j` sits at
+//! `x = L_i − n_i + j`; query head `h` reads KV head `h / G`:
+//!
+//! ```text
+//! Vis(x)  = { k : max(0, x − W) ≤ k ≤ x }            (W = window_left, None = no lower bound)
+//! s_k     = bmm1_scale · q·K[slot(k)],   slot(k) = page_table[i, k / P]·P + k % P
+//! out     = bmm2_scale · Σ exp(s_k − m)·V_k / (Σ exp(s_k − m) + exp(σ_h − m))
+//! ```
+//!
+//! - `q [num_tokens, Hq, D]` and `out` (same shape) are bf16 or f16 (as `u16`
+//!   bits, [`HalfDtype`]); K and V are `[num_pages, Hkv, P, D]` strided views of
+//!   the slot-major pool, bf16/f16 or e4m3 bytes (dequantized exactly in the
+//!   kernel; the FP8 scales live in `bmm1_scale`/`bmm2_scale`, D4);
+//! - `D ∈ {64, 128, 256}`, `G = Hq / Hkv ≤ 16`, any `P ≥ 1`;
+//! - a row with no usable key outputs zeros (D13); keys outside the rows'
+//!   visible sets are never loaded (zero-filled), masked keys are selected out
+//!   (never multiplied), so NaN/Inf bytes there never contribute;
+//! - page ids outside `[0, num_pages)` or table entries past `max_num_pages`
+//!   are never dereferenced: their keys are masked and each needed page is
+//!   counted once in the device error word (D10, [`ErrorFlags`]).
+//!
+//! Split-KV (flash-decoding): [`SplitMode::Auto`] picks splits from the batch
+//! shape (results deterministic run to run); [`SplitMode::Fixed`] uses one
+//! split size for every request (bitwise identical results independent of
+//! batch composition). Splits write partials into the caller's workspace
+//! ([`workspace_elems`] f32) and a merge kernel folds them in a fixed order.
+//! The workspace holds no counters and never needs zeroing, so CUDA-graph
+//! replays stay correct.
+//!
+//! - [`PagedAttentionKernel`]: the typed launcher ([`DecodeArgs`]);
+//! - [`reference`]: the f64 CPU definition the GPU is tested against.
+
+mod launch;
+pub mod reference;
+
+pub use launch::{
+    entry_name, launch_config, smem_bytes, validate, workspace_elems, workspace_for, DecodeArgs,
+    KvCache, LaunchPlan, PagedAttentionKernel, PagedAttentionParams, QueryLayout, SplitMode,
+    BLOCK_THREADS, MAX_GROUP, ROWS_PER_CTA, TILE_TOKENS,
+};
+pub use reference::HalfDtype;
+
+/// The embedded PTX of this family (`cargo xtask ptx-build`).
+pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
+    name: "paged_attention",
+    ptx: include_str!("../ptx/paged_attention.ptx"),
+};
+
+/// Head dims with a kernel instantiation.
+pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// Kernel entry point names used by the launcher (pinned by a CPU test):
+/// `paged_attention_decode_{q}_kv_{kv}_d{D}` and `paged_attention_merge_{q}`.
+pub fn kernel_names() -> Vec<String> {
+    let mut v = Vec::new();
+    for q in [HalfDtype::Bf16, HalfDtype::F16] {
+        for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
+            for d in HEAD_DIMS {
+                v.push(entry_name(q, kv, d));
+            }
+        }
+        v.push(format!("paged_attention_merge_{}", q.name()));
+    }
+    v
+}
+
+/// Element type of a KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    /// bfloat16 (`u16` bits).
+    Bf16,
+    /// IEEE binary16 (`u16` bits).
+    F16,
+    /// `float8_e4m3fn` bytes.
+    E4m3,
+}
+
+impl KvDtype {
+    /// Name used in kernel entry names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Bf16 => "bf16",
+            Self::F16 => "f16",
+            Self::E4m3 => "e4m3",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Self::E4m3 => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// Flag bits of the paged-attention family in the device error word
+/// (`kernels/paged_attention.cu` mirrors them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorFlags(u32);
+
+impl ErrorFlags {
+    /// Ragged mode: `cu_seqlens_q[i] < 0`, `cu_seqlens_q[i+1] < cu_seqlens_q[i]`
+    /// or past `num_tokens`: the request is skipped, its rows untouched (once per request).
+    pub const BAD_CU_SEQLENS: Self = Self(1);
+    /// Ragged mode: `n_i > max_q_len`: only the first `max_q_len` rows are
+    /// computed (once per request).
+    pub const Q_LEN_CLAMPED: Self = Self(2);
+    /// `cache_seqlens[i] < 0`: read as 0 (once per request).
+    pub const NEGATIVE_SEQLEN: Self = Self(4);
+    /// A needed page (one overlapping `[k_lo, L)`) lies past `max_num_pages`
+    /// or its id is outside `[0, num_pages)`: its keys are masked (once per page, D10).
+    pub const BAD_PAGE: Self = Self(8);
+
+    /// The raw bit.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+}

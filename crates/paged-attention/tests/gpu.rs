@@ -1,0 +1,590 @@
+//! GPU tests of the paged-attention family against the f64 reference: the
+//! issue's named examples, ≥ 1,000 random cases (every dtype pair, head dim,
+//! group, page size, layout, window, sinks, split mode, bad device data),
+//! outputs poisoned before each launch, keys no row may see filled with
+//! NaN/Inf bytes. Ignored at run time without a GPU.
+
+#![allow(clippy::needless_range_loop)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use kernel_rt::cudarc::driver::CudaSlice;
+use kernel_rt::testing::{gpu_trial, run_trials, OrFail};
+use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
+use paged_attention::{
+    workspace_for, DecodeArgs, HalfDtype, KvCache, KvDtype, PagedAttentionKernel, QueryLayout,
+    SplitMode,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use rand::{Rng, SeedableRng};
+
+const POISON: u16 = 0xFFFF;
+const GPU_CASES: u32 = 1_200;
+
+fn upload<T: kernel_rt::cudarc::driver::DeviceRepr + Copy + Default>(
+    gpu: &Arc<Gpu>,
+    data: &[T],
+) -> Result<CudaSlice<T>, KernelError> {
+    let mut v = data.to_vec();
+    if v.is_empty() {
+        v.push(T::default());
+    }
+    Ok(gpu.stream().clone_htod(&v)?)
+}
+
+struct GpuOut {
+    out: Vec<u16>,
+    errors: ErrorReport,
+}
+
+/// Runs `c` on the GPU. `ws`: the workspace to use (kept across calls by
+/// the determinism test); a fresh NaN-filled one otherwise.
+fn run_gpu(
+    gpu: &Arc<Gpu>,
+    kernel: &PagedAttentionKernel,
+    c: &Case,
+    split: SplitMode,
+    max_seq_len: usize,
+    ws: Option<&mut CudaSlice<f32>>,
+) -> Result<GpuOut, KernelError> {
+    let s = gpu.stream();
+    let q = upload(gpu, &c.q)?;
+    let mut out = upload(gpu, &vec![POISON; c.q.len()])?;
+    let pt = upload(gpu, &c.page_table)?;
+    let lens = upload(gpu, &c.lens)?;
+    let cu = upload(gpu, &c.cu)?;
+    let sinks = c.sinks.as_ref().map(|v| upload(gpu, v)).transpose()?;
+    let shape = [c.num_pages, c.hkv, c.p, c.d];
+    let strides = c.kv_strides();
+    let kh = upload(gpu, &c.k)?;
+    let vh = upload(gpu, &c.v)?;
+    let kb = upload(gpu, &c.k_bytes())?;
+    let vb = upload(gpu, &c.v_bytes())?;
+    let need = workspace_for(
+        c.bs(),
+        c.hq,
+        c.hkv,
+        c.d,
+        c.q_len(),
+        max_seq_len,
+        split,
+        kernel.num_sms(),
+    )?;
+    let mut own_ws = if ws.is_none() {
+        Some(upload(gpu, &vec![f32::NAN; need.max(1)])?)
+    } else {
+        None
+    };
+    let ws: &mut CudaSlice<f32> = match ws {
+        Some(w) => w,
+        None => own_ws.as_mut().expect("allocated"),
+    };
+    let ws_len = ws.len();
+    let mut errors = DeviceErrors::new(gpu)?;
+    let kv = match c.kv_dtype {
+        KvDtype::E4m3 => KvCache::E4m3 {
+            k: Strided::new("k_cache", kb.as_view(), shape, strides)?,
+            v: Strided::new("v_cache", vb.as_view(), shape, strides)?,
+        },
+        kd => KvCache::Half {
+            dtype: if kd == KvDtype::Bf16 {
+                HalfDtype::Bf16
+            } else {
+                HalfDtype::F16
+            },
+            k: Strided::new("k_cache", kh.as_view(), shape, strides)?,
+            v: Strided::new("v_cache", vh.as_view(), shape, strides)?,
+        },
+    };
+    let qshape = [c.num_tokens, c.hq, c.d];
+    let mut args = DecodeArgs {
+        q: Strided::contiguous("q", q.slice(0..c.q.len()), qshape)?,
+        q_dtype: c.q_dtype,
+        out: StridedMut::contiguous("out", out.slice_mut(0..c.q.len()), qshape)?,
+        kv,
+        page_table: Strided::contiguous(
+            "page_table",
+            pt.slice(0..c.page_table.len()),
+            [c.bs(), c.m],
+        )?,
+        cache_seqlens: Strided::contiguous("cache_seqlens", lens.slice(0..c.bs()), [c.bs()])?,
+        layout: match c.uniform {
+            Some(n) => QueryLayout::Uniform { q_len_per_req: n },
+            None => QueryLayout::Ragged {
+                cu_seqlens_q: Strided::contiguous(
+                    "cu_seqlens_q",
+                    cu.slice(0..c.bs() + 1),
+                    [c.bs() + 1],
+                )?,
+                max_q_len: c.max_q_len,
+            },
+        },
+        max_seq_len,
+        bmm1_scale: c.bmm1,
+        bmm2_scale: c.bmm2,
+        window_left: c.window,
+        sinks: match &sinks {
+            Some(sv) => Some(Strided::contiguous("sinks", sv.slice(0..c.hq), [c.hq])?),
+            None => None,
+        },
+        split,
+        workspace: Some(StridedMut::contiguous(
+            "workspace",
+            ws.slice_mut(0..ws_len),
+            [ws_len],
+        )?),
+    };
+    kernel.launch(&mut args, &mut errors)?;
+    let mut out = s.clone_dtoh(&out)?;
+    out.truncate(c.q.len());
+    Ok(GpuOut {
+        out,
+        errors: errors.read()?,
+    })
+}
+
+/// GPU vs reference: per (row, head) relative L2 ≤ 1e-2 (zero rows exact),
+/// unwritten rows still poisoned, error words equal.
+fn check(
+    gpu: &Arc<Gpu>,
+    kernel: &PagedAttentionKernel,
+    c: &Case,
+    split: SplitMode,
+    max_seq_len: usize,
+) -> Result<(), String> {
+    let want = c.reference();
+    let got = run_gpu(gpu, kernel, c, split, max_seq_len, None).or_fail("launch")?;
+    compare(c, &want, &got).map_err(|e| format!("{e}; split {split:?}, case {}", describe(c)))
+}
+
+fn compare(
+    c: &Case,
+    want: &paged_attention::reference::RefOutput,
+    got: &GpuOut,
+) -> Result<(), String> {
+    for row in 0..c.num_tokens {
+        for h in 0..c.hq {
+            let base = (row * c.hq + h) * c.d;
+            let bits = &got.out[base..base + c.d];
+            if !want.written[row] {
+                if bits.iter().any(|&b| b != POISON) {
+                    return Err(format!("row {row} head {h} should be untouched"));
+                }
+                continue;
+            }
+            let g: Vec<f64> = bits.iter().map(|&b| c.q_dtype.to_f64(b)).collect();
+            let w = &want.out[base..base + c.d];
+            let zero = w.iter().all(|&x| x == 0.0);
+            let err = rel_err(&g, w);
+            if (zero && g.iter().any(|&x| x != 0.0)) || err.is_nan() || err > 1e-2 {
+                return Err(format!(
+                    "row {row} head {h}: rel err {err:.3e}; got {:?}.. want {:?}..",
+                    &g[..4.min(c.d)],
+                    &w[..4.min(c.d)]
+                ));
+            }
+        }
+    }
+    if got.errors != want.errors {
+        return Err(format!(
+            "error word: gpu {:?} vs reference {:?}",
+            got.errors, want.errors
+        ));
+    }
+    Ok(())
+}
+
+fn describe(c: &Case) -> String {
+    format!(
+        "q {:?} kv {:?} D {} Hq {} Hkv {} P {} pages {} M {} lens {:?} uniform {:?} cu {:?} max_q {} W {:?} sinks {} bmm {} {}",
+        c.q_dtype, c.kv_dtype, c.d, c.hq, c.hkv, c.p, c.num_pages, c.m, c.lens, c.uniform, c.cu, c.max_q_len,
+        c.window, c.sinks.is_some(), c.bmm1, c.bmm2
+    )
+}
+
+/// A random case from `seed`. Keys no row of any request may see (outside
+/// every request's `[k_lo, L)`) hold NaN/Inf bytes.
+fn random_case(seed: u64) -> (Case, SplitMode, usize) {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let kv = [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3][r.gen_range(0..3)];
+    let d = [64, 128, 256][r.gen_range(0..3)];
+    let g = [1, 2, 4, 5, 8, 16][r.gen_range(0..6)];
+    let hkv = if r.gen_bool(0.7) { 1 } else { 2 };
+    let p = [1, 8, 16, 32, 64, 128, r.gen_range(1..=40)][r.gen_range(0..7)];
+    let bs = if r.gen_bool(0.03) {
+        0
+    } else {
+        r.gen_range(1..=4)
+    };
+    let uniform = r.gen_bool(0.6);
+    let max_q = if r.gen_bool(0.4) {
+        1
+    } else {
+        r.gen_range(1..=16)
+    };
+    let big = r.gen_bool(0.1);
+    let max_len_cap: i32 = if big {
+        2500
+    } else if r.gen_bool(0.5) {
+        300
+    } else {
+        40
+    };
+    let mut lens: Vec<i32> = (0..bs).map(|_| r.gen_range(0..=max_len_cap)).collect();
+    let qlens: Vec<usize> = (0..bs)
+        .map(|_| {
+            if uniform {
+                max_q
+            } else {
+                r.gen_range(0..=max_q)
+            }
+        })
+        .collect();
+    // Work budget for the f64 reference.
+    let budget = 3.0e7;
+    let rows: usize = qlens.iter().sum::<usize>().max(1);
+    let cap = (budget / (rows * g * hkv * d) as f64).max(1.0) as i32;
+    for l in lens.iter_mut() {
+        *l = (*l).min(cap);
+    }
+    let max_len = lens.iter().copied().max().unwrap_or(0).max(1) as usize;
+    let m_needed = max_len.div_ceil(p);
+    let m = if r.gen_bool(0.05) {
+        (m_needed / 2).max(1)
+    } else {
+        m_needed + r.gen_range(0..3)
+    };
+    let num_pages = 1 + bs * m + r.gen_range(0..4);
+    let num_tokens = if uniform {
+        bs * max_q
+    } else {
+        qlens.iter().sum()
+    };
+    let mut c = Case::new(
+        kv,
+        d,
+        g * hkv,
+        hkv,
+        p,
+        num_pages,
+        bs,
+        m,
+        uniform.then_some(max_q),
+        num_tokens,
+    );
+    c.q_dtype = if r.gen_bool(0.5) {
+        HalfDtype::Bf16
+    } else {
+        HalfDtype::F16
+    };
+    c.max_q_len = max_q;
+    c.lens = lens;
+    if !uniform {
+        let mut acc = 0;
+        for (b, n) in qlens.iter().enumerate() {
+            c.cu[b] = acc;
+            acc += *n as i32;
+        }
+        c.cu[bs] = acc;
+        if bs > 0 && r.gen_bool(0.03) {
+            c.cu[r.gen_range(0..=bs)] += 1; // bad or long request
+        }
+    }
+    if bs > 0 && r.gen_bool(0.03) {
+        c.lens[r.gen_range(0..bs)] = -3;
+    }
+    // Private pages in random order.
+    let mut ids: Vec<i32> = (1..num_pages as i32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, r.gen_range(0..=i));
+    }
+    for (i, e) in c.page_table.iter_mut().enumerate() {
+        *e = ids[i % ids.len()];
+        if r.gen_bool(0.01) {
+            *e = if r.gen_bool(0.5) {
+                -1
+            } else {
+                num_pages as i32 + 5
+            };
+        }
+    }
+    c.window = if r.gen_bool(0.35) {
+        Some(r.gen_range(0..=(max_len as u32 + 5)))
+    } else {
+        None
+    };
+    if r.gen_bool(0.3) {
+        c.sinks = Some((0..c.hq).map(|_| r.gen_range(-2.0f32..3.0)).collect());
+    }
+    c.bmm1 = (1.0 / (d as f32).sqrt()) * r.gen_range(0.5f32..2.0);
+    c.bmm2 = r.gen_range(0.5f32..2.0);
+    for x in c.q.iter_mut() {
+        *x = c.q_dtype.from_f64(r.gen_range(-2.0..2.0));
+    }
+    // Poison everything, then write real values into needed keys.
+    let (nan, inf) = match kv {
+        KvDtype::Bf16 => (0x7FC0u16, 0x7F80u16),
+        KvDtype::F16 => (0x7E00, 0x7C00),
+        KvDtype::E4m3 => (0x7F, 0xFF),
+    };
+    for (i, x) in c.k.iter_mut().enumerate() {
+        *x = if i % 3 == 0 { inf } else { nan };
+    }
+    c.v.clone_from(&c.k);
+    for b in 0..bs {
+        let len = c.lens[b].max(0) as i64;
+        let n = qlens[b] as i64;
+        let lo = c.window.map_or(0, |w| (len - n - w as i64).max(0));
+        for pos in lo.max(0)..len {
+            let e = pos as usize / p;
+            if e >= m {
+                continue;
+            }
+            let id = c.page_table[b * m + e];
+            if id < 0 || id as usize >= num_pages {
+                continue;
+            }
+            let slot = id as usize * p + pos as usize % p;
+            for h in 0..hkv {
+                for dd in 0..d {
+                    let (kx, vx) = (r.gen_range(-1.0..1.0), r.gen_range(-1.0..1.0));
+                    c.set_k(slot, h, dd, kx);
+                    c.set_v(slot, h, dd, vx);
+                }
+            }
+        }
+    }
+    let split = match r.gen_range(0..3) {
+        0 => SplitMode::Auto,
+        1 => SplitMode::Fixed {
+            chunk_tokens: r.gen_range(1..=300),
+        },
+        _ => SplitMode::Fixed { chunk_tokens: 512 },
+    };
+    let max_seq_len = max_len + r.gen_range(0..64);
+    (c, split, max_seq_len)
+}
+
+fn named<F>(name: &'static str, body: F) -> libtest_mimic::Trial
+where
+    F: FnOnce(&Arc<Gpu>, &PagedAttentionKernel) -> Result<(), String> + Send + 'static,
+{
+    gpu_trial(name, move |gpu| {
+        let kernel = PagedAttentionKernel::new(gpu).or_fail("load")?;
+        body(gpu, &kernel)
+    })
+}
+
+/// Runs `c` with every split mode and checks output element `[row, head, 0]`.
+fn expect(
+    gpu: &Arc<Gpu>,
+    k: &PagedAttentionKernel,
+    c: &Case,
+    want: &[(usize, usize, f64)],
+) -> Result<(), String> {
+    let max_len = c.lens.iter().copied().max().unwrap_or(1).max(1) as usize;
+    for split in [
+        SplitMode::Auto,
+        SplitMode::Fixed { chunk_tokens: 1 },
+        SplitMode::Fixed { chunk_tokens: 2 },
+        SplitMode::Fixed { chunk_tokens: 4096 },
+    ] {
+        let got = run_gpu(gpu, k, c, split, max_len, None).or_fail("launch")?;
+        for &(row, h, w) in want {
+            let v = c.q_dtype.to_f64(got.out[(row * c.hq + h) * c.d]);
+            let tol = 1e-2 * w.abs().max(1e-3);
+            if (v - w).abs() > tol {
+                return Err(format!("{split:?}: row {row} head {h}: got {v}, want {w}"));
+            }
+        }
+        compare(c, &c.reference(), &got).map_err(|e| format!("{split:?}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn main() {
+    let trials = vec![
+        named("gpu_matches_reference_proptest", |gpu, k| {
+            let mut runner = TestRunner::new(Config {
+                cases: GPU_CASES,
+                failure_persistence: None,
+                ..Config::default()
+            });
+            runner
+                .run(&any::<u64>(), |seed| {
+                    let (c, split, msl) = random_case(seed);
+                    check(gpu, k, &c, split, msl)
+                        .map_err(|e| TestCaseError::fail(format!("seed {seed}: {e}")))
+                })
+                .map_err(|e| e.to_string())?;
+            println!(
+                "gpu_matches_reference_proptest: {GPU_CASES} cases, {} launches",
+                k.launches()
+            );
+            Ok(())
+        }),
+        named("must_pass_window", |gpu, k| {
+            for (w, want) in [(Some(3), 3.5), (Some(0), 5.0), (Some(2), 4.0), (None, 2.5)] {
+                let mut c =
+                    uniform_weights_case(KvDtype::Bf16, 64, 1, 4, &[6], Some(1), 1, |_, t| {
+                        t as f64
+                    });
+                c.page_table = vec![1, 2];
+                for t in 0..6 {
+                    let s = c.slot(0, t);
+                    c.set_v(s, 0, 0, t as f64);
+                }
+                c.window = w;
+                expect(gpu, k, &c, &[(0, 0, want)])?;
+            }
+            Ok(())
+        }),
+        named("must_pass_sinks_across_splits", |gpu, k| {
+            for (w, sink, want) in [
+                (None, 0.0f32, 2.0),
+                (None, 4f32.ln(), 1.25),
+                (Some(1), 0.0, 7.0 / 3.0),
+            ] {
+                let mut c =
+                    uniform_weights_case(KvDtype::Bf16, 64, 1, 4, &[4], Some(1), 1, |_, t| {
+                        t as f64 + 1.0
+                    });
+                c.window = w;
+                c.sinks = Some(vec![sink]);
+                expect(gpu, k, &c, &[(0, 0, want)])?;
+            }
+            Ok(())
+        }),
+        named("must_pass_fp8_sink_raw", |gpu, k| {
+            expect(gpu, k, &fp8_sink_example(64), &[(0, 0, 2.0)])
+        }),
+        named("must_pass_verify_uniform", |gpu, k| {
+            let c = verify_uniform_example(64, 3, 1);
+            expect(
+                gpu,
+                k,
+                &c,
+                &[
+                    (0, 0, 2.0),
+                    (1, 0, 2.5),
+                    (2, 0, 3.0),
+                    (3, 0, 11.0),
+                    (4, 0, 11.5),
+                    (5, 0, 12.0),
+                ],
+            )?;
+            for n in [5, 6, 7] {
+                let c = verify_uniform_example(64, n, 8);
+                let mut want = Vec::new();
+                for j in 0..n {
+                    for h in 0..8 {
+                        want.push((j, h, (4 + j) as f64 / 2.0));
+                        want.push((n + j, h, 10.0 + (2 + j) as f64 / 2.0));
+                    }
+                }
+                expect(gpu, k, &c, &want)?;
+            }
+            Ok(())
+        }),
+        named("must_pass_verify_ragged", |gpu, k| {
+            expect(
+                gpu,
+                k,
+                &verify_ragged_example(64),
+                &[(0, 0, 1.5), (1, 0, 2.0), (2, 0, 12.5), (3, 0, 13.0)],
+            )
+        }),
+        named("must_pass_gqa_head_stride", |gpu, k| {
+            let c = gqa_stride_example(64);
+            expect(gpu, k, &c, &[(0, 0, 1.26696), (0, 1, 1.0)])?;
+            let got = run_gpu(gpu, k, &c, SplitMode::Auto, 3, None).or_fail("launch")?;
+            let v = |h: usize, d: usize| c.q_dtype.to_f64(got.out[h * c.d + d]);
+            if (v(0, 1) - 1.0).abs() > 1e-2 || (v(1, 1) - 1.26696).abs() > 1.3e-2 {
+                return Err(format!(
+                    "got [{}, {}] [{}, {}]",
+                    v(0, 0),
+                    v(0, 1),
+                    v(1, 0),
+                    v(1, 1)
+                ));
+            }
+            Ok(())
+        }),
+        named("must_pass_split_determinism", |gpu, k| {
+            let c = uniform_weights_case(KvDtype::Bf16, 128, 1, 16, &[5000], Some(1), 1, |_, t| {
+                (t % 7) as f64
+            });
+            for split in [SplitMode::Auto, SplitMode::Fixed { chunk_tokens: 512 }] {
+                let need =
+                    workspace_for(1, 1, 1, 128, 1, 5000, split, k.num_sms()).or_fail("ws")?;
+                let mut ws = upload(gpu, &vec![f32::NAN; need.max(1)]).or_fail("ws")?;
+                let mut first: Option<Vec<u16>> = None;
+                for _ in 0..3 {
+                    let got = run_gpu(gpu, k, &c, split, 5000, Some(&mut ws)).or_fail("launch")?;
+                    let v = c.q_dtype.to_f64(got.out[0]);
+                    if v != 3.0 {
+                        return Err(format!(
+                            "{split:?}: got {v}, want 3.0 (2.999 rounded to bf16)"
+                        ));
+                    }
+                    match &first {
+                        None => first = Some(got.out),
+                        Some(f) if *f != got.out => {
+                            return Err(format!("{split:?}: not bitwise equal run to run"))
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+            Ok(())
+        }),
+        named("batch_invariance_fixed_split", |gpu, k| {
+            // The same request alone and inside a bigger batch: bitwise equal.
+            let c = (0u64..)
+                .map(|seed| random_case(seed).0)
+                .find(|c| c.bs() >= 2 && c.uniform.is_some())
+                .expect("some seed gives a uniform batch");
+            let split = SplitMode::Fixed { chunk_tokens: 64 };
+            let full = run_gpu(gpu, k, &c, split, 4096, None).or_fail("launch")?;
+            let n = c.uniform.unwrap_or(1);
+            let mut one = c.clone();
+            one.lens.truncate(1);
+            one.page_table.truncate(c.m);
+            one.cu.truncate(2);
+            one.num_tokens = n;
+            one.q.truncate(n * c.hq * c.d);
+            let alone = run_gpu(gpu, k, &one, split, 4096, None).or_fail("launch")?;
+            if alone.out[..] != full.out[..alone.out.len()] {
+                return Err("request 0 differs alone vs in a batch".into());
+            }
+            Ok(())
+        }),
+        named("bad_arguments_are_errors_before_launch", |gpu, k| {
+            let c = verify_ragged_example(64);
+            let mut bad = c.clone();
+            bad.hq = 17; // group 17 > 16
+            bad.q = vec![0; bad.num_tokens * 17 * 64];
+            match run_gpu(gpu, k, &bad, SplitMode::Auto, 8, None) {
+                Err(KernelError::Unsupported { .. }) => {}
+                other => return Err(format!("group 17 accepted: {:?}", other.map(|_| ()))),
+            }
+            let mut bad = c.clone();
+            bad.max_q_len = 17;
+            match run_gpu(gpu, k, &bad, SplitMode::Auto, 8, None) {
+                Err(KernelError::Unsupported {
+                    arg: "max_q_len", ..
+                }) => {}
+                other => return Err(format!("max_q_len 17 accepted: {:?}", other.map(|_| ()))),
+            }
+            if k.launches() != 0 {
+                return Err("a rejected call launched".into());
+            }
+            Ok(())
+        }),
+    ];
+    run_trials(trials)
+}

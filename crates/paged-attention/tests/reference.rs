@@ -1,0 +1,320 @@
+//! CPU tests of the paged-attention family: the issue's "Must pass" examples
+//! and edge-cases.md 20–27 on the f64 reference, reference properties
+//! (proptest), launch geometry, params layout, PTX entry names and freshness.
+
+mod common;
+
+use common::*;
+use kernel_rt::ErrorReport;
+use paged_attention::{
+    kernel_names, launch_config, smem_bytes, workspace_elems, ErrorFlags, KvDtype,
+    PagedAttentionParams, SplitMode, BLOCK_THREADS, PTX,
+};
+use proptest::prelude::*;
+
+fn close(got: f64, want: f64, tol: f64) {
+    assert!((got - want).abs() <= tol, "got {got}, want {want}");
+}
+
+/// Issue 5, window: P 4, seq_len 6, page row [1, 2], V[t] = t.
+#[test]
+fn must_pass_window() {
+    for (w, want) in [(Some(3), 3.5), (Some(0), 5.0), (Some(2), 4.0), (None, 2.5)] {
+        let mut c = uniform_weights_case(KvDtype::Bf16, 1, 1, 4, &[6], Some(1), 1, |_, t| t as f64);
+        c.page_table = vec![1, 2];
+        for t in 0..6 {
+            let s = c.slot(0, t);
+            c.set_v(s, 0, 0, t as f64);
+        }
+        c.window = w;
+        let r = c.reference();
+        close(r.out[0], want, 1e-12);
+        assert!(r.errors.is_clean());
+    }
+}
+
+/// Issue 5, sinks: seq_len 4, V = [1,2,3,4].
+#[test]
+fn must_pass_sinks() {
+    for (w, sink, want) in [
+        (None, 0.0f32, 2.0),
+        (None, 4f32.ln(), 1.25),
+        (Some(1), 0.0, 7.0 / 3.0),
+    ] {
+        let mut c = uniform_weights_case(KvDtype::Bf16, 1, 1, 4, &[4], Some(1), 1, |_, t| {
+            t as f64 + 1.0
+        });
+        c.window = w;
+        c.sinks = Some(vec![sink]);
+        close(c.reference().out[0], want, 1e-6);
+    }
+}
+
+/// Issue 5: the sink stays raw under FP8 scales → 2.0, not 1.2716.
+#[test]
+fn must_pass_fp8_sink_raw() {
+    let c = fp8_sink_example(1);
+    close(c.reference().out[0], 2.0, 1e-12);
+}
+
+/// Issue 5, verify uniform: q_len 3 (G 1), then q_len 5, 6, 7 with G 8.
+#[test]
+fn must_pass_verify_uniform() {
+    let c = verify_uniform_example(1, 3, 1);
+    let r = c.reference();
+    for (row, want) in [2.0, 2.5, 3.0, 11.0, 11.5, 12.0].into_iter().enumerate() {
+        close(c.at(&r.out, row, 0, 0), want, 1e-12);
+    }
+    for n in [5, 6, 7] {
+        let c = verify_uniform_example(1, n, 8);
+        let r = c.reference();
+        for j in 0..n {
+            for h in 0..8 {
+                close(c.at(&r.out, j, h, 0), (4 + j) as f64 / 2.0, 1e-12);
+                close(
+                    c.at(&r.out, n + j, h, 0),
+                    10.0 + (2 + j) as f64 / 2.0,
+                    1e-12,
+                );
+            }
+        }
+    }
+}
+
+/// Issue 5, verify ragged: bucket 4, lengths [2,2,0,0].
+#[test]
+fn must_pass_verify_ragged() {
+    let c = verify_ragged_example(1);
+    let r = c.reference();
+    for (row, want) in [1.5, 2.0, 12.5, 13.0].into_iter().enumerate() {
+        close(c.at(&r.out, row, 0, 0), want, 1e-12);
+    }
+    assert!(r.written.iter().all(|&w| w));
+    assert!(r.errors.is_clean());
+}
+
+/// Issue 5: one KV head, 2 q heads, head stride 2 (canonical 4), page row [2, 0].
+#[test]
+fn must_pass_gqa_head_stride() {
+    let c = gqa_stride_example(2);
+    let r = c.reference();
+    close(c.at(&r.out, 0, 0, 0), 1.26696, 1e-5);
+    close(c.at(&r.out, 0, 0, 1), 1.0, 1e-12);
+    close(c.at(&r.out, 0, 1, 0), 1.0, 1e-12);
+    close(c.at(&r.out, 0, 1, 1), 1.26696, 1e-5);
+}
+
+/// Issue 5, split determinism data: seq_len 5000, V[t] = t mod 7 → 2.999.
+#[test]
+fn must_pass_long_mean() {
+    let c = uniform_weights_case(KvDtype::Bf16, 1, 1, 16, &[5000], Some(1), 1, |_, t| {
+        (t % 7) as f64
+    });
+    let r = c.reference();
+    close(r.out[0], 2.999, 1e-12);
+    assert_eq!(half::bf16::from_f64(r.out[0]).to_f64(), 3.0);
+}
+
+/// attention.md §11 and edge-cases.md 20, 21, 25, 26.
+#[test]
+fn spec_worked_example() {
+    let check = |c: &Case, row: usize, h0: [f64; 2], h1: Option<[f64; 2]>| {
+        let r = c.reference();
+        for dd in 0..2 {
+            close(c.at(&r.out, row, 0, dd), h0[dd], 1e-6);
+            if let Some(h1) = h1 {
+                close(c.at(&r.out, row, 1, dd), h1[dd], 1e-6);
+            }
+        }
+    };
+    check(
+        &worked_example(2, 1, None, None, 1.0),
+        0,
+        [1.249626, 0.305656],
+        Some([1.144450, 0.431872]),
+    );
+    check(
+        &worked_example(2, 1, Some(2), None, 1.0),
+        0,
+        [1.606178, 0.393822],
+        Some([1.618212, 0.381788]),
+    );
+    let v = worked_example(2, 2, Some(2), None, 1.0);
+    check(&v, 0, [1.239970, 0.454335], Some([0.584092, 1.123862]));
+    check(&v, 1, [1.606178, 0.393822], Some([1.618212, 0.381788]));
+    check(
+        &worked_example(2, 1, None, Some(vec![0.5, -1.0]), 1.0),
+        0,
+        [1.092908, 0.267323],
+        Some([1.102102, 0.415891]),
+    );
+    check(
+        &worked_example(2, 1, None, None, 2.0),
+        0,
+        [2.499252, 0.611312],
+        None,
+    );
+    check(
+        &worked_example(2, 1, Some(100), None, 1.0),
+        0,
+        [1.249626, 0.305656],
+        None,
+    );
+}
+
+/// edge-cases.md 22 (W = 0 → self only) and 24 (fewer keys than rows → zeros).
+#[test]
+fn self_only_window_and_empty_rows() {
+    let mut c = uniform_weights_case(KvDtype::Bf16, 1, 1, 4, &[5], Some(2), 2, |_, t| t as f64);
+    c.window = Some(0);
+    let r = c.reference();
+    close(r.out[0], 3.0, 0.0);
+    close(r.out[1], 4.0, 0.0);
+    let mut c = uniform_weights_case(KvDtype::Bf16, 1, 1, 4, &[1], Some(2), 2, |_, _| 7.0);
+    c.sinks = Some(vec![0.5]);
+    let r = c.reference();
+    assert_eq!(
+        r.out[0], 0.0,
+        "row at position -1 sees nothing: zeros even with a sink"
+    );
+    close(r.out[1], 7.0 / (1.0 + (0.5f64).exp()), 1e-6);
+}
+
+/// D10: invalid page ids are masked and counted once per needed page; D13 zeros.
+#[test]
+fn invalid_pages_are_masked_and_counted() {
+    let mut c = uniform_weights_case(KvDtype::Bf16, 1, 1, 4, &[10], Some(1), 1, |_, t| t as f64);
+    c.page_table[1] = -1; // positions 4..7 masked
+    let r = c.reference();
+    close(r.out[0], 23.0 / 6.0, 1e-12);
+    assert_eq!(
+        r.errors,
+        ErrorReport {
+            count: 1,
+            flags: ErrorFlags::BAD_PAGE.bits()
+        }
+    );
+    c.page_table = vec![99, 98, 97];
+    let r = c.reference();
+    assert_eq!(r.out[0], 0.0);
+    assert_eq!(r.errors.count, 3);
+}
+
+/// Ragged-mode checks: bad cu_seqlens skipped, long rows clamped, negative L read as 0.
+#[test]
+fn ragged_device_checks_are_counted() {
+    let mut c = verify_ragged_example(1);
+    c.cu = vec![0, 2, 1, 1, 1];
+    let r = c.reference();
+    assert_eq!(r.errors.flags, ErrorFlags::BAD_CU_SEQLENS.bits());
+    assert!(r.written[0] && r.written[1]);
+    let mut c = verify_ragged_example(1);
+    c.cu = vec![0, 3, 4, 4, 4];
+    c.lens[2] = -5;
+    let r = c.reference();
+    assert_eq!(
+        r.errors.flags,
+        ErrorFlags::Q_LEN_CLAMPED.bits() | ErrorFlags::NEGATIVE_SEQLEN.bits()
+    );
+    assert!(!r.written[2], "row 2 is past max_q_len of request 0");
+}
+
+#[test]
+fn params_layout_matches_cuda() {
+    use std::mem::{offset_of, size_of};
+    assert_eq!(size_of::<PagedAttentionParams>(), 240);
+    assert_eq!(offset_of!(PagedAttentionParams, errors), 80);
+    assert_eq!(offset_of!(PagedAttentionParams, q_stride_tok), 88);
+    assert_eq!(offset_of!(PagedAttentionParams, page_table_stride), 168);
+    assert_eq!(offset_of!(PagedAttentionParams, bs), 176);
+    assert_eq!(offset_of!(PagedAttentionParams, window_left), 224);
+    assert_eq!(offset_of!(PagedAttentionParams, scale_log2), 228);
+    assert_eq!(offset_of!(PagedAttentionParams, reserved), 236);
+    assert!(PTX
+        .ptx
+        .contains("paged_attention_decode_bf16_kv_bf16_d128_param_0[240]"));
+}
+
+#[test]
+fn ptx_has_every_kernel_name() {
+    let names = kernel_names();
+    assert_eq!(names.len(), 20);
+    for name in &names {
+        assert!(PTX.has_entry(name), "{name} missing from the PTX");
+    }
+    assert!(names.contains(&"paged_attention_decode_bf16_kv_bf16_d128".to_string()));
+}
+
+#[test]
+fn committed_ptx_is_fresh() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let kernel =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/paged_attention.cu");
+    kernel_rt::ptxhash::check_fresh(&root, &kernel, PTX.ptx).unwrap();
+}
+
+#[test]
+fn smem_fits_the_sm90_budget() {
+    for d in [64, 128, 256] {
+        for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
+            assert!(smem_bytes(d, kv) <= 227 * 1024);
+        }
+    }
+    assert_eq!(
+        smem_bytes(128, KvDtype::Bf16),
+        8192 + 6 * 32 * 272 + 16 * 33 * 4 + 192 + 12 + 4
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Geometry: within CUDA limits, splits only when items leave SMs idle,
+    /// fixed mode covers max_seq_len, workspace matches the split count.
+    #[test]
+    fn launch_config_properties(bs in 1usize..600, hkv in 1usize..9, rt in 1usize..17, max_len in 1usize..70_000,
+                                sms in 1usize..200, fixed in prop::option::of(1usize..5000)) {
+        let split = fixed.map_or(SplitMode::Auto, |c| SplitMode::Fixed { chunk_tokens: c });
+        let (s, cfg, merge) = launch_config(bs, hkv, rt, max_len, split, sms, 1000).unwrap();
+        prop_assert_eq!(cfg.grid_dim, (s as u32, (hkv * rt) as u32, bs as u32));
+        prop_assert_eq!(cfg.block_dim.0, BLOCK_THREADS);
+        prop_assert!(s >= 1);
+        match fixed {
+            Some(c) => prop_assert!(s * c >= max_len && (s - 1) * c < max_len),
+            None => {
+                prop_assert!(s == 1 || s * bs * hkv * rt <= 2 * sms);
+                prop_assert!(s <= max_len.div_ceil(128).max(1));
+            }
+        }
+        prop_assert_eq!(merge.is_some(), s > 1);
+        let ws = workspace_elems(bs, hkv, rt, s, 128);
+        prop_assert_eq!(ws == 0, s == 1);
+    }
+
+    /// Reference: with K = 0 every visible key weighs the same, so the output
+    /// is the mean of V over the visible set (window, verify rows).
+    #[test]
+    fn uniform_weights_give_window_means(len in 1i32..80, n in 1usize..5, w in prop::option::of(0u32..20), p in 1usize..9) {
+        let mut c = uniform_weights_case(KvDtype::Bf16, 1, 1, p, &[len], Some(n), n, |_, t| t as f64);
+        c.window = w;
+        let r = c.reference();
+        for j in 0..n {
+            let x = len as i64 - n as i64 + j as i64;
+            let want = if x < 0 { 0.0 } else {
+                let lo = w.map_or(0, |w| (x - w as i64).max(0));
+                (lo + x) as f64 / 2.0
+            };
+            prop_assert!((r.out[j] - want).abs() < 1e-9, "row {} got {} want {}", j, r.out[j], want);
+        }
+    }
+
+    /// A sink only ever shrinks the output toward 0 by the factor den/(den + e^σ).
+    #[test]
+    fn sink_scales_the_output(len in 1i32..40, sink in -3.0f32..3.0) {
+        let mut c = uniform_weights_case(KvDtype::Bf16, 1, 1, 4, &[len], Some(1), 1, |_, _| 1.0);
+        c.sinks = Some(vec![sink]);
+        let r = c.reference();
+        let want = len as f64 / (len as f64 + (sink as f64).exp());
+        prop_assert!((r.out[0] - want).abs() < 1e-9);
+    }
+}
