@@ -104,7 +104,8 @@ fn include_dir(root: &Path) -> PathBuf {
 pub fn build(root: &Path, check: bool) -> Result<()> {
     let tc = ensure_toolchain(root)?;
     let kernels = kernels(root)?;
-    let scratch = toolchain_dir(root).with_file_name("ptx-scratch");
+    // One scratch folder per process: concurrent builds must not share files.
+    let scratch = toolchain_dir(root).with_file_name(format!("ptx-scratch-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
     let mut jobs = Vec::new();
     for (i, k) in kernels.iter().enumerate() {
@@ -153,7 +154,22 @@ pub fn build(root: &Path, check: bool) -> Result<()> {
         bail!("PTX compilation failed");
     }
 
-    if check {
+    let result = if check {
+        compare(root, &kernels, &scratch)
+    } else {
+        Ok(())
+    };
+    let _ = std::fs::remove_dir_all(&scratch);
+    result?;
+    if !check {
+        eprintln!("ptx-build: wrote {} PTX file(s)", kernels.len());
+    }
+    Ok(())
+}
+
+/// Compares the PTX rebuilt into `scratch` with the committed files.
+fn compare(root: &Path, kernels: &[Kernel], scratch: &Path) -> Result<()> {
+    {
         let mut stale = Vec::new();
         for (i, k) in kernels.iter().enumerate() {
             let fresh = std::fs::read_to_string(scratch.join(format!("{i}.ptx")))?;
@@ -192,8 +208,6 @@ pub fn build(root: &Path, check: bool) -> Result<()> {
             "ptx-build --check: {} PTX file(s) up to date",
             kernels.len()
         );
-    } else {
-        eprintln!("ptx-build: wrote {} PTX file(s)", kernels.len());
     }
     Ok(())
 }

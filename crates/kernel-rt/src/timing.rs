@@ -3,11 +3,47 @@
 use std::time::Duration;
 
 use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use crate::{Gpu, Result};
+use crate::{Gpu, PtxModule, Result};
+
+/// kernel-rt's own PTX (the stream-filling spin kernel).
+pub const PTX: PtxModule = PtxModule {
+    name: "kernel_rt",
+    ptx: include_str!("../ptx/kernel_rt.ptx"),
+};
+
+/// Host time budgeted per queued launch when sizing the spin that keeps the
+/// stream busy while the host queues timed work.
+const HOST_US_PER_LAUNCH: f64 = 12.0;
+/// Longest spin, in microseconds.
+const MAX_SPIN_US: f64 = 200_000.0;
+
+/// Occupies `gpu`'s stream for about `us` microseconds (a one-thread kernel
+/// spinning on the global timer). Timed work queued behind it then runs back
+/// to back, so event pairs measure device time, not host launch gaps.
+///
+/// # Errors
+/// [`crate::KernelError::Load`] / [`crate::KernelError::Driver`].
+pub fn fill_stream(gpu: &Gpu, us: f64) -> Result<()> {
+    let f = gpu.function(&PTX, "kernel_rt_spin")?;
+    let ns = (us.clamp(0.0, MAX_SPIN_US) * 1e3) as u64;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&ns);
+    // SAFETY: the kernel takes one u64 by value and touches no memory.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}
 
 /// Device time of `iters` back-to-back calls of `work` on `gpu`'s stream,
-/// measured between two CUDA events (for criterion's `iter_custom`).
+/// measured between two CUDA events (for criterion's `iter_custom`). The
+/// stream is filled first ([`fill_stream`]) so that, up to a 200 ms spin,
+/// host launch gaps do not count.
 ///
 /// # Errors
 /// The first error of `work` or of the driver.
@@ -15,6 +51,7 @@ pub fn time_iters(gpu: &Gpu, iters: u64, mut work: impl FnMut() -> Result<()>) -
     let ctx = gpu.context();
     let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
     let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    fill_stream(gpu, iters as f64 * HOST_US_PER_LAUNCH)?;
     start.record(gpu.stream())?;
     for _ in 0..iters {
         work()?;
@@ -26,6 +63,8 @@ pub fn time_iters(gpu: &Gpu, iters: u64, mut work: impl FnMut() -> Result<()>) -
 
 /// Median device time in microseconds of one call of `work`, over `runs`
 /// calls each bracketed by its own event pair, after `warmup` untimed calls.
+/// The stream is filled first ([`fill_stream`]) so each pair measures the
+/// work's device time, not the host's launch gap before it.
 ///
 /// # Errors
 /// The first error of `work` or of the driver.
@@ -40,6 +79,7 @@ pub fn median_us(
     }
     let ctx = gpu.context();
     let mut events = Vec::with_capacity(runs);
+    fill_stream(gpu, runs.max(1) as f64 * 3.0 * HOST_US_PER_LAUNCH)?;
     for _ in 0..runs.max(1) {
         let a = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         let b = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;

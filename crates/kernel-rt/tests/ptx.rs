@@ -1,0 +1,14 @@
+//! kernel-rt's own PTX: fresh and exporting its entry point.
+
+#[test]
+fn spin_kernel_ptx_is_fresh_and_named() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let ptx = kernel_rt::timing::PTX;
+    assert!(ptx.has_entry("kernel_rt_spin"));
+    kernel_rt::ptxhash::check_fresh(
+        &dir.join("../.."),
+        &dir.join("kernels/kernel_rt.cu"),
+        ptx.ptx,
+    )
+    .unwrap();
+}
