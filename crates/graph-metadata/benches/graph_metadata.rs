@@ -1,0 +1,497 @@
+//! Bench of the fused graph-metadata update (one launch) against the same
+//! metadata built unfused (six simple kernels, `kernels/graph_metadata_unfused.cu`).
+//!
+//! Every case: normal decode, `cu_seqlens_q` bound, SWA map + SWA page table +
+//! SWA write locations (one token per row) unless stated; `seq_lens` uniform
+//! in `[1, context]` (seeded), `M = context / P`; `req_to_token` rows are
+//! page-contiguous with pages scattered over the pool (64-slot blocks
+//! permuted), the SWA map likewise. Device time by CUDA events (criterion
+//! `iter_custom` for the headline case, median of 30 for the grid); host
+//! time per replay = `Instant` around the launch calls only (mean of 100
+//! calls). Without a GPU the bench prints a line and exits 0.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::Criterion;
+use graph_metadata::{
+    launch_config, validate, GraphMetadataArgs, GraphMetadataKernel, GraphMetadataParams,
+    GraphMode, SwaArgs, SwaWriteLocs, UNFUSED_KERNEL_NAMES, UNFUSED_PTX,
+};
+use kernel_rt::cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use kernel_rt::timing::{copy_ceiling_gbps, median_us, time_iters};
+use kernel_rt::{
+    gpu_status, DeviceErrors, Gpu, GpuStatus, KernelError, Result, Strided, StridedMut,
+};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// Slots per scattered block (a multiple of every benched P).
+const BLOCK: usize = 64;
+const HEADLINE: (usize, usize, usize) = (256, 32 * 1024, 16);
+const HEADLINE_BAR_US: f64 = 6.0;
+
+/// Inputs of one (bs, context): shared by every P.
+struct Inputs {
+    bs: usize,
+    ctx: usize,
+    rows: usize,
+    r2t: CudaSlice<i32>,
+    map: CudaSlice<i64>,
+    map_len: usize,
+    rpi: CudaSlice<i64>,
+    seq: CudaSlice<i64>,
+    locs: CudaSlice<i64>,
+    seq_host: Vec<i64>,
+}
+
+fn coprime_multiplier(n: usize) -> usize {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    let mut m = 1_000_003usize;
+    while gcd(m, n) != 1 {
+        m += 2;
+    }
+    m
+}
+
+impl Inputs {
+    fn new(gpu: &Arc<Gpu>, bs: usize, ctx: usize, full_rows: bool) -> Result<Self> {
+        let rows = bs + 1;
+        let nblocks = rows * ctx / BLOCK;
+        let mul = coprime_multiplier(nblocks);
+        // Slot of (row r, position j): block (r·ctx + j)/64 permuted, +1 block (page 0 reserved).
+        let slot = |b: usize, o: usize| (BLOCK + ((b * mul) % nblocks) * BLOCK + o) as i64;
+        let mut r2t = Vec::with_capacity(rows * ctx);
+        r2t.extend(std::iter::repeat_n(0i32, ctx)); // row 0: the all-zero padding row
+        for r in 1..rows {
+            for j in 0..ctx {
+                r2t.push(slot((r * ctx + j) / BLOCK, j % BLOCK) as i32);
+            }
+        }
+        let pool = BLOCK * (nblocks + 1);
+        let map_len = pool + BLOCK + 1;
+        let mul2 = coprime_multiplier(nblocks + 7);
+        let mut map = vec![0i64; map_len];
+        for (f, m) in map.iter_mut().enumerate().take(pool).skip(BLOCK) {
+            *m = (BLOCK + ((f / BLOCK * mul2) % nblocks) * BLOCK + f % BLOCK) as i64;
+        }
+        map[map_len - 1] = -1;
+        let mut rng = StdRng::seed_from_u64((bs * 31 + ctx) as u64);
+        let seq_host: Vec<i64> = (0..bs)
+            .map(|_| {
+                if full_rows {
+                    ctx as i64
+                } else {
+                    rng.gen_range(1..=ctx as i64)
+                }
+            })
+            .collect();
+        let rpi: Vec<i64> = (1..=bs as i64).collect();
+        let locs: Vec<i64> = (0..bs)
+            .map(|i| slot(((i + 1) * ctx + seq_host[i] as usize - 1) / BLOCK, 0))
+            .collect();
+        let s = gpu.stream();
+        Ok(Self {
+            bs,
+            ctx,
+            rows,
+            r2t: s.clone_htod(&r2t)?,
+            map: s.clone_htod(&map)?,
+            map_len,
+            rpi: s.clone_htod(&rpi)?,
+            seq: s.clone_htod(&seq_host)?,
+            locs: s.clone_htod(&locs)?,
+            seq_host,
+        })
+    }
+
+    /// Bytes the update must move at page size `p` (reads + writes, useful
+    /// bytes only: one i32 slot and one i64 map entry per live page).
+    fn bytes(&self, p: usize) -> f64 {
+        let m = self.ctx.div_ceil(p);
+        let pages: usize = self
+            .seq_host
+            .iter()
+            .map(|&l| (l as usize).div_ceil(p).min(m))
+            .sum();
+        let per_page = 4 + 8 + 4 + 4;
+        let per_row = 8 + 8 + 4 + 4 + 4;
+        let per_token = 8 + 8;
+        (pages * per_page + self.bs * (per_row + per_token)) as f64
+    }
+}
+
+/// Outputs for one P.
+struct Outputs {
+    m: usize,
+    cache: CudaSlice<i32>,
+    cu_k: CudaSlice<i32>,
+    cu_q: CudaSlice<i32>,
+    pt: CudaSlice<i32>,
+    swa_pt: CudaSlice<i32>,
+    swa_out: CudaSlice<i64>,
+}
+
+impl Outputs {
+    fn new(gpu: &Arc<Gpu>, bs: usize, m: usize) -> Result<Self> {
+        let s = gpu.stream();
+        Ok(Self {
+            m,
+            cache: s.alloc_zeros(bs)?,
+            cu_k: s.alloc_zeros(bs + 1)?,
+            cu_q: s.alloc_zeros(bs + 1)?,
+            pt: s.alloc_zeros(bs * m)?,
+            swa_pt: s.alloc_zeros(bs * m)?,
+            swa_out: s.alloc_zeros(bs)?,
+        })
+    }
+
+    fn zero(&mut self, gpu: &Arc<Gpu>) -> Result<()> {
+        let s = gpu.stream();
+        s.memset_zeros(&mut self.cache)?;
+        s.memset_zeros(&mut self.cu_k)?;
+        s.memset_zeros(&mut self.cu_q)?;
+        s.memset_zeros(&mut self.pt)?;
+        s.memset_zeros(&mut self.swa_pt)?;
+        s.memset_zeros(&mut self.swa_out)?;
+        Ok(())
+    }
+
+    fn read(&self, gpu: &Arc<Gpu>) -> Result<(Vec<i32>, Vec<i64>)> {
+        let s = gpu.stream();
+        let mut v = s.clone_dtoh(&self.cache)?;
+        v.extend(s.clone_dtoh(&self.cu_k)?);
+        v.extend(s.clone_dtoh(&self.cu_q)?);
+        v.extend(s.clone_dtoh(&self.pt)?);
+        v.extend(s.clone_dtoh(&self.swa_pt)?);
+        Ok((v, s.clone_dtoh(&self.swa_out)?))
+    }
+}
+
+fn args<'a>(
+    inp: &'a Inputs,
+    out: &'a mut Outputs,
+    p: usize,
+    swa: bool,
+) -> Result<GraphMetadataArgs<'a>> {
+    let bs = inp.bs;
+    let m = out.m;
+    Ok(GraphMetadataArgs {
+        mode: GraphMode::Decode,
+        req_pool_indices: Strided::of("req_pool_indices", &inp.rpi, [bs])?,
+        seq_lens: Strided::of("seq_lens", &inp.seq, [bs])?,
+        req_to_token: Strided::of("req_to_token", &inp.r2t, [inp.rows, inp.ctx])?,
+        page_size: p,
+        pool_slots: None,
+        cache_seqlens: StridedMut::of("cache_seqlens", &mut out.cache, [bs])?,
+        cu_seqlens_k: StridedMut::of("cu_seqlens_k", &mut out.cu_k, [bs + 1])?,
+        cu_seqlens_q: Some(StridedMut::of("cu_seqlens_q", &mut out.cu_q, [bs + 1])?),
+        qlens: None,
+        page_table: StridedMut::of("page_table", &mut out.pt, [bs, m])?,
+        swa: if swa {
+            Some(SwaArgs {
+                swa_mapping: Strided::of("swa_mapping", &inp.map, [inp.map_len])?,
+                swa_page_table: Some(StridedMut::of("swa_page_table", &mut out.swa_pt, [bs, m])?),
+                write_locs: Some(SwaWriteLocs {
+                    out_cache_loc: Some(Strided::of("out_cache_loc", &inp.locs, [bs])?),
+                    swa_out_cache_loc: StridedMut::of("swa_out_cache_loc", &mut out.swa_out, [bs])?,
+                }),
+            })
+        } else {
+            None
+        },
+    })
+}
+
+/// The unfused baseline: six kernels, one per output (bench-only).
+struct Unfused {
+    gpu: Arc<Gpu>,
+    funcs: Vec<CudaFunction>,
+}
+
+impl Unfused {
+    fn new(gpu: &Arc<Gpu>) -> Result<Self> {
+        let funcs = UNFUSED_KERNEL_NAMES
+            .iter()
+            .map(|n| gpu.function(&UNFUSED_PTX, n))
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            gpu: gpu.clone(),
+            funcs,
+        })
+    }
+
+    /// Params with every pointer of `a` filled (as the fused launcher does).
+    fn params(
+        &self,
+        a: &mut GraphMetadataArgs<'_>,
+        errors: &mut DeviceErrors,
+    ) -> Result<GraphMetadataParams> {
+        let s = self.gpu.stream();
+        let mut p = validate(a)?;
+        p.req_pool_indices = a.req_pool_indices.device_ptr(s);
+        p.seq_lens = a.seq_lens.device_ptr(s);
+        p.req_to_token = a.req_to_token.device_ptr(s);
+        p.cache_seqlens = a.cache_seqlens.device_ptr_mut(s);
+        p.cu_seqlens_k = a.cu_seqlens_k.device_ptr_mut(s);
+        if let Some(q) = a.cu_seqlens_q.as_mut() {
+            p.cu_seqlens_q = q.device_ptr_mut(s);
+        }
+        p.page_table = a.page_table.device_ptr_mut(s);
+        if let Some(w) = a.swa.as_mut() {
+            p.swa_mapping = w.swa_mapping.device_ptr(s);
+            if let Some(t) = w.swa_page_table.as_mut() {
+                p.swa_page_table = t.device_ptr_mut(s);
+            }
+            if let Some(l) = w.write_locs.as_mut() {
+                p.swa_out_cache_loc = l.swa_out_cache_loc.device_ptr_mut(s);
+                if let Some(o) = l.out_cache_loc.as_ref() {
+                    p.out_cache_loc = o.device_ptr(s);
+                }
+            }
+        }
+        p.errors = errors.device_ptr();
+        p.page_chunks =
+            launch_config(p.bs as usize, p.max_seq_pages as usize, 0)?.page_chunks as i32;
+        Ok(p)
+    }
+
+    /// Six launches, each skipped when its output is absent.
+    fn launch(&self, p: &GraphMetadataParams) -> Result<()> {
+        let s = self.gpu.stream();
+        let t = 256u32;
+        let blocks = |n: i64| (n as u32).div_ceil(t).max(1);
+        let cfg = |grid: (u32, u32, u32)| LaunchConfig {
+            grid_dim: grid,
+            block_dim: (t, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let table = (p.bs as u32, p.page_chunks as u32, 1);
+        let plan = [
+            (true, cfg((blocks(i64::from(p.bs)), 1, 1))),
+            (true, cfg((1, 1, 1))),
+            (
+                p.cu_seqlens_q != 0,
+                cfg((blocks(i64::from(p.bs) + 1), 1, 1)),
+            ),
+            (true, cfg(table)),
+            (p.swa_page_table != 0, cfg(table)),
+            (p.swa_out_cache_loc != 0, cfg((blocks(p.n_swa), 1, 1))),
+        ];
+        for (f, (on, c)) in self.funcs.iter().zip(plan) {
+            if on {
+                let mut b = s.launch_builder(f);
+                b.arg(p);
+                // SAFETY: `p` comes from `validate` on views checked against
+                // their buffers, with pointers taken from those views; each
+                // kernel stays inside the shapes in `p` (bench-only code).
+                unsafe { b.launch(c) }?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Mean host time (µs) of `work` over 200 calls, the stream drained first.
+fn host_us(gpu: &Gpu, mut work: impl FnMut() -> Result<()>) -> Result<f64> {
+    const N: u32 = 100;
+    gpu.synchronize()?;
+    let mut total = Duration::ZERO;
+    for _ in 0..N {
+        let t = Instant::now();
+        work()?;
+        total += t.elapsed();
+    }
+    gpu.synchronize()?;
+    Ok(total.as_secs_f64() * 1e6 / f64::from(N))
+}
+
+struct Row {
+    bs: usize,
+    ctx: usize,
+    p: usize,
+    m: usize,
+    swa: bool,
+    note: &'static str,
+    fused_us: f64,
+    unfused_us: f64,
+    fused_host_us: f64,
+    unfused_host_us: f64,
+    bytes: f64,
+}
+
+fn measure(
+    gpu: &Arc<Gpu>,
+    k: &GraphMetadataKernel,
+    u: &Unfused,
+    inp: &Inputs,
+    p: usize,
+    swa: bool,
+    note: &'static str,
+) -> Result<Row> {
+    let m = inp.ctx.div_ceil(p);
+    let mut out = Outputs::new(gpu, inp.bs, m)?;
+    let mut errors = DeviceErrors::new(gpu)?;
+    let mut a = args(inp, &mut out, p, swa)?;
+    let up = u.params(&mut a, &mut errors)?;
+    let fused_us = median_us(gpu, 5, 30, || k.launch(&mut a, &mut errors))?;
+    let fused_host_us = host_us(gpu, || k.launch(&mut a, &mut errors))?;
+    let unfused_us = median_us(gpu, 5, 30, || u.launch(&up))?;
+    let unfused_host_us = host_us(gpu, || u.launch(&up))?;
+    let err = errors.read()?;
+    if !err.is_clean() {
+        return Err(KernelError::unsupported(
+            "bench",
+            format!("device error word {err:?}"),
+        ));
+    }
+    Ok(Row {
+        bs: inp.bs,
+        ctx: inp.ctx,
+        p,
+        m,
+        swa,
+        note,
+        fused_us,
+        unfused_us,
+        fused_host_us,
+        unfused_host_us,
+        bytes: inp.bytes(p),
+    })
+}
+
+/// Fused and unfused outputs agree (whole buffers, from zeroed outputs).
+fn same_outputs(
+    gpu: &Arc<Gpu>,
+    k: &GraphMetadataKernel,
+    u: &Unfused,
+    inp: &Inputs,
+    p: usize,
+) -> Result<bool> {
+    let mut out = Outputs::new(gpu, inp.bs, inp.ctx.div_ceil(p))?;
+    let mut errors = DeviceErrors::new(gpu)?;
+    let up = {
+        let mut a = args(inp, &mut out, p, true)?;
+        u.params(&mut a, &mut errors)?
+    };
+    u.launch(&up)?;
+    let unfused = out.read(gpu)?;
+    out.zero(gpu)?;
+    let mut a = args(inp, &mut out, p, true)?;
+    k.launch(&mut a, &mut errors)?;
+    Ok(out.read(gpu)? == unfused)
+}
+
+fn run(gpu: &Arc<Gpu>) -> Result<()> {
+    let k = GraphMetadataKernel::new(gpu)?;
+    let u = Unfused::new(gpu)?;
+    let (hb, hc, hp) = HEADLINE;
+    let ceiling = copy_ceiling_gbps(gpu, 256 << 20, 20)?;
+
+    // Criterion (CUDA events) for the headline case, fused and unfused.
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(10)
+        .configure_from_args();
+    let head = Inputs::new(gpu, hb, hc, false)?;
+    {
+        let mut out = Outputs::new(gpu, hb, hc / hp)?;
+        let mut errors = DeviceErrors::new(gpu)?;
+        let mut a = args(&head, &mut out, hp, true)?;
+        let up = u.params(&mut a, &mut errors)?;
+        c.bench_function("graph_metadata/fused/bs256_ctx32k_p16_swa", |b| {
+            b.iter_custom(|iters| {
+                time_iters(gpu, iters, || k.launch(&mut a, &mut errors)).expect("fused launch")
+            })
+        });
+        c.bench_function("graph_metadata/unfused/bs256_ctx32k_p16_swa", |b| {
+            b.iter_custom(|iters| time_iters(gpu, iters, || u.launch(&up)).expect("unfused launch"))
+        });
+    }
+    let agree = same_outputs(gpu, &k, &u, &head, hp)?;
+
+    let mut rows = vec![measure(gpu, &k, &u, &head, hp, true, "headline")?];
+    rows.push(measure(
+        gpu,
+        &k,
+        &u,
+        &Inputs::new(gpu, hb, hc, true)?,
+        hp,
+        true,
+        "all rows full",
+    )?);
+    rows.push(measure(gpu, &k, &u, &head, hp, false, "no SWA")?);
+    drop(head);
+    for bs in [1usize, 8, 64, 256, 512] {
+        for ctx in [4 * 1024usize, 32 * 1024, 128 * 1024] {
+            let inp = Inputs::new(gpu, bs, ctx, false)?;
+            for p in [1usize, 16, 64] {
+                rows.push(measure(gpu, &k, &u, &inp, p, true, "")?);
+            }
+        }
+    }
+    c.final_summary();
+
+    println!();
+    println!(
+        "## graph-metadata: fused (1 launch) vs unfused (6 launches), {}",
+        gpu.describe()
+    );
+    println!();
+    println!("normal decode, cu_seqlens_q bound, seq_lens uniform in [1, context] unless noted; device µs = median of 30 CUDA-event timings; host µs = mean Instant time of the launch calls; GB/s counts useful bytes (one i32 slot + one i64 map entry read per live page), copy ceiling {ceiling:.0} GB/s measured in this run.");
+    println!();
+    println!("| bs | context | P | M | SWA | note | fused µs | unfused µs | unfused / fused | fused host µs | unfused host µs | fused GB/s | % copy ceiling |");
+    println!("|---:|---:|---:|---:|:---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        let gbps = r.bytes / (r.fused_us * 1e-6) / 1e9;
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} |",
+            r.bs,
+            r.ctx,
+            r.p,
+            r.m,
+            if r.swa { "yes" } else { "no" },
+            r.note,
+            r.fused_us,
+            r.unfused_us,
+            r.unfused_us / r.fused_us,
+            r.fused_host_us,
+            r.unfused_host_us,
+            gbps,
+            100.0 * gbps / ceiling,
+        );
+    }
+    let h = &rows[0];
+    println!();
+    println!(
+        "headline bs {hb}, context {hc}, P {hp}, SWA: fused {:.2} µs (bar ≤ {HEADLINE_BAR_US} µs: {}), unfused {:.2} µs, ratio {:.2}; fused == unfused outputs: {agree}",
+        h.fused_us,
+        if h.fused_us <= HEADLINE_BAR_US { "PASS" } else { "FAIL" },
+        h.unfused_us,
+        h.unfused_us / h.fused_us
+    );
+    Ok(())
+}
+
+fn main() {
+    if let GpuStatus::Missing(why) = gpu_status() {
+        println!("graph-metadata bench: no GPU ({why}); nothing measured");
+        return;
+    }
+    let gpu = match Gpu::shared() {
+        Ok(g) => g,
+        Err(e) => {
+            println!("graph-metadata bench: no GPU ({e}); nothing measured");
+            return;
+        }
+    };
+    if let Err(e) = run(&gpu) {
+        eprintln!("graph-metadata bench failed: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,255 @@
+//! CPU reference: the plain definition of `shared/spec/graph-metadata.md` §2
+//! with mha-kit's decisions (D1, D2, D9, D11) and its handling of
+//! out-of-domain device data. The GPU kernel must match it bit for bit, the
+//! error word included. Outputs are updated in place, so a caller that keeps
+//! the buffers across calls models a graph bucket across replays (stale
+//! page-table tails included).
+
+use kernel_rt::ErrorReport;
+
+use crate::{ErrorFlags, GraphMode};
+
+/// Host-side inputs of one update (same meaning as [`crate::GraphMetadataArgs`]).
+#[derive(Debug, Clone)]
+pub struct HostInputs<'a> {
+    /// Forward mode (offset and query stride).
+    pub mode: GraphMode,
+    /// `[bs]` request rows.
+    pub req_pool_indices: &'a [i64],
+    /// `[bs]` scheduler KV lengths, tokens.
+    pub seq_lens: &'a [i64],
+    /// `[R, W]` row-major with row stride `req_to_token_stride` (i32 slots).
+    pub req_to_token: &'a [i32],
+    /// `R`.
+    pub req_to_token_rows: usize,
+    /// `W`: positions per row.
+    pub req_to_token_width: usize,
+    /// Elements between rows (≥ `W`).
+    pub req_to_token_stride: usize,
+    /// `P ≥ 1`.
+    pub page_size: usize,
+    /// Slots in the full pool; a sampled slot at or past it is counted (D9).
+    pub pool_slots: Option<usize>,
+    /// `[N_map]` full→SWA slot map, when SWA outputs are built.
+    pub swa_mapping: Option<&'a [i64]>,
+    /// `[n_out]` full-pool write slots (used only for `swa_out_cache_loc`).
+    pub out_cache_loc: Option<&'a [i64]>,
+    /// `[bs]` ragged-verify query lengths (with [`GraphMode::RaggedVerify`]).
+    pub qlens: Option<&'a [i32]>,
+}
+
+/// The output buffers of one bucket (row-major host copies).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostOutputs {
+    /// `[bs]`.
+    pub cache_seqlens: Vec<i32>,
+    /// `[bs + 1]`.
+    pub cu_seqlens_k: Vec<i32>,
+    /// `[bs + 1]`, when bound.
+    pub cu_seqlens_q: Option<Vec<i32>>,
+    /// `M`, the table width.
+    pub max_num_pages: usize,
+    /// `[bs, M]` at row stride `page_table_stride`.
+    pub page_table: Vec<i32>,
+    /// Row stride of `page_table` (≥ `M`).
+    pub page_table_stride: usize,
+    /// `[bs, M]` at row stride `swa_page_table_stride`, when bound.
+    pub swa_page_table: Option<Vec<i32>>,
+    /// Row stride of `swa_page_table` (≥ `M`).
+    pub swa_page_table_stride: usize,
+    /// `[n_swa]`, when bound.
+    pub swa_out_cache_loc: Option<Vec<i64>>,
+}
+
+impl HostOutputs {
+    /// Buffers for a bucket of `bs` rows, every element `fill` (tests poison
+    /// them), tables at row stride `M`.
+    pub fn filled(
+        bs: usize,
+        m: usize,
+        cu_q: bool,
+        swa_table: bool,
+        n_swa: Option<usize>,
+        fill: i32,
+    ) -> Self {
+        Self {
+            cache_seqlens: vec![fill; bs],
+            cu_seqlens_k: vec![fill; bs + 1],
+            cu_seqlens_q: cu_q.then(|| vec![fill; bs + 1]),
+            max_num_pages: m,
+            page_table: vec![fill; bs * m],
+            page_table_stride: m,
+            swa_page_table: swa_table.then(|| vec![fill; bs * m]),
+            swa_page_table_stride: m,
+            swa_out_cache_loc: n_swa.map(|n| vec![i64::from(fill); n]),
+        }
+    }
+
+    /// Live prefix of row `row` of the page table (`n` entries).
+    pub fn page_row(&self, row: usize, n: usize) -> &[i32] {
+        &self.page_table[row * self.page_table_stride..][..n]
+    }
+
+    /// Live prefix of row `row` of the SWA page table (`n` entries).
+    ///
+    /// # Panics
+    /// When the SWA table is not bound (a test-setup bug).
+    pub fn swa_page_row(&self, row: usize, n: usize) -> &[i32] {
+        let t = self.swa_page_table.as_ref().expect("swa_page_table bound");
+        &t[row * self.swa_page_table_stride..][..n]
+    }
+}
+
+/// `seq_len + offset` clamped into `[0, i32::MAX]`, and whether it was clamped.
+fn cache_len(seq_len: i64, offset: i64) -> (i32, bool) {
+    let v = seq_len.saturating_add(offset);
+    let c = v.clamp(0, i64::from(i32::MAX));
+    (c as i32, c != v)
+}
+
+/// Applies one metadata update to `out` (bs = `input.seq_lens.len()`): every
+/// output rewritten whole except the page tables' tails past each row's live
+/// prefix. `bs == 0` changes nothing. Returns the error word the GPU kernel
+/// would hold afterwards (from zero).
+///
+/// # Panics
+/// When `out`'s buffers are too small for the bucket, or `req_pool_indices`
+/// and `seq_lens` differ in length (test-setup bugs, not user input).
+pub fn update_graph_metadata(input: &HostInputs<'_>, out: &mut HostOutputs) -> ErrorReport {
+    let mut err = ErrorReport::default();
+    let mut report = |flag: ErrorFlags| {
+        err.count += 1;
+        err.flags |= flag.bits();
+    };
+    let bs = input.seq_lens.len();
+    assert_eq!(
+        input.req_pool_indices.len(),
+        bs,
+        "req_pool_indices vs seq_lens"
+    );
+    if bs == 0 {
+        return err;
+    }
+    let offset = input.mode.seqlen_offset();
+    // Ragged verify: per-row query rows, clamped into [0, max_q_len].
+    let ragged = match input.mode {
+        GraphMode::RaggedVerify { max_q_len } => {
+            Some((input.qlens.expect("ragged verify needs qlens"), max_q_len))
+        }
+        _ => None,
+    };
+    let q_len = |i: usize| -> (i64, bool) {
+        match ragged {
+            None => (0, false),
+            Some((q, max)) => {
+                let c = i64::from(q[i]).clamp(0, i64::from(max));
+                (c, c != i64::from(q[i]))
+            }
+        }
+    };
+
+    // Per-row vectors and prefix sums (32-bit sums, low bits kept, D1).
+    let mut run: i64 = 0;
+    let mut run_q: i64 = 0;
+    let mut cu_q_ragged = Vec::with_capacity(bs + 1);
+    cu_q_ragged.push(0);
+    out.cu_seqlens_k[0] = 0;
+    for (i, &s) in input.seq_lens.iter().enumerate() {
+        let (q, bad_q) = q_len(i);
+        let (len, bad) = cache_len(s, offset.saturating_add(q));
+        if bad {
+            report(ErrorFlags::SEQLEN_OUT_OF_RANGE);
+        }
+        if bad_q {
+            report(ErrorFlags::QLEN_OUT_OF_RANGE);
+        }
+        out.cache_seqlens[i] = len;
+        run += i64::from(len);
+        out.cu_seqlens_k[i + 1] = run as i32;
+        run_q += q;
+        cu_q_ragged.push(run_q as i32);
+    }
+    if run > i64::from(i32::MAX) {
+        report(ErrorFlags::SUM_OVERFLOW);
+    }
+    if let Some(q) = out.cu_seqlens_q.as_mut() {
+        if ragged.is_some() {
+            q[..=bs].copy_from_slice(&cu_q_ragged);
+        } else {
+            let stride = i64::from(input.mode.q_stride());
+            for (i, v) in q[..=bs].iter_mut().enumerate() {
+                *v = (i as i64 * stride) as i32;
+            }
+        }
+    }
+
+    // Page tables: live prefix only (page-table.md §3, D9, D11).
+    let p = input.page_size as i64;
+    let m = out.max_num_pages as i64;
+    let map = input.swa_mapping;
+    for row in 0..bs {
+        let r = input.req_pool_indices[row];
+        if r < 0 || r >= input.req_to_token_rows as i64 {
+            report(ErrorFlags::BAD_REQUEST_INDEX);
+            continue;
+        }
+        let len = i64::from(out.cache_seqlens[row]);
+        let mut n = (len + p - 1) / p;
+        if n > m {
+            n = m;
+            report(ErrorFlags::ROW_CLAMPED);
+        }
+        let readable = (input.req_to_token_width as i64 + p - 1) / p;
+        if n > readable {
+            n = readable;
+            report(ErrorFlags::ROW_PAST_WIDTH);
+        }
+        let src = r as usize * input.req_to_token_stride;
+        for page in 0..n as usize {
+            let slot = i64::from(input.req_to_token[src + page * input.page_size]);
+            let full = if slot < 0 {
+                report(ErrorFlags::NEGATIVE_SLOT);
+                0
+            } else if input.pool_slots.is_some_and(|ps| slot >= ps as i64) {
+                report(ErrorFlags::SLOT_OUTSIDE_POOL);
+                0
+            } else {
+                (slot / p) as i32
+            };
+            out.page_table[row * out.page_table_stride + page] = full;
+            if let (Some(map), Some(swa)) = (map, out.swa_page_table.as_mut()) {
+                let v = if slot < 0 {
+                    -1
+                } else if slot >= map.len() as i64 - 1 {
+                    report(ErrorFlags::SLOT_OUTSIDE_MAP);
+                    0
+                } else {
+                    let s2 = map[slot as usize];
+                    if s2 < 0 {
+                        -1
+                    } else {
+                        (s2 / p) as i32
+                    }
+                };
+                swa[row * out.swa_page_table_stride + page] = v;
+            }
+        }
+    }
+
+    // SWA write locations: real tokens translated, the rest 0 (spec §2.6).
+    if let (Some(map), Some(dst)) = (map, out.swa_out_cache_loc.as_mut()) {
+        let src = input.out_cache_loc.unwrap_or(&[]);
+        for (j, d) in dst.iter_mut().enumerate() {
+            *d = match src.get(j) {
+                None => 0,
+                Some(&loc) if loc < 0 => -1,
+                Some(&loc) if loc >= map.len() as i64 - 1 => {
+                    report(ErrorFlags::LOC_OUTSIDE_MAP);
+                    0
+                }
+                Some(&loc) => map[loc as usize],
+            };
+        }
+    }
+    err
+}
