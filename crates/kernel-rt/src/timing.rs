@@ -95,6 +95,29 @@ pub fn median_us(
     Ok(median(&mut us))
 }
 
+/// Median device time (µs) of an empty launch (the spin kernel asked to
+/// spin 0 ns), measured like [`median_us`]: the floor under any kernel's
+/// time on this machine. Print it beside benchmark tables.
+///
+/// # Errors
+/// [`crate::KernelError::Load`] / [`crate::KernelError::Driver`].
+pub fn launch_floor_us(gpu: &Gpu) -> Result<f64> {
+    let f = gpu.function(&PTX, "kernel_rt_spin")?;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let zero = 0u64;
+    median_us(gpu, 5, 101, || {
+        let mut b = gpu.stream().launch_builder(&f);
+        b.arg(&zero);
+        // SAFETY: the kernel takes one u64 by value and touches no memory.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    })
+}
+
 /// Median of a non-empty sample (mean of the two middle values for even n);
 /// NaN for an empty one.
 pub fn median(v: &mut [f64]) -> f64 {
