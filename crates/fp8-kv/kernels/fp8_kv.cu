@@ -12,6 +12,9 @@ typedef unsigned short u16;
 #define KV_NEGATIVE_SLOT      1u   // cache_loc[t] < 0: token skipped (K and V)
 #define KV_SLOT_OUTSIDE_POOL  2u   // cache_loc[t] >= slots: token skipped (K and V)
 
+// Tokens each thread keeps in flight (src/launch.rs: TOKENS_IN_FLIGHT).
+#define KV_UNROLL 4
+
 struct KvWriteParams {
     const u16* k;                 // [n, Hkv, D] bf16/f16 bits, strides (k_token, k_head, 1)
     const u16* v;                 // [n, Hkv, D]
@@ -34,8 +37,8 @@ struct KvWriteParams {
     i32 num_kv_heads;             // Hkv
     i32 head_dim;                 // D
     i32 chunks_per_head;          // D / elements per chunk
-    i32 threads_per_token;        // threads sharing one token's K and V rows
-    i32 tokens_per_block;         // tokens handled side by side by one block
+    i32 threads_per_token;        // threads sharing one token's K and V rows (blockDim.x)
+    i32 tokens_per_block;         // token rows of one block (blockDim.y)
     i32 vectorized;               // 1: 16-byte chunks (8 u16 / 16 e4m3); 0: 1 element
 };
 
@@ -58,90 +61,142 @@ MHA_KIT_DEVICE float widen_hi(u32 x) {
 }
 
 // e4m3 bytes of two f32: byte 0 = lo, byte 1 = hi. cvt.rn.satfinite: RNE,
-// finite overflow and ±inf -> ±448; NaN forced to 0x7F whatever its sign.
-MHA_KIT_DEVICE u32 e4m3x2(float lo, float hi) {
+// finite overflow and ±inf -> ±448 (0x7E/0xFE); NaN gives a NaN code, 0x7F or
+// 0xFF (see nan_to_7f).
+MHA_KIT_DEVICE u32 e4m3x2_raw(float lo, float hi) {
     unsigned short r;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    u32 out = r;
-    if (lo != lo) out = (out & 0xFF00u) | 0x007Fu;
-    if (hi != hi) out = (out & 0x00FFu) | 0x7F00u;
-    return out;
+    return r;
+}
+
+// Every NaN byte (0x7F or 0xFF: satfinite never gives them for a number)
+// becomes 0x7F, four bytes at once: x = low 7 bits of each byte; x + 1 carries
+// into bit 7 of a byte exactly when x == 0x7F (no carry crosses bytes), and
+// that bit clears the byte's sign.
+MHA_KIT_DEVICE u32 nan_to_7f(u32 q) {
+    const u32 nan = ((q & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+    return q & ~nan;
 }
 
 // Four e4m3 bytes of the four 16-bit values in (w0, w1), each times `inv`
 // (one f32 rounding, no contraction).
 template <bool F16>
 MHA_KIT_DEVICE u32 quant4(u32 w0, u32 w1, float inv) {
-    const u32 lo = e4m3x2(__fmul_rn(widen_lo<F16>(w0), inv), __fmul_rn(widen_hi<F16>(w0), inv));
-    const u32 hi = e4m3x2(__fmul_rn(widen_lo<F16>(w1), inv), __fmul_rn(widen_hi<F16>(w1), inv));
-    return lo | (hi << 16);
+    const u32 lo = e4m3x2_raw(__fmul_rn(widen_lo<F16>(w0), inv), __fmul_rn(widen_hi<F16>(w0), inv));
+    const u32 hi = e4m3x2_raw(__fmul_rn(widen_lo<F16>(w1), inv), __fmul_rn(widen_hi<F16>(w1), inv));
+    return nan_to_7f(lo | (hi << 16));
+}
+
+// 16 e4m3 bytes of the 16 values in (a, b).
+template <bool F16>
+MHA_KIT_DEVICE uint4 quant16(uint4 a, uint4 b, float inv) {
+    uint4 q;
+    q.x = quant4<F16>(a.x, a.y, inv);
+    q.y = quant4<F16>(a.z, a.w, inv);
+    q.z = quant4<F16>(b.x, b.y, inv);
+    q.w = quant4<F16>(b.z, b.w, inv);
+    return q;
+}
+
+// Streaming 16-byte store: the written cache lines are not read again by
+// this kernel (evict-first in L1/L2).
+MHA_KIT_DEVICE void store16_stream(void* p, uint4 v) {
+    __stcs(reinterpret_cast<uint4*>(p), v);
 }
 
 // MODE 0: copy 16-bit rows; 1: e4m3 from bf16; 2: e4m3 from f16.
 // VEC: 16-byte chunks (8 elements for MODE 0, 16 for the FP8 modes, whose
 // 32 input bytes are two 16-byte loads); otherwise one element per chunk.
 //
-// Block = tokens_per_block groups of threads_per_token threads; group g of
-// block b handles tokens b*tokens_per_block + g, stepping by the grid. Within
-// a token, chunk c in [0, 2*Hkv*chunks_per_head) is (K or V, head, chunk);
-// lane l handles chunks l, l + threads_per_token, ...
+// Block = (threads_per_token, tokens_per_block) threads: threadIdx.y is the
+// token row of the block, threadIdx.x the lane. Token rows of the grid are
+// r = blockIdx.x * tokens_per_block + threadIdx.y, R = gridDim.x *
+// tokens_per_block of them; row r handles tokens r, r + R, r + 2R, ...,
+// KV_UNROLL at a time: the slot and input loads of all KV_UNROLL tokens are
+// issued before any store (the pointers are __restrict__), so each thread
+// keeps KV_UNROLL tokens' bytes in flight. Within a token, chunk c in
+// [0, 2*Hkv*chunks_per_head) is (K or V, head, chunk); lane l handles chunks
+// l, l + threads_per_token, ... (one pass when the token fits the block).
 template <int MODE, bool VEC>
 MHA_KIT_DEVICE void kv_write(const KvWriteParams& p) {
     constexpr i32 WIDTH = VEC ? (MODE == 0 ? 8 : 16) : 1;
+    constexpr bool F16 = MODE == 2;
     const i32 tpt = p.threads_per_token;
-    const i32 group = (i32)threadIdx.x / tpt;
-    const i32 lane = (i32)threadIdx.x - group * tpt;
-    if (group >= p.tokens_per_block) return;
     const i32 heads = p.num_kv_heads;
     const i32 cph = p.chunks_per_head;
     const i32 cpt = 2 * heads * cph;
-    const i64 t_first = (i64)blockIdx.x * p.tokens_per_block + group;
-    const i64 t_step = (i64)gridDim.x * p.tokens_per_block;
-    for (i32 c = lane; c < cpt; c += tpt) {
-        const i32 hh = c / cph;
+    const i64 n = p.num_tokens;
+    const i64 rows = (i64)gridDim.x * p.tokens_per_block;
+    const i64 first = (i64)blockIdx.x * p.tokens_per_block + (i64)threadIdx.y;
+    const i64* __restrict__ cache_loc = p.cache_loc;
+    for (i32 c = (i32)threadIdx.x; c < cpt; c += tpt) {
+        const i32 hh = (i32)((u32)c / (u32)cph);  // both ≥ 0: unsigned division
         const i32 chunk = c - hh * cph;
         const bool is_v = hh >= heads;
         const i32 h = is_v ? hh - heads : hh;
-        const u16* src = is_v ? p.v : p.k;
         const i64 src_token = is_v ? p.v_token_stride : p.k_token_stride;
-        const i64 src_off = (i64)h * (is_v ? p.v_head_stride : p.k_head_stride) + (i64)chunk * WIDTH;
-        void* dst = is_v ? p.v_cache : p.k_cache;
+        const u16* __restrict__ src = (is_v ? p.v : p.k) +
+            ((i64)h * (is_v ? p.v_head_stride : p.k_head_stride) + (i64)chunk * WIDTH);
         const i64 dst_slot = is_v ? p.v_cache_slot_stride : p.k_cache_slot_stride;
         const i64 dst_off =
             (i64)h * (is_v ? p.v_cache_head_stride : p.k_cache_head_stride) + (i64)chunk * WIDTH;
+        void* const dst = is_v ? p.v_cache : p.k_cache;
         const float inv = is_v ? p.inv_v_scale : p.inv_k_scale;
-        for (i64 t = t_first; t < p.num_tokens; t += t_step) {
-            const i64 loc = mha_kit::load_ro(p.cache_loc + t);
-            if (loc < 0 || loc >= p.slots) {
-                // Counted once per token, by the thread owning chunk 0.
-                if (c == 0) {
-                    mha_kit::report_error(p.errors, loc < 0 ? KV_NEGATIVE_SLOT : KV_SLOT_OUTSIDE_POOL);
-                }
-                continue;
+        for (i64 t0 = first; t0 < n; t0 += KV_UNROLL * rows) {
+            i64 loc[KV_UNROLL];
+            uint4 a[KV_UNROLL];
+            uint4 b[KV_UNROLL];
+            // Loads first, all independent: slot and input rows of every
+            // token of the batch (a token with a bad slot is still in [0, n),
+            // so its input is readable; it is just not written).
+#pragma unroll
+            for (int i = 0; i < KV_UNROLL; ++i) {
+                const i64 t = t0 + i * rows;
+                loc[i] = t < n ? mha_kit::load_ro(cache_loc + t) : -1;
             }
-            const u16* s = src + t * src_token + src_off;
-            const i64 d = loc * dst_slot + dst_off;  // element offset, 64-bit
-            if (MODE == 0) {
-                u16* out = static_cast<u16*>(dst) + d;
-                if (VEC) {
-                    mha_kit::store16(out, mha_kit::load16_stream(s));
-                } else {
-                    *out = mha_kit::load_ro(s);
+#pragma unroll
+            for (int i = 0; i < KV_UNROLL; ++i) {
+                const i64 t = t0 + i * rows;
+                a[i] = make_uint4(0u, 0u, 0u, 0u);
+                b[i] = make_uint4(0u, 0u, 0u, 0u);
+                if (t < n) {
+                    const u16* s = src + t * src_token;
+                    if (VEC) {
+                        a[i] = mha_kit::load16_stream(s);
+                        if (MODE != 0) b[i] = mha_kit::load16_stream(s + 8);
+                    } else {
+                        a[i].x = mha_kit::load_ro(s);
+                    }
                 }
-            } else {
-                u8* out = static_cast<u8*>(dst) + d;
-                if (VEC) {
-                    const uint4 a = mha_kit::load16_stream(s);
-                    const uint4 b = mha_kit::load16_stream(s + 8);
-                    uint4 q;
-                    q.x = quant4<MODE == 2>(a.x, a.y, inv);
-                    q.y = quant4<MODE == 2>(a.z, a.w, inv);
-                    q.z = quant4<MODE == 2>(b.x, b.y, inv);
-                    q.w = quant4<MODE == 2>(b.z, b.w, inv);
-                    mha_kit::store16(out, q);
+            }
+#pragma unroll
+            for (int i = 0; i < KV_UNROLL; ++i) {
+                const i64 t = t0 + i * rows;
+                if (t >= n) break;
+                const i64 s = loc[i];
+                if (s < 0 || s >= p.slots) {
+                    // Counted once per token, by the thread owning chunk 0.
+                    if (c == 0) {
+                        mha_kit::report_error(p.errors, s < 0 ? KV_NEGATIVE_SLOT : KV_SLOT_OUTSIDE_POOL);
+                    }
+                    continue;
+                }
+                const i64 d = s * dst_slot + dst_off;  // element offset, 64-bit
+                if (MODE == 0) {
+                    u16* out = static_cast<u16*>(dst) + d;
+                    if (VEC) {
+                        store16_stream(out, a[i]);
+                    } else {
+                        *out = (u16)a[i].x;
+                    }
                 } else {
-                    const u32 x = mha_kit::load_ro(s);
-                    *out = (u8)(e4m3x2(__fmul_rn(widen_lo<MODE == 2>(x), inv), 0.0f) & 0xFFu);
+                    u8* out = static_cast<u8*>(dst) + d;
+                    if (VEC) {
+                        store16_stream(out, quant16<F16>(a[i], b[i], inv));
+                    } else {
+                        const float x = __fmul_rn(widen_lo<F16>(a[i].x), inv);
+                        *out = (u8)(nan_to_7f(e4m3x2_raw(x, 0.0f)) & 0xFFu);
+                    }
                 }
             }
         }
@@ -151,7 +206,7 @@ MHA_KIT_DEVICE void kv_write(const KvWriteParams& p) {
 }  // namespace
 
 // K and V rows of n tokens copied (bit for bit) to their slots; one launch.
-extern "C" __global__ void __launch_bounds__(256) fp8_kv_set_kv_buffer(const KvWriteParams p) {
+extern "C" __global__ void __launch_bounds__(256, 4) fp8_kv_set_kv_buffer(const KvWriteParams p) {
     if (p.vectorized) {
         kv_write<0, true>(p);
     } else {
@@ -160,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(256) fp8_kv_set_kv_buffer(const KvW
 }
 
 // Fused FP8 write from bf16 K/V; one launch for K and V.
-extern "C" __global__ void __launch_bounds__(256) fp8_kv_fused_fp8_write_bf16(const KvWriteParams p) {
+extern "C" __global__ void __launch_bounds__(256, 4) fp8_kv_fused_fp8_write_bf16(const KvWriteParams p) {
     if (p.vectorized) {
         kv_write<1, true>(p);
     } else {
@@ -169,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(256) fp8_kv_fused_fp8_write_bf16(co
 }
 
 // Fused FP8 write from f16 K/V; one launch for K and V.
-extern "C" __global__ void __launch_bounds__(256) fp8_kv_fused_fp8_write_f16(const KvWriteParams p) {
+extern "C" __global__ void __launch_bounds__(256, 4) fp8_kv_fused_fp8_write_f16(const KvWriteParams p) {
     if (p.vectorized) {
         kv_write<2, true>(p);
     } else {

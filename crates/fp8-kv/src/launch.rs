@@ -4,13 +4,22 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use kernel_rt::cudarc::driver::sys::CUdevice_attribute;
 use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use kernel_rt::{grid_dim, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut};
 
 use crate::{KvCacheDtype, KvScales, PTX};
 
-/// Threads per block (the kernels' `__launch_bounds__`).
+/// Most threads per block (the kernels' `__launch_bounds__(256, 4)`).
 pub const BLOCK_THREADS: u32 = 256;
+/// Threads the kernels' `__launch_bounds__(256, 4)` guarantee resident per SM
+/// (≤ 64 registers each); one wave of the grid fills them.
+pub const RESIDENT_THREADS_PER_SM: usize = 1024;
+/// Tokens each thread keeps in flight (`KV_UNROLL` in the kernel): their slot
+/// and input loads are all issued before any store.
+pub const TOKENS_IN_FLIGHT: usize = 4;
+/// SM count assumed when the device does not report one (H200: 132).
+const DEFAULT_SMS: usize = 132;
 /// Most blocks one launch uses; more tokens are covered by the grid-stride loop.
 const MAX_BLOCKS: usize = 1 << 20;
 /// Bytes of one vector access.
@@ -72,9 +81,9 @@ pub struct KvWriteParams {
     pub head_dim: i32,
     /// `D / chunk_elems`.
     pub chunks_per_head: i32,
-    /// Threads sharing one token ([`WriteGeometry`]).
+    /// Threads sharing one token, `blockDim.x` ([`WriteGeometry`]).
     pub threads_per_token: i32,
-    /// Tokens per block ([`WriteGeometry`]).
+    /// Token rows per block, `blockDim.y` ([`WriteGeometry`]).
     pub tokens_per_block: i32,
     /// 1: 16-byte accesses; 0: one element per access.
     pub vectorized: i32,
@@ -108,8 +117,13 @@ pub struct KvWriteArgs<'a, C> {
 
 /// How one launch splits the work: every token's K and V rows are
 /// `2 · Hkv · chunks_per_head` chunks of [`chunk_elems`] elements; a block
-/// runs `tokens_per_block` tokens side by side, `threads_per_token` threads
-/// each.
+/// is `(threads_per_token, tokens_per_block)` threads: `tokens_per_block`
+/// token rows side by side, `threads_per_token` lanes each.
+///
+/// Token rows of the grid are `r = block · tokens_per_block + y`, `R = grid ·
+/// tokens_per_block` of them; row `r` handles tokens `r, r + R, r + 2R, …`,
+/// [`TOKENS_IN_FLIGHT`] at a time, and lane `l` chunks `l, l +
+/// threads_per_token, …` of each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteGeometry {
     /// `D / chunk_elems`.
@@ -161,8 +175,14 @@ pub struct ViewAlignment {
 }
 
 /// Launch geometry for `n` tokens of `Hkv` heads of `D` elements, chunks of
-/// `chunk` elements (`D % chunk == 0`): grid `(min(ceil(n / tokens_per_block),
-/// 2^20), 1, 1)`, [`BLOCK_THREADS`] threads.
+/// `chunk` elements (`D % chunk == 0`), on a device of `sms` SMs: block
+/// `(threads_per_token, tokens_per_block, 1)`; grid `(min(ceil(n /
+/// tokens_per_block), wave), 1, 1)` with `wave = sms · max(1,
+/// RESIDENT_THREADS_PER_SM / 32 / block warps)` (the blocks resident at
+/// once): one token per thread while the
+/// tokens fit one wave (decode), else one wave whose threads loop over
+/// tokens, [`TOKENS_IN_FLIGHT`] at a time, all threads doing the same number
+/// of tokens within one.
 ///
 /// # Errors
 /// [`KernelError::Unsupported`] when a count does not fit the kernel's i32
@@ -172,6 +192,7 @@ pub fn launch_config(
     num_kv_heads: usize,
     head_dim: usize,
     chunk: usize,
+    sms: usize,
 ) -> Result<(LaunchConfig, WriteGeometry)> {
     if chunk == 0 || head_dim % chunk != 0 {
         return Err(KernelError::unsupported(
@@ -196,11 +217,17 @@ pub fn launch_config(
     } else {
         (per_token, block / per_token)
     };
-    let blocks = n.div_ceil(tokens_per_block).clamp(1, MAX_BLOCKS);
+    // Registers are allocated per warp: a block of 129 threads holds 5 warps.
+    let warps = (threads_per_token * tokens_per_block).div_ceil(32);
+    let wave = sms
+        .max(1)
+        .saturating_mul((RESIDENT_THREADS_PER_SM / 32 / warps).max(1));
+    let blocks = n.div_ceil(tokens_per_block).min(wave).clamp(1, MAX_BLOCKS);
     Ok((
         LaunchConfig {
             grid_dim: (grid_dim("cache_loc", blocks, i32::MAX as u32)?, 1, 1),
-            block_dim: (BLOCK_THREADS, 1, 1),
+            // Both ≤ BLOCK_THREADS, so the casts are exact.
+            block_dim: (threads_per_token as u32, tokens_per_block as u32, 1),
             shared_mem_bytes: 0,
         },
         WriteGeometry {
@@ -305,7 +332,7 @@ pub fn validate<C>(args: &KvWriteArgs<'_, C>) -> Result<KvWriteParams> {
         ));
     }
     // The grid splits every token's rows in i32 chunk counts.
-    launch_config(1, heads, dim, 1)?;
+    launch_config(1, heads, dim, 1, 1)?;
     let [kt, kh, _] = args.k.strides();
     let [vt, vh, _] = args.v.strides();
     let [kcs, kch, _] = args.k_cache.strides();
@@ -338,22 +365,47 @@ pub struct KvWriteKernel {
     set_kv: CudaFunction,
     fp8_bf16: CudaFunction,
     fp8_f16: CudaFunction,
+    sms: usize,
     launches: AtomicU64,
 }
 
 impl KvWriteKernel {
-    /// Loads the fp8-kv kernels on `gpu`.
+    /// Loads the fp8-kv kernels on `gpu` and reads its SM count (the grid
+    /// of a large write is one wave, [`launch_config`]).
     ///
     /// # Errors
     /// [`KernelError::Load`] when the PTX does not load.
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
+        let sms = gpu
+            .context()
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .ok()
+            .and_then(|x| usize::try_from(x).ok())
+            .filter(|&x| x > 0)
+            .unwrap_or(DEFAULT_SMS);
         Ok(Self {
+            sms,
             gpu: gpu.clone(),
             set_kv: gpu.function(&PTX, "fp8_kv_set_kv_buffer")?,
             fp8_bf16: gpu.function(&PTX, "fp8_kv_fused_fp8_write_bf16")?,
             fp8_f16: gpu.function(&PTX, "fp8_kv_fused_fp8_write_f16")?,
             launches: AtomicU64::new(0),
         })
+    }
+
+    /// The same launcher planning its grids for a device of `sms` SMs
+    /// (≥ 1) instead of the one it runs on: `with_sm_count(1)` gives a
+    /// 4-block wave, so even a few dozen tokens take the grid-stride loop and
+    /// several tokens per thread (tests use it). Results do not depend on it.
+    #[must_use]
+    pub fn with_sm_count(mut self, sms: usize) -> Self {
+        self.sms = sms.max(1);
+        self
+    }
+
+    /// SM count the launch geometry is planned for.
+    pub fn sm_count(&self) -> usize {
+        self.sms
     }
 
     /// Kernel launches issued so far by this launcher.
@@ -451,7 +503,7 @@ impl KvWriteKernel {
                 view(params.v_cache, out_elem, args.v_cache.strides(), slots),
             ],
         );
-        let (cfg, geo) = launch_config(n, heads, dim, chunk_elems(fp8, vec))?;
+        let (cfg, geo) = launch_config(n, heads, dim, chunk_elems(fp8, vec), self.sms)?;
         params.chunks_per_head = to_i32("head_dim", geo.chunks_per_head)?;
         params.threads_per_token = to_i32("head_dim", geo.threads_per_token)?;
         params.tokens_per_block = to_i32("head_dim", geo.tokens_per_block)?;

@@ -49,7 +49,8 @@ mod scales;
 
 pub use launch::{
     chunk_elems, launch_config, validate, vectorizable, KvDtype, KvWriteArgs, KvWriteKernel,
-    KvWriteParams, ViewAlignment, WriteGeometry, BLOCK_THREADS,
+    KvWriteParams, ViewAlignment, WriteGeometry, BLOCK_THREADS, RESIDENT_THREADS_PER_SM,
+    TOKENS_IN_FLIGHT,
 };
 pub use scales::{resolve_scale, KvCacheDtype, KvScales, ScaleInput};
 

@@ -1,7 +1,10 @@
 //! GPU tests of the fp8-kv family: the kernels equal the CPU reference byte
 //! for byte (caches and error word), caches poisoned before every launch;
 //! the named examples again on the GPU; all 256 e4m3 codes; a pool
-//! of more than 2³¹ elements. Ignored at run time without a GPU.
+//! of more than 2³¹ elements; prefill-sized writes. Property cases and the
+//! prefill-sized writes run on the device-planned grid and on a grid planned
+//! for 1 SM (grid-stride loop, several tokens in flight per thread). Ignored
+//! at run time without a GPU.
 #![allow(clippy::excessive_precision)] // spec values are quoted digit for digit
 
 use std::sync::Arc;
@@ -66,6 +69,9 @@ struct Case {
     k_scale: Option<f32>,
     v_scale: Option<f32>,
     scale_as_tensor: bool,
+    /// Run on the launcher planned for 1 SM (a 4-block wave): the grid-stride
+    /// loop and several tokens per thread even for a few dozen tokens.
+    small_grid: bool,
 }
 
 struct Out {
@@ -255,18 +261,25 @@ impl Case {
     }
 
     /// GPU == reference: whole cache buffers (everything not written must
-    /// still hold the poison) and the error word.
-    fn check(&self, gpu: &Arc<Gpu>, kernel: &KvWriteKernel) -> Result<(), String> {
+    /// still hold the poison) and the error word. `small` is the launcher
+    /// planned for 1 SM, used when `small_grid` is set.
+    fn check(
+        &self,
+        gpu: &Arc<Gpu>,
+        kernel: &KvWriteKernel,
+        small: &KvWriteKernel,
+    ) -> Result<(), String> {
         let want = self.reference();
-        let got = self.gpu(gpu, kernel).or_fail("launch")?;
+        let k = if self.small_grid { small } else { kernel };
+        let got = self.gpu(gpu, k).or_fail("launch")?;
         for (name, g, w) in [
             ("k_cache", &got.k_cache, &want.k_cache),
             ("v_cache", &got.v_cache, &want.v_cache),
         ] {
             if let Some(i) = g.iter().zip(w.iter()).position(|(a, b)| a != b) {
                 return Err(format!(
-                    "{name} differs at byte {i}: gpu {:#04x} vs reference {:#04x} (mode {:?}, h {}, d {}, n {})",
-                    g[i], w[i], self.mode, self.h, self.d, self.n
+                    "{name} differs at byte {i}: gpu {:#04x} vs reference {:#04x} (mode {:?}, h {}, d {}, n {}, {} SMs)",
+                    g[i], w[i], self.mode, self.h, self.d, self.n, k.sm_count()
                 ));
             }
         }
@@ -360,7 +373,7 @@ fn case() -> impl Strategy<Value = Case> {
         1usize..=6,
         in_pad,
         out_pad,
-        (scale.clone(), scale, any::<bool>()),
+        (scale.clone(), scale, any::<bool>(), any::<bool>()),
         any::<u64>(),
         0usize..=48,
     )
@@ -373,7 +386,7 @@ fn case() -> impl Strategy<Value = Case> {
                 pages,
                 (tpad, hpad, in_off),
                 (spad, chpad, out_off),
-                (ks, vs, tensor),
+                (ks, vs, tensor, small_grid),
                 seed,
                 n_max,
             )| {
@@ -415,6 +428,7 @@ fn case() -> impl Strategy<Value = Case> {
                     k_scale: ks,
                     v_scale: vs,
                     scale_as_tensor: tensor,
+                    small_grid,
                 };
                 let len = c.in_len();
                 c.k = (0..len).map(|_| element(&mut rng, mode)).collect();
@@ -869,6 +883,69 @@ fn bad_arguments(gpu: &Arc<Gpu>) -> Result<(), String> {
     Ok(())
 }
 
+/// Prefill-sized writes: thousands of tokens in page-contiguous slots of
+/// shuffled pages (P = 64) plus three bad slots, on the device-planned grid
+/// (one wave, several batches of tokens per thread) and on the 1-SM grid;
+/// vectorized and 1-element paths, one token over several lane passes.
+fn many_tokens(gpu: &Arc<Gpu>) -> Result<(), String> {
+    let kernel = KvWriteKernel::new(gpu).or_fail("load")?;
+    let small = KvWriteKernel::new(gpu).or_fail("load")?.with_sm_count(1);
+    let shapes = [
+        (Mode::Fp8Bf16, 8usize, 128usize, 9_001usize),
+        (Mode::Fp8F16, 8, 128, 9_001),
+        (Mode::Copy, 8, 128, 9_001),
+        (Mode::Fp8Bf16, 3, 40, 5_003),
+        (Mode::Copy, 3, 40, 5_003),
+        (Mode::Copy, 3, 37, 2_001),
+        (Mode::Fp8Bf16, 64, 128, 700),
+        (Mode::Copy, 64, 128, 700),
+    ];
+    let mut rng = Rng(0x5DEE_CE66_D1CE_F00D);
+    for (mode, h, d, n) in shapes {
+        const P: usize = 64;
+        let pages = 2 * n.div_ceil(P) + 1;
+        let mut order: Vec<usize> = (0..pages).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let mut loc: Vec<i64> = (0..n - 3)
+            .map(|t| (order[t / P] * P + t % P) as i64)
+            .collect();
+        for bad in [-1i64, (pages * P) as i64, i64::MIN] {
+            let at = rng.below(loc.len() as u64 + 1) as usize;
+            loc.insert(at, bad);
+        }
+        let mut c = Case {
+            mode,
+            h,
+            d,
+            n,
+            ts: h * d,
+            hs: d,
+            in_off: 0,
+            slots: pages * P,
+            p: P,
+            ss: h * d,
+            chs: d,
+            out_off: 0,
+            loc,
+            k: vec![],
+            v: vec![],
+            k_scale: Some(0.9),
+            v_scale: Some(1.7),
+            scale_as_tensor: false,
+            small_grid: false,
+        };
+        let len = c.in_len();
+        c.k = (0..len).map(|_| element(&mut rng, mode)).collect();
+        c.v = (0..len).map(|_| element(&mut rng, mode)).collect();
+        c.check(gpu, &kernel, &small)?;
+        c.small_grid = true;
+        c.check(gpu, &kernel, &small)?;
+    }
+    Ok(())
+}
+
 fn empty_write(gpu: &Arc<Gpu>) -> Result<(), String> {
     let kernel = KvWriteKernel::new(gpu).or_fail("load")?;
     let c = Case {
@@ -890,6 +967,7 @@ fn empty_write(gpu: &Arc<Gpu>) -> Result<(), String> {
         k_scale: None,
         v_scale: None,
         scale_as_tensor: false,
+        small_grid: false,
     };
     let out = c.gpu(gpu, &kernel).or_fail("launch")?;
     if kernel.launches() != 0 || !out.err.is_clean() || out.k_cache.iter().any(|&b| b != POISON8) {
@@ -905,6 +983,7 @@ fn main() {
     let trials = vec![
         gpu_trial("gpu_matches_reference_proptest", |gpu| {
             let kernel = KvWriteKernel::new(gpu).or_fail("load")?;
+            let small = KvWriteKernel::new(gpu).or_fail("load")?.with_sm_count(1);
             let mut runner = TestRunner::new(Config {
                 cases: GPU_CASES,
                 failure_persistence: None,
@@ -912,12 +991,14 @@ fn main() {
             });
             runner
                 .run(&case(), |c| {
-                    c.check(gpu, &kernel).map_err(TestCaseError::fail)
+                    c.check(gpu, &kernel, &small).map_err(TestCaseError::fail)
                 })
                 .map_err(|e| e.to_string())?;
             println!(
-                "gpu_matches_reference_proptest: {GPU_CASES} cases, {} launches",
-                kernel.launches()
+                "gpu_matches_reference_proptest: {GPU_CASES} cases, {} launches ({} SMs), {} launches (grid planned for 1 SM)",
+                kernel.launches(),
+                kernel.sm_count(),
+                small.launches()
             );
             Ok(())
         }),
@@ -938,6 +1019,7 @@ fn main() {
             bad_arguments(gpu)
         }),
         gpu_trial("empty_write_no_launch", empty_write),
+        gpu_trial("many_tokens_grid_stride_both_grids", many_tokens),
     ];
     run_trials(trials)
 }

@@ -12,6 +12,7 @@ use fp8_kv::reference::{fused_fp8_set_kv_buffer, set_kv_buffer, HostCache, HostR
 use fp8_kv::{
     chunk_elems, launch_config, resolve_scale, vectorizable, ErrorFlags, KvCacheDtype, KvDtype,
     KvScales, KvWriteParams, ViewAlignment, BLOCK_THREADS, KERNEL_NAMES, PTX,
+    RESIDENT_THREADS_PER_SM, TOKENS_IN_FLIGHT,
 };
 use half::{bf16, f16};
 use kernel_rt::ErrorReport;
@@ -689,19 +690,63 @@ proptest! {
         prop_assert!(s == 1.0 || s == f32::from_bits(bits));
     }
 
-    /// Geometry: every chunk of every token is covered, within one block.
+    /// Geometry: block shape, and a grid of one token per thread up to one
+    /// wave, one wave beyond.
     #[test]
-    fn launch_config_covers_every_chunk(n in 1usize..2_000_000, h in 1usize..64, dchunks in 1usize..64, chunk in prop_oneof![Just(1usize), Just(8), Just(16)]) {
+    fn launch_config_covers_every_chunk(n in 1usize..2_000_000, h in 1usize..64, dchunks in 1usize..64, chunk in prop_oneof![Just(1usize), Just(8), Just(16)], sms in 1usize..200) {
         let d = dchunks * chunk;
-        let (cfg, geo) = launch_config(n, h, d, chunk).unwrap();
+        let (cfg, geo) = launch_config(n, h, d, chunk, sms).unwrap();
         let per_token = 2 * h * d / chunk;
         prop_assert_eq!(geo.chunks_per_head, d / chunk);
         prop_assert!(geo.threads_per_token * geo.tokens_per_block <= BLOCK_THREADS as usize);
         prop_assert!(geo.threads_per_token >= 1 && geo.tokens_per_block >= 1);
         // Lanes stride by threads_per_token: either one pass or the whole block.
         prop_assert!(geo.threads_per_token == per_token || geo.threads_per_token == BLOCK_THREADS as usize);
-        prop_assert!(cfg.grid_dim.0 >= 1 && cfg.grid_dim.0 as usize <= 1 << 20);
-        prop_assert!(cfg.grid_dim.0 as usize * geo.tokens_per_block >= n || cfg.grid_dim.0 as usize == 1 << 20);
-        prop_assert_eq!(cfg.block_dim.0, BLOCK_THREADS);
+        // Tokens side by side fill the block as far as whole tokens go.
+        prop_assert!(geo.tokens_per_block == 1 || (geo.tokens_per_block + 1) * geo.threads_per_token > BLOCK_THREADS as usize);
+        prop_assert_eq!(
+            (cfg.block_dim.0 as usize, cfg.block_dim.1 as usize, cfg.block_dim.2),
+            (geo.threads_per_token, geo.tokens_per_block, 1)
+        );
+        let warps = (geo.threads_per_token * geo.tokens_per_block).div_ceil(32);
+        let wave = sms * (RESIDENT_THREADS_PER_SM / 32 / warps).max(1);
+        // One wave is resident at once: ≤ 64 registers × 32 lanes per warp.
+        prop_assert!(wave / sms * warps * 32 * 64 <= 65_536);
+        prop_assert_eq!(cfg.grid_dim.0 as usize, n.div_ceil(geo.tokens_per_block).min(wave));
+        prop_assert_eq!((cfg.grid_dim.1, cfg.grid_dim.2), (1, 1));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// The kernel's loops (modelled here index for index) visit every chunk
+    /// of every token exactly once, whatever the grid (small SM counts force
+    /// the grid-stride loop and several tokens per thread).
+    #[test]
+    fn kernel_loops_visit_every_chunk_once(n in 1usize..800, h in 1usize..5, dchunks in 1usize..24, sms in 1usize..6) {
+        let (cfg, geo) = launch_config(n, h, dchunks, 1, sms).unwrap();
+        let cpt = 2 * h * geo.chunks_per_head;
+        let (tpt, tpb) = (cfg.block_dim.0 as usize, cfg.block_dim.1 as usize);
+        let grid = cfg.grid_dim.0 as usize;
+        let rows = grid * tpb;
+        let mut seen = vec![0u8; n * cpt];
+        for b in 0..grid {
+            for y in 0..tpb {
+                for x in 0..tpt {
+                    for c in (x..cpt).step_by(tpt) {
+                        for t0 in (b * tpb + y..n).step_by(TOKENS_IN_FLIGHT * rows) {
+                            for i in 0..TOKENS_IN_FLIGHT {
+                                let t = t0 + i * rows;
+                                if t < n {
+                                    seen[t * cpt + c] += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        prop_assert!(seen.iter().all(|&k| k == 1));
     }
 }

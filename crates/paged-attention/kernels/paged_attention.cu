@@ -19,8 +19,8 @@
 typedef unsigned short u16;
 
 // Flag bits of the device error word (src/lib.rs: ErrorFlags).
-#define PA_BAD_CU_SEQLENS  1u  // cu_seqlens_q row range invalid: request skipped
-#define PA_Q_LEN_CLAMPED   2u  // n_b > max_q_len: clamped
+#define PA_BAD_CU_SEQLENS  1u  // cu_seqlens_q range invalid or overlapping: request skipped
+#define PA_Q_LEN_TOO_LONG  2u  // n_b > max_q_len: request skipped
 #define PA_NEGATIVE_SEQLEN 4u  // cache_seqlens < 0: read as 0
 #define PA_BAD_PAGE        8u  // needed page past the table or id outside [0, num_pages): masked
 
@@ -50,7 +50,7 @@ struct PagedAttentionParams {
     i32 window_left;  // -1 = none
     float scale_log2; // bmm1_scale * log2(e)
     float bmm2_scale;
-    i32 reserved;
+    i32 tile_tokens;  // KV tokens per CTA tile of the launched kernel (32 CUDA-core, 64 tensor-core)
 };
 
 namespace pa {
@@ -164,13 +164,27 @@ struct Geom {
     bool skip;
 };
 
+// Ragged rule (src/lib.rs docs): request b is processed only when
+//   0 <= cu[b] <= cu[b+1] <= num_tokens,  cu[b+1] - cu[b] <= max_q_len,
+//   cu[b] >= cu[k] for every k < b (prefix maximum: processed requests never overlap);
+// otherwise it is skipped (rows untouched) and counted once. Block-cooperative:
+// every thread of the CTA must call it (uses __syncthreads_or).
 MHA_KIT_DEVICE Geom request_geom(const PagedAttentionParams& p, int b, bool report) {
     Geom g;
     g.skip = false;
     if (p.cu_seqlens_q != nullptr) {
         const i32 s = p.cu_seqlens_q[b], e = p.cu_seqlens_q[b + 1];
-        if (s < 0 || e < s || e > p.num_tokens) {
-            if (report) mha_kit::report_error(p.errors, PA_BAD_CU_SEQLENS);
+        int later = 0;
+        for (int k = threadIdx.x; k < b; k += blockDim.x) later |= p.cu_seqlens_q[k] > s ? 1 : 0;
+        const bool overlap = __syncthreads_or(later) != 0;
+        u32 flag = 0;
+        if (s < 0 || e < s || e > p.num_tokens || overlap) {
+            flag = PA_BAD_CU_SEQLENS;
+        } else if (e - s > p.q_len) {
+            flag = PA_Q_LEN_TOO_LONG;
+        }
+        if (flag != 0) {
+            if (report) mha_kit::report_error(p.errors, flag);
             g.skip = true;
             g.row_start = 0;
             g.n = 0;
@@ -179,10 +193,6 @@ MHA_KIT_DEVICE Geom request_geom(const PagedAttentionParams& p, int b, bool repo
         }
         g.row_start = s;
         g.n = e - s;
-        if (g.n > p.q_len) {
-            g.n = p.q_len;
-            if (report) mha_kit::report_error(p.errors, PA_Q_LEN_CLAMPED);
-        }
     } else {
         g.row_start = b * p.q_len;
         g.n = p.q_len;
@@ -234,7 +244,8 @@ MHA_KIT_DEVICE Split tile_split(const PagedAttentionParams& p, const Geom& g, in
     } else {
         const i32 want = min(p.max_splits, (leff + 127) / 128);
         const i32 c = (leff + want - 1) / want;
-        s.chunk = (c + T - 1) / T * T;
+        const i32 tt = p.tile_tokens > 0 ? p.tile_tokens : T;
+        s.chunk = (c + tt - 1) / tt * tt;
     }
     s.nb = (leff + s.chunk - 1) / s.chunk;
     return s;
