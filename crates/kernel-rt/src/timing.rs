@@ -95,6 +95,19 @@ pub fn median_us(
     Ok(median(&mut us))
 }
 
+/// Device time per call (µs) of `work` run `iters` times back to back behind
+/// a filled stream ([`time_iters`] / `iters`): what each launch costs inside a
+/// CUDA-graph replay or any busy stream, without the per-launch event pair
+/// that [`median_us`] adds. Report it beside the median for launches of a
+/// few microseconds.
+///
+/// # Errors
+/// The first error of `work` or of the driver.
+pub fn per_launch_us(gpu: &Gpu, iters: u64, work: impl FnMut() -> Result<()>) -> Result<f64> {
+    let total = time_iters(gpu, iters.max(1), work)?;
+    Ok(total.as_secs_f64() * 1e6 / iters.max(1) as f64)
+}
+
 /// Median device time (µs) of an empty launch (the spin kernel asked to
 /// spin 0 ns), measured like [`median_us`]: the floor under any kernel's
 /// time on this machine. Print it beside benchmark tables.

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use kernel_rt::cudarc::driver::CudaSlice;
-use kernel_rt::timing::{copy_ceiling_gbps, median_us, time_iters};
+use kernel_rt::timing::{copy_ceiling_gbps, launch_floor_us, median_us, per_launch_us, time_iters};
 use kernel_rt::{DeviceErrors, Gpu, Strided, StridedMut};
 use swa_pool::{SwaLocArgs, SwaLocKernel, SwaMapping, SwaPageArgs, SwaPageKernel};
 
@@ -210,36 +210,44 @@ fn main() {
     }
     c.final_summary();
 
-    // Table: medians of 200 single launches each, against the copy ceilings.
+    // Table: median of 200 isolated launches (own event pair each) and the
+    // mean of 2,000 back-to-back launches; throughput from the latter.
     let big_ceiling = copy_ceiling_gbps(&gpu, 256 << 20, 20).expect("copy ceiling");
     println!();
-    println!("## swa-pool ({})", gpu.describe());
+    let floor = launch_floor_us(&gpu).expect("launch floor");
+    println!(
+        "## swa-pool ({}; empty-launch floor {floor:.2} µs isolated)",
+        gpu.describe()
+    );
     println!();
     println!(
-        "| case | median µs | bytes moved | GB/s | % of copy (same bytes) | % of copy (256 MiB) |"
+        "| case | median µs (isolated) | µs per launch back-to-back | bytes moved | GB/s | % of copy (same bytes) | % of copy (256 MiB) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for b in &mut locs {
-        let us = median_us(&gpu, 20, 200, || run_loc(&lk, b, &map, &mut errors)).expect("median");
+        let iso = median_us(&gpu, 20, 200, || run_loc(&lk, b, &map, &mut errors)).expect("median");
+        let us = per_launch_us(&gpu, 2000, || run_loc(&lk, b, &map, &mut errors)).expect("b2b");
         let bytes = b.input.len() * 24;
         let same = copy_ceiling_gbps(&gpu, bytes / 2, 200).expect("copy ceiling");
         let gbps = bytes as f64 / (us * 1e-6) / 1e9;
         println!(
-            "| {} | {us:.2} | {bytes} | {gbps:.0} | {:.0}% | {:.0}% |",
+            "| {} | {iso:.2} | {us:.2} | {bytes} | {gbps:.0} | {:.0}% | {:.0}% |",
             b.name,
             100.0 * gbps / same,
             100.0 * gbps / big_ceiling
         );
     }
     for b in &mut pages {
-        let us = median_us(&gpu, 20, 200, || run_pages(&pk, b, &map, &mut errors)).expect("median");
+        let iso =
+            median_us(&gpu, 20, 200, || run_pages(&pk, b, &map, &mut errors)).expect("median");
+        let us = per_launch_us(&gpu, 2000, || run_pages(&pk, b, &map, &mut errors)).expect("b2b");
         // Per page: 4 B slot read + 8 B map gather + 4 B write (useful bytes;
         // the strided slot reads move whole 32 B sectors).
         let bytes = b.pages * 16;
         let same = copy_ceiling_gbps(&gpu, bytes / 2, 200).expect("copy ceiling");
         let gbps = bytes as f64 / (us * 1e-6) / 1e9;
         println!(
-            "| {} | {us:.2} | {bytes} | {gbps:.0} | {:.0}% | {:.0}% |",
+            "| {} | {iso:.2} | {us:.2} | {bytes} | {gbps:.0} | {:.0}% | {:.0}% |",
             b.name,
             100.0 * gbps / same,
             100.0 * gbps / big_ceiling
