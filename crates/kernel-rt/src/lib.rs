@@ -40,6 +40,24 @@ pub const INCLUDE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/include");
 /// Elements per launch-geometry limit: CUDA's grid `y`/`z` extent.
 pub const MAX_GRID_YZ: u32 = 65_535;
 
+/// Converts a host size to the kernel's `i32`, naming the argument when it
+/// does not fit.
+///
+/// # Errors
+/// [`KernelError::Unsupported`].
+pub fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i32")))
+}
+
+/// Converts a host size to the kernel's `i64`, naming the argument when it
+/// does not fit.
+///
+/// # Errors
+/// [`KernelError::Unsupported`].
+pub fn to_i64(arg: &'static str, v: usize) -> Result<i64> {
+    i64::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i64")))
+}
+
 /// Converts a launch-geometry count to `u32`, naming the argument on overflow.
 ///
 /// # Errors

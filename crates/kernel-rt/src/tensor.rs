@@ -69,6 +69,39 @@ fn check_no_overlap<const N: usize>(
     Ok(())
 }
 
+fn last_contiguous<const N: usize>(
+    arg: &'static str,
+    shape: &[usize; N],
+    strides: &[usize; N],
+) -> Result<()> {
+    match (shape.last(), strides.last()) {
+        (Some(&n), Some(&s)) if n > 1 && s != 1 => Err(KernelError::Stride {
+            arg,
+            detail: format!("last dim must be contiguous (stride 1), got strides {strides:?}"),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn contiguous<const N: usize>(
+    arg: &'static str,
+    shape: &[usize; N],
+    strides: &[usize; N],
+) -> Result<()> {
+    let want = row_major(shape);
+    let ok = (0..N).all(|d| shape[d] <= 1 || strides[d] == want[d]);
+    if ok {
+        Ok(())
+    } else {
+        Err(KernelError::Stride {
+            arg,
+            detail: format!(
+                "must be contiguous (strides {want:?} for shape {shape:?}), got strides {strides:?}"
+            ),
+        })
+    }
+}
+
 fn row_major<const N: usize>(shape: &[usize; N]) -> [usize; N] {
     let mut strides = [1usize; N];
     for d in (0..N.saturating_sub(1)).rev() {
@@ -83,6 +116,7 @@ fn row_major<const N: usize>(shape: &[usize; N]) -> [usize; N] {
 /// a kernel that stays inside `shape` never reads out of bounds.
 #[derive(Debug)]
 pub struct Strided<'a, T, const N: usize> {
+    arg: &'static str,
     data: CudaView<'a, T>,
     shape: [usize; N],
     strides: [usize; N],
@@ -102,6 +136,7 @@ impl<'a, T, const N: usize> Strided<'a, T, N> {
     ) -> Result<Self> {
         check_bounds(arg, data.len(), &shape, &strides)?;
         Ok(Self {
+            arg,
             data,
             shape,
             strides,
@@ -134,6 +169,29 @@ impl<'a, T, const N: usize> Strided<'a, T, N> {
         self.strides
     }
 
+    /// The argument name given at construction (used in error messages).
+    pub fn arg(&self) -> &'static str {
+        self.arg
+    }
+
+    /// Fails unless the last dim is contiguous (stride 1; any stride when its
+    /// extent is ≤ 1).
+    ///
+    /// # Errors
+    /// [`KernelError::Stride`] naming the argument.
+    pub fn require_last_contiguous(&self) -> Result<()> {
+        last_contiguous(self.arg, &self.shape, &self.strides)
+    }
+
+    /// Fails unless the view is row-major contiguous (dims of extent ≤ 1 may
+    /// carry any stride).
+    ///
+    /// # Errors
+    /// [`KernelError::Stride`] naming the argument.
+    pub fn require_contiguous(&self) -> Result<()> {
+        contiguous(self.arg, &self.shape, &self.strides)
+    }
+
     /// Device address of element `[0, 0, ...]`, for a kernel params struct.
     pub fn device_ptr(&self, stream: &CudaStream) -> u64 {
         // Event tracking is off on mha-kit contexts (see `Gpu`), so the
@@ -143,10 +201,29 @@ impl<'a, T, const N: usize> Strided<'a, T, N> {
     }
 }
 
+impl<T> Strided<'_, T, 1> {
+    /// Fails unless this is a contiguous vector of `len` elements; `what`
+    /// names the length in the message (e.g. `bs`).
+    ///
+    /// # Errors
+    /// [`KernelError::Shape`] or [`KernelError::Stride`] naming the argument.
+    pub fn require_vector(&self, len: usize, what: &str) -> Result<()> {
+        if self.shape[0] != len {
+            return Err(KernelError::shape(
+                self.arg,
+                format!("[{what}={len}]"),
+                format!("{:?}", self.shape),
+            ));
+        }
+        self.require_contiguous()
+    }
+}
+
 /// A writable strided view `[shape]` of a device buffer; construction also
 /// checks that the view does not alias itself.
 #[derive(Debug)]
 pub struct StridedMut<'a, T, const N: usize> {
+    arg: &'static str,
     data: CudaViewMut<'a, T>,
     shape: [usize; N],
     strides: [usize; N],
@@ -167,6 +244,7 @@ impl<'a, T, const N: usize> StridedMut<'a, T, N> {
         check_bounds(arg, data.len(), &shape, &strides)?;
         check_no_overlap(arg, &shape, &strides)?;
         Ok(Self {
+            arg,
             data,
             shape,
             strides,
@@ -201,6 +279,29 @@ impl<'a, T, const N: usize> StridedMut<'a, T, N> {
     /// Strides in elements.
     pub fn strides(&self) -> [usize; N] {
         self.strides
+    }
+
+    /// The argument name given at construction (used in error messages).
+    pub fn arg(&self) -> &'static str {
+        self.arg
+    }
+
+    /// Fails unless the last dim is contiguous (stride 1; any stride when its
+    /// extent is ≤ 1).
+    ///
+    /// # Errors
+    /// [`KernelError::Stride`] naming the argument.
+    pub fn require_last_contiguous(&self) -> Result<()> {
+        last_contiguous(self.arg, &self.shape, &self.strides)
+    }
+
+    /// Fails unless the view is row-major contiguous (dims of extent ≤ 1 may
+    /// carry any stride).
+    ///
+    /// # Errors
+    /// [`KernelError::Stride`] naming the argument.
+    pub fn require_contiguous(&self) -> Result<()> {
+        contiguous(self.arg, &self.shape, &self.strides)
     }
 
     /// Device address of element `[0, 0, ...]`, for a kernel params struct.
@@ -251,6 +352,18 @@ mod tests {
         // A size-1 dim may carry any stride (1 KV head, any head stride).
         assert!(check_no_overlap("t", &[5, 1, 4], &[4, 0, 1]).is_ok());
         assert!(check_no_overlap("t", &[5, 1, 4], &[4, 2, 1]).is_ok());
+    }
+
+    #[test]
+    fn contiguity_checks_ignore_size_one_dims() {
+        assert!(last_contiguous("t", &[3, 4], &[4, 1]).is_ok());
+        assert!(last_contiguous("t", &[3, 4], &[8, 2]).is_err());
+        assert!(last_contiguous("t", &[3, 1], &[8, 5]).is_ok());
+        assert!(contiguous("t", &[3, 4], &[4, 1]).is_ok());
+        assert!(contiguous("t", &[3, 4], &[5, 1]).is_err());
+        assert!(contiguous("t", &[1, 4], &[99, 1]).is_ok());
+        assert!(contiguous("t", &[5], &[1]).is_ok());
+        assert!(contiguous("t", &[5], &[2]).is_err());
     }
 
     #[test]

@@ -59,6 +59,22 @@ pub fn run_trials(trials: Vec<Trial>) -> ! {
     libtest_mimic::run(&args, trials).exit()
 }
 
+/// Uploads `data` to `gpu`, padded to at least one element (a zero-byte
+/// allocation is not a valid device buffer): build views over the first
+/// `data.len()` elements (`slice.slice(0..data.len())`).
+///
+/// # Errors
+/// [`crate::KernelError::Driver`] on allocation or copy failure.
+pub fn upload<T: cudarc::driver::DeviceRepr + Copy + Default>(
+    gpu: &Gpu,
+    data: &[T],
+) -> crate::Result<cudarc::driver::CudaSlice<T>> {
+    if data.is_empty() {
+        return Ok(gpu.stream().clone_htod(&[T::default()])?);
+    }
+    Ok(gpu.stream().clone_htod(data)?)
+}
+
 /// Turns any error into the test's failure message (for `?` in GPU tests).
 pub trait OrFail<T> {
     /// Maps the error to a `String` naming `what` failed.

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use kernel_rt::{
-    grid_dim, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut, MAX_GRID_YZ,
+    grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
+    MAX_GRID_YZ,
 };
 
 use crate::PTX;
@@ -120,45 +121,6 @@ pub fn launch_config(bs: usize, max_num_pages: usize) -> Result<LaunchConfig> {
     })
 }
 
-fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i32")))
-}
-
-fn to_i64(arg: &'static str, v: usize) -> Result<i64> {
-    i64::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i64")))
-}
-
-fn require_contiguous_last(
-    arg: &'static str,
-    shape: [usize; 2],
-    strides: [usize; 2],
-) -> Result<()> {
-    if shape[1] > 1 && strides[1] != 1 {
-        return Err(KernelError::Stride {
-            arg,
-            detail: format!("last dim must be contiguous (stride 1), got strides {strides:?}"),
-        });
-    }
-    Ok(())
-}
-
-fn require_vector(arg: &'static str, v: &Strided<'_, impl Sized, 1>, bs: usize) -> Result<()> {
-    if v.shape()[0] != bs {
-        return Err(KernelError::shape(
-            arg,
-            format!("[bs={bs}]"),
-            format!("{:?}", v.shape()),
-        ));
-    }
-    if bs > 1 && v.strides()[0] != 1 {
-        return Err(KernelError::Stride {
-            arg,
-            detail: format!("must be contiguous, got stride {}", v.strides()[0]),
-        });
-    }
-    Ok(())
-}
-
 /// Validates `args` and returns the kernel parameters (pointers zero: filled
 /// at launch). Every rejection happens here, before any launch.
 ///
@@ -177,18 +139,10 @@ pub fn validate(args: &PageTableArgs<'_>) -> Result<PageTableParams> {
             "max_num_pages (dim 1) must be ≥ 1",
         ));
     }
-    require_contiguous_last(
-        "req_to_token",
-        args.req_to_token.shape(),
-        args.req_to_token.strides(),
-    )?;
-    require_contiguous_last(
-        "page_table",
-        args.page_table.shape(),
-        args.page_table.strides(),
-    )?;
-    require_vector("req_pool_indices", &args.req_pool_indices, bs)?;
-    require_vector("cache_seqlens", &args.cache_seqlens, bs)?;
+    args.req_to_token.require_last_contiguous()?;
+    args.page_table.require_last_contiguous()?;
+    args.req_pool_indices.require_vector(bs, "bs")?;
+    args.cache_seqlens.require_vector(bs, "bs")?;
     if args.pool_slots == Some(0) {
         return Err(KernelError::unsupported(
             "pool_slots",
@@ -215,17 +169,12 @@ pub fn validate(args: &PageTableArgs<'_>) -> Result<PageTableParams> {
                 format!("{shape:?}"),
             ));
         }
-        require_contiguous_last("swa_page_table", shape, swa.swa_page_table.strides())?;
+        swa.swa_page_table.require_last_contiguous()?;
         let n_map = swa.full_to_swa.shape()[0];
         if n_map == 0 {
             return Err(KernelError::shape("full_to_swa", "[N_map ≥ 1]", "[0]"));
         }
-        if n_map > 1 && swa.full_to_swa.strides()[0] != 1 {
-            return Err(KernelError::Stride {
-                arg: "full_to_swa",
-                detail: "must be contiguous".into(),
-            });
-        }
+        swa.full_to_swa.require_contiguous()?;
         params.swa_page_table_stride = to_i64("swa_page_table", swa.swa_page_table.strides()[0])?;
         params.full_to_swa_len = to_i64("full_to_swa", n_map)?;
     }

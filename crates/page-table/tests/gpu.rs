@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use kernel_rt::cudarc::driver::CudaSlice;
-use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, OrFail};
+use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, upload, OrFail};
 use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
 use page_table::reference::{build_page_table, HostInputs};
 use page_table::{PageTableArgs, PageTableKernel, SwaTables};
@@ -30,19 +30,6 @@ struct Case {
     pt_stride: usize,
     map: Option<Vec<i64>>,
     pool_slots: Option<usize>,
-}
-
-/// Uploads `data`, padded to at least one element (a zero-byte allocation is
-/// not a valid device buffer); views take the first `data.len()` elements.
-fn upload<T: kernel_rt::cudarc::driver::DeviceRepr + Copy + Default>(
-    gpu: &Arc<Gpu>,
-    data: &[T],
-) -> Result<CudaSlice<T>, KernelError> {
-    let mut v = data.to_vec();
-    if v.is_empty() {
-        v.push(T::default());
-    }
-    Ok(gpu.stream().clone_htod(&v)?)
 }
 
 struct Out {

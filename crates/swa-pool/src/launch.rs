@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use kernel_rt::{
-    grid_dim, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut, MAX_GRID_YZ,
+    grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
+    MAX_GRID_YZ,
 };
 
 use crate::PTX;
@@ -154,38 +155,6 @@ pub fn page_launch_config(bs: usize, max_num_pages: usize) -> Result<LaunchConfi
     })
 }
 
-fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i32")))
-}
-
-fn to_i64(arg: &'static str, v: usize) -> Result<i64> {
-    i64::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i64")))
-}
-
-fn require_contiguous_1d(arg: &'static str, shape: [usize; 1], strides: [usize; 1]) -> Result<()> {
-    if shape[0] > 1 && strides[0] != 1 {
-        return Err(KernelError::Stride {
-            arg,
-            detail: format!("must be contiguous, got stride {}", strides[0]),
-        });
-    }
-    Ok(())
-}
-
-fn require_contiguous_last(
-    arg: &'static str,
-    shape: [usize; 2],
-    strides: [usize; 2],
-) -> Result<()> {
-    if shape[1] > 1 && strides[1] != 1 {
-        return Err(KernelError::Stride {
-            arg,
-            detail: format!("last dim must be contiguous (stride 1), got strides {strides:?}"),
-        });
-    }
-    Ok(())
-}
-
 fn require_map(map: &Strided<'_, i64, 1>) -> Result<i64> {
     let n_map = map.shape()[0];
     if n_map == 0 {
@@ -195,7 +164,7 @@ fn require_map(map: &Strided<'_, i64, 1>) -> Result<i64> {
             "[0]",
         ));
     }
-    require_contiguous_1d("full_to_swa", map.shape(), map.strides())?;
+    map.require_contiguous()?;
     to_i64("full_to_swa", n_map)
 }
 
@@ -209,12 +178,8 @@ fn require_map(map: &Strided<'_, i64, 1>) -> Result<i64> {
 pub fn validate_loc(args: &SwaLocArgs<'_>) -> Result<SwaLocParams> {
     let n = args.out_cache_loc.shape()[0];
     let out_len = args.swa_loc.shape()[0];
-    require_contiguous_1d(
-        "out_cache_loc",
-        args.out_cache_loc.shape(),
-        args.out_cache_loc.strides(),
-    )?;
-    require_contiguous_1d("swa_loc", args.swa_loc.shape(), args.swa_loc.strides())?;
+    args.out_cache_loc.require_contiguous()?;
+    args.swa_loc.require_contiguous()?;
     if out_len < n {
         return Err(KernelError::shape(
             "swa_loc",
@@ -248,37 +213,10 @@ pub fn validate_pages(args: &SwaPageArgs<'_>) -> Result<SwaPageParams> {
             "max_num_pages (dim 1) must be ≥ 1",
         ));
     }
-    require_contiguous_last(
-        "req_to_token",
-        args.req_to_token.shape(),
-        args.req_to_token.strides(),
-    )?;
-    require_contiguous_last(
-        "swa_page_table",
-        args.swa_page_table.shape(),
-        args.swa_page_table.strides(),
-    )?;
-    for (arg, shape, strides) in [
-        (
-            "req_pool_indices",
-            args.req_pool_indices.shape(),
-            args.req_pool_indices.strides(),
-        ),
-        (
-            "cache_seqlens",
-            args.cache_seqlens.shape(),
-            args.cache_seqlens.strides(),
-        ),
-    ] {
-        if shape[0] != bs {
-            return Err(KernelError::shape(
-                arg,
-                format!("[bs={bs}]"),
-                format!("{shape:?}"),
-            ));
-        }
-        require_contiguous_1d(arg, shape, strides)?;
-    }
+    args.req_to_token.require_last_contiguous()?;
+    args.swa_page_table.require_last_contiguous()?;
+    args.req_pool_indices.require_vector(bs, "bs")?;
+    args.cache_seqlens.require_vector(bs, "bs")?;
     Ok(SwaPageParams {
         req_to_token_rows: to_i64("req_to_token", rows)?,
         req_to_token_width: to_i64("req_to_token", width)?,

@@ -5,8 +5,7 @@
 
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::{CudaSlice, DeviceRepr};
-use kernel_rt::testing::{gpu_trial, run_trials, OrFail};
+use kernel_rt::testing::{gpu_trial, run_trials, upload, OrFail};
 use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -19,19 +18,6 @@ const LOC_CASES: u32 = 2_500;
 const PAGE_CASES: u32 = 2_000;
 /// Poisoned elements after every output view, checked unchanged.
 const GUARD: usize = 8;
-
-/// Uploads `data`, padded to at least one element (a zero-byte allocation is
-/// not a valid device buffer); views take the first `data.len()` elements.
-fn upload<T: DeviceRepr + Copy + Default>(
-    gpu: &Arc<Gpu>,
-    data: &[T],
-) -> Result<CudaSlice<T>, KernelError> {
-    let mut v = data.to_vec();
-    if v.is_empty() {
-        v.push(T::default());
-    }
-    Ok(gpu.stream().clone_htod(&v)?)
-}
 
 fn first_diff<T: PartialEq>(a: &[T], b: &[T]) -> Option<usize> {
     if a.len() != b.len() {
