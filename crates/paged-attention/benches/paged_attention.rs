@@ -11,7 +11,8 @@ use kernel_rt::cudarc::driver::CudaSlice;
 use kernel_rt::timing::{copy_ceiling_gbps, median_us, time_iters};
 use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
 use paged_attention::{
-    workspace_for, DecodeArgs, HalfDtype, KvCache, PagedAttentionKernel, QueryLayout, SplitMode,
+    workspace_for, DecodeArgs, HalfDtype, KernelPath, KvCache, PagedAttentionKernel, QueryLayout,
+    SplitMode,
 };
 
 struct Shape {
@@ -25,6 +26,8 @@ struct Shape {
     q_len: usize,
     window: Option<u32>,
     sinks: bool,
+    /// Force the CUDA-core kernel (comparison row).
+    simt: bool,
 }
 
 const fn s(name: &'static str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shape {
@@ -39,6 +42,7 @@ const fn s(name: &'static str, hq: usize, hkv: usize, d: usize, bs: usize, len: 
         q_len: 1,
         window: None,
         sinks: false,
+        simt: false,
     }
 }
 
@@ -61,6 +65,10 @@ fn cases() -> Vec<Shape> {
             window: Some(127),
             sinks: true,
             ..s("64/8/64 W 127 + sinks, bs 64, L 8192", 64, 8, 64, 64, 8192)
+        },
+        Shape {
+            simt: true,
+            ..s("bs 64, L 8192 (CUDA-core kernel)", 32, 8, 128, 64, 8192)
         },
     ]
 }
@@ -214,6 +222,7 @@ fn main() {
     }
     let gpu = Gpu::shared().expect("GPU");
     let kernel = PagedAttentionKernel::new(&gpu).expect("load");
+    let simt = PagedAttentionKernel::with_path(&gpu, KernelPath::Simt).expect("load");
     let mut errors = DeviceErrors::new(&gpu).expect("errors");
     let ceiling = copy_ceiling_gbps(&gpu, 1 << 30, 20).expect("ceiling");
     let mut crit = Criterion::default()
@@ -223,13 +232,14 @@ fn main() {
     let mut table = Vec::new();
     for c in cases() {
         let mut p = prepare(&gpu, &kernel, &c).expect("prepare");
+        let kernel = if c.simt { &simt } else { &kernel };
         crit.bench_function(c.name, |b| {
             b.iter_custom(|iters| {
-                time_iters(&gpu, iters, || launch(&kernel, &c, &mut p, &mut errors)).expect("time")
+                time_iters(&gpu, iters, || launch(kernel, &c, &mut p, &mut errors)).expect("time")
             })
         });
         let us =
-            median_us(&gpu, 5, 30, || launch(&kernel, &c, &mut p, &mut errors)).expect("median");
+            median_us(&gpu, 5, 30, || launch(kernel, &c, &mut p, &mut errors)).expect("median");
         let gbps = p.bytes / (us * 1e-6) / 1e9;
         table.push(format!(
             "| {} | {us:.1} | {:.2} | {:.0} % |",

@@ -1,6 +1,8 @@
 // mha-kit kernel family: paged-KV attention, decode and multi-token verify.
 // Semantics: shared/spec/attention.md §2-§7, fp8-kv.md §4, DECISIONS.md D4-D6,
-// D10, D12, D13. Design: shared/design/ATTENTION-KERNELS.md (step 1: CUDA cores).
+// D10, D12, D13. Design: shared/design/ATTENTION-KERNELS.md. Two kernels:
+// paged_attention_decode_* (CUDA cores, every D/dtype; described here) and
+// paged_attention_mma_* (tensor cores, D 64/128; see "tensor-core path" below).
 //
 // Work item = (split s, KV head h x row tile rt, request b). A row tile packs up
 // to 16 query rows (token j, head g) of the G heads sharing KV head h,
@@ -564,8 +566,488 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
     }
 }
 
+// ======================= tensor-core path (mma.sync) =======================
+// Same work items, split rule and workspace format as decode_body, with
+// 64-token CTA tiles (p.tile_tokens = 64). Each of the 4 warps owns a
+// 16-token slice of every tile and runs its own cp.async ring of NST slots:
+// it loads, (for e4m3: converts once to the Q dtype), and consumes only its
+// own tokens, so the main loop has no CTA barrier. Per slice:
+//   S[16 rows x 16 tokens] = Q_A (registers) . K^T  (ldmatrix, m16n8k16, f32)
+//   online softmax on S (rows g and g+8 per thread, quad shuffles)
+//   O[16 x D] += P (bf16/f16 from S, A layout) . V (ldmatrix.trans)
+// Warps keep their own (m, d, O); they are merged through shared memory at
+// the end and written like decode_body (final rows or split partials).
+// Smem rows of 16-bit K/V are XOR-swizzled by 16-byte chunk (chunk ^ (row & 7)):
+// conflict-free ldmatrix without padding.
+
+constexpr int MW = 4;         // warps per CTA
+constexpr int MWT = 16;       // tokens per warp slice
+constexpr int MTT = MW * MWT; // tokens per CTA tile
+
+template <int D, int KV>
+struct MmaSmem {
+    static constexpr int ES = KV == 2 ? 1 : 2;
+    static constexpr int NST = KV == 2 ? 4 : 3;        // ring slots per warp
+    static constexpr int RRB = D * ES;                 // raw (loaded) row bytes
+    static constexpr int CPR = RRB / 16;               // 16-byte chunks per raw row
+    static constexpr int HRB = D * 2;                  // 16-bit row bytes
+    static constexpr int SLOT = MWT * RRB * 2;         // K rows then V rows
+    static constexpr int CONV = KV == 2 ? MWT * HRB * 2 : 0;  // converted K, V (e4m3 only)
+    static constexpr int WRING = NST * SLOT + CONV;    // per warp
+    static constexpr int RING = MW * WRING;
+    static constexpr int OS = D + 8;                   // merge scratch row stride (f32)
+    static constexpr int MERGE = MW * ROWS * OS * 4;   // aliases the ring after the loop
+    static constexpr int ST_OFF = RING;                // f32 m[MW][16], d[MW][16]
+    static constexpr int VM_OFF = ST_OFF + 2 * MW * ROWS * 4;  // u32 [MW][NST][2] valid masks
+    static constexpr int BYTES = (VM_OFF + MW * NST * 2 * 4 + 15) / 16 * 16;
+    static_assert(MERGE <= RING, "merge scratch fits in the ring");
+    static_assert(CPR % 4 == 0, "4 lanes per token row");
+};
+
+template <int QT>
+MHA_KIT_DEVICE void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
+    if constexpr (QT == 0) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+MHA_KIT_DEVICE void ldsm_x4(u32* r, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+MHA_KIT_DEVICE void ldsm_x4_t(u32* r, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// Two f32 -> packed 16-bit pair (lo in the low half), round to nearest even.
+template <int QT>
+MHA_KIT_DEVICE u32 pack2(float lo, float hi) {
+    u32 r;
+    if constexpr (QT == 0) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}
+// Sum of the two 16-bit values of a packed pair, in f32.
+template <int QT>
+MHA_KIT_DEVICE float sum2(u32 v) {
+    if constexpr (QT == 0) {
+        return __uint_as_float(v << 16) + __uint_as_float(v & 0xffff0000u);
+    } else {
+        return f16_to_f32((u16)(v & 0xffffu)) + f16_to_f32((u16)(v >> 16));
+    }
+}
+
+// Four e4m3 bytes -> two packed 16-bit pairs of the Q dtype (exact).
+template <int QT>
+MHA_KIT_DEVICE void e4m3x4_to_half(u32 w, u32& lo, u32& hi) {
+    u32 h0, h1;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h0) : "h"((u16)(w & 0xffffu)));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h1) : "h"((u16)(w >> 16)));
+    if constexpr (QT == 1) {
+        lo = h0;
+        hi = h1;
+    } else {
+        lo = pack2<0>(f16_to_f32((u16)(h0 & 0xffffu)), f16_to_f32((u16)(h0 >> 16)));
+        hi = pack2<0>(f16_to_f32((u16)(h1 & 0xffffu)), f16_to_f32((u16)(h1 >> 16)));
+    }
+}
+
+// Page lookup of the two tokens (lt, lt + 8) a lane loads in one slice.
+struct Look {
+    i32 id0, off0, id1, off1;
+    bool ok0, ok1;
+};
+
+template <int QT, int KV, int D>
+MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
+    using L = MmaSmem<D, KV>;
+    constexpr int NST = L::NST;
+    constexpr int ES = L::ES;
+    constexpr int RRB = L::RRB;
+    constexpr int HRB = L::HRB;
+    constexpr int CPR = L::CPR;
+    constexpr int KSTEPS = D / 16;
+    constexpr int NT8 = D / 8;
+    constexpr int NCH = D / 8;            // epilogue: 8-dim chunks per row
+    constexpr int RPT = ROWS * NCH / NT;  // epilogue: rows per thread
+    static_assert(RPT >= 1 && RPT * NT == ROWS * NCH, "epilogue mapping");
+
+    extern __shared__ __align__(16) u8 smem[];
+    float* ms = reinterpret_cast<float*>(smem + L::ST_OFF);
+    float* dsum = ms + MW * ROWS;
+    u32* vm_s = reinterpret_cast<u32*>(smem + L::VM_OFF);
+
+    const int split = blockIdx.x;
+    const int h = blockIdx.y % p.num_kv_heads;
+    const int rt = blockIdx.y / p.num_kv_heads;
+    const int b = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+
+    const bool reporter_cta = split == 0 && h == 0 && rt == 0;
+    const Geom g = request_geom(p, b, reporter_cta && tid == 0);
+    if (g.skip) return;
+
+    // D10: count bad entries among the request's needed pages, once.
+    if (reporter_cta && g.n > 0) {
+        const i32 k_lo_req = p.window_left >= 0 ? max(g.len - g.n - p.window_left, 0) : 0;
+        if (k_lo_req < g.len) {
+            const i32 p_first = k_lo_req / p.page_size;
+            const i32 p_last = (g.len - 1) / p.page_size;
+            for (i32 pg = p_first + tid; pg <= p_last; pg += NT) {
+                bool bad = pg >= p.max_num_pages;
+                if (!bad) {
+                    const i32 id = __ldg(p.page_table + (i64)b * p.page_table_stride + pg);
+                    bad = id < 0 || id >= p.num_pages;
+                }
+                if (bad) mha_kit::report_error(p.errors, PA_BAD_PAGE);
+            }
+        }
+    }
+
+    const Split sp = tile_split(p, g, rt);
+    if (sp.rows == 0 || split >= sp.nb) return;
+    const i32 ks0 = sp.k_lo + split * sp.chunk;
+    const i32 ke = min(ks0 + sp.chunk, sp.k_hi);
+    const int ntiles = ke > ks0 ? (ke - ks0 + MTT - 1) / MTT : 0;
+    const int nrows = sp.rows;
+    const int r0 = rt * ROWS;
+
+    const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
+    const i64 k_head = (i64)h * p.k_stride_head;
+    const i64 v_head = (i64)h * p.v_stride_head;
+
+    // ---- loader: lane loads tokens lt and lt + 8 of the warp slice, chunks cq + 4 i ----
+    const int lt = lane >> 2;
+    const int cq = lane & 3;
+    const i32 slice0 = ks0 + warp * MWT;  // first key of this warp's slice in tile 0
+    u8* ring = smem + warp * L::WRING;
+    const u32 ring_u32 = smem_u32(ring);
+
+    auto lookup = [&](Look& lk, int t) {
+        const i32 k0 = slice0 + t * MTT + lt;
+        const i32 k1 = k0 + 8;
+        const bool in = t < ntiles;
+        lk.ok0 = in && k0 < ke;
+        lk.ok1 = in && k1 < ke;
+        const i32 pg0 = lk.ok0 ? k0 / p.page_size : 0;
+        const i32 pg1 = lk.ok1 ? k1 / p.page_size : 0;
+        lk.off0 = k0 - pg0 * p.page_size;
+        lk.off1 = k1 - pg1 * p.page_size;
+        lk.ok0 = lk.ok0 && pg0 < p.max_num_pages;
+        lk.ok1 = lk.ok1 && pg1 < p.max_num_pages;
+        lk.id0 = lk.ok0 ? __ldg(pt_row + pg0) : 0;
+        lk.id1 = lk.ok1 ? __ldg(pt_row + pg1) : 0;
+    };
+    auto issue = [&](const Look& lk, int t) {
+        if (t >= ntiles) return;  // warp-uniform
+        const int slot = t % NST;
+        const bool ok0 = lk.ok0 && lk.id0 >= 0 && lk.id0 < p.num_pages;
+        const bool ok1 = lk.ok1 && lk.id1 >= 0 && lk.id1 < p.num_pages;
+        const u32 m0 = __ballot_sync(0xffffffffu, ok0);
+        const u32 m1 = __ballot_sync(0xffffffffu, ok1);
+        if (lane == 0) {
+            vm_s[(warp * NST + slot) * 2] = m0;
+            vm_s[(warp * NST + slot) * 2 + 1] = m1;
+        }
+        const u8* k0p = p.k_cache;
+        const u8* v0p = p.v_cache;
+        const u8* k1p = p.k_cache;
+        const u8* v1p = p.v_cache;
+        if (ok0) {
+            k0p += ((i64)lk.id0 * p.k_stride_page + k_head + (i64)lk.off0 * p.k_stride_tok) * ES;
+            v0p += ((i64)lk.id0 * p.v_stride_page + v_head + (i64)lk.off0 * p.v_stride_tok) * ES;
+        }
+        if (ok1) {
+            k1p += ((i64)lk.id1 * p.k_stride_page + k_head + (i64)lk.off1 * p.k_stride_tok) * ES;
+            v1p += ((i64)lk.id1 * p.v_stride_page + v_head + (i64)lk.off1 * p.v_stride_tok) * ES;
+        }
+        const u32 sz0 = ok0 ? 16u : 0u;
+        const u32 sz1 = ok1 ? 16u : 0u;
+        const u32 kdst = ring_u32 + slot * L::SLOT;
+        const u32 vdst = kdst + MWT * RRB;
+#pragma unroll
+        for (int i = 0; i < CPR / 4; ++i) {
+            const int cc = cq + 4 * i;
+            // 16-bit rows are swizzled for ldmatrix; e4m3 rows stay linear.
+            const int pc = KV == 2 ? cc : (cc ^ (lt & 7));
+            const u32 o0 = lt * RRB + pc * 16;
+            const u32 o1 = (lt + 8) * RRB + pc * 16;
+            cp_async16(kdst + o0, k0p + (ok0 ? cc * 16 : 0), sz0);
+            cp_async16(vdst + o0, v0p + (ok0 ? cc * 16 : 0), sz0);
+            cp_async16(kdst + o1, k1p + (ok1 ? cc * 16 : 0), sz1);
+            cp_async16(vdst + o1, v1p + (ok1 ? cc * 16 : 0), sz1);
+        }
+    };
+
+    // ---- Q A-fragments (rows g and g + 8 of the tile), positions, stats ----
+    const int gr = lane >> 2;  // fragment row group
+    const int qd = lane & 3;   // thread in quad
+    u32 qa[KSTEPS][4];
+    i32 xr[2], xlo[2];
+    const i32 x_base = g.len - g.n;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int row = gr + 8 * hr;
+        const bool valid = row < nrows;
+        const int rg = r0 + row;
+        const int j = valid ? rg / p.group : 0;
+        const int gq = valid ? rg % p.group : 0;
+        const u16* src = p.q + (i64)(g.row_start + j) * p.q_stride_tok + (i64)(h * p.group + gq) * p.q_stride_head;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) {
+            qa[kk][hr] = valid ? *reinterpret_cast<const u32*>(src + kk * 16 + 2 * qd) : 0u;
+            qa[kk][2 + hr] = valid ? *reinterpret_cast<const u32*>(src + kk * 16 + 8 + 2 * qd) : 0u;
+        }
+        // Padding rows see no key (x = -1).
+        xr[hr] = valid ? x_base + j : -1;
+        xlo[hr] = p.window_left >= 0 ? xr[hr] - p.window_left : (i32)0x80000000;
+    }
+
+    float o[NT8][4];
+#pragma unroll
+    for (int n = 0; n < NT8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+    float mrow[2] = {NEG_INF, NEG_INF};
+    float drow[2] = {0.f, 0.f};
+
+    // ---- pipeline: ids two tiles ahead of their issue, data NST-1 tiles ahead ----
+    // All prologue page ids are requested before the first issue waits on one.
+    Look pro[NST - 1];
+    Look la, lb;
+#pragma unroll
+    for (int s = 0; s < NST - 1; ++s) lookup(pro[s], s);
+    lookup(la, NST - 1);
+    lookup(lb, NST);
+#pragma unroll
+    for (int s = 0; s < NST - 1; ++s) {
+        issue(pro[s], s);
+        cp_async_commit();
+    }
+
+    // Per-lane ldmatrix offsets (bytes inside a 16-row block).
+    const int mi = lane >> 3;
+    const int mr = lane & 7;
+    const int k_row = (mi >> 1) * 8 + mr;  // K: matrices (t0-7,c0) (t0-7,c1) (t8-15,c0) (t8-15,c1)
+    const int k_cb = mi & 1;
+    const int v_row = (mi & 1) * 8 + mr;   // V: matrices (t0-7,c0) (t8-15,c0) (t0-7,c1) (t8-15,c1)
+    const int v_cb = mi >> 1;
+
+    auto step = [&](Look& lk, int i) {
+        cp_async_wait<NST - 2>();
+        __syncwarp();
+        issue(lk, i + NST - 1);
+        cp_async_commit();
+        lookup(lk, i + NST + 1);
+
+        const int slot = i % NST;
+        u32 kbase = ring_u32 + slot * L::SLOT;
+        u32 vbase = kbase + MWT * RRB;
+        if constexpr (KV == 2) {
+            // Convert this slice once to the Q dtype (swizzled 16-bit rows).
+            const u8* kr = ring + slot * L::SLOT;
+            u8* conv = ring + NST * L::SLOT;
+#pragma unroll
+            for (int it = 0; it < 2 * MWT * CPR / 32; ++it) {
+                const int c = lane + 32 * it;          // raw chunk over K rows then V rows
+                const int row = c / CPR;               // 0..31 (16..31 = V)
+                const int c8 = c % CPR;
+                const uint4 u = *reinterpret_cast<const uint4*>(kr + row * RRB + c8 * 16);
+                u32 w[8];
+                e4m3x4_to_half<QT>(u.x, w[0], w[1]);
+                e4m3x4_to_half<QT>(u.y, w[2], w[3]);
+                e4m3x4_to_half<QT>(u.z, w[4], w[5]);
+                e4m3x4_to_half<QT>(u.w, w[6], w[7]);
+                const int rr = row & (MWT - 1);
+                u8* dst = conv + row * HRB;
+                *reinterpret_cast<uint4*>(dst + (((2 * c8) ^ (rr & 7)) * 16)) = make_uint4(w[0], w[1], w[2], w[3]);
+                *reinterpret_cast<uint4*>(dst + (((2 * c8 + 1) ^ (rr & 7)) * 16)) = make_uint4(w[4], w[5], w[6], w[7]);
+            }
+            __syncwarp();
+            kbase = ring_u32 + NST * L::SLOT;
+            vbase = kbase + MWT * HRB;
+        }
+
+        // S = Q K^T over the slice: two n8 tiles (tokens 0-7, 8-15).
+        float s[2][4];
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[t][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) {
+            u32 r[4];
+            ldsm_x4(r, kbase + k_row * HRB + (((2 * kk + k_cb) ^ (k_row & 7)) * 16));
+            mma16816<QT>(s[0], qa[kk], r[0], r[1]);
+            mma16816<QT>(s[1], qa[kk], r[2], r[3]);
+        }
+
+        // Mask, scale, online softmax (rows gr and gr + 8).
+        const u32 vm0 = vm_s[(warp * NST + slot) * 2];
+        const u32 vm1 = vm_s[(warp * NST + slot) * 2 + 1];
+        const i32 kt = slice0 + i * MTT;  // key of slice token 0
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const u32 vm = t == 0 ? vm0 : vm1;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int tk = 2 * qd + (e & 1);  // token inside the n8 tile
+                const i32 k = kt + 8 * t + tk;
+                const int hr = e >> 1;
+                const bool vis = ((vm >> (4 * tk)) & 1u) && k <= xr[hr] && k >= xlo[hr];
+                s[t][e] = vis ? s[t][e] * p.scale_log2 : NEG_INF;
+                mx[hr] = fmaxf(mx[hr], s[t][e]);
+            }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+            const float mnew = fmaxf(mrow[hr], mx[hr]);
+            const float msafe = mnew == NEG_INF ? 0.f : mnew;  // no (-inf) - (-inf)
+            alpha[hr] = ex2(mrow[hr] - msafe);
+            mrow[hr] = mnew;
+            mx[hr] = msafe;
+        }
+        u32 pa[4];
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            pa[2 * t] = pack2<QT>(ex2(s[t][0] - mx[0]), ex2(s[t][1] - mx[0]));
+            pa[2 * t + 1] = pack2<QT>(ex2(s[t][2] - mx[1]), ex2(s[t][3] - mx[1]));
+        }
+        // The denominator sums the rounded P the numerator uses.
+        drow[0] = drow[0] * alpha[0] + (sum2<QT>(pa[0]) + sum2<QT>(pa[2]));
+        drow[1] = drow[1] * alpha[1] + (sum2<QT>(pa[1]) + sum2<QT>(pa[3]));
+#pragma unroll
+        for (int n = 0; n < NT8; ++n) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+        // O += P V.
+#pragma unroll
+        for (int dn = 0; dn < D / 16; ++dn) {
+            u32 r[4];
+            ldsm_x4_t(r, vbase + v_row * HRB + (((2 * dn + v_cb) ^ (v_row & 7)) * 16));
+            mma16816<QT>(o[2 * dn], pa, r[0], r[1]);
+            mma16816<QT>(o[2 * dn + 1], pa, r[2], r[3]);
+        }
+    };
+
+    for (int i = 0; i < ntiles; i += 2) {
+        step(la, i);
+        if (i + 1 < ntiles) step(lb, i + 1);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with its ring: reuse it as merge scratch
+
+    // ---- merge the 4 warps' (m, d, O) ----
+    float* osc = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        drow[hr] += __shfl_xor_sync(0xffffffffu, drow[hr], 1);
+        drow[hr] += __shfl_xor_sync(0xffffffffu, drow[hr], 2);
+        const int row = gr + 8 * hr;
+        if (qd == 0) {
+            ms[warp * ROWS + row] = mrow[hr];
+            dsum[warp * ROWS + row] = drow[hr];
+        }
+#pragma unroll
+        for (int n = 0; n < NT8; ++n) {
+            *reinterpret_cast<float2*>(osc + (warp * ROWS + row) * L::OS + 8 * n + 2 * qd) =
+                make_float2(o[n][2 * hr], o[n][2 * hr + 1]);
+        }
+    }
+    __syncthreads();
+
+    const int rg3 = tid / NCH, ch = tid % NCH;
+#pragma unroll
+    for (int ii = 0; ii < RPT; ++ii) {
+        const int rr = rg3 * RPT + ii;
+        if (rr >= nrows) continue;
+        float mm = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < MW; ++w) mm = fmaxf(mm, ms[w * ROWS + rr]);
+        float den = 0.f;
+        float acc[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+#pragma unroll
+        for (int w = 0; w < MW; ++w) {
+            const float mw = ms[w * ROWS + rr];
+            const float f = mw == NEG_INF ? 0.f : ex2(mw - mm);
+            den += f * dsum[w * ROWS + rr];
+            const float4* src = reinterpret_cast<const float4*>(osc + (w * ROWS + rr) * L::OS + ch * 8);
+            const float4 a = src[0], c = src[1];
+            acc[0] += f * a.x;
+            acc[1] += f * a.y;
+            acc[2] += f * a.z;
+            acc[3] += f * a.w;
+            acc[4] += f * c.x;
+            acc[5] += f * c.y;
+            acc[6] += f * c.z;
+            acc[7] += f * c.w;
+        }
+        const int rg = r0 + rr;
+        const int j = rg / p.group, qh = h * p.group + rg % p.group;
+        if (sp.nb == 1) {
+            float scale = 0.f;
+            if (den > 0.f) {
+                if (p.sinks != nullptr) {
+                    const float sg = p.sinks[qh] * LOG2E;
+                    const float m2 = fmaxf(mm, sg);
+                    const float w = ex2(mm - m2);
+                    scale = p.bmm2_scale * w / (den * w + ex2(sg - m2));
+                } else {
+                    scale = p.bmm2_scale / den;
+                }
+            }
+            u32 packed[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const u32 lo = f32_to_half<QT>(acc[2 * e] * scale);
+                const u32 hi = f32_to_half<QT>(acc[2 * e + 1] * scale);
+                packed[e] = lo | (hi << 16);
+            }
+            u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + ch * 8;
+            mha_kit::store16(dst, make_uint4(packed[0], packed[1], packed[2], packed[3]));
+        } else {
+            const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
+            const i64 base = (item * p.max_splits + split) * ROWS;
+            float4* dst = reinterpret_cast<float4*>(p.ws_o + (base + rr) * D + ch * 8);
+            dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+            if (ch == 0) {
+                p.ws_ml[(base + rr) * 2] = mm;
+                p.ws_ml[(base + rr) * 2 + 1] = den;
+            }
+        }
+    }
+}
+
 // Merge of split partials, fixed order s = 0 .. nb-1 (deterministic).
-// Grid (Hkv * row_tiles, bs), NT threads; D is a runtime value here.
+// Grid (Hkv * row_tiles, bs, ROWS), NT threads; D is a runtime value here.
 template <int QT>
 MHA_KIT_DEVICE void merge_body(const PagedAttentionParams& p, int D) {
     const int h = blockIdx.x % p.num_kv_heads;
@@ -577,7 +1059,8 @@ MHA_KIT_DEVICE void merge_body(const PagedAttentionParams& p, int D) {
     if (sp.rows == 0 || sp.nb <= 1) return;
     const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
     const int r0 = rt * ROWS;
-    for (int rr = 0; rr < sp.rows; ++rr) {
+    // Grid z = row of the tile (one CTA per row); rows past the tile exit.
+    for (int rr = blockIdx.z; rr < sp.rows; rr += gridDim.z) {
         const int rg = r0 + rr;
         const int j = rg / p.group, qh = h * p.group + rg % p.group;
         float mx = NEG_INF;
@@ -634,6 +1117,23 @@ PA_DECODE_D(bf16, 0, e4m3, 2)
 PA_DECODE_D(f16, 1, bf16, 0)
 PA_DECODE_D(f16, 1, f16, 1)
 PA_DECODE_D(f16, 1, e4m3, 2)
+
+// Tensor-core entries: D 64 (4 CTAs/SM) and 128 (2 CTAs/SM); Q and a 16-bit
+// KV share the dtype, or KV is e4m3 (converted once per CTA to the Q dtype).
+#define PA_MMA(QN, QT, KVN, KV, D, MINB)                                                            \
+    extern "C" __global__ void __launch_bounds__(pa::NT, MINB)                                       \
+        paged_attention_mma_##QN##_kv_##KVN##_d##D(const PagedAttentionParams p) {                   \
+        pa::mma_body<QT, KV, D>(p);                                                                \
+    }
+
+PA_MMA(bf16, 0, bf16, 0, 64, 4)
+PA_MMA(bf16, 0, bf16, 0, 128, 2)
+PA_MMA(bf16, 0, e4m3, 2, 64, 4)
+PA_MMA(bf16, 0, e4m3, 2, 128, 2)
+PA_MMA(f16, 1, f16, 1, 64, 4)
+PA_MMA(f16, 1, f16, 1, 128, 2)
+PA_MMA(f16, 1, e4m3, 2, 64, 4)
+PA_MMA(f16, 1, e4m3, 2, 128, 2)
 
 // head_dim is passed separately: the merge serves every D.
 extern "C" __global__ void __launch_bounds__(pa::NT)

@@ -16,8 +16,12 @@ use crate::{HalfDtype, KvDtype, HEAD_DIMS, PTX};
 pub const BLOCK_THREADS: u32 = 128;
 /// Query rows (token, head) packed into one CTA.
 pub const ROWS_PER_CTA: usize = 16;
-/// Tokens per KV tile.
+/// Tokens per KV tile of the CUDA-core kernel.
 pub const TILE_TOKENS: usize = 32;
+/// Tokens per KV tile of the tensor-core kernel (4 warps × 16).
+pub const MMA_TILE_TOKENS: usize = 64;
+/// Head dims with a tensor-core kernel.
+pub const MMA_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Largest supported GQA group `Hq / Hkv`.
 pub const MAX_GROUP: usize = 16;
 /// Largest uniform `q_len_per_req` / ragged `max_q_len`.
@@ -104,8 +108,9 @@ pub struct PagedAttentionParams {
     pub scale_log2: f32,
     /// `bmm2_scale`.
     pub bmm2_scale: f32,
-    /// Padding, 0.
-    pub reserved: i32,
+    /// KV tokens per CTA tile of the launched kernel (32 CUDA-core, 64
+    /// tensor-core): auto split chunks are multiples of it.
+    pub tile_tokens: i32,
 }
 
 // SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
@@ -167,13 +172,38 @@ pub enum QueryLayout<'a> {
         /// 1..=16.
         q_len_per_req: usize,
     },
-    /// Request `i` owns rows `cu_seqlens_q[i] .. cu_seqlens_q[i+1]` (n may be 0).
+    /// Request `i` owns rows `cu_seqlens_q[i] .. cu_seqlens_q[i+1]` (n may be 0);
+    /// requests breaking the ragged rule of the crate docs are skipped and counted.
     Ragged {
         /// `[bs + 1]` i32, contiguous.
         cu_seqlens_q: Strided<'a, i32, 1>,
-        /// 1..=16, upper bound on rows per request (longer requests clamped, counted).
+        /// 1..=16, upper bound on rows per request (longer requests skipped, counted).
         max_q_len: usize,
     },
+}
+
+/// Which kernel computes the attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelPath {
+    /// The tensor-core kernel (`paged_attention_mma_*`: mma.sync m16n8k16,
+    /// per-warp cp.async rings) when [`mma_supported`] holds, else the
+    /// CUDA-core kernel.
+    #[default]
+    Auto,
+    /// Always the CUDA-core kernel (`paged_attention_decode_*`), e.g. to
+    /// compare the two.
+    Simt,
+}
+
+/// Whether the tensor-core kernel handles a call: head dim 64 or 128, and KV
+/// either e4m3 or the same 16-bit dtype as Q (every GQA group and `q_len`).
+pub fn mma_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
+    let kv_ok = match kv {
+        KvDtype::E4m3 => true,
+        KvDtype::Bf16 => q == HalfDtype::Bf16,
+        KvDtype::F16 => q == HalfDtype::F16,
+    };
+    kv_ok && MMA_HEAD_DIMS.contains(&head_dim)
 }
 
 /// Split-KV policy.
@@ -246,13 +276,53 @@ pub struct LaunchPlan {
     pub head_dim: usize,
 }
 
-/// Kernel entry name for a dtype pair and head dim.
+/// Kernel entry name (CUDA-core kernel) for a dtype pair and head dim.
 pub fn entry_name(q: HalfDtype, kv: KvDtype, head_dim: usize) -> String {
     format!(
         "paged_attention_decode_{}_kv_{}_d{head_dim}",
         q.name(),
         kv.name()
     )
+}
+
+/// Tensor-core kernel entry name (exists when [`mma_supported`]).
+pub fn mma_entry_name(q: HalfDtype, kv: KvDtype, head_dim: usize) -> String {
+    format!(
+        "paged_attention_mma_{}_kv_{}_d{head_dim}",
+        q.name(),
+        kv.name()
+    )
+}
+
+/// The tensor-core entries: `(q, kv, head_dim)`.
+pub fn mma_variants() -> Vec<(HalfDtype, KvDtype, usize)> {
+    let mut v = Vec::new();
+    for q in [HalfDtype::Bf16, HalfDtype::F16] {
+        for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
+            for d in MMA_HEAD_DIMS {
+                if mma_supported(q, kv, d) {
+                    v.push((q, kv, d));
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Dynamic shared memory of the tensor-core kernel (mirrors `MmaSmem` in the
+/// .cu): per warp a ring of NST slots (3 for 16-bit KV, 4 for e4m3) of 16 K
+/// rows + 16 V rows as loaded (`D·es` bytes each), plus for e4m3 one
+/// converted 16-bit slice; then row stats `2·4·16` f32 and valid masks
+/// `4·NST·2` u32. The warp-merge scratch `4·16·(D+8)` f32 aliases the rings.
+pub fn mma_smem_bytes(head_dim: usize, kv: KvDtype) -> usize {
+    let (nst, conv) = match kv {
+        KvDtype::E4m3 => (4, 16 * head_dim * 2 * 2),
+        _ => (3, 0),
+    };
+    let slot = 16 * head_dim * kv.size() * 2;
+    let ring = 4 * (nst * slot + conv);
+    let bytes = ring + 2 * 4 * ROWS_PER_CTA * 4 + 4 * nst * 2 * 4;
+    bytes.div_ceil(16) * 16
 }
 
 /// Dynamic shared memory of the decode kernel (mirrors `Smem` in the .cu):
@@ -336,7 +406,7 @@ pub fn launch_config(
         shared_mem_bytes: smem as u32,
     };
     let merge = (max_splits > 1).then_some(LaunchConfig {
-        grid_dim: (y, z, 1),
+        grid_dim: (y, z, ROWS_PER_CTA as u32),
         block_dim: (BLOCK_THREADS, 1, 1),
         shared_mem_bytes: 0,
     });
@@ -389,6 +459,18 @@ fn check_vector<T>(arg: &'static str, v: &Strided<'_, T, 1>, n: usize) -> Result
 /// [`KernelError::Unsupported`] or [`KernelError::Capacity`] (workspace)
 /// naming the argument.
 pub fn validate(args: &DecodeArgs<'_>, num_sms: usize) -> Result<LaunchPlan> {
+    validate_path(args, num_sms, KernelPath::Auto)
+}
+
+/// [`validate`] for an explicit [`KernelPath`].
+///
+/// # Errors
+/// As [`validate`].
+pub fn validate_path(
+    args: &DecodeArgs<'_>,
+    num_sms: usize,
+    path: KernelPath,
+) -> Result<LaunchPlan> {
     let [num_tokens, hq, dim] = args.q.shape();
     let (ks, kst, vs, vst) = args.kv.shapes();
     let [num_pages, hkv, page_size, kdim] = ks;
@@ -544,7 +626,20 @@ pub fn validate(args: &DecodeArgs<'_>, num_sms: usize) -> Result<LaunchPlan> {
         }
     }
     let row_tiles = (q_len * group).div_ceil(ROWS_PER_CTA);
-    let smem = smem_bytes(dim, args.kv.dtype());
+    let use_mma = path == KernelPath::Auto && mma_supported(args.q_dtype, args.kv.dtype(), dim);
+    let (smem, entry, tile_tokens) = if use_mma {
+        (
+            mma_smem_bytes(dim, args.kv.dtype()),
+            mma_entry_name(args.q_dtype, args.kv.dtype(), dim),
+            MMA_TILE_TOKENS,
+        )
+    } else {
+        (
+            smem_bytes(dim, args.kv.dtype()),
+            entry_name(args.q_dtype, args.kv.dtype(), dim),
+            TILE_TOKENS,
+        )
+    };
     let (max_splits, config, merge_config) = launch_config(
         bs,
         hkv,
@@ -604,11 +699,12 @@ pub fn validate(args: &DecodeArgs<'_>, num_sms: usize) -> Result<LaunchPlan> {
         window_left: window,
         scale_log2: args.bmm1_scale * std::f32::consts::LOG2_E,
         bmm2_scale: args.bmm2_scale,
+        tile_tokens: tile_tokens as i32,
         ..Default::default()
     };
     Ok(LaunchPlan {
         params,
-        entry: entry_name(args.q_dtype, args.kv.dtype(), dim),
+        entry,
         merge_entry: format!("paged_attention_merge_{}", args.q_dtype.name()),
         config,
         merge_config,
@@ -625,6 +721,7 @@ pub struct PagedAttentionKernel {
     gpu: Arc<Gpu>,
     funcs: HashMap<String, CudaFunction>,
     num_sms: usize,
+    path: KernelPath,
     launches: AtomicU64,
 }
 
@@ -634,7 +731,28 @@ impl PagedAttentionKernel {
     /// # Errors
     /// [`KernelError::Load`] when the PTX does not load; [`KernelError::Driver`].
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
+        Self::with_path(gpu, KernelPath::Auto)
+    }
+
+    /// [`PagedAttentionKernel::new`] with an explicit kernel choice.
+    ///
+    /// # Errors
+    /// As [`PagedAttentionKernel::new`].
+    pub fn with_path(gpu: &Arc<Gpu>, path: KernelPath) -> Result<Self> {
         let mut funcs = HashMap::new();
+        for (q, kv, d) in mma_variants() {
+            let name = mma_entry_name(q, kv, d);
+            let f = gpu.function(&PTX, &name)?;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                mma_smem_bytes(d, kv) as i32,
+            )?;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )?;
+            funcs.insert(name, f);
+        }
         for q in [HalfDtype::Bf16, HalfDtype::F16] {
             for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
                 for d in HEAD_DIMS {
@@ -658,6 +776,7 @@ impl PagedAttentionKernel {
             gpu: gpu.clone(),
             funcs,
             num_sms,
+            path,
             launches: AtomicU64::new(0),
         })
     }
@@ -677,7 +796,12 @@ impl PagedAttentionKernel {
     /// # Errors
     /// As [`validate`].
     pub fn plan(&self, args: &DecodeArgs<'_>) -> Result<LaunchPlan> {
-        validate(args, self.num_sms)
+        validate_path(args, self.num_sms, self.path)
+    }
+
+    /// The kernel choice of this launcher.
+    pub fn path(&self) -> KernelPath {
+        self.path
     }
 
     /// Computes `out` (rows of requests only; other rows untouched); `bs = 0`
@@ -689,7 +813,7 @@ impl PagedAttentionKernel {
     /// As [`validate`]; [`KernelError::Stride`] for misaligned base pointers;
     /// [`KernelError::Driver`] when a launch fails.
     pub fn launch(&self, args: &mut DecodeArgs<'_>, errors: &mut DeviceErrors) -> Result<()> {
-        let plan = validate(args, self.num_sms)?;
+        let plan = validate_path(args, self.num_sms, self.path)?;
         let mut p = plan.params;
         if p.bs == 0 {
             return Ok(());

@@ -27,6 +27,33 @@
 //!   are never dereferenced: their keys are masked and each needed page is
 //!   counted once in the device error word (D10, [`ErrorFlags`]).
 //!
+//! **Ragged rule** (device data, checked in the kernel and the reference):
+//! request `i` is processed only if
+//!
+//! ```text
+//! 0 ≤ cu[i] ≤ cu[i+1] ≤ num_tokens,   cu[i+1] − cu[i] ≤ max_q_len,
+//! cu[i] ≥ cu[k] for every k < i          (prefix maximum)
+//! ```
+//!
+//! (`cu = cu_seqlens_q`). Otherwise it is skipped — its rows are left
+//! untouched — and counted once in the error word
+//! ([`ErrorFlags::BAD_CU_SEQLENS`], or [`ErrorFlags::Q_LEN_TOO_LONG`] for a
+//! well-formed but too long range). The prefix-maximum condition makes the
+//! row ranges of any two processed requests disjoint (a processed `j > i`
+//! starts at `cu[j] ≥ cu[i+1]`), so no output row is ever written by two
+//! CTAs; the first request of an overlap wins.
+//!
+//! **Kernels.** [`KernelPath::Auto`] uses the tensor-core kernel
+//! (`paged_attention_mma_*`) when [`mma_supported`] holds (D 64/128; KV
+//! e4m3 or the Q dtype): CTA = 4 warps, 16 query rows (G heads × q rows,
+//! token-major, padded) as the MMA M dimension, 64-token tiles of which each
+//! warp loads and consumes its own 16-token slice through a private cp.async
+//! ring (3 slots for 16-bit KV, 4 for e4m3), `mma.sync.m16n8k16` with f32
+//! accumulation for `Q·Kᵀ` and `P·V`, e4m3 converted once per element to the
+//! Q dtype in shared memory. Otherwise (D 256, mixed 16-bit dtypes,
+//! [`KernelPath::Simt`]) the CUDA-core kernel (`paged_attention_decode_*`)
+//! runs. Both share the work split, workspace format and merge kernel.
+//!
 //! Split-KV (flash-decoding): [`SplitMode::Auto`] picks splits from the batch
 //! shape (results deterministic run to run); [`SplitMode::Fixed`] uses one
 //! split size for every request (bitwise identical results independent of
@@ -42,9 +69,10 @@ mod launch;
 pub mod reference;
 
 pub use launch::{
-    entry_name, launch_config, smem_bytes, validate, workspace_elems, workspace_for, DecodeArgs,
+    entry_name, launch_config, mma_entry_name, mma_smem_bytes, mma_supported, mma_variants,
+    smem_bytes, validate, validate_path, workspace_elems, workspace_for, DecodeArgs, KernelPath,
     KvCache, LaunchPlan, PagedAttentionKernel, PagedAttentionParams, QueryLayout, SplitMode,
-    BLOCK_THREADS, MAX_GROUP, ROWS_PER_CTA, TILE_TOKENS,
+    BLOCK_THREADS, MAX_GROUP, MMA_HEAD_DIMS, MMA_TILE_TOKENS, ROWS_PER_CTA, TILE_TOKENS,
 };
 pub use reference::HalfDtype;
 
@@ -58,7 +86,8 @@ pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 /// Kernel entry point names used by the launcher (pinned by a CPU test):
-/// `paged_attention_decode_{q}_kv_{kv}_d{D}` and `paged_attention_merge_{q}`.
+/// `paged_attention_decode_{q}_kv_{kv}_d{D}`, `paged_attention_merge_{q}` and
+/// the tensor-core `paged_attention_mma_{q}_kv_{kv}_d{D}` ([`mma_variants`]).
 pub fn kernel_names() -> Vec<String> {
     let mut v = Vec::new();
     for q in [HalfDtype::Bf16, HalfDtype::F16] {
@@ -68,6 +97,9 @@ pub fn kernel_names() -> Vec<String> {
             }
         }
         v.push(format!("paged_attention_merge_{}", q.name()));
+    }
+    for (q, kv, d) in mma_variants() {
+        v.push(mma_entry_name(q, kv, d));
     }
     v
 }
@@ -108,12 +140,14 @@ impl KvDtype {
 pub struct ErrorFlags(u32);
 
 impl ErrorFlags {
-    /// Ragged mode: `cu_seqlens_q[i] < 0`, `cu_seqlens_q[i+1] < cu_seqlens_q[i]`
-    /// or past `num_tokens`: the request is skipped, its rows untouched (once per request).
+    /// Ragged mode: `cu_seqlens_q[i] < 0`, `cu_seqlens_q[i+1] < cu_seqlens_q[i]`,
+    /// `cu_seqlens_q[i+1] > num_tokens`, or `cu_seqlens_q[i] < cu_seqlens_q[k]`
+    /// for some `k < i` (rows overlapping an earlier request): the request is
+    /// skipped, its rows untouched (once per request). See the crate docs.
     pub const BAD_CU_SEQLENS: Self = Self(1);
-    /// Ragged mode: `n_i > max_q_len`: only the first `max_q_len` rows are
-    /// computed (once per request).
-    pub const Q_LEN_CLAMPED: Self = Self(2);
+    /// Ragged mode: `n_i = cu_seqlens_q[i+1] − cu_seqlens_q[i] > max_q_len`:
+    /// the request is skipped, its rows untouched (once per request).
+    pub const Q_LEN_TOO_LONG: Self = Self(2);
     /// `cache_seqlens[i] < 0`: read as 0 (once per request).
     pub const NEGATIVE_SEQLEN: Self = Self(4);
     /// A needed page (one overlapping `[k_lo, L)`) lies past `max_num_pages`

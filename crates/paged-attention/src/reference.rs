@@ -106,7 +106,7 @@ pub enum HostLayout<'a> {
     Ragged {
         /// `[bs + 1]` i32 prefix sums.
         cu_seqlens_q: &'a [i32],
-        /// Upper bound on rows per request; longer requests are clamped (counted).
+        /// Upper bound on rows per request; longer requests are skipped (counted).
         max_q_len: usize,
     },
 }
@@ -151,7 +151,7 @@ pub struct HostInputs<'a> {
 pub struct RequestGeometry {
     /// First query row (token) of the request.
     pub row_start: usize,
-    /// Rows `n` (after clamping to `max_q_len`).
+    /// Rows `n` (`≤ max_q_len`).
     pub n: usize,
     /// KV length `L` (negative lengths read as 0).
     pub len: i64,
@@ -160,8 +160,12 @@ pub struct RequestGeometry {
 }
 
 /// The per-request checks the kernel makes (and counts) before using a
-/// request: bad `cu_seqlens_q` (request skipped), rows past `max_q_len`
-/// (clamped), negative `cache_seqlens` (read as 0). `None` = skipped.
+/// request. Ragged request `i` is processed only if
+/// `0 ≤ cu[i] ≤ cu[i+1] ≤ num_tokens`, `cu[i+1] − cu[i] ≤ max_q_len` and
+/// `cu[i] ≥ cu[k]` for every `k < i` (prefix maximum: two processed requests
+/// never share a row); otherwise it is skipped (`None`, rows untouched) and
+/// counted once ([`ErrorFlags::BAD_CU_SEQLENS`] or
+/// [`ErrorFlags::Q_LEN_TOO_LONG`]). Negative `cache_seqlens` read as 0 (counted).
 pub fn request_geometry(
     input: &HostInputs<'_>,
     b: usize,
@@ -179,16 +183,18 @@ pub fn request_geometry(
             max_q_len,
         } => {
             let (s, e) = (i64::from(cu_seqlens_q[b]), i64::from(cu_seqlens_q[b + 1]));
-            if s < 0 || e < s || e > num_tokens {
+            // Prefix-maximum rule: a start below an earlier request's start
+            // means overlapping rows; the request is skipped.
+            let overlap = cu_seqlens_q[..b].iter().any(|&c| i64::from(c) > s);
+            if s < 0 || e < s || e > num_tokens || overlap {
                 count(ErrorFlags::BAD_CU_SEQLENS);
                 return None;
             }
-            let mut n = (e - s) as usize;
-            if n > max_q_len {
-                n = max_q_len;
-                count(ErrorFlags::Q_LEN_CLAMPED);
+            if e - s > max_q_len as i64 {
+                count(ErrorFlags::Q_LEN_TOO_LONG);
+                return None;
             }
-            (s as usize, n)
+            (s as usize, (e - s) as usize)
         }
     };
     let mut len = i64::from(input.cache_seqlens[b]);
@@ -225,8 +231,8 @@ pub struct RefOutput {
     /// `[num_tokens, num_q_heads, head_dim]` row-major, f64 (before rounding
     /// to the output dtype). Rows not written are 0 here.
     pub out: Vec<f64>,
-    /// `[num_tokens]`: whether the row is written (rows of no request, of a
-    /// skipped request or past a clamped `max_q_len` keep the buffer's bytes).
+    /// `[num_tokens]`: whether the row is written (rows of no request or of
+    /// a skipped request keep the buffer's bytes).
     pub written: Vec<bool>,
     /// What the device error word must hold.
     pub errors: ErrorReport,

@@ -15,12 +15,11 @@ use kernel_rt::cudarc::driver::CudaSlice;
 use kernel_rt::testing::{gpu_trial, run_trials, OrFail};
 use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
 use paged_attention::{
-    workspace_for, DecodeArgs, HalfDtype, KvCache, KvDtype, PagedAttentionKernel, QueryLayout,
-    SplitMode,
+    workspace_for, DecodeArgs, HalfDtype, KernelPath, KvCache, KvDtype, PagedAttentionKernel,
+    QueryLayout, SplitMode,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use rand::{Rng, SeedableRng};
 
 const POISON: u16 = 0xFFFF;
 const GPU_CASES: u32 = 1_200;
@@ -198,177 +197,6 @@ fn compare(
     Ok(())
 }
 
-fn describe(c: &Case) -> String {
-    format!(
-        "q {:?} kv {:?} D {} Hq {} Hkv {} P {} pages {} M {} lens {:?} uniform {:?} cu {:?} max_q {} W {:?} sinks {} bmm {} {}",
-        c.q_dtype, c.kv_dtype, c.d, c.hq, c.hkv, c.p, c.num_pages, c.m, c.lens, c.uniform, c.cu, c.max_q_len,
-        c.window, c.sinks.is_some(), c.bmm1, c.bmm2
-    )
-}
-
-/// A random case from `seed`. Keys no row of any request may see (outside
-/// every request's `[k_lo, L)`) hold NaN/Inf bytes.
-fn random_case(seed: u64) -> (Case, SplitMode, usize) {
-    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
-    let kv = [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3][r.gen_range(0..3)];
-    let d = [64, 128, 256][r.gen_range(0..3)];
-    let g = [1, 2, 4, 5, 8, 16][r.gen_range(0..6)];
-    let hkv = if r.gen_bool(0.7) { 1 } else { 2 };
-    let p = [1, 8, 16, 32, 64, 128, r.gen_range(1..=40)][r.gen_range(0..7)];
-    let bs = if r.gen_bool(0.03) {
-        0
-    } else {
-        r.gen_range(1..=4)
-    };
-    let uniform = r.gen_bool(0.6);
-    let max_q = if r.gen_bool(0.4) {
-        1
-    } else {
-        r.gen_range(1..=16)
-    };
-    let big = r.gen_bool(0.1);
-    let max_len_cap: i32 = if big {
-        2500
-    } else if r.gen_bool(0.5) {
-        300
-    } else {
-        40
-    };
-    let mut lens: Vec<i32> = (0..bs).map(|_| r.gen_range(0..=max_len_cap)).collect();
-    let qlens: Vec<usize> = (0..bs)
-        .map(|_| {
-            if uniform {
-                max_q
-            } else {
-                r.gen_range(0..=max_q)
-            }
-        })
-        .collect();
-    // Work budget for the f64 reference.
-    let budget = 3.0e7;
-    let rows: usize = qlens.iter().sum::<usize>().max(1);
-    let cap = (budget / (rows * g * hkv * d) as f64).max(1.0) as i32;
-    for l in lens.iter_mut() {
-        *l = (*l).min(cap);
-    }
-    let max_len = lens.iter().copied().max().unwrap_or(0).max(1) as usize;
-    let m_needed = max_len.div_ceil(p);
-    let m = if r.gen_bool(0.05) {
-        (m_needed / 2).max(1)
-    } else {
-        m_needed + r.gen_range(0..3)
-    };
-    let num_pages = 1 + bs * m + r.gen_range(0..4);
-    let num_tokens = if uniform {
-        bs * max_q
-    } else {
-        qlens.iter().sum()
-    };
-    let mut c = Case::new(
-        kv,
-        d,
-        g * hkv,
-        hkv,
-        p,
-        num_pages,
-        bs,
-        m,
-        uniform.then_some(max_q),
-        num_tokens,
-    );
-    c.q_dtype = if r.gen_bool(0.5) {
-        HalfDtype::Bf16
-    } else {
-        HalfDtype::F16
-    };
-    c.max_q_len = max_q;
-    c.lens = lens;
-    if !uniform {
-        let mut acc = 0;
-        for (b, n) in qlens.iter().enumerate() {
-            c.cu[b] = acc;
-            acc += *n as i32;
-        }
-        c.cu[bs] = acc;
-        if bs > 0 && r.gen_bool(0.03) {
-            c.cu[r.gen_range(0..=bs)] += 1; // bad or long request
-        }
-    }
-    if bs > 0 && r.gen_bool(0.03) {
-        c.lens[r.gen_range(0..bs)] = -3;
-    }
-    // Private pages in random order.
-    let mut ids: Vec<i32> = (1..num_pages as i32).collect();
-    for i in (1..ids.len()).rev() {
-        ids.swap(i, r.gen_range(0..=i));
-    }
-    for (i, e) in c.page_table.iter_mut().enumerate() {
-        *e = ids[i % ids.len()];
-        if r.gen_bool(0.01) {
-            *e = if r.gen_bool(0.5) {
-                -1
-            } else {
-                num_pages as i32 + 5
-            };
-        }
-    }
-    c.window = if r.gen_bool(0.35) {
-        Some(r.gen_range(0..=(max_len as u32 + 5)))
-    } else {
-        None
-    };
-    if r.gen_bool(0.3) {
-        c.sinks = Some((0..c.hq).map(|_| r.gen_range(-2.0f32..3.0)).collect());
-    }
-    c.bmm1 = (1.0 / (d as f32).sqrt()) * r.gen_range(0.5f32..2.0);
-    c.bmm2 = r.gen_range(0.5f32..2.0);
-    for x in c.q.iter_mut() {
-        *x = c.q_dtype.from_f64(r.gen_range(-2.0..2.0));
-    }
-    // Poison everything, then write real values into needed keys.
-    let (nan, inf) = match kv {
-        KvDtype::Bf16 => (0x7FC0u16, 0x7F80u16),
-        KvDtype::F16 => (0x7E00, 0x7C00),
-        KvDtype::E4m3 => (0x7F, 0xFF),
-    };
-    for (i, x) in c.k.iter_mut().enumerate() {
-        *x = if i % 3 == 0 { inf } else { nan };
-    }
-    c.v.clone_from(&c.k);
-    for b in 0..bs {
-        let len = c.lens[b].max(0) as i64;
-        let n = qlens[b] as i64;
-        let lo = c.window.map_or(0, |w| (len - n - w as i64).max(0));
-        for pos in lo.max(0)..len {
-            let e = pos as usize / p;
-            if e >= m {
-                continue;
-            }
-            let id = c.page_table[b * m + e];
-            if id < 0 || id as usize >= num_pages {
-                continue;
-            }
-            let slot = id as usize * p + pos as usize % p;
-            for h in 0..hkv {
-                for dd in 0..d {
-                    let (kx, vx) = (r.gen_range(-1.0..1.0), r.gen_range(-1.0..1.0));
-                    c.set_k(slot, h, dd, kx);
-                    c.set_v(slot, h, dd, vx);
-                }
-            }
-        }
-    }
-    let split = match r.gen_range(0..3) {
-        0 => SplitMode::Auto,
-        1 => SplitMode::Fixed {
-            chunk_tokens: r.gen_range(1..=300),
-        },
-        _ => SplitMode::Fixed { chunk_tokens: 512 },
-    };
-    let max_seq_len = max_len + r.gen_range(0..64);
-    (c, split, max_seq_len)
-}
-
 fn named<F>(name: &'static str, body: F) -> libtest_mimic::Trial
 where
     F: FnOnce(&Arc<Gpu>, &PagedAttentionKernel) -> Result<(), String> + Send + 'static,
@@ -387,18 +215,25 @@ fn expect(
     want: &[(usize, usize, f64)],
 ) -> Result<(), String> {
     let max_len = c.lens.iter().copied().max().unwrap_or(1).max(1) as usize;
-    for split in [
-        SplitMode::Auto,
-        SplitMode::Fixed { chunk_tokens: 1 },
-        SplitMode::Fixed { chunk_tokens: 2 },
-        SplitMode::Fixed { chunk_tokens: 4096 },
-    ] {
+    let simt = PagedAttentionKernel::with_path(gpu, KernelPath::Simt).or_fail("load")?;
+    for (k, split) in [k, &simt].into_iter().flat_map(|k| {
+        [
+            SplitMode::Auto,
+            SplitMode::Fixed { chunk_tokens: 1 },
+            SplitMode::Fixed { chunk_tokens: 2 },
+            SplitMode::Fixed { chunk_tokens: 4096 },
+        ]
+        .map(|s| (k, s))
+    }) {
         let got = run_gpu(gpu, k, c, split, max_len, None).or_fail("launch")?;
         for &(row, h, w) in want {
             let v = c.q_dtype.to_f64(got.out[(row * c.hq + h) * c.d]);
             let tol = 1e-2 * w.abs().max(1e-3);
             if (v - w).abs() > tol {
-                return Err(format!("{split:?}: row {row} head {h}: got {v}, want {w}"));
+                return Err(format!(
+                    "{:?} {split:?}: row {row} head {h}: got {v}, want {w}",
+                    k.path()
+                ));
             }
         }
         compare(c, &c.reference(), &got).map_err(|e| format!("{split:?}: {e}"))?;
@@ -409,6 +244,8 @@ fn expect(
 fn main() {
     let trials = vec![
         named("gpu_matches_reference_proptest", |gpu, k| {
+            // One case in four also runs the CUDA-core kernel (KernelPath::Simt).
+            let simt = PagedAttentionKernel::with_path(gpu, KernelPath::Simt).or_fail("load")?;
             let mut runner = TestRunner::new(Config {
                 cases: GPU_CASES,
                 failure_persistence: None,
@@ -418,7 +255,12 @@ fn main() {
                 .run(&any::<u64>(), |seed| {
                     let (c, split, msl) = random_case(seed);
                     check(gpu, k, &c, split, msl)
-                        .map_err(|e| TestCaseError::fail(format!("seed {seed}: {e}")))
+                        .map_err(|e| TestCaseError::fail(format!("seed {seed}: {e}")))?;
+                    if seed % 4 == 0 {
+                        check(gpu, &simt, &c, split, msl)
+                            .map_err(|e| TestCaseError::fail(format!("seed {seed} (simt): {e}")))?;
+                    }
+                    Ok(())
                 })
                 .map_err(|e| e.to_string())?;
             println!(
@@ -427,6 +269,32 @@ fn main() {
             );
             Ok(())
         }),
+        named(
+            "overlapping_cu_seqlens_seed_15241479058792931755",
+            |gpu, k| {
+                // Non-monotonic cu_seqlens_q [0, 1, 2, 1, 2]: requests 2 and 3 are
+                // skipped (BAD_CU_SEQLENS twice), row 1 belongs to request 1 only.
+                let (c, _, msl) = random_case(15_241_479_058_792_931_755);
+                if c.cu != [0, 1, 2, 1, 2] {
+                    return Err(format!("case drifted: {}", describe(&c)));
+                }
+                let simt =
+                    PagedAttentionKernel::with_path(gpu, KernelPath::Simt).or_fail("load")?;
+                for kern in [k, &simt] {
+                    for split in [
+                        SplitMode::Auto,
+                        SplitMode::Fixed { chunk_tokens: 8 },
+                        SplitMode::Fixed { chunk_tokens: 512 },
+                    ] {
+                        for _ in 0..20 {
+                            check(gpu, kern, &c, split, msl)
+                                .map_err(|e| format!("{:?} {split:?}: {e}", kern.path()))?;
+                        }
+                    }
+                }
+                Ok(())
+            },
+        ),
         named("must_pass_window", |gpu, k| {
             for (w, want) in [(Some(3), 3.5), (Some(0), 5.0), (Some(2), 4.0), (None, 2.5)] {
                 let mut c =

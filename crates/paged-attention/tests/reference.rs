@@ -2,13 +2,15 @@
 //! and edge-cases.md 20–27 on the f64 reference, reference properties
 //! (proptest), launch geometry, params layout, PTX entry names and freshness.
 
+#![allow(clippy::needless_range_loop)]
+
 mod common;
 
 use common::*;
 use kernel_rt::ErrorReport;
 use paged_attention::{
-    kernel_names, launch_config, smem_bytes, workspace_elems, ErrorFlags, KvDtype,
-    PagedAttentionParams, SplitMode, BLOCK_THREADS, PTX,
+    kernel_names, launch_config, mma_smem_bytes, smem_bytes, workspace_elems, ErrorFlags,
+    HalfDtype, KvDtype, PagedAttentionParams, SplitMode, BLOCK_THREADS, PTX,
 };
 use proptest::prelude::*;
 
@@ -200,23 +202,81 @@ fn invalid_pages_are_masked_and_counted() {
     assert_eq!(r.errors.count, 3);
 }
 
-/// Ragged-mode checks: bad cu_seqlens skipped, long rows clamped, negative L read as 0.
+/// Ragged-mode checks: bad or overlapping cu_seqlens skipped, too long
+/// requests skipped, negative L read as 0 — each counted once.
 #[test]
 fn ragged_device_checks_are_counted() {
     let mut c = verify_ragged_example(1);
     c.cu = vec![0, 2, 1, 1, 1];
     let r = c.reference();
-    assert_eq!(r.errors.flags, ErrorFlags::BAD_CU_SEQLENS.bits());
-    assert!(r.written[0] && r.written[1]);
+    // Request 1 has end < start; requests 2 and 3 start below cu[1] = 2.
+    assert_eq!(
+        r.errors,
+        ErrorReport {
+            count: 3,
+            flags: ErrorFlags::BAD_CU_SEQLENS.bits()
+        }
+    );
+    assert!(r.written[0] && r.written[1] && !r.written[2] && !r.written[3]);
     let mut c = verify_ragged_example(1);
     c.cu = vec![0, 3, 4, 4, 4];
     c.lens[2] = -5;
     let r = c.reference();
     assert_eq!(
-        r.errors.flags,
-        ErrorFlags::Q_LEN_CLAMPED.bits() | ErrorFlags::NEGATIVE_SEQLEN.bits()
+        r.errors,
+        ErrorReport {
+            count: 2,
+            flags: ErrorFlags::Q_LEN_TOO_LONG.bits() | ErrorFlags::NEGATIVE_SEQLEN.bits()
+        }
     );
-    assert!(!r.written[2], "row 2 is past max_q_len of request 0");
+    assert!(
+        !r.written[0] && !r.written[1] && !r.written[2],
+        "request 0 (3 rows > max_q_len 2) is skipped"
+    );
+    assert!(r.written[3]);
+}
+
+/// The GPU proptest failure `seed 15241479058792931755`: q F16, kv Bf16, D 64,
+/// Hq 16, Hkv 2, P 1, lens [24, 33, 30, 31], ragged `cu = [0, 1, 2, 1, 2]`,
+/// max_q 1. Request 2 has end < start and request 3 re-uses row 1 of request
+/// 1 (cu[3] = 1 < cu[2] = 2): both are skipped, so row 1 is written once, by
+/// request 1, exactly as if requests 2 and 3 were empty.
+#[test]
+fn overlapping_cu_seqlens_seed_15241479058792931755() {
+    let (c, _, _) = random_case(15_241_479_058_792_931_755);
+    assert_eq!(
+        (
+            c.q_dtype,
+            c.kv_dtype,
+            c.d,
+            c.hq,
+            c.hkv,
+            c.p,
+            c.num_pages,
+            c.m
+        ),
+        (HalfDtype::F16, KvDtype::Bf16, 64, 16, 2, 1, 136, 33)
+    );
+    assert_eq!(c.lens, [24, 33, 30, 31]);
+    assert_eq!(c.cu, [0, 1, 2, 1, 2]);
+    assert_eq!(
+        (c.uniform, c.max_q_len, c.window, c.sinks.is_some()),
+        (None, 1, None, false)
+    );
+    let r = c.reference();
+    assert_eq!(
+        r.errors,
+        ErrorReport {
+            count: 2,
+            flags: ErrorFlags::BAD_CU_SEQLENS.bits()
+        }
+    );
+    assert_eq!(r.written, [true, true]);
+    let mut fixed = c.clone();
+    fixed.cu = vec![0, 1, 2, 2, 2];
+    let want = fixed.reference();
+    assert!(want.errors.is_clean());
+    assert_eq!(r.out, want.out, "row 1 is request 1's alone");
 }
 
 #[test]
@@ -229,7 +289,7 @@ fn params_layout_matches_cuda() {
     assert_eq!(offset_of!(PagedAttentionParams, bs), 176);
     assert_eq!(offset_of!(PagedAttentionParams, window_left), 224);
     assert_eq!(offset_of!(PagedAttentionParams, scale_log2), 228);
-    assert_eq!(offset_of!(PagedAttentionParams, reserved), 236);
+    assert_eq!(offset_of!(PagedAttentionParams, tile_tokens), 236);
     assert!(PTX
         .ptx
         .contains("paged_attention_decode_bf16_kv_bf16_d128_param_0[240]"));
@@ -238,11 +298,13 @@ fn params_layout_matches_cuda() {
 #[test]
 fn ptx_has_every_kernel_name() {
     let names = kernel_names();
-    assert_eq!(names.len(), 20);
+    assert_eq!(names.len(), 28);
     for name in &names {
         assert!(PTX.has_entry(name), "{name} missing from the PTX");
     }
     assert!(names.contains(&"paged_attention_decode_bf16_kv_bf16_d128".to_string()));
+    assert!(names.contains(&"paged_attention_mma_bf16_kv_e4m3_d128".to_string()));
+    assert!(!names.contains(&"paged_attention_mma_bf16_kv_f16_d128".to_string()));
 }
 
 #[test]
@@ -263,6 +325,34 @@ fn smem_fits_the_sm90_budget() {
     assert_eq!(
         smem_bytes(128, KvDtype::Bf16),
         8192 + 6 * 32 * 272 + 16 * 33 * 4 + 192 + 12 + 4
+    );
+    // Tensor-core kernel: 2 CTAs/SM at D 128, 4 at D 64 (228 KB per SM,
+    // 1 KB reserved per CTA); 4 warps × 3 slots × 16 tokens × (K + V).
+    assert_eq!(
+        mma_smem_bytes(128, KvDtype::Bf16),
+        4 * 3 * 16 * 256 * 2 + 512 + 96
+    );
+    for (d, ctas) in [(64, 4), (128, 2)] {
+        for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
+            assert!(ctas * (mma_smem_bytes(d, kv) + 1024) <= 228 * 1024);
+            // the warp-merge scratch 4·16·(D+8) f32 fits in the rings
+            assert!(4 * 16 * (d + 8) * 4 <= mma_smem_bytes(d, kv) - 608);
+        }
+    }
+}
+
+#[test]
+fn kernel_path_choice() {
+    use paged_attention::{mma_supported, HalfDtype as H};
+    assert!(mma_supported(H::Bf16, KvDtype::Bf16, 128));
+    assert!(mma_supported(H::F16, KvDtype::E4m3, 64));
+    assert!(
+        !mma_supported(H::F16, KvDtype::Bf16, 128),
+        "mixed 16-bit dtypes"
+    );
+    assert!(
+        !mma_supported(H::Bf16, KvDtype::Bf16, 256),
+        "D 256: CUDA-core kernel"
     );
 }
 
@@ -305,6 +395,35 @@ proptest! {
                 (lo + x) as f64 / 2.0
             };
             prop_assert!((r.out[j] - want).abs() < 1e-9, "row {} got {} want {}", j, r.out[j], want);
+        }
+    }
+
+    /// Ragged rule: the rows of processed requests never overlap, and every
+    /// request is either processed or counted as skipped.
+    #[test]
+    fn processed_ragged_requests_never_overlap(cu in prop::collection::vec(-1i32..8, 2..7), max_q in 1usize..4) {
+        let bs = cu.len() - 1;
+        let mut c = uniform_weights_case(KvDtype::Bf16, 1, 1, 4, &vec![3; bs], None, 6, |_, t| t as f64);
+        c.cu = cu;
+        c.max_q_len = max_q;
+        let r = c.reference();
+        let mut owner = [usize::MAX; 6];
+        let mut processed = 0;
+        for b in 0..bs {
+            let (s, e) = (c.cu[b], c.cu[b + 1]);
+            let ok = s >= 0 && s <= e && e <= 6 && (e - s) as usize <= max_q
+                && c.cu[..b].iter().all(|&k| k <= s);
+            if ok {
+                processed += 1;
+                for row in s as usize..e as usize {
+                    prop_assert_eq!(owner[row], usize::MAX, "row {} written twice", row);
+                    owner[row] = b;
+                }
+            }
+        }
+        prop_assert_eq!(r.errors.count as usize, bs - processed);
+        for row in 0..6 {
+            prop_assert_eq!(r.written[row], owner[row] != usize::MAX);
         }
     }
 

@@ -2,7 +2,8 @@
 #![allow(dead_code, clippy::too_many_arguments, clippy::needless_range_loop)]
 
 use paged_attention::reference::{attention, HostInputs, HostKv, HostLayout, KvData, RefOutput};
-use paged_attention::{HalfDtype, KvDtype};
+use paged_attention::{HalfDtype, KvDtype, SplitMode};
+use rand::{Rng, SeedableRng};
 
 /// A whole attention call, host side. KV pools are slot-major (NHD)
 /// `[num_pages·P, Hkv, D]`; the kernels see the `[pages, Hkv, P, D]` view.
@@ -327,4 +328,186 @@ pub fn rel_err(got: &[f64], want: &[f64]) -> f64 {
     } else {
         num / den
     }
+}
+
+pub fn describe(c: &Case) -> String {
+    format!(
+        "q {:?} kv {:?} D {} Hq {} Hkv {} P {} pages {} M {} lens {:?} uniform {:?} cu {:?} max_q {} W {:?} sinks {} bmm {} {}",
+        c.q_dtype, c.kv_dtype, c.d, c.hq, c.hkv, c.p, c.num_pages, c.m, c.lens, c.uniform, c.cu, c.max_q_len,
+        c.window, c.sinks.is_some(), c.bmm1, c.bmm2
+    )
+}
+
+/// A random case from `seed`. Keys no row of any request may see (outside
+/// every request's `[k_lo, L)`) hold NaN/Inf bytes.
+pub fn random_case(seed: u64) -> (Case, SplitMode, usize) {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let kv = [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3][r.gen_range(0..3)];
+    let d = [64, 128, 256][r.gen_range(0..3)];
+    let g = [1, 2, 4, 5, 8, 16][r.gen_range(0..6)];
+    let hkv = if r.gen_bool(0.7) { 1 } else { 2 };
+    let p = [1, 8, 16, 32, 64, 128, r.gen_range(1..=40)][r.gen_range(0..7)];
+    let bs = if r.gen_bool(0.03) {
+        0
+    } else {
+        r.gen_range(1..=4)
+    };
+    let uniform = r.gen_bool(0.6);
+    let max_q = if r.gen_bool(0.4) {
+        1
+    } else {
+        r.gen_range(1..=16)
+    };
+    let big = r.gen_bool(0.1);
+    let max_len_cap: i32 = if big {
+        2500
+    } else if r.gen_bool(0.5) {
+        300
+    } else {
+        40
+    };
+    let mut lens: Vec<i32> = (0..bs).map(|_| r.gen_range(0..=max_len_cap)).collect();
+    let qlens: Vec<usize> = (0..bs)
+        .map(|_| {
+            if uniform {
+                max_q
+            } else {
+                r.gen_range(0..=max_q)
+            }
+        })
+        .collect();
+    // Work budget for the f64 reference.
+    let budget = 3.0e7;
+    let rows: usize = qlens.iter().sum::<usize>().max(1);
+    let cap = (budget / (rows * g * hkv * d) as f64).max(1.0) as i32;
+    for l in lens.iter_mut() {
+        *l = (*l).min(cap);
+    }
+    let max_len = lens.iter().copied().max().unwrap_or(0).max(1) as usize;
+    let m_needed = max_len.div_ceil(p);
+    let m = if r.gen_bool(0.05) {
+        (m_needed / 2).max(1)
+    } else {
+        m_needed + r.gen_range(0..3)
+    };
+    let num_pages = 1 + bs * m + r.gen_range(0..4);
+    let num_tokens = if uniform {
+        bs * max_q
+    } else {
+        qlens.iter().sum()
+    };
+    let mut c = Case::new(
+        kv,
+        d,
+        g * hkv,
+        hkv,
+        p,
+        num_pages,
+        bs,
+        m,
+        uniform.then_some(max_q),
+        num_tokens,
+    );
+    c.q_dtype = if r.gen_bool(0.5) {
+        HalfDtype::Bf16
+    } else {
+        HalfDtype::F16
+    };
+    c.max_q_len = max_q;
+    c.lens = lens;
+    if !uniform {
+        let mut acc = 0;
+        for (b, n) in qlens.iter().enumerate() {
+            c.cu[b] = acc;
+            acc += *n as i32;
+        }
+        c.cu[bs] = acc;
+        if bs > 0 && r.gen_bool(0.03) {
+            c.cu[r.gen_range(0..=bs)] += 1; // bad or long request
+        }
+    }
+    if bs > 0 && r.gen_bool(0.03) {
+        c.lens[r.gen_range(0..bs)] = -3;
+    }
+    // Private pages in random order.
+    let mut ids: Vec<i32> = (1..num_pages as i32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, r.gen_range(0..=i));
+    }
+    for (i, e) in c.page_table.iter_mut().enumerate() {
+        *e = ids[i % ids.len()];
+        if r.gen_bool(0.01) {
+            *e = if r.gen_bool(0.5) {
+                -1
+            } else {
+                num_pages as i32 + 5
+            };
+        }
+    }
+    c.window = if r.gen_bool(0.35) {
+        Some(r.gen_range(0..=(max_len as u32 + 5)))
+    } else {
+        None
+    };
+    if r.gen_bool(0.3) {
+        c.sinks = Some((0..c.hq).map(|_| r.gen_range(-2.0f32..3.0)).collect());
+    }
+    c.bmm1 = (1.0 / (d as f32).sqrt()) * r.gen_range(0.5f32..2.0);
+    c.bmm2 = r.gen_range(0.5f32..2.0);
+    for x in c.q.iter_mut() {
+        *x = c.q_dtype.from_f64(r.gen_range(-2.0..2.0));
+    }
+    // Poison everything, then write real values into needed keys.
+    let (nan, inf) = match kv {
+        KvDtype::Bf16 => (0x7FC0u16, 0x7F80u16),
+        KvDtype::F16 => (0x7E00, 0x7C00),
+        KvDtype::E4m3 => (0x7F, 0xFF),
+    };
+    for (i, x) in c.k.iter_mut().enumerate() {
+        *x = if i % 3 == 0 { inf } else { nan };
+    }
+    c.v.clone_from(&c.k);
+    for b in 0..bs {
+        let len = c.lens[b].max(0) as i64;
+        let n = qlens[b] as i64;
+        let lo = c.window.map_or(0, |w| (len - n - w as i64).max(0));
+        for pos in lo.max(0)..len {
+            let e = pos as usize / p;
+            if e >= m {
+                continue;
+            }
+            let id = c.page_table[b * m + e];
+            if id < 0 || id as usize >= num_pages {
+                continue;
+            }
+            let slot = id as usize * p + pos as usize % p;
+            for h in 0..hkv {
+                for dd in 0..d {
+                    let (kx, vx) = (r.gen_range(-1.0..1.0), r.gen_range(-1.0..1.0));
+                    c.set_k(slot, h, dd, kx);
+                    c.set_v(slot, h, dd, vx);
+                }
+            }
+        }
+    }
+    let split = match r.gen_range(0..3) {
+        0 => SplitMode::Auto,
+        1 => SplitMode::Fixed {
+            chunk_tokens: r.gen_range(1..=300),
+        },
+        _ => SplitMode::Fixed { chunk_tokens: 512 },
+    };
+    let max_seq_len = max_len + r.gen_range(0..64);
+    // More bad ragged arrays (drawn last, so earlier seeds keep their cases):
+    // a lowered entry (overlap with an earlier request), a random entry, or
+    // two entries swapped.
+    if !uniform && bs > 0 && r.gen_bool(0.06) {
+        let i = r.gen_range(0..=bs);
+        match r.gen_range(0..3) {
+            0 => c.cu[i] -= 1,
+            1 => c.cu[i] = r.gen_range(-1..=num_tokens as i32 + 1),
+            _ => c.cu.swap(i, r.gen_range(0..=bs)),
+        }
+    }
+    (c, split, max_seq_len)
 }
