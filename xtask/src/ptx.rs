@@ -169,46 +169,44 @@ pub fn build(root: &Path, check: bool) -> Result<()> {
 
 /// Compares the PTX rebuilt into `scratch` with the committed files.
 fn compare(root: &Path, kernels: &[Kernel], scratch: &Path) -> Result<()> {
-    {
-        let mut stale = Vec::new();
-        for (i, k) in kernels.iter().enumerate() {
-            let fresh = std::fs::read_to_string(scratch.join(format!("{i}.ptx")))?;
-            let committed = std::fs::read_to_string(&k.ptx).unwrap_or_default();
-            if fresh != committed {
-                stale.push(
-                    k.ptx
-                        .strip_prefix(root)
-                        .unwrap_or(&k.ptx)
-                        .display()
-                        .to_string(),
-                );
-            }
-        }
-        let known: Vec<PathBuf> = kernels.iter().map(|k| k.ptx.clone()).collect();
-        for krate in std::fs::read_dir(root.join("crates"))?.filter_map(|e| e.ok()) {
-            let Ok(entries) = std::fs::read_dir(krate.path().join("ptx")) else {
-                continue;
-            };
-            for p in entries.filter_map(|e| e.ok().map(|e| e.path())) {
-                if p.extension().is_some_and(|x| x == "ptx") && !known.contains(&p) {
-                    stale.push(format!(
-                        "{} (no source)",
-                        p.strip_prefix(root).unwrap_or(&p).display()
-                    ));
-                }
-            }
-        }
-        if !stale.is_empty() {
-            bail!(
-                "stale PTX (run `cargo xtask ptx-build` and commit):\n  {}",
-                stale.join("\n  ")
+    let mut stale = Vec::new();
+    for (i, k) in kernels.iter().enumerate() {
+        let fresh = std::fs::read_to_string(scratch.join(format!("{i}.ptx")))?;
+        let committed = std::fs::read_to_string(&k.ptx).unwrap_or_default();
+        if fresh != committed {
+            stale.push(
+                k.ptx
+                    .strip_prefix(root)
+                    .unwrap_or(&k.ptx)
+                    .display()
+                    .to_string(),
             );
         }
-        eprintln!(
-            "ptx-build --check: {} PTX file(s) up to date",
-            kernels.len()
+    }
+    let known: Vec<PathBuf> = kernels.iter().map(|k| k.ptx.clone()).collect();
+    for krate in std::fs::read_dir(root.join("crates"))?.filter_map(|e| e.ok()) {
+        let Ok(entries) = std::fs::read_dir(krate.path().join("ptx")) else {
+            continue;
+        };
+        for p in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+            if p.extension().is_some_and(|x| x == "ptx") && !known.contains(&p) {
+                stale.push(format!(
+                    "{} (no source)",
+                    p.strip_prefix(root).unwrap_or(&p).display()
+                ));
+            }
+        }
+    }
+    if !stale.is_empty() {
+        bail!(
+            "stale PTX (run `cargo xtask ptx-build` and commit):\n  {}",
+            stale.join("\n  ")
         );
     }
+    eprintln!(
+        "ptx-build --check: {} PTX file(s) up to date",
+        kernels.len()
+    );
     Ok(())
 }
 
