@@ -10,9 +10,11 @@ use crate::{GraphMode, PTX};
 
 /// Threads per block (`gm::THREADS` in `kernels/graph_metadata.cuh`).
 pub const BLOCK_THREADS: u32 = 256;
-/// Page-table blocks the launch aims for when rows are few (≈ 2 waves of
-/// 8 blocks per SM on 132 SMs).
-const TARGET_PAGE_BLOCKS: usize = 2048;
+/// Page-table blocks the launch aims for: one wave of 8 blocks (32 registers,
+/// `__launch_bounds__(256, 8)`) on each of the 132 SMs of an H100/H200. The
+/// kernel also relies on `page_chunks ≤ TARGET_PAGE_BLOCKS` (its 32-bit page
+/// indices).
+pub const TARGET_PAGE_BLOCKS: usize = 132 * 8;
 /// Most blocks given to `swa_out_cache_loc` (grid-stride beyond that).
 const MAX_SWA_BLOCKS: usize = 1024;
 
@@ -165,9 +167,11 @@ pub struct LaunchPlan {
 
 /// Geometry for `bs ≥ 1` rows, page-table width `max_num_pages` and `n_swa`
 /// SWA write locations: block 0 writes the per-row vectors and prefix sums,
-/// `page_chunks` blocks per row cover the row's pages (enough to cover `M`
-/// pages once when rows are few, fewer when rows are many), `swa_blocks`
-/// blocks cover the write locations.
+/// `bs · page_chunks` blocks (one warp task per warp, rows interleaved over
+/// blocks) cover the page tables — `page_chunks = min(⌈M / 256⌉,
+/// max(1, ⌊TARGET_PAGE_BLOCKS / bs⌋))`, so the page blocks fill about one
+/// wave when there are enough pages and no thread lacks a page of a full
+/// row — and `swa_blocks` blocks cover the write locations.
 ///
 /// # Errors
 /// [`KernelError::Unsupported`] when `bs == 0` or the grid exceeds CUDA's x limit.
@@ -180,7 +184,7 @@ pub fn launch_config(bs: usize, max_num_pages: usize, n_swa: usize) -> Result<La
     }
     let threads = BLOCK_THREADS as usize;
     let per_row = max_num_pages.div_ceil(threads).max(1);
-    let wanted = TARGET_PAGE_BLOCKS.div_ceil(bs).max(1);
+    let wanted = (TARGET_PAGE_BLOCKS / bs).max(1);
     let page_chunks = per_row.min(wanted);
     let swa_blocks = n_swa.div_ceil(threads).min(MAX_SWA_BLOCKS);
     let blocks = bs

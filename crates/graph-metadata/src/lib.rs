@@ -50,7 +50,7 @@ mod replay;
 
 pub use launch::{
     launch_config, validate, GraphMetadataArgs, GraphMetadataKernel, GraphMetadataParams,
-    LaunchPlan, SwaArgs, SwaWriteLocs, BLOCK_THREADS,
+    LaunchPlan, SwaArgs, SwaWriteLocs, BLOCK_THREADS, TARGET_PAGE_BLOCKS,
 };
 pub use mode::GraphMode;
 pub use replay::{

@@ -472,8 +472,105 @@ fn graph_replay(gpu: &Arc<Gpu>, mode: GraphMode, seed: u64) -> Result<(), String
     Ok(())
 }
 
+/// A large bucket (the proptest stays at bs ≤ 12, M ≤ 20): `bs` rows over
+/// `bs + 1` request rows of width `P·M`, lengths uniform in `[0, P·M + P]`
+/// with full rows, row 0 all zeros, a few bad request indices, negative slots
+/// and slots past the pool; the SWA map holds -1, 0 and entries past
+/// `i32::MAX` (their 64-bit page path); `pool_slots` checked.
+fn large_case(seed: u64, bs: usize, p: usize, m: usize, swa: bool) -> Case {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let width = p * m;
+    let rows = bs + 1;
+    let pool = 64 * 1024usize;
+    let mut r2t = vec![0i32; width];
+    for _ in 1..rows {
+        r2t.extend((0..width).map(|_| match rng.gen_range(0..2000) {
+            0 => -5,
+            1 => (pool + 3) as i32,
+            _ => rng.gen_range(0..pool as i32),
+        }));
+    }
+    let pm = (p * m) as i64;
+    let seq_lens: Vec<i64> = (0..bs)
+        .map(|_| match rng.gen_range(0..8) {
+            0 => pm,
+            1 => pm + p as i64,
+            _ => rng.gen_range(0..=pm),
+        })
+        .collect();
+    let rpi: Vec<i64> = (0..bs)
+        .map(|_| match rng.gen_range(0..100) {
+            0 => -1,
+            1 => rows as i64,
+            _ => rng.gen_range(0..rows as i64),
+        })
+        .collect();
+    let mut c = Case::new(GraphMode::Decode, &[], &rpi, &seq_lens, p, m);
+    c.r2t = r2t;
+    c.rows = rows;
+    c.width = width;
+    c.r2t_stride = width;
+    c.pt_stride = m + 3;
+    c.pool_slots = Some(pool);
+    if swa {
+        let mut map: Vec<i64> = (0..pool + p)
+            .map(|_| match rng.gen_range(0..50) {
+                0 => -1,
+                1 => 0,
+                2 => rng.gen_range(1i64 << 31..1i64 << 40),
+                _ => rng.gen_range(0..pool as i64),
+            })
+            .collect();
+        map.push(-1);
+        let n_swa = bs + 5;
+        let locs: Vec<i64> = (0..bs).map(|_| rng.gen_range(0..pool as i64)).collect();
+        c = c.with_swa(map, Some((Some(locs), n_swa)));
+    }
+    c
+}
+
+/// GPU == reference for large buckets: many page blocks per row, several
+/// pages per thread, rows interleaved over blocks, P a power of two or not,
+/// with and without the SWA table.
+fn large_buckets(gpu: &Arc<Gpu>) -> Result<(), String> {
+    let kernel = GraphMetadataKernel::new(gpu).or_fail("load")?;
+    let shapes: [(usize, usize, usize); 7] = [
+        (256, 16, 512),
+        (3, 1, 5000),
+        (1, 1, 300_000),
+        (600, 7, 800),
+        (2000, 64, 40),
+        (37, 3, 3000),
+        (1100, 16, 300),
+    ];
+    let mut seed = 11u64;
+    for (bs, p, m) in shapes {
+        for swa in [false, true] {
+            seed += 1;
+            let c = large_case(seed, bs, p, m, swa);
+            let (want, want_err) = c.reference();
+            let (got, got_err) = run_eager(gpu, &kernel, &c)?;
+            let what = format!("bs {bs}, P {p}, M {m}, swa {swa}");
+            if let Some(d) = diff(&got, &want) {
+                return Err(format!("{what}: {d}"));
+            }
+            if got_err != want_err {
+                return Err(format!(
+                    "{what}: error word gpu {got_err:?} vs reference {want_err:?}"
+                ));
+            }
+            if want_err.is_clean() {
+                return Err(format!("{what}: the case should count bad data"));
+            }
+        }
+    }
+    println!("large_buckets_match_reference: {} cases", 2 * shapes.len());
+    Ok(())
+}
+
 fn main() {
     let trials = vec![
+        gpu_trial("large_buckets_match_reference", large_buckets),
         gpu_trial("gpu_matches_reference_proptest", |gpu| {
             let kernel = GraphMetadataKernel::new(gpu).or_fail("load")?;
             let mut runner = TestRunner::new(Config {

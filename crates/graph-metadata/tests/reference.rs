@@ -12,8 +12,8 @@ use common::{
 use graph_metadata::reference::HostOutputs;
 use graph_metadata::{
     check_ragged_q_lens, launch_config, pad_ragged_verify_lens, prepare_replay, ErrorFlags,
-    GraphMetadataParams, GraphMode, BLOCK_THREADS, KERNEL_NAMES, PTX, UNFUSED_KERNEL_NAMES,
-    UNFUSED_PTX,
+    GraphMetadataParams, GraphMode, BLOCK_THREADS, KERNEL_NAMES, PTX, TARGET_PAGE_BLOCKS,
+    UNFUSED_KERNEL_NAMES, UNFUSED_PTX,
 };
 use kernel_rt::ErrorReport;
 use proptest::prelude::*;
@@ -562,6 +562,11 @@ proptest! {
         let t = BLOCK_THREADS as usize;
         prop_assert!(chunks >= 1);
         prop_assert!((chunks - 1) * t < m, "no chunk without a page");
+        // The kernel's 32-bit page indices rely on this bound.
+        prop_assert!(chunks <= TARGET_PAGE_BLOCKS);
+        // About one wave: the page blocks stay within the target when rows allow.
+        prop_assert!(bs * chunks <= TARGET_PAGE_BLOCKS.max(bs));
+        prop_assert!(chunks == m.div_ceil(t) || bs * (chunks + 1) > TARGET_PAGE_BLOCKS);
         prop_assert_eq!(plan.cfg.grid_dim.0 as usize, 1 + bs * chunks + plan.swa_blocks as usize);
         prop_assert_eq!((plan.cfg.grid_dim.1, plan.cfg.grid_dim.2), (1, 1));
         prop_assert_eq!(plan.cfg.block_dim, (BLOCK_THREADS, 1, 1));
