@@ -279,6 +279,98 @@ fn overlapping_cu_seqlens_seed_15241479058792931755() {
     assert_eq!(r.out, want.out, "row 1 is request 1's alone");
 }
 
+/// Rebuilds a GPU proptest case from its seed and runs the GPU test's exact
+/// comparison ([`compare`]) with an exact device's output: it fails (rel err
+/// NaN, "want NaN") whenever the reference reads a NaN/Inf-poisoned key.
+fn seed_case_compares_clean(seed: u64) -> Case {
+    let (c, _, _) = random_case(seed);
+    visible_keys_are_finite(&c).unwrap();
+    let want = c.reference();
+    for (row, &w) in want.written.iter().enumerate() {
+        let o = &want.out[row * c.hq * c.d..(row + 1) * c.hq * c.d];
+        assert!(!w || o.iter().all(|x| x.is_finite()), "row {row}");
+    }
+    compare(&c, &want, &ideal_device_output(&c, &want), &want.errors).unwrap();
+    c
+}
+
+/// The GPU proptest failure `seed 15262499740901626710` (row 0: got NaN, want
+/// NaN): q Bf16, kv Bf16, D 128, Hq 8, Hkv 1, P 5, W 129, lens
+/// [204, 173, 217, 187], `cu = [0, 1, 0, 2, 3]`. The rows were drawn as
+/// [0, 1, 1, 1] (`cu = [0, 0, 1, 2, 3]`), then the final bad-array edit
+/// swapped cu[1] and cu[2]: request 0 gained a row at x = 203 that sees keys
+/// 74..=203, but `random_case` had filled keys from 204 − 0 − 129 = 75 only,
+/// leaving key 74 NaN. Requests 1 (end < start) and 2 (start below cu[1])
+/// are skipped; request 3 writes row 2.
+#[test]
+fn window_ragged_seed_15262499740901626710() {
+    let c = seed_case_compares_clean(15_262_499_740_901_626_710);
+    assert_eq!(
+        (
+            c.q_dtype,
+            c.kv_dtype,
+            c.d,
+            c.hq,
+            c.hkv,
+            c.p,
+            c.num_pages,
+            c.m
+        ),
+        (HalfDtype::Bf16, KvDtype::Bf16, 128, 8, 1, 5, 183, 45)
+    );
+    assert_eq!(c.lens, [204, 173, 217, 187]);
+    assert_eq!(c.cu, [0, 1, 0, 2, 3]);
+    assert_eq!(
+        (c.uniform, c.max_q_len, c.window, c.sinks.is_some()),
+        (None, 1, Some(129), false)
+    );
+    let r = c.reference();
+    assert_eq!(
+        r.errors,
+        ErrorReport {
+            count: 2,
+            flags: ErrorFlags::BAD_CU_SEQLENS.bits()
+        }
+    );
+    assert_eq!(r.written, [true, false, true]);
+    let key74 = c.kv_index(c.slot(0, 74), 0, 0);
+    assert!(c.decode_kv(c.k[key74]).is_finite() && c.decode_kv(c.v[key74]).is_finite());
+}
+
+/// The GPU proptest failure `seed 15297217940233036951` (row 0: got NaN, want
+/// NaN): q F16, kv Bf16, D 256, Hq 4, Hkv 1, P 16, W 54, lens [165, 275],
+/// `cu = [0, 2, 2]` (request 1 has no rows). The rows were drawn as [1, 1];
+/// the `cu[1] += 1` edit gave request 0 a second row, at x = 163, which sees
+/// keys 109..=163, but keys were filled from 165 − 1 − 54 = 110 only.
+#[test]
+fn window_ragged_seed_15297217940233036951() {
+    let c = seed_case_compares_clean(15_297_217_940_233_036_951);
+    assert_eq!(
+        (
+            c.q_dtype,
+            c.kv_dtype,
+            c.d,
+            c.hq,
+            c.hkv,
+            c.p,
+            c.num_pages,
+            c.m
+        ),
+        (HalfDtype::F16, KvDtype::Bf16, 256, 4, 1, 16, 37, 18)
+    );
+    assert_eq!(c.lens, [165, 275]);
+    assert_eq!(c.cu, [0, 2, 2]);
+    assert_eq!(
+        (c.uniform, c.max_q_len, c.window, c.sinks.is_some()),
+        (None, 12, Some(54), false)
+    );
+    let r = c.reference();
+    assert!(r.errors.is_clean());
+    assert_eq!(r.written, [true, true]);
+    let key109 = c.kv_index(c.slot(0, 109), 0, 0);
+    assert!(c.decode_kv(c.k[key109]).is_finite() && c.decode_kv(c.v[key109]).is_finite());
+}
+
 #[test]
 fn params_layout_matches_cuda() {
     use std::mem::{offset_of, size_of};
@@ -435,5 +527,17 @@ proptest! {
         let r = c.reference();
         let want = len as f64 / (len as f64 + (sink as f64).exp());
         prop_assert!((r.out[0] - want).abs() < 1e-9);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    /// `random_case` only poisons keys no processed row may see, after every
+    /// `cu_seqlens_q` edit (else the reference itself outputs NaN).
+    #[test]
+    fn random_cases_poison_only_invisible_keys(seed in any::<u64>()) {
+        let (c, _, _) = random_case(seed);
+        prop_assert!(visible_keys_are_finite(&c).is_ok(), "seed {seed}: {:?}", visible_keys_are_finite(&c));
     }
 }
