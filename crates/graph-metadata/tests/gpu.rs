@@ -544,6 +544,7 @@ fn large_buckets(gpu: &Arc<Gpu>) -> Result<(), String> {
         (1100, 16, 300),
     ];
     let mut seed = 11u64;
+    let mut with_errors = 0;
     for (bs, p, m) in shapes {
         for swa in [false, true] {
             seed += 1;
@@ -559,12 +560,21 @@ fn large_buckets(gpu: &Arc<Gpu>) -> Result<(), String> {
                     "{what}: error word gpu {got_err:?} vs reference {want_err:?}"
                 ));
             }
-            if want_err.is_clean() {
-                return Err(format!("{what}: the case should count bad data"));
-            }
+            // A small bucket may draw no bad data (bs 1 often samples the
+            // all-zero row 0); the set as a whole must exercise the error path.
+            with_errors += usize::from(!want_err.is_clean());
         }
     }
-    println!("large_buckets_match_reference: {} cases", 2 * shapes.len());
+    if with_errors < shapes.len() {
+        return Err(format!(
+            "only {with_errors} of {} cases counted bad data: the generator no longer exercises the error path",
+            2 * shapes.len()
+        ));
+    }
+    println!(
+        "large_buckets_match_reference: {} cases, {with_errors} with bad data counted",
+        2 * shapes.len()
+    );
     Ok(())
 }
 
