@@ -1,0 +1,346 @@
+//! Backend configuration (backend.md §1, §6; DECISIONS.md D8, D12, D14).
+
+use fp8_kv::{KvCacheDtype, KvScales};
+use paged_attention::HalfDtype;
+
+use crate::error::{config_err, BackendError, Result};
+
+/// Default workspace size: 512 MiB = 536,870,912 bytes (backend.md §6).
+pub const DEFAULT_WORKSPACE_BYTES: usize = 512 << 20;
+/// Environment variable overriding the workspace size, in bytes.
+pub const WORKSPACE_ENV: &str = "MHA_KIT_WORKSPACE_BYTES";
+/// Head dims with an attention kernel instantiation (paged-attention); the
+/// CPU executor accepts the same set so a config valid on the CPU is valid
+/// on the GPU.
+pub const HEAD_DIMS: [usize; 3] = paged_attention::HEAD_DIMS;
+/// Largest GQA group `Hq / Hkv` of the attention kernels.
+pub const MAX_GROUP: usize = paged_attention::MAX_GROUP;
+/// Largest query rows per request of the decode kernel (verify, draft extend);
+/// the CPU executor enforces it too.
+pub const MAX_DECODE_Q_LEN: usize = 16;
+
+/// One attention layer's shape and parameters (backend.md §7).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerConfig {
+    /// `Hq`: query heads of this rank.
+    pub num_q_heads: usize,
+    /// `Hkv`: KV heads; `Hq % Hkv == 0`, `Hq / Hkv ≤` [`MAX_GROUP`].
+    pub num_kv_heads: usize,
+    /// `D`, one of [`HEAD_DIMS`].
+    pub head_dim: usize,
+    /// `W`: a row at position `x` sees keys `max(0, x − W) ..= x`; `None` = no
+    /// window; `Some(0)` = the own key only (D12). In a hybrid model the
+    /// layers with a window are the SWA layers.
+    pub window_left: Option<u32>,
+    /// `[Hq]` f32 sink logits (attention.md §6), or none.
+    pub sinks: Option<Vec<f32>>,
+    /// Checkpoint K scale (used only with an e4m3 cache; missing, `≤ 0` or
+    /// NaN → 1.0, D8).
+    pub k_scale: Option<f32>,
+    /// Checkpoint V scale (as `k_scale`).
+    pub v_scale: Option<f32>,
+    /// Softmax scale (`layer.scaling`); `None` = `1 / sqrt(D)`.
+    pub sm_scale: Option<f32>,
+}
+
+impl LayerConfig {
+    /// A full-attention layer `Hq / Hkv / D` without sinks or scales.
+    pub fn new(num_q_heads: usize, num_kv_heads: usize, head_dim: usize) -> Self {
+        Self {
+            num_q_heads,
+            num_kv_heads,
+            head_dim,
+            window_left: None,
+            sinks: None,
+            k_scale: None,
+            v_scale: None,
+            sm_scale: None,
+        }
+    }
+
+    /// With sliding window `window_left`.
+    pub fn with_window(mut self, window_left: u32) -> Self {
+        self.window_left = Some(window_left);
+        self
+    }
+
+    /// With `[Hq]` sink logits.
+    pub fn with_sinks(mut self, sinks: Vec<f32>) -> Self {
+        self.sinks = Some(sinks);
+        self
+    }
+
+    /// With checkpoint K/V scales.
+    pub fn with_scales(mut self, k_scale: Option<f32>, v_scale: Option<f32>) -> Self {
+        self.k_scale = k_scale;
+        self.v_scale = v_scale;
+        self
+    }
+
+    /// The softmax scale actually used: `sm_scale` or `1 / sqrt(D)`.
+    pub fn resolved_sm_scale(&self) -> f32 {
+        self.sm_scale
+            .unwrap_or_else(|| 1.0 / (self.head_dim as f32).sqrt())
+    }
+
+    /// Elements of one token's K (or V) row, `Hkv · D`.
+    pub fn kv_row_elems(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Elements of one token's query / output row, `Hq · D`.
+    pub fn q_row_elems(&self) -> usize {
+        self.num_q_heads * self.head_dim
+    }
+}
+
+/// Speculative decoding settings (EAGLE / MTP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpecConfig {
+    /// `S`: draft steps; the multi-step draft backend builds `S − 1` step backends.
+    pub num_steps: usize,
+    /// `N`: draft tokens verified per request (uniform verify `q_len`, ≥ 1).
+    pub num_draft_tokens: usize,
+    /// EAGLE tree width; only `≤ 1` is supported ([`BackendError::TopkUnsupported`]).
+    pub topk: usize,
+}
+
+/// Everything the backend needs at construction (backend.md §1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendConfig {
+    /// One entry per attention layer, in layer-id order.
+    pub layers: Vec<LayerConfig>,
+    /// `P ≥ 1`, tokens per page (any value, D16).
+    pub page_size: usize,
+    /// Model context length: `req_to_token` width and `M = ceil(context_len / P)`.
+    pub context_len: usize,
+    /// KV-cache dtype: bf16, f16 (must equal `model_dtype`) or e4m3.
+    pub kv_dtype: KvCacheDtype,
+    /// Model dtype: query, new K/V and output (bf16 or f16).
+    pub model_dtype: HalfDtype,
+    /// Largest CUDA-graph batch size (graph buckets; kept for the CUDA executor).
+    pub max_graph_bs: usize,
+    /// Speculative settings, if speculative decoding is used.
+    pub spec: Option<SpecConfig>,
+    /// Workspace bytes; `None` = [`WORKSPACE_ENV`] if set, else
+    /// [`DEFAULT_WORKSPACE_BYTES`].
+    pub workspace_bytes: Option<usize>,
+    /// Request rows usable at once (`req_to_token` has one more: row 0, reserved).
+    pub max_requests: usize,
+    /// Allocatable pages of the full pool (plus the dummy page 0).
+    pub num_pages: usize,
+    /// Allocatable pages of the SWA pool of a hybrid model, or `None` for no
+    /// SWA pool. With a pool, the layers with a window keep their KV there.
+    pub num_swa_pages: Option<usize>,
+}
+
+impl BackendConfig {
+    /// A dense model: `num_layers` identical full-attention layers, bf16
+    /// model and cache, no speculation, `max_graph_bs = 256`.
+    pub fn dense(
+        num_layers: usize,
+        layer: LayerConfig,
+        page_size: usize,
+        context_len: usize,
+        num_pages: usize,
+        max_requests: usize,
+    ) -> Self {
+        Self {
+            layers: vec![layer; num_layers],
+            page_size,
+            context_len,
+            kv_dtype: KvCacheDtype::Bf16,
+            model_dtype: HalfDtype::Bf16,
+            max_graph_bs: 256,
+            spec: None,
+            workspace_bytes: None,
+            max_requests,
+            num_pages,
+            num_swa_pages: None,
+        }
+    }
+
+    /// `M = ceil(context_len / P)`: page-table width.
+    pub fn max_num_pages(&self) -> usize {
+        self.context_len.div_ceil(self.page_size.max(1))
+    }
+
+    /// Whether layer `layer` keeps its KV in the SWA pool.
+    pub fn is_swa_layer(&self, layer: usize) -> bool {
+        self.num_swa_pages.is_some()
+            && self
+                .layers
+                .get(layer)
+                .is_some_and(|l| l.window_left.is_some())
+    }
+
+    /// The layer's resolved K/V scales (D8: resolved once, used by the write
+    /// and by attention).
+    pub fn layer_scales(&self, layer: &LayerConfig) -> KvScales {
+        KvScales::from_values(self.kv_dtype, layer.k_scale, layer.v_scale)
+    }
+
+    /// Workspace bytes by the rule of backend.md §6 (with mha-kit's variable):
+    /// the config value, else `MHA_KIT_WORKSPACE_BYTES`, else 512 MiB.
+    ///
+    /// # Errors
+    /// [`BackendError::Config`] when the variable is set but not a positive integer.
+    pub fn resolved_workspace_bytes(&self) -> Result<usize> {
+        resolve_workspace_bytes(
+            self.workspace_bytes,
+            std::env::var(WORKSPACE_ENV).ok().as_deref(),
+        )
+    }
+
+    /// Checks every field (D15). Called by the backend's constructor.
+    ///
+    /// # Errors
+    /// [`BackendError::TopkUnsupported`] for `topk > 1`; [`BackendError::Config`]
+    /// naming the first invalid field otherwise.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(spec) = &self.spec {
+            if spec.topk > 1 {
+                return Err(BackendError::TopkUnsupported(spec.topk));
+            }
+            if spec.num_steps == 0 {
+                return Err(config_err("spec.num_steps", "must be ≥ 1"));
+            }
+            if spec.num_draft_tokens == 0 || spec.num_draft_tokens > MAX_DECODE_Q_LEN {
+                return Err(config_err(
+                    "spec.num_draft_tokens",
+                    format!(
+                        "{} is outside 1..={MAX_DECODE_Q_LEN} (decode-kernel rows per request)",
+                        spec.num_draft_tokens
+                    ),
+                ));
+            }
+        }
+        if self.layers.is_empty() {
+            return Err(config_err("layers", "at least one layer is needed"));
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            validate_layer(i, l)?;
+        }
+        if self.page_size == 0 {
+            return Err(config_err("page_size", "must be ≥ 1"));
+        }
+        if self.context_len == 0 {
+            return Err(config_err("context_len", "must be ≥ 1"));
+        }
+        if i32::try_from(self.context_len).is_err() {
+            return Err(config_err("context_len", "must fit in i32"));
+        }
+        if let (KvCacheDtype::Bf16, HalfDtype::F16) | (KvCacheDtype::F16, HalfDtype::Bf16) =
+            (self.kv_dtype, self.model_dtype)
+        {
+            return Err(config_err(
+                "kv_dtype",
+                format!(
+                    "a {:?} cache needs model dtype {:?} (16-bit caches are written by bit copy)",
+                    self.kv_dtype, self.kv_dtype
+                ),
+            ));
+        }
+        if self.max_graph_bs == 0 {
+            return Err(config_err("max_graph_bs", "must be ≥ 1"));
+        }
+        if self.max_requests == 0 {
+            return Err(config_err("max_requests", "must be ≥ 1"));
+        }
+        if self.num_pages == 0 {
+            return Err(config_err("num_pages", "must be ≥ 1"));
+        }
+        let slots_fit = |pages: usize| {
+            pages
+                .checked_add(1)
+                .and_then(|p| p.checked_mul(self.page_size))
+                .is_some_and(|s| i32::try_from(s).is_ok())
+        };
+        if !slots_fit(self.num_pages) {
+            return Err(config_err(
+                "num_pages",
+                "(num_pages + 1) · page_size slots must fit in i32 (req_to_token)",
+            ));
+        }
+        if let Some(swa) = self.num_swa_pages {
+            if swa == 0 || !slots_fit(swa) {
+                return Err(config_err(
+                    "num_swa_pages",
+                    "must be ≥ 1 and (pages + 1) · page_size must fit in i32",
+                ));
+            }
+            if !self.layers.iter().any(|l| l.window_left.is_some()) {
+                return Err(config_err(
+                    "num_swa_pages",
+                    "an SWA pool needs at least one layer with a window (SWA layer)",
+                ));
+            }
+        }
+        self.resolved_workspace_bytes()?;
+        Ok(())
+    }
+}
+
+fn validate_layer(i: usize, l: &LayerConfig) -> Result<()> {
+    let err = |detail: String| config_err("layers", format!("layer {i}: {detail}"));
+    if l.num_q_heads == 0 || l.num_kv_heads == 0 {
+        return Err(err("head counts must be ≥ 1".into()));
+    }
+    if l.num_q_heads % l.num_kv_heads != 0 {
+        return Err(err(format!(
+            "num_q_heads {} is not a multiple of num_kv_heads {}",
+            l.num_q_heads, l.num_kv_heads
+        )));
+    }
+    if l.num_q_heads / l.num_kv_heads > MAX_GROUP {
+        return Err(err(format!(
+            "GQA group {} exceeds {MAX_GROUP}",
+            l.num_q_heads / l.num_kv_heads
+        )));
+    }
+    if !HEAD_DIMS.contains(&l.head_dim) {
+        return Err(err(format!(
+            "head_dim {} is not one of {HEAD_DIMS:?}",
+            l.head_dim
+        )));
+    }
+    if let Some(s) = &l.sinks {
+        if s.len() != l.num_q_heads {
+            return Err(err(format!(
+                "sinks has {} values, expected num_q_heads = {}",
+                s.len(),
+                l.num_q_heads
+            )));
+        }
+        if s.iter().any(|x| x.is_nan()) {
+            return Err(err("sinks contain NaN".into()));
+        }
+    }
+    if let Some(s) = l.sm_scale {
+        if !(s.is_finite() && s > 0.0) {
+            return Err(err(format!("sm_scale {s} must be finite and > 0")));
+        }
+    }
+    Ok(())
+}
+
+/// The workspace rule as a pure function: `configured`, else `env` parsed
+/// as bytes, else [`DEFAULT_WORKSPACE_BYTES`].
+///
+/// # Errors
+/// [`BackendError::Config`] when `env` is not a positive integer or
+/// `configured` is 0.
+pub fn resolve_workspace_bytes(configured: Option<usize>, env: Option<&str>) -> Result<usize> {
+    match (configured, env) {
+        (Some(0), _) => Err(config_err("workspace_bytes", "must be > 0")),
+        (Some(b), _) => Ok(b),
+        (None, Some(s)) => match s.trim().parse::<usize>() {
+            Ok(b) if b > 0 => Ok(b),
+            _ => Err(config_err(
+                "workspace_bytes",
+                format!("{WORKSPACE_ENV}={s:?} is not a positive byte count"),
+            )),
+        },
+        (None, None) => Ok(DEFAULT_WORKSPACE_BYTES),
+    }
+}

@@ -1,0 +1,403 @@
+//! Executors: where the KV bytes live and the kernels run. The backend's
+//! host side (config, pools, metadata, validation) is shared; an executor
+//! only writes K/V and runs attention. This session ships the CPU executor
+//! (the reference implementations); the CUDA executor plugs in behind the
+//! same [`Executor`] trait.
+
+use std::str::FromStr;
+
+use fp8_kv::{KvCacheDtype, KvScales};
+use kernel_rt::cudarc::driver::{CudaSlice, CudaView};
+use kernel_rt::{ErrorReport, KernelError};
+use paged_attention::reference::{self as attn, HostKv, HostLayout, KvData};
+use paged_attention::HalfDtype;
+
+use crate::batch::AttnMode;
+use crate::error::{BackendError, Result};
+use crate::metadata::ForwardMetadata;
+
+/// Which executor to build (chosen at construction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// The best available. For now always the CPU executor — also on a
+    /// machine with a GPU, until the CUDA executor exists.
+    #[default]
+    Auto,
+    /// The CPU executor (reference implementations).
+    Cpu,
+    /// The CUDA executor on device `ordinal` (not implemented yet:
+    /// [`BackendError::CudaNotImplemented`], never a silent fallback).
+    Cuda(usize),
+}
+
+impl FromStr for Device {
+    type Err = BackendError;
+
+    /// Parses `auto`, `cpu` or `cuda:N` (`cuda` alone = `cuda:0`).
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Self::Cuda)
+                .ok_or_else(|| BackendError::InvalidDevice(s.to_string())),
+        }
+    }
+}
+
+/// The executor a backend actually runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecutorKind {
+    /// CPU reference executor.
+    Cpu,
+    /// CUDA executor on a device ordinal.
+    Cuda(usize),
+}
+
+impl std::fmt::Display for ExecutorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// A borrowed activation tensor (bf16/f16 bits, contiguous, row-major):
+/// host memory for the CPU executor, device memory for the CUDA executor.
+#[derive(Debug, Clone, Copy)]
+pub enum TensorRef<'a> {
+    /// Host elements.
+    Host(&'a [u16]),
+    /// Device elements.
+    Device(&'a CudaView<'a, u16>),
+}
+
+impl TensorRef<'_> {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Host(s) => s.len(),
+            Self::Device(v) => v.len(),
+        }
+    }
+
+    /// No element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// An owned output tensor (model dtype bits, contiguous).
+#[derive(Debug)]
+pub enum Tensor {
+    /// Host elements.
+    Host(Vec<u16>),
+    /// Device elements.
+    Device(CudaSlice<u16>),
+}
+
+impl Tensor {
+    /// The host elements, if the tensor lives on the host.
+    pub fn into_host(self) -> Option<Vec<u16>> {
+        match self {
+            Self::Host(v) => Some(v),
+            Self::Device(_) => None,
+        }
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Host(v) => v.len(),
+            Self::Device(v) => v.len(),
+        }
+    }
+
+    /// No element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Everything an executor needs to know about one layer.
+#[derive(Debug, Clone)]
+pub struct LayerPlan {
+    /// Global layer id.
+    pub layer: usize,
+    /// `Hq`.
+    pub num_q_heads: usize,
+    /// `Hkv`.
+    pub num_kv_heads: usize,
+    /// `D`.
+    pub head_dim: usize,
+    /// Window (D12).
+    pub window_left: Option<u32>,
+    /// `[Hq]` sinks.
+    pub sinks: Option<Vec<f32>>,
+    /// Resolved scales (D8).
+    pub scales: KvScales,
+    /// Softmax scale.
+    pub sm_scale: f32,
+    /// Whether the layer lives in the SWA pool (SWA page table and locations).
+    pub is_swa: bool,
+    /// Slots of the layer's pool (`(pages + 1) · P`).
+    pub slots: usize,
+}
+
+/// A host copy of one layer's K and V caches, `[slots, Hkv, D]` each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvSnapshot {
+    /// bf16/f16 bits.
+    Half {
+        /// K cache.
+        k: Vec<u16>,
+        /// V cache.
+        v: Vec<u16>,
+    },
+    /// e4m3 bytes.
+    Fp8 {
+        /// K cache.
+        k: Vec<u8>,
+        /// V cache.
+        v: Vec<u8>,
+    },
+}
+
+/// The operations an executor provides. Shapes and consistency are checked
+/// by the backend before any call; an executor checks only what it alone
+/// can (tensor placement, device errors).
+pub trait Executor: Send + std::fmt::Debug {
+    /// What this executor is.
+    fn kind(&self) -> ExecutorKind;
+
+    /// Writes `k`, `v` (`[n, Hkv, D]`, model dtype) into the layer's cache
+    /// at `loc` (`[n]`, the layer's own index space): bit copy for a 16-bit
+    /// cache, the fused FP8 write with the layer's scales for an e4m3 cache.
+    /// Slots outside the pool are skipped and counted.
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] (placement, driver).
+    fn write_kv(
+        &mut self,
+        plan: &LayerPlan,
+        loc: &[i64],
+        k: TensorRef<'_>,
+        v: TensorRef<'_>,
+    ) -> Result<ErrorReport>;
+
+    /// Attention of `q` (`[meta.num_tokens, Hq, D]`) over the layer's paged
+    /// cache with `meta`'s tables; returns `[num_tokens, Hq·D]` in the model dtype.
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] (placement, driver).
+    fn attention(
+        &mut self,
+        plan: &LayerPlan,
+        meta: &ForwardMetadata,
+        page_size: usize,
+        q: TensorRef<'_>,
+    ) -> Result<(Tensor, ErrorReport)>;
+
+    /// A host copy of the layer's caches (tests, checks).
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] (driver).
+    fn read_kv(&self, plan: &LayerPlan) -> Result<KvSnapshot>;
+}
+
+#[derive(Debug, Clone)]
+enum Store {
+    Half(Vec<u16>, Vec<u16>),
+    Fp8(Vec<u8>, Vec<u8>),
+}
+
+/// The CPU executor: host K/V caches, fp8-kv's write references and
+/// paged-attention's f64 reference (output rounded to the model dtype).
+#[derive(Debug, Clone)]
+pub struct CpuExecutor {
+    model_dtype: HalfDtype,
+    layers: Vec<Store>,
+}
+
+impl CpuExecutor {
+    /// Zeroed caches for `plans` (one per layer, in order).
+    pub fn new(model_dtype: HalfDtype, kv_dtype: KvCacheDtype, plans: &[LayerPlan]) -> Self {
+        let layers = plans
+            .iter()
+            .map(|p| {
+                let n = p.slots * p.num_kv_heads * p.head_dim;
+                match kv_dtype {
+                    KvCacheDtype::Fp8E4m3 => Store::Fp8(vec![0; n], vec![0; n]),
+                    _ => Store::Half(vec![0; n], vec![0; n]),
+                }
+            })
+            .collect();
+        Self {
+            model_dtype,
+            layers,
+        }
+    }
+}
+
+fn host<'a>(t: TensorRef<'a>, arg: &'static str) -> Result<&'a [u16]> {
+    match t {
+        TensorRef::Host(s) => Ok(s),
+        TensorRef::Device(_) => Err(KernelError::unsupported(
+            arg,
+            "the CPU executor takes host tensors, not device memory",
+        )
+        .into()),
+    }
+}
+
+impl Executor for CpuExecutor {
+    fn kind(&self) -> ExecutorKind {
+        ExecutorKind::Cpu
+    }
+
+    fn write_kv(
+        &mut self,
+        plan: &LayerPlan,
+        loc: &[i64],
+        k: TensorRef<'_>,
+        v: TensorRef<'_>,
+    ) -> Result<ErrorReport> {
+        let (k, v) = (host(k, "k")?, host(v, "v")?);
+        let row = plan.num_kv_heads * plan.head_dim;
+        let w = fp8_kv::reference::HostWrite {
+            cache_loc: loc,
+            num_kv_heads: plan.num_kv_heads,
+            head_dim: plan.head_dim,
+            k: fp8_kv::reference::HostRows {
+                data: k,
+                token_stride: row,
+                head_stride: plan.head_dim,
+            },
+            v: fp8_kv::reference::HostRows {
+                data: v,
+                token_stride: row,
+                head_stride: plan.head_dim,
+            },
+        };
+        fn cache<'a, C>(
+            data: &'a mut [C],
+            plan: &LayerPlan,
+        ) -> fp8_kv::reference::HostCache<'a, C> {
+            fp8_kv::reference::HostCache {
+                data,
+                slots: plan.slots,
+                slot_stride: plan.num_kv_heads * plan.head_dim,
+                head_stride: plan.head_dim,
+            }
+        }
+        Ok(match &mut self.layers[plan.layer] {
+            Store::Half(kc, vc) => {
+                fp8_kv::reference::set_kv_buffer(&w, &mut cache(kc, plan), &mut cache(vc, plan))
+            }
+            Store::Fp8(kc, vc) => {
+                let dtype = match self.model_dtype {
+                    HalfDtype::Bf16 => fp8_kv::KvDtype::Bf16,
+                    HalfDtype::F16 => fp8_kv::KvDtype::F16,
+                };
+                fp8_kv::reference::fused_fp8_set_kv_buffer(
+                    &w,
+                    dtype,
+                    &plan.scales,
+                    &mut cache(kc, plan),
+                    &mut cache(vc, plan),
+                )
+            }
+        })
+    }
+
+    fn attention(
+        &mut self,
+        plan: &LayerPlan,
+        meta: &ForwardMetadata,
+        page_size: usize,
+        q: TensorRef<'_>,
+    ) -> Result<(Tensor, ErrorReport)> {
+        let q = host(q, "q")?;
+        let (hq, hkv, d) = (plan.num_q_heads, plan.num_kv_heads, plan.head_dim);
+        let rows = meta.num_tokens;
+        if rows == 0 || meta.batch_size == 0 {
+            return Ok((Tensor::Host(vec![0; rows * hq * d]), ErrorReport::default()));
+        }
+        let pages = plan.slots / page_size;
+        let shape = [pages, hkv, page_size, d];
+        let strides = [page_size * hkv * d, d, hkv * d, 1];
+        let (kd, vd) = match &self.layers[plan.layer] {
+            Store::Half(k, v) => match self.model_dtype {
+                HalfDtype::Bf16 => (KvData::Bf16(k), KvData::Bf16(v)),
+                HalfDtype::F16 => (KvData::F16(k), KvData::F16(v)),
+            },
+            Store::Fp8(k, v) => (KvData::E4m3(k), KvData::E4m3(v)),
+        };
+        let table = if plan.is_swa {
+            meta.swa_page_table.as_deref().unwrap_or(&meta.page_table)
+        } else {
+            &meta.page_table
+        };
+        let layout = match meta.mode {
+            AttnMode::Decode | AttnMode::DraftDecode { .. } => {
+                HostLayout::Uniform { q_len_per_req: 1 }
+            }
+            AttnMode::TargetVerify { q_len } | AttnMode::DraftExtendV2 { q_len } => {
+                HostLayout::Uniform {
+                    q_len_per_req: q_len,
+                }
+            }
+            AttnMode::RaggedVerify | AttnMode::Extend => HostLayout::Ragged {
+                cu_seqlens_q: &meta.cu_seqlens_q,
+                max_q_len: meta.max_seq_len_q,
+            },
+        };
+        let (bmm1, bmm2) = plan.scales.bmm_scales(1.0, plan.sm_scale);
+        let input = attn::HostInputs {
+            q,
+            q_dtype: self.model_dtype,
+            q_shape: [rows, hq, d],
+            q_strides: [hq * d, d, 1],
+            k: HostKv {
+                data: kd,
+                shape,
+                strides,
+            },
+            v: HostKv {
+                data: vd,
+                shape,
+                strides,
+            },
+            page_table: table,
+            max_num_pages: meta.max_num_pages,
+            page_table_stride: meta.max_num_pages,
+            cache_seqlens: &meta.cache_seqlens,
+            layout,
+            bmm1_scale: bmm1,
+            bmm2_scale: bmm2,
+            window_left: plan.window_left,
+            sinks: plan.sinks.as_deref(),
+        };
+        let r = attn::attention(&input);
+        let dt = self.model_dtype;
+        let out = r.out.iter().map(|&x| dt.from_f64(x)).collect();
+        Ok((Tensor::Host(out), r.errors))
+    }
+
+    fn read_kv(&self, plan: &LayerPlan) -> Result<KvSnapshot> {
+        Ok(match &self.layers[plan.layer] {
+            Store::Half(k, v) => KvSnapshot::Half {
+                k: k.clone(),
+                v: v.clone(),
+            },
+            Store::Fp8(k, v) => KvSnapshot::Fp8 {
+                k: k.clone(),
+                v: v.clone(),
+            },
+        })
+    }
+}

@@ -1,0 +1,73 @@
+//! # mha-backend
+//!
+//! The mha-kit paged-attention backend: what a serving engine plugs in.
+//! Given a [`ForwardBatch`] it builds the forward metadata once per pass and,
+//! for every attention layer, writes the layer's new K/V and runs attention,
+//! in every forward mode. Spec: `shared/spec/backend.md` (state machine,
+//! modes, workspace, errors), `DECISIONS.md`, and the kernel families' files.
+//!
+//! ## Pieces
+//! - [`BackendConfig`] / [`LayerConfig`] / [`SpecConfig`]: per-layer shape
+//!   (`Hq`, `Hkv`, `D`, `window_left`, sinks, K/V scales), `page_size`,
+//!   `context_len`, KV dtype (bf16 | f16 | e4m3), model dtype, graph batch
+//!   size, speculative settings (`topk > 1` rejected, D14), pool sizes and
+//!   workspace bytes (default 512 MiB, `MHA_KIT_WORKSPACE_BYTES` overrides).
+//!   Invalid configs are typed [`BackendError`]s.
+//! - [`Pools`]: `req_to_token` `[max_requests + 1, context_len]` i32 (row 0
+//!   reserved, all zeros), the full-pool page allocator (page 0 the dummy
+//!   page), the hybrid SWA pool's full→SWA map (swa-pool's [`swa_pool::SwaMapping`]);
+//!   allocation is all-or-nothing and exhaustion is an error, never an overwrite.
+//! - [`ForwardBatch`] / [`ForwardMode`] / [`SpecInfo`]: the scheduler's batch.
+//! - [`MhaBackend`]: [`MhaBackend::init_forward_metadata`] (every mode,
+//!   eager, backend.md §3) and [`MhaBackend::forward`] (KV write + attention,
+//!   §7). [`MultiStepDraftBackend`]: `num_steps − 1` step backends sharing
+//!   one state (§8).
+//! - Executors ([`Device`], [`Executor`]): the CPU executor runs the kernel
+//!   families' CPU references (page-table and swa-pool for metadata,
+//!   fp8-kv for K/V writes, paged-attention's f64 reference for attention,
+//!   rounded to the model dtype). The CUDA executor will plug in behind the
+//!   same trait; until then `Device::Cuda(n)` is
+//!   [`BackendError::CudaNotImplemented`] and `Device::Auto` picks the CPU
+//!   executor even when a GPU is present.
+//!
+//! ## Per-mode metadata (backend.md §3)
+//!
+//! | mode | `cache_seqlens` | `cu_seqlens_q` | `max_seq_len_q` | kernel rule |
+//! |---|---|---|---|---|
+//! | DECODE / IDLE | `seq` | `0..=bs` | 1 | decode, 1 row |
+//! | draft decode step `s` | `seq + s + 1` | `0..=bs` | 1 | decode, 1 row |
+//! | TARGET_VERIFY uniform | `seq + n`, `n = tokens / bs` | `0, n, …` | `n` | decode, `n` rows |
+//! | TARGET_VERIFY ragged | `seq + verify_lens` | `[0, cumsum(verify_lens)]` | `max(verify_lens)` | decode, ragged |
+//! | DRAFT_EXTEND_V2 | `seq` | `0, n, …` | `n` | decode, `n` rows |
+//! | EXTEND / MIXED / other | `seq` | `[0, cumsum(extend)]` | `max(extend)` | context |
+//!
+//! `cu_seqlens_k = [0, cumsum(cache_seqlens)]` in every mode. Row `j` of
+//! request `i` sits at position `cache_seqlens[i] − n_i + j` (attention.md §2).
+//!
+//! Not in this crate yet (CUDA executor, next session): CUDA-graph state,
+//! capture and replay; [`ForwardBatch::pad_to_bucket`] already gives the
+//! replay padding (D3) and the ragged-verify padding (backend.md §5), so
+//! eager metadata of a padded batch is what a replay computes.
+
+mod backend;
+mod batch;
+mod config;
+mod error;
+mod executor;
+mod metadata;
+mod pools;
+
+pub use backend::{MhaBackend, MultiStepDraftBackend};
+pub use batch::{AttnMode, ForwardBatch, ForwardMode, SpecInfo};
+pub use config::{
+    resolve_workspace_bytes, BackendConfig, LayerConfig, SpecConfig, DEFAULT_WORKSPACE_BYTES,
+    HEAD_DIMS, MAX_DECODE_Q_LEN, MAX_GROUP, WORKSPACE_ENV,
+};
+pub use error::{BackendError, Result};
+pub use executor::{
+    CpuExecutor, Device, Executor, ExecutorKind, KvSnapshot, LayerPlan, Tensor, TensorRef,
+};
+pub use fp8_kv::{KvCacheDtype, KvScales};
+pub use metadata::ForwardMetadata;
+pub use paged_attention::HalfDtype;
+pub use pools::Pools;

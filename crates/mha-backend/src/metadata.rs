@@ -1,0 +1,337 @@
+//! Eager forward metadata (backend.md §2–§3), built on the host with the
+//! page-table and swa-pool CPU references.
+
+use kernel_rt::ErrorReport;
+
+use crate::batch::{AttnMode, ForwardBatch, ForwardMode, SpecInfo};
+use crate::config::MAX_DECODE_Q_LEN;
+use crate::error::{batch_err, Result};
+use crate::pools::Pools;
+
+/// Metadata of one forward pass (backend.md §2), host copies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardMetadata {
+    /// The branch the batch takes.
+    pub mode: AttnMode,
+    /// The batch's forward mode.
+    pub forward_mode: ForwardMode,
+    /// `bs`.
+    pub batch_size: usize,
+    /// `[bs]` i32 KV lengths attended over (`seq_lens + offset`).
+    pub cache_seqlens: Vec<i32>,
+    /// Upper bound on query rows per request (host int, default 1).
+    pub max_seq_len_q: usize,
+    /// `[bs + 1]` i32 query-row prefix sums. For a plain prefill (no
+    /// request has a prefix) it equals `cu_seqlens_k` (upstream: the same tensor).
+    pub cu_seqlens_q: Vec<i32>,
+    /// `[bs + 1]` i32 prefix sums of `cache_seqlens`.
+    pub cu_seqlens_k: Vec<i32>,
+    /// `M`: page-table width.
+    pub max_num_pages: usize,
+    /// `[bs, M]` i32 page table (row stride `M`); entries past each row's
+    /// live prefix are unspecified (0 on the CPU executor).
+    pub page_table: Vec<i32>,
+    /// `[bs, M]` i32 SWA page table, with an SWA pool.
+    pub swa_page_table: Option<Vec<i32>>,
+    /// `[num_tokens]` i64 SWA write slots (`translate(out_cache_loc)`), with
+    /// an SWA pool.
+    pub swa_out_cache_loc: Option<Vec<i64>>,
+    /// TARGET_VERIFY with a ragged layout.
+    pub is_ragged_verify: bool,
+    /// Query rows of the pass, `cu_seqlens_q[bs]`.
+    pub num_tokens: usize,
+    /// Device-error events of the page-table build and translation
+    /// (combined count; flags of page-table and swa-pool ORed), clean normally.
+    pub errors: ErrorReport,
+    /// The `out_cache_loc` that `swa_out_cache_loc` translates.
+    pub(crate) source_out_cache_loc: Vec<i64>,
+    pub(crate) req_pool_indices: Vec<i64>,
+    pub(crate) seq_lens: Vec<i64>,
+}
+
+impl ForwardMetadata {
+    /// Live prefix of page-table row `row` (`ceil(cache_seqlens[row] / P)`
+    /// entries, clamped to `M`).
+    pub fn page_row(&self, row: usize, page_size: usize) -> &[i32] {
+        let n = self.live_pages(row, page_size);
+        &self.page_table[row * self.max_num_pages..][..n]
+    }
+
+    /// Live prefix of SWA page-table row `row`, with an SWA pool.
+    pub fn swa_page_row(&self, row: usize, page_size: usize) -> Option<&[i32]> {
+        let n = self.live_pages(row, page_size);
+        self.swa_page_table
+            .as_ref()
+            .map(|t| &t[row * self.max_num_pages..][..n])
+    }
+
+    fn live_pages(&self, row: usize, page_size: usize) -> usize {
+        (self.cache_seqlens[row].max(0) as usize)
+            .div_ceil(page_size)
+            .min(self.max_num_pages)
+    }
+
+    /// Whether `batch` is the batch this metadata was built for (mode, rows,
+    /// request rows and lengths).
+    pub fn matches(&self, batch: &ForwardBatch) -> bool {
+        self.forward_mode == batch.forward_mode
+            && self.batch_size == batch.batch_size
+            && self.req_pool_indices == batch.req_pool_indices
+            && self.seq_lens == batch.seq_lens
+    }
+}
+
+fn cumsum(lens: impl IntoIterator<Item = i64>, field: &'static str) -> Result<Vec<i32>> {
+    let mut out = vec![0i32];
+    let mut run = 0i64;
+    for l in lens {
+        run += l;
+        out.push(
+            i32::try_from(run)
+                .map_err(|_| batch_err(field, format!("prefix sum {run} does not fit in i32")))?,
+        );
+    }
+    Ok(out)
+}
+
+/// Resolves the branch of `batch` (README order) for a backend of step id `step_id`.
+pub(crate) fn resolve_mode(batch: &ForwardBatch, step_id: u32) -> Result<AttnMode> {
+    let bs = batch.batch_size;
+    let mode = batch.forward_mode;
+    if mode.is_decode_or_idle() {
+        return Ok(match &batch.spec_info {
+            None => AttnMode::Decode,
+            Some(SpecInfo::Draft { step }) => AttnMode::DraftDecode {
+                step: step.unwrap_or(step_id),
+            },
+            Some(SpecInfo::Verify { .. }) => {
+                return Err(batch_err(
+                    "spec_info",
+                    "a DECODE/IDLE batch carries verify spec_info",
+                ))
+            }
+        });
+    }
+    if mode == ForwardMode::TargetVerify {
+        if batch.verify_lens().is_some() {
+            return Ok(AttnMode::RaggedVerify);
+        }
+        let tokens = batch.out_cache_loc.len();
+        if bs == 0 {
+            return Ok(AttnMode::TargetVerify { q_len: 0 });
+        }
+        if tokens == 0 || tokens % bs != 0 {
+            return Err(batch_err(
+                "out_cache_loc",
+                format!("uniform target verify: {tokens} tokens are not a positive multiple of bs = {bs}"),
+            ));
+        }
+        return Ok(AttnMode::TargetVerify { q_len: tokens / bs });
+    }
+    if mode == ForwardMode::DraftExtendV2 {
+        let e = batch
+            .extend_seq_lens
+            .as_deref()
+            .ok_or_else(|| batch_err("extend_seq_lens", "DRAFT_EXTEND_V2 needs extend_seq_lens"))?;
+        let q = e.first().copied().unwrap_or(0);
+        if e.iter().any(|&x| x != q) || (bs > 0 && q < 1) {
+            return Err(batch_err(
+                "extend_seq_lens",
+                "DRAFT_EXTEND_V2 needs the same extend length (≥ 1) for every request (backend.md §3)",
+            ));
+        }
+        return Ok(AttnMode::DraftExtendV2 { q_len: q as usize });
+    }
+    Ok(AttnMode::Extend)
+}
+
+/// Builds the eager metadata of `batch` (backend.md §3) against `pools`.
+pub(crate) fn build(
+    batch: &ForwardBatch,
+    pools: &Pools,
+    max_num_pages: usize,
+    step_id: u32,
+) -> Result<ForwardMetadata> {
+    batch.check_lengths()?;
+    let bs = batch.batch_size;
+    let mode = resolve_mode(batch, step_id)?;
+    let rows = pools.req_to_token_rows() as i64;
+    for (i, &r) in batch.req_pool_indices.iter().enumerate() {
+        if !(0..rows).contains(&r) {
+            return Err(batch_err(
+                "req_pool_indices",
+                format!("row {i}: request row {r} outside [0, {rows})"),
+            ));
+        }
+    }
+    for (i, &s) in batch.seq_lens.iter().enumerate() {
+        if s < 0 || s > i64::from(i32::MAX) {
+            return Err(batch_err(
+                "seq_lens",
+                format!("row {i}: {s} outside [0, i32::MAX]"),
+            ));
+        }
+    }
+    let seq = &batch.seq_lens;
+    let (cache, cu_q, max_q): (Vec<i64>, Vec<i32>, usize) = match mode {
+        AttnMode::Decode | AttnMode::DraftDecode { .. } => {
+            let off = match mode {
+                AttnMode::DraftDecode { step } => i64::from(step) + 1,
+                _ => 0,
+            };
+            (
+                seq.iter().map(|&s| s + off).collect(),
+                (0..=bs as i32).collect(),
+                1,
+            )
+        }
+        AttnMode::TargetVerify { q_len } => {
+            check_q_len(q_len)?;
+            (
+                seq.iter().map(|&s| s + q_len as i64).collect(),
+                (0..=bs).map(|i| (i * q_len) as i32).collect(),
+                q_len,
+            )
+        }
+        AttnMode::RaggedVerify => {
+            let v = batch.verify_lens().unwrap_or(&[]);
+            if v.len() != bs {
+                return Err(batch_err(
+                    "spec_info.verify_lens",
+                    format!("has {} entries, batch_size = {bs}", v.len()),
+                ));
+            }
+            if v.iter().any(|&l| l < 0) {
+                return Err(batch_err("spec_info.verify_lens", "lengths must be ≥ 0"));
+            }
+            let max = v.iter().copied().max().unwrap_or(1).max(1) as usize;
+            check_q_len(max)?;
+            (
+                seq.iter().zip(v).map(|(&s, &l)| s + i64::from(l)).collect(),
+                cumsum(v.iter().map(|&l| i64::from(l)), "spec_info.verify_lens")?,
+                max,
+            )
+        }
+        AttnMode::DraftExtendV2 { q_len } => {
+            check_q_len(q_len)?;
+            (
+                seq.clone(),
+                (0..=bs).map(|i| (i * q_len) as i32).collect(),
+                q_len.max(1),
+            )
+        }
+        AttnMode::Extend => {
+            let e = batch.extend_seq_lens.as_deref().ok_or_else(|| {
+                batch_err("extend_seq_lens", "extend-like modes need extend_seq_lens")
+            })?;
+            for (i, (&el, &s)) in e.iter().zip(seq).enumerate() {
+                if el < 0 || i64::from(el) > s {
+                    return Err(batch_err(
+                        "extend_seq_lens",
+                        format!("row {i}: extend length {el} outside [0, seq_len = {s}]"),
+                    ));
+                }
+                if let Some(p) = &batch.extend_prefix_lens {
+                    if i64::from(p[i]) + i64::from(el) != s {
+                        return Err(batch_err(
+                            "extend_prefix_lens",
+                            format!("row {i}: prefix {} + extend {el} ≠ seq_len {s}", p[i]),
+                        ));
+                    }
+                }
+            }
+            (
+                seq.clone(),
+                cumsum(e.iter().map(|&l| i64::from(l)), "extend_seq_lens")?,
+                e.iter().copied().max().unwrap_or(1).max(0) as usize,
+            )
+        }
+    };
+    let mut cache_seqlens = Vec::with_capacity(bs);
+    for (i, &c) in cache.iter().enumerate() {
+        cache_seqlens.push(i32::try_from(c).map_err(|_| {
+            batch_err("seq_lens", format!("row {i}: cache length {c} exceeds i32"))
+        })?);
+    }
+    let cu_k = cumsum(cache.iter().copied(), "seq_lens")?;
+    let num_tokens = *cu_q.last().unwrap_or(&0) as usize;
+    if batch.out_cache_loc.len() != num_tokens {
+        return Err(batch_err(
+            "out_cache_loc",
+            format!(
+                "has {} slots, the pass has {num_tokens} query rows (one new K/V per row)",
+                batch.out_cache_loc.len()
+            ),
+        ));
+    }
+    let context = pools.req_to_token_width();
+    for (i, &c) in cache_seqlens.iter().enumerate() {
+        if c as usize > context {
+            return Err(batch_err(
+                "seq_lens",
+                format!("row {i}: attention length {c} exceeds context_len = {context}"),
+            ));
+        }
+    }
+
+    // Page tables: the eager builder (page-table reference) over the live map.
+    let m = max_num_pages;
+    let map = pools.swa_mapping().map(|s| s.map());
+    let mut page_table = vec![0i32; bs * m];
+    let mut swa_page_table = map.map(|_| vec![0i32; bs * m]);
+    let input = page_table::reference::HostInputs {
+        req_to_token: pools.req_to_token(),
+        req_to_token_rows: pools.req_to_token_rows(),
+        req_to_token_width: pools.req_to_token_width(),
+        req_to_token_stride: pools.req_to_token_width(),
+        req_pool_indices: &batch.req_pool_indices,
+        cache_seqlens: &cache_seqlens,
+        page_size: pools.page_size(),
+        max_num_pages: m,
+        full_to_swa: map,
+        pool_slots: Some(pools.full_slots()),
+    };
+    let mut errors = page_table::reference::build_page_table(
+        &input,
+        &mut page_table,
+        m,
+        swa_page_table.as_mut().map(|t| (t.as_mut_slice(), m)),
+    );
+    // SWA write locations (swa-pool reference translation).
+    let swa_out_cache_loc = map.map(|map| {
+        let mut out = vec![0i64; batch.out_cache_loc.len()];
+        let e = swa_pool::reference::translate_locs(map, &batch.out_cache_loc, &mut out);
+        errors.count += e.count;
+        errors.flags |= e.flags;
+        out
+    });
+    Ok(ForwardMetadata {
+        mode,
+        forward_mode: batch.forward_mode,
+        batch_size: bs,
+        cache_seqlens,
+        max_seq_len_q: max_q,
+        cu_seqlens_q: cu_q,
+        cu_seqlens_k: cu_k,
+        max_num_pages: m,
+        page_table,
+        swa_page_table,
+        swa_out_cache_loc,
+        is_ragged_verify: mode == AttnMode::RaggedVerify,
+        num_tokens,
+        errors,
+        source_out_cache_loc: batch.out_cache_loc.clone(),
+        req_pool_indices: batch.req_pool_indices.clone(),
+        seq_lens: batch.seq_lens.clone(),
+    })
+}
+
+fn check_q_len(q: usize) -> Result<()> {
+    if q > MAX_DECODE_Q_LEN {
+        return Err(batch_err(
+            "spec_info",
+            format!("{q} query rows per request exceed the decode kernel's {MAX_DECODE_Q_LEN}"),
+        ));
+    }
+    Ok(())
+}
