@@ -32,10 +32,11 @@ pub enum ScaleInput<'a> {
 }
 
 /// The rule for one scale (spec §5 `scalar_scale` step 4, D8): a missing,
-/// non-positive or NaN scale is 1.0; any other value is kept (`+∞` included).
+/// non-positive or NaN scale is 1.0. mha-kit also maps `+∞` to 1.0 (the spec
+/// is silent): its reciprocal 0 would silently write an all-zero cache.
 pub fn resolve_scale(value: Option<f32>) -> f32 {
     match value {
-        Some(s) if s > 0.0 => s,
+        Some(s) if s > 0.0 && s.is_finite() => s,
         _ => 1.0,
     }
 }

@@ -280,6 +280,9 @@ fn edge_31_32_scale_resolution() {
     );
     assert_eq!(resolve_scale(None), 1.0);
     assert_eq!(resolve_scale(Some(3.5)), 3.5);
+    // Non-finite scales never reach the kernel (+∞ would zero the cache).
+    assert_eq!(resolve_scale(Some(f32::INFINITY)), 1.0);
+    assert_eq!(resolve_scale(Some(f32::NAN)), 1.0);
 }
 
 /// Edge case 33: P = 16, Hkv = 2, D = 4, loc 37 → page 2, offset 5; byte of
@@ -686,7 +689,7 @@ proptest! {
     #[test]
     fn resolved_scales_are_positive(bits in any::<u32>()) {
         let s = resolve_scale(Some(f32::from_bits(bits)));
-        prop_assert!(s > 0.0);
+        prop_assert!(s > 0.0 && s.is_finite());
         prop_assert!(s == 1.0 || s == f32::from_bits(bits));
     }
 
