@@ -13,8 +13,8 @@ use fp8_kv::codec::{bf16_bits_to_f32, e4m3_decode, f16_bits_to_f32, quantize};
 use fp8_kv::reference::{fused_fp8_set_kv_buffer, set_kv_buffer, HostCache, HostRows, HostWrite};
 use fp8_kv::{ErrorFlags, KvCacheDtype, KvDtype, KvScales, KvWriteArgs, KvWriteKernel, ScaleInput};
 use half::{bf16, f16};
-use kernel_rt::cudarc::driver::{CudaSlice, DeviceRepr};
-use kernel_rt::testing::{gpu_trial, run_trials, OrFail};
+use kernel_rt::cudarc::driver::CudaSlice;
+use kernel_rt::testing::{gpu_trial, run_trials, upload, OrFail};
 use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -22,19 +22,6 @@ use proptest::test_runner::{Config, TestRunner};
 const POISON8: u8 = 0xA5;
 const POISON16: u16 = 0xA5A5;
 const GPU_CASES: u32 = 2_500;
-
-/// Uploads `data`, padded to at least one element (a zero-byte allocation is
-/// not a valid device buffer).
-fn upload<T: DeviceRepr + Copy + Default>(
-    gpu: &Arc<Gpu>,
-    data: &[T],
-) -> Result<CudaSlice<T>, KernelError> {
-    let mut v = data.to_vec();
-    if v.is_empty() {
-        v.push(T::default());
-    }
-    Ok(gpu.stream().clone_htod(&v)?)
-}
 
 /// Which kernel a case runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
