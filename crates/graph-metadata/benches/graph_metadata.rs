@@ -5,7 +5,11 @@
 //! SWA write locations (one token per row) unless stated; `seq_lens` uniform
 //! in `[1, context]` (seeded), `M = context / P`; `req_to_token` rows are
 //! page-contiguous with pages scattered over the pool (64-slot blocks
-//! permuted), the SWA map likewise. Device time by CUDA events (criterion
+//! permuted), the SWA map likewise (page-granular). The SWA page table is
+//! built through the full→SWA slot map ("slot map") unless the row says
+//! "page map": then through the full page → SWA page map (the fast path,
+//! `SwaArgs::full_page_to_swa_page`), whose outputs the bench checks equal
+//! to the slot-map path's. Device time by CUDA events (criterion
 //! `iter_custom` for the headline case, median of 30 for the grid); host
 //! time per replay = `Instant` around the launch calls only (mean of 100
 //! calls). Without a GPU the bench prints a line and exits 0.
@@ -38,10 +42,19 @@ struct Inputs {
     r2t: CudaSlice<i32>,
     map: CudaSlice<i64>,
     map_len: usize,
+    /// Slots of the pool without the padding block.
+    pool: usize,
+    nblocks: usize,
+    mul2: usize,
     rpi: CudaSlice<i64>,
     seq: CudaSlice<i64>,
     locs: CudaSlice<i64>,
     seq_host: Vec<i64>,
+}
+
+/// SWA slot of full slot `f` (`BLOCK ≤ f < pool`): 64-slot blocks permuted.
+fn swa_slot(f: usize, nblocks: usize, mul2: usize) -> usize {
+    BLOCK + ((f / BLOCK * mul2) % nblocks) * BLOCK + f % BLOCK
 }
 
 fn coprime_multiplier(n: usize) -> usize {
@@ -77,7 +90,7 @@ impl Inputs {
         let mul2 = coprime_multiplier(nblocks + 7);
         let mut map = vec![0i64; map_len];
         for (f, m) in map.iter_mut().enumerate().take(pool).skip(BLOCK) {
-            *m = (BLOCK + ((f / BLOCK * mul2) % nblocks) * BLOCK + f % BLOCK) as i64;
+            *m = swa_slot(f, nblocks, mul2) as i64;
         }
         map[map_len - 1] = -1;
         let mut rng = StdRng::seed_from_u64((bs * 31 + ctx) as u64);
@@ -102,6 +115,9 @@ impl Inputs {
             r2t: s.clone_htod(&r2t)?,
             map: s.clone_htod(&map)?,
             map_len,
+            pool,
+            nblocks,
+            mul2,
             rpi: s.clone_htod(&rpi)?,
             seq: s.clone_htod(&seq_host)?,
             locs: s.clone_htod(&locs)?,
@@ -109,16 +125,33 @@ impl Inputs {
         })
     }
 
+    /// The full page → SWA page map of the slot map at page size `p` (which
+    /// divides `BLOCK`): `[(map_len − 1) / p]` i32, `map[F·p] / p`, 0 unmapped.
+    fn page_map(&self, gpu: &Arc<Gpu>, p: usize) -> Result<CudaSlice<i32>> {
+        let pages: Vec<i32> = (0..(self.map_len - 1) / p)
+            .map(|page| {
+                let f = page * p;
+                if (BLOCK..self.pool).contains(&f) {
+                    (swa_slot(f, self.nblocks, self.mul2) / p) as i32
+                } else {
+                    0
+                }
+            })
+            .collect();
+        Ok(gpu.stream().clone_htod(&pages)?)
+    }
+
     /// Bytes the update must move at page size `p` (reads + writes, useful
-    /// bytes only: one i32 slot and one i64 map entry per live page).
-    fn bytes(&self, p: usize) -> f64 {
+    /// bytes only: one i32 slot and one map entry per live page — i64 from
+    /// the slot map, i32 from the page map).
+    fn bytes(&self, p: usize, page_map: bool) -> f64 {
         let m = self.ctx.div_ceil(p);
         let pages: usize = self
             .seq_host
             .iter()
             .map(|&l| (l as usize).div_ceil(p).min(m))
             .sum();
-        let per_page = 4 + 8 + 4 + 4;
+        let per_page = 4 + if page_map { 4 } else { 8 } + 4 + 4;
         let per_row = 8 + 8 + 4 + 4 + 4;
         let per_token = 8 + 8;
         (pages * per_page + self.bs * (per_row + per_token)) as f64
@@ -172,11 +205,32 @@ impl Outputs {
     }
 }
 
+/// Which SWA page-table path a case takes.
+#[derive(Clone, Copy)]
+enum Swa<'a> {
+    /// No SWA outputs.
+    Off,
+    /// Through the slot map.
+    SlotMap,
+    /// Through the page map (the slot map still serves the write locations).
+    PageMap(&'a CudaSlice<i32>),
+}
+
+impl Swa<'_> {
+    fn label(self) -> &'static str {
+        match self {
+            Swa::Off => "no",
+            Swa::SlotMap => "slot map",
+            Swa::PageMap(_) => "page map",
+        }
+    }
+}
+
 fn args<'a>(
     inp: &'a Inputs,
     out: &'a mut Outputs,
     p: usize,
-    swa: bool,
+    swa: Swa<'a>,
 ) -> Result<GraphMetadataArgs<'a>> {
     let bs = inp.bs;
     let m = out.m;
@@ -192,10 +246,14 @@ fn args<'a>(
         cu_seqlens_q: Some(StridedMut::of("cu_seqlens_q", &mut out.cu_q, [bs + 1])?),
         qlens: None,
         page_table: StridedMut::of("page_table", &mut out.pt, [bs, m])?,
-        swa: if swa {
+        swa: if let Swa::SlotMap | Swa::PageMap(_) = swa {
             Some(SwaArgs {
                 swa_mapping: Strided::of("swa_mapping", &inp.map, [inp.map_len])?,
                 swa_page_table: Some(StridedMut::of("swa_page_table", &mut out.swa_pt, [bs, m])?),
+                full_page_to_swa_page: match swa {
+                    Swa::PageMap(pm) => Some(Strided::of("full_page_to_swa_page", pm, [pm.len()])?),
+                    _ => None,
+                },
                 write_locs: Some(SwaWriteLocs {
                     out_cache_loc: Some(Strided::of("out_cache_loc", &inp.locs, [bs])?),
                     swa_out_cache_loc: StridedMut::of("swa_out_cache_loc", &mut out.swa_out, [bs])?,
@@ -257,6 +315,9 @@ impl Unfused {
             p.swa_mapping = w.swa_mapping.device_ptr(s);
             if let Some(t) = w.swa_page_table.as_mut() {
                 p.swa_page_table = t.device_ptr_mut(s);
+            }
+            if let Some(pm) = w.full_page_to_swa_page.as_ref() {
+                p.swa_page_map = pm.device_ptr(s);
             }
             if let Some(l) = w.write_locs.as_mut() {
                 p.swa_out_cache_loc = l.swa_out_cache_loc.device_ptr_mut(s);
@@ -325,7 +386,7 @@ struct Row {
     ctx: usize,
     p: usize,
     m: usize,
-    swa: bool,
+    swa: &'static str,
     note: &'static str,
     fused_us: f64,
     unfused_us: f64,
@@ -343,7 +404,7 @@ fn measure(
     u: &Unfused,
     inp: &Inputs,
     p: usize,
-    swa: bool,
+    swa: Swa<'_>,
     note: &'static str,
 ) -> Result<Row> {
     let m = inp.ctx.div_ceil(p);
@@ -369,7 +430,7 @@ fn measure(
         ctx: inp.ctx,
         p,
         m,
-        swa,
+        swa: swa.label(),
         note,
         fused_us,
         unfused_us,
@@ -377,30 +438,37 @@ fn measure(
         unfused_b2b_us,
         fused_host_us,
         unfused_host_us,
-        bytes: inp.bytes(p),
+        bytes: inp.bytes(p, matches!(swa, Swa::PageMap(_))),
     })
 }
 
-/// Fused and unfused outputs agree (whole buffers, from zeroed outputs).
+/// Fused slot-map, fused page-map and unfused (slot-map and page-map)
+/// outputs all agree (whole buffers, from zeroed outputs) and count no error.
 fn same_outputs(
     gpu: &Arc<Gpu>,
     k: &GraphMetadataKernel,
     u: &Unfused,
     inp: &Inputs,
     p: usize,
+    page_map: &CudaSlice<i32>,
 ) -> Result<bool> {
     let mut out = Outputs::new(gpu, inp.bs, inp.ctx.div_ceil(p))?;
     let mut errors = DeviceErrors::new(gpu)?;
-    let up = {
-        let mut a = args(inp, &mut out, p, true)?;
-        u.params(&mut a, &mut errors)?
-    };
-    u.launch(&up)?;
-    let unfused = out.read(gpu)?;
-    out.zero(gpu)?;
-    let mut a = args(inp, &mut out, p, true)?;
-    k.launch(&mut a, &mut errors)?;
-    Ok(out.read(gpu)? == unfused)
+    let mut results = Vec::new();
+    for swa in [Swa::SlotMap, Swa::PageMap(page_map)] {
+        out.zero(gpu)?;
+        let up = {
+            let mut a = args(inp, &mut out, p, swa)?;
+            u.params(&mut a, &mut errors)?
+        };
+        u.launch(&up)?;
+        results.push(out.read(gpu)?);
+        out.zero(gpu)?;
+        let mut a = args(inp, &mut out, p, swa)?;
+        k.launch(&mut a, &mut errors)?;
+        results.push(out.read(gpu)?);
+    }
+    Ok(errors.read()?.is_clean() && results.iter().all(|r| *r == results[0]))
 }
 
 fn run(gpu: &Arc<Gpu>) -> Result<()> {
@@ -416,39 +484,68 @@ fn run(gpu: &Arc<Gpu>) -> Result<()> {
         .sample_size(10)
         .configure_from_args();
     let head = Inputs::new(gpu, hb, hc, false)?;
-    {
+    let head_pages = head.page_map(gpu, hp)?;
+    for (swa, name) in [
+        (Swa::SlotMap, "bs256_ctx32k_p16_swa"),
+        (Swa::PageMap(&head_pages), "bs256_ctx32k_p16_swa_page_map"),
+    ] {
         let mut out = Outputs::new(gpu, hb, hc / hp)?;
         let mut errors = DeviceErrors::new(gpu)?;
-        let mut a = args(&head, &mut out, hp, true)?;
+        let mut a = args(&head, &mut out, hp, swa)?;
         let up = u.params(&mut a, &mut errors)?;
-        c.bench_function("graph_metadata/fused/bs256_ctx32k_p16_swa", |b| {
+        c.bench_function(&format!("graph_metadata/fused/{name}"), |b| {
             b.iter_custom(|iters| {
                 time_iters(gpu, iters, || k.launch(&mut a, &mut errors)).expect("fused launch")
             })
         });
-        c.bench_function("graph_metadata/unfused/bs256_ctx32k_p16_swa", |b| {
+        c.bench_function(&format!("graph_metadata/unfused/{name}"), |b| {
             b.iter_custom(|iters| time_iters(gpu, iters, || u.launch(&up)).expect("unfused launch"))
         });
     }
-    let agree = same_outputs(gpu, &k, &u, &head, hp)?;
+    let agree = same_outputs(gpu, &k, &u, &head, hp, &head_pages)?;
 
-    let mut rows = vec![measure(gpu, &k, &u, &head, hp, true, "headline")?];
-    rows.push(measure(
-        gpu,
-        &k,
-        &u,
-        &Inputs::new(gpu, hb, hc, true)?,
-        hp,
-        true,
-        "all rows full",
-    )?);
-    rows.push(measure(gpu, &k, &u, &head, hp, false, "no SWA")?);
+    let mut rows = vec![
+        measure(gpu, &k, &u, &head, hp, Swa::SlotMap, "headline")?,
+        measure(
+            gpu,
+            &k,
+            &u,
+            &head,
+            hp,
+            Swa::PageMap(&head_pages),
+            "headline",
+        )?,
+    ];
+    {
+        let full = Inputs::new(gpu, hb, hc, true)?;
+        let full_pages = full.page_map(gpu, hp)?;
+        rows.push(measure(
+            gpu,
+            &k,
+            &u,
+            &full,
+            hp,
+            Swa::SlotMap,
+            "all rows full",
+        )?);
+        rows.push(measure(
+            gpu,
+            &k,
+            &u,
+            &full,
+            hp,
+            Swa::PageMap(&full_pages),
+            "all rows full",
+        )?);
+    }
+    rows.push(measure(gpu, &k, &u, &head, hp, Swa::Off, "no SWA")?);
+    drop(head_pages);
     drop(head);
     for bs in [1usize, 8, 64, 256, 512] {
         for ctx in [4 * 1024usize, 32 * 1024, 128 * 1024] {
             let inp = Inputs::new(gpu, bs, ctx, false)?;
             for p in [1usize, 16, 64] {
-                rows.push(measure(gpu, &k, &u, &inp, p, true, "")?);
+                rows.push(measure(gpu, &k, &u, &inp, p, Swa::SlotMap, "")?);
             }
         }
     }
@@ -461,7 +558,7 @@ fn run(gpu: &Arc<Gpu>) -> Result<()> {
         gpu.describe()
     );
     println!();
-    println!("normal decode, cu_seqlens_q bound, seq_lens uniform in [1, context] unless noted; device µs = median of 30 launches each between its own CUDA-event pair (isolated); b2b = device µs per update of 2,000 back-to-back updates (as inside a graph replay); host µs = mean Instant time of the launch calls; GB/s counts useful bytes (one i32 slot + one i64 map entry read per live page), copy ceiling {ceiling:.0} GB/s measured in this run.");
+    println!("normal decode, cu_seqlens_q bound, seq_lens uniform in [1, context] unless noted; device µs = median of 30 launches each between its own CUDA-event pair (isolated); b2b = device µs per update of 2,000 back-to-back updates (as inside a graph replay); host µs = mean Instant time of the launch calls; GB/s counts useful bytes (one i32 slot + one map entry, i64 slot map / i32 page map, read per live page); SWA = how the SWA page table is built (slot map: `swa_mapping[slot] / P`; page map: `full_page_to_swa_page[slot / P]`, the fast path), copy ceiling {ceiling:.0} GB/s measured in this run.");
     println!();
     println!("| bs | context | P | M | SWA | note | fused µs | unfused µs | unfused / fused | fused b2b µs | unfused b2b µs | fused host µs | unfused host µs | fused GB/s (b2b) | % copy ceiling |");
     println!("|---:|---:|---:|---:|:---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
@@ -473,7 +570,7 @@ fn run(gpu: &Arc<Gpu>) -> Result<()> {
             r.ctx,
             r.p,
             r.m,
-            if r.swa { "yes" } else { "no" },
+            r.swa,
             r.note,
             r.fused_us,
             r.unfused_us,
@@ -486,16 +583,19 @@ fn run(gpu: &Arc<Gpu>) -> Result<()> {
             100.0 * gbps / ceiling,
         );
     }
-    let h = &rows[0];
     println!();
-    println!(
-        "headline bs {hb}, context {hc}, P {hp}, SWA: fused {:.2} µs isolated, {:.2} µs back-to-back (bar ≤ {HEADLINE_BAR_US} µs back-to-back: {}), unfused {:.2} µs, ratio {:.2}; fused == unfused outputs: {agree}",
-        h.fused_us,
-        h.fused_b2b_us,
-        if h.fused_b2b_us <= HEADLINE_BAR_US { "PASS" } else { "FAIL" },
-        h.unfused_us,
-        h.unfused_us / h.fused_us
-    );
+    for h in &rows[..2] {
+        println!(
+            "headline bs {hb}, context {hc}, P {hp}, SWA {}: fused {:.2} µs isolated, {:.2} µs back-to-back (bar ≤ {HEADLINE_BAR_US} µs back-to-back: {}), unfused {:.2} µs, ratio {:.2}",
+            h.swa,
+            h.fused_us,
+            h.fused_b2b_us,
+            if h.fused_b2b_us <= HEADLINE_BAR_US { "PASS" } else { "FAIL" },
+            h.unfused_us,
+            h.unfused_us / h.fused_us
+        );
+    }
+    println!("headline outputs identical (fused and unfused, slot-map and page-map paths, no device error): {agree}");
     Ok(())
 }
 

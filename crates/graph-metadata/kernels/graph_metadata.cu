@@ -4,8 +4,8 @@
 // locations). Semantics: shared/spec/graph-metadata.md §2-§5 with
 // DECISIONS.md D1, D2, D9, D11. Params struct and per-entry rules live in
 // graph_metadata.cuh (shared with the bench-only unfused baseline); the page
-// loop here restates full_page / swa_page in 32-bit arithmetic (same values,
-// same error events) because it is the hot path.
+// loop here restates full_page / swa_page / swa_page_paged in 32-bit
+// arithmetic (same values, same error events) because it is the hot path.
 
 #include "graph_metadata.cuh"
 
@@ -40,11 +40,19 @@ struct PageDiv {
     }
 };
 
+// Which SWA page table a page task writes (uniform over the grid).
+enum SwaTable : int {
+    SWA_NONE = 0,  // no SWA page table bound
+    SWA_SLOT = 1,  // through the full->SWA slot map: swa_mapping[slot] / P
+    SWA_PAGE = 2,  // through the full page->SWA page map: swa_page_map[slot / P]
+};
+
 // Pages of one warp task (see the grid comment). `row < bs`, `part <
 // WARPS * page_chunks`, `page_chunks <= 1056` (launch_config), so every
 // page index below stays far inside u32.
-template <bool POW2, bool SWA>
+template <bool POW2, int SWA_MODE>
 MHA_KIT_DEVICE void page_task(const GraphMetadataParams& p, u32 row, u32 part) {
+    constexpr bool SWA = SWA_MODE != SWA_NONE;
     const u32 P = (u32)p.page_size;
     const PageDiv<POW2> d{P, (u32)(__ffs(p.page_size) - 1)};
     const u32 lane = threadIdx.x & 31;
@@ -81,22 +89,32 @@ MHA_KIT_DEVICE void page_task(const GraphMetadataParams& p, u32 row, u32 part) {
     // slot <  N_map - 1                  <=> (u32)slot <  map_lim.
     const u32 pool_lim = (p.pool_slots > 0 && p.pool_slots < 0x80000000LL)
                              ? (u32)p.pool_slots : 0x80000000u;
-    const u32 map_lim = SWA ? (p.swa_mapping_len - 1 < 0x80000000LL
+    const u32 map_lim = SWA_MODE == SWA_SLOT
+                            ? (p.swa_mapping_len - 1 < 0x80000000LL
                                    ? (u32)(p.swa_mapping_len - 1) : 0x80000000u)
                             : 0u;
+    // Page-map path: slot / P < swa_page_map_len <=> page < page_lim (pages
+    // of non-negative i32 slots are < 2^31).
+    const u32 page_lim = SWA_MODE == SWA_PAGE
+                             ? (p.swa_page_map_len < 0x80000000LL
+                                    ? (u32)p.swa_page_map_len : 0x80000000u)
+                             : 0u;
 
     const i32* __restrict__ src = p.req_to_token + r * p.req_to_token_stride;
     i32* __restrict__ dst = p.page_table + (i64)row * p.page_table_stride;
     i32* __restrict__ swa_dst =
         SWA ? p.swa_page_table + (i64)row * p.swa_page_table_stride : nullptr;
     const i64* __restrict__ map = p.swa_mapping;
+    const i32* __restrict__ page_map = p.swa_page_map;
     const u32 step = (u32)p.page_chunks * gm::THREADS;
     // Pages each thread keeps in flight: all UNROLL slot loads, then all map
     // loads, are issued before any result is stored or any event counted.
-    // With the SWA table a page holds a slot and a 64-bit map entry, so 2
-    // pages fit the 32 registers (8 blocks of 256 threads per SM still keep
-    // 4096 pages in flight per SM).
-    constexpr int UNROLL = SWA ? 2 : 4;
+    // With an SWA table a page holds a slot and a map entry (64-bit from
+    // the slot map, 32-bit from the page map) plus a second output row, so 2
+    // pages fit the 32 registers without spills (8 blocks of 256 threads per
+    // SM still keep 4096 pages in flight per SM, more than L2 throughput
+    // needs; the headline bucket has at most 2 pages per thread anyway).
+    constexpr int UNROLL = SWA_MODE == SWA_NONE ? 4 : 2;
 
     // Per-entry events are summed in registers and added to the error word
     // once per thread (same final [count, flags] as one report per event).
@@ -111,11 +129,22 @@ MHA_KIT_DEVICE void page_task(const GraphMetadataParams& p, u32 row, u32 part) {
             slot[k] = page < n ? __ldg(src + (u64)page * P) : 0;
         }
         i64 s2[UNROLL];
-        if constexpr (SWA) {
+        if constexpr (SWA_MODE == SWA_SLOT) {
 #pragma unroll
             for (int k = 0; k < UNROLL; ++k) {
                 const u32 page = base + k * step;
                 s2[k] = page < n && (u32)slot[k] < map_lim ? __ldg(map + (u32)slot[k]) : 0;
+            }
+        }
+        i32 sp2[UNROLL];
+        if constexpr (SWA_MODE == SWA_PAGE) {
+#pragma unroll
+            for (int k = 0; k < UNROLL; ++k) {
+                const u32 page = base + k * step;
+                // Every index loaded is < page_lim <= swa_page_map_len; a
+                // negative slot may load an (in-bounds) entry that is ignored.
+                const u32 fp = d.div((u32)slot[k]);
+                sp2[k] = page < n && fp < page_lim ? __ldg(page_map + fp) : 0;
             }
         }
 #pragma unroll
@@ -136,7 +165,20 @@ MHA_KIT_DEVICE void page_task(const GraphMetadataParams& p, u32 row, u32 part) {
                 full = (i32)d.div((u32)s);
             }
             dst[page] = full;
-            if constexpr (SWA) {
+            if constexpr (SWA_MODE == SWA_PAGE) {
+                i32 sp;
+                if (s < 0) {
+                    sp = -1;
+                } else if (d.div((u32)s) >= page_lim) {
+                    sp = 0;
+                    ev_count += 1;
+                    ev_flags |= GM_SLOT_OUTSIDE_MAP;
+                } else {
+                    sp = sp2[k] < 0 ? -1 : sp2[k];
+                }
+                swa_dst[page] = sp;
+            }
+            if constexpr (SWA_MODE == SWA_SLOT) {
                 i32 sp;
                 if (s < 0) {
                     sp = -1;
@@ -232,7 +274,8 @@ MHA_KIT_DEVICE void scan_rows(const GraphMetadataParams& p) {
 }
 
 // The page work of warp task `t`, dispatched on P (power of two or not)
-// and on whether an SWA page table is bound (both uniform over the grid).
+// and on whether and how an SWA page table is bound (all uniform over the
+// grid): none, through the slot map, or through the page map.
 MHA_KIT_DEVICE void page_rows(const GraphMetadataParams& p, u32 block_idx) {
     const u32 warp = threadIdx.x >> 5;
     const u32 bs = (u32)p.bs;
@@ -248,13 +291,17 @@ MHA_KIT_DEVICE void page_rows(const GraphMetadataParams& p, u32 block_idx) {
         part = (u32)(t / bs);
     }
     const bool pow2 = (p.page_size & (p.page_size - 1)) == 0;
-    const bool swa = p.swa_page_table != nullptr;
+    const int swa = p.swa_page_table == nullptr ? SWA_NONE
+                  : p.swa_page_map != nullptr   ? SWA_PAGE
+                                                : SWA_SLOT;
     if (pow2) {
-        if (swa) page_task<true, true>(p, row, part);
-        else page_task<true, false>(p, row, part);
+        if (swa == SWA_PAGE) page_task<true, SWA_PAGE>(p, row, part);
+        else if (swa == SWA_SLOT) page_task<true, SWA_SLOT>(p, row, part);
+        else page_task<true, SWA_NONE>(p, row, part);
     } else {
-        if (swa) page_task<false, true>(p, row, part);
-        else page_task<false, false>(p, row, part);
+        if (swa == SWA_PAGE) page_task<false, SWA_PAGE>(p, row, part);
+        else if (swa == SWA_SLOT) page_task<false, SWA_SLOT>(p, row, part);
+        else page_task<false, SWA_NONE>(p, row, part);
     }
 }
 

@@ -15,7 +15,7 @@
 #define GM_ROW_PAST_WIDTH      16u   // page p would read position p*P >= W: clamped
 #define GM_NEGATIVE_SLOT       32u   // slot < 0: full page 0, SWA page -1
 #define GM_SLOT_OUTSIDE_POOL   64u   // slot >= pool_slots: full page 0
-#define GM_SLOT_OUTSIDE_MAP   128u   // slot >= N_map - 1: SWA page 0
+#define GM_SLOT_OUTSIDE_MAP   128u   // slot >= N_map - 1 (page map: slot / P >= its length): SWA page 0
 #define GM_LOC_OUTSIDE_MAP    256u   // out_cache_loc[j] >= N_map - 1: SWA location 0
 #define GM_QLEN_OUT_OF_RANGE  512u   // ragged verify: qlens[i] outside [0, max_q_len]: clamped
 
@@ -53,6 +53,11 @@ struct GraphMetadataParams {
     i32 swa_blocks;                // blocks for swa_out_cache_loc
     i32 max_q_len;                 // ragged verify: qlens clamped into [0, max_q_len]
     i32 reserved;                  // 0
+    // Optional full page -> SWA page map (page-map fast path of the SWA page
+    // table, crate docs): when non-null the SWA page table reads it instead
+    // of swa_mapping (which still serves swa_out_cache_loc).
+    const i32* swa_page_map;       // [swa_page_map_len] or null
+    i64 swa_page_map_len;          // number of full pages it covers (0 when null)
 };
 
 namespace gm {
@@ -135,6 +140,21 @@ MHA_KIT_DEVICE i32 swa_page(const GraphMetadataParams& p, i64 slot, i64 s2) {
         return 0;
     }
     return s2 < 0 ? -1 : (i32)(s2 / p.page_size);
+}
+
+// SWA-table page id of a sampled slot through the full page -> SWA page map
+// (page-map path, p.swa_page_map non-null): -1 for a negative slot (counted
+// by full_page already), 0 (counted) when slot / P is at or past the map's
+// length, else the entry, a negative entry giving -1.
+MHA_KIT_DEVICE i32 swa_page_paged(const GraphMetadataParams& p, i64 slot) {
+    if (slot < 0) return -1;
+    const i64 page = slot / p.page_size;
+    if (page >= p.swa_page_map_len) {
+        mha_kit::report_error(p.errors, GM_SLOT_OUTSIDE_MAP);
+        return 0;
+    }
+    const i32 v = __ldg(p.swa_page_map + page);
+    return v < 0 ? -1 : v;
 }
 
 // SWA write location of token j (spec §2.6): translated real tokens, -1 for a

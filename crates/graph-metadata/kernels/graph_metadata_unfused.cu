@@ -56,7 +56,8 @@ MHA_KIT_DEVICE void unfused_table(const GraphMetadataParams& p) {
         const i64 slot = __ldg(src + page * p.page_size);
         if (SWA) {
             p.swa_page_table[row * p.swa_page_table_stride + page] =
-                gm::swa_page(p, slot, gm::swa_map_load(p, slot));
+                p.swa_page_map != nullptr ? gm::swa_page_paged(p, slot)
+                                          : gm::swa_page(p, slot, gm::swa_map_load(p, slot));
         } else {
             p.page_table[row * p.page_table_stride + page] = gm::full_page(p, slot);
         }

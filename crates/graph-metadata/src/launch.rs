@@ -86,6 +86,11 @@ pub struct GraphMetadataParams {
     pub max_q_len: i32,
     /// Padding, 0.
     pub reserved: i32,
+    /// `const i32*` `[swa_page_map_len]` full page → SWA page map, or 0 (the
+    /// SWA page table then reads `swa_mapping`).
+    pub swa_page_map: u64,
+    /// Full pages covered by `swa_page_map` (0 when absent).
+    pub swa_page_map_len: i64,
 }
 
 // SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
@@ -108,10 +113,30 @@ pub struct SwaWriteLocs<'a> {
 #[derive(Debug)]
 pub struct SwaArgs<'a> {
     /// `[N_map]` i64 full→SWA slot map, `N_map = size_full + P + 1`, last
-    /// element −1 (contiguous).
+    /// element −1 (contiguous). Always used for `swa_out_cache_loc`; used
+    /// for the SWA page table unless `full_page_to_swa_page` is given.
     pub swa_mapping: Strided<'a, i64, 1>,
     /// `[bs, M]` i32 SWA page table (last dim contiguous), live prefixes written.
     pub swa_page_table: Option<StridedMut<'a, i32, 2>>,
+    /// Optional fast path of the SWA page table (crate docs, "SWA page
+    /// map"): `[num_full_pages ≥ 1]` i32 (contiguous), entry `F` = the SWA
+    /// page of full page `F`, 0 = unmapped (the dummy page), e.g.
+    /// `SwaMapping::page_map()` of the swa-pool crate. When given,
+    /// `swa_page_table[i, p] = full_page_to_swa_page[slot / P]` with `slot =
+    /// req_to_token[r_i, p·P]` (a negative slot gives −1, a negative entry
+    /// −1, `slot / P ≥ num_full_pages` gives 0 and is counted as
+    /// [`crate::ErrorFlags::SLOT_OUTSIDE_MAP`]), instead of
+    /// `swa_mapping[slot] / P`.
+    ///
+    /// **Precondition** for the two to agree: `swa_mapping` is page-granular
+    /// (swa-pool.md §2: every full page `F` is unmapped — all entries 0 — or
+    /// `swa_mapping[F·P + o] = S·P + o` for all `o`), this map holds
+    /// `S` (or 0) for each `F`, and `num_full_pages · P = N_map − 1`. The
+    /// paired SWA allocator (`SwaMapping`) guarantees all three; with
+    /// `req_to_token` page-contiguous (page-table.md §2) the entry is then
+    /// the SWA page of every token of the live page. The kernel does not
+    /// check the precondition. Requires `swa_page_table`.
+    pub full_page_to_swa_page: Option<Strided<'a, i32, 1>>,
     /// SWA write locations (when the active pool is an SWA pool).
     pub write_locs: Option<SwaWriteLocs<'a>>,
 }
@@ -396,6 +421,24 @@ pub fn validate(args: &GraphMetadataArgs<'_>) -> Result<GraphMetadataParams> {
             require_table("swa_page_table", t, bs, m)?;
             params.swa_page_table_stride = to_i64("swa_page_table", t.strides()[0])?;
         }
+        if let Some(pm) = &swa.full_page_to_swa_page {
+            let pages = pm.shape()[0];
+            if pages == 0 {
+                return Err(KernelError::shape(
+                    "full_page_to_swa_page",
+                    "[num_full_pages ≥ 1]",
+                    "[0]",
+                ));
+            }
+            require_contiguous("full_page_to_swa_page", pm.shape(), pm.strides())?;
+            if swa.swa_page_table.is_none() {
+                return Err(KernelError::unsupported(
+                    "full_page_to_swa_page",
+                    "a full page → SWA page map needs an SWA page table to fill",
+                ));
+            }
+            params.swa_page_map_len = to_i64("full_page_to_swa_page", pages)?;
+        }
         if let Some(w) = &swa.write_locs {
             let out = &w.swa_out_cache_loc;
             require_contiguous("swa_out_cache_loc", out.shape(), out.strides())?;
@@ -486,6 +529,9 @@ impl GraphMetadataKernel {
             if let Some(t) = swa.swa_page_table.as_mut() {
                 params.swa_page_table = t.device_ptr_mut(stream);
             }
+            if let Some(pm) = swa.full_page_to_swa_page.as_ref() {
+                params.swa_page_map = pm.device_ptr(stream);
+            }
             if let Some(w) = swa.write_locs.as_mut() {
                 if params.n_swa > 0 {
                     params.swa_out_cache_loc = w.swa_out_cache_loc.device_ptr_mut(stream);
@@ -500,8 +546,8 @@ impl GraphMetadataKernel {
         builder.arg(&params);
         // SAFETY: `validate` checked every shape and stride against the
         // buffers' lengths (Strided/StridedMut constructors): each index the
-        // kernel forms inside [bs] (qlens included), [bs+1], [bs, M], [R, W], [N_map], [n_out]
-        // and [n_swa] is in bounds, optional pointers are null exactly when
+        // kernel forms inside [bs] (qlens included), [bs+1], [bs, M], [R, W], [N_map], [n_out],
+        // [n_swa] and [num_full_pages] (the page map) is in bounds, optional pointers are null exactly when
         // their length is 0 or the buffer is absent; device indices are
         // range-checked in the kernel; the params layout is pinned by a test.
         unsafe { builder.launch(plan.cfg) }?;

@@ -16,6 +16,7 @@
 //! n_i                = min(ceil(cache_seqlens[i] / P), M)
 //! page_table[i, p]   = req_to_token[r_i, p·P] / P          p < n_i [bs, M]  i32
 //! swa_page_table[i,p]= swa_mapping[req_to_token[r_i, p·P]] / P     [bs, M]  i32
+//!                      (or full_page_to_swa_page[req_to_token[r_i, p·P] / P], below)
 //! swa_out_cache_loc[j] = swa_mapping[out_cache_loc[j]]  (j < n_real), 0 after  [n_swa] i64
 //! ```
 //!
@@ -31,6 +32,40 @@
 //! no preset is needed; padding rows always read request row 0 with
 //! `seq_len = 1` ([`prepare_replay`], D3).
 //!
+//! ## SWA page map (optional fast path)
+//!
+//! The SWA page table normally gathers one 8-byte entry of the full→SWA
+//! *slot* map per live page (`swa_mapping`, `[size + P + 1]` i64, 8 bytes
+//! per full slot). For a large pool that map is bigger than the L2 cache
+//! (a 32k-token × 256-row pool: ≥ 67 MB), so every gather is a DRAM read on
+//! the critical path. The caller may instead pass a **page-level map**
+//! ([`SwaArgs::full_page_to_swa_page`], `[num_full_pages]` i32: full page →
+//! SWA page, 0 = unmapped → the dummy page), `P` times fewer entries of half
+//! the width (≈ 2 MB for that pool with `P = 16`: L2-resident). Then
+//!
+//! ```text
+//! slot                 = req_to_token[r_i, p·P]
+//! swa_page_table[i, p] = -1                                   if slot < 0
+//!                      = 0  (counted as SLOT_OUTSIDE_MAP)     if slot / P ≥ num_full_pages
+//!                      = max(full_page_to_swa_page[slot / P], -1)  otherwise
+//! ```
+//!
+//! **Precondition** (not checked by the kernel): the slot map is
+//! page-granular — each full page `F` is unmapped (all its entries 0) or
+//! `swa_mapping[F·P + o] = S·P + o` for every offset `o` (swa-pool.md §2) —
+//! the page map holds that `S` (0 when unmapped) at `F`, and
+//! `num_full_pages · P = N_map − 1`. Then both paths give the same table,
+//! entry for entry and event for event ([`reference::page_map_from_slot_map`]
+//! builds the page map from a slot map, `None` when no page map reproduces
+//! it; the CPU reference of this path is
+//! [`reference::update_graph_metadata_with_page_map`]).
+//! The paired allocator (swa-pool's `SwaMapping`, whose `page_map()` gives
+//! this map) maintains page granularity, and the paged allocator keeps
+//! `req_to_token` page-contiguous (page-table.md §2), so the entry is the
+//! SWA page of every token of the live page. Without the page map the
+//! slot-map path runs unchanged. `swa_out_cache_loc` always translates
+//! through the slot map (per token, a few hundred gathers).
+//!
 //! Device data the host cannot see is checked in the kernel and counted in
 //! the device error word ([`kernel_rt::DeviceErrors`], flags [`ErrorFlags`]),
 //! with the same decisions as the page-table family (D9, D11). Nothing is
@@ -41,7 +76,7 @@
 //! - [`prepare_replay`]: the host-side padding of a batch to its bucket;
 //!   [`pad_ragged_verify_lens`]: the padding of ragged verify lengths
 //!   (backend.md §5), whose metadata the same kernel writes eagerly;
-//! - [`reference`]: the CPU definition the GPU must match bit for bit.
+//! - [`reference`](mod@reference): the CPU definition the GPU must match bit for bit.
 
 mod launch;
 mod mode;
@@ -110,7 +145,8 @@ impl ErrorFlags {
     pub const NEGATIVE_SLOT: Self = Self(32);
     /// A sampled slot at or past `pool_slots`: full page 0 (once per entry, D9).
     pub const SLOT_OUTSIDE_POOL: Self = Self(64);
-    /// A sampled slot at or past `N_map − 1`: SWA page 0 (once per entry, D9).
+    /// A sampled slot at or past `N_map − 1` (page-map path: `slot / P` at
+    /// or past the page map's length): SWA page 0 (once per entry, D9).
     pub const SLOT_OUTSIDE_MAP: Self = Self(128);
     /// `out_cache_loc[j]` at or past `N_map − 1`: SWA location 0 (once per token).
     pub const LOC_OUTSIDE_MAP: Self = Self(256);

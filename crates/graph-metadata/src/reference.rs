@@ -107,15 +107,77 @@ fn cache_len(seq_len: i64, offset: i64) -> (i32, bool) {
     (c as i32, c != v)
 }
 
+/// The SWA page of a slot map entry `s2` (page-table.md §3, D9): −1 when
+/// negative, else the low 32 bits of `s2 / P`.
+fn swa_page_of_entry(s2: i64, p: i64) -> i32 {
+    if s2 < 0 {
+        -1
+    } else {
+        (s2 / p) as i32
+    }
+}
+
+/// The full page → SWA page map (`[num_full_pages]` i32, 0 = unmapped) that
+/// makes the page-map path of the SWA page table (crate docs, "SWA page
+/// map") give exactly what the slot-map path gives, for **every** slot, from
+/// a full→SWA slot map `swa_mapping` (`[N_map]`, last entry the −1 sentinel):
+/// `num_full_pages = (N_map − 1) / P`, entry `F` = the SWA page
+/// `swa_mapping[F·P] / P` (−1 for a negative entry).
+///
+/// Returns `None` when no page map reproduces the slot map: `P == 0`, an
+/// empty map, `N_map − 1` not a multiple of `P`, or a full page whose
+/// entries do not all give the same SWA page (or give one below −1, from an
+/// entry past `i32::MAX · P`). A page-granular map
+/// (swa-pool.md §2: each page unmapped or `map[F·P + o] = S·P + o`) always
+/// gives `Some`.
+pub fn page_map_from_slot_map(swa_mapping: &[i64], page_size: usize) -> Option<Vec<i32>> {
+    let slots = swa_mapping.len().checked_sub(1)?;
+    if page_size == 0 || slots % page_size != 0 {
+        return None;
+    }
+    let p = page_size as i64;
+    swa_mapping[..slots]
+        .chunks_exact(page_size)
+        .map(|page| {
+            // An SWA page below −1 (the low 32 bits of a huge entry) has
+            // no page-map equivalent: the page path maps entries < 0 to −1.
+            let first = swa_page_of_entry(page[0], p);
+            (first >= -1 && page.iter().all(|&e| swa_page_of_entry(e, p) == first)).then_some(first)
+        })
+        .collect()
+}
+
 /// Applies one metadata update to `out` (bs = `input.seq_lens.len()`): every
 /// output rewritten whole except the page tables' tails past each row's live
 /// prefix. `bs == 0` changes nothing. Returns the error word the GPU kernel
-/// would hold afterwards (from zero).
+/// would hold afterwards (from zero). The SWA page table (when `out` binds
+/// it and `input.swa_mapping` is given) goes through the slot map; see
+/// [`update_graph_metadata_with_page_map`] for the page-map path.
 ///
 /// # Panics
 /// When `out`'s buffers are too small for the bucket, or `req_pool_indices`
 /// and `seq_lens` differ in length (test-setup bugs, not user input).
 pub fn update_graph_metadata(input: &HostInputs<'_>, out: &mut HostOutputs) -> ErrorReport {
+    update_graph_metadata_with_page_map(input, None, out)
+}
+
+/// [`update_graph_metadata`] with the optional SWA page map
+/// (`full_page_to_swa_page`, `[num_full_pages]` i32; crate docs, "SWA page
+/// map"): when `Some`, each live SWA page-table entry is
+/// `full_page_to_swa_page[slot / P]` (−1 for a negative slot or entry; 0,
+/// counted as [`ErrorFlags::SLOT_OUTSIDE_MAP`], when `slot / P ≥
+/// num_full_pages`) instead of `swa_mapping[slot] / P`. Everything else,
+/// `swa_out_cache_loc` included, is as with `None`. The SWA page table is
+/// still built only when `input.swa_mapping` is given (as on the GPU, where
+/// the page map is part of the SWA arguments).
+///
+/// # Panics
+/// As [`update_graph_metadata`].
+pub fn update_graph_metadata_with_page_map(
+    input: &HostInputs<'_>,
+    full_page_to_swa_page: Option<&[i32]>,
+    out: &mut HostOutputs,
+) -> ErrorReport {
     let mut err = ErrorReport::default();
     let mut report = |flag: ErrorFlags| {
         err.count += 1;
@@ -218,18 +280,20 @@ pub fn update_graph_metadata(input: &HostInputs<'_>, out: &mut HostOutputs) -> E
             };
             out.page_table[row * out.page_table_stride + page] = full;
             if let (Some(map), Some(swa)) = (map, out.swa_page_table.as_mut()) {
-                let v = if slot < 0 {
-                    -1
-                } else if slot >= map.len() as i64 - 1 {
-                    report(ErrorFlags::SLOT_OUTSIDE_MAP);
-                    0
-                } else {
-                    let s2 = map[slot as usize];
-                    if s2 < 0 {
-                        -1
-                    } else {
-                        (s2 / p) as i32
+                let v = match full_page_to_swa_page {
+                    _ if slot < 0 => -1,
+                    None if slot >= map.len() as i64 - 1 => {
+                        report(ErrorFlags::SLOT_OUTSIDE_MAP);
+                        0
                     }
+                    None => swa_page_of_entry(map[slot as usize], p),
+                    Some(pages) => match pages.get((slot / p) as usize) {
+                        None => {
+                            report(ErrorFlags::SLOT_OUTSIDE_MAP);
+                            0
+                        }
+                        Some(&e) => e.max(-1),
+                    },
                 };
                 swa[row * out.swa_page_table_stride + page] = v;
             }

@@ -10,8 +10,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{
-    case, draft_decode_case, padded_decode_case, ragged_case, spec_case_7, spec_map, spec_rows,
-    target_verify_case, write_loc_case, Case, POISON,
+    case_with_page_map, draft_decode_case, padded_decode_case, ragged_case, spec_case_7, spec_map,
+    spec_rows, target_verify_case, write_loc_case, Case, POISON,
 };
 use graph_metadata::reference::{update_graph_metadata, HostOutputs};
 use graph_metadata::{
@@ -50,6 +50,7 @@ struct Dev {
     r2t: CudaSlice<i32>,
     qlens: CudaSlice<i32>,
     map: CudaSlice<i64>,
+    page_map: CudaSlice<i32>,
     locs: CudaSlice<i64>,
     cache: CudaSlice<i32>,
     cu_k: CudaSlice<i32>,
@@ -69,6 +70,7 @@ impl Dev {
             r2t: upload(gpu, &c.r2t)?,
             qlens: upload(gpu, c.qlens.as_deref().unwrap_or(&[]))?,
             map: upload(gpu, c.map.as_deref().unwrap_or(empty))?,
+            page_map: upload(gpu, c.page_map.as_deref().unwrap_or(&[]))?,
             locs: upload(
                 gpu,
                 c.write_locs
@@ -98,6 +100,14 @@ impl Dev {
                     self.map.slice(0..map.len()),
                     [map.len()],
                 )?,
+                full_page_to_swa_page: match &c.page_map {
+                    Some(pm) if c.swa_table => Some(Strided::contiguous(
+                        "full_page_to_swa_page",
+                        self.page_map.slice(0..pm.len()),
+                        [pm.len()],
+                    )?),
+                    _ => None,
+                },
                 swa_page_table: if c.swa_table {
                     Some(StridedMut::new(
                         "swa_page_table",
@@ -283,6 +293,37 @@ fn check(gpu: &Arc<Gpu>, kernel: &GraphMetadataKernel, c: &Case) -> Result<HostO
         ));
     }
     Ok(got)
+}
+
+/// Both SWA page-table paths on the page-granular variant of `c`
+/// ([`Case::granular`]): the slot-map launch and the page-map launch each
+/// equal the reference bit for bit (every buffer, error word), and the two
+/// references — so the two launches — are identical.
+fn check_both_paths(
+    gpu: &Arc<Gpu>,
+    kernel: &GraphMetadataKernel,
+    c: &Case,
+) -> Result<(HostOutputs, HostOutputs), String> {
+    let slot_case = c.granular();
+    let page_case = slot_case.clone().with_page_map();
+    let (slot_ref, slot_err) = slot_case.reference();
+    let (page_ref, page_err) = page_case.reference();
+    if let Some(d) = diff(&page_ref, &slot_ref) {
+        return Err(format!(
+            "reference: page-map path vs slot-map path: {d} ({page_case:?})"
+        ));
+    }
+    if page_err != slot_err {
+        return Err(format!(
+            "reference error word: page-map path {page_err:?} vs slot-map path {slot_err:?} ({page_case:?})"
+        ));
+    }
+    let slot = check(gpu, kernel, &slot_case).map_err(|e| format!("slot-map path: {e}"))?;
+    let page = check(gpu, kernel, &page_case).map_err(|e| format!("page-map path: {e}"))?;
+    if let Some(d) = diff(&page, &slot) {
+        return Err(format!("gpu: page-map path vs slot-map path: {d}"));
+    }
+    Ok((slot, page))
 }
 
 /// Number of nodes of a captured graph, and how many are kernel nodes.
@@ -529,9 +570,32 @@ fn large_case(seed: u64, bs: usize, p: usize, m: usize, swa: bool) -> Case {
     c
 }
 
+/// An arbitrary full page → SWA page map for a large case: shorter than the
+/// pool's pages (the last pages' slots count as outside the map), entries
+/// mostly valid SWA pages, some 0, −1, −9 and `i32::MAX`.
+fn random_page_map(seed: u64, c: &Case) -> Vec<i32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let pages = c
+        .pool_slots
+        .unwrap_or(1)
+        .div_ceil(c.p)
+        .saturating_sub(2)
+        .max(1);
+    (0..pages)
+        .map(|_| match rng.gen_range(0..50) {
+            0 => -1,
+            1 => -9,
+            2 => i32::MAX,
+            3..=9 => 0,
+            _ => rng.gen_range(1..pages as i32 + 1),
+        })
+        .collect()
+}
+
 /// GPU == reference for large buckets: many page blocks per row, several
 /// pages per thread, rows interleaved over blocks, P a power of two or not,
-/// with and without the SWA table.
+/// with and without the SWA table; with the SWA table also through the page
+/// map (an arbitrary one, and both paths on the page-granular variant).
 fn large_buckets(gpu: &Arc<Gpu>) -> Result<(), String> {
     let kernel = GraphMetadataKernel::new(gpu).or_fail("load")?;
     let shapes: [(usize, usize, usize); 7] = [
@@ -545,6 +609,7 @@ fn large_buckets(gpu: &Arc<Gpu>) -> Result<(), String> {
     ];
     let mut seed = 11u64;
     let mut with_errors = 0;
+    let mut page_map_cases = 0;
     for (bs, p, m) in shapes {
         for swa in [false, true] {
             seed += 1;
@@ -563,6 +628,23 @@ fn large_buckets(gpu: &Arc<Gpu>) -> Result<(), String> {
             // A small bucket may draw no bad data (bs 1 often samples the
             // all-zero row 0); the set as a whole must exercise the error path.
             with_errors += usize::from(!want_err.is_clean());
+            if swa {
+                let mut pc = c.clone();
+                pc.page_map = Some(random_page_map(seed + 1000, &c));
+                let (want, want_err) = pc.reference();
+                let (got, got_err) = run_eager(gpu, &kernel, &pc)?;
+                if let Some(d) = diff(&got, &want) {
+                    return Err(format!("{what}, arbitrary page map: {d}"));
+                }
+                if got_err != want_err {
+                    return Err(format!(
+                        "{what}, arbitrary page map: error word gpu {got_err:?} vs reference {want_err:?}"
+                    ));
+                }
+                check_both_paths(gpu, &kernel, &c)
+                    .map_err(|e| format!("{what}, page-granular map: {e}"))?;
+                page_map_cases += 3;
+            }
         }
     }
     if with_errors < shapes.len() {
@@ -572,7 +654,7 @@ fn large_buckets(gpu: &Arc<Gpu>) -> Result<(), String> {
         ));
     }
     println!(
-        "large_buckets_match_reference: {} cases, {with_errors} with bad data counted",
+        "large_buckets_match_reference: {} cases, {with_errors} with bad data counted; {page_map_cases} more launches for the SWA page map",
         2 * shapes.len()
     );
     Ok(())
@@ -588,17 +670,60 @@ fn main() {
                 failure_persistence: None,
                 ..Config::default()
             });
+            let page_launches = std::cell::Cell::new(0u64);
             runner
-                .run(&case(), |c| {
-                    check(gpu, &kernel, &c)
-                        .map(|_| ())
-                        .map_err(TestCaseError::fail)
+                .run(&case_with_page_map(), |c| {
+                    // 1. The slot-map path (the case as drawn).
+                    let mut slot = c.clone();
+                    slot.page_map = None;
+                    check(gpu, &kernel, &slot).map_err(TestCaseError::fail)?;
+                    if c.page_map.is_some() {
+                        // 2. An arbitrary page map: page-map path == reference.
+                        check(gpu, &kernel, &c)
+                            .map_err(|e| TestCaseError::fail(format!("page-map path: {e}")))?;
+                        // 3. Page-granular variant: both paths == reference,
+                        //    and identical to each other.
+                        check_both_paths(gpu, &kernel, &c).map_err(TestCaseError::fail)?;
+                        page_launches.set(page_launches.get() + 2);
+                    }
+                    Ok(())
                 })
                 .map_err(|e| e.to_string())?;
             println!(
-                "gpu_matches_reference_proptest: {GPU_CASES} cases, {} launches",
-                kernel.launches()
+                "gpu_matches_reference_proptest: {GPU_CASES} cases, {} launches ({} through the SWA page map)",
+                kernel.launches(),
+                page_launches.get()
             );
+            Ok(())
+        }),
+        gpu_trial("page_map_and_slot_map_give_identical_tables", |gpu| {
+            let kernel = GraphMetadataKernel::new(gpu).or_fail("load")?;
+            // The spec's map (page-granular): full pages 3→1, 2→2, 10→3, 5→4, 9→5.
+            let spec = spec_case_7(&[1, 2, 0, 0]);
+            let (slot, page) = check_both_paths(gpu, &kernel, &spec)?;
+            for out in [&slot, &page] {
+                for (row, want) in [&[1, 0, 2][..], &[4], &[0], &[0]].iter().enumerate() {
+                    expect("SWA page row", out.swa_page_row(row, want.len()), want)?;
+                }
+            }
+            // Large buckets, P a power of two or not, many pages per thread.
+            let mut mapped = 0usize;
+            for (seed, bs, p, m) in [(91, 256, 16, 512), (92, 64, 1, 3000), (93, 300, 7, 200)] {
+                let c = large_case(seed, bs, p, m, true);
+                let (_, page) = check_both_paths(gpu, &kernel, &c)
+                    .map_err(|e| format!("bs {bs}, P {p}, M {m}: {e}"))?;
+                mapped += page
+                    .swa_page_table
+                    .as_deref()
+                    .unwrap_or(&[])
+                    .iter()
+                    .filter(|&&v| v > 0)
+                    .count();
+            }
+            if mapped == 0 {
+                return Err("no mapped SWA page in the large cases: the test is vacuous".into());
+            }
+            println!("page_map_and_slot_map_give_identical_tables: 4 buckets, {mapped} mapped SWA pages, identical");
             Ok(())
         }),
         gpu_trial("graph_replay_decode", |gpu| {
@@ -766,6 +891,7 @@ fn main() {
             let mut dev = Dev::new(gpu, &c, &c.poisoned()).or_fail("upload")?;
             let mut errors = DeviceErrors::new(gpu).or_fail("alloc")?;
             let mut short = gpu.stream().alloc_zeros::<i32>(1).or_fail("alloc")?;
+            let pages = gpu.stream().alloc_zeros::<i32>(13).or_fail("alloc")?;
             let mut args = dev.args(&c).or_fail("views")?;
             args.page_size = 0;
             match kernel.launch(&mut args, &mut errors) {
@@ -785,6 +911,28 @@ fn main() {
                 }
             }
             args.mode = GraphMode::Decode;
+            // A page map without an SWA page table to fill.
+            let table = {
+                let swa = args.swa.as_mut().ok_or("spec case 7 binds SWA")?;
+                swa.full_page_to_swa_page =
+                    Some(Strided::of("full_page_to_swa_page", &pages, [13]).or_fail("view")?);
+                swa.swa_page_table.take()
+            };
+            match kernel.launch(&mut args, &mut errors) {
+                Err(KernelError::Unsupported {
+                    arg: "full_page_to_swa_page",
+                    ..
+                }) => {}
+                other => {
+                    return Err(format!(
+                        "expected a page map without an SWA table to be rejected, got {other:?}"
+                    ))
+                }
+            }
+            if let Some(swa) = args.swa.as_mut() {
+                swa.swa_page_table = table;
+                swa.full_page_to_swa_page = None;
+            }
             args.cu_seqlens_k = StridedMut::of("cu_seqlens_k", &mut short, [1]).or_fail("view")?;
             match kernel.launch(&mut args, &mut errors) {
                 Err(KernelError::Shape {

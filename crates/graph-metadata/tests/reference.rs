@@ -6,10 +6,10 @@
 mod common;
 
 use common::{
-    case, draft_decode_case, padded_decode_case, ragged_case, spec_case_7, spec_map, spec_rows,
-    target_verify_case, write_loc_case, Case, POISON,
+    case, case_with_page_map, draft_decode_case, padded_decode_case, ragged_case, spec_case_7,
+    spec_map, spec_rows, target_verify_case, write_loc_case, Case, POISON,
 };
-use graph_metadata::reference::HostOutputs;
+use graph_metadata::reference::{page_map_from_slot_map, HostOutputs};
 use graph_metadata::{
     check_ragged_q_lens, launch_config, pad_ragged_verify_lens, prepare_replay, ErrorFlags,
     GraphMetadataParams, GraphMode, BLOCK_THREADS, KERNEL_NAMES, PTX, TARGET_PAGE_BLOCKS,
@@ -240,6 +240,110 @@ fn width_clamp_drops_the_fifth_page_and_counts() {
     );
 }
 
+// ---- SWA page map (the optional fast path of the SWA page table) -------------
+
+/// The spec's map (page-granular, swa-pool.md §6) as a page map: full pages
+/// 3→1, 2→2, 10→3, 5→4, 9→5, the rest (7 evicted) 0; 13 pages of 4 slots.
+#[test]
+fn page_map_of_the_spec_map() {
+    assert_eq!(
+        page_map_from_slot_map(&spec_map(), 4).unwrap(),
+        [0, 0, 2, 1, 0, 4, 0, 0, 0, 5, 3, 0, 0]
+    );
+}
+
+/// Slot-map and page-map paths give identical outputs (tables, tails, write
+/// locations, error word) on the spec's page-granular map, every mode.
+#[test]
+fn page_map_path_equals_slot_map_path_on_spec_map() {
+    let sr = spec_rows();
+    let cases = [
+        spec_case_7(&[1, 2, 0, 0]),
+        spec_case_7(&[1, 2, 1, 1]),
+        Case::new(
+            GraphMode::DraftDecode { step: 1 },
+            &sr,
+            &[1, 2],
+            &[10, 4],
+            4,
+            4,
+        )
+        .with_swa(spec_map(), None),
+        Case::new(
+            GraphMode::TargetVerify { q_len: 3 },
+            &sr,
+            &[1, 2],
+            &[10, 4],
+            4,
+            4,
+        )
+        .with_swa(spec_map(), Some((Some(vec![9, 23, 29, -1, 12, 13]), 6))),
+    ];
+    for c in cases {
+        let slot = c.reference();
+        let page = c.clone().with_page_map().reference();
+        assert_eq!(page, slot, "{c:?}");
+    }
+    let (out, err) = spec_case_7(&[1, 2, 0, 0]).with_page_map().reference();
+    assert_pages(&out, &[&[1, 0, 2], &[4], &[0], &[0]], true);
+    assert_eq!(
+        out.swa_out_cache_loc.as_deref(),
+        Some(&[9, 19, 0, 0, 0, 0][..]),
+        "write locations still translate through the slot map"
+    );
+    assert!(err.is_clean());
+}
+
+/// No page map reproduces a map whose page entries disagree, or whose slots
+/// (N_map − 1) are not whole pages; a page mapped to SWA page 0 or with
+/// every entry negative still has one.
+#[test]
+fn page_map_from_slot_map_needs_whole_consistent_pages() {
+    let mut map = spec_map();
+    map[13] = 99; // full page 3: 4, 99, 6, 7 → SWA pages 1, 24, 1, 1
+    assert_eq!(page_map_from_slot_map(&map, 4), None);
+    assert_eq!(page_map_from_slot_map(&spec_map(), 3), None, "52 % 3 != 0");
+    assert_eq!(page_map_from_slot_map(&spec_map(), 0), None);
+    assert_eq!(page_map_from_slot_map(&[], 4), None);
+    assert_eq!(page_map_from_slot_map(&[0, 1, 2, 3, -1], 4), Some(vec![0]));
+    assert_eq!(page_map_from_slot_map(&[-1, -5, -1], 2), Some(vec![-1]));
+    assert_eq!(
+        page_map_from_slot_map(&[1 << 32, (1 << 32) + 1, -1], 2),
+        None,
+        "SWA page 2^31 is i32::MIN in the table: no page-map entry gives it"
+    );
+    assert_eq!(
+        page_map_from_slot_map(&[1 << 40, (1 << 40) + 1, -1], 2),
+        Some(vec![0]),
+        "the table keeps the low 32 bits of SWA page 2^39"
+    );
+    assert_eq!(page_map_from_slot_map(&[7, -1], 1), Some(vec![7]));
+}
+
+/// Page-map path edges: a negative slot gives −1 (counted once, by the full
+/// table), a slot whose page is past the page map gives 0 (counted as
+/// SLOT_OUTSIDE_MAP), a negative entry gives −1, any other entry is copied.
+#[test]
+fn page_map_path_edges() {
+    let rows = vec![vec![
+        -3, 0, 0, 0, 40, 0, 0, 0, 8, 0, 0, 0, 12, 0, 0, 0, 20, 0, 0, 0,
+    ]];
+    let mut c = Case::new(GraphMode::Decode, &rows, &[0], &[20], 4, 5).with_swa(spec_map(), None);
+    //               page: 0  1  2   3  4  5   6  7  8  9
+    c.page_map = Some(vec![0, 0, 7, -4, 0, 9, 0, 0, 0, 0]);
+    let (out, err) = c.reference();
+    // slots -3, 40 (page 10: past the 10-entry map), 8 (page 2), 12 (page 3), 20 (page 5)
+    assert_pages(&out, &[&[-1, 0, 7, -1, 9]], true);
+    assert_pages(&out, &[&[0, 10, 2, 3, 5]], false);
+    assert_eq!(
+        err,
+        ErrorReport {
+            count: 2,
+            flags: ErrorFlags::NEGATIVE_SLOT.bits() | ErrorFlags::SLOT_OUTSIDE_MAP.bits()
+        }
+    );
+}
+
 /// D1: both prefix sums' entry 0 is written, whatever the buffer held.
 #[test]
 fn entry_zero_of_prefix_sums_is_written() {
@@ -384,7 +488,7 @@ fn replay_preparation_pads_and_rejects() {
 #[test]
 fn params_layout_matches_cuda() {
     use std::mem::{offset_of, size_of};
-    assert_eq!(size_of::<GraphMetadataParams>(), 216);
+    assert_eq!(size_of::<GraphMetadataParams>(), 232);
     assert_eq!(offset_of!(GraphMetadataParams, out_cache_loc), 32);
     assert_eq!(offset_of!(GraphMetadataParams, qlens), 40);
     assert_eq!(offset_of!(GraphMetadataParams, cache_seqlens), 48);
@@ -395,11 +499,13 @@ fn params_layout_matches_cuda() {
     assert_eq!(offset_of!(GraphMetadataParams, q_stride), 196);
     assert_eq!(offset_of!(GraphMetadataParams, swa_blocks), 204);
     assert_eq!(offset_of!(GraphMetadataParams, max_q_len), 208);
-    // The PTX declares one 216-byte parameter for every entry, as the struct.
-    assert!(PTX.ptx.contains("graph_metadata_update_param_0[216]"));
+    assert_eq!(offset_of!(GraphMetadataParams, swa_page_map), 216);
+    assert_eq!(offset_of!(GraphMetadataParams, swa_page_map_len), 224);
+    // The PTX declares one 232-byte parameter for every entry, as the struct.
+    assert!(PTX.ptx.contains("graph_metadata_update_param_0[232]"));
     for name in UNFUSED_KERNEL_NAMES {
         assert!(
-            UNFUSED_PTX.ptx.contains(&format!("{name}_param_0[216]")),
+            UNFUSED_PTX.ptx.contains(&format!("{name}_param_0[232]")),
             "{name}"
         );
     }
@@ -516,6 +622,61 @@ proptest! {
                 prop_assert_eq!(d, want);
             }
         }
+    }
+
+    /// The page-map path equals its formula for arbitrary page maps (entries
+    /// negative, 0, huge; maps shorter than the pool), and every other output
+    /// equals the slot-map path's.
+    #[test]
+    fn page_map_path_matches_its_formula(c in case_with_page_map()) {
+        let (out, err) = c.reference();
+        let mut slot_case = c.clone();
+        slot_case.page_map = None;
+        let (slot_out, slot_err) = slot_case.reference();
+        prop_assert_eq!(&out.page_table, &slot_out.page_table);
+        prop_assert_eq!(&out.swa_out_cache_loc, &slot_out.swa_out_cache_loc);
+        prop_assert_eq!(&out.cu_seqlens_k, &slot_out.cu_seqlens_k);
+        let Some(pages) = &c.page_map else {
+            prop_assert_eq!(out, slot_out);
+            prop_assert_eq!(err, slot_err);
+            return Ok(());
+        };
+        let swa = out.swa_page_table.as_ref().unwrap();
+        for i in 0..c.bs() {
+            let r = c.rpi[i];
+            let n = if r < 0 || r as usize >= c.rows {
+                0
+            } else {
+                (out.cache_seqlens[i] as usize).div_ceil(c.p).min(c.m).min(c.width.div_ceil(c.p))
+            };
+            for page in 0..c.pt_stride {
+                let got = swa[i * c.pt_stride + page];
+                if page >= n {
+                    prop_assert_eq!(got, POISON);
+                    continue;
+                }
+                let slot = i64::from(c.r2t[r as usize * c.r2t_stride + page * c.p]);
+                let want = if slot < 0 {
+                    -1
+                } else {
+                    pages.get(slot as usize / c.p).map_or(0, |&e| e.max(-1))
+                };
+                prop_assert_eq!(got, want);
+            }
+        }
+    }
+
+    /// On a page-granular slot map the two paths give identical outputs and
+    /// error words.
+    #[test]
+    fn page_map_path_equals_slot_map_path_on_granular_maps(c in case()) {
+        if !c.has_swa_table() {
+            return Ok(());
+        }
+        let g = c.granular();
+        let slot = g.reference();
+        let page = g.with_page_map().reference();
+        prop_assert_eq!(page, slot);
     }
 
     /// Replay preparation: real rows kept, every padding entry set.

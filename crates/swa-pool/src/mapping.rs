@@ -155,6 +155,19 @@ impl SwaMapping {
         &self.map
     }
 
+    /// The full page → SWA page map, `[(size + P) / P]` i32 (one entry per
+    /// full page, the dummy page 0 included): entry `F` is the SWA page `S`
+    /// of full page `F` (`map[F·P + o] = S·P + o`), 0 when `F` is unmapped
+    /// (the dummy SWA page). The page-level form of [`Self::map`], `P` times
+    /// fewer entries of half the width: graph-metadata's SWA page-map fast
+    /// path (`full_page_to_swa_page`) takes it and then builds the same SWA
+    /// page table as from the slot map, because this map is page-granular.
+    /// SWA page ids are stored as i32, as the SWA page table holds them
+    /// (exact for SWA pools of fewer than 2^31 pages).
+    pub fn page_map(&self) -> Vec<i32> {
+        self.swa_page_of.iter().map(|&s| s as i32).collect()
+    }
+
     /// Free SWA pages.
     pub fn free_swa_pages(&self) -> usize {
         self.free.len()
@@ -471,5 +484,69 @@ impl LayersMapping {
     /// SWA write locations: `use_sliding_window_kv_pool` is false).
     pub fn has_swa_layers(&self) -> bool {
         self.num_swa > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `page_map()` is the page-level form of `map()` after allocation,
+    /// tail-only allocation, freeing, eviction and clearing: one entry per
+    /// full page (`(size + P) / P`), `map[F·P + o] = S·P + o` when entry
+    /// `F = S ≠ 0`, all 0 when it is 0.
+    #[test]
+    fn page_map_is_the_page_level_form_of_the_slot_map() {
+        fn check(m: &SwaMapping) {
+            let p = m.page_size();
+            let pages = m.page_map();
+            let map = m.map();
+            assert_eq!(pages.len(), (m.size() + p) / p);
+            assert_eq!(
+                pages.len() * p,
+                map.len() - 1,
+                "covers every slot but the sentinel"
+            );
+            for (f, &s) in pages.iter().enumerate() {
+                assert_eq!(s == 0, m.swa_page_of(f).is_none(), "page {f}");
+                for o in 0..p {
+                    let want = if s == 0 {
+                        0
+                    } else {
+                        i64::from(s) * p as i64 + o as i64
+                    };
+                    assert_eq!(map[f * p + o], want, "page {f} offset {o}");
+                }
+            }
+            assert_eq!(pages[0], 0, "the dummy full page is never mapped");
+        }
+        for p in [1usize, 4, 16] {
+            let mut m = SwaMapping::new(24 * p, 10 * p, p).expect("config");
+            check(&m);
+            m.alloc_pages(&[3, 7, 20]).expect("alloc pages");
+            check(&m);
+            let slots: Vec<i64> = [5 * p, 5 * p + p - 1, 9 * p]
+                .iter()
+                .map(|&s| s as i64)
+                .collect();
+            m.alloc_slots(&slots).expect("alloc slots");
+            check(&m);
+            m.free_slots(&[(7 * p) as i64]).expect("free");
+            check(&m);
+            let tail: Vec<i64> = (10 * p..13 * p).map(|s| s as i64).collect();
+            m.alloc_tail(&tail, p).expect("tail");
+            check(&m);
+            let row: Vec<i32> = (3 * p..6 * p).map(|s| s as i32).collect();
+            m.evict_out_of_window(&row, 3 * p, p, 0, EvictionPolicy::ChunkCache)
+                .expect("evict");
+            check(&m);
+            // Positions [0, 2P) = full pages 3 and 4 slid out of the window.
+            assert_eq!(m.page_map()[3], 0, "evicted page 3 is unmapped");
+            assert_ne!(m.page_map()[5], 0, "page 5 is still in the window");
+            assert_ne!(m.page_map()[20], 0, "page 20 is still mapped");
+            m.clear();
+            check(&m);
+            assert!(m.page_map().iter().all(|&s| s == 0));
+        }
     }
 }

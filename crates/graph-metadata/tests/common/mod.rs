@@ -3,7 +3,9 @@
 //! strategy over every mode.
 #![allow(dead_code)]
 
-use graph_metadata::reference::{update_graph_metadata, HostInputs, HostOutputs};
+use graph_metadata::reference::{
+    page_map_from_slot_map, update_graph_metadata_with_page_map, HostInputs, HostOutputs,
+};
 use graph_metadata::{pad_ragged_verify_lens, prepare_replay, GraphMode};
 use kernel_rt::ErrorReport;
 use proptest::prelude::*;
@@ -56,6 +58,9 @@ pub struct Case {
     pub cu_q: bool,
     pub map: Option<Vec<i64>>,
     pub swa_table: bool,
+    /// Full page → SWA page map: when set (with `map` and `swa_table`), the
+    /// SWA page table takes the page-map path.
+    pub page_map: Option<Vec<i32>>,
     /// `Some((out_cache_loc, n_swa))`: SWA write locations bound.
     pub write_locs: Option<(Option<Vec<i64>>, usize)>,
     pub pool_slots: Option<usize>,
@@ -95,9 +100,59 @@ impl Case {
             cu_q: true,
             map: None,
             swa_table: false,
+            page_map: None,
             write_locs: None,
             pool_slots: None,
         }
+    }
+
+    /// The same case with its slot map made page-granular (swa-pool.md §2,
+    /// what the paired allocator maintains): `N_map − 1` rounded down to a
+    /// multiple of `P`; full page `F` maps to SWA page `S = min(map[F·P] /
+    /// P, i32::MAX)` when that entry is positive (`map[F·P + o] = S·P + o`), else is unmapped
+    /// (all 0); last entry −1. The page-map path then equals the slot-map
+    /// path. Page map cleared (slot-map path).
+    ///
+    /// # Panics
+    /// Without a slot map (a test-setup bug).
+    pub fn granular(&self) -> Self {
+        let old = self.map.as_ref().expect("granular() needs a slot map");
+        let p = self.p;
+        let pages = (old.len() - 1) / p;
+        let mut map = vec![0i64; pages * p + 1];
+        for f in 0..pages {
+            let e = old[f * p];
+            if e > 0 {
+                // SWA pages stay i32 (the table's type); entries past
+                // i32::MAX slots still occur (the slot path's 64-bit case).
+                let s = (e / p as i64).min(i64::from(i32::MAX));
+                for o in 0..p {
+                    map[f * p + o] = s * p as i64 + o as i64;
+                }
+            }
+        }
+        map[pages * p] = -1;
+        let mut c = self.clone();
+        c.map = Some(map);
+        c.page_map = None;
+        c
+    }
+
+    /// Binds the page map built from the case's (page-granular) slot map.
+    ///
+    /// # Panics
+    /// When the slot map has no page-map equivalent or no SWA table is bound.
+    pub fn with_page_map(mut self) -> Self {
+        assert!(self.swa_table, "the page map fills the SWA page table");
+        let map = self.map.as_ref().expect("slot map");
+        self.page_map = Some(page_map_from_slot_map(map, self.p).expect("page-granular slot map"));
+        self
+    }
+
+    /// Whether the SWA page table is built (slot map and table bound): the
+    /// cases the page-map path applies to.
+    pub fn has_swa_table(&self) -> bool {
+        self.map.is_some() && self.swa_table
     }
 
     /// Binds the SWA map, the SWA table and (optionally) write locations.
@@ -153,10 +208,12 @@ impl Case {
         }
     }
 
-    /// The reference applied to poisoned buffers.
+    /// The reference applied to poisoned buffers (page-map path when the
+    /// case binds a page map).
     pub fn reference(&self) -> (HostOutputs, ErrorReport) {
         let mut out = self.poisoned();
-        let err = update_graph_metadata(&self.inputs(), &mut out);
+        let err =
+            update_graph_metadata_with_page_map(&self.inputs(), self.page_map.as_deref(), &mut out);
         (out, err)
     }
 }
@@ -285,11 +342,39 @@ pub fn case() -> impl Strategy<Value = Case> {
                     cu_q: cu_q || ragged,
                     map: swa.then_some(map),
                     swa_table,
+                    page_map: None,
                     write_locs: (swa && write).then(|| (n_out.map(|n| locs[..n].to_vec()), n_swa)),
                     pool_slots: pool.then_some(pool_len - 9),
                 }
             },
         )
+}
+
+/// A case and an arbitrary page map for it (bound only when the case builds
+/// the SWA table): entries valid, 0, negative, huge; length from 1 to past
+/// the pool's pages, so slots past it occur.
+pub fn case_with_page_map() -> impl Strategy<Value = Case> {
+    case().prop_flat_map(|c| {
+        let pool_pages = c.map.as_ref().map_or(1, |m| m.len() / c.p + 1);
+        let entry = prop_oneof![
+            8 => 0i32..(pool_pages as i32 + 5),
+            2 => Just(0i32),
+            1 => Just(-1i32),
+            1 => Just(-7i32),
+            1 => Just(i32::MAX),
+        ];
+        let len = prop_oneof![Just(pool_pages), 1usize..=pool_pages + 3];
+        (
+            Just(c),
+            len.prop_flat_map(move |n| proptest::collection::vec(entry.clone(), n..=n)),
+        )
+            .prop_map(|(mut c, pages)| {
+                if c.has_swa_table() {
+                    c.page_map = Some(pages);
+                }
+                c
+            })
+    })
 }
 
 // ---- named cases (issue 4 "Must pass", edge-cases.md), shared with tests/gpu.rs ----
