@@ -11,8 +11,10 @@
 // cp.async (16 B, L2-only) ring of NST stages; page ids are loaded one tile
 // ahead of their use. Online softmax in f32 with exp2 (scale_log2 =
 // bmm1_scale * log2 e). Splits write unnormalised partials (O, m, d) to the
-// caller's workspace and paged_attention_merge_* combines them in a fixed
-// order. No counters: the workspace never needs zeroing (graph-safe).
+// caller's workspace; the last CTA of a work item to arrive (a self-resetting
+// atom.inc counter per item in the workspace) folds them in a fixed order and
+// writes the rows (merge_last): one launch, deterministic, graph-safe (the
+// counters are zero again after every launch).
 //
 // The params struct is mirrored by `PagedAttentionParams` in src/launch.rs; a
 // CPU test pins its size and field offsets.
@@ -160,7 +162,7 @@ MHA_KIT_DEVICE float warp_sum(float v) {
     return v;
 }
 
-// ---- geometry shared by the main and merge kernels (reference.rs mirrors it) ----
+// ---- geometry shared by both kernels (reference.rs mirrors it) ----
 struct Geom {
     i32 row_start, n, len;
     bool skip;
@@ -253,6 +255,103 @@ MHA_KIT_DEVICE Split tile_split(const PagedAttentionParams& p, const Geom& g, in
     return s;
 }
 
+
+// ---- fused split merge (last-arriving CTA of a work item) ----
+// Workspace: ws_o [items, S_max, 16, D] f32, ws_ml [items, S_max, 16, 2] f32,
+// then one u32 arrival counter per item (items = bs * Hkv * row_tiles). The
+// counters must be zero before the first launch; every launch leaves them
+// zero: atom.inc wraps to 0 on the last of the nb arrivals.
+MHA_KIT_DEVICE u32* split_counters(const PagedAttentionParams& p) {
+    const i64 items = (i64)p.bs * p.num_kv_heads * p.row_tiles;
+    return reinterpret_cast<u32*>(p.ws_ml + items * p.max_splits * ROWS * 2);
+}
+
+// Block-cooperative (every thread of the CTA calls it, after the CTA stored its
+// partial for split `split` of `item`). The CTA that arrives last folds the nb
+// partials in a fixed order (split s -> lane s mod 32 for the row statistics,
+// sequential s for each output element) and writes the final rows: the result
+// depends only on the partials, never on arrival order. `scratch`: >= 33
+// words of shared memory no thread still reads.
+template <int QT, int D>
+MHA_KIT_DEVICE void merge_last(const PagedAttentionParams& p, const Geom& g, i64 item, int nb, int nrows,
+                               int r0, int h, float* scratch) {
+    u32* flag = reinterpret_cast<u32*>(scratch + 2 * ROWS);
+    __threadfence();  // this CTA's partial is visible before its arrival counts
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const u32 old = atomicInc(split_counters(p) + item, (u32)(nb - 1));
+        *flag = old == (u32)(nb - 1) ? 1u : 0u;
+    }
+    __syncthreads();
+    if (*flag == 0u) return;
+    __threadfence();
+
+    const i64 base0 = item * p.max_splits * ROWS;  // (item, split 0, row 0)
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // Row statistics: M = max m over splits with d > 0, den = sum d 2^(m - M).
+    for (int rr = warp; rr < nrows; rr += NT / 32) {
+        float mx = NEG_INF;
+        for (int s = lane; s < nb; s += 32) {
+            const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.ws_ml) + base0 + (i64)s * ROWS + rr);
+            if (ml.y > 0.f) mx = fmaxf(mx, ml.x);
+        }
+        mx = warp_max(mx);
+        float den = 0.f;
+        if (mx != NEG_INF) {
+            for (int s = lane; s < nb; s += 32) {
+                const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.ws_ml) + base0 + (i64)s * ROWS + rr);
+                if (ml.y > 0.f) den += ml.y * ex2(ml.x - mx);
+            }
+        }
+        den = warp_sum(den);  // butterfly: every lane gets the same bits
+        if (lane == 0) {
+            scratch[rr] = mx;
+            scratch[ROWS + rr] = den;
+        }
+    }
+    __syncthreads();
+
+    // Numerators: one 4-dim group of one row per thread and step.
+    constexpr int C4 = D / 4;
+    for (int u = threadIdx.x; u < nrows * C4; u += NT) {
+        const int rr = u / C4, c4 = u % C4;
+        const float mx = scratch[rr];
+        const float den = scratch[ROWS + rr];
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (den > 0.f) {
+#pragma unroll 8
+            for (int s = 0; s < nb; ++s) {
+                const i64 row = base0 + (i64)s * ROWS + rr;
+                const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.ws_ml) + row);
+                const float4 o = __ldcg(reinterpret_cast<const float4*>(p.ws_o + row * D) + c4);
+                if (ml.y > 0.f) {
+                    const float w = ex2(ml.x - mx);
+                    acc.x = fmaf(w, o.x, acc.x);
+                    acc.y = fmaf(w, o.y, acc.y);
+                    acc.z = fmaf(w, o.z, acc.z);
+                    acc.w = fmaf(w, o.w, acc.w);
+                }
+            }
+        }
+        const int rg = r0 + rr;
+        const int j = rg / p.group, qh = h * p.group + rg % p.group;
+        float scale = 0.f;
+        if (den > 0.f) {
+            if (p.sinks != nullptr) {
+                const float sg = p.sinks[qh] * LOG2E;
+                const float m2 = fmaxf(mx, sg);
+                const float w = ex2(mx - m2);
+                scale = p.bmm2_scale * w / (den * w + ex2(sg - m2));
+            } else {
+                scale = p.bmm2_scale / den;
+            }
+        }
+        const u32 lo = f32_to_half<QT>(acc.x * scale) | ((u32)f32_to_half<QT>(acc.y * scale) << 16);
+        const u32 hi = f32_to_half<QT>(acc.z * scale) | ((u32)f32_to_half<QT>(acc.w * scale) << 16);
+        u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + c4 * 4;
+        *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+    }
+}
 // Shared-memory layout (bytes); src/launch.rs `smem_bytes` mirrors it.
 template <int D, int KV, int NST>
 struct Smem {
@@ -516,9 +615,10 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
         }
     }
     __syncthreads();
-    if (!p3_active) return;
 
-    if (sp.nb == 1) {
+    if (!p3_active) {
+        // no rows of this thread
+    } else if (sp.nb == 1) {
         // Final write: sink joins the denominator once (raw logit), bmm2, D13 zeros.
 #pragma unroll
         for (int ii = 0; ii < RPT; ++ii) {
@@ -564,17 +664,25 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
             }
         }
     }
+    if (sp.nb > 1) {
+        const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
+        merge_last<QT, D>(p, g, item, sp.nb, nrows, r0, h, qs);
+    }
 }
 
 // ======================= tensor-core path (mma.sync) =======================
 // Same work items, split rule and workspace format as decode_body, with
 // 64-token CTA tiles (p.tile_tokens = 64). Each of the 4 warps owns a
 // 16-token slice of every tile and runs its own cp.async ring of NST slots:
-// it loads, (for e4m3: converts once to the Q dtype), and consumes only its
-// own tokens, so the main loop has no CTA barrier. Per slice:
+// it loads and consumes only its own tokens, so the main loop has no CTA
+// barrier. Per slice:
 //   S[16 rows x 16 tokens] = Q_A (registers) . K^T  (ldmatrix, m16n8k16, f32)
 //   online softmax on S (rows g and g+8 per thread, quad shuffles)
 //   O[16 x D] += P (bf16/f16 from S, A layout) . V (ldmatrix.trans)
+// e4m3 KV: f16 MMAs (bf16 Q scaled per row by a power of two, exact), K and
+// V bytes read from the raw ring straight into B fragments (permuted k / n
+// orders, each element converted once by cvt.rn.f16x2.e4m3x2, V pairs
+// formed by byte permutes): no converted copy in shared memory.
 // Warps keep their own (m, d, O); they are merged through shared memory at
 // the end and written like decode_body (final rows or split partials).
 // Smem rows of 16-bit K/V are XOR-swizzled by 16-byte chunk (chunk ^ (row & 7)):
@@ -587,13 +695,12 @@ constexpr int MTT = MW * MWT; // tokens per CTA tile
 template <int D, int KV>
 struct MmaSmem {
     static constexpr int ES = KV == 2 ? 1 : 2;
-    static constexpr int NST = KV == 2 ? 4 : 3;        // ring slots per warp
+    static constexpr int NST = KV == 2 ? 6 : 3;        // ring slots per warp
     static constexpr int RRB = D * ES;                 // raw (loaded) row bytes
     static constexpr int CPR = RRB / 16;               // 16-byte chunks per raw row
     static constexpr int HRB = D * 2;                  // 16-bit row bytes
     static constexpr int SLOT = MWT * RRB * 2;         // K rows then V rows
-    static constexpr int CONV = KV == 2 ? MWT * HRB * 2 : 0;  // converted K, V (e4m3 only)
-    static constexpr int WRING = NST * SLOT + CONV;    // per warp
+    static constexpr int WRING = NST * SLOT;           // per warp
     static constexpr int RING = MW * WRING;
     static constexpr int OS = D + 8;                   // merge scratch row stride (f32)
     static constexpr int MERGE = MW * ROWS * OS * 4;   // aliases the ring after the loop
@@ -653,20 +760,24 @@ MHA_KIT_DEVICE float sum2(u32 v) {
     }
 }
 
-// Four e4m3 bytes -> two packed 16-bit pairs of the Q dtype (exact).
-template <int QT>
-MHA_KIT_DEVICE void e4m3x4_to_half(u32 w, u32& lo, u32& hi) {
-    u32 h0, h1;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h0) : "h"((u16)(w & 0xffffu)));
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h1) : "h"((u16)(w >> 16)));
-    if constexpr (QT == 1) {
-        lo = h0;
-        hi = h1;
-    } else {
-        lo = pack2<0>(f16_to_f32((u16)(h0 & 0xffffu)), f16_to_f32((u16)(h0 >> 16)));
-        hi = pack2<0>(f16_to_f32((u16)(h1 & 0xffffu)), f16_to_f32((u16)(h1 >> 16)));
-    }
+// e4m3 pair in the low / high 16 bits of w -> packed f16x2 (exact).
+MHA_KIT_DEVICE u32 e4m3x2_lo(u32 w) {
+    u32 r;
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\t}" : "=r"(r) : "r"(w));
+    return r;
 }
+MHA_KIT_DEVICE u32 e4m3x2_hi(u32 w) {
+    u32 r;
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, h;\n\t}" : "=r"(r) : "r"(w));
+    return r;
+}
+
+// e4m3 smem rows (tensor-core path) are read straight into MMA fragments; the
+// 16-byte chunk swizzles keep those reads conflict-free (see mma_body).
+template <int CPR>
+MHA_KIT_DEVICE int k8_swz(int row) { return CPR >= 8 ? (row & 1) : 0; }
+template <int CPR>
+MHA_KIT_DEVICE int v8_swz(int row) { return row & 6 & (CPR - 1); }
 
 // Page lookup of the two tokens (lt, lt + 8) a lane loads in one slice.
 struct Look {
@@ -684,6 +795,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     constexpr int CPR = L::CPR;
     constexpr int KSTEPS = D / 16;
     constexpr int NT8 = D / 8;
+    constexpr int MT = KV == 2 ? 1 : QT;  // MMA input type: e4m3 KV runs f16 MMAs
     constexpr int NCH = D / 8;            // epilogue: 8-dim chunks per row
     constexpr int RPT = ROWS * NCH / NT;  // epilogue: rows per thread
     static_assert(RPT >= 1 && RPT * NT == ROWS * NCH, "epilogue mapping");
@@ -705,22 +817,6 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     const Geom g = request_geom(p, b, reporter_cta && tid == 0);
     if (g.skip) return;
 
-    // D10: count bad entries among the request's needed pages, once.
-    if (reporter_cta && g.n > 0) {
-        const i32 k_lo_req = p.window_left >= 0 ? max(g.len - g.n - p.window_left, 0) : 0;
-        if (k_lo_req < g.len) {
-            const i32 p_first = k_lo_req / p.page_size;
-            const i32 p_last = (g.len - 1) / p.page_size;
-            for (i32 pg = p_first + tid; pg <= p_last; pg += NT) {
-                bool bad = pg >= p.max_num_pages;
-                if (!bad) {
-                    const i32 id = __ldg(p.page_table + (i64)b * p.page_table_stride + pg);
-                    bad = id < 0 || id >= p.num_pages;
-                }
-                if (bad) mha_kit::report_error(p.errors, PA_BAD_PAGE);
-            }
-        }
-    }
 
     const Split sp = tile_split(p, g, rt);
     if (sp.rows == 0 || split >= sp.nb) return;
@@ -786,14 +882,19 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
 #pragma unroll
         for (int i = 0; i < CPR / 4; ++i) {
             const int cc = cq + 4 * i;
-            // 16-bit rows are swizzled for ldmatrix; e4m3 rows stay linear.
-            const int pc = KV == 2 ? cc : (cc ^ (lt & 7));
-            const u32 o0 = lt * RRB + pc * 16;
-            const u32 o1 = (lt + 8) * RRB + pc * 16;
-            cp_async16(kdst + o0, k0p + (ok0 ? cc * 16 : 0), sz0);
-            cp_async16(vdst + o0, v0p + (ok0 ? cc * 16 : 0), sz0);
-            cp_async16(kdst + o1, k1p + (ok1 ? cc * 16 : 0), sz1);
-            cp_async16(vdst + o1, v1p + (ok1 ? cc * 16 : 0), sz1);
+            // 16-bit rows: chunk ^ (row & 7) for ldmatrix; e4m3 rows: the
+            // K / V swizzles of the register-direct reads.
+            int kc0 = cc ^ (lt & 7), kc1 = cc ^ ((lt + 8) & 7), vc0 = kc0, vc1 = kc1;
+            if constexpr (KV == 2) {
+                kc0 = cc ^ k8_swz<CPR>(lt);
+                kc1 = cc ^ k8_swz<CPR>(lt + 8);
+                vc0 = cc ^ v8_swz<CPR>(lt);
+                vc1 = cc ^ v8_swz<CPR>(lt + 8);
+            }
+            cp_async16(kdst + lt * RRB + kc0 * 16, k0p + (ok0 ? cc * 16 : 0), sz0);
+            cp_async16(vdst + lt * RRB + vc0 * 16, v0p + (ok0 ? cc * 16 : 0), sz0);
+            cp_async16(kdst + (lt + 8) * RRB + kc1 * 16, k1p + (ok1 ? cc * 16 : 0), sz1);
+            cp_async16(vdst + (lt + 8) * RRB + vc1 * 16, v1p + (ok1 ? cc * 16 : 0), sz1);
         }
     };
 
@@ -802,6 +903,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     const int qd = lane & 3;   // thread in quad
     u32 qa[KSTEPS][4];
     i32 xr[2], xlo[2];
+    float rs[2];  // per-row factor turning raw S into log2 units
     const i32 x_base = g.len - g.n;
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
@@ -811,10 +913,51 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         const int j = valid ? rg / p.group : 0;
         const int gq = valid ? rg % p.group : 0;
         const u16* src = p.q + (i64)(g.row_start + j) * p.q_stride_tok + (i64)(h * p.group + gq) * p.q_stride_head;
+        rs[hr] = p.scale_log2;
+        if constexpr (KV == 2) {
+            // e4m3 KV runs f16 MMAs. K-dim order: k-step kk, logical dims
+            // (2qd, 2qd+1 | 2qd+8, 2qd+9) = physical dims qd*D/4 + 4kk + (0,1 | 2,3)
+            // (the K fragments read the same bytes). bf16 Q becomes f16 exactly
+            // after a per-row power-of-two scale 2^e (row max in [2^14, 2^15)),
+            // undone in rs; f16 Q is used as is.
+            u32 w[D / 8];
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
-            qa[kk][hr] = valid ? *reinterpret_cast<const u32*>(src + kk * 16 + 2 * qd) : 0u;
-            qa[kk][2 + hr] = valid ? *reinterpret_cast<const u32*>(src + kk * 16 + 8 + 2 * qd) : 0u;
+            for (int c = 0; c < D / 32; ++c) {
+                const uint4 u = valid ? mha_kit::load16(src + qd * (D / 4) + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
+                w[4 * c] = u.x;
+                w[4 * c + 1] = u.y;
+                w[4 * c + 2] = u.z;
+                w[4 * c + 3] = u.w;
+            }
+            if constexpr (QT == 0) {
+                float amax = 0.f;
+#pragma unroll
+                for (int c = 0; c < D / 8; ++c) {
+                    amax = fmaxf(amax, fabsf(__uint_as_float(w[c] << 16)));
+                    amax = fmaxf(amax, fabsf(__uint_as_float(w[c] & 0xffff0000u)));
+                }
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+                const int e = (int)((__float_as_uint(amax) >> 23) & 0xffu);
+                const int sh = (amax == 0.f || e == 255) ? 0 : min(141 - e, 64);  // >= -113
+                const float up = __uint_as_float((u32)(127 + sh) << 23);
+                rs[hr] = p.scale_log2 * __uint_as_float((u32)(127 - sh) << 23);
+#pragma unroll
+                for (int c = 0; c < D / 8; ++c) {
+                    w[c] = pack2<1>(__uint_as_float(w[c] << 16) * up, __uint_as_float(w[c] & 0xffff0000u) * up);
+                }
+            }
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk) {
+                qa[kk][hr] = w[2 * kk];
+                qa[kk][2 + hr] = w[2 * kk + 1];
+            }
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk) {
+                qa[kk][hr] = valid ? *reinterpret_cast<const u32*>(src + kk * 16 + 2 * qd) : 0u;
+                qa[kk][2 + hr] = valid ? *reinterpret_cast<const u32*>(src + kk * 16 + 8 + 2 * qd) : 0u;
+            }
         }
         // Padding rows see no key (x = -1).
         xr[hr] = valid ? x_base + j : -1;
@@ -843,6 +986,25 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         cp_async_commit();
     }
 
+    // D10: count bad entries among the request's needed pages, once (the
+    // reporter CTA always runs: split 0 of row tile 0 exists when g.n > 0);
+    // after the prologue so its loads overlap the first KV tiles.
+    if (reporter_cta && g.n > 0) {
+        const i32 k_lo_req = p.window_left >= 0 ? max(g.len - g.n - p.window_left, 0) : 0;
+        if (k_lo_req < g.len) {
+            const i32 p_first = k_lo_req / p.page_size;
+            const i32 p_last = (g.len - 1) / p.page_size;
+            for (i32 pg = p_first + tid; pg <= p_last; pg += NT) {
+                bool bad = pg >= p.max_num_pages;
+                if (!bad) {
+                    const i32 id = __ldg(p.page_table + (i64)b * p.page_table_stride + pg);
+                    bad = id < 0 || id >= p.num_pages;
+                }
+                if (bad) mha_kit::report_error(p.errors, PA_BAD_PAGE);
+            }
+        }
+    }
+
     // Per-lane ldmatrix offsets (bytes inside a 16-row block).
     const int mi = lane >> 3;
     const int mr = lane & 7;
@@ -859,32 +1021,10 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         lookup(lk, i + NST + 1);
 
         const int slot = i % NST;
-        u32 kbase = ring_u32 + slot * L::SLOT;
-        u32 vbase = kbase + MWT * RRB;
-        if constexpr (KV == 2) {
-            // Convert this slice once to the Q dtype (swizzled 16-bit rows).
-            const u8* kr = ring + slot * L::SLOT;
-            u8* conv = ring + NST * L::SLOT;
-#pragma unroll
-            for (int it = 0; it < 2 * MWT * CPR / 32; ++it) {
-                const int c = lane + 32 * it;          // raw chunk over K rows then V rows
-                const int row = c / CPR;               // 0..31 (16..31 = V)
-                const int c8 = c % CPR;
-                const uint4 u = *reinterpret_cast<const uint4*>(kr + row * RRB + c8 * 16);
-                u32 w[8];
-                e4m3x4_to_half<QT>(u.x, w[0], w[1]);
-                e4m3x4_to_half<QT>(u.y, w[2], w[3]);
-                e4m3x4_to_half<QT>(u.z, w[4], w[5]);
-                e4m3x4_to_half<QT>(u.w, w[6], w[7]);
-                const int rr = row & (MWT - 1);
-                u8* dst = conv + row * HRB;
-                *reinterpret_cast<uint4*>(dst + (((2 * c8) ^ (rr & 7)) * 16)) = make_uint4(w[0], w[1], w[2], w[3]);
-                *reinterpret_cast<uint4*>(dst + (((2 * c8 + 1) ^ (rr & 7)) * 16)) = make_uint4(w[4], w[5], w[6], w[7]);
-            }
-            __syncwarp();
-            kbase = ring_u32 + NST * L::SLOT;
-            vbase = kbase + MWT * HRB;
-        }
+        const u32 kbase = ring_u32 + slot * L::SLOT;
+        const u32 vbase = kbase + MWT * RRB;
+        const u8* kraw = ring + slot * L::SLOT;  // e4m3: read straight into fragments
+        const u8* vraw = kraw + MWT * RRB;
 
         // S = Q K^T over the slice: two n8 tiles (tokens 0-7, 8-15).
         float s[2][4];
@@ -892,12 +1032,31 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         for (int t = 0; t < 2; ++t)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[t][e] = 0.f;
+        if constexpr (KV == 2) {
+            // Thread (gr, qd) reads bytes [qd*D/4, (qd+1)*D/4) of K rows gr and
+            // gr + 8: word kk -> (b0, b1) of k-step kk, converted once.
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
-            u32 r[4];
-            ldsm_x4(r, kbase + k_row * HRB + (((2 * kk + k_cb) ^ (k_row & 7)) * 16));
-            mma16816<QT>(s[0], qa[kk], r[0], r[1]);
-            mma16816<QT>(s[1], qa[kk], r[2], r[3]);
+            for (int t = 0; t < 2; ++t) {
+                const int row = gr + 8 * t;
+#pragma unroll
+                for (int c = 0; c < D / 64; ++c) {
+                    const uint4 u = *reinterpret_cast<const uint4*>(
+                        kraw + row * RRB + (((qd * (D / 64) + c) ^ k8_swz<CPR>(row)) * 16));
+                    const u32 wv[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                    for (int wi = 0; wi < 4; ++wi) {
+                        mma16816<MT>(s[t], qa[4 * c + wi], e4m3x2_lo(wv[wi]), e4m3x2_hi(wv[wi]));
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk) {
+                u32 r[4];
+                ldsm_x4(r, kbase + k_row * HRB + (((2 * kk + k_cb) ^ (k_row & 7)) * 16));
+                mma16816<MT>(s[0], qa[kk], r[0], r[1]);
+                mma16816<MT>(s[1], qa[kk], r[2], r[3]);
+            }
         }
 
         // Mask, scale, online softmax (rows gr and gr + 8).
@@ -914,7 +1073,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 const i32 k = kt + 8 * t + tk;
                 const int hr = e >> 1;
                 const bool vis = ((vm >> (4 * tk)) & 1u) && k <= xr[hr] && k >= xlo[hr];
-                s[t][e] = vis ? s[t][e] * p.scale_log2 : NEG_INF;
+                s[t][e] = vis ? s[t][e] * rs[hr] : NEG_INF;
                 mx[hr] = fmaxf(mx[hr], s[t][e]);
             }
         }
@@ -932,12 +1091,12 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         u32 pa[4];
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
-            pa[2 * t] = pack2<QT>(ex2(s[t][0] - mx[0]), ex2(s[t][1] - mx[0]));
-            pa[2 * t + 1] = pack2<QT>(ex2(s[t][2] - mx[1]), ex2(s[t][3] - mx[1]));
+            pa[2 * t] = pack2<MT>(ex2(s[t][0] - mx[0]), ex2(s[t][1] - mx[0]));
+            pa[2 * t + 1] = pack2<MT>(ex2(s[t][2] - mx[1]), ex2(s[t][3] - mx[1]));
         }
         // The denominator sums the rounded P the numerator uses.
-        drow[0] = drow[0] * alpha[0] + (sum2<QT>(pa[0]) + sum2<QT>(pa[2]));
-        drow[1] = drow[1] * alpha[1] + (sum2<QT>(pa[1]) + sum2<QT>(pa[3]));
+        drow[0] = drow[0] * alpha[0] + (sum2<MT>(pa[0]) + sum2<MT>(pa[2]));
+        drow[1] = drow[1] * alpha[1] + (sum2<MT>(pa[1]) + sum2<MT>(pa[3]));
 #pragma unroll
         for (int n = 0; n < NT8; ++n) {
             o[n][0] *= alpha[0];
@@ -946,12 +1105,50 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             o[n][3] *= alpha[1];
         }
         // O += P V.
+        if constexpr (KV == 2) {
+            // Thread (gr, qd) reads bytes [gr*D/8, (gr+1)*D/8) of V rows (tokens)
+            // 2qd, 2qd+1 (-> b0) and 2qd+8, 2qd+9 (-> b1); byte jn of them is
+            // n8 tile jn, column gr: O column (jn, n) is physical dim n*D/8 + jn.
+            constexpr int VW = D / 32;  // words per row
+            u32 va[VW], vb[VW], vc[VW], vd[VW];
+            auto vload = [&](u32* dst, int row) {
+                const int byte = gr * (D / 8);
+                const u8* src = vraw + row * RRB + (((byte >> 4) ^ v8_swz<CPR>(row)) << 4) + (byte & 15);
+                if constexpr (VW == 4) {
+                    const uint4 u = *reinterpret_cast<const uint4*>(src);
+                    dst[0] = u.x;
+                    dst[1] = u.y;
+                    dst[2] = u.z;
+                    dst[3] = u.w;
+                } else {
+                    const uint2 u = *reinterpret_cast<const uint2*>(src);
+                    dst[0] = u.x;
+                    dst[1] = u.y;
+                }
+            };
+            vload(va, 2 * qd);
+            vload(vb, 2 * qd + 1);
+            vload(vc, 2 * qd + 8);
+            vload(vd, 2 * qd + 9);
 #pragma unroll
-        for (int dn = 0; dn < D / 16; ++dn) {
-            u32 r[4];
-            ldsm_x4_t(r, vbase + v_row * HRB + (((2 * dn + v_cb) ^ (v_row & 7)) * 16));
-            mma16816<QT>(o[2 * dn], pa, r[0], r[1]);
-            mma16816<QT>(o[2 * dn + 1], pa, r[2], r[3]);
+            for (int wi = 0; wi < VW; ++wi) {
+                const u32 ab01 = __byte_perm(va[wi], vb[wi], 0x5140);  // a0 b0 a1 b1
+                const u32 ab23 = __byte_perm(va[wi], vb[wi], 0x7362);  // a2 b2 a3 b3
+                const u32 cd01 = __byte_perm(vc[wi], vd[wi], 0x5140);
+                const u32 cd23 = __byte_perm(vc[wi], vd[wi], 0x7362);
+                mma16816<MT>(o[4 * wi], pa, e4m3x2_lo(ab01), e4m3x2_lo(cd01));
+                mma16816<MT>(o[4 * wi + 1], pa, e4m3x2_hi(ab01), e4m3x2_hi(cd01));
+                mma16816<MT>(o[4 * wi + 2], pa, e4m3x2_lo(ab23), e4m3x2_lo(cd23));
+                mma16816<MT>(o[4 * wi + 3], pa, e4m3x2_hi(ab23), e4m3x2_hi(cd23));
+            }
+        } else {
+#pragma unroll
+            for (int dn = 0; dn < D / 16; ++dn) {
+                u32 r[4];
+                ldsm_x4_t(r, vbase + v_row * HRB + (((2 * dn + v_cb) ^ (v_row & 7)) * 16));
+                mma16816<MT>(o[2 * dn], pa, r[0], r[1]);
+                mma16816<MT>(o[2 * dn + 1], pa, r[2], r[3]);
+            }
         }
     };
 
@@ -975,8 +1172,13 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         }
 #pragma unroll
         for (int n = 0; n < NT8; ++n) {
-            *reinterpret_cast<float2*>(osc + (warp * ROWS + row) * L::OS + 8 * n + 2 * qd) =
-                make_float2(o[n][2 * hr], o[n][2 * hr + 1]);
+            float* orow = osc + (warp * ROWS + row) * L::OS;
+            if constexpr (KV == 2) {
+                orow[NT8 * (2 * qd) + n] = o[n][2 * hr];
+                orow[NT8 * (2 * qd + 1) + n] = o[n][2 * hr + 1];
+            } else {
+                *reinterpret_cast<float2*>(orow + 8 * n + 2 * qd) = make_float2(o[n][2 * hr], o[n][2 * hr + 1]);
+            }
         }
     }
     __syncthreads();
@@ -1044,57 +1246,9 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             }
         }
     }
-}
-
-// Merge of split partials, fixed order s = 0 .. nb-1 (deterministic).
-// Grid (Hkv * row_tiles, bs, ROWS), NT threads; D is a runtime value here.
-template <int QT>
-MHA_KIT_DEVICE void merge_body(const PagedAttentionParams& p, int D) {
-    const int h = blockIdx.x % p.num_kv_heads;
-    const int rt = blockIdx.x / p.num_kv_heads;
-    const int b = blockIdx.y;
-    const Geom g = request_geom(p, b, false);
-    if (g.skip) return;
-    const Split sp = tile_split(p, g, rt);
-    if (sp.rows == 0 || sp.nb <= 1) return;
-    const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
-    const int r0 = rt * ROWS;
-    // Grid z = row of the tile (one CTA per row); rows past the tile exit.
-    for (int rr = blockIdx.z; rr < sp.rows; rr += gridDim.z) {
-        const int rg = r0 + rr;
-        const int j = rg / p.group, qh = h * p.group + rg % p.group;
-        float mx = NEG_INF;
-        for (int s = 0; s < sp.nb; ++s) {
-            const i64 base = (item * p.max_splits + s) * ROWS + rr;
-            if (p.ws_ml[base * 2 + 1] > 0.f) mx = fmaxf(mx, p.ws_ml[base * 2]);
-        }
-        float den = 0.f;
-        for (int s = 0; s < sp.nb; ++s) {
-            const i64 base = (item * p.max_splits + s) * ROWS + rr;
-            const float d = p.ws_ml[base * 2 + 1];
-            if (d > 0.f) den += d * ex2(p.ws_ml[base * 2] - mx);
-        }
-        float scale = 0.f, mm = mx;
-        if (den > 0.f) {
-            if (p.sinks != nullptr) {
-                const float sg = p.sinks[qh] * LOG2E;
-                mm = fmaxf(mx, sg);
-                den = den * ex2(mx - mm) + ex2(sg - mm);
-            }
-            scale = p.bmm2_scale / den;
-        }
-        u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head;
-        for (int dd = threadIdx.x; dd < D; dd += NT) {
-            float num = 0.f;
-            if (den > 0.f) {
-                for (int s = 0; s < sp.nb; ++s) {
-                    const i64 base = (item * p.max_splits + s) * ROWS + rr;
-                    const float d = p.ws_ml[base * 2 + 1];
-                    if (d > 0.f) num += p.ws_o[base * D + dd] * ex2(p.ws_ml[base * 2] - mm);
-                }
-            }
-            dst[dd] = f32_to_half<QT>(num * scale);
-        }
+    if (sp.nb > 1) {
+        const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
+        merge_last<QT, D>(p, g, item, sp.nb, nrows, r0, h, osc);
     }
 }
 
@@ -1119,7 +1273,7 @@ PA_DECODE_D(f16, 1, f16, 1)
 PA_DECODE_D(f16, 1, e4m3, 2)
 
 // Tensor-core entries: D 64 (4 CTAs/SM) and 128 (2 CTAs/SM); Q and a 16-bit
-// KV share the dtype, or KV is e4m3 (converted once per CTA to the Q dtype).
+// KV share the dtype, or KV is e4m3 (f16 MMAs, each element converted once).
 #define PA_MMA(QN, QT, KVN, KV, D, MINB)                                                            \
     extern "C" __global__ void __launch_bounds__(pa::NT, MINB)                                       \
         paged_attention_mma_##QN##_kv_##KVN##_d##D(const PagedAttentionParams p) {                   \
@@ -1134,13 +1288,3 @@ PA_MMA(f16, 1, f16, 1, 64, 4)
 PA_MMA(f16, 1, f16, 1, 128, 2)
 PA_MMA(f16, 1, e4m3, 2, 64, 4)
 PA_MMA(f16, 1, e4m3, 2, 128, 2)
-
-// head_dim is passed separately: the merge serves every D.
-extern "C" __global__ void __launch_bounds__(pa::NT)
-    paged_attention_merge_bf16(const PagedAttentionParams p, const int head_dim) {
-    pa::merge_body<0>(p, head_dim);
-}
-extern "C" __global__ void __launch_bounds__(pa::NT)
-    paged_attention_merge_f16(const PagedAttentionParams p, const int head_dim) {
-    pa::merge_body<1>(p, head_dim);
-}

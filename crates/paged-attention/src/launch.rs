@@ -1,4 +1,4 @@
-//! Typed launcher of the decode/verify kernels and their merge.
+//! Typed launcher of the decode/verify kernels (split merge fused in).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -253,7 +253,9 @@ pub struct DecodeArgs<'a> {
     /// Split policy.
     pub split: SplitMode,
     /// f32 scratch of at least [`LaunchPlan::workspace_elems`] elements when
-    /// that is non-zero. Never needs zeroing.
+    /// that is non-zero. Its last `bs·Hkv·row_tiles` elements are u32 split
+    /// counters ([`workspace_elems`]): zero them once (e.g. `alloc_zeros`)
+    /// before the first launch; every launch leaves them zero again.
     pub workspace: Option<StridedMut<'a, f32, 1>>,
 }
 
@@ -262,14 +264,10 @@ pub struct DecodeArgs<'a> {
 pub struct LaunchPlan {
     /// Kernel params (pointers 0: filled at launch).
     pub params: PagedAttentionParams,
-    /// Decode kernel entry name.
+    /// Kernel entry name.
     pub entry: String,
-    /// Merge kernel entry name.
-    pub merge_entry: String,
-    /// Decode launch geometry.
+    /// Launch geometry (the split merge runs inside the same launch).
     pub config: LaunchConfig,
-    /// Merge launch geometry, when splits are used (`max_splits > 1`).
-    pub merge_config: Option<LaunchConfig>,
     /// Workspace f32 elements needed.
     pub workspace_elems: usize,
     /// Head dim.
@@ -310,17 +308,17 @@ pub fn mma_variants() -> Vec<(HalfDtype, KvDtype, usize)> {
 }
 
 /// Dynamic shared memory of the tensor-core kernel (mirrors `MmaSmem` in the
-/// .cu): per warp a ring of NST slots (3 for 16-bit KV, 4 for e4m3) of 16 K
-/// rows + 16 V rows as loaded (`D·es` bytes each), plus for e4m3 one
-/// converted 16-bit slice; then row stats `2·4·16` f32 and valid masks
-/// `4·NST·2` u32. The warp-merge scratch `4·16·(D+8)` f32 aliases the rings.
+/// .cu): per warp a ring of NST slots (3 for 16-bit KV, 6 for e4m3) of 16 K
+/// rows + 16 V rows as loaded (`D·es` bytes each); then row stats `2·4·16`
+/// f32 and valid masks `4·NST·2` u32. The warp-merge scratch `4·16·(D+8)`
+/// f32 aliases the rings.
 pub fn mma_smem_bytes(head_dim: usize, kv: KvDtype) -> usize {
-    let (nst, conv) = match kv {
-        KvDtype::E4m3 => (4, 16 * head_dim * 2 * 2),
-        _ => (3, 0),
+    let nst = match kv {
+        KvDtype::E4m3 => 6,
+        _ => 3,
     };
     let slot = 16 * head_dim * kv.size() * 2;
-    let ring = 4 * (nst * slot + conv);
+    let ring = 4 * nst * slot;
     let bytes = ring + 2 * 4 * ROWS_PER_CTA * 4 + 4 * nst * 2 * 4;
     bytes.div_ceil(16) * 16
 }
@@ -339,8 +337,12 @@ pub fn smem_bytes(head_dim: usize, kv: KvDtype) -> usize {
     bytes.div_ceil(16) * 16
 }
 
-/// f32 workspace elements for a launch: `items · S_max · 16 · (D + 2)` with
-/// `items = bs · Hkv · row_tiles`; 0 when `S_max = 1` (no split).
+/// f32 workspace elements for a launch: `items · S_max · 16 · (D + 2) + items`
+/// with `items = bs · Hkv · row_tiles`; 0 when `S_max = 1` (no split).
+/// Layout: partial O `[items, S_max, 16, D]` f32, partial (m, d)
+/// `[items, S_max, 16, 2]` f32, then `items` u32 arrival counters (the last
+/// `items` elements), which must be zero before the first launch and are
+/// zero again after every launch (the last CTA of an item resets its counter).
 pub fn workspace_elems(
     bs: usize,
     num_kv_heads: usize,
@@ -351,7 +353,8 @@ pub fn workspace_elems(
     if max_splits <= 1 {
         return 0;
     }
-    bs * num_kv_heads * row_tiles * max_splits * ROWS_PER_CTA * (head_dim + 2)
+    let items = bs * num_kv_heads * row_tiles;
+    items * max_splits * ROWS_PER_CTA * (head_dim + 2) + items
 }
 
 /// Workspace f32 elements a launch with these shapes needs (0 = none): the
@@ -373,12 +376,13 @@ pub fn workspace_for(
 ) -> Result<usize> {
     let group = num_q_heads / num_kv_heads.max(1);
     let row_tiles = (q_len * group).div_ceil(ROWS_PER_CTA).max(1);
-    let (s, _, _) = launch_config(bs, num_kv_heads, row_tiles, max_seq_len, split, num_sms, 0)?;
+    let (s, _) = launch_config(bs, num_kv_heads, row_tiles, max_seq_len, split, num_sms, 0)?;
     Ok(workspace_elems(bs, num_kv_heads, row_tiles, s, head_dim))
 }
 
-/// Launch geometry (pure): returns `(S_max, decode config, merge config)`.
-/// Grid `(S_max, Hkv·row_tiles, bs)`, [`BLOCK_THREADS`] threads.
+/// Launch geometry (pure): returns `(S_max, config)`. Grid
+/// `(S_max, Hkv·row_tiles, bs)`, [`BLOCK_THREADS`] threads; with `S_max > 1`
+/// the last CTA of each `(request, KV head, row tile)` merges the splits.
 ///
 /// # Errors
 /// [`KernelError::Unsupported`] when a grid dim exceeds CUDA's limits.
@@ -391,7 +395,7 @@ pub fn launch_config(
     split: SplitMode,
     num_sms: usize,
     smem: usize,
-) -> Result<(usize, LaunchConfig, Option<LaunchConfig>)> {
+) -> Result<(usize, LaunchConfig)> {
     let items = (bs * num_kv_heads * row_tiles).max(1);
     let max_splits = match split {
         SplitMode::Auto => ((2 * num_sms) / items).clamp(1, max_seq_len.div_ceil(128).max(1)),
@@ -405,12 +409,7 @@ pub fn launch_config(
         block_dim: (BLOCK_THREADS, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    let merge = (max_splits > 1).then_some(LaunchConfig {
-        grid_dim: (y, z, ROWS_PER_CTA as u32),
-        block_dim: (BLOCK_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    });
-    Ok((max_splits, cfg, merge))
+    Ok((max_splits, cfg))
 }
 
 fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
@@ -640,7 +639,7 @@ pub fn validate_path(
             TILE_TOKENS,
         )
     };
-    let (max_splits, config, merge_config) = launch_config(
+    let (max_splits, config) = launch_config(
         bs,
         hkv,
         row_tiles,
@@ -705,9 +704,7 @@ pub fn validate_path(
     Ok(LaunchPlan {
         params,
         entry,
-        merge_entry: format!("paged_attention_merge_{}", args.q_dtype.name()),
         config,
-        merge_config,
         workspace_elems,
         head_dim: dim,
     })
@@ -765,8 +762,6 @@ impl PagedAttentionKernel {
                     funcs.insert(name, f);
                 }
             }
-            let name = format!("paged_attention_merge_{}", q.name());
-            funcs.insert(name.clone(), gpu.function(&PTX, &name)?);
         }
         let num_sms = gpu
             .context()
@@ -786,7 +781,7 @@ impl PagedAttentionKernel {
         self.num_sms
     }
 
-    /// Kernel launches issued so far (decode + merge).
+    /// Kernel launches issued so far.
     pub fn launches(&self) -> u64 {
         self.launches.load(Ordering::Relaxed)
     }
@@ -805,8 +800,9 @@ impl PagedAttentionKernel {
     }
 
     /// Computes `out` (rows of requests only; other rows untouched); `bs = 0`
-    /// launches nothing. One decode launch, plus one merge launch when
-    /// `max_splits > 1`. Bad device data is counted in `errors`
+    /// launches nothing. One launch (splits are merged by their last CTA;
+    /// the workspace counters must start at zero, see [`workspace_elems`]).
+    /// Bad device data is counted in `errors`
     /// ([`crate::ErrorFlags`]), never read through. Asynchronous.
     ///
     /// # Errors
@@ -862,7 +858,8 @@ impl PagedAttentionKernel {
                     format!("base address {ws:#x} is not 16-byte aligned"),
                 ));
             }
-            let o_elems = plan.workspace_elems / (plan.head_dim + 2) * plan.head_dim;
+            let items = (p.bs * p.num_kv_heads * p.row_tiles) as usize;
+            let o_elems = items * p.max_splits as usize * ROWS_PER_CTA * plan.head_dim;
             p.ws_o = ws;
             p.ws_ml = ws + 4 * o_elems as u64;
         }
@@ -879,19 +876,6 @@ impl PagedAttentionKernel {
         // cu_seqlens_q) is range-checked in the kernel; the params layout is pinned.
         unsafe { builder.launch(plan.config) }?;
         self.launches.fetch_add(1, Ordering::Relaxed);
-        if let Some(mcfg) = plan.merge_config {
-            let merge = self.funcs.get(&plan.merge_entry).ok_or_else(|| {
-                KernelError::unsupported("q", format!("no kernel {}", plan.merge_entry))
-            })?;
-            let d = plan.head_dim as i32;
-            let mut builder = stream.launch_builder(merge);
-            builder.arg(&p);
-            builder.arg(&d);
-            // SAFETY: as above; the merge reads only the partials the decode
-            // kernel wrote for the same params, inside the checked workspace.
-            unsafe { builder.launch(mcfg) }?;
-            self.launches.fetch_add(1, Ordering::Relaxed);
-        }
         Ok(())
     }
 }

@@ -48,19 +48,26 @@
 //! e4m3 or the Q dtype): CTA = 4 warps, 16 query rows (G heads × q rows,
 //! token-major, padded) as the MMA M dimension, 64-token tiles of which each
 //! warp loads and consumes its own 16-token slice through a private cp.async
-//! ring (3 slots for 16-bit KV, 4 for e4m3), `mma.sync.m16n8k16` with f32
-//! accumulation for `Q·Kᵀ` and `P·V`, e4m3 converted once per element to the
-//! Q dtype in shared memory. Otherwise (D 256, mixed 16-bit dtypes,
-//! [`KernelPath::Simt`]) the CUDA-core kernel (`paged_attention_decode_*`)
-//! runs. Both share the work split, workspace format and merge kernel.
+//! ring (3 slots for 16-bit KV, 6 for e4m3), `mma.sync.m16n8k16` with f32
+//! accumulation for `Q·Kᵀ` and `P·V`. e4m3 KV runs f16 MMAs: each K/V byte
+//! is converted once (`cvt.rn.f16x2.e4m3x2`, exact) from the raw ring straight
+//! into MMA fragments, and bf16 Q is scaled per row by a power of two into
+//! f16 range (exact; undone on the scores). Otherwise (D 256, mixed 16-bit
+//! dtypes, [`KernelPath::Simt`]) the CUDA-core kernel
+//! (`paged_attention_decode_*`) runs. Both share the work split, workspace
+//! format and the fused split merge.
 //!
 //! Split-KV (flash-decoding): [`SplitMode::Auto`] picks splits from the batch
 //! shape (results deterministic run to run); [`SplitMode::Fixed`] uses one
 //! split size for every request (bitwise identical results independent of
 //! batch composition). Splits write partials into the caller's workspace
-//! ([`workspace_elems`] f32) and a merge kernel folds them in a fixed order.
-//! The workspace holds no counters and never needs zeroing, so CUDA-graph
-//! replays stay correct.
+//! ([`workspace_elems`] f32); the last CTA of each (request, KV head, row
+//! tile) to finish — found with a per-item arrival counter in the workspace
+//! (`atom.inc`, which wraps back to 0 on the last arrival) — folds them in a
+//! fixed order and writes the rows, all in one launch. The counters (the
+//! workspace's last `bs·Hkv·row_tiles` elements) must be zero before the
+//! first launch (allocate the workspace zeroed) and are zero again after
+//! every launch, so CUDA-graph replays stay correct.
 //!
 //! - [`PagedAttentionKernel`]: the typed launcher ([`DecodeArgs`]);
 //! - [`reference`]: the f64 CPU definition the GPU is tested against.
@@ -86,8 +93,7 @@ pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 /// Kernel entry point names used by the launcher (pinned by a CPU test):
-/// `paged_attention_decode_{q}_kv_{kv}_d{D}`, `paged_attention_merge_{q}` and
-/// the tensor-core `paged_attention_mma_{q}_kv_{kv}_d{D}` ([`mma_variants`]).
+/// `paged_attention_decode_{q}_kv_{kv}_d{D}` and the tensor-core `paged_attention_mma_{q}_kv_{kv}_d{D}` ([`mma_variants`]).
 pub fn kernel_names() -> Vec<String> {
     let mut v = Vec::new();
     for q in [HalfDtype::Bf16, HalfDtype::F16] {
@@ -96,7 +102,6 @@ pub fn kernel_names() -> Vec<String> {
                 v.push(entry_name(q, kv, d));
             }
         }
-        v.push(format!("paged_attention_merge_{}", q.name()));
     }
     for (q, kv, d) in mma_variants() {
         v.push(mma_entry_name(q, kv, d));

@@ -37,6 +37,25 @@ fn upload<T: kernel_rt::cudarc::driver::DeviceRepr + Copy + Default>(
 struct GpuOut {
     out: Vec<u16>,
     errors: ErrorReport,
+    /// The workspace's split counters after the launch (must all be 0).
+    counters: Vec<u32>,
+}
+
+/// Split counters of a launch: the last `bs·Hkv·row_tiles` workspace elements.
+fn counter_count(c: &Case) -> usize {
+    c.bs() * c.hkv * (c.q_len() * (c.hq / c.hkv)).div_ceil(16)
+}
+
+/// A NaN-poisoned workspace of `need` elements whose counters are zero (the
+/// caller's one-time zeroing); one element when no workspace is needed.
+fn fresh_workspace(need: usize, counters: usize) -> Vec<f32> {
+    let mut v = vec![f32::NAN; need.max(1)];
+    if need > 0 {
+        for x in &mut v[need - counters..need] {
+            *x = 0.0;
+        }
+    }
+    v
 }
 
 /// Runs `c` on the GPU. `ws`: the workspace to use (kept across calls by
@@ -72,8 +91,9 @@ fn run_gpu(
         split,
         kernel.num_sms(),
     )?;
+    let n_ctr = counter_count(c);
     let mut own_ws = if ws.is_none() {
-        Some(upload(gpu, &vec![f32::NAN; need.max(1)])?)
+        Some(upload(gpu, &fresh_workspace(need, n_ctr))?)
     } else {
         None
     };
@@ -139,14 +159,21 @@ fn run_gpu(
     kernel.launch(&mut args, &mut errors)?;
     let mut out = s.clone_dtoh(&out)?;
     out.truncate(c.q.len());
+    let counters = if need > 0 {
+        let tail = s.clone_dtoh(&ws.slice(need - n_ctr..need))?;
+        tail.iter().map(|x| x.to_bits()).collect()
+    } else {
+        Vec::new()
+    };
     Ok(GpuOut {
         out,
         errors: errors.read()?,
+        counters,
     })
 }
 
 /// GPU vs reference: per (row, head) relative L2 ≤ 1e-2 (zero rows exact),
-/// unwritten rows still poisoned, error words equal.
+/// unwritten rows still poisoned, error words equal, split counters zero.
 fn check(
     gpu: &Arc<Gpu>,
     kernel: &PagedAttentionKernel,
@@ -156,6 +183,13 @@ fn check(
 ) -> Result<(), String> {
     let want = c.reference();
     let got = run_gpu(gpu, kernel, c, split, max_seq_len, None).or_fail("launch")?;
+    if got.counters.iter().any(|&x| x != 0) {
+        return Err(format!(
+            "split counters not zero after the launch: {:?}; split {split:?}, case {}",
+            got.counters,
+            describe(c)
+        ));
+    }
     compare(c, &want, &got.out, &got.errors)
         .map_err(|e| format!("{e}; split {split:?}, case {}", describe(c)))
 }
@@ -198,6 +232,12 @@ fn expect(
                     k.path()
                 ));
             }
+        }
+        if got.counters.iter().any(|&x| x != 0) {
+            return Err(format!(
+                "{split:?}: counters {:?} after a launch",
+                got.counters
+            ));
         }
         compare(c, &c.reference(), &got.out, &got.errors).map_err(|e| format!("{split:?}: {e}"))?;
     }
@@ -352,10 +392,17 @@ fn main() {
             for split in [SplitMode::Auto, SplitMode::Fixed { chunk_tokens: 512 }] {
                 let need =
                     workspace_for(1, 1, 1, 128, 1, 5000, split, k.num_sms()).or_fail("ws")?;
-                let mut ws = upload(gpu, &vec![f32::NAN; need.max(1)]).or_fail("ws")?;
+                let mut ws =
+                    upload(gpu, &fresh_workspace(need, counter_count(&c))).or_fail("ws")?;
                 let mut first: Option<Vec<u16>> = None;
                 for _ in 0..3 {
                     let got = run_gpu(gpu, k, &c, split, 5000, Some(&mut ws)).or_fail("launch")?;
+                    if got.counters.iter().any(|&x| x != 0) {
+                        return Err(format!(
+                            "{split:?}: counters {:?} after a launch",
+                            got.counters
+                        ));
+                    }
                     let v = c.q_dtype.to_f64(got.out[0]);
                     if v != 3.0 {
                         return Err(format!(
