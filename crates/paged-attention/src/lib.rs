@@ -72,9 +72,15 @@
 //! - [`PagedAttentionKernel`]: the typed launcher ([`DecodeArgs`]);
 //! - [`reference`]: the f64 CPU definition the GPU is tested against.
 
+pub mod context;
 mod launch;
 pub mod reference;
 
+pub use context::{
+    context_block_rows, context_entry_name, context_launch_config, context_smem_bytes,
+    context_stages, context_supported, context_variants, context_warps, validate_context,
+    ContextArgs, ContextKernel, ContextParams, ContextPlan, CONTEXT_PTX, CONTEXT_TILE_KEYS,
+};
 pub use launch::{
     entry_name, launch_config, mma_entry_name, mma_smem_bytes, mma_supported, mma_variants,
     smem_bytes, validate, validate_path, workspace_elems, workspace_for, DecodeArgs, KernelPath,

@@ -1,0 +1,241 @@
+//! Bench of the context (prefill / chunked prefill) kernel: criterion
+//! (`iter_custom` + CUDA events) and a markdown table of median µs and
+//! TFLOP/s. FLOPs count the causal pairs only: a request with prefix `p` and
+//! `n` new tokens has `n·p + n(n+1)/2` visible (row, key) pairs, each
+//! `4·Hq·D` FLOPs (`4·Hq·D·Σ L(L+1)/2` without a prefix). Pages are scattered
+//! over the pool (P 16) unless the case says "contiguous" (one page of
+//! `L` tokens per request). Prints a line and exits 0 without a GPU.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::Criterion;
+use kernel_rt::cudarc::driver::CudaSlice;
+use kernel_rt::timing::{median_us, time_iters};
+use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
+use paged_attention::{ContextArgs, ContextKernel, HalfDtype, KvCache};
+
+struct Shape {
+    name: String,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    bs: usize,
+    /// New tokens per request.
+    n: usize,
+    /// Cached prefix per request.
+    prefix: usize,
+    /// Page size; 0 = one contiguous page per request.
+    p: usize,
+    fp8: bool,
+}
+
+fn shape(name: &str, d: usize, bs: usize, n: usize, prefix: usize, p: usize) -> Shape {
+    Shape {
+        name: name.to_string(),
+        hq: 32,
+        hkv: 8,
+        d,
+        bs,
+        n,
+        prefix,
+        p,
+        fp8: false,
+    }
+}
+
+fn cases() -> Vec<Shape> {
+    let mut v = vec![
+        shape("bs 8 × 4096, P 16", 128, 8, 4096, 0, 16),
+        shape("bs 1 × 16384, P 16", 128, 1, 16384, 0, 16),
+        shape("bs 8 × 4096, contiguous", 128, 8, 4096, 0, 0),
+        shape("bs 1 × 16384, contiguous", 128, 1, 16384, 0, 0),
+        shape(
+            "chunked: bs 8 × 512 new over 16k prefix, P 16",
+            128,
+            8,
+            512,
+            16384,
+            16,
+        ),
+        Shape {
+            fp8: true,
+            ..shape("FP8 KV: bs 8 × 4096, P 16", 128, 8, 4096, 0, 16)
+        },
+    ];
+    for d in [64, 128, 256] {
+        for (bs, l) in [
+            (32, 512),
+            (16, 1024),
+            (8, 2048),
+            (4, 4096),
+            (2, 8192),
+            (1, 16384),
+        ] {
+            v.push(shape(
+                &format!("FA3 grid D {d}: bs {bs} × {l}"),
+                d,
+                bs,
+                l,
+                0,
+                16,
+            ));
+        }
+    }
+    v
+}
+
+struct Prepared {
+    q: CudaSlice<u16>,
+    out: CudaSlice<u16>,
+    k16: CudaSlice<u16>,
+    v16: CudaSlice<u16>,
+    k8: CudaSlice<u8>,
+    v8: CudaSlice<u8>,
+    pt: CudaSlice<i32>,
+    lens: CudaSlice<i32>,
+    cu_q: CudaSlice<i32>,
+    cu_k: CudaSlice<i32>,
+    num_pages: usize,
+    p: usize,
+    m: usize,
+    flops: f64,
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn prepare(gpu: &Arc<Gpu>, c: &Shape) -> Result<Prepared> {
+    let st = gpu.stream();
+    let len = c.prefix + c.n;
+    let p = if c.p == 0 { len } else { c.p };
+    let m = len.div_ceil(p);
+    let used = c.bs * m;
+    let num_pages = used + 1;
+    let n = num_pages - 1;
+    let mut stride = if c.p == 0 { 1 } else { 7919 % n.max(1) };
+    while stride == 0 || gcd(stride, n) != 1 {
+        stride += 1;
+    }
+    let ids: Vec<i32> = (0..used).map(|i| (1 + (i * stride) % n) as i32).collect();
+    let elems = num_pages * p * c.hkv * c.d;
+    let (n8, n16) = if c.fp8 { (elems, 1) } else { (1, elems) };
+    // Small values (0x30 = 0.125 in e4m3, 0x3E00 = 0.125 in bf16).
+    let k8 = st.clone_htod(&vec![0x30u8; n8])?;
+    let v8 = st.clone_htod(&vec![0x30u8; n8])?;
+    let k16 = st.clone_htod(&vec![0x3E00u16; n16])?;
+    let v16 = st.clone_htod(&vec![0x3E00u16; n16])?;
+    let rows = c.bs * c.n;
+    let q = st.clone_htod(&vec![0x3C00u16; rows * c.hq * c.d])?;
+    let out = st.alloc_zeros::<u16>(rows * c.hq * c.d)?;
+    let pt = st.clone_htod(&ids)?;
+    let lens = st.clone_htod(&vec![len as i32; c.bs])?;
+    let cu_q: Vec<i32> = (0..=c.bs).map(|b| (b * c.n) as i32).collect();
+    let cu_k: Vec<i32> = (0..=c.bs).map(|b| (b * len) as i32).collect();
+    let cu_q = st.clone_htod(&cu_q)?;
+    let cu_k = st.clone_htod(&cu_k)?;
+    let (nn, pp) = (c.n as f64, c.prefix as f64);
+    let pairs = c.bs as f64 * (nn * pp + nn * (nn + 1.0) / 2.0);
+    let flops = 4.0 * (c.hq * c.d) as f64 * pairs;
+    Ok(Prepared {
+        q,
+        out,
+        k16,
+        v16,
+        k8,
+        v8,
+        pt,
+        lens,
+        cu_q,
+        cu_k,
+        num_pages,
+        p,
+        m,
+        flops,
+    })
+}
+
+fn launch(
+    kernel: &ContextKernel,
+    c: &Shape,
+    p: &mut Prepared,
+    errors: &mut DeviceErrors,
+) -> Result<()> {
+    let rows = c.bs * c.n;
+    let shape = [p.num_pages, c.hkv, p.p, c.d];
+    let strides = [p.p * c.hkv * c.d, c.d, c.hkv * c.d, 1];
+    let kv = if c.fp8 {
+        KvCache::E4m3 {
+            k: Strided::new("k_cache", p.k8.as_view(), shape, strides)?,
+            v: Strided::new("v_cache", p.v8.as_view(), shape, strides)?,
+        }
+    } else {
+        KvCache::Half {
+            dtype: HalfDtype::Bf16,
+            k: Strided::new("k_cache", p.k16.as_view(), shape, strides)?,
+            v: Strided::new("v_cache", p.v16.as_view(), shape, strides)?,
+        }
+    };
+    let mut args = ContextArgs {
+        q: Strided::of("q", &p.q, [rows, c.hq, c.d])?,
+        q_dtype: HalfDtype::Bf16,
+        out: StridedMut::of("out", &mut p.out, [rows, c.hq, c.d])?,
+        kv,
+        page_table: Strided::of("page_table", &p.pt, [c.bs, p.m])?,
+        cache_seqlens: Strided::of("cache_seqlens", &p.lens, [c.bs])?,
+        cu_seqlens_q: Strided::of("cu_seqlens_q", &p.cu_q, [c.bs + 1])?,
+        cu_seqlens_k: Some(Strided::of("cu_seqlens_k", &p.cu_k, [c.bs + 1])?),
+        max_q_len: c.n,
+        bmm1_scale: 1.0 / (c.d as f32).sqrt(),
+        bmm2_scale: 1.0,
+        window_left: None,
+        sinks: None,
+    };
+    kernel.launch(&mut args, errors)
+}
+
+fn main() {
+    if let GpuStatus::Missing(why) = gpu_status() {
+        println!("context bench: no GPU ({why}); nothing measured");
+        return;
+    }
+    let gpu = Gpu::shared().expect("GPU");
+    let kernel = ContextKernel::new(&gpu).expect("load");
+    let mut errors = DeviceErrors::new(&gpu).expect("errors");
+    let mut crit = Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(10);
+    let mut table = Vec::new();
+    for c in cases() {
+        let mut p = prepare(&gpu, &c).expect("prepare");
+        crit.bench_function(&c.name, |b| {
+            b.iter_custom(|iters| {
+                time_iters(&gpu, iters, || launch(&kernel, &c, &mut p, &mut errors)).expect("time")
+            })
+        });
+        let us =
+            median_us(&gpu, 3, 20, || launch(&kernel, &c, &mut p, &mut errors)).expect("median");
+        let tflops = p.flops / (us * 1e-6) / 1e12;
+        table.push(format!(
+            "| {} | {}/{}/{} | {us:.1} | {tflops:.0} |",
+            c.name, c.hq, c.hkv, c.d
+        ));
+        drop(p);
+    }
+    let rep = errors.read().expect("errors");
+    println!(
+        "\n## paged-attention context (prefill) on {} (error word {:?})\n",
+        gpu.describe(),
+        rep
+    );
+    println!("| case | Hq/Hkv/D | µs | TFLOP/s (causal pairs) |\n|---|---|---:|---:|");
+    for row in table {
+        println!("{row}");
+    }
+}

@@ -1,0 +1,601 @@
+//! Context / prefill / chunked-prefill ("extend") attention over a paged KV
+//! cache (spec `attention.md` §2–§7, context call §4.2; DECISIONS.md D4, D10,
+//! D12, D13, D15).
+//!
+//! Ragged query rows `q [total_q_tokens, Hq, D]` grouped by `cu_seqlens_q
+//! [bs+1]` (at most `max_q_len` rows per request); request `i` has
+//! `n_i = cu_seqlens_q[i+1] − cu_seqlens_q[i]` rows and KV length
+//! `L_i = cache_seqlens[i]` (prefix + new tokens); row `j` sits at
+//! `x = L_i − n_i + j` and sees keys `max(0, x − W) ..= x` (causal over the
+//! prefix and the new tokens, window on top). Query head `h` reads KV head
+//! `h / G`. Same K/V views, page table, scales, window, sinks and device
+//! checks (ragged rule, error word) as the decode kernel ([`crate::validate`]).
+//!
+//! Kernel (`paged_attention_context_{q}_kv_{kv}_d{D}`, FlashAttention-2
+//! structure on `mma.sync.m16n8k16`): CTA = (KV head, request, q tile of
+//! [`context_block_rows`] packed (token, head) rows, 16 per warp, heaviest
+//! tiles launched first); 64-key tiles through a [`context_stages`]-slot
+//! cp.async ring (page ids gathered per tile, one tile ahead), XOR-swizzled
+//! shared memory + ldmatrix, online softmax in f32, tiles past the diagonal
+//! and left of the window never loaded, element masks only on edge tiles.
+//! e4m3 K/V are converted once per CTA to the Q dtype (exact).
+//!
+//! `cu_seqlens_k` is accepted (shape-checked) for API parity with the
+//! upstream context call; the kernel reads KV lengths from `cache_seqlens`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use kernel_rt::cudarc::driver::sys::CUfunction_attribute;
+use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use kernel_rt::{
+    grid_dim, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut, MAX_GRID_YZ,
+};
+
+use crate::{HalfDtype, KvCache, KvDtype, HEAD_DIMS, MAX_GROUP};
+
+/// The embedded PTX of the context kernel (`cargo xtask ptx-build`).
+pub const CONTEXT_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
+    name: "paged_attention_context",
+    ptx: include_str!("../ptx/paged_attention_context.ptx"),
+};
+
+/// Keys per KV tile of the context kernel.
+pub const CONTEXT_TILE_KEYS: usize = 64;
+
+/// Largest `max_q_len` accepted (`max_q_len · G` must fit the row math).
+pub const CONTEXT_MAX_Q_LEN: usize = 1 << 24;
+
+/// Windows at or above this are "no window" (keys never reach 2^30 positions).
+const WINDOW_CAP: u32 = 1 << 30;
+
+/// Kernel parameters, mirrored by `struct ContextParams` in
+/// `kernels/paged_attention_context.cu` (size and offsets pinned by a CPU test).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ContextParams {
+    /// `const u16*` `[num_tokens, Hq, D]`.
+    pub q: u64,
+    /// `u16*` `[num_tokens, Hq, D]`.
+    pub out: u64,
+    /// `const u8*` K view base.
+    pub k_cache: u64,
+    /// `const u8*` V view base.
+    pub v_cache: u64,
+    /// `const i32*` `[bs, M]`.
+    pub page_table: u64,
+    /// `const i32*` `[bs]`.
+    pub cache_seqlens: u64,
+    /// `const i32*` `[bs + 1]`.
+    pub cu_seqlens_q: u64,
+    /// `const f32*` `[Hq]` or 0.
+    pub sinks: u64,
+    /// `u32*` `[2]` error word.
+    pub errors: u64,
+    /// Elements between query tokens.
+    pub q_stride_tok: i64,
+    /// Elements between query heads.
+    pub q_stride_head: i64,
+    /// Elements between output tokens.
+    pub o_stride_tok: i64,
+    /// Elements between output heads.
+    pub o_stride_head: i64,
+    /// K page stride, elements.
+    pub k_stride_page: i64,
+    /// K head stride (0 when `Hkv = 1`).
+    pub k_stride_head: i64,
+    /// K token stride.
+    pub k_stride_tok: i64,
+    /// V page stride.
+    pub v_stride_page: i64,
+    /// V head stride (0 when `Hkv = 1`).
+    pub v_stride_head: i64,
+    /// V token stride.
+    pub v_stride_tok: i64,
+    /// Elements between page-table rows.
+    pub page_table_stride: i64,
+    /// Requests.
+    pub bs: i32,
+    /// `Hq`.
+    pub num_q_heads: i32,
+    /// `Hkv`.
+    pub num_kv_heads: i32,
+    /// `G = Hq / Hkv`.
+    pub group: i32,
+    /// `P`.
+    pub page_size: i32,
+    /// `M`.
+    pub max_num_pages: i32,
+    /// Pages in the pool.
+    pub num_pages: i32,
+    /// Query rows.
+    pub num_tokens: i32,
+    /// Upper bound on rows per request.
+    pub max_q_len: i32,
+    /// `⌈max_q_len · G / BM⌉` = grid z.
+    pub q_tiles: i32,
+    /// `W` or −1.
+    pub window_left: i32,
+    /// `bmm1_scale · log2 e`.
+    pub scale_log2: f32,
+    /// `bmm2_scale`.
+    pub bmm2_scale: f32,
+    /// Padding (8-byte struct alignment).
+    pub pad_: i32,
+}
+
+// SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
+// (pinned by `context_params_layout_matches_cuda` in tests/context_reference.rs).
+unsafe impl DeviceRepr for ContextParams {}
+
+/// Arguments of one context call (device buffers on the launcher's GPU).
+#[derive(Debug)]
+pub struct ContextArgs<'a> {
+    /// `[total_q_tokens, Hq, D]`, bf16/f16 bits; last dim contiguous, token and
+    /// head strides multiples of 8, base 16-byte aligned.
+    pub q: Strided<'a, u16, 3>,
+    /// Dtype of `q` and `out`.
+    pub q_dtype: HalfDtype,
+    /// `[total_q_tokens, Hq, D]` output, same dtype and alignment rules as `q`.
+    pub out: StridedMut<'a, u16, 3>,
+    /// K/V pools: the Q dtype or e4m3 (a 16-bit KV of the other dtype is rejected).
+    pub kv: KvCache<'a>,
+    /// `[bs, M]` i32 page ids, last dim contiguous.
+    pub page_table: Strided<'a, i32, 2>,
+    /// `[bs]` i32 KV lengths (prefix + new tokens), contiguous.
+    pub cache_seqlens: Strided<'a, i32, 1>,
+    /// `[bs + 1]` i32 query row offsets, contiguous (ragged rule of the crate docs).
+    pub cu_seqlens_q: Strided<'a, i32, 1>,
+    /// `[bs + 1]` i32 prefix sums of `cache_seqlens` (shape-checked, not read).
+    pub cu_seqlens_k: Option<Strided<'a, i32, 1>>,
+    /// Upper bound on rows per request (longer requests are skipped, counted), ≥ 1.
+    pub max_q_len: usize,
+    /// Logit scale in natural-log units (finite).
+    pub bmm1_scale: f32,
+    /// Output scale (finite).
+    pub bmm2_scale: f32,
+    /// `W`: keys `[x − W, x]`; `None` = no window.
+    pub window_left: Option<u32>,
+    /// `[Hq]` f32 sink logits, contiguous.
+    pub sinks: Option<Strided<'a, f32, 1>>,
+}
+
+/// Everything [`validate_context`] derives from the arguments.
+#[derive(Debug, Clone)]
+pub struct ContextPlan {
+    /// Kernel params (pointers 0: filled at launch).
+    pub params: ContextParams,
+    /// Kernel entry name.
+    pub entry: String,
+    /// Launch geometry.
+    pub config: LaunchConfig,
+}
+
+/// Kernel entry name for a (Q, KV) dtype pair and head dim.
+pub fn context_entry_name(q: HalfDtype, kv: KvDtype, head_dim: usize) -> String {
+    format!(
+        "paged_attention_context_{}_kv_{}_d{head_dim}",
+        q.name(),
+        kv.name()
+    )
+}
+
+/// Whether a context kernel exists: KV e4m3 or the Q dtype, D 64/128/256.
+pub fn context_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
+    let kv_ok = match kv {
+        KvDtype::E4m3 => true,
+        KvDtype::Bf16 => q == HalfDtype::Bf16,
+        KvDtype::F16 => q == HalfDtype::F16,
+    };
+    kv_ok && HEAD_DIMS.contains(&head_dim)
+}
+
+/// Every context entry: `(q, kv, head_dim)`.
+pub fn context_variants() -> Vec<(HalfDtype, KvDtype, usize)> {
+    let mut v = Vec::new();
+    for q in [HalfDtype::Bf16, HalfDtype::F16] {
+        for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
+            for d in HEAD_DIMS {
+                if context_supported(q, kv, d) {
+                    v.push((q, kv, d));
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Warps per CTA (16 query rows each): 8 at D 256, else 4.
+pub fn context_warps(head_dim: usize) -> usize {
+    if head_dim == 256 {
+        8
+    } else {
+        4
+    }
+}
+
+/// Packed (token, head) query rows per CTA (`16 · warps`).
+pub fn context_block_rows(head_dim: usize) -> usize {
+    16 * context_warps(head_dim)
+}
+
+/// cp.async ring slots (mirrors `Cfg::NST` in the .cu).
+pub fn context_stages(head_dim: usize, kv: KvDtype) -> usize {
+    match (head_dim, kv) {
+        (64, _) => 4,
+        (128, KvDtype::E4m3) => 4,
+        (128, _) => 3,
+        _ => 2,
+    }
+}
+
+/// Dynamic shared memory (mirrors `Cfg` in the .cu): the ring of NST slots of
+/// 64 K rows + 64 V rows as loaded, for e4m3 one converted 16-bit K+V tile,
+/// at D 256 the Q tile `[BM, D]` 16-bit (at D ≤ 128 Q is staged in the ring
+/// before the pipeline starts), then u32 valid masks `[NST][warps]`.
+pub fn context_smem_bytes(head_dim: usize, kv: KvDtype) -> usize {
+    let nst = context_stages(head_dim, kv);
+    let raw = CONTEXT_TILE_KEYS * head_dim * kv.size() * 2;
+    let conv = if kv == KvDtype::E4m3 {
+        CONTEXT_TILE_KEYS * head_dim * 2 * 2
+    } else {
+        0
+    };
+    let q = if head_dim > 128 {
+        context_block_rows(head_dim) * head_dim * 2
+    } else {
+        0
+    };
+    let bytes = nst * raw + conv + q + nst * context_warps(head_dim) * 4;
+    bytes.div_ceil(16) * 16
+}
+
+/// Launch geometry (pure): grid `(Hkv, bs, q_tiles)` with `q_tiles =
+/// ⌈max_q_len · G / BM⌉` (CTAs past a request's rows exit at once),
+/// `32 · warps` threads. Returns `(q_tiles, config)`.
+///
+/// # Errors
+/// [`KernelError::Unsupported`] when a grid dim exceeds CUDA's limits.
+pub fn context_launch_config(
+    bs: usize,
+    num_kv_heads: usize,
+    group: usize,
+    max_q_len: usize,
+    head_dim: usize,
+    kv: KvDtype,
+) -> Result<(usize, LaunchConfig)> {
+    let bm = context_block_rows(head_dim);
+    let q_tiles = (max_q_len * group).div_ceil(bm).max(1);
+    let x = grid_dim("num_kv_heads", num_kv_heads, i32::MAX as u32)?;
+    let y = grid_dim("bs", bs, MAX_GRID_YZ)?;
+    let z = grid_dim("max_q_len", q_tiles, MAX_GRID_YZ)?;
+    Ok((
+        q_tiles,
+        LaunchConfig {
+            grid_dim: (x, y, z),
+            block_dim: (32 * context_warps(head_dim) as u32, 1, 1),
+            shared_mem_bytes: context_smem_bytes(head_dim, kv) as u32,
+        },
+    ))
+}
+
+fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i32")))
+}
+
+fn to_i64(arg: &'static str, v: usize) -> Result<i64> {
+    i64::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i64")))
+}
+
+fn stride_err(arg: &'static str, detail: String) -> KernelError {
+    KernelError::Stride { arg, detail }
+}
+
+/// Effective stride: 0 for a size-1 dim (its stride is ignored).
+fn eff(shape: &[usize], strides: &[usize], i: usize) -> usize {
+    if shape[i] == 1 {
+        0
+    } else {
+        strides[i]
+    }
+}
+
+fn check_vector<T>(arg: &'static str, v: &Strided<'_, T, 1>, n: usize) -> Result<()> {
+    if v.shape()[0] != n {
+        return Err(KernelError::shape(
+            arg,
+            format!("[{n}]"),
+            format!("{:?}", v.shape()),
+        ));
+    }
+    if n > 1 && v.strides()[0] != 1 {
+        return Err(stride_err(
+            arg,
+            format!("must be contiguous, got stride {}", v.strides()[0]),
+        ));
+    }
+    Ok(())
+}
+
+fn kv_views(kv: &KvCache<'_>) -> ([usize; 4], [usize; 4], [usize; 4], [usize; 4]) {
+    match kv {
+        KvCache::Half { k, v, .. } => (k.shape(), k.strides(), v.shape(), v.strides()),
+        KvCache::E4m3 { k, v } => (k.shape(), k.strides(), v.shape(), v.strides()),
+    }
+}
+
+/// Validates `args` and derives the launch plan. Every rejection happens
+/// here, before any launch (D15).
+///
+/// # Errors
+/// [`KernelError::Shape`], [`KernelError::Stride`] or
+/// [`KernelError::Unsupported`] naming the argument (head dim not 64/128/256,
+/// 16-bit KV of a dtype other than Q's, `Hq % Hkv ≠ 0`, `G > 16`,
+/// `max_q_len` outside `1..=2^24`, non-finite scales, grid limits).
+pub fn validate_context(args: &ContextArgs<'_>) -> Result<ContextPlan> {
+    let [num_tokens, hq, dim] = args.q.shape();
+    let (ks, kst, vs, vst) = kv_views(&args.kv);
+    let [num_pages, hkv, page_size, kdim] = ks;
+    let kv_dtype = args.kv.dtype();
+    if !HEAD_DIMS.contains(&dim) {
+        return Err(KernelError::unsupported(
+            "q",
+            format!("head_dim {dim} (supported: 64, 128, 256)"),
+        ));
+    }
+    if !context_supported(args.q_dtype, kv_dtype, dim) {
+        return Err(KernelError::unsupported(
+            "k_cache",
+            format!(
+                "KV dtype {} with q dtype {} (KV must be e4m3 or the q dtype)",
+                kv_dtype.name(),
+                args.q_dtype.name()
+            ),
+        ));
+    }
+    if args.out.shape() != args.q.shape() {
+        return Err(KernelError::shape(
+            "out",
+            format!("{:?} (as q)", args.q.shape()),
+            format!("{:?}", args.out.shape()),
+        ));
+    }
+    if vs != ks {
+        return Err(KernelError::shape(
+            "v_cache",
+            format!("{ks:?} (as k_cache)"),
+            format!("{vs:?}"),
+        ));
+    }
+    if kdim != dim {
+        return Err(KernelError::shape(
+            "k_cache",
+            format!("[num_pages, Hkv, P, D={dim}]"),
+            format!("{ks:?}"),
+        ));
+    }
+    if num_pages == 0 || hkv == 0 || page_size == 0 {
+        return Err(KernelError::shape(
+            "k_cache",
+            "[num_pages ≥ 1, Hkv ≥ 1, P ≥ 1, D]",
+            format!("{ks:?}"),
+        ));
+    }
+    if hq == 0 || hq % hkv != 0 {
+        return Err(KernelError::unsupported(
+            "q",
+            format!("num_q_heads {hq} is not a multiple of num_kv_heads {hkv}"),
+        ));
+    }
+    let group = hq / hkv;
+    if group > MAX_GROUP {
+        return Err(KernelError::unsupported(
+            "q",
+            format!("group size {group} > {MAX_GROUP}"),
+        ));
+    }
+    let es = kv_dtype.size();
+    for (arg, shape, st) in [("k_cache", ks, kst), ("v_cache", vs, vst)] {
+        if st[3] != 1 {
+            return Err(stride_err(
+                arg,
+                format!("last dim must be contiguous, got strides {st:?}"),
+            ));
+        }
+        for i in 0..3 {
+            if (eff(&shape, &st, i) * es) % 16 != 0 {
+                return Err(stride_err(
+                    arg,
+                    format!("strides {st:?} must be multiples of 16 bytes (16-byte loads)"),
+                ));
+            }
+        }
+    }
+    for (arg, shape, st) in [
+        ("q", args.q.shape(), args.q.strides()),
+        ("out", args.out.shape(), args.out.strides()),
+    ] {
+        if st[2] != 1 {
+            return Err(stride_err(
+                arg,
+                format!("last dim must be contiguous, got strides {st:?}"),
+            ));
+        }
+        if eff(&shape, &st, 0) % 8 != 0 || eff(&shape, &st, 1) % 8 != 0 {
+            return Err(stride_err(
+                arg,
+                format!("token/head strides {st:?} must be multiples of 8 elements"),
+            ));
+        }
+    }
+    let [bs, m] = args.page_table.shape();
+    if m == 0 {
+        return Err(KernelError::shape(
+            "page_table",
+            "[bs, max_num_pages ≥ 1]",
+            format!("{:?}", [bs, m]),
+        ));
+    }
+    if m > 1 && args.page_table.strides()[1] != 1 {
+        return Err(stride_err(
+            "page_table",
+            "last dim must be contiguous".into(),
+        ));
+    }
+    check_vector("cache_seqlens", &args.cache_seqlens, bs)?;
+    check_vector("cu_seqlens_q", &args.cu_seqlens_q, bs + 1)?;
+    if let Some(k) = &args.cu_seqlens_k {
+        check_vector("cu_seqlens_k", k, bs + 1)?;
+    }
+    if !(1..=CONTEXT_MAX_Q_LEN).contains(&args.max_q_len) {
+        return Err(KernelError::unsupported(
+            "max_q_len",
+            format!("{} (supported 1..=2^24)", args.max_q_len),
+        ));
+    }
+    if let Some(s) = &args.sinks {
+        check_vector("sinks", s, hq)?;
+    }
+    if !args.bmm1_scale.is_finite() {
+        return Err(KernelError::unsupported("bmm1_scale", "must be finite"));
+    }
+    if !args.bmm2_scale.is_finite() {
+        return Err(KernelError::unsupported("bmm2_scale", "must be finite"));
+    }
+    let (q_tiles, config) = context_launch_config(bs, hkv, group, args.max_q_len, dim, kv_dtype)?;
+    let window = args
+        .window_left
+        .filter(|&w| w < WINDOW_CAP)
+        .map_or(-1, |w| w as i32);
+    let params = ContextParams {
+        q_stride_tok: to_i64("q", eff(&args.q.shape(), &args.q.strides(), 0))?,
+        q_stride_head: to_i64("q", eff(&args.q.shape(), &args.q.strides(), 1))?,
+        o_stride_tok: to_i64("out", eff(&args.out.shape(), &args.out.strides(), 0))?,
+        o_stride_head: to_i64("out", eff(&args.out.shape(), &args.out.strides(), 1))?,
+        k_stride_page: to_i64("k_cache", eff(&ks, &kst, 0))?,
+        k_stride_head: to_i64("k_cache", eff(&ks, &kst, 1))?,
+        k_stride_tok: to_i64("k_cache", eff(&ks, &kst, 2))?,
+        v_stride_page: to_i64("v_cache", eff(&vs, &vst, 0))?,
+        v_stride_head: to_i64("v_cache", eff(&vs, &vst, 1))?,
+        v_stride_tok: to_i64("v_cache", eff(&vs, &vst, 2))?,
+        page_table_stride: to_i64("page_table", eff(&[bs, m], &args.page_table.strides(), 0))?,
+        bs: to_i32("bs", bs)?,
+        num_q_heads: to_i32("q", hq)?,
+        num_kv_heads: to_i32("k_cache", hkv)?,
+        group: to_i32("q", group)?,
+        page_size: to_i32("page_size", page_size)?,
+        max_num_pages: to_i32("page_table", m)?,
+        num_pages: to_i32("k_cache", num_pages)?,
+        num_tokens: to_i32("q", num_tokens)?,
+        max_q_len: to_i32("max_q_len", args.max_q_len)?,
+        q_tiles: to_i32("max_q_len", q_tiles)?,
+        window_left: window,
+        scale_log2: args.bmm1_scale * std::f32::consts::LOG2_E,
+        bmm2_scale: args.bmm2_scale,
+        ..Default::default()
+    };
+    Ok(ContextPlan {
+        params,
+        entry: context_entry_name(args.q_dtype, kv_dtype, dim),
+        config,
+    })
+}
+
+/// The context-attention launcher: every entry is resolved once, at
+/// construction (dynamic shared memory limit raised); launches are
+/// stream-ordered and graph-capturable (no host sync, allocation or copy).
+#[derive(Debug)]
+pub struct ContextKernel {
+    gpu: Arc<Gpu>,
+    funcs: std::collections::HashMap<String, CudaFunction>,
+    launches: AtomicU64,
+}
+
+impl ContextKernel {
+    /// Loads every context entry on `gpu`.
+    ///
+    /// # Errors
+    /// [`KernelError::Load`] when the PTX does not load; [`KernelError::Driver`].
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
+        let mut funcs = std::collections::HashMap::new();
+        for (q, kv, d) in context_variants() {
+            let name = context_entry_name(q, kv, d);
+            let f = gpu.function(&CONTEXT_PTX, &name)?;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                context_smem_bytes(d, kv) as i32,
+            )?;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )?;
+            funcs.insert(name, f);
+        }
+        Ok(Self {
+            gpu: gpu.clone(),
+            funcs,
+            launches: AtomicU64::new(0),
+        })
+    }
+
+    /// Kernel launches issued so far.
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
+    }
+
+    /// Computes `out` (rows of processed requests only; other rows untouched);
+    /// `bs = 0` launches nothing. One launch. Bad device data is counted in
+    /// `errors` ([`crate::ErrorFlags`]), never read through. Asynchronous.
+    ///
+    /// # Errors
+    /// As [`validate_context`]; [`KernelError::Stride`] for misaligned base
+    /// pointers; [`KernelError::Driver`] when the launch fails.
+    pub fn launch(&self, args: &mut ContextArgs<'_>, errors: &mut DeviceErrors) -> Result<()> {
+        let plan = validate_context(args)?;
+        let mut p = plan.params;
+        if p.bs == 0 {
+            return Ok(());
+        }
+        let stream = self.gpu.stream();
+        p.q = args.q.device_ptr(stream);
+        p.out = args.out.device_ptr_mut(stream);
+        (p.k_cache, p.v_cache) = match &args.kv {
+            KvCache::Half { k, v, .. } => (k.device_ptr(stream), v.device_ptr(stream)),
+            KvCache::E4m3 { k, v } => (k.device_ptr(stream), v.device_ptr(stream)),
+        };
+        for (arg, ptr) in [
+            ("q", p.q),
+            ("out", p.out),
+            ("k_cache", p.k_cache),
+            ("v_cache", p.v_cache),
+        ] {
+            if ptr % 16 != 0 {
+                return Err(stride_err(
+                    arg,
+                    format!("base address {ptr:#x} is not 16-byte aligned"),
+                ));
+            }
+        }
+        p.page_table = args.page_table.device_ptr(stream);
+        p.cache_seqlens = args.cache_seqlens.device_ptr(stream);
+        p.cu_seqlens_q = args.cu_seqlens_q.device_ptr(stream);
+        if let Some(s) = &args.sinks {
+            p.sinks = s.device_ptr(stream);
+        }
+        p.errors = errors.device_ptr();
+        let func = self
+            .funcs
+            .get(&plan.entry)
+            .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {}", plan.entry)))?;
+        let mut builder = stream.launch_builder(func);
+        builder.arg(&p);
+        // SAFETY: `validate_context` checked every shape and stride against the
+        // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
+        // grid; base alignment is checked above; device data (page ids,
+        // lengths, cu_seqlens_q) is range-checked in the kernel; the params
+        // layout is pinned by a CPU test.
+        unsafe { builder.launch(plan.config) }?;
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}

@@ -1,0 +1,402 @@
+//! GPU tests of the context (prefill / chunked prefill / extend) kernel
+//! against the f64 reference: the issue's named examples on every head dim
+//! and KV dtype, edge cases 14/15/20–27, ≥ 300 random ragged cases per run
+//! (prefixes, windows, sinks, GQA 1..16, FP8 KV, P 1..128, decode rows mixed
+//! in, empty requests, rare bad device data), outputs poisoned before each
+//! launch, keys no row may see filled with NaN/Inf bytes. Ignored at run time
+//! without a GPU. `MHA_KIT_GPU_CASES` overrides the random case count.
+
+#![allow(clippy::needless_range_loop)]
+
+mod common;
+mod context_common;
+
+use std::sync::Arc;
+
+use common::*;
+use context_common::*;
+use kernel_rt::cudarc::driver::CudaSlice;
+use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, OrFail};
+use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
+use paged_attention::{ContextArgs, ContextKernel, HalfDtype, KvCache, KvDtype};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+/// Random cases per run (the issue asks for ≥ 300).
+const GPU_CASES: u32 = 400;
+/// f64 reference work per random case (row·key·head·dim products).
+const BUDGET: f64 = 1.2e7;
+
+fn upload<T: kernel_rt::cudarc::driver::DeviceRepr + Copy + Default>(
+    gpu: &Arc<Gpu>,
+    data: &[T],
+) -> Result<CudaSlice<T>, KernelError> {
+    let mut v = data.to_vec();
+    if v.is_empty() {
+        v.push(T::default());
+    }
+    Ok(gpu.stream().clone_htod(&v)?)
+}
+
+struct GpuOut {
+    out: Vec<u16>,
+    errors: ErrorReport,
+}
+
+/// Runs `c` (ragged layout) through the context kernel; output poisoned first.
+fn run_gpu(gpu: &Arc<Gpu>, kernel: &ContextKernel, c: &Case) -> Result<GpuOut, KernelError> {
+    let s = gpu.stream();
+    let q = upload(gpu, &c.q)?;
+    let mut out = upload(gpu, &vec![POISON; c.q.len()])?;
+    let pt = upload(gpu, &c.page_table)?;
+    let lens = upload(gpu, &c.lens)?;
+    let cu = upload(gpu, &c.cu)?;
+    let mut cu_k_host = vec![0i32; c.bs() + 1];
+    for b in 0..c.bs() {
+        cu_k_host[b + 1] = cu_k_host[b].wrapping_add(c.lens[b].max(0));
+    }
+    let cu_k = upload(gpu, &cu_k_host)?;
+    let sinks = c.sinks.as_ref().map(|v| upload(gpu, v)).transpose()?;
+    let shape = [c.num_pages, c.hkv, c.p, c.d];
+    let strides = c.kv_strides();
+    let kh = upload(gpu, &c.k)?;
+    let vh = upload(gpu, &c.v)?;
+    let kb = upload(gpu, &c.k_bytes())?;
+    let vb = upload(gpu, &c.v_bytes())?;
+    let mut errors = DeviceErrors::new(gpu)?;
+    let kv = match c.kv_dtype {
+        KvDtype::E4m3 => KvCache::E4m3 {
+            k: Strided::new("k_cache", kb.as_view(), shape, strides)?,
+            v: Strided::new("v_cache", vb.as_view(), shape, strides)?,
+        },
+        kd => KvCache::Half {
+            dtype: if kd == KvDtype::Bf16 {
+                HalfDtype::Bf16
+            } else {
+                HalfDtype::F16
+            },
+            k: Strided::new("k_cache", kh.as_view(), shape, strides)?,
+            v: Strided::new("v_cache", vh.as_view(), shape, strides)?,
+        },
+    };
+    let qshape = [c.num_tokens, c.hq, c.d];
+    let mut args = ContextArgs {
+        q: Strided::contiguous("q", q.slice(0..c.q.len()), qshape)?,
+        q_dtype: c.q_dtype,
+        out: StridedMut::contiguous("out", out.slice_mut(0..c.q.len()), qshape)?,
+        kv,
+        page_table: Strided::contiguous(
+            "page_table",
+            pt.slice(0..c.page_table.len()),
+            [c.bs(), c.m],
+        )?,
+        cache_seqlens: Strided::contiguous("cache_seqlens", lens.slice(0..c.bs()), [c.bs()])?,
+        cu_seqlens_q: Strided::contiguous("cu_seqlens_q", cu.slice(0..c.bs() + 1), [c.bs() + 1])?,
+        cu_seqlens_k: Some(Strided::contiguous(
+            "cu_seqlens_k",
+            cu_k.slice(0..c.bs() + 1),
+            [c.bs() + 1],
+        )?),
+        max_q_len: c.max_q_len,
+        bmm1_scale: c.bmm1,
+        bmm2_scale: c.bmm2,
+        window_left: c.window,
+        sinks: match &sinks {
+            Some(sv) => Some(Strided::contiguous("sinks", sv.slice(0..c.hq), [c.hq])?),
+            None => None,
+        },
+    };
+    kernel.launch(&mut args, &mut errors)?;
+    let mut out = s.clone_dtoh(&out)?;
+    out.truncate(c.q.len());
+    Ok(GpuOut {
+        out,
+        errors: errors.read()?,
+    })
+}
+
+/// GPU vs reference (common::compare: per (row, head) relative L2 ≤ 1e-2,
+/// zero rows exact, no NaN, unwritten rows still poisoned, error words equal).
+fn check(gpu: &Arc<Gpu>, kernel: &ContextKernel, c: &Case) -> Result<(), String> {
+    let want = c.reference();
+    let got = run_gpu(gpu, kernel, c).or_fail("launch")?;
+    compare(c, &want, &got.out, &got.errors).map_err(|e| format!("{e}; case {}", describe(c)))
+}
+
+/// `c` with head dim `d` (dims past the original are zero), KV dtype `kv`
+/// and query/output dtype `qd` (values re-encoded).
+fn widen(c: &Case, d: usize, kv: KvDtype, qd: HalfDtype) -> Case {
+    let mut w = Case::new(
+        kv,
+        d,
+        c.hq,
+        c.hkv,
+        c.p,
+        c.num_pages,
+        c.bs(),
+        c.m,
+        None,
+        c.num_tokens,
+    );
+    w.q_dtype = qd;
+    w.page_table.clone_from(&c.page_table);
+    w.lens.clone_from(&c.lens);
+    w.cu.clone_from(&c.cu);
+    w.max_q_len = c.max_q_len;
+    w.bmm1 = c.bmm1;
+    w.bmm2 = c.bmm2;
+    w.window = c.window;
+    w.sinks.clone_from(&c.sinks);
+    for slot in 0..c.num_pages * c.p {
+        for h in 0..c.hkv {
+            for dd in 0..c.d.min(d) {
+                let i = c.kv_index(slot, h, dd);
+                w.set_k(slot, h, dd, c.decode_kv(c.k[i]));
+                w.set_v(slot, h, dd, c.decode_kv(c.v[i]));
+            }
+        }
+    }
+    for row in 0..c.num_tokens {
+        for h in 0..c.hq {
+            for dd in 0..c.d.min(d) {
+                let x = c.q_dtype.to_f64(c.q[(row * c.hq + h) * c.d + dd]);
+                w.set_q(row, h, dd, x);
+            }
+        }
+    }
+    w
+}
+
+/// Runs `c` on every head dim and KV dtype (bf16/e4m3; f16 with f16 Q) and
+/// checks output elements `[row, head, dim]` plus the full comparison.
+fn expect(
+    gpu: &Arc<Gpu>,
+    k: &ContextKernel,
+    c: &Case,
+    want: &[(usize, usize, usize, f64)],
+) -> Result<(), String> {
+    for d in [64, 128, 256] {
+        for (qd, kv) in [
+            (HalfDtype::Bf16, KvDtype::Bf16),
+            (HalfDtype::Bf16, KvDtype::E4m3),
+            (HalfDtype::F16, KvDtype::F16),
+        ] {
+            let w = widen(c, d, kv, qd);
+            let got = run_gpu(gpu, k, &w).or_fail("launch")?;
+            // Fixed values only where the cache holds them exactly (e4m3 has
+            // 3 mantissa bits); the reference comparison runs for every dtype.
+            let fixed: &[(usize, usize, usize, f64)] = if kv == KvDtype::E4m3 { &[] } else { want };
+            for &(row, h, dd, x) in fixed {
+                let v = w.q_dtype.to_f64(got.out[(row * w.hq + h) * w.d + dd]);
+                let tol = 1e-2 * x.abs().max(1e-3);
+                if (v - x).abs() > tol {
+                    return Err(format!(
+                        "D {d} {qd:?}/{kv:?}: row {row} head {h} dim {dd}: got {v}, want {x}"
+                    ));
+                }
+            }
+            compare(&w, &w.reference(), &got.out, &got.errors)
+                .map_err(|e| format!("D {d} {qd:?}/{kv:?}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+fn named<F>(name: &'static str, body: F) -> libtest_mimic::Trial
+where
+    F: FnOnce(&Arc<Gpu>, &ContextKernel) -> Result<(), String> + Send + 'static,
+{
+    gpu_trial(name, move |gpu| {
+        let kernel = ContextKernel::new(gpu).or_fail("load")?;
+        body(gpu, &kernel)
+    })
+}
+
+fn main() {
+    let trials = vec![
+        named("context_matches_reference_proptest", |gpu, k| {
+            let cases = gpu_cases(GPU_CASES);
+            let mut runner = TestRunner::new(Config {
+                cases,
+                failure_persistence: None,
+                ..Config::default()
+            });
+            runner
+                .run(&any::<u64>(), |seed| {
+                    let c = context_random_case(seed, BUDGET);
+                    check(gpu, k, &c).map_err(|e| TestCaseError::fail(format!("seed {seed}: {e}")))
+                })
+                .map_err(|e| e.to_string())?;
+            println!(
+                "context_matches_reference_proptest: {cases} cases, {} launches",
+                k.launches()
+            );
+            Ok(())
+        }),
+        named("context_long_rows_multi_tile", |gpu, k| {
+            // Several q tiles and KV tiles per request, every D / dtype / P,
+            // prefix + new tokens, with and without a window and sinks.
+            for (seed, (d, g, p, pre, n, w)) in [
+                (64usize, 4usize, 16usize, 0i32, 300usize, None),
+                (128, 1, 1, 200, 130, Some(70u32)),
+                (128, 8, 64, 700, 40, None),
+                (256, 2, 128, 129, 200, Some(0)),
+                (64, 16, 3, 65, 64, Some(63)),
+                (256, 1, 16, 1000, 1, None),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                for kv in [KvDtype::Bf16, KvDtype::E4m3] {
+                    let len = pre + n as i32;
+                    let m = (len as usize).div_ceil(p);
+                    let mut c = Case::new(kv, d, g, 1, p, 1 + m, 1, m, None, n);
+                    c.page_table = (1..=m as i32).rev().collect();
+                    c.lens = vec![len];
+                    c.cu = vec![0, n as i32];
+                    c.max_q_len = n;
+                    c.window = w;
+                    c.sinks = (seed % 2 == 1).then(|| vec![0.3; g]);
+                    c.bmm1 = 1.0 / (d as f32).sqrt();
+                    let mut r =
+                        <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed as u64);
+                    fill_keys(&mut c, &mut r, 0, 0..i64::from(len));
+                    for x in c.q.iter_mut() {
+                        *x = HalfDtype::Bf16.from_f64(rand::Rng::gen_range(&mut r, -2.0..2.0));
+                    }
+                    check(gpu, k, &c).map_err(|e| format!("shape {seed} {kv:?}: {e}"))?;
+                }
+            }
+            Ok(())
+        }),
+        named("must_pass_plain_prefill", |gpu, k| {
+            let c = ctx_uniform(KvDtype::Bf16, 2, 4, 5, 5, |t| t as f64);
+            let want: Vec<_> = (0..5).map(|j| (j, 0, 0, j as f64 / 2.0)).collect();
+            expect(gpu, k, &c, &want)
+        }),
+        named("must_pass_windows", |gpu, k| {
+            for (w, a, b) in [
+                (Some(2), 2.0, 3.0),
+                (Some(0), 3.0, 4.0),
+                (Some(100), 1.5, 2.0),
+                (None, 1.5, 2.0),
+            ] {
+                let mut c = ctx_uniform(KvDtype::Bf16, 2, 4, 5, 2, |t| t as f64);
+                c.window = w;
+                expect(gpu, k, &c, &[(0, 0, 0, a), (1, 0, 0, b)])?;
+            }
+            Ok(())
+        }),
+        named("must_pass_chunked_prefill_sink", |gpu, k| {
+            let mut c = ctx_uniform(KvDtype::Bf16, 2, 4, 6, 2, |t| t as f64);
+            c.sinks = Some(vec![0.0]);
+            expect(gpu, k, &c, &[(0, 0, 0, 10.0 / 6.0), (1, 0, 0, 15.0 / 7.0)])
+        }),
+        named("must_pass_fewer_keys_than_rows", |gpu, k| {
+            let c = ctx_uniform(KvDtype::Bf16, 2, 4, 1, 3, |t| t as f64 + 1.0);
+            expect(
+                gpu,
+                k,
+                &c,
+                &[(0, 0, 0, 0.0), (1, 0, 0, 0.0), (2, 0, 0, 1.0)],
+            )?;
+            let mut c = ctx_uniform(KvDtype::Bf16, 2, 4, 0, 2, |t| t as f64 + 1.0);
+            c.sinks = Some(vec![0.5]);
+            expect(gpu, k, &c, &[(0, 0, 0, 0.0), (1, 0, 0, 0.0)])
+        }),
+        named("edge_14_15_prefill_and_mixed_batch", |gpu, k| {
+            let mut c = uniform_weights_case(KvDtype::Bf16, 2, 1, 2, &[3, 2], None, 5, |b, t| {
+                10.0 * b as f64 + t as f64
+            });
+            c.cu = vec![0, 3, 5];
+            c.max_q_len = 3;
+            let want: Vec<_> = [0.0, 0.5, 1.0, 10.0, 10.5]
+                .into_iter()
+                .enumerate()
+                .map(|(r, x)| (r, 0, 0, x))
+                .collect();
+            expect(gpu, k, &c, &want)?;
+            let mut c = uniform_weights_case(KvDtype::Bf16, 2, 1, 4, &[5, 8], None, 3, |b, t| {
+                10.0 * b as f64 + t as f64
+            });
+            c.cu = vec![0, 2, 3];
+            c.max_q_len = 2;
+            expect(
+                gpu,
+                k,
+                &c,
+                &[(0, 0, 0, 1.5), (1, 0, 0, 2.0), (2, 0, 0, 13.5)],
+            )
+        }),
+        named("edge_20_to_27_worked_examples", |gpu, k| {
+            let c = to_ragged(worked_example(2, 2, Some(2), None, 1.0));
+            expect(
+                gpu,
+                k,
+                &c,
+                &[
+                    (0, 0, 0, 1.239970),
+                    (0, 0, 1, 0.454335),
+                    (0, 1, 0, 0.584092),
+                    (1, 0, 0, 1.606178),
+                    (1, 1, 1, 0.381788),
+                ],
+            )?;
+            let c = to_ragged(worked_example(2, 1, Some(100), None, 1.0));
+            expect(gpu, k, &c, &[(0, 0, 0, 1.249626), (0, 1, 0, 1.144450)])?;
+            let c = to_ragged(worked_example(2, 2, Some(0), None, 1.0));
+            expect(
+                gpu,
+                k,
+                &c,
+                &[(0, 0, 0, 0.0), (0, 0, 1, 2.0), (1, 0, 0, 1.0)],
+            )?;
+            let c = to_ragged(worked_example(2, 1, None, Some(vec![0.5, -1.0]), 1.0));
+            expect(gpu, k, &c, &[(0, 0, 0, 1.092908), (0, 1, 1, 0.415891)])?;
+            let c = to_ragged(worked_example(2, 1, None, None, 2.0));
+            expect(gpu, k, &c, &[(0, 0, 0, 2.499252), (0, 0, 1, 0.611312)])?;
+            // 23: prefix 4 + 2, W = 1 → {3,4}, {4,5}.
+            let mut c = ctx_uniform(KvDtype::Bf16, 2, 4, 6, 2, |t| t as f64);
+            c.window = Some(1);
+            expect(gpu, k, &c, &[(0, 0, 0, 3.5), (1, 0, 0, 4.5)])?;
+            // 27: Hq 8, Hkv 2: heads 0–3 read KV head 0, 4–7 KV head 1.
+            let mut c = Case::new(KvDtype::Bf16, 64, 8, 2, 4, 2, 1, 1, None, 2);
+            c.page_table = vec![1];
+            c.lens = vec![2];
+            c.cu = vec![0, 2];
+            c.max_q_len = 2;
+            for t in 0..2 {
+                c.set_v(4 + t, 0, 0, 1.0 + t as f64);
+                c.set_v(4 + t, 1, 0, 10.0 + t as f64);
+            }
+            let mut want = Vec::new();
+            for h in 0..8 {
+                let base = if h < 4 { 1.0 } else { 10.0 };
+                want.push((0, h, 0, base));
+                want.push((1, h, 0, base + 0.5));
+            }
+            expect(gpu, k, &c, &want)
+        }),
+        named("bad_arguments_are_errors_before_launch", |gpu, k| {
+            let c = ctx_uniform(KvDtype::Bf16, 64, 4, 5, 5, |t| t as f64);
+            let mut bad = c.clone();
+            bad.hq = 17;
+            bad.q = vec![0; bad.num_tokens * 17 * 64];
+            match run_gpu(gpu, k, &bad) {
+                Err(KernelError::Unsupported { .. }) => {}
+                other => return Err(format!("group 17 accepted: {:?}", other.map(|_| ()))),
+            }
+            let mut bad = c.clone();
+            bad.q_dtype = HalfDtype::F16; // f16 q with a bf16 cache
+            match run_gpu(gpu, k, &bad) {
+                Err(KernelError::Unsupported { .. }) => {}
+                other => return Err(format!("mixed dtypes accepted: {:?}", other.map(|_| ()))),
+            }
+            if k.launches() != 0 {
+                return Err("a rejected call launched".into());
+            }
+            Ok(())
+        }),
+    ];
+    run_trials(trials)
+}

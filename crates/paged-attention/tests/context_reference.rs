@@ -1,0 +1,227 @@
+//! CPU tests of the context (prefill / chunked prefill) call: the issue's
+//! "Must pass" examples and edge-cases.md 14, 15, 20–27 on the f64 reference
+//! (ragged layout), context launch geometry, params layout, PTX entry names,
+//! freshness and the register/smem budgets, and the random-case generator's
+//! invariants.
+
+#![allow(clippy::needless_range_loop)]
+
+mod common;
+mod context_common;
+
+use common::*;
+use context_common::*;
+use paged_attention::{
+    context_block_rows, context_entry_name, context_launch_config, context_smem_bytes,
+    context_variants, ContextParams, HalfDtype, KvDtype, CONTEXT_PTX,
+};
+use proptest::prelude::*;
+
+fn close(got: f64, want: f64, tol: f64) {
+    assert!((got - want).abs() <= tol, "got {got}, want {want}");
+}
+
+/// Plain prefill L = 5, all new: row j = mean(0..=j).
+#[test]
+fn must_pass_plain_prefill() {
+    let c = ctx_uniform(KvDtype::Bf16, 1, 4, 5, 5, |t| t as f64);
+    let r = c.reference();
+    for j in 0..5 {
+        close(r.out[j], j as f64 / 2.0, 1e-12);
+    }
+    assert!(r.errors.is_clean());
+}
+
+/// L = 5, 2 new, W = 2 → {1,2,3} → 2.0, {2,3,4} → 3.0; W = 0 → 3.0, 4.0;
+/// W = 100 → as no window (1.5, 2.0).
+#[test]
+fn must_pass_windows() {
+    for (w, want) in [
+        (Some(2), [2.0, 3.0]),
+        (Some(0), [3.0, 4.0]),
+        (Some(100), [1.5, 2.0]),
+        (None, [1.5, 2.0]),
+    ] {
+        let mut c = ctx_uniform(KvDtype::Bf16, 1, 4, 5, 2, |t| t as f64);
+        c.window = w;
+        let r = c.reference();
+        close(r.out[0], want[0], 1e-12);
+        close(r.out[1], want[1], 1e-12);
+    }
+}
+
+/// Chunked prefill: prefix 4 + 2 new, P 4, sink 0 → 10/6 and 15/7.
+#[test]
+fn must_pass_chunked_prefill_sink() {
+    let mut c = ctx_uniform(KvDtype::Bf16, 1, 4, 6, 2, |t| t as f64);
+    c.sinks = Some(vec![0.0]);
+    let r = c.reference();
+    close(r.out[0], 10.0 / 6.0, 1e-12);
+    close(r.out[1], 15.0 / 7.0, 1e-12);
+}
+
+/// cache_seqlens < q_len: rows that see no key output zeros.
+#[test]
+fn must_pass_fewer_keys_than_rows() {
+    let c = ctx_uniform(KvDtype::Bf16, 1, 4, 1, 3, |t| t as f64 + 1.0);
+    let r = c.reference();
+    assert_eq!(&r.out[..3], &[0.0, 0.0, 1.0]);
+    assert!(r.written.iter().all(|&w| w));
+}
+
+/// Edge case 14: plain prefill, seq_lens [3, 2] (cu_q = cu_k = [0, 3, 5]).
+#[test]
+fn edge_14_plain_prefill_batch() {
+    let mut c = uniform_weights_case(KvDtype::Bf16, 1, 1, 2, &[3, 2], None, 5, |b, t| {
+        10.0 * b as f64 + t as f64
+    });
+    c.cu = vec![0, 3, 5];
+    c.max_q_len = 3;
+    let r = c.reference();
+    for (row, want) in [0.0, 0.5, 1.0, 10.0, 10.5].into_iter().enumerate() {
+        close(r.out[row], want, 1e-12);
+    }
+}
+
+/// Edge case 15: MIXED batch, A prefix 3 + 2 (rows at 3, 4), B prefix 7 + 1 (row at 7).
+#[test]
+fn edge_15_mixed_batch() {
+    let mut c = uniform_weights_case(KvDtype::Bf16, 1, 1, 4, &[5, 8], None, 3, |b, t| {
+        10.0 * b as f64 + t as f64
+    });
+    c.cu = vec![0, 2, 3];
+    c.max_q_len = 2;
+    let r = c.reference();
+    for (row, want) in [1.5, 2.0, 13.5].into_iter().enumerate() {
+        close(r.out[row], want, 1e-12);
+    }
+}
+
+/// Edge cases 20, 21, 25, 26 (attention.md §11) in the ragged layout.
+#[test]
+fn edge_20_to_26_worked_examples() {
+    let c = to_ragged(worked_example(2, 2, Some(2), None, 1.0));
+    let r = c.reference();
+    close(c.at(&r.out, 0, 0, 0), 1.239970, 1e-6);
+    close(c.at(&r.out, 0, 0, 1), 0.454335, 1e-6);
+    close(c.at(&r.out, 1, 0, 0), 1.606178, 1e-6);
+    close(c.at(&r.out, 1, 1, 0), 1.618212, 1e-6);
+    let c = to_ragged(worked_example(2, 1, Some(100), None, 1.0));
+    close(c.reference().out[0], 1.249626, 1e-6);
+    let c = to_ragged(worked_example(2, 1, None, Some(vec![0.5, -1.0]), 1.0));
+    let r = c.reference();
+    close(c.at(&r.out, 0, 0, 0), 1.092908, 1e-6);
+    close(c.at(&r.out, 0, 1, 1), 0.415891, 1e-6);
+    let c = to_ragged(worked_example(2, 1, None, None, 2.0));
+    close(c.reference().out[0], 2.499252, 1e-6);
+}
+
+/// Edge case 23: prefix 4 + 2, W = 1 → rows see {3,4} and {4,5}.
+#[test]
+fn edge_23_chunked_prefill_window() {
+    let mut c = ctx_uniform(KvDtype::Bf16, 1, 4, 6, 2, |t| t as f64);
+    c.window = Some(1);
+    let r = c.reference();
+    close(r.out[0], 3.5, 1e-12);
+    close(r.out[1], 4.5, 1e-12);
+}
+
+#[test]
+fn context_params_layout_matches_cuda() {
+    use std::mem::{offset_of, size_of};
+    assert_eq!(size_of::<ContextParams>(), 216);
+    assert_eq!(offset_of!(ContextParams, errors), 64);
+    assert_eq!(offset_of!(ContextParams, q_stride_tok), 72);
+    assert_eq!(offset_of!(ContextParams, page_table_stride), 152);
+    assert_eq!(offset_of!(ContextParams, bs), 160);
+    assert_eq!(offset_of!(ContextParams, max_q_len), 192);
+    assert_eq!(offset_of!(ContextParams, window_left), 200);
+    assert_eq!(offset_of!(ContextParams, scale_log2), 204);
+    assert_eq!(offset_of!(ContextParams, pad_), 212);
+    assert!(CONTEXT_PTX
+        .ptx
+        .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[216]"));
+}
+
+#[test]
+fn context_ptx_has_every_entry() {
+    let v = context_variants();
+    assert_eq!(v.len(), 12);
+    for (q, kv, d) in v {
+        let name = context_entry_name(q, kv, d);
+        assert!(CONTEXT_PTX.has_entry(&name), "{name} missing from the PTX");
+    }
+    assert!(!context_variants().contains(&(HalfDtype::Bf16, KvDtype::F16, 128)));
+}
+
+#[test]
+fn committed_context_ptx_is_fresh() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let kernel =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/paged_attention_context.cu");
+    kernel_rt::ptxhash::check_fresh(&root, &kernel, CONTEXT_PTX.ptx).unwrap();
+}
+
+/// Occupancy plan: D 64 → 3 CTAs/SM, D 128 → 2, D 256 → 1 (228 KB per SM,
+/// 1 KB reserved per CTA).
+#[test]
+fn context_smem_fits_the_sm90_budget() {
+    for (d, ctas) in [(64, 3), (128, 2), (256, 1)] {
+        for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
+            let b = context_smem_bytes(d, kv);
+            assert!(ctas * (b + 1024) <= 228 * 1024, "D {d} {kv:?}: {b} B");
+        }
+    }
+    assert_eq!(
+        context_smem_bytes(128, KvDtype::Bf16),
+        3 * 64 * 256 * 2 + 3 * 4 * 4
+    );
+    assert_eq!(context_block_rows(128), 64);
+    assert_eq!(context_block_rows(256), 128);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Geometry: grid (Hkv, bs, q_tiles) covers max_q_len·G rows in tiles of BM.
+    #[test]
+    fn context_launch_config_properties(bs in 1usize..600, hkv in 1usize..9, g in 1usize..17,
+                                        max_q in 1usize..40_000, di in 0usize..3) {
+        let d = [64, 128, 256][di];
+        let (tiles, cfg) = context_launch_config(bs, hkv, g, max_q, d, KvDtype::Bf16).unwrap();
+        let bm = context_block_rows(d);
+        prop_assert_eq!(cfg.grid_dim, (hkv as u32, bs as u32, tiles as u32));
+        prop_assert!(tiles * bm >= max_q * g && (tiles - 1) * bm < max_q * g);
+        prop_assert_eq!(cfg.block_dim.0 as usize, 2 * bm);
+        prop_assert_eq!(cfg.shared_mem_bytes as usize, context_smem_bytes(d, KvDtype::Bf16));
+    }
+
+    /// Reference, ragged prefill with a prefix: with K = 0 the output is the
+    /// mean of V over each row's visible set.
+    #[test]
+    fn context_uniform_weights_give_window_means(prefix in 0i32..60, n in 1usize..40,
+                                                 w in prop::option::of(0u32..50), p in 1usize..9) {
+        let len = prefix + n as i32;
+        let mut c = ctx_uniform(KvDtype::Bf16, 1, p, len, n, |t| t as f64);
+        c.window = w;
+        let r = c.reference();
+        for j in 0..n {
+            let x = prefix as i64 + j as i64;
+            let lo = w.map_or(0, |w| (x - w as i64).max(0));
+            let want = (lo + x) as f64 / 2.0;
+            prop_assert!((r.out[j] - want).abs() < 1e-9, "row {} got {} want {}", j, r.out[j], want);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// The generator only poisons keys no processed row may see.
+    #[test]
+    fn context_random_cases_poison_only_invisible_keys(seed in any::<u64>()) {
+        let c = context_random_case(seed, 2.0e6);
+        prop_assert!(visible_keys_are_finite(&c).is_ok(), "seed {seed}: {:?}", visible_keys_are_finite(&c));
+        prop_assert!(c.uniform.is_none());
+    }
+}
