@@ -96,7 +96,9 @@ fn built_artifacts(root: &Path, args: &[&str]) -> Result<Vec<Artifact>> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
         let (dir, name) = match kind {
-            "test" if target == "gpu" => ("tests", format!("{krate}-{target}")),
+            "test" if target == "gpu" || target.ends_with("_gpu") => {
+                ("tests", format!("{krate}-{target}"))
+            }
             "bench" => ("benches", format!("{krate}-{target}")),
             "bin" if target.starts_with("mha-") => ("bin", target.to_string()),
             "example" => ("bin", target.to_string()),
@@ -125,8 +127,7 @@ pub fn build(root: &Path, out: &Path) -> Result<()> {
             "--release",
             "--workspace",
             "--no-run",
-            "--test",
-            "gpu",
+            "--tests",
             "--message-format=json-render-diagnostics",
         ],
     )?;
