@@ -1,0 +1,119 @@
+//! `mha-replay`: replay a production LLM serving trace through the mha-kit
+//! backend and report speed and accuracy. See the crate docs and `--help`.
+//!
+//! Exit codes: 0 success; 1 mismatches or device errors; 2 any other error
+//! (bad flag, bad trace, backend error, output file).
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use mha_replay::{engine_for, plot, replay, Args, ReplayError, Report, Setup};
+
+fn write_json(path: &std::path::Path, report: &Report) -> Result<(), ReplayError> {
+    let text = serde_json::to_string_pretty(report).map_err(|e| ReplayError::Output {
+        what: "JSON report",
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    })?;
+    std::fs::write(path, text + "\n").map_err(|e| ReplayError::Output {
+        what: "JSON report",
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    })
+}
+
+fn real_main() -> Result<Report, ReplayError> {
+    let args = Args::parse();
+    let setup = Setup::from_args(&args)?;
+    let mut engine = engine_for(&setup);
+    let info = engine.info();
+    println!(
+        "mha-replay: device {} ({} executor{})",
+        info.executor,
+        info.executor,
+        setup
+            .device_notes
+            .iter()
+            .map(|n| format!("; {n}"))
+            .collect::<String>()
+    );
+    let caps: Vec<String> = [
+        setup
+            .max_context
+            .map(|c| format!("prompts capped at {c} tokens (--max-context)")),
+        setup
+            .max_output
+            .map(|c| format!("outputs capped at {c} tokens (--max-output)")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    println!(
+        "mha-replay: {} requests of {}, model {} ({} layers){}",
+        setup.jobs.len(),
+        setup.trace_name,
+        setup.model.name,
+        setup.model.layers.len(),
+        if caps.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", caps.join(", "))
+        }
+    );
+    let bar = ProgressBar::with_draw_target(
+        Some(setup.jobs.len() as u64),
+        if std::io::stderr().is_terminal() {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        },
+    );
+    if let Ok(style) =
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} requests  {msg}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    let report = replay::run(&setup, engine.as_mut(), &bar);
+    bar.finish_and_clear();
+    let report = report?;
+    println!("\n{}", report.table());
+    if let Some(p) = &setup.json {
+        write_json(p, &report)?;
+        println!("JSON report written to {}", p.display());
+    }
+    if let Some(p) = &setup.plot {
+        plot::write_png(p, &report.by_batch_size, &report.config.time_domain)?;
+        println!(
+            "plot written to {} (left: mean step time, ms; right: KV bandwidth, GB/s; x: batch size; blue: decode/verify passes, orange: extend/mixed passes; {} points)",
+            p.display(),
+            report.by_batch_size.len()
+        );
+    }
+    Ok(report)
+}
+
+fn main() -> ExitCode {
+    match real_main() {
+        Ok(r) if r.passed() => ExitCode::SUCCESS,
+        Ok(r) => {
+            eprintln!(
+                "mha-replay: FAILED: {} mismatched (call, request) pairs ({} elements), {} device errors{}",
+                r.check.mismatched_pairs,
+                r.check.mismatched_elements,
+                r.device_errors.count,
+                r.check
+                    .first_mismatch
+                    .as_ref()
+                    .map(|m| format!("; first: {m}"))
+                    .unwrap_or_default()
+            );
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("mha-replay: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

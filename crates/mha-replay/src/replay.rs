@@ -1,0 +1,553 @@
+//! The replay loop: scheduler → passes → engine → checker → report.
+//!
+//! Without speculation each scheduler step is one target pass: EXTEND
+//! (prefill chunks only), MIXED (chunks + decodes) or DECODE. With
+//! `--spec-steps S` (`N = S + 1` tokens verified) a step is an EXTEND of
+//! the prefill chunks (target, then the draft model over the same chunks)
+//! and a speculative iteration over the decoding requests, each holding
+//! `L` tokens:
+//!
+//! 1. `N` slots allocated per request (target and draft pools mirror);
+//! 2. `S − 1` draft decode passes (multi-step draft backend, step `s`
+//!    writes position `L + s`, attends `L + s + 1` keys);
+//! 3. TARGET_VERIFY of `n_i = min(N, tokens still to generate)` rows per
+//!    request (ragged `verify_lens` when some `n_i < N`, else uniform);
+//! 4. DRAFT_EXTEND_V2 of the `N` tokens on the draft model;
+//! 5. acceptance drawn from the seed (each draft token accepted with
+//!    probability 0.75 until the first rejection, at most `n_i − 1`), plus
+//!    the bonus token: `c_i` tokens committed, both pools truncated to `L + c_i`.
+
+use std::time::Instant;
+
+use indicatif::ProgressBar;
+use mha_backend::{ForwardBatch, KvCacheDtype, LayerConfig, MhaBackend, MultiStepDraftBackend};
+
+use crate::check::Checker;
+use crate::config::Setup;
+use crate::engine::Engine;
+use crate::error::{ReplayError, Result};
+use crate::gen::{unit_hash, Generator, ModelId};
+use crate::pass::{part_work, Part, Pass, PassKind};
+use crate::report::{DeviceErrorsReport, PassRecord, Recorder, Report, RunConfig, Workload};
+use crate::sched::{KvPools, Scheduler};
+
+/// Probability that a draft token is accepted (given the previous one was).
+pub const ACCEPT_PROB: f64 = 0.75;
+
+/// The draft model's backend.
+#[derive(Debug)]
+enum Draft {
+    /// `S = 1`: no draft decode step, one backend.
+    Single(Box<MhaBackend>),
+    /// `S ≥ 2`: the multi-step draft backend (its step 0 also runs the
+    /// draft's extend passes: they share one state).
+    Multi(MultiStepDraftBackend),
+}
+
+impl Draft {
+    fn main(&mut self) -> Result<&mut MhaBackend> {
+        match self {
+            Self::Single(b) => Ok(b),
+            Self::Multi(m) => m.step_mut(0).ok_or_else(|| {
+                ReplayError::Internal("multi-step draft backend without step 0".into())
+            }),
+        }
+    }
+}
+
+/// The target backend and, with speculation, the draft backend; pool
+/// operations are mirrored so both hold the same rows and slots.
+#[derive(Debug)]
+struct Models {
+    target: MhaBackend,
+    draft: Option<Draft>,
+}
+
+fn same<T: PartialEq + std::fmt::Debug>(a: T, b: T, what: &str) -> Result<T> {
+    if a == b {
+        Ok(a)
+    } else {
+        Err(ReplayError::Internal(format!(
+            "target and draft pools diverged on {what}: {a:?} vs {b:?}"
+        )))
+    }
+}
+
+impl KvPools for Models {
+    fn alloc_request(&mut self) -> Result<usize> {
+        let t = self.target.alloc_request()?;
+        match &mut self.draft {
+            Some(d) => same(t, d.main()?.alloc_request()?, "alloc_request"),
+            None => Ok(t),
+        }
+    }
+
+    fn alloc_tokens(&mut self, grow: &[(usize, usize)]) -> Result<Vec<i64>> {
+        let t = self.target.alloc_tokens(grow)?;
+        match &mut self.draft {
+            Some(d) => same(t, d.main()?.alloc_tokens(grow)?, "alloc_tokens"),
+            None => Ok(t),
+        }
+    }
+
+    fn truncate(&mut self, row: usize, len: usize) -> Result<()> {
+        self.target.truncate_request(row, len)?;
+        if let Some(d) = &mut self.draft {
+            d.main()?.truncate_request(row, len)?;
+        }
+        Ok(())
+    }
+
+    fn free_request(&mut self, row: usize) -> Result<()> {
+        self.target.free_request(row)?;
+        if let Some(d) = &mut self.draft {
+            d.main()?.free_request(row)?;
+        }
+        Ok(())
+    }
+
+    fn free_pages(&self) -> usize {
+        self.target.with_pools(|p| p.free_pages())
+    }
+}
+
+/// Runs passes through the engine, checks samples, records.
+struct Runner<'a> {
+    engine: &'a mut dyn Engine,
+    checker: Checker,
+    rec: Recorder,
+    seed: u64,
+    fraction: f64,
+    kv_elem: f64,
+    salt: u64,
+    target_layers: Vec<LayerConfig>,
+    draft_layers: Vec<LayerConfig>,
+    progress: &'a ProgressBar,
+}
+
+impl Runner<'_> {
+    fn next_salt(&mut self) -> u64 {
+        self.salt += 1;
+        self.salt
+    }
+
+    fn exec(
+        &mut self,
+        backend: &mut MhaBackend,
+        pass: &Pass,
+        metadata_ready: bool,
+        extra_metadata_s: f64,
+    ) -> Result<()> {
+        let layers = match pass.model {
+            ModelId::Target => &self.target_layers,
+            ModelId::Draft => &self.draft_layers,
+        };
+        let mut sample = Vec::new();
+        if self.fraction > 0.0 {
+            for li in 0..layers.len() {
+                for pi in 0..pass.parts.len() {
+                    let u = unit_hash(self.seed, &[0x5A, pass.salt, li as u64, pi as u64]);
+                    if u < self.fraction {
+                        sample.push((li, pi));
+                    }
+                }
+            }
+        }
+        let out = self
+            .engine
+            .run_pass(backend, pass, layers, metadata_ready, &sample)?;
+        let t = Instant::now();
+        for s in &out.sampled {
+            self.checker.check(pass, s.layer, s.part, &s.rows);
+        }
+        self.rec.check_s += t.elapsed().as_secs_f64();
+        self.rec.generate_s += out.generate_s;
+        let (mut kv_bytes, mut flops) = (0.0, 0.0);
+        for l in layers {
+            for p in &pass.parts {
+                let (tokens, f) = part_work(p, l);
+                kv_bytes += (tokens * l.num_kv_heads * l.head_dim * 2) as f64 * self.kv_elem;
+                flops += f;
+            }
+        }
+        self.rec.passes.push(PassRecord {
+            kind: pass.kind,
+            batch_size: pass.batch_size(),
+            rows: pass.rows(),
+            metadata_s: out.metadata_s + extra_metadata_s,
+            attention_s: out.attention_s,
+            kv_bytes,
+            flops,
+            graph: out.graph,
+        });
+        self.progress.set_message(format!(
+            "{} bs {} · {} passes",
+            pass.kind.name(),
+            pass.batch_size(),
+            self.rec.passes.len()
+        ));
+        Ok(())
+    }
+}
+
+/// Replays `setup` on `engine`; `progress` counts finished requests.
+///
+/// # Errors
+/// Backend errors, [`ReplayError::Internal`]. Mismatches are not errors:
+/// they are in the report ([`Report::passed`]).
+pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Result<Report> {
+    let wall = Instant::now();
+    let info = engine.info();
+    let ceiling = engine.copy_ceiling_gbps();
+    let gen = Generator::new(setup.seed);
+    let device = match setup.executor {
+        crate::config::ExecutorChoice::Cpu => mha_backend::Device::Cpu,
+    };
+    let target = MhaBackend::new(setup.target_config(), device)?;
+    let draft = match setup.draft_config() {
+        None => None,
+        Some(c) if setup.spec_steps == 1 => {
+            Some(Draft::Single(Box::new(MhaBackend::new(c, device)?)))
+        }
+        Some(c) => Some(Draft::Multi(MultiStepDraftBackend::new(c, device)?)),
+    };
+    let mut models = Models { target, draft };
+    let mut sched = Scheduler::new(setup.sched_config(), setup.jobs.clone())?;
+    let mut run = Runner {
+        engine,
+        checker: Checker::new(
+            gen,
+            setup.seed,
+            setup.kv_dtype,
+            setup.model.layers.clone(),
+            setup.draft_layers(),
+        ),
+        rec: Recorder::default(),
+        seed: setup.seed,
+        fraction: setup.check_fraction,
+        kv_elem: if setup.kv_dtype == KvCacheDtype::Fp8E4m3 {
+            1.0
+        } else {
+            2.0
+        },
+        salt: 0,
+        target_layers: setup.model.layers.clone(),
+        draft_layers: setup.draft_layers(),
+        progress,
+    };
+    progress.set_length(setup.jobs.len() as u64);
+    let n_spec = setup.spec_tokens();
+    let mut generated: u64 = 0;
+    let mut prefilled: u64 = 0;
+
+    while !sched.is_done() {
+        sched.admit(&mut models)?;
+        let tick = sched.plan();
+        if tick.prefill.is_empty() && tick.decode.is_empty() {
+            return Err(ReplayError::Internal(
+                "a scheduler step with no work".into(),
+            ));
+        }
+        run.rec.scheduler_steps += 1;
+        let spec = n_spec > 0;
+        // Prefill chunks (and, without speculation, the decodes) in one pass.
+        let decode_in_pass: &[usize] = if spec { &[] } else { &tick.decode };
+        if !tick.prefill.is_empty() || !decode_in_pass.is_empty() {
+            let mut grow = Vec::new();
+            let mut parts = Vec::new();
+            let (mut prefix, mut extend) = (Vec::new(), Vec::new());
+            let mut row_start = 0;
+            let entries = tick
+                .prefill
+                .iter()
+                .map(|c| (c.idx, c.len))
+                .chain(decode_in_pass.iter().map(|&i| (i, 1)));
+            for (idx, len) in entries {
+                let r = &sched.running()[idx];
+                grow.push((r.row, len));
+                prefix.push(r.kv_len as i32);
+                extend.push(len as i32);
+                parts.push(Part {
+                    req: r.job.id,
+                    row_start,
+                    n: len,
+                    kv_len: r.kv_len + len,
+                });
+                row_start += len;
+            }
+            let rows: Vec<i64> = grow.iter().map(|g| g.0 as i64).collect();
+            let locs = models.alloc_tokens(&grow)?;
+            let (kind, batch) = if tick.prefill.is_empty() {
+                let seq = parts.iter().map(|p| p.kv_len as i64).collect();
+                (PassKind::Decode, ForwardBatch::decode(rows, seq, locs))
+            } else {
+                let mixed = !decode_in_pass.is_empty();
+                (
+                    if mixed {
+                        PassKind::Mixed
+                    } else {
+                        PassKind::Extend
+                    },
+                    ForwardBatch::extend(rows, prefix, extend, locs, mixed),
+                )
+            };
+            let pass = Pass {
+                kind,
+                model: ModelId::Target,
+                batch,
+                parts,
+                salt: run.next_salt(),
+            };
+            run.exec(&mut models.target, &pass, false, 0.0)?;
+            if let Some(d) = &mut models.draft {
+                let dp = Pass {
+                    kind: PassKind::DraftExtend,
+                    model: ModelId::Draft,
+                    salt: run.next_salt(),
+                    ..pass
+                };
+                run.exec(d.main()?, &dp, false, 0.0)?;
+            }
+            for c in &tick.prefill {
+                sched.prefilled(*c);
+                prefilled += c.len as u64;
+                if sched.running()[c.idx].decoding() {
+                    generated += 1;
+                }
+            }
+            for &i in decode_in_pass {
+                sched.decoded(i, 1);
+                generated += 1;
+            }
+        }
+        if spec && !tick.decode.is_empty() {
+            generated += speculate(setup, &mut sched, &mut models, &mut run, &tick.decode)?;
+        }
+        if setup.model.hybrid {
+            for r in sched.running() {
+                if r.kv_len > 0 {
+                    models.target.evict_swa(r.row, r.kv_len)?;
+                }
+            }
+        }
+        let done = sched.retire(&mut models)?;
+        progress.inc(done.len() as u64);
+    }
+
+    let (modes, by_batch_size, mut totals) = run.rec.summarise(ceiling);
+    totals.wall_s = wall.elapsed().as_secs_f64();
+    let errs = models.target.device_errors();
+    let derr = match &mut models.draft {
+        Some(d) => d.main()?.device_errors(),
+        None => kernel_rt::ErrorReport::default(),
+    };
+    let l0 = &setup.model.layers[0];
+    let report = Report {
+        config: RunConfig {
+            executor: info.executor,
+            device_notes: setup.device_notes.clone(),
+            time_domain: info.time_domain.into(),
+            model: setup.model.name.into(),
+            layers: setup.model.layers.len(),
+            heads: format!("{}/{}/{}", l0.num_q_heads, l0.num_kv_heads, l0.head_dim),
+            swa_layers: setup
+                .model
+                .layers
+                .iter()
+                .filter(|l| l.window_left.is_some())
+                .count(),
+            kv_dtype: match setup.kv_dtype {
+                KvCacheDtype::Fp8E4m3 => "fp8 (e4m3)".into(),
+                _ => "bf16".into(),
+            },
+            page_size: setup.page_size,
+            kv_pages: setup.kv_pages,
+            max_batch: setup.max_batch,
+            prefill_chunk: setup.prefill_chunk,
+            spec_steps: setup.spec_steps,
+            cuda_graphs: if info.graphs_applicable {
+                if setup.cuda_graphs { "on" } else { "off" }.into()
+            } else {
+                format!(
+                    "n/a on the {} executor (--cuda-graphs {} accepted)",
+                    setup_executor_name(setup),
+                    if setup.cuda_graphs { "on" } else { "off" }
+                )
+            },
+            seed: setup.seed,
+            check_fraction: setup.check_fraction,
+        },
+        workload: Workload {
+            trace: setup.trace_name.clone(),
+            trace_requests: setup.trace_requests,
+            requests: setup.jobs.len(),
+            finished: sched.finished().len(),
+            trace_prompt_tokens: setup
+                .slice
+                .iter()
+                .map(|r| u64::from(r.context_tokens))
+                .sum(),
+            trace_generated_tokens: setup
+                .slice
+                .iter()
+                .map(|r| u64::from(r.generated_tokens))
+                .sum(),
+            prompt_tokens: prefilled,
+            generated_tokens: generated,
+            capped_prompts: setup
+                .slice
+                .iter()
+                .zip(&setup.jobs)
+                .filter(|(r, j)| j.prompt < r.context_tokens as usize)
+                .count(),
+            capped_outputs: setup
+                .slice
+                .iter()
+                .zip(&setup.jobs)
+                .filter(|(r, j)| j.output < r.generated_tokens as usize)
+                .count(),
+            max_context: setup.max_context,
+            max_output: setup.max_output,
+        },
+        modes,
+        totals,
+        check: run.checker.stats.clone(),
+        device_errors: DeviceErrorsReport {
+            count: errs.count.saturating_add(derr.count),
+            flags: errs.flags | derr.flags,
+        },
+        by_batch_size,
+    };
+    Ok(report)
+}
+
+fn setup_executor_name(setup: &Setup) -> &'static str {
+    match setup.executor {
+        crate::config::ExecutorChoice::Cpu => "CPU",
+    }
+}
+
+/// One speculative iteration over the decoding requests `dec`; returns the
+/// tokens committed.
+fn speculate(
+    setup: &Setup,
+    sched: &mut Scheduler,
+    models: &mut Models,
+    run: &mut Runner<'_>,
+    dec: &[usize],
+) -> Result<u64> {
+    let n = setup.spec_tokens();
+    let s_steps = setup.spec_steps;
+    let rows: Vec<i64> = dec.iter().map(|&i| sched.running()[i].row as i64).collect();
+    let lens: Vec<usize> = dec.iter().map(|&i| sched.running()[i].kv_len).collect();
+    let ids: Vec<usize> = dec.iter().map(|&i| sched.running()[i].job.id).collect();
+    let grow: Vec<(usize, usize)> = rows.iter().map(|&r| (r as usize, n)).collect();
+    let locs = models.alloc_tokens(&grow)?;
+    let seq: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
+    let bs = dec.len();
+
+    // 2. Draft decode steps 0..S−1 (S − 1 passes).
+    if let Some(Draft::Multi(m)) = &mut models.draft {
+        let step_locs = |s: usize| (0..bs).map(|i| locs[i * n + s]).collect::<Vec<i64>>();
+        let base = ForwardBatch::draft_decode(rows.clone(), seq.clone(), step_locs(0), None);
+        let t = Instant::now();
+        m.init_forward_metadata(&base)?;
+        let meta_s = t.elapsed().as_secs_f64();
+        for s in 0..s_steps - 1 {
+            let batch = ForwardBatch {
+                out_cache_loc: step_locs(s),
+                ..base.clone()
+            };
+            let parts = (0..bs)
+                .map(|i| Part {
+                    req: ids[i],
+                    row_start: i,
+                    n: 1,
+                    kv_len: lens[i] + s + 1,
+                })
+                .collect();
+            let pass = Pass {
+                kind: PassKind::DraftDecode,
+                model: ModelId::Draft,
+                batch,
+                parts,
+                salt: run.next_salt(),
+            };
+            let b = m.step_mut(s).ok_or_else(|| {
+                ReplayError::Internal(format!("multi-step draft backend without step {s}"))
+            })?;
+            run.exec(b, &pass, true, if s == 0 { meta_s } else { 0.0 })?;
+        }
+    }
+
+    // 3. Target verify, n_i rows per request.
+    let n_i: Vec<usize> = dec
+        .iter()
+        .map(|&i| sched.running()[i].remaining().min(n))
+        .collect();
+    let ragged = n_i.iter().any(|&x| x != n);
+    let mut out = Vec::new();
+    let mut parts = Vec::new();
+    let mut row_start = 0;
+    for i in 0..bs {
+        out.extend_from_slice(&locs[i * n..i * n + n_i[i]]);
+        parts.push(Part {
+            req: ids[i],
+            row_start,
+            n: n_i[i],
+            kv_len: lens[i] + n_i[i],
+        });
+        row_start += n_i[i];
+    }
+    let verify_lens = ragged.then(|| n_i.iter().map(|&x| x as i32).collect());
+    let pass = Pass {
+        kind: if ragged {
+            PassKind::TargetVerifyRagged
+        } else {
+            PassKind::TargetVerify
+        },
+        model: ModelId::Target,
+        batch: ForwardBatch::target_verify(rows.clone(), seq.clone(), out, verify_lens),
+        parts,
+        salt: run.next_salt(),
+    };
+    run.exec(&mut models.target, &pass, false, 0.0)?;
+
+    // 4. Draft extend over the N tokens.
+    if let Some(d) = &mut models.draft {
+        let seq_n: Vec<i64> = lens.iter().map(|&l| (l + n) as i64).collect();
+        let parts = (0..bs)
+            .map(|i| Part {
+                req: ids[i],
+                row_start: i * n,
+                n,
+                kv_len: lens[i] + n,
+            })
+            .collect();
+        let pass = Pass {
+            kind: PassKind::DraftExtendV2,
+            model: ModelId::Draft,
+            batch: ForwardBatch::draft_extend_v2(rows.clone(), seq_n, locs.clone(), n as i32),
+            parts,
+            salt: run.next_salt(),
+        };
+        run.exec(d.main()?, &pass, false, 0.0)?;
+    }
+
+    // 5. Acceptance and commit.
+    let salt = run.salt;
+    let mut committed = 0u64;
+    for (i, &idx) in dec.iter().enumerate() {
+        let mut accepted = 0;
+        while accepted + 1 < n_i[i]
+            && unit_hash(setup.seed, &[0xACC, salt, ids[i] as u64, accepted as u64]) < ACCEPT_PROB
+        {
+            accepted += 1;
+        }
+        let c = accepted + 1;
+        models.truncate(rows[i] as usize, lens[i] + c)?;
+        sched.decoded(idx, c);
+        committed += c as u64;
+    }
+    Ok(committed)
+}

@@ -1,0 +1,201 @@
+//! End-to-end replays on the CPU executor (CI): a 20-request slice of the
+//! embedded conv trace with request and token counts checked against the
+//! CSV itself and 0 mismatches; speculative and hybrid-SWA / FP8 slices;
+//! the binary's exit codes and error messages.
+
+use std::process::Command;
+
+use clap::Parser;
+use mha_replay::{run_args, Args, Report};
+
+/// `(ContextTokens, GeneratedTokens)` of the first `n` rows of the vendored
+/// conv trace, read with a plain split (independent of the crate's parser).
+fn first_rows(n: usize) -> Vec<(u64, u64)> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/azure-llm-2023-conv.csv");
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .skip(1)
+        .take(n)
+        .map(|l| {
+            let f: Vec<&str> = l.trim_end().split(',').collect();
+            (f[1].parse().unwrap(), f[2].parse().unwrap())
+        })
+        .collect()
+}
+
+fn replay(args: &[&str]) -> Report {
+    let mut all = vec!["mha-replay", "--device", "cpu"];
+    all.extend_from_slice(args);
+    run_args(&Args::try_parse_from(all).unwrap()).unwrap()
+}
+
+fn assert_clean(r: &Report) {
+    assert!(r.check.pairs > 0, "nothing was checked");
+    assert_eq!(r.check.mismatched_pairs, 0, "{:?}", r.check.first_mismatch);
+    assert_eq!(r.device_errors.count, 0);
+    assert!(r.passed());
+}
+
+#[test]
+fn twenty_requests_match_the_trace() {
+    let r = replay(&[
+        "--requests",
+        "20",
+        "--check-fraction",
+        "0.25",
+        "--seed",
+        "3",
+    ]);
+    let rows = first_rows(20);
+    let w = &r.workload;
+    assert_eq!((w.requests, w.finished, w.trace_requests), (20, 20, 19_366));
+    assert_eq!(w.trace_prompt_tokens, rows.iter().map(|r| r.0).sum::<u64>());
+    assert_eq!(
+        w.trace_generated_tokens,
+        rows.iter().map(|r| r.1).sum::<u64>()
+    );
+    // CPU defaults cap prompts at 192 and outputs at 32 tokens.
+    assert_eq!((w.max_context, w.max_output), (Some(192), Some(32)));
+    assert_eq!(
+        w.prompt_tokens,
+        rows.iter().map(|r| r.0.min(192)).sum::<u64>()
+    );
+    assert_eq!(
+        w.generated_tokens,
+        rows.iter().map(|r| r.1.min(32)).sum::<u64>()
+    );
+    assert_eq!(w.capped_prompts, rows.iter().filter(|r| r.0 > 192).count());
+    // Every mode the scheduler produced is in the report; tokens add up:
+    // prompt tokens are prefilled once, every generated token but the
+    // first of each request is a decode row.
+    let rows_of = |m: &str| r.modes.iter().find(|x| x.mode == m).map_or(0, |x| x.rows);
+    assert_eq!(
+        rows_of("extend") + rows_of("mixed") + rows_of("decode"),
+        w.prompt_tokens + w.generated_tokens - 20
+    );
+    assert!(r.totals.kv_bytes_read > 0.0 && r.totals.step_p99_ms >= r.totals.step_p50_ms);
+    assert_clean(&r);
+}
+
+#[test]
+fn speculative_replay_is_exact() {
+    let r = replay(&[
+        "--requests",
+        "10",
+        "--spec-steps",
+        "3",
+        "--check-fraction",
+        "0.3",
+        "--max-output",
+        "24",
+    ]);
+    let rows = first_rows(10);
+    assert_eq!(
+        r.workload.generated_tokens,
+        rows.iter().map(|r| r.1.min(24)).sum::<u64>()
+    );
+    for m in [
+        "target_verify",
+        "draft_decode",
+        "draft_extend_v2",
+        "draft_extend",
+    ] {
+        assert!(r.modes.iter().any(|x| x.mode == m), "mode {m} missing");
+    }
+    assert_clean(&r);
+}
+
+#[test]
+fn hybrid_swa_fp8_replay_is_exact() {
+    // Prompts longer than the 127-token window, pages of 7 tokens.
+    let r = replay(&[
+        "--model",
+        "gpt-oss-20b",
+        "--layers",
+        "2",
+        "--kv-dtype",
+        "fp8",
+        "--requests",
+        "4",
+        "--max-context",
+        "150",
+        "--max-output",
+        "6",
+        "--page-size",
+        "7",
+        "--prefill-chunk",
+        "64",
+        "--check-fraction",
+        "0.5",
+    ]);
+    assert_eq!(r.config.swa_layers, 1);
+    assert_clean(&r);
+}
+
+fn bin(args: &[&str], dir: &std::path::Path) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mha-replay"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn binary_errors_name_the_flag_or_line() {
+    let dir = std::env::temp_dir().join(format!("mha-replay-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.csv");
+    std::fs::write(
+        &bad,
+        "TIMESTAMP,ContextTokens,GeneratedTokens\r\n1,10,2\r\n2,x,2",
+    )
+    .unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--page-size", "0"], "--page-size"),
+        (vec!["--spec-steps", "16"], "--spec-steps"),
+        (vec!["--check-fraction", "1.5"], "--check-fraction"),
+        (vec!["--device", "tpu"], "--device"),
+        (vec!["--device", "cuda:0"], "--device"),
+        (vec!["--requests", "20000"], "--requests"),
+        (vec!["--kv-pages", "3"], "--kv-pages"),
+        (vec!["--max-batch", "0"], "--max-batch"),
+        (vec!["--trace", bad.to_str().unwrap()], "bad.csv:3:"),
+        (vec!["--trace", "/no/such/trace.csv"], "/no/such/trace.csv"),
+    ];
+    for (args, want) in cases {
+        let (code, _, err) = bin(&args, &dir);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // A small run writes the table, the JSON and the PNG, exit 0.
+    let (code, out, err) = bin(
+        &[
+            "--requests",
+            "5",
+            "--json",
+            "r.json",
+            "--plot",
+            "r.png",
+            "--max-context",
+            "64",
+        ],
+        &dir,
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("device cpu") && out.contains("| mismatches | 0 pairs"),
+        "{out}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).unwrap()).unwrap();
+    assert_eq!(json["workload"]["requests"], 5);
+    assert_eq!(json["check"]["mismatched_pairs"], 0);
+    assert_eq!(&std::fs::read(dir.join("r.png")).unwrap()[1..4], b"PNG");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
