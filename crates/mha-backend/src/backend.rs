@@ -6,10 +6,13 @@ use kernel_rt::ErrorReport;
 
 use crate::batch::ForwardBatch;
 use crate::config::BackendConfig;
+use crate::cuda::CudaExecutor;
 use crate::error::{batch_err, BackendError, Result};
 use crate::executor::{
-    CpuExecutor, Device, Executor, ExecutorKind, KvSnapshot, LayerPlan, Tensor, TensorRef,
+    CpuExecutor, Device, DeviceMetadata, Executor, ExecutorKind, KvLoc, KvSnapshot, LayerPlan,
+    Tensor, TensorRef,
 };
+use crate::graph::{GraphKey, GraphKind};
 use crate::metadata::{self, ForwardMetadata};
 use crate::pools::Pools;
 
@@ -65,14 +68,32 @@ impl Core {
                 }
             })
             .collect();
-        let executor: Box<dyn Executor> = match device {
-            // Documented: Auto is the CPU executor until the CUDA executor exists.
-            Device::Auto | Device::Cpu => Box::new(CpuExecutor::new(
+        let gpu = match device {
+            Device::Cpu => None,
+            Device::Auto if !kernel_rt::gpu_available() => None,
+            Device::Auto => Some(kernel_rt::Gpu::shared()?),
+            Device::Cuda(ordinal) => Some(match kernel_rt::Gpu::shared() {
+                Ok(g) if g.context().ordinal() == ordinal => g,
+                _ => kernel_rt::Gpu::new(ordinal)?,
+            }),
+        };
+        let executor: Box<dyn Executor> = match gpu {
+            None => Box::new(CpuExecutor::new(
                 config.model_dtype,
                 config.kv_dtype,
                 &plans,
             )),
-            Device::Cuda(ordinal) => return Err(BackendError::CudaNotImplemented { ordinal }),
+            Some(gpu) => Box::new(CudaExecutor::new(
+                &gpu,
+                config.model_dtype,
+                config.kv_dtype,
+                &plans,
+                &pools,
+                config.max_num_pages(),
+                config.context_len,
+                config.spec.map(|s| s.num_draft_tokens),
+                workspace_bytes,
+            )?),
         };
         Ok(Self {
             config,
@@ -145,9 +166,23 @@ impl MhaBackend {
     }
 
     /// Device-error events accumulated by metadata builds, KV writes and
-    /// attention (out-of-range slots / pages skipped and counted).
+    /// attention (out-of-range slots / pages skipped and counted). On the
+    /// CUDA executor this reads the device error words (a stream
+    /// synchronisation); if that read fails the result is
+    /// `count = flags = u32::MAX`.
     pub fn device_errors(&self) -> ErrorReport {
-        self.core().errors
+        let core = self.core();
+        let mut e = core.errors;
+        match core.executor.device_errors() {
+            Ok(d) => merge(&mut e, d),
+            Err(_) => {
+                e = ErrorReport {
+                    count: u32::MAX,
+                    flags: u32::MAX,
+                }
+            }
+        }
+        e
     }
 
     /// Runs `f` on the pools (read-only).
@@ -244,6 +279,8 @@ impl MhaBackend {
                 core.config.max_num_pages(),
                 self.step_id,
             )?;
+            let core = &mut *core;
+            core.executor.prepare_metadata(&m, &core.pools)?;
             merge(&mut core.errors, m.errors);
             m
         };
@@ -288,6 +325,9 @@ impl MhaBackend {
         }
         let mut guard = self.core();
         let core = &mut *guard;
+        // A no-op unless another step backend's metadata is current on a
+        // shared device executor (multi-step draft).
+        core.executor.prepare_metadata(meta, &core.pools)?;
         let plan = core.plans.get(layer).ok_or(BackendError::UnknownLayer {
             layer,
             num_layers: core.plans.len(),
@@ -329,9 +369,10 @@ impl MhaBackend {
                 }
             }
             let translated;
+            let same_locs = meta.source_out_cache_loc == batch.out_cache_loc;
             let loc: &[i64] = if plan.is_swa {
                 match (&meta.swa_out_cache_loc, core.pools.swa_mapping()) {
-                    (Some(s), _) if meta.source_out_cache_loc == batch.out_cache_loc => s,
+                    (Some(s), _) if same_locs => s,
                     (_, Some(m)) => {
                         // The batch's write slots changed since the metadata
                         // (per-step draft slots): translate from the live map.
@@ -350,6 +391,10 @@ impl MhaBackend {
             } else {
                 &batch.out_cache_loc
             };
+            let loc = KvLoc {
+                slots: loc,
+                prepared: same_locs,
+            };
             let e = core.executor.write_kv(plan, loc, k, v)?;
             merge(&mut core.errors, e);
         }
@@ -358,6 +403,201 @@ impl MhaBackend {
             .attention(plan, meta, core.config.page_size, q)?;
         merge(&mut core.errors, e);
         Ok(out)
+    }
+
+    /// Allocates the CUDA-graph state (backend.md §4.1) for buckets of up to
+    /// `max_bs` rows and `max_num_tokens` tokens: one set of metadata
+    /// buffers, static per-layer `q`/`k`/`v`/output buffers. Drops every
+    /// captured graph.
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`] on the CPU executor (never a
+    /// silent fallback to eager); driver errors.
+    pub fn init_cuda_graph_state(&mut self, max_bs: usize, max_num_tokens: usize) -> Result<()> {
+        self.core()
+            .executor
+            .init_graph_state(max_bs, max_num_tokens)
+    }
+
+    /// Captures a whole step for a bucket (backend.md §4.2–§4.3): the fused
+    /// metadata launch, then every layer's K/V write (from the static
+    /// inputs, [`MhaBackend::write_graph_inputs`]) and attention (into the
+    /// static outputs). A [`GraphKind::DraftDecode`] step id is the
+    /// caller's (normally [`MhaBackend::speculative_step_id`]); ragged verify
+    /// uses `max_q_len = spec.num_draft_tokens`. Returns the bucket's key.
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`] (CPU executor, no graph state,
+    /// impossible bucket); driver / validation errors.
+    pub fn capture_cuda_graph(
+        &mut self,
+        kind: GraphKind,
+        bs: usize,
+        num_tokens: usize,
+    ) -> Result<GraphKey> {
+        let mut guard = self.core();
+        let core = &mut *guard;
+        let n = core.config.spec.map(|s| s.num_draft_tokens);
+        let key = GraphKey::new(kind, bs, num_tokens, n)?;
+        if num_tokens > core.config.context_len.saturating_mul(bs) {
+            return Err(BackendError::GraphUnsupported(
+                "bucket larger than the context allows".into(),
+            ));
+        }
+        core.executor.capture_graph(key, &core.pools)?;
+        Ok(key)
+    }
+
+    /// The captured buckets.
+    pub fn cuda_graph_keys(&self) -> Vec<GraphKey> {
+        self.core().executor.graph_keys()
+    }
+
+    /// The bucket a replay of `batch` would use: the captured key of the
+    /// batch's graph kind with the fewest rows (then tokens) that holds it
+    /// (uniform modes: the same rows per request; ragged verify: padding
+    /// rows within `max_q_len`, so capture ragged buckets with `bs =
+    /// num_tokens` as upstream does, backend.md §5).
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`] for extend-like modes or when no
+    /// captured bucket fits; [`BackendError::Batch`] for an inconsistent batch.
+    pub fn select_cuda_graph(&self, batch: &ForwardBatch) -> Result<GraphKey> {
+        batch.check_lengths()?;
+        let mode = metadata::resolve_mode(batch, self.step_id)?;
+        let kind = GraphKind::of(mode).ok_or_else(|| {
+            BackendError::GraphUnsupported(format!(
+                "{:?} has no graph metadata (backend.md §9): run it eagerly",
+                batch.forward_mode
+            ))
+        })?;
+        let tokens = batch.out_cache_loc.len();
+        let q_len = match mode {
+            crate::AttnMode::TargetVerify { q_len } | crate::AttnMode::DraftExtendV2 { q_len } => {
+                Some(q_len)
+            }
+            _ => None,
+        };
+        let mut keys: Vec<GraphKey> = self
+            .cuda_graph_keys()
+            .into_iter()
+            .filter(|k| k.kind == kind && k.bs >= batch.batch_size && k.num_tokens >= tokens)
+            .filter(|k| q_len.is_none_or(|q| q == k.q_len))
+            .collect();
+        keys.sort_by_key(|k| (k.bs, k.num_tokens));
+        // Ragged verify: the padded lengths must stay within max_q_len
+        // (backend.md §5 decision); buckets with bs = num_tokens always fit
+        // when every real row has ≥ 1 token.
+        keys.into_iter()
+            .find(|k| kind != GraphKind::RaggedVerify || crate::cuda::pad_for(batch, *k).is_ok())
+            .ok_or_else(|| {
+                BackendError::GraphUnsupported(format!(
+                    "no captured {kind:?} bucket holds {} rows / {tokens} tokens",
+                    batch.batch_size
+                ))
+            })
+    }
+
+    /// Copies layer `layer`'s inputs into the graph's static buffers
+    /// (`q` `[n, Hq, D]`, `k`/`v` `[n, Hkv, D]`, model dtype, `n ≤
+    /// max_num_tokens`; host or device tensors). Padding rows of a bucket
+    /// read whatever the buffers hold past `n`.
+    ///
+    /// # Errors
+    /// [`BackendError::UnknownLayer`]; [`BackendError::GraphUnsupported`];
+    /// capacity / driver errors.
+    pub fn write_graph_inputs(
+        &mut self,
+        layer: usize,
+        q: TensorRef<'_>,
+        k: TensorRef<'_>,
+        v: TensorRef<'_>,
+    ) -> Result<()> {
+        let mut guard = self.core();
+        let core = &mut *guard;
+        let plan = core.plans.get(layer).ok_or(BackendError::UnknownLayer {
+            layer,
+            num_layers: core.plans.len(),
+        })?;
+        core.executor.write_graph_inputs(plan, q, k, v)
+    }
+
+    /// Replays the captured step for `batch` (replay preparation, D3:
+    /// padding rows get request row 0, `seq_len` 1, slot 0; ragged verify
+    /// lengths padded and their metadata written eagerly, backend.md §5):
+    /// uploads the padded inputs and the changed pool tables, launches the
+    /// graph. No host synchronisation. Outputs land in the static output
+    /// buffers ([`MhaBackend::read_graph_output`]). Returns the bucket used.
+    ///
+    /// # Errors
+    /// As [`MhaBackend::select_cuda_graph`]; [`BackendError::Batch`] for
+    /// request rows / lengths out of range; driver errors. Nothing is
+    /// launched on error.
+    pub fn replay_cuda_graph(&mut self, batch: &ForwardBatch) -> Result<GraphKey> {
+        let key = self.select_cuda_graph(batch)?;
+        let mut guard = self.core();
+        let core = &mut *guard;
+        let rows = core.pools.req_to_token_rows() as i64;
+        let context = core.config.context_len as i64;
+        let offset = match key.kind {
+            GraphKind::DraftDecode { step } => i64::from(step) + 1,
+            GraphKind::TargetVerify => key.q_len as i64,
+            _ => 0,
+        };
+        for (i, (&r, &s)) in batch
+            .req_pool_indices
+            .iter()
+            .zip(&batch.seq_lens)
+            .enumerate()
+        {
+            if !(0..rows).contains(&r) {
+                return Err(batch_err(
+                    "req_pool_indices",
+                    format!("row {i}: request row {r} outside [0, {rows})"),
+                ));
+            }
+            let extra = batch
+                .verify_lens()
+                .and_then(|v| v.get(i))
+                .map_or(offset, |&l| i64::from(l));
+            if s < 0 || s + extra > context {
+                return Err(batch_err(
+                    "seq_lens",
+                    format!(
+                        "row {i}: attention length {} outside [0, {context}]",
+                        s + extra
+                    ),
+                ));
+            }
+        }
+        let padded = crate::cuda::pad_for(batch, key)?;
+        core.executor.replay_graph(key, &padded, &core.pools)?;
+        Ok(key)
+    }
+
+    /// A host copy of the first `rows` rows (`[rows, Hq·D]`) of layer
+    /// `layer`'s static graph output (synchronises).
+    ///
+    /// # Errors
+    /// [`BackendError::UnknownLayer`]; [`BackendError::GraphUnsupported`];
+    /// driver errors.
+    pub fn read_graph_output(&self, layer: usize, rows: usize) -> Result<Vec<u16>> {
+        let core = self.core();
+        let plan = core.plans.get(layer).ok_or(BackendError::UnknownLayer {
+            layer,
+            num_layers: core.plans.len(),
+        })?;
+        core.executor.read_graph_output(plan, rows)
+    }
+
+    /// A host copy of the device-built metadata: of the current eager pass
+    /// (`graph = false`) or of the last graph replay (`graph = true`);
+    /// `None` on the CPU executor (its metadata is the host copy).
+    ///
+    /// # Errors
+    /// Driver errors.
+    pub fn read_device_metadata(&self, graph: bool) -> Result<Option<DeviceMetadata>> {
+        self.core().executor.read_metadata(graph)
     }
 }
 

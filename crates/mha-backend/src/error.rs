@@ -20,8 +20,9 @@ pub enum BackendError {
     /// are supported (DECISIONS.md D14, backend.md §9).
     #[error("speculative topk = {0} is not supported: only topk <= 1 (linear draft chains) is (DECISIONS.md D14)")]
     TopkUnsupported(usize),
-    /// `Device::Cuda(n)` was asked for: the CUDA executor does not exist yet.
-    /// Never a silent fallback to the CPU.
+    /// Kept for API compatibility: no longer returned (`Device::Cuda(n)`
+    /// builds the CUDA executor, or fails with
+    /// [`kernel_rt::KernelError::NoGpu`] without a GPU).
     #[error("CUDA executor not implemented yet (asked for cuda:{ordinal}); use Device::Cpu or Device::Auto")]
     CudaNotImplemented {
         /// The requested device ordinal.
@@ -79,6 +80,12 @@ pub enum BackendError {
     /// `init_forward_metadata` with the same batch first).
     #[error("no forward metadata for this batch: {0}")]
     Metadata(String),
+    /// A CUDA-graph operation that cannot run: graphs on the CPU executor,
+    /// no graph state, a mode without graph metadata (EXTEND, MIXED, …,
+    /// backend.md §9), no captured bucket for a batch, or a bucket shape
+    /// that does not fit. Never a silent fallback to eager.
+    #[error("CUDA graph: {0}")]
+    GraphUnsupported(String),
     /// A kernel-level validation or driver error.
     #[error(transparent)]
     Kernel(#[from] KernelError),

@@ -1,8 +1,8 @@
 //! Executors: where the KV bytes live and the kernels run. The backend's
 //! host side (config, pools, metadata, validation) is shared; an executor
-//! only writes K/V and runs attention. This session ships the CPU executor
-//! (the reference implementations); the CUDA executor plugs in behind the
-//! same [`Executor`] trait.
+//! only writes K/V and runs attention (and, on a device, builds the device
+//! metadata and runs CUDA graphs). The CPU executor runs the reference
+//! implementations; [`crate::CudaExecutor`] implements the same trait.
 
 use std::str::FromStr;
 
@@ -12,21 +12,25 @@ use kernel_rt::{ErrorReport, KernelError};
 use paged_attention::reference::{self as attn, HostKv, HostLayout, KvData};
 use paged_attention::HalfDtype;
 
-use crate::batch::AttnMode;
+use crate::batch::{AttnMode, ForwardBatch};
 use crate::error::{BackendError, Result};
+use crate::graph::GraphKey;
 use crate::metadata::ForwardMetadata;
+use crate::pools::Pools;
 
 /// Which executor to build (chosen at construction).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Device {
-    /// The best available. For now always the CPU executor — also on a
-    /// machine with a GPU, until the CUDA executor exists.
+    /// The best available: the CUDA executor on the process's shared GPU
+    /// (`MHA_KIT_DEVICE`, default 0) when a GPU is present, else the CPU
+    /// executor.
     #[default]
     Auto,
     /// The CPU executor (reference implementations).
     Cpu,
-    /// The CUDA executor on device `ordinal` (not implemented yet:
-    /// [`BackendError::CudaNotImplemented`], never a silent fallback).
+    /// The CUDA executor on device `ordinal`; without a GPU (or with a bad
+    /// ordinal) construction fails with [`kernel_rt::KernelError::NoGpu`],
+    /// never a silent fallback to the CPU.
     Cuda(usize),
 }
 
@@ -101,6 +105,21 @@ pub enum Tensor {
 }
 
 impl Tensor {
+    /// A host copy of the elements (a device tensor is copied back, which
+    /// synchronises its stream).
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] when the device copy fails.
+    pub fn to_host(&self) -> Result<Vec<u16>> {
+        match self {
+            Self::Host(v) => Ok(v.clone()),
+            Self::Device(d) => Ok(d
+                .stream()
+                .clone_dtoh(d)
+                .map_err(kernel_rt::KernelError::from)?),
+        }
+    }
+
     /// The host elements, if the tensor lives on the host.
     pub fn into_host(self) -> Option<Vec<u16>> {
         match self {
@@ -148,6 +167,18 @@ pub struct LayerPlan {
     pub slots: usize,
 }
 
+impl LayerPlan {
+    /// `Hq · D`: elements of one query / output row.
+    pub fn q_row_elems(&self) -> usize {
+        self.num_q_heads * self.head_dim
+    }
+
+    /// `Hkv · D`: elements of one K (or V) row.
+    pub fn kv_row_elems(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+}
+
 /// A host copy of one layer's K and V caches, `[slots, Hkv, D]` each.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvSnapshot {
@@ -167,6 +198,43 @@ pub enum KvSnapshot {
     },
 }
 
+/// The slots of one KV write, in the layer's own index space.
+#[derive(Debug, Clone, Copy)]
+pub struct KvLoc<'a> {
+    /// `[n]` host copy of the slots.
+    pub slots: &'a [i64],
+    /// `true` when `slots` are exactly the locations prepared with the
+    /// current metadata for this layer's pool (`out_cache_loc` for a full
+    /// layer, `swa_out_cache_loc` for an SWA layer): a device executor then
+    /// uses its device copy instead of uploading `slots`.
+    pub prepared: bool,
+}
+
+/// A host copy of device-built metadata (CUDA executor), for checks against
+/// the host metadata: `[bs]`, `[bs+1]`, `[bs+1]`, `[bs, M]` (entries past a
+/// row's live prefix are stale), `[bs, M]`, `[num_tokens]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceMetadata {
+    /// `[bs]` i32.
+    pub cache_seqlens: Vec<i32>,
+    /// `[bs + 1]` i32.
+    pub cu_seqlens_q: Vec<i32>,
+    /// `[bs + 1]` i32.
+    pub cu_seqlens_k: Vec<i32>,
+    /// `[bs, M]` i32, row stride `M`.
+    pub page_table: Vec<i32>,
+    /// `[bs, M]` i32 with an SWA pool.
+    pub swa_page_table: Option<Vec<i32>>,
+    /// `[num_tokens]` i64 with an SWA pool.
+    pub swa_out_cache_loc: Option<Vec<i64>>,
+}
+
+pub(crate) fn graphs_unsupported(kind: ExecutorKind) -> BackendError {
+    BackendError::GraphUnsupported(format!(
+        "CUDA graphs need the CUDA executor (this backend runs on {kind})"
+    ))
+}
+
 /// The operations an executor provides. Shapes and consistency are checked
 /// by the backend before any call; an executor checks only what it alone
 /// can (tensor placement, device errors).
@@ -184,10 +252,105 @@ pub trait Executor: Send + std::fmt::Debug {
     fn write_kv(
         &mut self,
         plan: &LayerPlan,
-        loc: &[i64],
+        loc: KvLoc<'_>,
         k: TensorRef<'_>,
         v: TensorRef<'_>,
     ) -> Result<ErrorReport>;
+
+    /// Makes `meta` the executor's current metadata (a device executor
+    /// builds its device copy: uploads the changed pool tables, then one
+    /// metadata launch). A no-op when `meta` is already current and the
+    /// pools did not change. The CPU executor reads the host metadata.
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] (driver, validation).
+    fn prepare_metadata(&mut self, meta: &ForwardMetadata, pools: &Pools) -> Result<()> {
+        let _ = (meta, pools);
+        Ok(())
+    }
+
+    /// A host copy of the device metadata of the current eager pass
+    /// (`graph = false`) or of the last graph replay (`graph = true`);
+    /// `None` on an executor without device metadata.
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] (driver).
+    fn read_metadata(&self, graph: bool) -> Result<Option<DeviceMetadata>> {
+        let _ = graph;
+        Ok(None)
+    }
+
+    /// Device error events accumulated by KV writes and attention (a device
+    /// executor reads its error words: a stream synchronisation).
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] (driver).
+    fn device_errors(&self) -> Result<ErrorReport> {
+        Ok(ErrorReport::default())
+    }
+
+    /// Allocates the CUDA-graph buffers (backend.md §4.1) for buckets of up
+    /// to `max_bs` rows and `max_num_tokens` tokens; drops every captured graph.
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`] on an executor without graphs.
+    fn init_graph_state(&mut self, max_bs: usize, max_num_tokens: usize) -> Result<()> {
+        let _ = (max_bs, max_num_tokens);
+        Err(graphs_unsupported(self.kind()))
+    }
+
+    /// Captures one whole step for `key` (fused metadata launch, then every
+    /// layer's KV write and attention).
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`]; driver / validation errors.
+    fn capture_graph(&mut self, key: GraphKey, pools: &Pools) -> Result<()> {
+        let _ = (key, pools);
+        Err(graphs_unsupported(self.kind()))
+    }
+
+    /// The captured buckets.
+    fn graph_keys(&self) -> Vec<GraphKey> {
+        Vec::new()
+    }
+
+    /// Replays the graph of `key` for `padded` (a batch already padded to
+    /// the bucket): uploads its inputs and the changed pool tables, writes
+    /// ragged-verify metadata eagerly, launches the graph. No host sync.
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`]; driver errors.
+    fn replay_graph(&mut self, key: GraphKey, padded: &ForwardBatch, pools: &Pools) -> Result<()> {
+        let _ = (key, padded, pools);
+        Err(graphs_unsupported(self.kind()))
+    }
+
+    /// Copies layer inputs into the graph's static buffers (`q` `[n, Hq, D]`,
+    /// `k`/`v` `[n, Hkv, D]`, `n ≤ max_num_tokens`, rows past `n` keep
+    /// their contents).
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`]; capacity / driver errors.
+    fn write_graph_inputs(
+        &mut self,
+        plan: &LayerPlan,
+        q: TensorRef<'_>,
+        k: TensorRef<'_>,
+        v: TensorRef<'_>,
+    ) -> Result<()> {
+        let _ = (plan, q, k, v);
+        Err(graphs_unsupported(self.kind()))
+    }
+
+    /// A host copy of the first `rows` output rows (`[rows, Hq·D]`) of the
+    /// graph's static output buffer of the layer (synchronises).
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`]; capacity / driver errors.
+    fn read_graph_output(&self, plan: &LayerPlan, rows: usize) -> Result<Vec<u16>> {
+        let _ = (plan, rows);
+        Err(graphs_unsupported(self.kind()))
+    }
 
     /// Attention of `q` (`[meta.num_tokens, Hq, D]`) over the layer's paged
     /// cache with `meta`'s tables; returns `[num_tokens, Hq·D]` in the model dtype.
@@ -262,10 +425,11 @@ impl Executor for CpuExecutor {
     fn write_kv(
         &mut self,
         plan: &LayerPlan,
-        loc: &[i64],
+        loc: KvLoc<'_>,
         k: TensorRef<'_>,
         v: TensorRef<'_>,
     ) -> Result<ErrorReport> {
+        let loc = loc.slots;
         let (k, v) = (host(k, "k")?, host(v, "v")?);
         let row = plan.num_kv_heads * plan.head_dim;
         let w = fp8_kv::reference::HostWrite {

@@ -25,10 +25,21 @@
 //! - Executors ([`Device`], [`Executor`]): the CPU executor runs the kernel
 //!   families' CPU references (page-table and swa-pool for metadata,
 //!   fp8-kv for K/V writes, paged-attention's f64 reference for attention,
-//!   rounded to the model dtype). The CUDA executor will plug in behind the
-//!   same trait; until then `Device::Cuda(n)` is
-//!   [`BackendError::CudaNotImplemented`] and `Device::Auto` picks the CPU
-//!   executor even when a GPU is present.
+//!   rounded to the model dtype). The [`CudaExecutor`] keeps the K/V caches,
+//!   `req_to_token` and the SWA maps on the device (tables re-uploaded on
+//!   change: one copy of the dirty row range), builds the metadata with the
+//!   fused graph-metadata kernel (one launch per pass in every mode), writes
+//!   K/V with fp8-kv and runs paged-attention's decode or context kernel.
+//!   `Device::Cuda(n)` builds it (no GPU: a typed error, never a CPU
+//!   fallback); `Device::Auto` builds it when a GPU is present.
+//! - CUDA graphs ([`MhaBackend::init_cuda_graph_state`],
+//!   [`MhaBackend::capture_cuda_graph`], [`MhaBackend::replay_cuda_graph`],
+//!   [`GraphKey`] / [`GraphKind`]): one graph per bucket and mode holding a
+//!   whole step (fused metadata launch, then every layer's K/V write and
+//!   attention over static per-layer inputs / outputs); replay pads the
+//!   batch (D3), writes ragged-verify metadata eagerly (backend.md §5) and
+//!   launches without a host sync. CUDA executor only
+//!   ([`BackendError::GraphUnsupported`] otherwise).
 //!
 //! ## Per-mode metadata (backend.md §3)
 //!
@@ -44,16 +55,22 @@
 //! `cu_seqlens_k = [0, cumsum(cache_seqlens)]` in every mode. Row `j` of
 //! request `i` sits at position `cache_seqlens[i] − n_i + j` (attention.md §2).
 //!
-//! Not in this crate yet (CUDA executor, next session): CUDA-graph state,
-//! capture and replay; [`ForwardBatch::pad_to_bucket`] already gives the
-//! replay padding (D3) and the ragged-verify padding (backend.md §5), so
-//! eager metadata of a padded batch is what a replay computes.
+//! **Status:** the CUDA executor and the graph path compile and are reviewed,
+//! but have not yet run on a GPU (their tests are `tests/gpu.rs`, ignored
+//! without one); the CPU executor is tested in CI. Treat `Device::Cuda` as
+//! unverified until those GPU tests have passed.
+//!
+//! [`ForwardBatch::pad_to_bucket`] gives the replay padding (D3) and the
+//! ragged-verify padding (backend.md §5), so eager metadata of a padded
+//! batch is what a replay computes (the GPU tests check it bit for bit).
 
 mod backend;
 mod batch;
 mod config;
+mod cuda;
 mod error;
 mod executor;
+mod graph;
 mod metadata;
 mod pools;
 
@@ -63,11 +80,14 @@ pub use config::{
     resolve_workspace_bytes, BackendConfig, LayerConfig, SpecConfig, DEFAULT_WORKSPACE_BYTES,
     HEAD_DIMS, MAX_DECODE_Q_LEN, MAX_GROUP, WORKSPACE_ENV,
 };
+pub use cuda::CudaExecutor;
 pub use error::{BackendError, Result};
 pub use executor::{
-    CpuExecutor, Device, Executor, ExecutorKind, KvSnapshot, LayerPlan, Tensor, TensorRef,
+    CpuExecutor, Device, DeviceMetadata, Executor, ExecutorKind, KvLoc, KvSnapshot, LayerPlan,
+    Tensor, TensorRef,
 };
 pub use fp8_kv::{KvCacheDtype, KvScales};
+pub use graph::{GraphKey, GraphKind};
 pub use metadata::ForwardMetadata;
 pub use paged_attention::HalfDtype;
 pub use pools::Pools;

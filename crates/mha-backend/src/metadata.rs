@@ -47,6 +47,26 @@ pub struct ForwardMetadata {
     pub(crate) source_out_cache_loc: Vec<i64>,
     pub(crate) req_pool_indices: Vec<i64>,
     pub(crate) seq_lens: Vec<i64>,
+    /// Identity of this build (device executors prepare each build once).
+    pub(crate) id: MetaId,
+}
+
+/// A unique id per metadata build; equal to every other id under `==`, so
+/// two builds of the same batch compare equal.
+#[derive(Debug, Clone, Copy, Eq)]
+pub(crate) struct MetaId(pub(crate) u64);
+
+impl PartialEq for MetaId {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl MetaId {
+    fn next() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Self(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 impl ForwardMetadata {
@@ -323,6 +343,7 @@ pub(crate) fn build(
         source_out_cache_loc: batch.out_cache_loc.clone(),
         req_pool_indices: batch.req_pool_indices.clone(),
         seq_lens: batch.seq_lens.clone(),
+        id: MetaId::next(),
     })
 }
 

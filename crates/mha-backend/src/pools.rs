@@ -42,6 +42,12 @@ pub struct Pools {
     free_pages: Vec<usize>,
     num_pages: usize,
     swa: Option<SwaMapping>,
+    /// Bumped by every change of `req_to_token` or the SWA map.
+    generation: u64,
+    /// Per `req_to_token` row: the generation of its last change.
+    row_generation: Vec<u64>,
+    /// Generation of the last change of the SWA map.
+    swa_generation: u64,
 }
 
 impl Pools {
@@ -71,7 +77,40 @@ impl Pools {
             free_pages: (1..=num_pages).rev().collect(),
             num_pages,
             swa,
+            generation: 0,
+            row_generation: vec![0; rows],
+            swa_generation: 0,
         })
+    }
+
+    /// Change counter of `req_to_token` and the SWA map: bumped by every
+    /// call that changes either (device executors re-upload on change).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The rows of `req_to_token` changed after generation `since`, as one
+    /// contiguous range `lo..hi` (rows between changed ones included), or
+    /// `None` when no row changed.
+    pub fn dirty_rows(&self, since: u64) -> Option<std::ops::Range<usize>> {
+        let lo = self.row_generation.iter().position(|&g| g > since)?;
+        let hi = self.row_generation.iter().rposition(|&g| g > since)? + 1;
+        Some(lo..hi)
+    }
+
+    /// Whether the SWA map changed after generation `since`.
+    pub fn swa_dirty(&self, since: u64) -> bool {
+        self.swa.is_some() && self.swa_generation > since
+    }
+
+    fn touch_row(&mut self, row: usize, swa: bool) {
+        self.generation += 1;
+        if let Some(g) = self.row_generation.get_mut(row) {
+            *g = self.generation;
+        }
+        if swa {
+            self.swa_generation = self.generation;
+        }
     }
 
     /// `P`.
@@ -232,6 +271,7 @@ impl Pools {
             }
             r.len = new_len;
             self.requests[req] = Some(r);
+            self.touch_row(req, !fresh.is_empty());
         }
         Ok(out)
     }
@@ -260,6 +300,7 @@ impl Pools {
         r.len = new_len;
         r.swa_evicted = r.swa_evicted.min(new_len / p * p);
         self.requests[req] = Some(r);
+        self.touch_row(req, !dropped.is_empty());
         Ok(())
     }
 
@@ -301,6 +342,10 @@ impl Pools {
         let freed = m.free_swa_pages() - before;
         if let Some(r) = self.requests[req].as_mut() {
             r.swa_evicted = new;
+        }
+        if freed > 0 {
+            self.generation += 1;
+            self.swa_generation = self.generation;
         }
         Ok(freed)
     }

@@ -1,0 +1,1358 @@
+//! The CUDA executor: device K/V caches, device `req_to_token` and SWA maps
+//! (uploaded on change, one stream-ordered copy each), metadata built on
+//! the device by the fused graph-metadata kernel (one launch per pass, every
+//! mode; extend-like modes add one copy of `cu_seqlens_q`), K/V writes by
+//! fp8-kv, attention by paged-attention's decode kernel (decode, verify,
+//! draft extend) or context kernel (extend, mixed), and CUDA graphs of whole
+//! steps (backend.md §4–§7).
+//!
+//! Everything is stream-ordered on the [`Gpu`]'s stream. Calls return
+//! without synchronising; device error events go to the executor's error
+//! words ([`Executor::device_errors`] reads them, a synchronisation).
+//!
+//! Buffers a graph bakes in (caches, pool tables, workspace, graph state,
+//! sinks) are allocated once and never reallocated while a graph exists.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use fp8_kv::{KvCacheDtype, KvWriteArgs, KvWriteKernel};
+use graph_metadata::{GraphMetadataArgs, GraphMetadataKernel, GraphMode, SwaArgs, SwaWriteLocs};
+use kernel_rt::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use kernel_rt::cudarc::driver::{
+    CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits,
+};
+use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
+use paged_attention::{
+    ContextArgs, ContextKernel, DecodeArgs, HalfDtype, KvCache, PagedAttentionKernel, QueryLayout,
+    SplitMode,
+};
+
+use crate::batch::{AttnMode, ForwardBatch};
+use crate::error::{BackendError, Result};
+use crate::executor::{
+    DeviceMetadata, Executor, ExecutorKind, KvLoc, KvSnapshot, LayerPlan, Tensor, TensorRef,
+};
+use crate::graph::{GraphKey, GraphKind};
+use crate::metadata::ForwardMetadata;
+use crate::pools::Pools;
+
+fn kerr(e: impl Into<KernelError>) -> BackendError {
+    BackendError::Kernel(e.into())
+}
+
+fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    n: usize,
+) -> Result<CudaSlice<T>> {
+    stream.alloc_zeros::<T>(n.max(1)).map_err(kerr)
+}
+
+/// Grows `buf` to at least `n` elements (new contents zero).
+fn ensure<T: DeviceRepr + ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    buf: &mut CudaSlice<T>,
+    n: usize,
+) -> Result<()> {
+    if buf.len() < n {
+        *buf = zeros(stream, n)?;
+    }
+    Ok(())
+}
+
+/// Copies `src` into the first `src.len()` elements of `dst` (nothing for an
+/// empty `src`).
+fn upload<T: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    src: &[T],
+    dst: &mut CudaSlice<T>,
+) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    if dst.len() < src.len() {
+        return Err(kerr(KernelError::Capacity {
+            arg: "upload",
+            needed: src.len(),
+            available: dst.len(),
+        }));
+    }
+    stream
+        .memcpy_htod(src, &mut dst.slice_mut(0..src.len()))
+        .map_err(kerr)
+}
+
+fn read<T: DeviceRepr + Default + Clone>(
+    stream: &Arc<CudaStream>,
+    src: &CudaSlice<T>,
+    n: usize,
+) -> Result<Vec<T>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    stream.clone_dtoh(&src.slice(0..n)).map_err(kerr)
+}
+
+/// One layer's caches, `[slots, Hkv, D]` each.
+#[derive(Debug)]
+enum DevCache {
+    Half(CudaSlice<u16>, CudaSlice<u16>),
+    Fp8(CudaSlice<u8>, CudaSlice<u8>),
+}
+
+/// Device copies of the pool tables, allocated once at their full size (a
+/// graph bakes their addresses in).
+#[derive(Debug)]
+struct Maps {
+    /// Pools generation last uploaded (`None` = never).
+    generation: Option<u64>,
+    r2t: CudaSlice<i32>,
+    rows: usize,
+    width: usize,
+    pool_slots: usize,
+    swa_map: Option<CudaSlice<i64>>,
+    swa_map_len: usize,
+    page_map: Option<CudaSlice<i32>>,
+    page_map_len: usize,
+}
+
+impl Maps {
+    fn new(stream: &Arc<CudaStream>, pools: &Pools) -> Result<Self> {
+        let rows = pools.req_to_token_rows();
+        let width = pools.req_to_token_width();
+        let (swa_map, swa_map_len, page_map, page_map_len) = match pools.swa_mapping() {
+            Some(m) => {
+                let pm = m.page_map();
+                (
+                    Some(zeros::<i64>(stream, m.map().len())?),
+                    m.map().len(),
+                    Some(zeros::<i32>(stream, pm.len())?),
+                    pm.len(),
+                )
+            }
+            None => (None, 0, None, 0),
+        };
+        Ok(Self {
+            generation: None,
+            r2t: zeros(stream, rows * width)?,
+            rows,
+            width,
+            pool_slots: pools.full_slots(),
+            swa_map,
+            swa_map_len,
+            page_map,
+            page_map_len,
+        })
+    }
+
+    /// Uploads what changed since the last sync: one copy of the dirty
+    /// `req_to_token` row range, and the SWA slot and page maps when the
+    /// SWA map changed.
+    fn sync(&mut self, stream: &Arc<CudaStream>, pools: &Pools) -> Result<()> {
+        let now = pools.generation();
+        let (rows, swa) = match self.generation {
+            Some(g) if g == now => return Ok(()),
+            Some(g) => (pools.dirty_rows(g), pools.swa_dirty(g)),
+            None => (Some(0..self.rows), true),
+        };
+        if let Some(r) = rows {
+            let w = self.width;
+            let src = &pools.req_to_token()[r.start * w..r.end * w];
+            if !src.is_empty() {
+                stream
+                    .memcpy_htod(src, &mut self.r2t.slice_mut(r.start * w..r.end * w))
+                    .map_err(kerr)?;
+            }
+        }
+        if swa {
+            if let (Some(m), Some(d), Some(pd)) = (
+                pools.swa_mapping(),
+                self.swa_map.as_mut(),
+                self.page_map.as_mut(),
+            ) {
+                upload(stream, m.map(), d)?;
+                upload(stream, &m.page_map(), pd)?;
+            }
+        }
+        self.generation = Some(now);
+        Ok(())
+    }
+}
+
+/// Metadata inputs and outputs of one pass (eager) or of the graph state.
+#[derive(Debug)]
+struct MetaBufs {
+    cap_bs: usize,
+    cap_tokens: usize,
+    m: usize,
+    rpi: CudaSlice<i64>,
+    seq: CudaSlice<i64>,
+    qlens: CudaSlice<i32>,
+    out_loc: CudaSlice<i64>,
+    cache: CudaSlice<i32>,
+    cu_k: CudaSlice<i32>,
+    cu_q: CudaSlice<i32>,
+    pt: CudaSlice<i32>,
+    swa_pt: Option<CudaSlice<i32>>,
+    swa_out: Option<CudaSlice<i64>>,
+}
+
+impl MetaBufs {
+    fn new(
+        stream: &Arc<CudaStream>,
+        cap_bs: usize,
+        cap_tokens: usize,
+        m: usize,
+        swa: bool,
+    ) -> Result<Self> {
+        Ok(Self {
+            cap_bs,
+            cap_tokens,
+            m,
+            rpi: zeros(stream, cap_bs)?,
+            seq: zeros(stream, cap_bs)?,
+            qlens: zeros(stream, cap_bs)?,
+            out_loc: zeros(stream, cap_tokens)?,
+            cache: zeros(stream, cap_bs)?,
+            cu_k: zeros(stream, cap_bs + 1)?,
+            cu_q: zeros(stream, cap_bs + 1)?,
+            pt: zeros(stream, cap_bs * m)?,
+            swa_pt: if swa {
+                Some(zeros(stream, cap_bs * m)?)
+            } else {
+                None
+            },
+            swa_out: if swa {
+                Some(zeros(stream, cap_tokens)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    fn read(&self, stream: &Arc<CudaStream>, bs: usize, n_tokens: usize) -> Result<DeviceMetadata> {
+        Ok(DeviceMetadata {
+            cache_seqlens: read(stream, &self.cache, bs)?,
+            cu_seqlens_q: read(stream, &self.cu_q, bs + 1)?,
+            cu_seqlens_k: read(stream, &self.cu_k, bs + 1)?,
+            page_table: read(stream, &self.pt, bs * self.m)?,
+            swa_page_table: self
+                .swa_pt
+                .as_ref()
+                .map(|t| read(stream, t, bs * self.m))
+                .transpose()?,
+            swa_out_cache_loc: self
+                .swa_out
+                .as_ref()
+                .map(|t| read(stream, t, n_tokens))
+                .transpose()?,
+        })
+    }
+}
+
+/// Host inputs of one metadata build, uploaded into a [`MetaBufs`].
+struct MetaInputs<'a> {
+    req_pool_indices: &'a [i64],
+    seq_lens: &'a [i64],
+    out_cache_loc: &'a [i64],
+    /// `[bs]` ragged-verify lengths.
+    qlens: Option<&'a [i32]>,
+    /// `[bs+1]` host `cu_seqlens_q` (extend-like modes).
+    cu_q: Option<&'a [i32]>,
+}
+
+impl MetaInputs<'_> {
+    fn upload(&self, stream: &Arc<CudaStream>, b: &mut MetaBufs) -> Result<()> {
+        upload(stream, self.req_pool_indices, &mut b.rpi)?;
+        upload(stream, self.seq_lens, &mut b.seq)?;
+        upload(stream, self.out_cache_loc, &mut b.out_loc)?;
+        if let Some(q) = self.qlens {
+            upload(stream, q, &mut b.qlens)?;
+        }
+        if let Some(q) = self.cu_q {
+            upload(stream, q, &mut b.cu_q)?;
+        }
+        Ok(())
+    }
+}
+
+/// The graph-metadata mode, whether the kernel writes `cu_seqlens_q`, and
+/// whether it reads `qlens`, for a branch.
+fn meta_mode(mode: AttnMode, max_q: usize) -> Result<(GraphMode, bool)> {
+    Ok(match mode {
+        AttnMode::Decode => (GraphMode::Decode, true),
+        AttnMode::DraftDecode { step } => (GraphMode::DraftDecode { step }, true),
+        AttnMode::TargetVerify { q_len } => (
+            GraphMode::TargetVerify {
+                q_len: q_len as u32,
+            },
+            true,
+        ),
+        AttnMode::DraftExtendV2 { q_len } => (
+            GraphMode::DraftExtendV2 {
+                q_len: q_len as u32,
+            },
+            true,
+        ),
+        AttnMode::RaggedVerify => (
+            GraphMode::RaggedVerify {
+                max_q_len: max_q.max(1) as u32,
+            },
+            true,
+        ),
+        // Offset 0 gives cache_seqlens = seq_lens; cu_seqlens_q is uploaded.
+        AttnMode::Extend => (GraphMode::Decode, false),
+    })
+}
+
+/// One fused metadata launch over `b` (first `bs` rows, `n_tokens` tokens).
+#[allow(clippy::too_many_arguments)]
+fn launch_metadata(
+    kernel: &GraphMetadataKernel,
+    maps: &Maps,
+    b: &mut MetaBufs,
+    mode: GraphMode,
+    write_cu_q: bool,
+    bs: usize,
+    n_tokens: usize,
+    page_size: usize,
+    errors: &mut DeviceErrors,
+) -> Result<()> {
+    if bs == 0 {
+        return Ok(());
+    }
+    let m = b.m;
+    let ragged = matches!(mode, GraphMode::RaggedVerify { .. });
+    let swa = match (&maps.swa_map, b.swa_pt.as_mut()) {
+        (Some(map), Some(swa_pt)) => Some(SwaArgs {
+            swa_mapping: Strided::contiguous(
+                "swa_mapping",
+                map.slice(0..maps.swa_map_len),
+                [maps.swa_map_len],
+            )?,
+            swa_page_table: Some(StridedMut::new(
+                "swa_page_table",
+                swa_pt.slice_mut(0..bs * m),
+                [bs, m],
+                [m, 1],
+            )?),
+            full_page_to_swa_page: match &maps.page_map {
+                Some(pm) if maps.page_map_len > 0 => Some(Strided::contiguous(
+                    "full_page_to_swa_page",
+                    pm.slice(0..maps.page_map_len),
+                    [maps.page_map_len],
+                )?),
+                _ => None,
+            },
+            write_locs: match b.swa_out.as_mut() {
+                Some(out) if n_tokens > 0 => Some(SwaWriteLocs {
+                    out_cache_loc: Some(Strided::contiguous(
+                        "out_cache_loc",
+                        b.out_loc.slice(0..n_tokens),
+                        [n_tokens],
+                    )?),
+                    swa_out_cache_loc: StridedMut::contiguous(
+                        "swa_out_cache_loc",
+                        out.slice_mut(0..n_tokens),
+                        [n_tokens],
+                    )?,
+                }),
+                _ => None,
+            },
+        }),
+        _ => None,
+    };
+    let mut args = GraphMetadataArgs {
+        mode,
+        req_pool_indices: Strided::contiguous("req_pool_indices", b.rpi.slice(0..bs), [bs])?,
+        seq_lens: Strided::contiguous("seq_lens", b.seq.slice(0..bs), [bs])?,
+        req_to_token: Strided::new(
+            "req_to_token",
+            maps.r2t.slice(0..maps.rows * maps.width),
+            [maps.rows, maps.width],
+            [maps.width, 1],
+        )?,
+        page_size,
+        pool_slots: Some(maps.pool_slots),
+        cache_seqlens: StridedMut::contiguous("cache_seqlens", b.cache.slice_mut(0..bs), [bs])?,
+        cu_seqlens_k: StridedMut::contiguous(
+            "cu_seqlens_k",
+            b.cu_k.slice_mut(0..bs + 1),
+            [bs + 1],
+        )?,
+        cu_seqlens_q: if write_cu_q {
+            Some(StridedMut::contiguous(
+                "cu_seqlens_q",
+                b.cu_q.slice_mut(0..bs + 1),
+                [bs + 1],
+            )?)
+        } else {
+            None
+        },
+        qlens: if ragged {
+            Some(Strided::contiguous("qlens", b.qlens.slice(0..bs), [bs])?)
+        } else {
+            None
+        },
+        page_table: StridedMut::new("page_table", b.pt.slice_mut(0..bs * m), [bs, m], [m, 1])?,
+        swa,
+    };
+    kernel.launch(&mut args, errors)?;
+    Ok(())
+}
+
+/// The launchers and state every attention call needs.
+struct AttnCx<'a> {
+    stream: &'a Arc<CudaStream>,
+    decode: &'a PagedAttentionKernel,
+    context: &'a ContextKernel,
+    workspace: &'a mut CudaSlice<f32>,
+    /// Workspace range `[start, end)` known to hold zero split counters.
+    ws_zero: &'a mut Option<(usize, usize)>,
+    errors: &'a mut DeviceErrors,
+    model_dtype: HalfDtype,
+    page_size: usize,
+    /// `max_seq_len` of every decode launch: the context length, so eager
+    /// and graph launches of one shape split identically.
+    max_seq_len: usize,
+}
+
+/// One pass's geometry for attention.
+#[derive(Debug, Clone, Copy)]
+struct PassShape {
+    mode: AttnMode,
+    bs: usize,
+    rows: usize,
+    max_q: usize,
+}
+
+fn kv_views<'a>(
+    plan: &LayerPlan,
+    cache: &'a DevCache,
+    page_size: usize,
+    dtype: HalfDtype,
+) -> Result<KvCache<'a>> {
+    let (hkv, d, p) = (plan.num_kv_heads, plan.head_dim, page_size);
+    let pages = plan.slots / p;
+    let shape = [pages, hkv, p, d];
+    let strides = [p * hkv * d, d, hkv * d, 1];
+    let n = plan.slots * hkv * d;
+    Ok(match cache {
+        DevCache::Half(k, v) => KvCache::Half {
+            dtype,
+            k: Strided::new("k_cache", k.slice(0..n), shape, strides)?,
+            v: Strided::new("v_cache", v.slice(0..n), shape, strides)?,
+        },
+        DevCache::Fp8(k, v) => KvCache::E4m3 {
+            k: Strided::new("k_cache", k.slice(0..n), shape, strides)?,
+            v: Strided::new("v_cache", v.slice(0..n), shape, strides)?,
+        },
+    })
+}
+
+/// Attention of `q` (`[rows, Hq, D]`) into `out` over the layer's cache
+/// with the tables of `b`: decode kernel for every branch but extend.
+#[allow(clippy::too_many_arguments)]
+fn run_attention(
+    cx: &mut AttnCx<'_>,
+    plan: &LayerPlan,
+    cache: &DevCache,
+    sinks: Option<&CudaSlice<f32>>,
+    b: &MetaBufs,
+    shape: PassShape,
+    q: CudaView<'_, u16>,
+    mut out: CudaViewMut<'_, u16>,
+) -> Result<()> {
+    let PassShape {
+        mode,
+        bs,
+        rows,
+        max_q,
+    } = shape;
+    if bs == 0 || rows == 0 {
+        return Ok(());
+    }
+    let (hq, d, m) = (plan.num_q_heads, plan.head_dim, b.m);
+    let table = match (&b.swa_pt, plan.is_swa) {
+        (Some(t), true) => t,
+        _ => &b.pt,
+    };
+    let page_table = Strided::new("page_table", table.slice(0..bs * m), [bs, m], [m, 1])?;
+    let cache_seqlens = Strided::contiguous("cache_seqlens", b.cache.slice(0..bs), [bs])?;
+    let q = Strided::contiguous("q", q.slice(0..rows * hq * d), [rows, hq, d])?;
+    let out = StridedMut::contiguous("out", out.slice_mut(0..rows * hq * d), [rows, hq, d])?;
+    let kv = kv_views(plan, cache, cx.page_size, cx.model_dtype)?;
+    let sinks = sinks
+        .map(|s| Strided::contiguous("sinks", s.slice(0..hq), [hq]))
+        .transpose()?;
+    // The one scale resolver (D8), as the CPU executor.
+    let (bmm1, bmm2) = plan.scales.bmm_scales(1.0, plan.sm_scale);
+    if mode == AttnMode::Extend {
+        let mut args = ContextArgs {
+            q,
+            q_dtype: cx.model_dtype,
+            out,
+            kv,
+            page_table,
+            cache_seqlens,
+            cu_seqlens_q: Strided::contiguous("cu_seqlens_q", b.cu_q.slice(0..bs + 1), [bs + 1])?,
+            cu_seqlens_k: Some(Strided::contiguous(
+                "cu_seqlens_k",
+                b.cu_k.slice(0..bs + 1),
+                [bs + 1],
+            )?),
+            max_q_len: max_q.max(1),
+            bmm1_scale: bmm1,
+            bmm2_scale: bmm2,
+            window_left: plan.window_left,
+            sinks,
+        };
+        cx.context.launch(&mut args, cx.errors)?;
+        return Ok(());
+    }
+    let layout = match mode {
+        AttnMode::Decode | AttnMode::DraftDecode { .. } => {
+            QueryLayout::Uniform { q_len_per_req: 1 }
+        }
+        AttnMode::TargetVerify { q_len } | AttnMode::DraftExtendV2 { q_len } => {
+            QueryLayout::Uniform {
+                q_len_per_req: q_len,
+            }
+        }
+        _ => QueryLayout::Ragged {
+            cu_seqlens_q: Strided::contiguous("cu_seqlens_q", b.cu_q.slice(0..bs + 1), [bs + 1])?,
+            max_q_len: max_q.max(1),
+        },
+    };
+    let mut args = DecodeArgs {
+        q,
+        q_dtype: cx.model_dtype,
+        out,
+        kv,
+        page_table,
+        cache_seqlens,
+        layout,
+        max_seq_len: cx.max_seq_len.max(1),
+        bmm1_scale: bmm1,
+        bmm2_scale: bmm2,
+        window_left: plan.window_left,
+        sinks,
+        split: SplitMode::Auto,
+        workspace: None,
+    };
+    let lp = cx.decode.plan(&args)?;
+    let elems = lp.workspace_elems;
+    if elems > 0 {
+        if elems > cx.workspace.len() {
+            return Err(kerr(KernelError::Capacity {
+                arg: "workspace",
+                needed: elems,
+                available: cx.workspace.len(),
+            }));
+        }
+        // The last `items` elements are the split counters: zero them unless
+        // the previous launch (same counter range) left them zero.
+        let p = &lp.params;
+        let items = (p.bs as usize) * (p.num_kv_heads as usize) * (p.row_tiles as usize);
+        let region = (elems - items, elems);
+        if *cx.ws_zero != Some(region) {
+            cx.stream
+                .memset_zeros(&mut cx.workspace.slice_mut(region.0..region.1))
+                .map_err(kerr)?;
+        }
+        args.workspace = Some(StridedMut::contiguous(
+            "workspace",
+            cx.workspace.slice_mut(0..elems),
+            [elems],
+        )?);
+        cx.decode.launch(&mut args, cx.errors)?;
+        *cx.ws_zero = Some(region);
+    } else {
+        cx.decode.launch(&mut args, cx.errors)?;
+    }
+    Ok(())
+}
+
+/// K/V write of `n` tokens at `loc` into the layer's cache.
+#[allow(clippy::too_many_arguments)]
+fn run_write(
+    kernel: &KvWriteKernel,
+    plan: &LayerPlan,
+    cache: &mut DevCache,
+    model_dtype: HalfDtype,
+    page_size: usize,
+    loc: CudaView<'_, i64>,
+    k: CudaView<'_, u16>,
+    v: CudaView<'_, u16>,
+    n: usize,
+    errors: &mut DeviceErrors,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let (hkv, d, slots) = (plan.num_kv_heads, plan.head_dim, plan.slots);
+    let k = Strided::contiguous("k", k.slice(0..n * hkv * d), [n, hkv, d])?;
+    let v = Strided::contiguous("v", v.slice(0..n * hkv * d), [n, hkv, d])?;
+    let cache_loc = Strided::contiguous("cache_loc", loc.slice(0..n), [n])?;
+    let len = slots * hkv * d;
+    match cache {
+        DevCache::Half(kc, vc) => {
+            let mut args = KvWriteArgs {
+                k,
+                v,
+                cache_loc,
+                k_cache: StridedMut::contiguous("k_cache", kc.slice_mut(0..len), [slots, hkv, d])?,
+                v_cache: StridedMut::contiguous("v_cache", vc.slice_mut(0..len), [slots, hkv, d])?,
+                page_size,
+            };
+            kernel.set_kv_buffer(&mut args, errors)?;
+        }
+        DevCache::Fp8(kc, vc) => {
+            let mut args = KvWriteArgs {
+                k,
+                v,
+                cache_loc,
+                k_cache: StridedMut::contiguous("k_cache", kc.slice_mut(0..len), [slots, hkv, d])?,
+                v_cache: StridedMut::contiguous("v_cache", vc.slice_mut(0..len), [slots, hkv, d])?,
+                page_size,
+            };
+            let dtype = match model_dtype {
+                HalfDtype::Bf16 => fp8_kv::KvDtype::Bf16,
+                HalfDtype::F16 => fp8_kv::KvDtype::F16,
+            };
+            kernel.fused_fp8_set_kv_buffer(&mut args, dtype, &plan.scales, errors)?;
+        }
+    }
+    Ok(())
+}
+
+/// A captured graph. `CudaGraph` holds raw driver handles and is not
+/// `Send`; the executor only touches it behind the backend's mutex.
+struct SendGraph(CudaGraph);
+
+// SAFETY: a CUDA graph may be used from any thread as long as calls on it are
+// serialised (CUDA driver docs, "Graph object thread safety"); the executor
+// owns the graph exclusively and every access goes through `&mut self` /
+// `&self` of the executor, which the backend only reaches under its mutex.
+unsafe impl Send for SendGraph {}
+
+impl std::fmt::Debug for SendGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CudaGraph")
+    }
+}
+
+/// A layer's static graph inputs and output, `[max_num_tokens, ..]`.
+#[derive(Debug)]
+struct LayerIo {
+    q: CudaSlice<u16>,
+    k: CudaSlice<u16>,
+    v: CudaSlice<u16>,
+    out: CudaSlice<u16>,
+}
+
+/// CUDA-graph state (backend.md §4.1): one set of metadata buffers shared
+/// by every bucket and mode (each replay rewrites what its layers read,
+/// stream-ordered), static per-layer inputs / outputs, the captured graphs.
+#[derive(Debug)]
+struct GraphState {
+    bufs: MetaBufs,
+    io: Vec<LayerIo>,
+    graphs: HashMap<GraphKey, SendGraph>,
+    last: Option<GraphKey>,
+}
+
+/// What the eager buffers hold.
+#[derive(Debug, Clone, Copy)]
+struct Prepared {
+    id: u64,
+    generation: u64,
+    shape: PassShape,
+}
+
+/// Host staging buffers for host tensors (grown on demand; eager only).
+#[derive(Debug)]
+struct Scratch {
+    q: CudaSlice<u16>,
+    k: CudaSlice<u16>,
+    v: CudaSlice<u16>,
+    loc: CudaSlice<i64>,
+}
+
+/// The CUDA executor (see the module docs).
+#[derive(Debug)]
+pub struct CudaExecutor {
+    gpu: Arc<Gpu>,
+    ordinal: usize,
+    plans: Vec<LayerPlan>,
+    model_dtype: HalfDtype,
+    page_size: usize,
+    max_num_pages: usize,
+    context_len: usize,
+    /// `N` (spec.num_draft_tokens): the `max_q_len` of every ragged-verify
+    /// launch, eager or graph, so both split the same way.
+    ragged_max_q: usize,
+    caches: Vec<DevCache>,
+    sinks: Vec<Option<CudaSlice<f32>>>,
+    kv_write: KvWriteKernel,
+    meta_kernel: GraphMetadataKernel,
+    decode: PagedAttentionKernel,
+    context: ContextKernel,
+    meta_errors: DeviceErrors,
+    write_errors: DeviceErrors,
+    attn_errors: DeviceErrors,
+    workspace: CudaSlice<f32>,
+    ws_zero: Option<(usize, usize)>,
+    maps: Maps,
+    eager: MetaBufs,
+    prepared: Option<Prepared>,
+    scratch: Scratch,
+    graph: Option<GraphState>,
+}
+
+impl CudaExecutor {
+    /// Zeroed device caches for `plans`, the pool tables sized for `pools`,
+    /// a zeroed workspace of `workspace_bytes`, every launcher loaded.
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] (PTX load, allocation).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        gpu: &Arc<Gpu>,
+        model_dtype: HalfDtype,
+        kv_dtype: KvCacheDtype,
+        plans: &[LayerPlan],
+        pools: &Pools,
+        max_num_pages: usize,
+        context_len: usize,
+        ragged_max_q: Option<usize>,
+        workspace_bytes: usize,
+    ) -> Result<Self> {
+        let stream = gpu.stream().clone();
+        let mut caches = Vec::with_capacity(plans.len());
+        let mut sinks = Vec::with_capacity(plans.len());
+        for p in plans {
+            let n = p.slots * p.num_kv_heads * p.head_dim;
+            caches.push(match kv_dtype {
+                KvCacheDtype::Fp8E4m3 => DevCache::Fp8(zeros(&stream, n)?, zeros(&stream, n)?),
+                _ => DevCache::Half(zeros(&stream, n)?, zeros(&stream, n)?),
+            });
+            sinks.push(
+                p.sinks
+                    .as_ref()
+                    .map(|s| stream.clone_htod(s).map_err(kerr))
+                    .transpose()?,
+            );
+        }
+        let swa = pools.swa_mapping().is_some();
+        Ok(Self {
+            ordinal: gpu.context().ordinal(),
+            plans: plans.to_vec(),
+            model_dtype,
+            page_size: pools.page_size(),
+            max_num_pages,
+            context_len,
+            ragged_max_q: ragged_max_q.unwrap_or(1),
+            caches,
+            sinks,
+            kv_write: KvWriteKernel::new(gpu)?,
+            meta_kernel: GraphMetadataKernel::new(gpu)?,
+            decode: PagedAttentionKernel::new(gpu)?,
+            context: ContextKernel::new(gpu)?,
+            meta_errors: DeviceErrors::new(gpu)?,
+            write_errors: DeviceErrors::new(gpu)?,
+            attn_errors: DeviceErrors::new(gpu)?,
+            workspace: zeros(&stream, workspace_bytes / 4)?,
+            ws_zero: None,
+            maps: Maps::new(&stream, pools)?,
+            eager: MetaBufs::new(&stream, 1, 1, max_num_pages.max(1), swa)?,
+            prepared: None,
+            scratch: Scratch {
+                q: zeros(&stream, 1)?,
+                k: zeros(&stream, 1)?,
+                v: zeros(&stream, 1)?,
+                loc: zeros(&stream, 1)?,
+            },
+            graph: None,
+            gpu: gpu.clone(),
+        })
+    }
+
+    /// The GPU this executor runs on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Device error events of the metadata launches (graph-metadata flags);
+    /// not part of [`Executor::device_errors`] because the host metadata
+    /// build already counts the eager ones. Synchronises.
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] (driver).
+    pub fn metadata_device_errors(&self) -> Result<ErrorReport> {
+        Ok(self.meta_errors.read()?)
+    }
+}
+
+/// Uploads a host tensor into `scratch` (grown) or passes a device view.
+fn stage<'a>(
+    stream: &Arc<CudaStream>,
+    t: TensorRef<'a>,
+    scratch: &'a mut CudaSlice<u16>,
+) -> Result<CudaView<'a, u16>> {
+    match t {
+        TensorRef::Host(h) => {
+            ensure(stream, scratch, h.len())?;
+            upload(stream, h, scratch)?;
+            Ok(scratch.slice(0..h.len().max(1)))
+        }
+        TensorRef::Device(d) => Ok(d.slice(0..d.len())),
+    }
+}
+
+fn ragged_lens(cu: &[i32]) -> Vec<i32> {
+    cu.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+impl Executor for CudaExecutor {
+    fn kind(&self) -> ExecutorKind {
+        ExecutorKind::Cuda(self.ordinal)
+    }
+
+    fn write_kv(
+        &mut self,
+        plan: &LayerPlan,
+        loc: KvLoc<'_>,
+        k: TensorRef<'_>,
+        v: TensorRef<'_>,
+    ) -> Result<ErrorReport> {
+        let n = loc.slots.len();
+        if n == 0 {
+            return Ok(ErrorReport::default());
+        }
+        let Self {
+            gpu,
+            scratch,
+            kv_write,
+            write_errors,
+            caches,
+            eager,
+            prepared,
+            model_dtype,
+            page_size,
+            ..
+        } = self;
+        let stream = gpu.stream();
+        let use_prepared = loc.prepared && prepared.is_some_and(|p| p.shape.rows == n);
+        if !use_prepared {
+            ensure(stream, &mut scratch.loc, n)?;
+            upload(stream, loc.slots, &mut scratch.loc)?;
+        }
+        let Scratch {
+            k: sk,
+            v: sv,
+            loc: sloc,
+            ..
+        } = scratch;
+        let kview = stage(stream, k, sk)?;
+        let vview = stage(stream, v, sv)?;
+        let locview = if use_prepared {
+            match (&eager.swa_out, plan.is_swa) {
+                (Some(s), true) => s.slice(0..n),
+                _ => eager.out_loc.slice(0..n),
+            }
+        } else {
+            sloc.slice(0..n)
+        };
+        run_write(
+            kv_write,
+            plan,
+            &mut caches[plan.layer],
+            *model_dtype,
+            *page_size,
+            locview,
+            kview,
+            vview,
+            n,
+            write_errors,
+        )?;
+        Ok(ErrorReport::default())
+    }
+
+    fn prepare_metadata(&mut self, meta: &ForwardMetadata, pools: &Pools) -> Result<()> {
+        if self
+            .prepared
+            .is_some_and(|p| p.id == meta.id.0 && p.generation == pools.generation())
+        {
+            return Ok(());
+        }
+        let stream = self.gpu.stream().clone();
+        self.maps.sync(&stream, pools)?;
+        let bs = meta.batch_size;
+        let n = meta.num_tokens;
+        if self.eager.cap_bs < bs || self.eager.cap_tokens < n {
+            let swa = self.eager.swa_pt.is_some();
+            self.eager = MetaBufs::new(
+                &stream,
+                bs.max(self.eager.cap_bs),
+                n.max(self.eager.cap_tokens),
+                self.eager.m,
+                swa,
+            )?;
+        }
+        let max_q = if meta.mode == AttnMode::RaggedVerify {
+            meta.max_seq_len_q.max(self.ragged_max_q)
+        } else {
+            meta.max_seq_len_q
+        };
+        let (gmode, write_cu_q) = meta_mode(meta.mode, max_q)?;
+        let qlens = (meta.mode == AttnMode::RaggedVerify).then(|| ragged_lens(&meta.cu_seqlens_q));
+        MetaInputs {
+            req_pool_indices: &meta.req_pool_indices,
+            seq_lens: &meta.seq_lens,
+            out_cache_loc: &meta.source_out_cache_loc,
+            qlens: qlens.as_deref(),
+            cu_q: (!write_cu_q).then_some(&meta.cu_seqlens_q[..]),
+        }
+        .upload(&stream, &mut self.eager)?;
+        launch_metadata(
+            &self.meta_kernel,
+            &self.maps,
+            &mut self.eager,
+            gmode,
+            write_cu_q,
+            bs,
+            n,
+            self.page_size,
+            &mut self.meta_errors,
+        )?;
+        self.prepared = Some(Prepared {
+            id: meta.id.0,
+            generation: pools.generation(),
+            shape: PassShape {
+                mode: meta.mode,
+                bs,
+                rows: n,
+                max_q,
+            },
+        });
+        Ok(())
+    }
+
+    fn attention(
+        &mut self,
+        plan: &LayerPlan,
+        meta: &ForwardMetadata,
+        page_size: usize,
+        q: TensorRef<'_>,
+    ) -> Result<(Tensor, ErrorReport)> {
+        let _ = page_size;
+        let rows = meta.num_tokens;
+        let elems = rows * plan.num_q_heads * plan.head_dim;
+        if rows == 0 || meta.batch_size == 0 {
+            return Ok((Tensor::Host(vec![0; elems]), ErrorReport::default()));
+        }
+        let prepared = self
+            .prepared
+            .filter(|p| p.id == meta.id.0)
+            .ok_or_else(|| BackendError::Metadata("metadata not prepared on the device".into()))?;
+        let Self {
+            gpu,
+            scratch,
+            decode,
+            context,
+            workspace,
+            ws_zero,
+            attn_errors,
+            caches,
+            sinks,
+            eager,
+            model_dtype,
+            page_size,
+            context_len,
+            ..
+        } = self;
+        let stream = gpu.stream();
+        let qview = stage(stream, q, &mut scratch.q)?;
+        let mut out = zeros::<u16>(stream, elems)?;
+        let mut cx = AttnCx {
+            stream,
+            decode,
+            context,
+            workspace,
+            ws_zero,
+            errors: attn_errors,
+            model_dtype: *model_dtype,
+            page_size: *page_size,
+            max_seq_len: *context_len,
+        };
+        run_attention(
+            &mut cx,
+            plan,
+            &caches[plan.layer],
+            sinks[plan.layer].as_ref(),
+            eager,
+            prepared.shape,
+            qview,
+            out.slice_mut(0..elems),
+        )?;
+        Ok((Tensor::Device(out), ErrorReport::default()))
+    }
+
+    fn read_kv(&self, plan: &LayerPlan) -> Result<KvSnapshot> {
+        let s = self.gpu.stream();
+        Ok(match &self.caches[plan.layer] {
+            DevCache::Half(k, v) => KvSnapshot::Half {
+                k: s.clone_dtoh(k).map_err(kerr)?,
+                v: s.clone_dtoh(v).map_err(kerr)?,
+            },
+            DevCache::Fp8(k, v) => KvSnapshot::Fp8 {
+                k: s.clone_dtoh(k).map_err(kerr)?,
+                v: s.clone_dtoh(v).map_err(kerr)?,
+            },
+        })
+    }
+
+    fn read_metadata(&self, graph: bool) -> Result<Option<DeviceMetadata>> {
+        let s = self.gpu.stream();
+        if graph {
+            match &self.graph {
+                Some(GraphState {
+                    bufs,
+                    last: Some(k),
+                    ..
+                }) => Ok(Some(bufs.read(s, k.bs, k.num_tokens)?)),
+                _ => Ok(None),
+            }
+        } else {
+            match &self.prepared {
+                Some(p) => Ok(Some(self.eager.read(s, p.shape.bs, p.shape.rows)?)),
+                None => Ok(None),
+            }
+        }
+    }
+
+    fn device_errors(&self) -> Result<ErrorReport> {
+        let a = self.write_errors.read()?;
+        let b = self.attn_errors.read()?;
+        Ok(ErrorReport {
+            count: a.count.saturating_add(b.count),
+            flags: a.flags | b.flags,
+        })
+    }
+
+    fn init_graph_state(&mut self, max_bs: usize, max_num_tokens: usize) -> Result<()> {
+        if max_bs == 0 || max_num_tokens == 0 {
+            return Err(BackendError::GraphUnsupported(
+                "init_cuda_graph_state needs max_bs ≥ 1 and max_num_tokens ≥ 1".into(),
+            ));
+        }
+        let stream = self.gpu.stream().clone();
+        stream.synchronize().map_err(kerr)?;
+        // Drop the old graphs before their buffers.
+        self.graph = None;
+        let swa = self.eager.swa_pt.is_some();
+        let bufs = MetaBufs::new(
+            &stream,
+            max_bs,
+            max_num_tokens,
+            self.max_num_pages.max(1),
+            swa,
+        )?;
+        let mut io = Vec::with_capacity(self.plans.len());
+        for p in &self.plans {
+            io.push(LayerIo {
+                q: zeros(&stream, max_num_tokens * p.q_row_elems())?,
+                k: zeros(&stream, max_num_tokens * p.kv_row_elems())?,
+                v: zeros(&stream, max_num_tokens * p.kv_row_elems())?,
+                out: zeros(&stream, max_num_tokens * p.q_row_elems())?,
+            });
+        }
+        self.graph = Some(GraphState {
+            bufs,
+            io,
+            graphs: HashMap::new(),
+            last: None,
+        });
+        Ok(())
+    }
+
+    fn capture_graph(&mut self, key: GraphKey, pools: &Pools) -> Result<()> {
+        let stream = self.gpu.stream().clone();
+        let g = self.graph.as_mut().ok_or_else(no_graph_state)?;
+        if key.bs > g.bufs.cap_bs || key.num_tokens > g.bufs.cap_tokens {
+            return Err(BackendError::GraphUnsupported(format!(
+                "bucket bs {} / {} tokens exceeds the graph state ({} / {})",
+                key.bs, key.num_tokens, g.bufs.cap_bs, g.bufs.cap_tokens
+            )));
+        }
+        g.graphs.remove(&key);
+        // Valid inputs for the capture (their values are not recorded):
+        // padding rows only (row 0, seq_len 1, slot 0).
+        let empty = ForwardBatch {
+            batch_size: 0,
+            ..ForwardBatch::idle()
+        };
+        let padded = pad_for(&empty, key)?;
+        self.maps.sync(&stream, pools)?;
+        let g = self.graph.as_mut().ok_or_else(no_graph_state)?;
+        graph_inputs(&padded).upload(&stream, &mut g.bufs)?;
+        let mode = key.graph_mode();
+        let ragged = key.kind == GraphKind::RaggedVerify;
+        if ragged {
+            // backend.md §5: written eagerly, outside the graph.
+            launch_metadata(
+                &self.meta_kernel,
+                &self.maps,
+                &mut g.bufs,
+                mode,
+                true,
+                key.bs,
+                key.num_tokens,
+                self.page_size,
+                &mut self.meta_errors,
+            )?;
+        }
+        stream.synchronize().map_err(kerr)?;
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(kerr)?;
+        // Nothing runs during capture: the counters' state at replay start is
+        // unknown to the recorded sequence, so its first split launch zeroes them.
+        self.ws_zero = None;
+        let recorded = self.record_step(key);
+        let ended = stream.end_capture(CUgraphInstantiate_flags(0));
+        self.ws_zero = None;
+        recorded?;
+        let graph = ended
+            .map_err(kerr)?
+            .ok_or_else(|| BackendError::GraphUnsupported("capture produced no graph".into()))?;
+        graph.upload().map_err(kerr)?;
+        let g = self.graph.as_mut().ok_or_else(no_graph_state)?;
+        g.graphs.insert(key, SendGraph(graph));
+        Ok(())
+    }
+
+    fn graph_keys(&self) -> Vec<GraphKey> {
+        self.graph
+            .as_ref()
+            .map(|g| g.graphs.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
+    fn replay_graph(&mut self, key: GraphKey, padded: &ForwardBatch, pools: &Pools) -> Result<()> {
+        let stream = self.gpu.stream().clone();
+        if !self
+            .graph
+            .as_ref()
+            .is_some_and(|g| g.graphs.contains_key(&key))
+        {
+            return Err(BackendError::GraphUnsupported(format!(
+                "no graph captured for {key:?}"
+            )));
+        }
+        if padded.batch_size != key.bs || padded.out_cache_loc.len() != key.num_tokens {
+            return Err(BackendError::GraphUnsupported(format!(
+                "batch of {} rows / {} tokens is not padded to {key:?}",
+                padded.batch_size,
+                padded.out_cache_loc.len()
+            )));
+        }
+        self.maps.sync(&stream, pools)?;
+        let Some(g) = self.graph.as_mut() else {
+            return Err(no_graph_state());
+        };
+        graph_inputs(padded).upload(&stream, &mut g.bufs)?;
+        if key.kind == GraphKind::RaggedVerify {
+            launch_metadata(
+                &self.meta_kernel,
+                &self.maps,
+                &mut g.bufs,
+                key.graph_mode(),
+                true,
+                key.bs,
+                key.num_tokens,
+                self.page_size,
+                &mut self.meta_errors,
+            )?;
+        }
+        let graph = g.graphs.get(&key).ok_or_else(no_graph_state)?;
+        graph.0.launch().map_err(kerr)?;
+        g.last = Some(key);
+        // The replay's split launches leave their own counter ranges zero,
+        // not necessarily the one the eager path saw last.
+        self.ws_zero = None;
+        Ok(())
+    }
+
+    fn write_graph_inputs(
+        &mut self,
+        plan: &LayerPlan,
+        q: TensorRef<'_>,
+        k: TensorRef<'_>,
+        v: TensorRef<'_>,
+    ) -> Result<()> {
+        let stream = self.gpu.stream().clone();
+        let g = self.graph.as_mut().ok_or_else(no_graph_state)?;
+        let io = g.io.get_mut(plan.layer).ok_or(BackendError::UnknownLayer {
+            layer: plan.layer,
+            num_layers: self.plans.len(),
+        })?;
+        for (t, dst) in [(q, &mut io.q), (k, &mut io.k), (v, &mut io.v)] {
+            if t.len() > dst.len() {
+                return Err(kerr(KernelError::Capacity {
+                    arg: "graph input",
+                    needed: t.len(),
+                    available: dst.len(),
+                }));
+            }
+            match t {
+                TensorRef::Host(h) => upload(&stream, h, dst)?,
+                TensorRef::Device(d) => {
+                    if !d.is_empty() {
+                        stream
+                            .memcpy_dtod(d, &mut dst.slice_mut(0..d.len()))
+                            .map_err(kerr)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn read_graph_output(&self, plan: &LayerPlan, rows: usize) -> Result<Vec<u16>> {
+        let g = self.graph.as_ref().ok_or_else(no_graph_state)?;
+        let io = g.io.get(plan.layer).ok_or(BackendError::UnknownLayer {
+            layer: plan.layer,
+            num_layers: self.plans.len(),
+        })?;
+        let n = rows * plan.q_row_elems();
+        if n > io.out.len() {
+            return Err(kerr(KernelError::Capacity {
+                arg: "rows",
+                needed: n,
+                available: io.out.len(),
+            }));
+        }
+        read(self.gpu.stream(), &io.out, n)
+    }
+}
+
+fn no_graph_state() -> BackendError {
+    BackendError::GraphUnsupported("no CUDA-graph state: call init_cuda_graph_state first".into())
+}
+
+/// `batch` padded to the bucket `key` (D3; ragged lengths per backend.md §5).
+pub(crate) fn pad_for(batch: &ForwardBatch, key: GraphKey) -> Result<ForwardBatch> {
+    let mut b = batch.clone();
+    if key.kind == GraphKind::RaggedVerify && b.verify_lens().is_none() {
+        b.spec_info = Some(crate::SpecInfo::Verify {
+            verify_lens: Some(Vec::new()),
+        });
+    }
+    b.pad_to_bucket(key.bs, key.num_tokens, key.q_len as u32)
+}
+
+/// The device inputs of a padded graph batch.
+fn graph_inputs(padded: &ForwardBatch) -> MetaInputs<'_> {
+    MetaInputs {
+        req_pool_indices: &padded.req_pool_indices,
+        seq_lens: &padded.seq_lens,
+        out_cache_loc: &padded.out_cache_loc,
+        qlens: padded.verify_lens(),
+        cu_q: None,
+    }
+}
+
+impl CudaExecutor {
+    /// Records one whole step of bucket `key` on the (capturing) stream:
+    /// the fused metadata launch (not for ragged verify), then per layer the
+    /// K/V write from the static inputs and attention into the static output.
+    fn record_step(&mut self, key: GraphKey) -> Result<()> {
+        let Self {
+            gpu,
+            plans,
+            caches,
+            sinks,
+            kv_write,
+            meta_kernel,
+            decode,
+            context,
+            meta_errors,
+            write_errors,
+            attn_errors,
+            workspace,
+            ws_zero,
+            maps,
+            graph,
+            model_dtype,
+            page_size,
+            context_len,
+            ..
+        } = self;
+        let stream = gpu.stream();
+        let g = graph.as_mut().ok_or_else(no_graph_state)?;
+        if key.kind != GraphKind::RaggedVerify {
+            launch_metadata(
+                meta_kernel,
+                maps,
+                &mut g.bufs,
+                key.graph_mode(),
+                true,
+                key.bs,
+                key.num_tokens,
+                *page_size,
+                meta_errors,
+            )?;
+        }
+        let shape = PassShape {
+            mode: key.attn_mode(),
+            bs: key.bs,
+            rows: key.num_tokens,
+            max_q: key.q_len,
+        };
+        let n = key.num_tokens;
+        for (l, plan) in plans.iter().enumerate() {
+            let io = &mut g.io[l];
+            let loc = match (&g.bufs.swa_out, plan.is_swa) {
+                (Some(s), true) => s.slice(0..n.max(1)),
+                _ => g.bufs.out_loc.slice(0..n.max(1)),
+            };
+            run_write(
+                kv_write,
+                plan,
+                &mut caches[l],
+                *model_dtype,
+                *page_size,
+                loc,
+                io.k.slice(0..io.k.len()),
+                io.v.slice(0..io.v.len()),
+                n,
+                write_errors,
+            )?;
+            let mut cx = AttnCx {
+                stream,
+                decode,
+                context,
+                workspace,
+                ws_zero,
+                errors: attn_errors,
+                model_dtype: *model_dtype,
+                page_size: *page_size,
+                max_seq_len: *context_len,
+            };
+            let out_len = io.out.len();
+            run_attention(
+                &mut cx,
+                plan,
+                &caches[l],
+                sinks[l].as_ref(),
+                &g.bufs,
+                shape,
+                io.q.slice(0..io.q.len()),
+                io.out.slice_mut(0..out_len),
+            )?;
+        }
+        Ok(())
+    }
+}

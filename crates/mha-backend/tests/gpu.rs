@@ -1,0 +1,613 @@
+//! GPU tests of the CUDA executor (`harness = false`; ignored without a GPU):
+//! every mode eagerly, CUDA == CPU executor on random batches (outputs
+//! within the attention tolerance, caches and metadata live prefixes bit
+//! exact) for a dense 32/8/128, a hybrid SWA 64/8/64 (alternating window
+//! 127 with sinks) and an FP8 model; graph replay == eager over many random
+//! steps per mode (bit exact: same kernels, same shapes); empty batch and
+//! IDLE; exhaustion leaves pools and caches unchanged.
+
+use std::sync::Arc;
+
+use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, OrFail};
+use kernel_rt::Gpu;
+use mha_backend::{
+    BackendConfig, Device, ForwardBatch, ForwardMetadata, GraphKind, HalfDtype, KvCacheDtype,
+    LayerConfig, MhaBackend, SpecConfig, TensorRef,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+type R<T = ()> = Result<T, String>;
+/// A named model config.
+type Model = (&'static str, fn() -> BackendConfig);
+
+fn spec() -> Option<SpecConfig> {
+    Some(SpecConfig {
+        num_steps: 3,
+        num_draft_tokens: 4,
+        topk: 1,
+    })
+}
+
+/// Dense 32/8/128 (2 layers), P = 16, context 1024.
+fn dense() -> BackendConfig {
+    let mut c = BackendConfig::dense(2, LayerConfig::new(32, 8, 128), 16, 1024, 400, 16);
+    c.spec = spec();
+    c.workspace_bytes = Some(64 << 20);
+    c
+}
+
+/// Hybrid 64/8/64: alternating full / window 127 + sinks layers.
+fn hybrid() -> BackendConfig {
+    let sinks: Vec<f32> = (0..64).map(|i| (i % 7) as f32 * 0.3 - 0.9).collect();
+    let mut c = dense();
+    c.layers = (0..4)
+        .map(|l| {
+            let base = LayerConfig::new(64, 8, 64);
+            if l % 2 == 1 {
+                base.with_window(127).with_sinks(sinks.clone())
+            } else {
+                base
+            }
+        })
+        .collect();
+    c.num_swa_pages = Some(300);
+    c
+}
+
+/// FP8 e4m3 KV, 32/8/128, checkpoint scales.
+fn fp8() -> BackendConfig {
+    let mut c = dense();
+    c.kv_dtype = KvCacheDtype::Fp8E4m3;
+    c.layers = vec![
+        LayerConfig::new(32, 8, 128).with_scales(Some(0.5), Some(2.0)),
+        LayerConfig::new(32, 8, 128).with_scales(Some(0.25), None),
+    ];
+    c
+}
+
+fn bf16(x: f32) -> u16 {
+    half::bf16::from_f32(x).to_bits()
+}
+
+fn to_f32(x: u16) -> f32 {
+    half::bf16::from_bits(x).to_f32()
+}
+
+fn rand_vec(rng: &mut StdRng, n: usize) -> Vec<u16> {
+    (0..n).map(|_| bf16(rng.gen_range(-1.0..1.0))).collect()
+}
+
+/// The modes exercised.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Extend { mixed: bool },
+    Decode,
+    DraftDecode { step: u32 },
+    Verify,
+    RaggedVerify,
+    DraftExtend,
+    Idle,
+}
+
+const MODES: [Mode; 8] = [
+    Mode::Extend { mixed: false },
+    Mode::Extend { mixed: true },
+    Mode::Decode,
+    Mode::DraftDecode { step: 1 },
+    Mode::Verify,
+    Mode::RaggedVerify,
+    Mode::DraftExtend,
+    Mode::Idle,
+];
+
+/// Backends driven in lock step: the same pool operations on each.
+struct World {
+    backends: Vec<MhaBackend>,
+    live: Vec<usize>,
+    config: BackendConfig,
+}
+
+impl World {
+    fn new(config: &BackendConfig, devices: &[Device]) -> R<Self> {
+        let backends = devices
+            .iter()
+            .map(|&d| MhaBackend::new(config.clone(), d).or_fail("backend"))
+            .collect::<R<Vec<_>>>()?;
+        Ok(Self {
+            backends,
+            live: Vec::new(),
+            config: config.clone(),
+        })
+    }
+
+    fn alloc(&mut self, grow: &[(usize, usize)]) -> R<Vec<i64>> {
+        let mut out = None;
+        for b in &self.backends {
+            let s = b.alloc_tokens(grow).or_fail("alloc_tokens")?;
+            if out.as_ref().is_some_and(|o| o != &s) {
+                return Err("backends allocated different slots".into());
+            }
+            out = Some(s);
+        }
+        Ok(out.unwrap_or_default())
+    }
+
+    fn new_request(&mut self) -> R<usize> {
+        let mut row = None;
+        for b in &self.backends {
+            let r = b.alloc_request().or_fail("alloc_request")?;
+            if row.is_some_and(|x| x != r) {
+                return Err("backends gave different rows".into());
+            }
+            row = Some(r);
+        }
+        let r = row.ok_or("no backend")?;
+        self.live.push(r);
+        Ok(r)
+    }
+
+    fn len(&self, r: usize) -> usize {
+        self.backends[0].with_pools(|p| p.request_len(r).unwrap_or(0))
+    }
+
+    fn free(&mut self, r: usize) -> R {
+        for b in &self.backends {
+            b.free_request(r).or_fail("free")?;
+        }
+        self.live.retain(|&x| x != r);
+        Ok(())
+    }
+
+    /// Frees requests until `need` pages and a request row are free, and
+    /// long ones, so the context is never exceeded.
+    fn make_room(&mut self, rng: &mut StdRng, need_pages: usize) -> R {
+        let ctx = self.config.context_len;
+        let long: Vec<usize> = self
+            .live
+            .iter()
+            .copied()
+            .filter(|&r| self.len(r) + 64 > ctx)
+            .collect();
+        for r in long {
+            self.free(r)?;
+        }
+        let free = |w: &Self| {
+            w.backends[0].with_pools(|p| {
+                if p.swa_mapping().is_some() {
+                    p.free_pages().min(p.free_swa_pages())
+                } else {
+                    p.free_pages()
+                }
+            })
+        };
+        while !self.live.is_empty()
+            && (free(self) < need_pages
+                || self.backends[0].with_pools(|p| p.free_request_rows()) == 0
+                || rng.gen_bool(0.1))
+        {
+            let i = rng.gen_range(0..self.live.len());
+            self.free(self.live[i])?;
+        }
+        Ok(())
+    }
+
+    /// A random batch of `mode` (pool changes applied on every backend).
+    fn batch(&mut self, rng: &mut StdRng, mode: Mode, max_bs: usize) -> R<ForwardBatch> {
+        self.make_room(rng, 48)?;
+        let n = self.config.spec.map_or(1, |s| s.num_draft_tokens);
+        if let Mode::Extend { mixed } = mode {
+            let mut rpi = Vec::new();
+            let (mut pre, mut ext, mut grow) = (Vec::new(), Vec::new(), Vec::new());
+            let bs = rng.gen_range(1..=max_bs.min(4));
+            for _ in 0..bs {
+                let reuse = !self.live.is_empty() && rng.gen_bool(0.5);
+                let r = if reuse {
+                    let i = rng.gen_range(0..self.live.len());
+                    self.live[i]
+                } else if self.backends[0].with_pools(|p| p.free_request_rows()) > 0 {
+                    self.new_request()?
+                } else {
+                    continue;
+                };
+                if rpi.contains(&(r as i64)) {
+                    continue;
+                }
+                let e = if mixed && rng.gen_bool(0.5) {
+                    1
+                } else {
+                    rng.gen_range(0..24)
+                };
+                pre.push(self.len(r) as i32);
+                ext.push(e);
+                grow.push((r, e as usize));
+                rpi.push(r as i64);
+            }
+            let out = self.alloc(&grow)?;
+            return Ok(ForwardBatch::extend(rpi, pre, ext, out, mixed));
+        }
+        if matches!(mode, Mode::Idle) {
+            return Ok(ForwardBatch::idle());
+        }
+        // Decode-like: existing requests with at least one token.
+        while self.live.len() < 2 {
+            let r = self.new_request()?;
+            let l = rng.gen_range(1..100);
+            self.alloc(&[(r, l)])?;
+        }
+        let mut rows: Vec<usize> = self.live.clone();
+        rows.truncate(rng.gen_range(1..=max_bs.min(rows.len())));
+        let q = rng.gen_range(1..=n);
+        let lens: Vec<usize> = rows
+            .iter()
+            .map(|_| match mode {
+                Mode::Decode | Mode::DraftDecode { .. } => 1,
+                Mode::RaggedVerify => rng.gen_range(1..=n),
+                _ => q,
+            })
+            .collect();
+        let old: Vec<i64> = rows.iter().map(|&r| self.len(r) as i64).collect();
+        let grow: Vec<(usize, usize)> = rows.iter().copied().zip(lens.iter().copied()).collect();
+        let out = self.alloc(&grow)?;
+        let rpi: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+        Ok(match mode {
+            Mode::Decode => ForwardBatch::decode(rpi, old.iter().map(|l| l + 1).collect(), out),
+            Mode::DraftDecode { step } => {
+                // Attention length seq + step + 1 = the new length.
+                let seq = old.iter().map(|l| l + 1 - i64::from(step) - 1).collect();
+                ForwardBatch::draft_decode(rpi, seq, out, Some(step))
+            }
+            Mode::Verify => ForwardBatch::target_verify(rpi, old, out, None),
+            Mode::RaggedVerify => ForwardBatch::target_verify(
+                rpi,
+                old,
+                out,
+                Some(lens.iter().map(|&l| l as i32).collect()),
+            ),
+            Mode::DraftExtend => ForwardBatch::draft_extend_v2(
+                rpi,
+                old.iter().map(|l| l + q as i64).collect(),
+                out,
+                q as i32,
+            ),
+            _ => unreachable!("handled above"),
+        })
+    }
+}
+
+/// Random q / k / v of a pass for every layer.
+fn inputs(rng: &mut StdRng, c: &BackendConfig, rows: usize) -> Vec<(Vec<u16>, Vec<u16>, Vec<u16>)> {
+    c.layers
+        .iter()
+        .map(|l| {
+            let qn = rows * l.num_q_heads * l.head_dim;
+            let kn = rows * l.num_kv_heads * l.head_dim;
+            (rand_vec(rng, qn), rand_vec(rng, kn), rand_vec(rng, kn))
+        })
+        .collect()
+}
+
+fn close(got: &[u16], want: &[u16], what: &str) -> R {
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} vs {} elements", got.len(), want.len()));
+    }
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let (g, w) = (to_f32(g), to_f32(w));
+        if (g - w).abs() > 2e-2 + 2e-2 * w.abs() || g.is_nan() != w.is_nan() {
+            return Err(format!("{what}: element {i}: got {g}, want {w}"));
+        }
+    }
+    Ok(())
+}
+
+/// Device metadata == host metadata on the live prefixes.
+fn same_metadata(b: &MhaBackend, want: &ForwardMetadata, graph: bool, p: usize) -> R {
+    let Some(got) = b.read_device_metadata(graph).or_fail("read metadata")? else {
+        return Err("no device metadata".into());
+    };
+    let bs = want.batch_size;
+    if got.cache_seqlens[..bs] != want.cache_seqlens[..] {
+        return Err(format!(
+            "cache_seqlens {:?} vs {:?}",
+            got.cache_seqlens, want.cache_seqlens
+        ));
+    }
+    if got.cu_seqlens_k[..=bs] != want.cu_seqlens_k[..] {
+        return Err(format!(
+            "cu_seqlens_k {:?} vs {:?}",
+            got.cu_seqlens_k, want.cu_seqlens_k
+        ));
+    }
+    if got.cu_seqlens_q[..=bs] != want.cu_seqlens_q[..] {
+        return Err(format!(
+            "cu_seqlens_q {:?} vs {:?}",
+            got.cu_seqlens_q, want.cu_seqlens_q
+        ));
+    }
+    let m = want.max_num_pages;
+    for i in 0..bs {
+        let row = want.page_row(i, p);
+        if got.page_table[i * m..][..row.len()] != *row {
+            return Err(format!("page_table row {i}"));
+        }
+        if let (Some(g), Some(w)) = (&got.swa_page_table, want.swa_page_row(i, p)) {
+            if g[i * m..][..w.len()] != *w {
+                return Err(format!("swa_page_table row {i}"));
+            }
+        }
+    }
+    if let (Some(g), Some(w)) = (&got.swa_out_cache_loc, &want.swa_out_cache_loc) {
+        if g[..w.len()] != w[..] {
+            return Err("swa_out_cache_loc".into());
+        }
+    }
+    Ok(())
+}
+
+/// Runs one eager pass on a backend; returns each layer's host output.
+fn run_eager(
+    b: &mut MhaBackend,
+    batch: &ForwardBatch,
+    io: &[(Vec<u16>, Vec<u16>, Vec<u16>)],
+) -> R<Vec<Vec<u16>>> {
+    b.init_forward_metadata(batch).or_fail("metadata")?;
+    let mut outs = Vec::new();
+    for (l, (q, k, v)) in io.iter().enumerate() {
+        let o = b
+            .forward(
+                l,
+                TensorRef::Host(q),
+                Some(TensorRef::Host(k)),
+                Some(TensorRef::Host(v)),
+                batch,
+                true,
+            )
+            .or_fail("forward")?;
+        outs.push(o.to_host().or_fail("output")?);
+    }
+    Ok(outs)
+}
+
+fn same_caches(a: &MhaBackend, b: &MhaBackend, layers: usize) -> R {
+    for l in 0..layers {
+        if a.read_kv_cache(l).or_fail("kv")? != b.read_kv_cache(l).or_fail("kv")? {
+            return Err(format!("layer {l}: caches differ"));
+        }
+    }
+    Ok(())
+}
+
+/// Eager: CUDA == CPU for `steps` random passes of `mode`.
+fn eager_vs_cpu(config: BackendConfig, mode: Mode, seed: u64, steps: u32) -> R {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut w = World::new(&config, &[Device::Cpu, Device::Cuda(gpu_ordinal())])?;
+    let p = config.page_size;
+    for step in 0..steps {
+        let batch = w.batch(&mut rng, mode, 8)?;
+        let rows = batch.out_cache_loc.len();
+        let io = inputs(&mut rng, &config, rows);
+        let [cpu, cuda] = &mut w.backends[..] else {
+            return Err("two backends".into());
+        };
+        let want = run_eager(cpu, &batch, &io).map_err(|e| format!("cpu: {e}"))?;
+        let got = run_eager(cuda, &batch, &io).map_err(|e| format!("cuda: {e}"))?;
+        let meta = cpu.metadata().ok_or("cpu metadata")?.clone();
+        same_metadata(cuda, &meta, false, p).map_err(|e| format!("step {step}: {e}"))?;
+        for (l, (g, wv)) in got.iter().zip(&want).enumerate() {
+            close(g, wv, &format!("step {step} layer {l}"))?;
+        }
+        same_caches(cpu, cuda, config.layers.len()).map_err(|e| format!("step {step}: {e}"))?;
+        if !cuda.device_errors().is_clean() {
+            return Err(format!("device errors {:?}", cuda.device_errors()));
+        }
+    }
+    Ok(())
+}
+
+fn gpu_ordinal() -> usize {
+    Gpu::shared().map(|g| g.context().ordinal()).unwrap_or(0)
+}
+
+/// Graph replay == eager (padded batch) over `steps` random steps: one
+/// backend replays graphs, the other runs the padded batch eagerly.
+fn graph_vs_eager(config: BackendConfig, mode: Mode, seed: u64, steps: u32) -> R {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dev = Device::Cuda(gpu_ordinal());
+    let mut w = World::new(&config, &[dev, dev])?;
+    let n = config.spec.map_or(1, |s| s.num_draft_tokens);
+    let (kind, q) = match mode {
+        Mode::Decode | Mode::Idle => (GraphKind::Decode, 1),
+        Mode::DraftDecode { step } => (GraphKind::DraftDecode { step }, 1),
+        Mode::Verify => (GraphKind::TargetVerify, 0),
+        Mode::RaggedVerify => (GraphKind::RaggedVerify, 0),
+        Mode::DraftExtend => (GraphKind::DraftExtendV2, 0),
+        Mode::Extend { .. } => return Err("extend has no graphs".into()),
+    };
+    let max_bs = 8;
+    w.backends[1]
+        .init_cuda_graph_state(max_bs * n, max_bs * n)
+        .or_fail("graph state")?;
+    if kind == GraphKind::RaggedVerify {
+        // Upstream's ragged keying: bs = num_tokens (backend.md §5).
+        let mut t = 1;
+        while t <= max_bs * n {
+            w.backends[1]
+                .capture_cuda_graph(kind, t, t)
+                .or_fail("capture")?;
+            t *= 2;
+        }
+        if (max_bs * n).count_ones() != 1 {
+            w.backends[1]
+                .capture_cuda_graph(kind, max_bs * n, max_bs * n)
+                .or_fail("capture")?;
+        }
+    }
+    for bs in [1, 2, 4, 8] {
+        match kind {
+            GraphKind::TargetVerify | GraphKind::DraftExtendV2 => {
+                for ql in 1..=n {
+                    w.backends[1]
+                        .capture_cuda_graph(kind, bs, bs * ql)
+                        .or_fail("capture")?;
+                }
+            }
+            GraphKind::RaggedVerify => {}
+            _ => {
+                w.backends[1]
+                    .capture_cuda_graph(kind, bs, bs * q)
+                    .or_fail("capture")?;
+            }
+        }
+    }
+    let p = config.page_size;
+    for step in 0..steps {
+        let batch = w.batch(&mut rng, mode, max_bs)?;
+        let [eager, graph] = &mut w.backends[..] else {
+            return Err("two backends".into());
+        };
+        let key = graph.select_cuda_graph(&batch).or_fail("select")?;
+        let padded = match kind {
+            GraphKind::RaggedVerify => batch.pad_to_bucket(key.bs, key.num_tokens, n as u32),
+            _ => batch.pad_to_bucket(key.bs, key.num_tokens, key.q_len as u32),
+        }
+        .or_fail("pad")?;
+        let io = inputs(&mut rng, &config, key.num_tokens);
+        for (l, (q, k, v)) in io.iter().enumerate() {
+            graph
+                .write_graph_inputs(
+                    l,
+                    TensorRef::Host(q),
+                    TensorRef::Host(k),
+                    TensorRef::Host(v),
+                )
+                .or_fail("graph inputs")?;
+        }
+        let used = graph.replay_cuda_graph(&batch).or_fail("replay")?;
+        if used != key {
+            return Err(format!("replayed {used:?}, selected {key:?}"));
+        }
+        let want = run_eager(eager, &padded, &io)?;
+        let meta = eager.metadata().ok_or("eager metadata")?.clone();
+        same_metadata(graph, &meta, true, p).map_err(|e| format!("step {step}: {e}"))?;
+        let real_rows = batch.out_cache_loc.len();
+        for (l, wv) in want.iter().enumerate() {
+            let row = config.layers[l].num_q_heads * config.layers[l].head_dim;
+            let got = graph
+                .read_graph_output(l, real_rows)
+                .or_fail("graph output")?;
+            if got[..] != wv[..real_rows * row] {
+                return Err(format!(
+                    "step {step} layer {l}: replay output differs from eager"
+                ));
+            }
+        }
+        // Whole-cache read-backs are large: every 25 steps and at the end
+        // (cache differences persist, so none is missed).
+        if step % 25 == 0 || step + 1 == steps {
+            same_caches(eager, graph, config.layers.len())
+                .map_err(|e| format!("step {step}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+fn empty_and_idle(config: BackendConfig) -> R {
+    let auto = MhaBackend::new(config.clone(), Device::Auto).or_fail("auto")?;
+    if !matches!(auto.executor_kind(), mha_backend::ExecutorKind::Cuda(_)) {
+        return Err(format!(
+            "Device::Auto with a GPU gave {}",
+            auto.executor_kind()
+        ));
+    }
+    drop(auto);
+    let mut b = MhaBackend::new(config.clone(), Device::Cuda(gpu_ordinal())).or_fail("backend")?;
+    for batch in [
+        ForwardBatch::idle(),
+        ForwardBatch::decode(vec![], vec![], vec![]),
+        ForwardBatch::extend(vec![], vec![], vec![], vec![], false),
+    ] {
+        b.init_forward_metadata(&batch).or_fail("metadata")?;
+        for l in 0..config.layers.len() {
+            let o = b
+                .forward(l, TensorRef::Host(&[]), None, None, &batch, true)
+                .or_fail("forward")?;
+            if !o.is_empty() {
+                return Err("empty batch gave output".into());
+            }
+        }
+    }
+    // A decode graph replays an IDLE batch as padding rows only.
+    b.init_cuda_graph_state(4, 4).or_fail("graph state")?;
+    b.capture_cuda_graph(GraphKind::Decode, 4, 4)
+        .or_fail("capture")?;
+    b.replay_cuda_graph(&ForwardBatch::idle())
+        .or_fail("idle replay")?;
+    // Extend has no graph: a typed error, no fallback.
+    let e = b.select_cuda_graph(&ForwardBatch::extend(vec![], vec![], vec![], vec![], false));
+    if !matches!(e, Err(mha_backend::BackendError::GraphUnsupported(_))) {
+        return Err(format!("extend graph selection: {e:?}"));
+    }
+    Ok(())
+}
+
+fn exhaustion(config: BackendConfig) -> R {
+    let mut c = config;
+    c.num_pages = 8;
+    if c.num_swa_pages.is_some() {
+        c.num_swa_pages = Some(8);
+    }
+    let mut b = MhaBackend::new(c.clone(), Device::Cuda(gpu_ordinal())).or_fail("backend")?;
+    let r = b.alloc_request().or_fail("req")?;
+    let out = b.alloc_tokens(&[(r, 5 * c.page_size)]).or_fail("alloc")?;
+    let mut rng = StdRng::seed_from_u64(7);
+    let batch = ForwardBatch::extend(vec![r as i64], vec![0], vec![out.len() as i32], out, false);
+    let io = inputs(&mut rng, &c, batch.out_cache_loc.len());
+    run_eager(&mut b, &batch, &io)?;
+    let pools = b.pools_snapshot();
+    let caches: Vec<_> = (0..c.layers.len())
+        .map(|l| b.read_kv_cache(l).or_fail("kv"))
+        .collect::<R<_>>()?;
+    if b.alloc_tokens(&[(r, 4 * c.page_size)]).is_ok() {
+        return Err("over-allocation succeeded".into());
+    }
+    if b.pools_snapshot() != pools {
+        return Err("pools changed on exhaustion".into());
+    }
+    for (l, want) in caches.iter().enumerate() {
+        if &b.read_kv_cache(l).or_fail("kv")? != want {
+            return Err(format!("layer {l} cache changed on exhaustion"));
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let steps = gpu_cases(12);
+    let replay_steps = gpu_cases(1000);
+    let models: [Model; 3] = [("dense", dense), ("hybrid", hybrid), ("fp8", fp8)];
+    let mut trials = Vec::new();
+    for (name, make) in models {
+        for (i, mode) in MODES.iter().copied().enumerate() {
+            trials.push(gpu_trial(
+                format!("eager_vs_cpu/{name}/{mode:?}"),
+                move |_g: &Arc<Gpu>| eager_vs_cpu(make(), mode, 100 + i as u64, steps),
+            ));
+            if !matches!(mode, Mode::Extend { .. }) {
+                trials.push(gpu_trial(
+                    format!("graph_vs_eager/{name}/{mode:?}"),
+                    move |_g: &Arc<Gpu>| graph_vs_eager(make(), mode, 200 + i as u64, replay_steps),
+                ));
+            }
+        }
+        trials.push(gpu_trial(
+            format!("empty_and_idle/{name}"),
+            move |_g: &Arc<Gpu>| empty_and_idle(make()),
+        ));
+        trials.push(gpu_trial(
+            format!("exhaustion/{name}"),
+            move |_g: &Arc<Gpu>| exhaustion(make()),
+        ));
+    }
+    let _ = HalfDtype::Bf16;
+    run_trials(trials)
+}
