@@ -1,6 +1,5 @@
-// mha-kit paged-attention: device helpers shared by the context kernel
-// (paged_attention_context.cu). Copied from paged_attention.cu (same
-// semantics); the decode kernel keeps its own copies for now.
+// mha-kit paged-attention: device helpers shared by the decode/verify kernel
+// (paged_attention.cu) and the context kernel (paged_attention_context.cu).
 #pragma once
 #include "mha_kit/common.cuh"
 

@@ -19,6 +19,7 @@
 // The params struct is mirrored by `PagedAttentionParams` in src/launch.rs; a
 // CPU test pins its size and field offsets.
 #include "mha_kit/common.cuh"
+#include "pa_common.cuh"
 
 typedef unsigned short u16;
 
@@ -59,6 +60,19 @@ struct PagedAttentionParams {
 
 namespace pa {
 
+// Device helpers shared with the context kernel (pa_common.cuh).
+using pac::cp_async16;
+using pac::cp_async_commit;
+using pac::cp_async_wait;
+using pac::ex2;
+using pac::f16_to_f32;
+using pac::ldsm_x4;
+using pac::ldsm_x4_t;
+using pac::mma16816;
+using pac::pack2;
+using pac::smem_u32;
+using pac::sum2;
+
 constexpr int T = 32;        // tokens per KV tile (= lanes)
 constexpr int NT = 128;      // threads per CTA
 constexpr int ROWS = 16;     // query rows per CTA
@@ -67,17 +81,7 @@ constexpr float LOG2E = 1.4426950408889634f;
 
 #define NEG_INF __int_as_float(0xff800000)
 
-MHA_KIT_DEVICE float ex2(float x) {
-    float y;
-    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 
-MHA_KIT_DEVICE float f16_to_f32(u16 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
 
 MHA_KIT_DEVICE u16 f32_to_f16(float f) {
     u16 h;
@@ -136,20 +140,8 @@ MHA_KIT_DEVICE void load8(const u8* p, float* f) {
     }
 }
 
-MHA_KIT_DEVICE u32 smem_u32(const void* p) {
-    u64 a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-    return (u32)a;
-}
 
 // 16-byte async copy global -> shared; src_size 0 zero-fills.
-MHA_KIT_DEVICE void cp_async16(u32 dst, const void* src, u32 src_size) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
-                 : "memory");
-}
-MHA_KIT_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-MHA_KIT_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 MHA_KIT_DEVICE float warp_max(float v) {
 #pragma unroll
@@ -711,54 +703,10 @@ struct MmaSmem {
     static_assert(CPR % 4 == 0, "4 lanes per token row");
 };
 
-template <int QT>
-MHA_KIT_DEVICE void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
-    if constexpr (QT == 0) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-}
 
-MHA_KIT_DEVICE void ldsm_x4(u32* r, u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-MHA_KIT_DEVICE void ldsm_x4_t(u32* r, u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
 
 // Two f32 -> packed 16-bit pair (lo in the low half), round to nearest even.
-template <int QT>
-MHA_KIT_DEVICE u32 pack2(float lo, float hi) {
-    u32 r;
-    if constexpr (QT == 0) {
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    } else {
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    }
-    return r;
-}
 // Sum of the two 16-bit values of a packed pair, in f32.
-template <int QT>
-MHA_KIT_DEVICE float sum2(u32 v) {
-    if constexpr (QT == 0) {
-        return __uint_as_float(v << 16) + __uint_as_float(v & 0xffff0000u);
-    } else {
-        return f16_to_f32((u16)(v & 0xffffu)) + f16_to_f32((u16)(v >> 16));
-    }
-}
 
 // e4m3 pair in the low / high 16 bits of w -> packed f16x2 (exact).
 MHA_KIT_DEVICE u32 e4m3x2_lo(u32 w) {
