@@ -32,7 +32,8 @@ use kernel_rt::{
     grid_dim, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut, MAX_GRID_YZ,
 };
 
-use crate::{HalfDtype, KvCache, KvDtype, HEAD_DIMS, MAX_GROUP};
+use crate::launch::{check_vector, eff, stride_err, validate_views, ViewShapes};
+use crate::{HalfDtype, KvCache, KvDtype, HEAD_DIMS};
 
 /// The embedded PTX of the context kernel (`cargo xtask ptx-build`).
 pub const CONTEXT_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
@@ -287,43 +288,6 @@ fn to_i64(arg: &'static str, v: usize) -> Result<i64> {
     i64::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i64")))
 }
 
-fn stride_err(arg: &'static str, detail: String) -> KernelError {
-    KernelError::Stride { arg, detail }
-}
-
-/// Effective stride: 0 for a size-1 dim (its stride is ignored).
-fn eff(shape: &[usize], strides: &[usize], i: usize) -> usize {
-    if shape[i] == 1 {
-        0
-    } else {
-        strides[i]
-    }
-}
-
-fn check_vector<T>(arg: &'static str, v: &Strided<'_, T, 1>, n: usize) -> Result<()> {
-    if v.shape()[0] != n {
-        return Err(KernelError::shape(
-            arg,
-            format!("[{n}]"),
-            format!("{:?}", v.shape()),
-        ));
-    }
-    if n > 1 && v.strides()[0] != 1 {
-        return Err(stride_err(
-            arg,
-            format!("must be contiguous, got stride {}", v.strides()[0]),
-        ));
-    }
-    Ok(())
-}
-
-fn kv_views(kv: &KvCache<'_>) -> ([usize; 4], [usize; 4], [usize; 4], [usize; 4]) {
-    match kv {
-        KvCache::Half { k, v, .. } => (k.shape(), k.strides(), v.shape(), v.strides()),
-        KvCache::E4m3 { k, v } => (k.shape(), k.strides(), v.shape(), v.strides()),
-    }
-}
-
 /// Validates `args` and derives the launch plan. Every rejection happens
 /// here, before any launch (D15).
 ///
@@ -333,16 +297,25 @@ fn kv_views(kv: &KvCache<'_>) -> ([usize; 4], [usize; 4], [usize; 4], [usize; 4]
 /// 16-bit KV of a dtype other than Q's, `Hq % Hkv ≠ 0`, `G > 16`,
 /// `max_q_len` outside `1..=2^24`, non-finite scales, grid limits).
 pub fn validate_context(args: &ContextArgs<'_>) -> Result<ContextPlan> {
-    let [num_tokens, hq, dim] = args.q.shape();
-    let (ks, kst, vs, vst) = kv_views(&args.kv);
-    let [num_pages, hkv, page_size, kdim] = ks;
+    let ViewShapes {
+        num_tokens,
+        hq,
+        dim,
+        num_pages,
+        hkv,
+        page_size,
+        group,
+        bs,
+        m,
+    } = validate_views(
+        &args.q,
+        &args.out,
+        &args.kv,
+        &args.page_table,
+        &args.cache_seqlens,
+    )?;
+    let (ks, kst, vs, vst) = args.kv.shapes();
     let kv_dtype = args.kv.dtype();
-    if !HEAD_DIMS.contains(&dim) {
-        return Err(KernelError::unsupported(
-            "q",
-            format!("head_dim {dim} (supported: 64, 128, 256)"),
-        ));
-    }
     if !context_supported(args.q_dtype, kv_dtype, dim) {
         return Err(KernelError::unsupported(
             "k_cache",
@@ -353,96 +326,6 @@ pub fn validate_context(args: &ContextArgs<'_>) -> Result<ContextPlan> {
             ),
         ));
     }
-    if args.out.shape() != args.q.shape() {
-        return Err(KernelError::shape(
-            "out",
-            format!("{:?} (as q)", args.q.shape()),
-            format!("{:?}", args.out.shape()),
-        ));
-    }
-    if vs != ks {
-        return Err(KernelError::shape(
-            "v_cache",
-            format!("{ks:?} (as k_cache)"),
-            format!("{vs:?}"),
-        ));
-    }
-    if kdim != dim {
-        return Err(KernelError::shape(
-            "k_cache",
-            format!("[num_pages, Hkv, P, D={dim}]"),
-            format!("{ks:?}"),
-        ));
-    }
-    if num_pages == 0 || hkv == 0 || page_size == 0 {
-        return Err(KernelError::shape(
-            "k_cache",
-            "[num_pages ≥ 1, Hkv ≥ 1, P ≥ 1, D]",
-            format!("{ks:?}"),
-        ));
-    }
-    if hq == 0 || hq % hkv != 0 {
-        return Err(KernelError::unsupported(
-            "q",
-            format!("num_q_heads {hq} is not a multiple of num_kv_heads {hkv}"),
-        ));
-    }
-    let group = hq / hkv;
-    if group > MAX_GROUP {
-        return Err(KernelError::unsupported(
-            "q",
-            format!("group size {group} > {MAX_GROUP}"),
-        ));
-    }
-    let es = kv_dtype.size();
-    for (arg, shape, st) in [("k_cache", ks, kst), ("v_cache", vs, vst)] {
-        if st[3] != 1 {
-            return Err(stride_err(
-                arg,
-                format!("last dim must be contiguous, got strides {st:?}"),
-            ));
-        }
-        for i in 0..3 {
-            if (eff(&shape, &st, i) * es) % 16 != 0 {
-                return Err(stride_err(
-                    arg,
-                    format!("strides {st:?} must be multiples of 16 bytes (16-byte loads)"),
-                ));
-            }
-        }
-    }
-    for (arg, shape, st) in [
-        ("q", args.q.shape(), args.q.strides()),
-        ("out", args.out.shape(), args.out.strides()),
-    ] {
-        if st[2] != 1 {
-            return Err(stride_err(
-                arg,
-                format!("last dim must be contiguous, got strides {st:?}"),
-            ));
-        }
-        if eff(&shape, &st, 0) % 8 != 0 || eff(&shape, &st, 1) % 8 != 0 {
-            return Err(stride_err(
-                arg,
-                format!("token/head strides {st:?} must be multiples of 8 elements"),
-            ));
-        }
-    }
-    let [bs, m] = args.page_table.shape();
-    if m == 0 {
-        return Err(KernelError::shape(
-            "page_table",
-            "[bs, max_num_pages ≥ 1]",
-            format!("{:?}", [bs, m]),
-        ));
-    }
-    if m > 1 && args.page_table.strides()[1] != 1 {
-        return Err(stride_err(
-            "page_table",
-            "last dim must be contiguous".into(),
-        ));
-    }
-    check_vector("cache_seqlens", &args.cache_seqlens, bs)?;
     check_vector("cu_seqlens_q", &args.cu_seqlens_q, bs + 1)?;
     if let Some(k) = &args.cu_seqlens_k {
         check_vector("cu_seqlens_k", k, bs + 1)?;

@@ -156,7 +156,7 @@ impl KvCache<'_> {
         }
     }
 
-    fn shapes(&self) -> ([usize; 4], [usize; 4], [usize; 4], [usize; 4]) {
+    pub(crate) fn shapes(&self) -> ([usize; 4], [usize; 4], [usize; 4], [usize; 4]) {
         match self {
             Self::Half { k, v, .. } => (k.shape(), k.strides(), v.shape(), v.strides()),
             Self::E4m3 { k, v } => (k.shape(), k.strides(), v.shape(), v.strides()),
@@ -420,12 +420,12 @@ fn to_i64(arg: &'static str, v: usize) -> Result<i64> {
     i64::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i64")))
 }
 
-fn stride_err(arg: &'static str, detail: String) -> KernelError {
+pub(crate) fn stride_err(arg: &'static str, detail: String) -> KernelError {
     KernelError::Stride { arg, detail }
 }
 
 /// Effective stride: 0 for a size-1 dim (its stride is ignored).
-fn eff(shape: &[usize], strides: &[usize], i: usize) -> usize {
+pub(crate) fn eff(shape: &[usize], strides: &[usize], i: usize) -> usize {
     if shape[i] == 1 {
         0
     } else {
@@ -433,7 +433,7 @@ fn eff(shape: &[usize], strides: &[usize], i: usize) -> usize {
     }
 }
 
-fn check_vector<T>(arg: &'static str, v: &Strided<'_, T, 1>, n: usize) -> Result<()> {
+pub(crate) fn check_vector<T>(arg: &'static str, v: &Strided<'_, T, 1>, n: usize) -> Result<()> {
     if v.shape()[0] != n {
         return Err(KernelError::shape(
             arg,
@@ -450,28 +450,38 @@ fn check_vector<T>(arg: &'static str, v: &Strided<'_, T, 1>, n: usize) -> Result
     Ok(())
 }
 
-/// Validates `args` for a GPU with `num_sms` SMs and derives the launch plan.
-/// Every rejection happens here, before any launch (D15).
-///
-/// # Errors
-/// [`KernelError::Shape`], [`KernelError::Stride`],
-/// [`KernelError::Unsupported`] or [`KernelError::Capacity`] (workspace)
-/// naming the argument.
-pub fn validate(args: &DecodeArgs<'_>, num_sms: usize) -> Result<LaunchPlan> {
-    validate_path(args, num_sms, KernelPath::Auto)
+/// Shapes every attention launch shares, after [`validate_views`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ViewShapes {
+    pub num_tokens: usize,
+    pub hq: usize,
+    pub dim: usize,
+    pub num_pages: usize,
+    pub hkv: usize,
+    pub page_size: usize,
+    pub group: usize,
+    pub bs: usize,
+    pub m: usize,
 }
 
-/// [`validate`] for an explicit [`KernelPath`].
+/// The checks the decode and the context launchers share: head dim, `out`
+/// as `q`, K and V caches alike and `[num_pages ≥ 1, Hkv ≥ 1, P ≥ 1, D]`
+/// with 16-byte-aligned strides (size-1 dims ignored), GQA divisibility and
+/// group limit, `q`/`out` strides, a contiguous `[bs, M ≥ 1]` page table and
+/// `cache_seqlens [bs]`.
 ///
 /// # Errors
-/// As [`validate`].
-pub fn validate_path(
-    args: &DecodeArgs<'_>,
-    num_sms: usize,
-    path: KernelPath,
-) -> Result<LaunchPlan> {
-    let [num_tokens, hq, dim] = args.q.shape();
-    let (ks, kst, vs, vst) = args.kv.shapes();
+/// [`KernelError::Shape`], [`KernelError::Stride`] or
+/// [`KernelError::Unsupported`] naming the argument.
+pub(crate) fn validate_views(
+    q: &Strided<'_, u16, 3>,
+    out: &StridedMut<'_, u16, 3>,
+    kv: &KvCache<'_>,
+    page_table: &Strided<'_, i32, 2>,
+    cache_seqlens: &Strided<'_, i32, 1>,
+) -> Result<ViewShapes> {
+    let [num_tokens, hq, dim] = q.shape();
+    let (ks, kst, vs, vst) = kv.shapes();
     let [num_pages, hkv, page_size, kdim] = ks;
     if !HEAD_DIMS.contains(&dim) {
         return Err(KernelError::unsupported(
@@ -479,11 +489,11 @@ pub fn validate_path(
             format!("head_dim {dim} (supported: 64, 128, 256)"),
         ));
     }
-    if args.out.shape() != args.q.shape() {
+    if out.shape() != q.shape() {
         return Err(KernelError::shape(
             "out",
-            format!("{:?} (as q)", args.q.shape()),
-            format!("{:?}", args.out.shape()),
+            format!("{:?} (as q)", q.shape()),
+            format!("{:?}", out.shape()),
         ));
     }
     if vs != ks {
@@ -520,7 +530,7 @@ pub fn validate_path(
             format!("group size {group} > {MAX_GROUP}"),
         ));
     }
-    let es = args.kv.dtype().size();
+    let es = kv.dtype().size();
     for (arg, shape, st) in [("k_cache", ks, kst), ("v_cache", vs, vst)] {
         if st[3] != 1 {
             return Err(stride_err(
@@ -538,8 +548,8 @@ pub fn validate_path(
         }
     }
     for (arg, shape, st) in [
-        ("q", args.q.shape(), args.q.strides()),
-        ("out", args.out.shape(), args.out.strides()),
+        ("q", q.shape(), q.strides()),
+        ("out", out.shape(), out.strides()),
     ] {
         if st[2] != 1 {
             return Err(stride_err(
@@ -554,7 +564,7 @@ pub fn validate_path(
             ));
         }
     }
-    let [bs, m] = args.page_table.shape();
+    let [bs, m] = page_table.shape();
     if m == 0 {
         return Err(KernelError::shape(
             "page_table",
@@ -562,13 +572,64 @@ pub fn validate_path(
             format!("{:?}", [bs, m]),
         ));
     }
-    if m > 1 && args.page_table.strides()[1] != 1 {
+    if m > 1 && page_table.strides()[1] != 1 {
         return Err(stride_err(
             "page_table",
             "last dim must be contiguous".into(),
         ));
     }
-    check_vector("cache_seqlens", &args.cache_seqlens, bs)?;
+    check_vector("cache_seqlens", cache_seqlens, bs)?;
+    Ok(ViewShapes {
+        num_tokens,
+        hq,
+        dim,
+        num_pages,
+        hkv,
+        page_size,
+        group,
+        bs,
+        m,
+    })
+}
+
+/// Validates `args` for a GPU with `num_sms` SMs and derives the launch plan.
+/// Every rejection happens here, before any launch (D15).
+///
+/// # Errors
+/// [`KernelError::Shape`], [`KernelError::Stride`],
+/// [`KernelError::Unsupported`] or [`KernelError::Capacity`] (workspace)
+/// naming the argument.
+pub fn validate(args: &DecodeArgs<'_>, num_sms: usize) -> Result<LaunchPlan> {
+    validate_path(args, num_sms, KernelPath::Auto)
+}
+
+/// [`validate`] for an explicit [`KernelPath`].
+///
+/// # Errors
+/// As [`validate`].
+pub fn validate_path(
+    args: &DecodeArgs<'_>,
+    num_sms: usize,
+    path: KernelPath,
+) -> Result<LaunchPlan> {
+    let ViewShapes {
+        num_tokens,
+        hq,
+        dim,
+        num_pages,
+        hkv,
+        page_size,
+        group,
+        bs,
+        m,
+    } = validate_views(
+        &args.q,
+        &args.out,
+        &args.kv,
+        &args.page_table,
+        &args.cache_seqlens,
+    )?;
+    let (ks, kst, vs, vst) = args.kv.shapes();
     let (q_len, uniform) = match &args.layout {
         QueryLayout::Uniform { q_len_per_req } => {
             if !(1..=MAX_Q_LEN).contains(q_len_per_req) {
