@@ -34,13 +34,13 @@
 //! ## Scales ([`KvScales`], DECISIONS.md D8)
 //! One `(k_scale, v_scale)` f32 pair per layer, resolved once at setup from a
 //! float or a one-element device tensor (read once, then never per step);
-//! missing, `≤ 0` or NaN → 1.0; caches that are not e4m3 ignore checkpoint
+//! missing, `≤ 0`, NaN or `+∞` → 1.0 (`+∞`: mha-kit's choice, its reciprocal would zero the cache); caches that are not e4m3 ignore checkpoint
 //! scales. The same pair gives the write's reciprocals and attention's
 //! `bmm1_scale = q_scale · k_scale · sm_scale`, `bmm2_scale = v_scale`.
 //!
 //! - [`KvWriteKernel`]: the typed launcher ([`KvWriteArgs`]);
 //! - [`codec`]: the host e4m3 codec (the `float8` crate plus the NaN rule);
-//! - [`reference`]: the CPU definition the GPU must match bit for bit.
+//! - [`reference`](mod@reference): the CPU definition the GPU must match bit for bit.
 
 pub mod codec;
 mod launch;

@@ -125,7 +125,8 @@ impl MhaBackend {
     ///
     /// # Errors
     /// [`BackendError::TopkUnsupported`], [`BackendError::Config`] for an
-    /// invalid config; [`BackendError::CudaNotImplemented`] for `Device::Cuda`.
+    /// invalid config; [`BackendError::Kernel`] (`KernelError::NoGpu`) for
+    /// `Device::Cuda` without a GPU.
     pub fn new(config: BackendConfig, device: Device) -> Result<Self> {
         Ok(Self {
             core: Arc::new(Mutex::new(Core::new(config, device)?)),

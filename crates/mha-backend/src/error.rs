@@ -20,14 +20,6 @@ pub enum BackendError {
     /// are supported (DECISIONS.md D14, backend.md §9).
     #[error("speculative topk = {0} is not supported: only topk <= 1 (linear draft chains) is (DECISIONS.md D14)")]
     TopkUnsupported(usize),
-    /// Kept for API compatibility: no longer returned (`Device::Cuda(n)`
-    /// builds the CUDA executor, or fails with
-    /// [`kernel_rt::KernelError::NoGpu`] without a GPU).
-    #[error("CUDA executor not implemented yet (asked for cuda:{ordinal}); use Device::Cpu or Device::Auto")]
-    CudaNotImplemented {
-        /// The requested device ordinal.
-        ordinal: usize,
-    },
     /// A device string that is not `auto`, `cpu` or `cuda:N`.
     #[error("invalid device `{0}`: expected auto, cpu or cuda:N")]
     InvalidDevice(String),

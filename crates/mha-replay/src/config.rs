@@ -225,11 +225,9 @@ impl Setup {
             Device::Auto => {
                 match kernel_rt::gpu_status() {
                     kernel_rt::GpuStatus::Available { devices } => device_notes.push(format!(
-                        "{devices} CUDA device(s) found, but mha-backend's CUDA executor is not implemented yet: using the CPU executor"
+                        "{devices} CUDA device(s) found, but mha-replay's CUDA engine is not wired yet"
                     )),
-                    kernel_rt::GpuStatus::Missing(why) => {
-                        device_notes.push(format!("no GPU ({why}): using the CPU executor"))
-                    }
+                    kernel_rt::GpuStatus::Missing(why) => device_notes.push(format!("no GPU: {why}")),
                 }
                 ExecutorChoice::Cpu
             }
@@ -237,8 +235,8 @@ impl Setup {
                 return Err(flag_err(
                     "--device",
                     format!(
-                        "{} (use --device cpu or --device auto)",
-                        BackendError::CudaNotImplemented { ordinal }
+                        "cuda:{ordinal} is not available yet: mha-replay's CUDA engine is not wired \
+                         (the backend's CUDA executor has not run on a GPU yet); use --device cpu or auto"
                     ),
                 ))
             }

@@ -27,6 +27,16 @@ fn write_json(path: &std::path::Path, report: &Report) -> Result<(), ReplayError
 fn real_main() -> Result<Report, ReplayError> {
     let args = Args::parse();
     let setup = Setup::from_args(&args)?;
+    // Fail before the replay, not after it, when an output cannot be written.
+    for (what, path) in [("JSON report", &setup.json), ("plot", &setup.plot)] {
+        if let Some(p) = path {
+            std::fs::File::create(p).map_err(|e| ReplayError::Output {
+                what,
+                path: p.display().to_string(),
+                detail: e.to_string(),
+            })?;
+        }
+    }
     let mut engine = engine_for(&setup);
     let info = engine.info();
     println!(

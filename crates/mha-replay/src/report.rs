@@ -379,7 +379,11 @@ impl Report {
                 c.layers,
                 c.heads,
                 if c.swa_layers > 0 {
-                    format!(", {} SWA layers", c.swa_layers)
+                    format!(
+                        ", {} SWA layer{}",
+                        c.swa_layers,
+                        if c.swa_layers == 1 { "" } else { "s" }
+                    )
                 } else {
                     String::new()
                 },
@@ -453,7 +457,7 @@ impl Report {
         );
         row("KV bytes read", bytes_h(t.kv_bytes_read));
         row(
-            "decode bandwidth",
+            "decode/verify bandwidth",
             format!(
                 "{} = {:.2}% of the copy ceiling {} (measured at start)",
                 rate_h(t.decode_bandwidth_gbps),

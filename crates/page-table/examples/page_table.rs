@@ -30,7 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     map[52] = -1;
 
-    let (device, table, swa) = match gpu_status() {
+    let (device, table, swa, err) = match gpu_status() {
         GpuStatus::Available { .. } => {
             let gpu = Gpu::shared()?;
             let s = gpu.stream();
@@ -59,11 +59,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 },
                 &mut errors,
             )?;
-            println!("device error word: {:?}", errors.read()?);
             (
                 gpu.describe(),
                 s.clone_dtoh(&d_table)?,
                 s.clone_dtoh(&d_swa)?,
+                errors.read()?,
             )
         }
         GpuStatus::Missing(why) => {
@@ -82,11 +82,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 pool_slots: None,
             };
             let err = build_page_table(&input, &mut table, M, Some((&mut swa, M)));
-            println!("error report: {err:?}");
-            (format!("CPU reference (no GPU: {why})"), table, swa)
+            (format!("CPU reference (no GPU: {why})"), table, swa, err)
         }
     };
     println!("device: {device}");
+    println!(
+        "device error word: {} event(s), flags {:#x}",
+        err.count, err.flags
+    );
     println!("P = {P}, cache_seqlens = {cache_seqlens:?} (entries past each live prefix keep their -1 fill)");
     for row in 0..2 {
         println!(

@@ -25,7 +25,7 @@
 //! gives SWA page 0 (D9). Nothing is ever read or written out of bounds.
 //!
 //! - [`PageTableKernel`]: the typed launcher ([`PageTableArgs`]);
-//! - [`reference`]: the CPU definition the GPU must match bit for bit.
+//! - [`reference`](mod@reference): the CPU definition the GPU must match bit for bit.
 
 mod launch;
 pub mod reference;

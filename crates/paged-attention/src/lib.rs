@@ -70,7 +70,7 @@
 //! every launch, so CUDA-graph replays stay correct.
 //!
 //! - [`PagedAttentionKernel`]: the typed launcher ([`DecodeArgs`]);
-//! - [`reference`]: the f64 CPU definition the GPU is tested against.
+//! - [`reference`](mod@reference): the f64 CPU definition the GPU is tested against.
 
 pub mod context;
 mod launch;

@@ -34,7 +34,7 @@
 //!
 //! - [`SwaLocKernel`] / [`SwaLocArgs`]: token-location translation;
 //! - [`SwaPageKernel`] / [`SwaPageArgs`]: page-id translation of a row set;
-//! - [`reference`]: the CPU definitions the GPU must match bit for bit.
+//! - [`reference`](mod@reference): the CPU definitions the GPU must match bit for bit.
 
 mod launch;
 mod mapping;
