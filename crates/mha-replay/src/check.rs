@@ -242,6 +242,188 @@ impl Checker {
     }
 }
 
+/// One sampled pair for a pool worker.
+struct CheckJob {
+    seq: u64,
+    pass: std::sync::Arc<Pass>,
+    layer: usize,
+    part: usize,
+    rows: Vec<u16>,
+}
+
+/// What a worker hands back: its totals, the sequence number of its first
+/// mismatch, and its busy seconds.
+type WorkerOut = (CheckStats, Option<u64>, f64);
+
+/// Runs [`Checker::check`] on host worker threads so that checking does not
+/// serialize the replay: the replay submits sampled rows (a bounded queue —
+/// it waits only when the workers are far behind) and collects the merged
+/// totals at the end. Totals are independent of scheduling: counts add,
+/// maxima are maxima, and the reported first mismatch is the one of the
+/// earliest submitted pair. With 0 workers checks run inline.
+pub struct CheckPool {
+    inline: Option<Checker>,
+    inline_first: Option<u64>,
+    inline_s: f64,
+    tx: Option<std::sync::mpsc::SyncSender<CheckJob>>,
+    workers: Vec<std::thread::JoinHandle<WorkerOut>>,
+    base: CheckStats,
+    seq: u64,
+}
+
+impl std::fmt::Debug for CheckPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckPool")
+            .field("workers", &self.workers.len())
+            .field("submitted", &self.seq)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Worker threads a pool uses by default: the host's cores minus one (the
+/// replay's own thread), 1 to 8.
+pub fn default_check_workers() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get().saturating_sub(1))
+        .clamp(1, 8)
+}
+
+fn check_one(c: &mut Checker, first: &mut Option<u64>, busy: &mut f64, job: &CheckJob) {
+    let t = std::time::Instant::now();
+    let had = c.stats.first_mismatch.is_some();
+    c.check(&job.pass, job.layer, job.part, &job.rows);
+    if !had && c.stats.first_mismatch.is_some() {
+        *first = Some(job.seq);
+    }
+    *busy += t.elapsed().as_secs_f64();
+}
+
+impl CheckPool {
+    /// A pool of `workers` threads, each with a copy of `checker` (whose
+    /// totals so far are kept and merged at the end).
+    pub fn new(checker: Checker, workers: usize) -> Self {
+        let base = checker.stats.clone();
+        let mut fresh = checker;
+        fresh.stats = CheckStats::default();
+        if workers == 0 {
+            return Self {
+                inline: Some(fresh),
+                inline_first: None,
+                inline_s: 0.0,
+                tx: None,
+                workers: Vec::new(),
+                base,
+                seq: 0,
+            };
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel::<CheckJob>(16 * workers);
+        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        let handles = (0..workers)
+            .map(|_| {
+                let rx = std::sync::Arc::clone(&rx);
+                let mut c = fresh.clone();
+                std::thread::spawn(move || {
+                    let (mut first, mut busy) = (None, 0.0);
+                    loop {
+                        let job = {
+                            let guard = rx.lock().unwrap_or_else(|e| e.into_inner());
+                            guard.recv()
+                        };
+                        match job {
+                            Ok(job) => check_one(&mut c, &mut first, &mut busy, &job),
+                            Err(_) => break,
+                        }
+                    }
+                    (c.stats, first, busy)
+                })
+            })
+            .collect();
+        Self {
+            inline: None,
+            inline_first: None,
+            inline_s: 0.0,
+            tx: Some(tx),
+            workers: handles,
+            base,
+            seq: 0,
+        }
+    }
+
+    /// Queues the rows `rows` of `pass.parts[part]` in `layer` for checking.
+    ///
+    /// # Errors
+    /// [`crate::ReplayError::Internal`] when the workers are gone (one panicked).
+    pub fn submit(
+        &mut self,
+        pass: &std::sync::Arc<Pass>,
+        layer: usize,
+        part: usize,
+        rows: Vec<u16>,
+    ) -> crate::Result<()> {
+        let job = CheckJob {
+            seq: self.seq,
+            pass: std::sync::Arc::clone(pass),
+            layer,
+            part,
+            rows,
+        };
+        self.seq += 1;
+        if let Some(c) = &mut self.inline {
+            check_one(c, &mut self.inline_first, &mut self.inline_s, &job);
+            return Ok(());
+        }
+        match &self.tx {
+            Some(tx) => tx.send(job).map_err(|_| {
+                crate::ReplayError::Internal("the check workers stopped (a worker panicked)".into())
+            }),
+            None => Err(crate::ReplayError::Internal(
+                "check pool already finished".into(),
+            )),
+        }
+    }
+
+    /// Waits for every queued check and returns the merged totals and the
+    /// workers' summed busy seconds.
+    ///
+    /// # Errors
+    /// [`crate::ReplayError::Internal`] when a worker panicked.
+    pub fn finish(mut self) -> crate::Result<(CheckStats, f64)> {
+        drop(self.tx.take());
+        let mut outs: Vec<WorkerOut> = Vec::new();
+        if let Some(c) = self.inline.take() {
+            outs.push((c.stats, self.inline_first, self.inline_s));
+        }
+        for h in self.workers.drain(..) {
+            outs.push(
+                h.join()
+                    .map_err(|_| crate::ReplayError::Internal("a check worker panicked".into()))?,
+            );
+        }
+        let mut total = self.base.clone();
+        let mut first: Option<(u64, String)> = None;
+        let mut busy = 0.0;
+        for (s, f, b) in outs {
+            total.pairs += s.pairs;
+            total.rows += s.rows;
+            total.elements += s.elements;
+            total.max_abs_err = total.max_abs_err.max(s.max_abs_err);
+            total.max_tolerance_ratio = total.max_tolerance_ratio.max(s.max_tolerance_ratio);
+            total.mismatched_pairs += s.mismatched_pairs;
+            total.mismatched_elements += s.mismatched_elements;
+            if let (Some(seq), Some(m)) = (f, s.first_mismatch) {
+                if first.as_ref().is_none_or(|(q, _)| seq < *q) {
+                    first = Some((seq, m));
+                }
+            }
+            busy += b;
+        }
+        if total.first_mismatch.is_none() {
+            total.first_mismatch = first.map(|f| f.1);
+        }
+        Ok((total, busy))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,5 +490,35 @@ mod tests {
         let nan = vec![0x7FC0u16; rows.len()];
         c.check(&pass, 0, 0, &nan);
         assert_eq!(c.stats.mismatched_pairs, 3);
+
+        // The pool gives the same totals inline and on threads, and reports
+        // the earliest submitted mismatch.
+        let fresh = Checker::new(g, 5, KvCacheDtype::Bf16, vec![layer], vec![]);
+        let shared = std::sync::Arc::new(pass.clone());
+        let other = std::sync::Arc::new(other);
+        let mut results = Vec::new();
+        for workers in [0, 3] {
+            let mut pool = CheckPool::new(fresh.clone(), workers);
+            for _ in 0..5 {
+                pool.submit(&shared, 0, 0, rows.clone()).unwrap();
+            }
+            pool.submit(&other, 0, 0, rows.clone()).unwrap();
+            pool.submit(&shared, 0, 0, bad.clone()).unwrap();
+            pool.submit(&shared, 0, 0, nan.clone()).unwrap();
+            let (stats, _busy) = pool.finish().unwrap();
+            assert_eq!(stats.pairs, 8);
+            assert_eq!(stats.mismatched_pairs, 3);
+            assert!(
+                stats
+                    .first_mismatch
+                    .as_deref()
+                    .unwrap()
+                    .contains("request 10"),
+                "{:?}",
+                stats.first_mismatch
+            );
+            results.push(stats);
+        }
+        assert_eq!(results[0], results[1]);
     }
 }

@@ -144,6 +144,27 @@ pub struct Args {
 pub enum ExecutorChoice {
     /// mha-backend's CPU executor.
     Cpu,
+    /// mha-backend's CUDA executor on device `N` (`--device cuda:N`),
+    /// driven by the CUDA engine (unverified until its GPU tests pass).
+    Cuda(usize),
+}
+
+impl ExecutorChoice {
+    /// The backend device.
+    pub fn device(self) -> Device {
+        match self {
+            Self::Cpu => Device::Cpu,
+            Self::Cuda(n) => Device::Cuda(n),
+        }
+    }
+
+    /// Name for the report (`CPU`, `CUDA`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cpu => "CPU",
+            Self::Cuda(_) => "CUDA",
+        }
+    }
 }
 
 /// The resolved replay configuration.
@@ -225,20 +246,34 @@ impl Setup {
             Device::Auto => {
                 match kernel_rt::gpu_status() {
                     kernel_rt::GpuStatus::Available { devices } => device_notes.push(format!(
-                        "{devices} CUDA device(s) found, but mha-replay's CUDA engine is not wired yet"
+                        "{devices} CUDA device(s) found, but auto still picks the CPU engine: \
+                         the CUDA engine (--device cuda:N) is unverified on hardware until its GPU tests pass"
                     )),
                     kernel_rt::GpuStatus::Missing(why) => device_notes.push(format!("no GPU: {why}")),
                 }
                 ExecutorChoice::Cpu
             }
             Device::Cuda(ordinal) => {
-                return Err(flag_err(
-                    "--device",
-                    format!(
-                        "cuda:{ordinal} is not available yet: mha-replay's CUDA engine is not wired \
-                         (the backend's CUDA executor has not run on a GPU yet); use --device cpu or auto"
-                    ),
-                ))
+                match kernel_rt::gpu_status() {
+                    kernel_rt::GpuStatus::Missing(why) => {
+                        return Err(flag_err(
+                            "--device",
+                            format!("cuda:{ordinal} requested but there is no GPU ({why}); use --device cpu or auto"),
+                        ))
+                    }
+                    kernel_rt::GpuStatus::Available { devices } if ordinal >= *devices => {
+                        return Err(flag_err(
+                            "--device",
+                            format!("cuda:{ordinal} requested, the driver reports {devices} device(s)"),
+                        ))
+                    }
+                    kernel_rt::GpuStatus::Available { .. } => {}
+                }
+                device_notes.push(
+                    "CUDA engine: unverified on hardware until tests/gen_gpu.rs and tests/replay_gpu.rs pass"
+                        .into(),
+                );
+                ExecutorChoice::Cuda(ordinal)
             }
         };
         let cpu = executor == ExecutorChoice::Cpu;

@@ -4,8 +4,9 @@
 //!
 //! - [`CpuEngine`] (today): Q/K/V generated on the host ([`Generator`]),
 //!   host tensors into [`MhaBackend::forward`], host wall time.
-//! - The CUDA engine (next, with mha-backend's CUDA executor) implements the
-//!   same [`Engine`] trait: Q/K/V from a device hash kernel bit-identical to
+//! - [`crate::cuda_engine::CudaEngine`] (mha-backend's CUDA executor;
+//!   unverified on hardware) implements the same trait: Q/K/V from a device
+//!   hash kernel bit-identical to
 //!   [`Generator::element`] (so the host checker can regenerate them),
 //!   CUDA-event device time, graph capture/replay per bucket when
 //!   `--cuda-graphs on`, and only the sampled rows copied back.

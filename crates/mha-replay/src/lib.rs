@@ -21,8 +21,12 @@
 //! - [`sched`]: admission in arrival order while KV pages last, chunked
 //!   prefill, decode, pages freed on finish.
 //! - [`replay`]: builds each pass's [`mha_backend::ForwardBatch`] and runs
-//!   it through an [`engine::Engine`] (CPU today, CUDA next: the seam is
-//!   the trait), samples (call, request) pairs for [`check`].
+//!   it through an [`engine::Engine`] ([`engine::CpuEngine`], or
+//!   [`cuda_engine::CudaEngine`] for `--device cuda:N` — wired but not yet
+//!   run on a GPU), samples (call, request) pairs for [`check`] (run on
+//!   host worker threads, [`check::CheckPool`]).
+//! - [`launch`]: the device generator kernel `mha_replay_gen_qkv`
+//!   (`kernels/mha_replay_gen.cu`), bit-identical to [`gen`].
 //! - [`gen`]: Q/K/V from the seed by a counter hash (never wall time).
 //! - [`check`]: independent f64 recomputation through paged-attention's
 //!   reference on contiguous, regenerated K/V.
@@ -38,9 +42,11 @@
 
 pub mod check;
 pub mod config;
+pub mod cuda_engine;
 pub mod engine;
 pub mod error;
 pub mod gen;
+pub mod launch;
 pub mod model;
 pub mod pass;
 pub mod plot;
@@ -56,11 +62,21 @@ pub use report::Report;
 use engine::{CpuEngine, Engine};
 use gen::Generator;
 
-/// Builds the engine for `setup`'s executor.
-pub fn engine_for(setup: &Setup) -> Box<dyn Engine> {
-    match setup.executor {
+/// Builds the engine for `setup`'s executor: [`CpuEngine`] or
+/// [`cuda_engine::CudaEngine`] (`--device cuda:N`, unverified on hardware).
+///
+/// # Errors
+/// [`ReplayError::Flag`] naming `--device` when the CUDA engine cannot
+/// start (no GPU, not the shared device); PTX load / allocation errors.
+pub fn engine_for(setup: &Setup) -> Result<Box<dyn Engine>> {
+    Ok(match setup.executor {
         config::ExecutorChoice::Cpu => Box::new(CpuEngine::new(Generator::new(setup.seed))),
-    }
+        config::ExecutorChoice::Cuda(n) => Box::new(cuda_engine::CudaEngine::new(
+            n,
+            setup.seed,
+            setup.cuda_graphs,
+        )?),
+    })
 }
 
 /// Runs a replay end to end (no progress bar, no files): for tests and
@@ -70,6 +86,6 @@ pub fn engine_for(setup: &Setup) -> Box<dyn Engine> {
 /// As [`Setup::from_args`] and [`replay::run`].
 pub fn run_args(args: &Args) -> Result<Report> {
     let setup = Setup::from_args(args)?;
-    let mut engine = engine_for(&setup);
+    let mut engine = engine_for(&setup)?;
     replay::run(&setup, engine.as_mut(), &indicatif::ProgressBar::hidden())
 }

@@ -37,7 +37,7 @@ fn real_main() -> Result<Report, ReplayError> {
             })?;
         }
     }
-    let mut engine = engine_for(&setup);
+    let mut engine = engine_for(&setup)?;
     let info = engine.info();
     println!(
         "mha-replay: device {} ({} executor{})",

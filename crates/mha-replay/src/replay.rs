@@ -22,7 +22,7 @@ use std::time::Instant;
 use indicatif::ProgressBar;
 use mha_backend::{ForwardBatch, KvCacheDtype, LayerConfig, MhaBackend, MultiStepDraftBackend};
 
-use crate::check::Checker;
+use crate::check::{default_check_workers, CheckPool, Checker};
 use crate::config::Setup;
 use crate::engine::Engine;
 use crate::error::{ReplayError, Result};
@@ -114,7 +114,7 @@ impl KvPools for Models {
 /// Runs passes through the engine, checks samples, records.
 struct Runner<'a> {
     engine: &'a mut dyn Engine,
-    checker: Checker,
+    checks: CheckPool,
     rec: Recorder,
     seed: u64,
     fraction: f64,
@@ -156,11 +156,12 @@ impl Runner<'_> {
         let out = self
             .engine
             .run_pass(backend, pass, layers, metadata_ready, &sample)?;
-        let t = Instant::now();
-        for s in &out.sampled {
-            self.checker.check(pass, s.layer, s.part, &s.rows);
+        if !out.sampled.is_empty() {
+            let shared = std::sync::Arc::new(pass.clone());
+            for s in out.sampled {
+                self.checks.submit(&shared, s.layer, s.part, s.rows)?;
+            }
         }
-        self.rec.check_s += t.elapsed().as_secs_f64();
         self.rec.generate_s += out.generate_s;
         let (mut kv_bytes, mut flops) = (0.0, 0.0);
         for l in layers {
@@ -200,9 +201,7 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
     let info = engine.info();
     let ceiling = engine.copy_ceiling_gbps();
     let gen = Generator::new(setup.seed);
-    let device = match setup.executor {
-        crate::config::ExecutorChoice::Cpu => mha_backend::Device::Cpu,
-    };
+    let device = setup.executor.device();
     let target = MhaBackend::new(setup.target_config(), device)?;
     let draft = match setup.draft_config() {
         None => None,
@@ -215,12 +214,15 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
     let mut sched = Scheduler::new(setup.sched_config(), setup.jobs.clone())?;
     let mut run = Runner {
         engine,
-        checker: Checker::new(
-            gen,
-            setup.seed,
-            setup.kv_dtype,
-            setup.model.layers.clone(),
-            setup.draft_layers(),
+        checks: CheckPool::new(
+            Checker::new(
+                gen,
+                setup.seed,
+                setup.kv_dtype,
+                setup.model.layers.clone(),
+                setup.draft_layers(),
+            ),
+            default_check_workers(),
         ),
         rec: Recorder::default(),
         seed: setup.seed,
@@ -334,7 +336,12 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
         progress.inc(done.len() as u64);
     }
 
-    let (modes, by_batch_size, mut totals) = run.rec.summarise(ceiling);
+    let Runner {
+        checks, mut rec, ..
+    } = run;
+    let (check, check_s) = checks.finish()?;
+    rec.check_s = check_s;
+    let (modes, by_batch_size, mut totals) = rec.summarise(ceiling);
     totals.wall_s = wall.elapsed().as_secs_f64();
     let errs = models.target.device_errors();
     let derr = match &mut models.draft {
@@ -370,7 +377,7 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
             } else {
                 format!(
                     "n/a on the {} executor (--cuda-graphs {} accepted)",
-                    setup_executor_name(setup),
+                    setup.executor.name(),
                     if setup.cuda_graphs { "on" } else { "off" }
                 )
             },
@@ -411,7 +418,7 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
         },
         modes,
         totals,
-        check: run.checker.stats.clone(),
+        check,
         device_errors: DeviceErrorsReport {
             count: errs.count.saturating_add(derr.count),
             flags: errs.flags | derr.flags,
@@ -419,12 +426,6 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
         by_batch_size,
     };
     Ok(report)
-}
-
-fn setup_executor_name(setup: &Setup) -> &'static str {
-    match setup.executor {
-        crate::config::ExecutorChoice::Cpu => "CPU",
-    }
 }
 
 /// One speculative iteration over the decoding requests `dec`; returns the

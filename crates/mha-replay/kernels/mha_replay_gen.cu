@@ -1,0 +1,121 @@
+// mha-replay activation generator: Q/K/V rows of one layer of one pass,
+// bit-identical to mha_replay::gen::Generator::element rounded to bf16
+// (crates/mha-replay/src/gen.rs is the definition; this file mirrors it).
+//
+// Thread t of the grid-stride loop owns 8 consecutive elements (one 16-byte
+// store) of one (row, head) of Q, K or V:
+//   chunk = t % (D/8); head slot s = (t / (D/8)) % (Hq + 2·Hkv); row = t / (...)
+//   s < Hq → Q head s; s < Hq + Hkv → K head s − Hq; else V head s − Hq − Hkv.
+// Element value (gen.rs):
+//   base = hash(seed; act, model, layer, req, pos, salt (Q only, else 0), head)
+//   h    = mix64(base ^ d); sum = Σ_{i<4} (h >> 16i) & 0xFFFF
+//   n    = (sum / 65536 − 2) · 1.7320508          (f32, round to nearest)
+//   K outlier channel (hash(seed; 0x0C, model, layer, head, d) % 16 == 0):
+//        ±8 + 2n, sign + when bit 8 of that hash is set
+// then rounded to bf16 (round to nearest even). Intrinsics with explicit
+// rounding keep the compiler from contracting into FMAs.
+#include "mha_kit/common.cuh"
+
+using namespace mha_kit;
+
+typedef unsigned short u16;
+
+// Mirrors mha_replay::launch::GenParams (size and offsets pinned by a CPU test).
+struct GenParams {
+    u64 q;          // u16* [rows, Hq, D]
+    u64 k;          // u16* [rows, Hkv, D]
+    u64 v;          // u16* [rows, Hkv, D]
+    u64 row_req;    // const u64* [rows]: request id per row
+    u64 row_pos;    // const u64* [rows]: token position per row
+    u64 seed;
+    u64 model;      // ModelId: 0 target, 1 draft
+    u64 layer;
+    u64 salt;       // Q salt (the pass's sequence number)
+    i64 rows;
+    i32 num_q_heads;
+    i32 num_kv_heads;
+    i32 head_dim;   // multiple of 8
+    i32 reserved;
+};
+
+MHA_KIT_DEVICE u64 mix64(u64 z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+MHA_KIT_DEVICE u16 bf16_bits_rne(float x) {
+    u32 b = __float_as_uint(x);
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (u16)((b >> 16) | 0x0040u);
+    b += 0x7FFFu + ((b >> 16) & 1u);
+    return (u16)(b >> 16);
+}
+
+extern "C" __global__ void mha_replay_gen_qkv(const GenParams p) {
+    const u64 chunks = (u64)(p.head_dim / 8);
+    const u64 slots = (u64)(p.num_q_heads + 2 * p.num_kv_heads);
+    const u64 total = (u64)p.rows * slots * chunks;
+    const u64 stride = global_thread_count();
+    const u64 seed_h = mix64(p.seed);
+    for (u64 t = global_thread_id(); t < total; t += stride) {
+        const u64 c = t % chunks;
+        const u64 s = (t / chunks) % slots;
+        const u64 row = t / (chunks * slots);
+        u64 act, head, salt = 0;
+        u16* out;
+        u64 heads;
+        if (s < (u64)p.num_q_heads) {
+            act = 1; head = s; salt = p.salt; heads = (u64)p.num_q_heads;
+            out = reinterpret_cast<u16*>(p.q);
+        } else if (s < (u64)(p.num_q_heads + p.num_kv_heads)) {
+            act = 2; head = s - p.num_q_heads; heads = (u64)p.num_kv_heads;
+            out = reinterpret_cast<u16*>(p.k);
+        } else {
+            act = 3; head = s - p.num_q_heads - p.num_kv_heads; heads = (u64)p.num_kv_heads;
+            out = reinterpret_cast<u16*>(p.v);
+        }
+        const u64 req = reinterpret_cast<const u64*>(p.row_req)[row];
+        const u64 pos = reinterpret_cast<const u64*>(p.row_pos)[row];
+        u64 base = seed_h;
+        base = mix64(base ^ act);
+        base = mix64(base ^ p.model);
+        base = mix64(base ^ p.layer);
+        base = mix64(base ^ req);
+        base = mix64(base ^ pos);
+        base = mix64(base ^ salt);
+        base = mix64(base ^ head);
+        u64 ch_base = 0;
+        if (act == 2) {
+            ch_base = mix64(seed_h ^ 0x0Cull);
+            ch_base = mix64(ch_base ^ p.model);
+            ch_base = mix64(ch_base ^ p.layer);
+            ch_base = mix64(ch_base ^ head);
+        }
+        u32 packed[4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const u64 d = c * 8 + (u64)i;
+            const u64 h = mix64(base ^ d);
+            const u64 sum = (h & 0xFFFFull) + ((h >> 16) & 0xFFFFull) + ((h >> 32) & 0xFFFFull) +
+                            ((h >> 48) & 0xFFFFull);
+            const float u = __fsub_rn(__fdiv_rn((float)sum, 65536.0f), 2.0f);
+            float x = __fmul_rn(u, 1.7320508f);
+            if (act == 2) {
+                const u64 ch = mix64(ch_base ^ d);
+                if (ch % 16 == 0) {
+                    const float sign = (ch & 0x100ull) ? 1.0f : -1.0f;
+                    x = __fadd_rn(__fmul_rn(sign, 8.0f), __fmul_rn(2.0f, x));
+                }
+            }
+            const u32 bits = bf16_bits_rne(x);
+            if (i & 1) {
+                packed[i / 2] |= bits << 16;
+            } else {
+                packed[i / 2] = bits;
+            }
+        }
+        u16* dst = out + (row * heads + head) * (u64)p.head_dim + c * 8;
+        store16(dst, make_uint4(packed[0], packed[1], packed[2], packed[3]));
+    }
+}

@@ -1,0 +1,568 @@
+//! The CUDA engine: passes through mha-backend's CUDA executor
+//! (`Device::Cuda(n)`), Q/K/V generated on the device by
+//! `mha_replay_gen_qkv` ([`crate::launch::GenKernel`], bit-identical to
+//! [`crate::gen::Generator::element`]), device time from CUDA events, and
+//! optional CUDA graphs.
+//!
+//! **Status: unverified.** This engine compiles and is wired, but neither it
+//! nor the backend's CUDA executor has run on a GPU yet; `tests/gen_gpu.rs`
+//! and `tests/replay_gpu.rs` are the gate (`--device auto` keeps the CPU
+//! engine until they pass).
+//!
+//! Per pass:
+//! 1. the rows' `(request, position)` are uploaded once (two `u64` vectors);
+//! 2. **eager** (extend / mixed / draft extend, and every pass with
+//!    `--cuda-graphs off` or outside the graph buckets): the backend's
+//!    metadata (host timer, unless the caller built it), then per layer the
+//!    generator launch and [`MhaBackend::forward`] on device tensors, each
+//!    bracketed by CUDA events; the sampled rows of the layer's output are
+//!    copied device-to-device into a staging buffer, which comes back in
+//!    one copy at the end of the pass;
+//! 3. **graph** (decode, draft decode, uniform / ragged target verify,
+//!    draft extend v2 with `--cuda-graphs on`): the bucket's graph is
+//!    captured the first time it is needed ([`bucket`]: 1, 2, 4, 8, then
+//!    multiples of 8 up to `max_graph_bs`; ragged verify keyed `bs =
+//!    num_tokens`), every layer's Q/K/V generated and copied into the
+//!    graph's static inputs, one replay (padding per D3); the sampled rows
+//!    come from [`MhaBackend::read_graph_output`]. The fused metadata
+//!    launch is inside the graph, so such passes report `metadata_s = 0`
+//!    and their attention time includes it; their generation time includes
+//!    the copies into the static inputs.
+//!
+//! The engine's [`Gpu`] must be the backend's: both use the process's
+//! shared handle ([`Gpu::shared`]), so the device must be the one
+//! `MHA_KIT_DEVICE` names (default 0); another ordinal is refused (naming
+//! `--device`) because mha-backend does not expose its executor's stream.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kernel_rt::cudarc::driver::sys::CUevent_flags;
+use kernel_rt::cudarc::driver::{CudaEvent, CudaSlice};
+use kernel_rt::{Gpu, KernelError, Strided, StridedMut};
+use mha_backend::{GraphKey, GraphKind, LayerConfig, MhaBackend, Tensor, TensorRef};
+
+use crate::engine::{Engine, EngineInfo, PassOutput, SampledRows};
+use crate::error::{flag_err, ReplayError, Result};
+use crate::gen::ModelId;
+use crate::launch::{GenArgs, GenKernel, GenKey};
+use crate::pass::{Pass, PassKind};
+
+/// Bytes of the device copy that measures the copy ceiling (512 MiB).
+pub const CEILING_BYTES: usize = 512 << 20;
+
+fn kerr(e: impl Into<KernelError>) -> ReplayError {
+    ReplayError::Backend(mha_backend::BackendError::Kernel(e.into()))
+}
+
+/// The graph bucket of `n` rows (or tokens) under `cap`: `n` rounded up to
+/// 1, 2, 4, 8, then a multiple of 8, at most `cap`; `None` when `n` is 0
+/// or above `cap` (the pass runs eagerly).
+pub fn bucket(n: usize, cap: usize) -> Option<usize> {
+    if n == 0 || n > cap {
+        return None;
+    }
+    let b = if n <= 8 {
+        n.next_power_of_two()
+    } else {
+        n.div_ceil(8) * 8
+    };
+    Some(b.min(cap))
+}
+
+/// The graph kind of a pass, `None` for the extend-like kinds (eager).
+pub fn graph_kind(kind: PassKind, step_id: u32) -> Option<GraphKind> {
+    match kind {
+        PassKind::Decode => Some(GraphKind::Decode),
+        PassKind::DraftDecode => Some(GraphKind::DraftDecode { step: step_id }),
+        PassKind::TargetVerify => Some(GraphKind::TargetVerify),
+        PassKind::TargetVerifyRagged => Some(GraphKind::RaggedVerify),
+        PassKind::DraftExtendV2 => Some(GraphKind::DraftExtendV2),
+        PassKind::Extend | PassKind::Mixed | PassKind::DraftExtend => None,
+    }
+}
+
+/// The bucket `(bs, num_tokens)` a pass of `kind` with `bs` requests and
+/// `tokens` rows is captured as, given the graph state's `max_bs` requests
+/// and `n` (draft tokens per request, 1 without speculation); `None` =
+/// eager.
+pub fn bucket_shape(
+    kind: GraphKind,
+    bs: usize,
+    tokens: usize,
+    max_bs: usize,
+    n: usize,
+) -> Option<(usize, usize)> {
+    match kind {
+        GraphKind::Decode | GraphKind::DraftDecode { .. } => {
+            let b = bucket(bs, max_bs)?;
+            (tokens == bs).then_some((b, b))
+        }
+        GraphKind::TargetVerify | GraphKind::DraftExtendV2 => {
+            if bs == 0 || tokens % bs != 0 {
+                return None;
+            }
+            let b = bucket(bs, max_bs)?;
+            Some((b, b * (tokens / bs)))
+        }
+        GraphKind::RaggedVerify => {
+            // Upstream's ragged keying (backend.md §5): bs = num_tokens.
+            let t = bucket(tokens.max(bs), max_bs * n.max(1))?;
+            Some((t, t))
+        }
+    }
+}
+
+/// Per-model (target / draft backend) graph bookkeeping.
+#[derive(Debug, Default)]
+struct GraphBook {
+    /// `init_cuda_graph_state` done: `(max_bs, n)`.
+    state: Option<(usize, usize)>,
+    /// Captured keys.
+    captured: HashSet<GraphKey>,
+}
+
+/// The CUDA engine (see the module docs).
+pub struct CudaEngine {
+    gpu: Arc<Gpu>,
+    ordinal: usize,
+    kernel: GenKernel,
+    seed: u64,
+    graphs: bool,
+    q: CudaSlice<u16>,
+    k: CudaSlice<u16>,
+    v: CudaSlice<u16>,
+    row_req: CudaSlice<u64>,
+    row_pos: CudaSlice<u64>,
+    stage: CudaSlice<u16>,
+    events: Vec<CudaEvent>,
+    books: [GraphBook; 2],
+    /// Graphs captured so far (all models).
+    pub captures: usize,
+}
+
+impl std::fmt::Debug for CudaEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaEngine")
+            .field("ordinal", &self.ordinal)
+            .field("graphs", &self.graphs)
+            .field("captures", &self.captures)
+            .finish_non_exhaustive()
+    }
+}
+
+fn grow<T: kernel_rt::cudarc::driver::DeviceRepr + kernel_rt::cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    buf: &mut CudaSlice<T>,
+    n: usize,
+) -> Result<()> {
+    if buf.len() < n {
+        // Round up so that slowly growing passes do not reallocate each time.
+        let want = n.max(buf.len() * 3 / 2).max(1);
+        *buf = gpu.stream().alloc_zeros::<T>(want).map_err(kerr)?;
+    }
+    Ok(())
+}
+
+impl CudaEngine {
+    /// An engine on device `ordinal` generating from `seed`, with graphs
+    /// for decode-like passes when `graphs`.
+    ///
+    /// # Errors
+    /// [`ReplayError::Flag`] (`--device`) without a GPU, or when `ordinal`
+    /// is not the process's shared device; PTX load / allocation errors.
+    pub fn new(ordinal: usize, seed: u64, graphs: bool) -> Result<Self> {
+        let gpu =
+            Gpu::shared().map_err(|e| flag_err("--device", format!("cuda:{ordinal}: {e}")))?;
+        let shared = gpu.context().ordinal();
+        if shared != ordinal {
+            return Err(flag_err(
+                "--device",
+                format!(
+                    "cuda:{ordinal} is not the process's shared device (cuda:{shared}); run with {}={ordinal} --device cuda:{ordinal}",
+                    kernel_rt::DEVICE_ENV
+                ),
+            ));
+        }
+        let kernel = GenKernel::new(&gpu).map_err(kerr)?;
+        let s = gpu.stream();
+        Ok(Self {
+            kernel,
+            seed,
+            graphs,
+            q: s.alloc_zeros(1).map_err(kerr)?,
+            k: s.alloc_zeros(1).map_err(kerr)?,
+            v: s.alloc_zeros(1).map_err(kerr)?,
+            row_req: s.alloc_zeros(1).map_err(kerr)?,
+            row_pos: s.alloc_zeros(1).map_err(kerr)?,
+            stage: s.alloc_zeros(1).map_err(kerr)?,
+            events: Vec::new(),
+            books: [GraphBook::default(), GraphBook::default()],
+            captures: 0,
+            ordinal,
+            gpu,
+        })
+    }
+
+    /// The GPU.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Generator launches so far.
+    pub fn generator_launches(&self) -> u64 {
+        self.kernel.launches()
+    }
+
+    fn ensure_events(&mut self, n: usize) -> Result<()> {
+        while self.events.len() < n {
+            let e = self
+                .gpu
+                .context()
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(kerr)?;
+            self.events.push(e);
+        }
+        Ok(())
+    }
+
+    fn record(&self, i: usize) -> Result<()> {
+        self.events[i].record(self.gpu.stream()).map_err(kerr)
+    }
+
+    fn elapsed_s(&self, a: usize, b: usize) -> Result<f64> {
+        Ok(f64::from(self.events[a].elapsed_ms(&self.events[b]).map_err(kerr)?) * 1e-3)
+    }
+
+    /// Uploads the pass's `(request, position)` per row.
+    fn upload_rows(&mut self, pass: &Pass) -> Result<usize> {
+        let rows = pass.rows();
+        let mut req = Vec::with_capacity(rows);
+        let mut pos = Vec::with_capacity(rows);
+        for p in &pass.parts {
+            for j in 0..p.n {
+                req.push(p.req as u64);
+                pos.push((p.kv_len - p.n + j) as u64);
+            }
+        }
+        grow(&self.gpu, &mut self.row_req, rows)?;
+        grow(&self.gpu, &mut self.row_pos, rows)?;
+        let s = self.gpu.stream();
+        if rows > 0 {
+            s.memcpy_htod(&req, &mut self.row_req.slice_mut(0..rows))
+                .map_err(kerr)?;
+            s.memcpy_htod(&pos, &mut self.row_pos.slice_mut(0..rows))
+                .map_err(kerr)?;
+        }
+        Ok(rows)
+    }
+
+    /// Generates layer `li`'s Q/K/V of `rows` rows into the scratch buffers.
+    fn generate(
+        &mut self,
+        model: ModelId,
+        li: usize,
+        l: &LayerConfig,
+        rows: usize,
+        salt: u64,
+    ) -> Result<()> {
+        let (qe, kve) = (l.q_row_elems(), l.kv_row_elems());
+        grow(&self.gpu, &mut self.q, rows * qe)?;
+        grow(&self.gpu, &mut self.k, rows * kve)?;
+        grow(&self.gpu, &mut self.v, rows * kve)?;
+        let (hq, hkv, d) = (l.num_q_heads, l.num_kv_heads, l.head_dim);
+        let mut args = GenArgs {
+            q: StridedMut::contiguous("q", self.q.slice_mut(0..rows * qe), [rows, hq, d])
+                .map_err(kerr)?,
+            k: StridedMut::contiguous("k", self.k.slice_mut(0..rows * kve), [rows, hkv, d])
+                .map_err(kerr)?,
+            v: StridedMut::contiguous("v", self.v.slice_mut(0..rows * kve), [rows, hkv, d])
+                .map_err(kerr)?,
+            row_req: Strided::contiguous("row_req", self.row_req.slice(0..rows), [rows])
+                .map_err(kerr)?,
+            row_pos: Strided::contiguous("row_pos", self.row_pos.slice(0..rows), [rows])
+                .map_err(kerr)?,
+            key: GenKey {
+                seed: self.seed,
+                model,
+                layer: li,
+                salt,
+            },
+        };
+        self.kernel.launch(&mut args).map_err(kerr)
+    }
+
+    /// The graph key to replay `pass` with, capturing it if needed; `None`
+    /// runs the pass eagerly.
+    fn graph_for(&mut self, backend: &mut MhaBackend, pass: &Pass) -> Result<Option<GraphKey>> {
+        if !self.graphs {
+            return Ok(None);
+        }
+        let Some(kind) = graph_kind(pass.kind, backend.speculative_step_id()) else {
+            return Ok(None);
+        };
+        let m = pass.model as usize;
+        let (max_bs, n) = match self.books[m].state {
+            Some(s) => s,
+            None => {
+                let c = backend.config();
+                let n = c.spec.map_or(1, |s| s.num_draft_tokens).max(1);
+                let max_bs = c.max_graph_bs.max(1);
+                backend.init_cuda_graph_state(max_bs * n, max_bs * n)?;
+                self.books[m].state = Some((max_bs, n));
+                (max_bs, n)
+            }
+        };
+        let Some((bs, tokens)) = bucket_shape(kind, pass.batch.batch_size, pass.rows(), max_bs, n)
+        else {
+            return Ok(None);
+        };
+        let key = GraphKey::new(kind, bs, tokens, Some(n))?;
+        if !self.books[m].captured.contains(&key) {
+            let got = backend.capture_cuda_graph(kind, bs, tokens)?;
+            self.books[m].captured.insert(got);
+            self.captures += 1;
+        }
+        Ok(Some(key))
+    }
+
+    fn run_graph(
+        &mut self,
+        backend: &mut MhaBackend,
+        pass: &Pass,
+        layers: &[LayerConfig],
+        sample: &[(usize, usize)],
+    ) -> Result<PassOutput> {
+        let mut out = PassOutput {
+            graph: true,
+            ..PassOutput::default()
+        };
+        let rows = self.upload_rows(pass)?;
+        self.ensure_events(3)?;
+        self.record(0)?;
+        for (li, l) in layers.iter().enumerate() {
+            self.generate(pass.model, li, l, rows, pass.salt)?;
+            let (qe, kve) = (l.q_row_elems(), l.kv_row_elems());
+            let (q, k, v) = (
+                self.q.slice(0..rows * qe),
+                self.k.slice(0..rows * kve),
+                self.v.slice(0..rows * kve),
+            );
+            backend.write_graph_inputs(
+                li,
+                TensorRef::Device(&q),
+                TensorRef::Device(&k),
+                TensorRef::Device(&v),
+            )?;
+        }
+        self.record(1)?;
+        backend.replay_cuda_graph(&pass.batch)?;
+        self.record(2)?;
+        // Sampled rows: one read per sampled layer (the backend exposes the
+        // static outputs only as a host copy of the first rows).
+        let mut by_layer: Vec<usize> = sample.iter().map(|s| s.0).collect();
+        by_layer.sort_unstable();
+        by_layer.dedup();
+        for li in by_layer {
+            let qe = layers[li].q_row_elems();
+            let need = sample
+                .iter()
+                .filter(|s| s.0 == li)
+                .map(|s| pass.parts[s.1].row_start + pass.parts[s.1].n)
+                .max()
+                .unwrap_or(0);
+            let host = backend.read_graph_output(li, need)?;
+            for &(sl, sp) in sample.iter().filter(|s| s.0 == li) {
+                let p = &pass.parts[sp];
+                out.sampled.push(SampledRows {
+                    layer: sl,
+                    part: sp,
+                    rows: host[p.row_start * qe..(p.row_start + p.n) * qe].to_vec(),
+                });
+            }
+        }
+        out.generate_s = self.elapsed_s(0, 1)?;
+        out.attention_s = self.elapsed_s(1, 2)?;
+        Ok(out)
+    }
+
+    fn run_eager(
+        &mut self,
+        backend: &mut MhaBackend,
+        pass: &Pass,
+        layers: &[LayerConfig],
+        metadata_ready: bool,
+        sample: &[(usize, usize)],
+    ) -> Result<PassOutput> {
+        let mut out = PassOutput::default();
+        if !metadata_ready {
+            let t = Instant::now();
+            backend.init_forward_metadata(&pass.batch)?;
+            out.metadata_s = t.elapsed().as_secs_f64();
+        }
+        let rows = self.upload_rows(pass)?;
+        // Staging layout: the sampled pairs in `sample` order.
+        let mut offsets = Vec::with_capacity(sample.len());
+        let mut total = 0;
+        for &(sl, sp) in sample {
+            offsets.push(total);
+            total += pass.parts[sp].n * layers[sl].q_row_elems();
+        }
+        grow(&self.gpu, &mut self.stage, total)?;
+        let mut host_rows: Vec<Option<Vec<u16>>> = vec![None; sample.len()];
+        self.ensure_events(2 * layers.len() + 1)?;
+        self.record(0)?;
+        for (li, l) in layers.iter().enumerate() {
+            self.generate(pass.model, li, l, rows, pass.salt)?;
+            self.record(2 * li + 1)?;
+            let (qe, kve) = (l.q_row_elems(), l.kv_row_elems());
+            let o = {
+                let (q, k, v) = (
+                    self.q.slice(0..rows * qe),
+                    self.k.slice(0..rows * kve),
+                    self.v.slice(0..rows * kve),
+                );
+                backend.forward(
+                    li,
+                    TensorRef::Device(&q),
+                    Some(TensorRef::Device(&k)),
+                    Some(TensorRef::Device(&v)),
+                    &pass.batch,
+                    true,
+                )?
+            };
+            self.record(2 * li + 2)?;
+            for (i, &(_, sp)) in sample.iter().enumerate().filter(|s| s.1 .0 == li) {
+                let p = &pass.parts[sp];
+                let (a, b) = (p.row_start * qe, (p.row_start + p.n) * qe);
+                match &o {
+                    Tensor::Device(d) => {
+                        let off = offsets[i];
+                        self.gpu
+                            .stream()
+                            .memcpy_dtod(
+                                &d.slice(a..b),
+                                &mut self.stage.slice_mut(off..off + (b - a)),
+                            )
+                            .map_err(kerr)?;
+                    }
+                    Tensor::Host(h) => host_rows[i] = Some(h[a..b].to_vec()),
+                }
+            }
+        }
+        let staged = if total > 0 {
+            self.gpu
+                .stream()
+                .clone_dtoh(&self.stage.slice(0..total))
+                .map_err(kerr)?
+        } else {
+            Vec::new()
+        };
+        for (i, &(sl, sp)) in sample.iter().enumerate() {
+            let len = pass.parts[sp].n * layers[sl].q_row_elems();
+            let rows = host_rows[i]
+                .take()
+                .unwrap_or_else(|| staged[offsets[i]..offsets[i] + len].to_vec());
+            out.sampled.push(SampledRows {
+                layer: sl,
+                part: sp,
+                rows,
+            });
+        }
+        for li in 0..layers.len() {
+            out.generate_s += self.elapsed_s(2 * li, 2 * li + 1)?;
+            out.attention_s += self.elapsed_s(2 * li + 1, 2 * li + 2)?;
+        }
+        Ok(out)
+    }
+}
+
+impl Engine for CudaEngine {
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            executor: format!("cuda:{}", self.ordinal),
+            time_domain: "device time (CUDA events)",
+            graphs_applicable: true,
+        }
+    }
+
+    fn copy_ceiling_gbps(&mut self) -> f64 {
+        kernel_rt::timing::copy_ceiling_gbps(&self.gpu, CEILING_BYTES, 10).unwrap_or(f64::NAN)
+    }
+
+    fn run_pass(
+        &mut self,
+        backend: &mut MhaBackend,
+        pass: &Pass,
+        layers: &[LayerConfig],
+        metadata_ready: bool,
+        sample: &[(usize, usize)],
+    ) -> Result<PassOutput> {
+        match self.graph_for(backend, pass)? {
+            Some(_) => self.run_graph(backend, pass, layers, sample),
+            None => self.run_eager(backend, pass, layers, metadata_ready, sample),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets() {
+        assert_eq!(bucket(0, 256), None);
+        assert_eq!(bucket(3, 256), Some(4));
+        assert_eq!(bucket(8, 256), Some(8));
+        assert_eq!(bucket(9, 256), Some(16));
+        assert_eq!(bucket(17, 256), Some(24));
+        assert_eq!(bucket(250, 256), Some(256));
+        assert_eq!(bucket(257, 256), None);
+        assert_eq!(bucket(5, 6), Some(6));
+        for cap in 1..=64 {
+            for n in 1..=cap {
+                let b = bucket(n, cap).unwrap();
+                assert!(b >= n && b <= cap);
+            }
+        }
+        // Decode: one token per row.
+        assert_eq!(bucket_shape(GraphKind::Decode, 5, 5, 32, 1), Some((8, 8)));
+        assert_eq!(bucket_shape(GraphKind::Decode, 5, 6, 32, 1), None);
+        // Uniform verify of 4 tokens per request.
+        assert_eq!(
+            bucket_shape(GraphKind::TargetVerify, 10, 40, 32, 4),
+            Some((16, 64))
+        );
+        // Ragged: bs = num_tokens, up to max_bs · N.
+        assert_eq!(
+            bucket_shape(GraphKind::RaggedVerify, 10, 33, 32, 4),
+            Some((40, 40))
+        );
+        assert_eq!(bucket_shape(GraphKind::RaggedVerify, 33, 130, 32, 4), None);
+        for k in [
+            GraphKind::Decode,
+            GraphKind::DraftDecode { step: 1 },
+            GraphKind::TargetVerify,
+            GraphKind::RaggedVerify,
+            GraphKind::DraftExtendV2,
+        ] {
+            for bs in 1..=32usize {
+                let tokens = if matches!(k, GraphKind::Decode | GraphKind::DraftDecode { .. }) {
+                    bs
+                } else {
+                    bs * 4
+                };
+                let (b, t) = bucket_shape(k, bs, tokens, 32, 4).unwrap();
+                assert!(b >= bs && t >= tokens, "{k:?} {bs}");
+                assert!(GraphKey::new(k, b, t, Some(4)).is_ok(), "{k:?} {b} {t}");
+            }
+        }
+        assert_eq!(graph_kind(PassKind::Extend, 0), None);
+        assert_eq!(graph_kind(PassKind::Mixed, 0), None);
+        assert_eq!(
+            graph_kind(PassKind::DraftDecode, 2),
+            Some(GraphKind::DraftDecode { step: 2 })
+        );
+    }
+}

@@ -1,0 +1,178 @@
+//! End-to-end replays on the CUDA engine (`--device cuda:N`, N the shared
+//! device: `MHA_KIT_DEVICE`, default 0), graphs on
+//! and off: a 50-request slice of the conv trace, 0 mismatches, 0 device
+//! errors, and the same request / token / per-mode row counts as the CPU
+//! engine on the same flags; a speculative slice (draft decode, uniform and
+//! ragged verify, draft extend v2 through graphs) and a hybrid-SWA FP8
+//! slice. Ignored without a GPU.
+
+use clap::Parser;
+use kernel_rt::testing::{gpu_trial, run_trials};
+use mha_replay::{run_args, Args, Report};
+
+/// Flags shared by the CPU and CUDA runs (explicit, so both schedule the
+/// same passes).
+const SLICE: &[&str] = &[
+    "--requests",
+    "50",
+    "--max-context",
+    "192",
+    "--max-output",
+    "32",
+    "--max-batch",
+    "32",
+    "--prefill-chunk",
+    "128",
+    "--seed",
+    "5",
+];
+
+/// Replays [`SLICE`] plus `extra` (which may name `--model`; default `tiny`).
+fn replay(device: &str, extra: &[&str]) -> Result<Report, String> {
+    let mut all = vec!["mha-replay", "--device", device];
+    all.extend_from_slice(SLICE);
+    if !extra.contains(&"--model") {
+        all.extend_from_slice(&["--model", "tiny"]);
+    }
+    all.extend_from_slice(extra);
+    let args = Args::try_parse_from(all).map_err(|e| e.to_string())?;
+    run_args(&args).map_err(|e| format!("{device} {extra:?}: {e}"))
+}
+
+fn clean(r: &Report, what: &str) -> Result<(), String> {
+    if r.check.pairs == 0 {
+        return Err(format!("{what}: nothing was checked"));
+    }
+    if r.check.mismatched_pairs != 0 || r.device_errors.count != 0 || !r.passed() {
+        return Err(format!(
+            "{what}: {} mismatched pairs, {} device errors; first: {:?}",
+            r.check.mismatched_pairs, r.device_errors.count, r.check.first_mismatch
+        ));
+    }
+    Ok(())
+}
+
+fn same_counts(cpu: &Report, gpu: &Report, what: &str) -> Result<(), String> {
+    let (a, b) = (&cpu.workload, &gpu.workload);
+    let ka = (a.requests, a.finished, a.prompt_tokens, a.generated_tokens);
+    let kb = (b.requests, b.finished, b.prompt_tokens, b.generated_tokens);
+    if ka != kb {
+        return Err(format!("{what}: CPU {ka:?} vs CUDA {kb:?}"));
+    }
+    let rows = |r: &Report| -> Vec<(String, u64, u64)> {
+        r.modes
+            .iter()
+            .map(|m| (m.mode.clone(), m.passes, m.rows))
+            .collect()
+    };
+    if rows(cpu) != rows(gpu) {
+        return Err(format!(
+            "{what}: modes differ: CPU {:?} vs CUDA {:?}",
+            rows(cpu),
+            rows(gpu)
+        ));
+    }
+    Ok(())
+}
+
+fn graphs_used(r: &Report, on: bool, what: &str) -> Result<(), String> {
+    let g = r.totals.graph_passes;
+    if on == (g == 0) {
+        return Err(format!("{what}: {g} graph passes with graphs {on}"));
+    }
+    if !r.config.executor.starts_with("cuda:") {
+        return Err(format!("{what}: ran on {}", r.config.executor));
+    }
+    Ok(())
+}
+
+fn main() {
+    let trials = vec![
+        gpu_trial("fifty_requests_graphs_on_and_off_match_cpu", |gpu| {
+            let dev = format!("cuda:{}", gpu.context().ordinal());
+            let check = ["--check-fraction", "0.05"];
+            let cpu = replay("cpu", &check)?;
+            clean(&cpu, "cpu")?;
+            for g in ["on", "off"] {
+                let mut extra = check.to_vec();
+                extra.extend_from_slice(&["--cuda-graphs", g]);
+                let r = replay(&dev, &extra)?;
+                let what = format!("{dev} graphs {g}");
+                clean(&r, &what)?;
+                same_counts(&cpu, &r, &what)?;
+                graphs_used(&r, g == "on", &what)?;
+                println!(
+                    "{what}: {} passes ({} graph), {} pairs checked, max err {:.3e}",
+                    r.totals.graph_passes + r.totals.eager_passes,
+                    r.totals.graph_passes,
+                    r.check.pairs,
+                    r.check.max_abs_err
+                );
+            }
+            Ok(())
+        }),
+        gpu_trial("speculative_slice_graphs_on_matches_cpu", |gpu| {
+            let dev = format!("cuda:{}", gpu.context().ordinal());
+            let extra = ["--spec-steps", "3", "--check-fraction", "0.1"];
+            let cpu = replay("cpu", &extra)?;
+            clean(&cpu, "cpu spec")?;
+            let mut on = extra.to_vec();
+            on.extend_from_slice(&["--cuda-graphs", "on"]);
+            let r = replay(&dev, &on)?;
+            clean(&r, "cuda spec graphs on")?;
+            same_counts(&cpu, &r, "cuda spec graphs on")?;
+            graphs_used(&r, true, "cuda spec graphs on")
+        }),
+        gpu_trial("hybrid_swa_fp8_slice_gpt_oss_shapes", |gpu| {
+            let dev = format!("cuda:{}", gpu.context().ordinal());
+            // gpt-oss-20b shapes (window 127 + sinks), FP8 cache, 4 layers.
+            let extra = [
+                "--model",
+                "gpt-oss-20b",
+                "--layers",
+                "4",
+                "--kv-dtype",
+                "fp8",
+                "--page-size",
+                "7",
+                "--check-fraction",
+                "0.1",
+            ];
+            let cpu = replay("cpu", &extra)?;
+            clean(&cpu, "cpu hybrid")?;
+            for g in ["on", "off"] {
+                let mut e = extra.to_vec();
+                e.extend_from_slice(&["--cuda-graphs", g]);
+                let r = replay(&dev, &e)?;
+                let what = format!("cuda hybrid fp8 graphs {g}");
+                clean(&r, &what)?;
+                same_counts(&cpu, &r, &what)?;
+            }
+            Ok(())
+        }),
+        gpu_trial("llama3_8b_cuda_defaults_200_requests", |gpu| {
+            // The CUDA defaults (llama3-8b, 32 layers, no caps, graphs on)
+            // on the first 200 requests: the step before the whole trace.
+            let dev = format!("cuda:{}", gpu.context().ordinal());
+            let args = Args::try_parse_from([
+                "mha-replay",
+                "--device",
+                &dev,
+                "--requests",
+                "200",
+                "--check-fraction",
+                "0.002",
+            ])
+            .map_err(|e| e.to_string())?;
+            let r = run_args(&args).map_err(|e| e.to_string())?;
+            clean(&r, "llama3-8b defaults")?;
+            graphs_used(&r, true, "llama3-8b defaults")?;
+            if r.workload.max_context.is_some() || r.workload.max_output.is_some() {
+                return Err("CUDA defaults must not cap the requests".into());
+            }
+            println!("{}", r.table());
+            Ok(())
+        }),
+    ];
+    run_trials(trials)
+}
