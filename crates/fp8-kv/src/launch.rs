@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use kernel_rt::cudarc::driver::sys::CUdevice_attribute;
 use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
-use kernel_rt::{grid_dim, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut};
+use kernel_rt::{
+    grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
+};
 
 use crate::{KvCacheDtype, KvScales, PTX};
 
@@ -236,14 +238,6 @@ pub fn launch_config(
             tokens_per_block,
         },
     ))
-}
-
-fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i32")))
-}
-
-fn to_i64(arg: &'static str, v: usize) -> Result<i64> {
-    i64::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i64")))
 }
 
 fn require_last_contiguous(

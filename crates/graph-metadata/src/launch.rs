@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
-use kernel_rt::{grid_dim, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut};
+use kernel_rt::{
+    grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
+};
 
 use crate::{GraphMode, PTX};
 
@@ -225,14 +227,6 @@ pub fn launch_config(bs: usize, max_num_pages: usize, n_swa: usize) -> Result<La
         page_chunks: page_chunks as u32,
         swa_blocks: swa_blocks as u32,
     })
-}
-
-fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i32")))
-}
-
-fn to_i64(arg: &'static str, v: usize) -> Result<i64> {
-    i64::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i64")))
 }
 
 fn require_contiguous_last(

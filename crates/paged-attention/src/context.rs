@@ -29,7 +29,8 @@ use std::sync::Arc;
 use kernel_rt::cudarc::driver::sys::CUfunction_attribute;
 use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use kernel_rt::{
-    grid_dim, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut, MAX_GRID_YZ,
+    grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
+    MAX_GRID_YZ,
 };
 
 use crate::launch::{check_vector, eff, stride_err, validate_views, ViewShapes};
@@ -278,14 +279,6 @@ pub fn context_launch_config(
             shared_mem_bytes: context_smem_bytes(head_dim, kv) as u32,
         },
     ))
-}
-
-fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i32")))
-}
-
-fn to_i64(arg: &'static str, v: usize) -> Result<i64> {
-    i64::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i64")))
 }
 
 /// Validates `args` and derives the launch plan. Every rejection happens

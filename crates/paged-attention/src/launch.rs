@@ -7,7 +7,8 @@ use std::sync::Arc;
 use kernel_rt::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use kernel_rt::{
-    grid_dim, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut, MAX_GRID_YZ,
+    grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
+    MAX_GRID_YZ,
 };
 
 use crate::{HalfDtype, KvDtype, HEAD_DIMS, PTX};
@@ -410,14 +411,6 @@ pub fn launch_config(
         shared_mem_bytes: smem as u32,
     };
     Ok((max_splits, cfg))
-}
-
-fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i32")))
-}
-
-fn to_i64(arg: &'static str, v: usize) -> Result<i64> {
-    i64::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} does not fit in i64")))
 }
 
 pub(crate) fn stride_err(arg: &'static str, detail: String) -> KernelError {
