@@ -1,6 +1,6 @@
 //! End-to-end replays on the CUDA engine (`--device cuda:N`, N the shared
 //! device: `MHA_KIT_DEVICE`, default 0), graphs on
-//! and off: a 50-request slice of the conv trace, 0 mismatches, 0 device
+//! and off: a 50-request slice of the conv trace (12 for the gpt-oss shapes), 0 mismatches, 0 device
 //! errors, and the same request / token / per-mode row counts as the CPU
 //! engine on the same flags; a speculative slice (draft decode, uniform and
 //! ragged verify, draft extend v2 through graphs) and a hybrid-SWA FP8
@@ -13,8 +13,6 @@ use mha_replay::{run_args, Args, Report};
 /// Flags shared by the CPU and CUDA runs (explicit, so both schedule the
 /// same passes).
 const SLICE: &[&str] = &[
-    "--requests",
-    "50",
     "--max-context",
     "192",
     "--max-output",
@@ -27,9 +25,10 @@ const SLICE: &[&str] = &[
     "5",
 ];
 
-/// Replays [`SLICE`] plus `extra` (which may name `--model`; default `tiny`).
-fn replay(device: &str, extra: &[&str]) -> Result<Report, String> {
-    let mut all = vec!["mha-replay", "--device", device];
+/// Replays the first `requests` requests with [`SLICE`] plus `extra` (which
+/// may name `--model`; default `tiny`).
+fn replay(device: &str, requests: &str, extra: &[&str]) -> Result<Report, String> {
+    let mut all = vec!["mha-replay", "--device", device, "--requests", requests];
     all.extend_from_slice(SLICE);
     if !extra.contains(&"--model") {
         all.extend_from_slice(&["--model", "tiny"]);
@@ -91,12 +90,12 @@ fn main() {
         gpu_trial("fifty_requests_graphs_on_and_off_match_cpu", |gpu| {
             let dev = format!("cuda:{}", gpu.context().ordinal());
             let check = ["--check-fraction", "0.05"];
-            let cpu = replay("cpu", &check)?;
+            let cpu = replay("cpu", "50", &check)?;
             clean(&cpu, "cpu")?;
             for g in ["on", "off"] {
                 let mut extra = check.to_vec();
                 extra.extend_from_slice(&["--cuda-graphs", g]);
-                let r = replay(&dev, &extra)?;
+                let r = replay(&dev, "50", &extra)?;
                 let what = format!("{dev} graphs {g}");
                 clean(&r, &what)?;
                 same_counts(&cpu, &r, &what)?;
@@ -114,23 +113,25 @@ fn main() {
         gpu_trial("speculative_slice_graphs_on_matches_cpu", |gpu| {
             let dev = format!("cuda:{}", gpu.context().ordinal());
             let extra = ["--spec-steps", "3", "--check-fraction", "0.1"];
-            let cpu = replay("cpu", &extra)?;
+            let cpu = replay("cpu", "50", &extra)?;
             clean(&cpu, "cpu spec")?;
             let mut on = extra.to_vec();
             on.extend_from_slice(&["--cuda-graphs", "on"]);
-            let r = replay(&dev, &on)?;
+            let r = replay(&dev, "50", &on)?;
             clean(&r, "cuda spec graphs on")?;
             same_counts(&cpu, &r, "cuda spec graphs on")?;
             graphs_used(&r, true, "cuda spec graphs on")
         }),
         gpu_trial("hybrid_swa_fp8_slice_gpt_oss_shapes", |gpu| {
             let dev = format!("cuda:{}", gpu.context().ordinal());
-            // gpt-oss-20b shapes (window 127 + sinks), FP8 cache, 4 layers.
+            // gpt-oss-20b shapes (window 127 + sinks), FP8 cache, 2 layers
+            // (one SWA, one full), 12 requests: the CPU side runs 64 heads
+            // through the f64 reference.
             let extra = [
                 "--model",
                 "gpt-oss-20b",
                 "--layers",
-                "4",
+                "2",
                 "--kv-dtype",
                 "fp8",
                 "--page-size",
@@ -138,12 +139,12 @@ fn main() {
                 "--check-fraction",
                 "0.1",
             ];
-            let cpu = replay("cpu", &extra)?;
+            let cpu = replay("cpu", "12", &extra)?;
             clean(&cpu, "cpu hybrid")?;
             for g in ["on", "off"] {
                 let mut e = extra.to_vec();
                 e.extend_from_slice(&["--cuda-graphs", g]);
-                let r = replay(&dev, &e)?;
+                let r = replay(&dev, "12", &e)?;
                 let what = format!("cuda hybrid fp8 graphs {g}");
                 clean(&r, &what)?;
                 same_counts(&cpu, &r, &what)?;

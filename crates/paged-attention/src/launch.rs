@@ -605,6 +605,17 @@ pub fn validate_path(
     num_sms: usize,
     path: KernelPath,
 ) -> Result<LaunchPlan> {
+    plan_path(args, num_sms, path, true)
+}
+
+/// The launch plan; `check_workspace = false` skips only the workspace
+/// capacity check (so a caller can size the workspace from the plan).
+fn plan_path(
+    args: &DecodeArgs<'_>,
+    num_sms: usize,
+    path: KernelPath,
+    check_workspace: bool,
+) -> Result<LaunchPlan> {
     let ViewShapes {
         num_tokens,
         hq,
@@ -703,7 +714,7 @@ pub fn validate_path(
         smem,
     )?;
     let workspace_elems = workspace_elems(bs, hkv, row_tiles, max_splits, dim);
-    if workspace_elems > 0 {
+    if check_workspace && workspace_elems > 0 {
         let have = args.workspace.as_ref().map_or(0, |w| w.shape()[0]);
         if have < workspace_elems {
             return Err(KernelError::Capacity {
@@ -840,12 +851,15 @@ impl PagedAttentionKernel {
         self.launches.load(Ordering::Relaxed)
     }
 
-    /// The plan [`PagedAttentionKernel::launch`] would use (e.g. to size the workspace).
+    /// The plan [`PagedAttentionKernel::launch`] would use, to size the
+    /// workspace: everything is validated except the workspace's capacity
+    /// (`args.workspace` may be `None`; `LaunchPlan::workspace_elems` says
+    /// how many f32 it needs).
     ///
     /// # Errors
-    /// As [`validate`].
+    /// As [`validate`], without the workspace [`KernelError::Capacity`].
     pub fn plan(&self, args: &DecodeArgs<'_>) -> Result<LaunchPlan> {
-        validate_path(args, self.num_sms, self.path)
+        plan_path(args, self.num_sms, self.path, false)
     }
 
     /// The kernel choice of this launcher.
