@@ -424,6 +424,11 @@ struct PassShape {
     bs: usize,
     rows: usize,
     max_q: usize,
+    /// Extend / mixed only: how many requests at the end of the batch have
+    /// one new token (the decode rows of a mixed batch). They go to the
+    /// decode kernel, which reads each KV byte once for all G heads of a KV
+    /// head; the context kernel gets the requests before them.
+    decode_tail: usize,
 }
 
 fn kv_views<'a>(
@@ -451,7 +456,9 @@ fn kv_views<'a>(
 }
 
 /// Attention of `q` (`[rows, Hq, D]`) into `out` over the layer's cache
-/// with the tables of `b`: decode kernel for every branch but extend.
+/// with the tables of `b`: decode kernel for every branch but extend; an
+/// extend / mixed pass sends its trailing one-token requests
+/// (`decode_tail`) to the decode kernel and the rest to the context kernel.
 #[allow(clippy::too_many_arguments)]
 fn run_attention(
     cx: &mut AttnCx<'_>,
@@ -467,20 +474,97 @@ fn run_attention(
         mode,
         bs,
         rows,
-        max_q,
+        decode_tail,
+        ..
     } = shape;
     if bs == 0 || rows == 0 {
         return Ok(());
     }
+    let tail = if mode == AttnMode::Extend {
+        decode_tail.min(bs).min(rows)
+    } else {
+        0
+    };
+    let head = Part {
+        req0: 0,
+        bs: bs - tail,
+        row0: 0,
+        rows: rows - tail,
+        mode,
+    };
+    attend_part(cx, plan, cache, sinks, b, shape, head, &q, &mut out)?;
+    let tail = Part {
+        req0: bs - tail,
+        bs: tail,
+        row0: rows - tail,
+        rows: tail,
+        mode: AttnMode::Decode,
+    };
+    attend_part(cx, plan, cache, sinks, b, shape, tail, &q, &mut out)
+}
+
+/// Requests `[req0, req0 + bs)` of a pass, owning query rows
+/// `[row0, row0 + rows)`, run as `mode`.
+#[derive(Debug, Clone, Copy)]
+struct Part {
+    req0: usize,
+    bs: usize,
+    row0: usize,
+    rows: usize,
+    mode: AttnMode,
+}
+
+/// How many requests at the end of a batch have exactly one query row
+/// (`cu_seqlens_q [bs + 1]`).
+fn one_token_tail(cu_seqlens_q: &[i32]) -> usize {
+    cu_seqlens_q
+        .windows(2)
+        .rev()
+        .take_while(|w| w[1] - w[0] == 1)
+        .count()
+}
+
+/// One attention launch over `part` (see [`run_attention`]). Ragged layouts
+/// (extend, ragged verify) read absolute `cu_seqlens_q`, so they only run
+/// from request 0.
+#[allow(clippy::too_many_arguments)]
+fn attend_part(
+    cx: &mut AttnCx<'_>,
+    plan: &LayerPlan,
+    cache: &DevCache,
+    sinks: Option<&CudaSlice<f32>>,
+    b: &MetaBufs,
+    shape: PassShape,
+    part: Part,
+    q: &CudaView<'_, u16>,
+    out: &mut CudaViewMut<'_, u16>,
+) -> Result<()> {
+    let Part {
+        req0,
+        bs,
+        row0,
+        rows,
+        mode,
+    } = part;
+    if bs == 0 || rows == 0 {
+        return Ok(());
+    }
+    let max_q = shape.max_q;
     let (hq, d, m) = (plan.num_q_heads, plan.head_dim, b.m);
     let table = match (&b.swa_pt, plan.is_swa) {
         (Some(t), true) => t,
         _ => &b.pt,
     };
-    let page_table = Strided::new("page_table", table.slice(0..bs * m), [bs, m], [m, 1])?;
-    let cache_seqlens = Strided::contiguous("cache_seqlens", b.cache.slice(0..bs), [bs])?;
-    let q = Strided::contiguous("q", q.slice(0..rows * hq * d), [rows, hq, d])?;
-    let out = StridedMut::contiguous("out", out.slice_mut(0..rows * hq * d), [rows, hq, d])?;
+    let page_table = Strided::new(
+        "page_table",
+        table.slice(req0 * m..(req0 + bs) * m),
+        [bs, m],
+        [m, 1],
+    )?;
+    let cache_seqlens = Strided::contiguous("cache_seqlens", b.cache.slice(req0..req0 + bs), [bs])?;
+    let (lo, hi) = (row0 * hq * d, (row0 + rows) * hq * d);
+    let q = Strided::contiguous("q", q.slice(lo..hi), [rows, hq, d])?;
+    let out = StridedMut::contiguous("out", out.slice_mut(lo..hi), [rows, hq, d])?;
     let kv = kv_views(plan, cache, cx.page_size, cx.model_dtype)?;
     let sinks = sinks
         .map(|s| Strided::contiguous("sinks", s.slice(0..hq), [hq]))
@@ -934,6 +1018,7 @@ impl Executor for CudaExecutor {
                 bs,
                 rows: n,
                 max_q,
+                decode_tail: one_token_tail(&meta.cu_seqlens_q),
             },
         });
         Ok(())
@@ -1310,6 +1395,7 @@ impl CudaExecutor {
             bs: key.bs,
             rows: key.num_tokens,
             max_q: key.q_len,
+            decode_tail: 0,
         };
         let n = key.num_tokens;
         for (l, plan) in plans.iter().enumerate() {
