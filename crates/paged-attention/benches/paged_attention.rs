@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use kernel_rt::cudarc::driver::CudaSlice;
-use kernel_rt::timing::{copy_ceiling_gbps, median_us, time_iters};
+use kernel_rt::timing::{copy_ceiling_gbps, median_us, per_launch_us, time_iters};
 use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
 use paged_attention::{
     workspace_for, DecodeArgs, HalfDtype, KernelPath, KvCache, PagedAttentionKernel, QueryLayout,
@@ -16,7 +16,7 @@ use paged_attention::{
 };
 
 struct Shape {
-    name: &'static str,
+    name: String,
     hq: usize,
     hkv: usize,
     d: usize,
@@ -30,9 +30,9 @@ struct Shape {
     simt: bool,
 }
 
-const fn s(name: &'static str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shape {
+fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shape {
     Shape {
-        name,
+        name: name.to_string(),
         hq,
         hkv,
         d,
@@ -92,7 +92,35 @@ struct Prepared {
     bytes: f64,
 }
 
-fn prepare(gpu: &Arc<Gpu>, kernel: &PagedAttentionKernel, c: &Shape) -> Result<Prepared> {
+/// The full grid: heads × bs × L (uniform lengths, bf16 KV, P 16).
+fn grid() -> Vec<Shape> {
+    let mut v = Vec::new();
+    for (hq, hkv, d) in [
+        (32, 8, 128),
+        (64, 8, 128),
+        (8, 1, 128),
+        (64, 8, 64),
+        (16, 8, 256),
+    ] {
+        for bs in [1, 8, 64, 256] {
+            for len in [1024, 8192, 32768] {
+                let name = format!("{hq}/{hkv}/{d} bs {bs} L {len}");
+                v.push(s(&name, hq, hkv, d, bs, len));
+            }
+        }
+    }
+    v
+}
+
+/// Device buffers of one case. `zero_kv`: K/V pools zero-filled on the
+/// device (the grid's largest pools are 69 GB; speed does not depend on
+/// the values) instead of uploaded.
+fn prepare(
+    gpu: &Arc<Gpu>,
+    kernel: &PagedAttentionKernel,
+    c: &Shape,
+    zero_kv: bool,
+) -> Result<Prepared> {
     let st = gpu.stream();
     let es: usize = if c.fp8 { 1 } else { 2 };
     let m = c.len.div_ceil(P);
@@ -113,10 +141,21 @@ fn prepare(gpu: &Arc<Gpu>, kernel: &PagedAttentionKernel, c: &Shape) -> Result<P
     let elems = num_pages * P * c.hkv * c.d;
     // Small non-zero values (0x30 = 0.125 in e4m3, 0x3E00 = 0.125 in bf16).
     let (n8, n16) = if c.fp8 { (elems, 1) } else { (1, elems) };
-    let k8 = st.clone_htod(&vec![0x30u8; n8])?;
-    let v8 = st.clone_htod(&vec![0x30u8; n8])?;
-    let k16 = st.clone_htod(&vec![0x3E00u16; n16])?;
-    let v16 = st.clone_htod(&vec![0x3E00u16; n16])?;
+    let (k8, v8, k16, v16) = if zero_kv {
+        (
+            st.alloc_zeros::<u8>(n8)?,
+            st.alloc_zeros::<u8>(n8)?,
+            st.alloc_zeros::<u16>(n16)?,
+            st.alloc_zeros::<u16>(n16)?,
+        )
+    } else {
+        (
+            st.clone_htod(&vec![0x30u8; n8])?,
+            st.clone_htod(&vec![0x30u8; n8])?,
+            st.clone_htod(&vec![0x3E00u16; n16])?,
+            st.clone_htod(&vec![0x3E00u16; n16])?,
+        )
+    };
     let rows = c.bs * c.q_len;
     let q = st.clone_htod(&vec![0x3C00u16; rows * c.hq * c.d])?;
     let out = st.alloc_zeros::<u16>(rows * c.hq * c.d)?;
@@ -231,9 +270,9 @@ fn main() {
         .sample_size(10);
     let mut table = Vec::new();
     for c in cases() {
-        let mut p = prepare(&gpu, &kernel, &c).expect("prepare");
+        let mut p = prepare(&gpu, &kernel, &c, false).expect("prepare");
         let kernel = if c.simt { &simt } else { &kernel };
-        crit.bench_function(c.name, |b| {
+        crit.bench_function(&c.name, |b| {
             b.iter_custom(|iters| {
                 time_iters(&gpu, iters, || launch(kernel, &c, &mut p, &mut errors)).expect("time")
             })
@@ -256,5 +295,36 @@ fn main() {
     println!("| case | µs | TB/s read | % of ceiling |\n|---|---:|---:|---:|");
     for row in table {
         println!("{row}");
+    }
+    if std::env::var("MHA_KIT_BENCH_GRID").as_deref() == Ok("0") {
+        return;
+    }
+    // The full grid: isolated median (events per launch, stream pre-filled)
+    // and back-to-back µs per launch, K/V zero-filled on the device.
+    println!(
+        "\n## paged-attention decode grid (bf16 KV, P 16, uniform lengths; copy ceiling {:.2} TB/s)\n",
+        ceiling / 1e3
+    );
+    println!(
+        "| Hq/Hkv/D | bs | L | isolated µs | back-to-back µs | TB/s (isolated) | % of ceiling |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for c in grid() {
+        let mut p = prepare(&gpu, &kernel, &c, true).expect("prepare grid case");
+        let us =
+            median_us(&gpu, 3, 15, || launch(&kernel, &c, &mut p, &mut errors)).expect("median");
+        let b2b = per_launch_us(&gpu, 20, || launch(&kernel, &c, &mut p, &mut errors))
+            .expect("back-to-back");
+        let gbps = p.bytes / (us * 1e-6) / 1e9;
+        println!(
+            "| {}/{}/{} | {} | {} | {us:.1} | {b2b:.1} | {:.2} | {:.0} % |",
+            c.hq,
+            c.hkv,
+            c.d,
+            c.bs,
+            c.len,
+            gbps / 1e3,
+            100.0 * gbps / ceiling
+        );
     }
 }
