@@ -591,6 +591,31 @@ impl MhaBackend {
         core.executor.read_graph_output(plan, rows)
     }
 
+    /// Enqueues a device copy of output rows `[row0, row0 + rows)`
+    /// (`[rows, Hq·D]`, model dtype bits) of layer `layer`'s static graph
+    /// output into `dst`, stream-ordered after the last replay on the
+    /// backend's stream ([`kernel_rt::Gpu::shared`]); no host sync, so a
+    /// caller can read results back while the next step runs.
+    ///
+    /// # Errors
+    /// [`BackendError::UnknownLayer`]; [`BackendError::GraphUnsupported`]
+    /// (CPU executor, no graph state); [`BackendError::Kernel`] when the
+    /// rows exceed the graph output or `dst`.
+    pub fn copy_graph_output(
+        &self,
+        layer: usize,
+        row0: usize,
+        rows: usize,
+        dst: &mut kernel_rt::cudarc::driver::CudaViewMut<'_, u16>,
+    ) -> Result<()> {
+        let core = self.core();
+        let plan = core.plans.get(layer).ok_or(BackendError::UnknownLayer {
+            layer,
+            num_layers: core.plans.len(),
+        })?;
+        core.executor.copy_graph_output(plan, row0, rows, dst)
+    }
+
     /// A host copy of the device-built metadata: of the current eager pass
     /// (`graph = false`) or of the last graph replay (`graph = true`);
     /// `None` on the CPU executor (its metadata is the host copy).

@@ -1321,6 +1321,36 @@ impl Executor for CudaExecutor {
         }
         read(self.gpu.stream(), &io.out, n)
     }
+
+    fn copy_graph_output(
+        &self,
+        plan: &LayerPlan,
+        row0: usize,
+        rows: usize,
+        dst: &mut CudaViewMut<'_, u16>,
+    ) -> Result<()> {
+        let g = self.graph.as_ref().ok_or_else(no_graph_state)?;
+        let io = g.io.get(plan.layer).ok_or(BackendError::UnknownLayer {
+            layer: plan.layer,
+            num_layers: self.plans.len(),
+        })?;
+        let e = plan.q_row_elems();
+        let (a, b) = (row0 * e, (row0 + rows) * e);
+        if b > io.out.len() || b - a > dst.len() {
+            return Err(kerr(KernelError::Capacity {
+                arg: "rows",
+                needed: b.max(b - a),
+                available: io.out.len().min(dst.len()),
+            }));
+        }
+        if a == b {
+            return Ok(());
+        }
+        self.gpu
+            .stream()
+            .memcpy_dtod(&io.out.slice(a..b), &mut dst.slice_mut(0..b - a))
+            .map_err(kerr)
+    }
 }
 
 fn no_graph_state() -> BackendError {

@@ -7,7 +7,7 @@
 use std::str::FromStr;
 
 use fp8_kv::{KvCacheDtype, KvScales};
-use kernel_rt::cudarc::driver::{CudaSlice, CudaView};
+use kernel_rt::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use kernel_rt::{ErrorReport, KernelError};
 use paged_attention::reference::{self as attn, HostKv, HostLayout, KvData};
 use paged_attention::HalfDtype;
@@ -349,6 +349,23 @@ pub trait Executor: Send + std::fmt::Debug {
     /// [`BackendError::GraphUnsupported`]; capacity / driver errors.
     fn read_graph_output(&self, plan: &LayerPlan, rows: usize) -> Result<Vec<u16>> {
         let _ = (plan, rows);
+        Err(graphs_unsupported(self.kind()))
+    }
+
+    /// Enqueues a device copy of output rows `[row0, row0 + rows)` of the
+    /// layer's static graph output into `dst` (`[rows · Hq·D]` u16),
+    /// stream-ordered after the last replay; no host synchronisation.
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`]; capacity / driver errors.
+    fn copy_graph_output(
+        &self,
+        plan: &LayerPlan,
+        row0: usize,
+        rows: usize,
+        dst: &mut CudaViewMut<'_, u16>,
+    ) -> Result<()> {
+        let _ = (plan, row0, rows, dst);
         Err(graphs_unsupported(self.kind()))
     }
 

@@ -145,7 +145,7 @@ pub enum ExecutorChoice {
     /// mha-backend's CPU executor.
     Cpu,
     /// mha-backend's CUDA executor on device `N` (`--device cuda:N`),
-    /// driven by the CUDA engine (unverified until its GPU tests pass).
+    /// driven by the CUDA engine.
     Cuda(usize),
 }
 
@@ -243,16 +243,25 @@ impl Setup {
         let mut device_notes = Vec::new();
         let executor = match device {
             Device::Cpu => ExecutorChoice::Cpu,
-            Device::Auto => {
-                match kernel_rt::gpu_status() {
-                    kernel_rt::GpuStatus::Available { devices } => device_notes.push(format!(
-                        "{devices} CUDA device(s) found, but auto still picks the CPU engine: \
-                         the CUDA engine (--device cuda:N) is unverified on hardware until its GPU tests pass"
-                    )),
-                    kernel_rt::GpuStatus::Missing(why) => device_notes.push(format!("no GPU: {why}")),
+            Device::Auto => match kernel_rt::gpu_status() {
+                kernel_rt::GpuStatus::Available { .. } => match kernel_rt::Gpu::shared() {
+                    Ok(gpu) => {
+                        let n = gpu.context().ordinal();
+                        device_notes.push(format!("auto: CUDA device {n} found"));
+                        ExecutorChoice::Cuda(n)
+                    }
+                    Err(e) => {
+                        device_notes.push(format!(
+                            "a CUDA device is present but could not be opened ({e}); using the CPU engine"
+                        ));
+                        ExecutorChoice::Cpu
+                    }
+                },
+                kernel_rt::GpuStatus::Missing(why) => {
+                    device_notes.push(format!("no GPU: {why}"));
+                    ExecutorChoice::Cpu
                 }
-                ExecutorChoice::Cpu
-            }
+            },
             Device::Cuda(ordinal) => {
                 match kernel_rt::gpu_status() {
                     kernel_rt::GpuStatus::Missing(why) => {
@@ -269,10 +278,6 @@ impl Setup {
                     }
                     kernel_rt::GpuStatus::Available { .. } => {}
                 }
-                device_notes.push(
-                    "CUDA engine: unverified on hardware until tests/gen_gpu.rs and tests/replay_gpu.rs pass"
-                        .into(),
-                );
                 ExecutorChoice::Cuda(ordinal)
             }
         };

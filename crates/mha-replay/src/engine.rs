@@ -4,8 +4,8 @@
 //!
 //! - [`CpuEngine`] (today): Q/K/V generated on the host ([`Generator`]),
 //!   host tensors into [`MhaBackend::forward`], host wall time.
-//! - [`crate::cuda_engine::CudaEngine`] (mha-backend's CUDA executor;
-//!   unverified on hardware) implements the same trait: Q/K/V from a device
+//! - [`crate::cuda_engine::CudaEngine`] (mha-backend's CUDA executor)
+//!   implements the same trait: Q/K/V from a device
 //!   hash kernel bit-identical to
 //!   [`Generator::element`] (so the host checker can regenerate them),
 //!   CUDA-event device time, graph capture/replay per bucket when
@@ -80,6 +80,39 @@ pub trait Engine {
         metadata_ready: bool,
         sample: &[(usize, usize)],
     ) -> Result<PassOutput>;
+
+    /// [`Engine::run_pass`] that may leave the pass in flight: it returns
+    /// the outputs of the passes that completed by now, oldest first (every
+    /// submitted pass comes back exactly once, in order, from this or
+    /// [`Engine::flush`]). Host work for the next pass then overlaps the
+    /// device's work on this one. Default: synchronous.
+    ///
+    /// # Errors
+    /// As [`Engine::run_pass`].
+    fn submit_pass(
+        &mut self,
+        backend: &mut MhaBackend,
+        pass: &Pass,
+        layers: &[LayerConfig],
+        metadata_ready: bool,
+        sample: &[(usize, usize)],
+    ) -> Result<Vec<PassOutput>> {
+        Ok(vec![self.run_pass(
+            backend,
+            pass,
+            layers,
+            metadata_ready,
+            sample,
+        )?])
+    }
+
+    /// The outputs of every pass still in flight, oldest first.
+    ///
+    /// # Errors
+    /// Driver errors.
+    fn flush(&mut self) -> Result<Vec<PassOutput>> {
+        Ok(Vec::new())
+    }
 }
 
 /// The CPU engine over mha-backend's CPU executor.

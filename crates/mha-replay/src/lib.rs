@@ -22,8 +22,8 @@
 //!   prefill, decode, pages freed on finish.
 //! - [`replay`]: builds each pass's [`mha_backend::ForwardBatch`] and runs
 //!   it through an [`engine::Engine`] ([`engine::CpuEngine`], or
-//!   [`cuda_engine::CudaEngine`] for `--device cuda:N` — wired but not yet
-//!   run on a GPU), samples (call, request) pairs for [`check`] (run on
+//!   [`cuda_engine::CudaEngine`] for `--device cuda:N` or `auto` with a GPU,
+//!   passes pipelined two deep), samples (call, request) pairs for [`check`] (run on
 //!   host worker threads, [`check::CheckPool`]).
 //! - [`launch`]: the device generator kernel `mha_replay_gen_qkv`
 //!   (`kernels/mha_replay_gen.cu`), bit-identical to [`gen`].
@@ -63,7 +63,7 @@ use engine::{CpuEngine, Engine};
 use gen::Generator;
 
 /// Builds the engine for `setup`'s executor: [`CpuEngine`] or
-/// [`cuda_engine::CudaEngine`] (`--device cuda:N`, unverified on hardware).
+/// [`cuda_engine::CudaEngine`] (`--device cuda:N`, or `auto` with a GPU).
 ///
 /// # Errors
 /// [`ReplayError::Flag`] naming `--device` when the CUDA engine cannot

@@ -17,6 +17,7 @@
 //!    probability 0.75 until the first rejection, at most `n_i − 1`), plus
 //!    the bonus token: `c_i` tokens committed, both pools truncated to `L + c_i`.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use indicatif::ProgressBar;
@@ -24,7 +25,7 @@ use mha_backend::{ForwardBatch, KvCacheDtype, LayerConfig, MhaBackend, MultiStep
 
 use crate::check::{default_check_workers, CheckPool, Checker};
 use crate::config::Setup;
-use crate::engine::Engine;
+use crate::engine::{Engine, PassOutput};
 use crate::error::{ReplayError, Result};
 use crate::gen::{unit_hash, Generator, ModelId};
 use crate::pass::{part_work, Part, Pass, PassKind};
@@ -123,6 +124,8 @@ struct Runner<'a> {
     target_layers: Vec<LayerConfig>,
     draft_layers: Vec<LayerConfig>,
     progress: &'a ProgressBar,
+    /// Passes submitted whose outputs have not come back yet, oldest first.
+    in_flight: std::collections::VecDeque<(Arc<Pass>, f64)>,
 }
 
 impl Runner<'_> {
@@ -153,34 +156,12 @@ impl Runner<'_> {
                 }
             }
         }
-        let out = self
+        let outs = self
             .engine
-            .run_pass(backend, pass, layers, metadata_ready, &sample)?;
-        if !out.sampled.is_empty() {
-            let shared = std::sync::Arc::new(pass.clone());
-            for s in out.sampled {
-                self.checks.submit(&shared, s.layer, s.part, s.rows)?;
-            }
-        }
-        self.rec.generate_s += out.generate_s;
-        let (mut kv_bytes, mut flops) = (0.0, 0.0);
-        for l in layers {
-            for p in &pass.parts {
-                let (tokens, f) = part_work(p, l);
-                kv_bytes += (tokens * l.num_kv_heads * l.head_dim * 2) as f64 * self.kv_elem;
-                flops += f;
-            }
-        }
-        self.rec.passes.push(PassRecord {
-            kind: pass.kind,
-            batch_size: pass.batch_size(),
-            rows: pass.rows(),
-            metadata_s: out.metadata_s + extra_metadata_s,
-            attention_s: out.attention_s,
-            kv_bytes,
-            flops,
-            graph: out.graph,
-        });
+            .submit_pass(backend, pass, layers, metadata_ready, &sample)?;
+        self.in_flight
+            .push_back((Arc::new(pass.clone()), extra_metadata_s));
+        self.record(outs)?;
         self.progress.set_message(format!(
             "{} bs {} · {} passes",
             pass.kind.name(),
@@ -188,6 +169,57 @@ impl Runner<'_> {
             self.rec.passes.len()
         ));
         Ok(())
+    }
+
+    /// Records the outputs of completed passes (oldest in-flight first) and
+    /// hands their samples to the checkers.
+    fn record(&mut self, outs: Vec<PassOutput>) -> Result<()> {
+        for out in outs {
+            let (pass, extra_metadata_s) = self.in_flight.pop_front().ok_or_else(|| {
+                ReplayError::Internal("engine returned a pass it was not given".into())
+            })?;
+            let layers = match pass.model {
+                ModelId::Target => &self.target_layers,
+                ModelId::Draft => &self.draft_layers,
+            };
+            let (mut kv_bytes, mut flops) = (0.0, 0.0);
+            for l in layers {
+                for p in &pass.parts {
+                    let (tokens, f) = part_work(p, l);
+                    kv_bytes += (tokens * l.num_kv_heads * l.head_dim * 2) as f64 * self.kv_elem;
+                    flops += f;
+                }
+            }
+            self.rec.generate_s += out.generate_s;
+            self.rec.passes.push(PassRecord {
+                kind: pass.kind,
+                batch_size: pass.batch_size(),
+                rows: pass.rows(),
+                metadata_s: out.metadata_s + extra_metadata_s,
+                attention_s: out.attention_s,
+                kv_bytes,
+                flops,
+                graph: out.graph,
+            });
+            for s in out.sampled {
+                self.checks.submit(&pass, s.layer, s.part, s.rows)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every pass in flight and records it.
+    fn drain(&mut self) -> Result<()> {
+        let outs = self.engine.flush()?;
+        self.record(outs)?;
+        if self.in_flight.is_empty() {
+            Ok(())
+        } else {
+            Err(ReplayError::Internal(format!(
+                "{} passes never came back from the engine",
+                self.in_flight.len()
+            )))
+        }
     }
 }
 
@@ -236,6 +268,7 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
         target_layers: setup.model.layers.clone(),
         draft_layers: setup.draft_layers(),
         progress,
+        in_flight: std::collections::VecDeque::new(),
     };
     progress.set_length(setup.jobs.len() as u64);
     let n_spec = setup.spec_tokens();
@@ -336,6 +369,7 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
         progress.inc(done.len() as u64);
     }
 
+    run.drain()?;
     let Runner {
         checks, mut rec, ..
     } = run;

@@ -480,7 +480,10 @@ impl Report {
         );
         row(
             "metadata share",
-            format!("{:.2}% of step time", 100.0 * t.metadata_share),
+            format!(
+                "{:.2}% of step time (host time in init_forward_metadata of eager passes; graph passes build it inside the graph)",
+                100.0 * t.metadata_share
+            ),
         );
         row(
             "check",
