@@ -1472,3 +1472,23 @@ impl CudaExecutor {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::one_token_tail;
+
+    /// The decode rows of a mixed batch are its trailing one-token requests;
+    /// a one-token prefill chunk before a longer one stays with the context
+    /// kernel.
+    #[test]
+    fn one_token_tail_counts_trailing_single_rows() {
+        assert_eq!(one_token_tail(&[0]), 0);
+        assert_eq!(one_token_tail(&[0, 5]), 0);
+        assert_eq!(one_token_tail(&[0, 1]), 1);
+        assert_eq!(one_token_tail(&[0, 7, 8, 9, 10]), 3);
+        assert_eq!(one_token_tail(&[0, 1, 9, 10]), 1);
+        assert_eq!(one_token_tail(&[0, 1, 2, 3]), 3);
+        // Empty requests (length 0) end the tail.
+        assert_eq!(one_token_tail(&[0, 4, 5, 5]), 0);
+    }
+}

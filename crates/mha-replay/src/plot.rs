@@ -107,13 +107,14 @@ fn draw_err<E: std::fmt::Debug>(e: E) -> ReplayError {
     }
 }
 
-/// A "nice" upper bound (1, 2, 2.5 or 5 × 10^k) at or above `x`.
+/// A "nice" upper bound (1, 2, 2.5, 3, 4, 5, 6 or 8 × 10^k) at or above
+/// `x` (so a batch axis up to 256 ends at 300, not 500).
 pub fn nice_max(x: f64) -> f64 {
     if !(x.is_finite() && x > 0.0) {
         return 1.0;
     }
     let p = 10f64.powf(x.log10().floor());
-    for m in [1.0, 2.0, 2.5, 5.0, 10.0] {
+    for m in [1.0, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0] {
         if m * p >= x * 0.999_999 {
             return m * p;
         }
@@ -260,10 +261,12 @@ mod tests {
     #[test]
     fn nice_bounds() {
         assert_eq!(nice_max(0.0), 1.0);
-        assert_eq!(nice_max(7.0), 10.0);
+        assert_eq!(nice_max(7.0), 8.0);
+        assert_eq!(nice_max(256.0), 300.0);
+        assert_eq!(nice_max(9.0), 10.0);
         assert_eq!(nice_max(1.5), 2.0);
         assert_eq!(nice_max(230.0), 250.0);
-        assert_eq!(nice_max(0.031), 0.05);
+        assert!((nice_max(0.031) - 0.04).abs() < 1e-12);
     }
 
     #[test]
