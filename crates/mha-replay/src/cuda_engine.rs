@@ -6,9 +6,9 @@
 //!
 //! **Status:** verified on an H200 (`tests/gen_gpu.rs`, `tests/replay_gpu.rs`
 //! pass; the whole conv trace replays with 0 mismatches), so `--device auto`
-//! picks it when a GPU is present. Known bug, worked around: ragged-verify
-//! graph buckets above [`RAGGED_GRAPH_MAX_TOKENS`] gave wrong outputs at
-//! `--max-batch 256`, so those passes run eagerly (exact).
+//! picks it when a GPU is present. Ragged-verify graph buckets above
+//! [`RAGGED_GRAPH_MAX_TOKENS`] run eagerly until a GPU re-run clears them
+//! (see [`bucket_shape`]).
 //!
 //! Passes are pipelined: [`Engine::submit_pass`] launches pass `n` into one
 //! of two slots (events, staging buffer, pinned host buffer) and only then
@@ -116,11 +116,13 @@ pub fn bucket_shape(
         GraphKind::RaggedVerify => {
             // Upstream's ragged keying (backend.md §5): bs = num_tokens.
             let t = bucket(tokens.max(bs), max_bs * n.max(1))?;
-            // Workaround: ragged-verify replays of large buckets gave wrong
-            // outputs on the H200 (--spec-steps 3, --max-batch 256: buckets
-            // of ~800 tokens) while the same passes run eagerly were exact;
-            // buckets up to RAGGED_GRAPH_MAX_TOKENS passed. Larger ones run
-            // eagerly until that bug is found.
+            // Caution until re-run on a GPU: with --spec-steps 3 at
+            // --max-batch 256 (ragged buckets of ~800 tokens) checked rows
+            // came back wrong while graphs-off runs were exact. The likely
+            // cause, since fixed, was this engine reading a pass's sampled
+            // rows before their copies finished (`complete` now waits on
+            // the read-back event); buckets up to RAGGED_GRAPH_MAX_TOKENS
+            // were verified, larger ones stay eager until confirmed.
             (t <= RAGGED_GRAPH_MAX_TOKENS).then_some((t, t))
         }
     }
@@ -270,8 +272,9 @@ impl CudaEngine {
             .max(1);
         st.stage = Some(self.gpu.stream().alloc_zeros::<u16>(want).map_err(kerr)?);
         // SAFETY: plain (not write-combined: the host reads it) page-locked
-        // memory of `want` u16; cudarc tracks its pending copies with an event
-        // and `as_slice` waits for them.
+        // memory of `want` u16. kernel-rt turns cudarc's event tracking off,
+        // so `as_slice` does NOT wait for pending copies: `complete` waits on
+        // the slot's read-back event (recorded after the copy) first.
         st.host = Some(unsafe {
             self.gpu
                 .context()
@@ -297,8 +300,12 @@ impl CudaEngine {
     }
 
     /// Enqueues the read-back of slot `slot`'s staged rows (async, into
-    /// pinned memory; [`PinnedHostSlice::as_slice`] waits for it).
-    fn enqueue_readback(&mut self, slot: usize, total: usize) -> Result<()> {
+    /// pinned memory), then records event `done` behind it: every copy of
+    /// the pass (device staging copies and this one) is before `done`, and
+    /// `complete` waits on `done` before it reads the pinned buffer.
+    /// (cudarc's own per-buffer events are off: kernel-rt disables event
+    /// tracking, so [`PinnedHostSlice::as_slice`] does not wait.)
+    fn enqueue_readback(&mut self, slot: usize, total: usize, done: usize) -> Result<()> {
         if total > 0 {
             let st = &mut self.slots[slot];
             let (Some(stage), Some(host)) = (st.stage.as_ref(), st.host.as_mut()) else {
@@ -306,7 +313,7 @@ impl CudaEngine {
             };
             self.gpu.stream().memcpy_dtoh(stage, host).map_err(kerr)?;
         }
-        Ok(())
+        self.record(slot, done)
     }
 
     /// Waits for `f`'s pass and returns its output with the sampled rows.
@@ -319,11 +326,12 @@ impl CudaEngine {
             mut host_rows,
             timing,
         } = f;
-        let last = match timing {
-            Timing::Graph => 2,
-            Timing::Eager { layers } => 2 * layers,
+        // The read-back event follows the timing events and every copy.
+        let done = match timing {
+            Timing::Graph => 3,
+            Timing::Eager { layers } => 2 * layers + 1,
         };
-        self.slots[slot].events[last].synchronize().map_err(kerr)?;
+        self.slots[slot].events[done].synchronize().map_err(kerr)?;
         match timing {
             Timing::Graph => {
                 out.generate_s = self.elapsed_s(slot, 0, 1)?;
@@ -458,7 +466,7 @@ impl CudaEngine {
             ..PassOutput::default()
         };
         let rows = self.upload_rows(pass)?;
-        self.ensure_events(slot, 3)?;
+        self.ensure_events(slot, 4)?;
         self.record(slot, 0)?;
         for (li, l) in layers.iter().enumerate() {
             self.generate(pass.model, li, l, rows, pass.salt)?;
@@ -496,7 +504,7 @@ impl CudaEngine {
             }
             samples.push((li, pi, len));
         }
-        self.enqueue_readback(slot, total)?;
+        self.enqueue_readback(slot, total, 3)?;
         Ok(InFlight {
             slot,
             out,
@@ -527,7 +535,7 @@ impl CudaEngine {
         let (offsets, total) = Self::stage_layout(pass, layers, sample);
         self.grow_stage(slot, total)?;
         let mut host_rows: Vec<Option<Vec<u16>>> = vec![None; sample.len()];
-        self.ensure_events(slot, 2 * layers.len() + 1)?;
+        self.ensure_events(slot, 2 * layers.len() + 2)?;
         self.record(slot, 0)?;
         for (li, l) in layers.iter().enumerate() {
             self.generate(pass.model, li, l, rows, pass.salt)?;
@@ -567,8 +575,7 @@ impl CudaEngine {
                 }
             }
         }
-        // `complete` waits on the last layer's event, then on this copy.
-        self.enqueue_readback(slot, total)?;
+        self.enqueue_readback(slot, total, 2 * layers.len() + 1)?;
         let samples = sample
             .iter()
             .map(|&(sl, sp)| (sl, sp, pass.parts[sp].n * layers[sl].q_row_elems()))
@@ -620,9 +627,11 @@ struct Slot {
 /// How a pass's events bracket its work.
 #[derive(Debug, Clone, Copy)]
 enum Timing {
-    /// Events 0 → 1 generation + input copies, 1 → 2 replay (+ row copies).
+    /// Events 0 → 1 generation + input copies, 1 → 2 replay; event 3
+    /// after the sampled rows' copies and read-back.
     Graph,
-    /// Per layer `l`: 2l → 2l+1 generation, 2l+1 → 2l+2 forward.
+    /// Per layer `l`: 2l → 2l+1 generation, 2l+1 → 2l+2 forward; event
+    /// 2·layers + 1 after the last copies and the read-back.
     Eager { layers: usize },
 }
 
@@ -723,7 +732,7 @@ mod tests {
             Some((40, 40))
         );
         assert_eq!(bucket_shape(GraphKind::RaggedVerify, 33, 130, 32, 4), None);
-        // Above RAGGED_GRAPH_MAX_TOKENS: eager (workaround, see bucket_shape).
+        // Above RAGGED_GRAPH_MAX_TOKENS: eager (until re-run, see bucket_shape).
         assert_eq!(
             bucket_shape(GraphKind::RaggedVerify, 30, 121, 32, 4),
             Some((128, 128))

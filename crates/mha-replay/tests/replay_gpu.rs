@@ -4,7 +4,8 @@
 //! errors, and the same request / token / per-mode row counts as the CPU
 //! engine on the same flags; a speculative slice (draft decode, uniform and
 //! ragged verify, draft extend v2 through graphs) and a hybrid-SWA FP8
-//! slice. Ignored without a GPU.
+//! slice; a llama3-8b speculative run with graphs (the pipelining
+//! regression). Ignored without a GPU.
 
 use clap::Parser;
 use kernel_rt::testing::{gpu_trial, run_trials};
@@ -150,6 +151,29 @@ fn main() {
                 same_counts(&cpu, &r, &what)?;
             }
             Ok(())
+        }),
+        gpu_trial("speculative_llama3_8b_graphs_on_400_requests", |gpu| {
+            // Regression: with passes pipelined, a pass's sampled rows were
+            // read before their device copies finished whenever the host did
+            // not block on the next launch (seen as ~5% wrong pairs with
+            // --spec-steps 3 at llama3-8b scale). 32-layer passes keep the
+            // device behind the host, which is what exposed it.
+            let dev = format!("cuda:{}", gpu.context().ordinal());
+            let args = Args::try_parse_from([
+                "mha-replay",
+                "--device",
+                &dev,
+                "--requests",
+                "400",
+                "--spec-steps",
+                "3",
+                "--check-fraction",
+                "0.01",
+            ])
+            .map_err(|e| e.to_string())?;
+            let r = run_args(&args).map_err(|e| e.to_string())?;
+            clean(&r, "llama3-8b spec 3 graphs on")?;
+            graphs_used(&r, true, "llama3-8b spec 3 graphs on")
         }),
         gpu_trial("llama3_8b_cuda_defaults_200_requests", |gpu| {
             // The CUDA defaults (llama3-8b, 32 layers, no caps, graphs on)
