@@ -61,7 +61,7 @@ impl FromStr for Limit {
             v => match v.parse::<usize>() {
                 Ok(n) if n > 0 => Ok(Self(Some(n))),
                 _ => Err(format!(
-                    "expected a positive integer, `all` or `none`, got {s:?}"
+                    "expected a positive integer, or `all` / `none` (both: no limit), got {s:?}"
                 )),
             },
         }
@@ -404,6 +404,21 @@ impl Setup {
             json: args.json.clone(),
             plot: args.plot.clone(),
         };
+        if let Some(p) = &setup.plot {
+            let png = p
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+            if !png {
+                return Err(flag_err(
+                    "--plot",
+                    format!(
+                        "{}: the plot is a PNG image; give a path ending in .png",
+                        p.display()
+                    ),
+                ));
+            }
+        }
         setup.validate()?;
         Ok(setup)
     }

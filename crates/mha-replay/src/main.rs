@@ -61,8 +61,9 @@ fn real_main() -> Result<Report, ReplayError> {
     .flatten()
     .collect();
     println!(
-        "mha-replay: {} requests of {}, model {} ({} layers){}",
+        "mha-replay: {} request{} of {}, model {} ({} layers){}",
         setup.jobs.len(),
+        if setup.jobs.len() == 1 { "" } else { "s" },
         setup.trace_name,
         setup.model.name,
         setup.model.layers.len(),

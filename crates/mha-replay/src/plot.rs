@@ -122,13 +122,23 @@ pub fn nice_max(x: f64) -> f64 {
     10.0 * p
 }
 
-fn tick_label(v: f64, max: f64) -> String {
-    if max >= 10.0 {
+/// A tick label with as many decimals as the tick step (`step`) needs, so
+/// neighbouring ticks never print alike.
+fn tick_label(v: f64, step: f64) -> String {
+    if !(step.is_finite() && step > 0.0) || step >= 1.0 {
         format!("{v:.0}")
-    } else if max >= 1.0 {
-        format!("{v:.1}")
-    } else if max >= 0.01 {
-        format!("{v:.2}")
+    } else if step >= 1e-4 {
+        // Enough decimals to print the step itself exactly (0.016 → 3).
+        let mut decimals = (-step.log10()).ceil().max(1.0) as i32;
+        while decimals < 6 {
+            let scale = 10f64.powi(decimals);
+            if ((step * scale).round() - step * scale).abs() < 1e-6 {
+                break;
+            }
+            decimals += 1;
+        }
+        let decimals = decimals as usize;
+        format!("{v:.decimals$}")
     } else {
         format!("{v:.1e}").to_uppercase()
     }
@@ -169,9 +179,9 @@ fn panel(area: &Area<'_>, title: &str, xname: &str, series: &[Series<'_>]) -> Re
             .map_err(draw_err)?;
         area.draw(&PathElement::new(vec![(x0, gy), (x1, gy)], grey))
             .map_err(draw_err)?;
-        let xl = tick_label(xv, xmax);
+        let xl = tick_label(xv, xmax / 5.0);
         draw_text(area, &xl, (gx - text_width(&xl, 2) / 2, y0 + 8), 2, BLACK)?;
-        let yl = tick_label(yv, ymax);
+        let yl = tick_label(yv, ymax / 5.0);
         draw_text(area, &yl, (x0 - 8 - text_width(&yl, 2), gy - 5), 2, BLACK)?;
     }
     area.draw(&PathElement::new(vec![(x0, y1), (x0, y0), (x1, y0)], BLACK))
@@ -257,6 +267,23 @@ pub fn write_png(path: &Path, points: &[BatchPoint], time_domain: &str) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ticks of every nice maximum print distinct and exact labels.
+    #[test]
+    fn tick_labels_follow_the_step() {
+        assert_eq!(tick_label(0.016, 0.008), "0.016");
+        assert_eq!(tick_label(0.024, 0.008), "0.024");
+        assert_eq!(tick_label(60.0, 60.0), "60");
+        assert_eq!(tick_label(1.5, 0.5), "1.5");
+        for max in [0.04, 0.08, 0.3, 2.5, 6.0, 300.0, 5000.0] {
+            let labels: Vec<String> = (0..=5)
+                .map(|i| tick_label(max * f64::from(i) / 5.0, max / 5.0))
+                .collect();
+            for w in labels.windows(2) {
+                assert_ne!(w[0], w[1], "max {max}: {labels:?}");
+            }
+        }
+    }
 
     #[test]
     fn nice_bounds() {

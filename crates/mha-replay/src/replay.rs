@@ -410,9 +410,8 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
                 if setup.cuda_graphs { "on" } else { "off" }.into()
             } else {
                 format!(
-                    "n/a on the {} executor (--cuda-graphs {} accepted)",
-                    setup.executor.name(),
-                    if setup.cuda_graphs { "on" } else { "off" }
+                    "n/a on the {} executor (no graphs; --cuda-graphs has no effect)",
+                    setup.executor.name()
                 )
             },
             seed: setup.seed,

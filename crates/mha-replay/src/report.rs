@@ -399,7 +399,7 @@ impl Report {
         );
         row(
             "trace",
-            format!("{} ({} requests)", w.trace, w.trace_requests),
+            format!("{}, {} requests", w.trace, w.trace_requests),
         );
         row(
             "requests",
@@ -480,10 +480,17 @@ impl Report {
         );
         row(
             "metadata share",
-            format!(
-                "{:.2}% of step time (host time in init_forward_metadata of eager passes; graph passes build it inside the graph)",
-                100.0 * t.metadata_share
-            ),
+            if t.graph_passes > 0 {
+                format!(
+                    "{:.2}% of step time (host time in init_forward_metadata of eager passes; graph passes build it inside the graph)",
+                    100.0 * t.metadata_share
+                )
+            } else {
+                format!(
+                    "{:.2}% of step time (host time in init_forward_metadata)",
+                    100.0 * t.metadata_share
+                )
+            },
         );
         row(
             "check",

@@ -165,6 +165,7 @@ fn binary_errors_name_the_flag_or_line() {
         (vec!["--max-batch", "0"], "--max-batch"),
         (vec!["--trace", bad.to_str().unwrap()], "bad.csv:3:"),
         (vec!["--trace", "/no/such/trace.csv"], "/no/such/trace.csv"),
+        (vec!["--plot", "out.svg"], "--plot"),
     ];
     if !kernel_rt::gpu_available() {
         // Without a GPU, `--device cuda:N` is a flag error (never a CPU
