@@ -29,11 +29,12 @@ use std::sync::Arc;
 use kernel_rt::cudarc::driver::sys::CUfunction_attribute;
 use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use kernel_rt::{
-    grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
-    MAX_GRID_YZ,
+    grid_dim, to_i32, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut, MAX_GRID_YZ,
 };
 
-use crate::launch::{check_vector, eff, stride_err, validate_views, ViewShapes};
+use crate::launch::{
+    base_ptrs, check_sinks_and_scales, check_vector, validate_views, view_strides, ViewShapes,
+};
 use crate::{HalfDtype, KvCache, KvDtype, HEAD_DIMS};
 
 /// The embedded PTX of the context kernel (`cargo xtask ptx-build`).
@@ -307,7 +308,6 @@ pub fn validate_context(args: &ContextArgs<'_>) -> Result<ContextPlan> {
         &args.page_table,
         &args.cache_seqlens,
     )?;
-    let (ks, kst, vs, vst) = args.kv.shapes();
     let kv_dtype = args.kv.dtype();
     if !context_supported(args.q_dtype, kv_dtype, dim) {
         return Err(KernelError::unsupported(
@@ -329,32 +329,25 @@ pub fn validate_context(args: &ContextArgs<'_>) -> Result<ContextPlan> {
             format!("{} (supported 1..=2^24)", args.max_q_len),
         ));
     }
-    if let Some(s) = &args.sinks {
-        check_vector("sinks", s, hq)?;
-    }
-    if !args.bmm1_scale.is_finite() {
-        return Err(KernelError::unsupported("bmm1_scale", "must be finite"));
-    }
-    if !args.bmm2_scale.is_finite() {
-        return Err(KernelError::unsupported("bmm2_scale", "must be finite"));
-    }
+    check_sinks_and_scales(args.sinks.as_ref(), hq, args.bmm1_scale, args.bmm2_scale)?;
     let (q_tiles, config) = context_launch_config(bs, hkv, group, args.max_q_len, dim, kv_dtype)?;
     let window = args
         .window_left
         .filter(|&w| w < WINDOW_CAP)
         .map_or(-1, |w| w as i32);
+    let st = view_strides(&args.q, &args.out, &args.kv, &args.page_table, bs, m)?;
     let params = ContextParams {
-        q_stride_tok: to_i64("q", eff(&args.q.shape(), &args.q.strides(), 0))?,
-        q_stride_head: to_i64("q", eff(&args.q.shape(), &args.q.strides(), 1))?,
-        o_stride_tok: to_i64("out", eff(&args.out.shape(), &args.out.strides(), 0))?,
-        o_stride_head: to_i64("out", eff(&args.out.shape(), &args.out.strides(), 1))?,
-        k_stride_page: to_i64("k_cache", eff(&ks, &kst, 0))?,
-        k_stride_head: to_i64("k_cache", eff(&ks, &kst, 1))?,
-        k_stride_tok: to_i64("k_cache", eff(&ks, &kst, 2))?,
-        v_stride_page: to_i64("v_cache", eff(&vs, &vst, 0))?,
-        v_stride_head: to_i64("v_cache", eff(&vs, &vst, 1))?,
-        v_stride_tok: to_i64("v_cache", eff(&vs, &vst, 2))?,
-        page_table_stride: to_i64("page_table", eff(&[bs, m], &args.page_table.strides(), 0))?,
+        q_stride_tok: st.q[0],
+        q_stride_head: st.q[1],
+        o_stride_tok: st.out[0],
+        o_stride_head: st.out[1],
+        k_stride_page: st.k[0],
+        k_stride_head: st.k[1],
+        k_stride_tok: st.k[2],
+        v_stride_page: st.v[0],
+        v_stride_head: st.v[1],
+        v_stride_tok: st.v[2],
+        page_table_stride: st.page_table,
         bs: to_i32("bs", bs)?,
         num_q_heads: to_i32("q", hq)?,
         num_kv_heads: to_i32("k_cache", hkv)?,
@@ -433,25 +426,7 @@ impl ContextKernel {
             return Ok(());
         }
         let stream = self.gpu.stream();
-        p.q = args.q.device_ptr(stream);
-        p.out = args.out.device_ptr_mut(stream);
-        (p.k_cache, p.v_cache) = match &args.kv {
-            KvCache::Half { k, v, .. } => (k.device_ptr(stream), v.device_ptr(stream)),
-            KvCache::E4m3 { k, v } => (k.device_ptr(stream), v.device_ptr(stream)),
-        };
-        for (arg, ptr) in [
-            ("q", p.q),
-            ("out", p.out),
-            ("k_cache", p.k_cache),
-            ("v_cache", p.v_cache),
-        ] {
-            if ptr % 16 != 0 {
-                return Err(stride_err(
-                    arg,
-                    format!("base address {ptr:#x} is not 16-byte aligned"),
-                ));
-            }
-        }
+        [p.q, p.out, p.k_cache, p.v_cache] = base_ptrs(stream, &args.q, &mut args.out, &args.kv)?;
         p.page_table = args.page_table.device_ptr(stream);
         p.cache_seqlens = args.cache_seqlens.device_ptr(stream);
         p.cu_seqlens_q = args.cu_seqlens_q.device_ptr(stream);

@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kernel_rt::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use kernel_rt::cudarc::driver::{
+    CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use kernel_rt::{
     grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
     MAX_GRID_YZ,
@@ -443,6 +445,106 @@ pub(crate) fn check_vector<T>(arg: &'static str, v: &Strided<'_, T, 1>, n: usize
     Ok(())
 }
 
+/// Element strides of the views every attention kernel reads (a size-1
+/// dim's stride is 0, see [`eff`]), each checked to fit `i64`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ViewStrides {
+    /// `q [num_tokens, Hq, D]`: token, head.
+    pub q: [i64; 2],
+    /// `out`: token, head.
+    pub out: [i64; 2],
+    /// K cache `[num_pages, Hkv, P, D]`: page, head, token.
+    pub k: [i64; 3],
+    /// V cache: page, head, token.
+    pub v: [i64; 3],
+    /// Between `page_table` rows (`[bs, m]`).
+    pub page_table: i64,
+}
+
+/// The [`ViewStrides`] of validated views (`bs` requests, `m` page-table
+/// columns).
+///
+/// # Errors
+/// [`KernelError::Unsupported`] when a stride exceeds `i64`.
+pub(crate) fn view_strides(
+    q: &Strided<'_, u16, 3>,
+    out: &StridedMut<'_, u16, 3>,
+    kv: &KvCache<'_>,
+    page_table: &Strided<'_, i32, 2>,
+    bs: usize,
+    m: usize,
+) -> Result<ViewStrides> {
+    let (ks, kst, vs, vst) = kv.shapes();
+    let (qs, qst, os, ost) = (q.shape(), q.strides(), out.shape(), out.strides());
+    let e = |arg, shape: &[usize], strides: &[usize], i| to_i64(arg, eff(shape, strides, i));
+    Ok(ViewStrides {
+        q: [e("q", &qs, &qst, 0)?, e("q", &qs, &qst, 1)?],
+        out: [e("out", &os, &ost, 0)?, e("out", &os, &ost, 1)?],
+        k: [
+            e("k_cache", &ks, &kst, 0)?,
+            e("k_cache", &ks, &kst, 1)?,
+            e("k_cache", &ks, &kst, 2)?,
+        ],
+        v: [
+            e("v_cache", &vs, &vst, 0)?,
+            e("v_cache", &vs, &vst, 1)?,
+            e("v_cache", &vs, &vst, 2)?,
+        ],
+        page_table: e("page_table", &[bs, m], &page_table.strides(), 0)?,
+    })
+}
+
+/// The checks on `sinks` (`[Hq]` f32, contiguous) and the two bmm scales
+/// (finite) that every attention launch shares.
+///
+/// # Errors
+/// [`KernelError::Shape`] / [`KernelError::Stride`] (`sinks`),
+/// [`KernelError::Unsupported`] (a non-finite scale).
+pub(crate) fn check_sinks_and_scales(
+    sinks: Option<&Strided<'_, f32, 1>>,
+    hq: usize,
+    bmm1_scale: f32,
+    bmm2_scale: f32,
+) -> Result<()> {
+    if let Some(s) = sinks {
+        check_vector("sinks", s, hq)?;
+    }
+    if !bmm1_scale.is_finite() {
+        return Err(KernelError::unsupported("bmm1_scale", "must be finite"));
+    }
+    if !bmm2_scale.is_finite() {
+        return Err(KernelError::unsupported("bmm2_scale", "must be finite"));
+    }
+    Ok(())
+}
+
+/// Device base addresses `[q, out, k_cache, v_cache]`, each checked to be
+/// 16-byte aligned (the kernels load and store 16 bytes at a time).
+///
+/// # Errors
+/// [`KernelError::Stride`] naming the misaligned argument.
+pub(crate) fn base_ptrs(
+    stream: &CudaStream,
+    q: &Strided<'_, u16, 3>,
+    out: &mut StridedMut<'_, u16, 3>,
+    kv: &KvCache<'_>,
+) -> Result<[u64; 4]> {
+    let (k, v) = match kv {
+        KvCache::Half { k, v, .. } => (k.device_ptr(stream), v.device_ptr(stream)),
+        KvCache::E4m3 { k, v } => (k.device_ptr(stream), v.device_ptr(stream)),
+    };
+    let ptrs = [q.device_ptr(stream), out.device_ptr_mut(stream), k, v];
+    for (arg, ptr) in ["q", "out", "k_cache", "v_cache"].into_iter().zip(ptrs) {
+        if ptr % 16 != 0 {
+            return Err(stride_err(
+                arg,
+                format!("base address {ptr:#x} is not 16-byte aligned"),
+            ));
+        }
+    }
+    Ok(ptrs)
+}
+
 /// Shapes every attention launch shares, after [`validate_views`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ViewShapes {
@@ -633,8 +735,7 @@ fn plan_path(
         &args.page_table,
         &args.cache_seqlens,
     )?;
-    let (ks, kst, vs, vst) = args.kv.shapes();
-    let (q_len, uniform) = match &args.layout {
+    let q_len = match &args.layout {
         QueryLayout::Uniform { q_len_per_req } => {
             if !(1..=MAX_Q_LEN).contains(q_len_per_req) {
                 return Err(KernelError::unsupported(
@@ -649,7 +750,7 @@ fn plan_path(
                     format!("{:?}", args.q.shape()),
                 ));
             }
-            (*q_len_per_req, true)
+            *q_len_per_req
         }
         QueryLayout::Ragged {
             cu_seqlens_q,
@@ -662,19 +763,10 @@ fn plan_path(
                 ));
             }
             check_vector("cu_seqlens_q", cu_seqlens_q, bs + 1)?;
-            (*max_q_len, false)
+            *max_q_len
         }
     };
-    let _ = uniform;
-    if let Some(s) = &args.sinks {
-        check_vector("sinks", s, hq)?;
-    }
-    if !args.bmm1_scale.is_finite() {
-        return Err(KernelError::unsupported("bmm1_scale", "must be finite"));
-    }
-    if !args.bmm2_scale.is_finite() {
-        return Err(KernelError::unsupported("bmm2_scale", "must be finite"));
-    }
+    check_sinks_and_scales(args.sinks.as_ref(), hq, args.bmm1_scale, args.bmm2_scale)?;
     if args.max_seq_len == 0 || args.max_seq_len >= WINDOW_CAP as usize {
         return Err(KernelError::unsupported(
             "max_seq_len",
@@ -733,18 +825,19 @@ fn plan_path(
         .window_left
         .filter(|&w| w < WINDOW_CAP)
         .map_or(-1, |w| w as i32);
+    let st = view_strides(&args.q, &args.out, &args.kv, &args.page_table, bs, m)?;
     let params = PagedAttentionParams {
-        q_stride_tok: to_i64("q", eff(&args.q.shape(), &args.q.strides(), 0))?,
-        q_stride_head: to_i64("q", eff(&args.q.shape(), &args.q.strides(), 1))?,
-        o_stride_tok: to_i64("out", eff(&args.out.shape(), &args.out.strides(), 0))?,
-        o_stride_head: to_i64("out", eff(&args.out.shape(), &args.out.strides(), 1))?,
-        k_stride_page: to_i64("k_cache", eff(&ks, &kst, 0))?,
-        k_stride_head: to_i64("k_cache", eff(&ks, &kst, 1))?,
-        k_stride_tok: to_i64("k_cache", eff(&ks, &kst, 2))?,
-        v_stride_page: to_i64("v_cache", eff(&vs, &vst, 0))?,
-        v_stride_head: to_i64("v_cache", eff(&vs, &vst, 1))?,
-        v_stride_tok: to_i64("v_cache", eff(&vs, &vst, 2))?,
-        page_table_stride: to_i64("page_table", eff(&[bs, m], &args.page_table.strides(), 0))?,
+        q_stride_tok: st.q[0],
+        q_stride_head: st.q[1],
+        o_stride_tok: st.out[0],
+        o_stride_head: st.out[1],
+        k_stride_page: st.k[0],
+        k_stride_head: st.k[1],
+        k_stride_tok: st.k[2],
+        v_stride_page: st.v[0],
+        v_stride_head: st.v[1],
+        v_stride_tok: st.v[2],
+        page_table_stride: st.page_table,
         bs: to_i32("bs", bs)?,
         num_q_heads: to_i32("q", hq)?,
         num_kv_heads: to_i32("k_cache", hkv)?,
@@ -883,25 +976,7 @@ impl PagedAttentionKernel {
             return Ok(());
         }
         let stream = self.gpu.stream();
-        p.q = args.q.device_ptr(stream);
-        p.out = args.out.device_ptr_mut(stream);
-        (p.k_cache, p.v_cache) = match &args.kv {
-            KvCache::Half { k, v, .. } => (k.device_ptr(stream), v.device_ptr(stream)),
-            KvCache::E4m3 { k, v } => (k.device_ptr(stream), v.device_ptr(stream)),
-        };
-        for (arg, ptr) in [
-            ("q", p.q),
-            ("out", p.out),
-            ("k_cache", p.k_cache),
-            ("v_cache", p.v_cache),
-        ] {
-            if ptr % 16 != 0 {
-                return Err(stride_err(
-                    arg,
-                    format!("base address {ptr:#x} is not 16-byte aligned"),
-                ));
-            }
-        }
+        [p.q, p.out, p.k_cache, p.v_cache] = base_ptrs(stream, &args.q, &mut args.out, &args.kv)?;
         p.page_table = args.page_table.device_ptr(stream);
         p.cache_seqlens = args.cache_seqlens.device_ptr(stream);
         if let QueryLayout::Ragged { cu_seqlens_q, .. } = &args.layout {
