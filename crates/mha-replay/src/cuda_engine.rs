@@ -284,19 +284,26 @@ impl CudaEngine {
         Ok(())
     }
 
-    /// Staging offsets of the `sample` pairs, in order, and their total.
+    /// Where each `sample` pair's rows go in the staging buffer, in order,
+    /// and the total elements.
     fn stage_layout(
         pass: &Pass,
         layers: &[LayerConfig],
         sample: &[(usize, usize)],
-    ) -> (Vec<usize>, usize) {
-        let mut offsets = Vec::with_capacity(sample.len());
+    ) -> (Vec<Staged>, usize) {
+        let mut staged = Vec::with_capacity(sample.len());
         let mut total = 0;
-        for &(sl, sp) in sample {
-            offsets.push(total);
-            total += pass.parts[sp].n * layers[sl].q_row_elems();
+        for &(layer, part) in sample {
+            let len = pass.parts[part].n * layers[layer].q_row_elems();
+            staged.push(Staged {
+                layer,
+                part,
+                offset: total,
+                len,
+            });
+            total += len;
         }
-        (offsets, total)
+        (staged, total)
     }
 
     /// Enqueues the read-back of slot `slot`'s staged rows (async, into
@@ -322,7 +329,6 @@ impl CudaEngine {
             slot,
             mut out,
             samples,
-            offsets,
             mut host_rows,
             timing,
         } = f;
@@ -348,15 +354,19 @@ impl CudaEngine {
             Some(h) if !samples.is_empty() => h.as_slice().map_err(kerr)?,
             _ => &[],
         };
-        for (i, &(layer, part, len)) in samples.iter().enumerate() {
+        for (i, s) in samples.iter().enumerate() {
             let rows = match host_rows[i].take() {
                 Some(r) => r,
                 None => staged
-                    .get(offsets[i]..offsets[i] + len)
+                    .get(s.offset..s.offset + s.len)
                     .ok_or_else(|| ReplayError::Internal("staged rows out of range".into()))?
                     .to_vec(),
             };
-            out.sampled.push(SampledRows { layer, part, rows });
+            out.sampled.push(SampledRows {
+                layer: s.layer,
+                part: s.part,
+                rows,
+            });
         }
         Ok(out)
     }
@@ -488,21 +498,16 @@ impl CudaEngine {
         self.record(slot, 2)?;
         // Sampled rows: device copies out of the static outputs (the next
         // replay overwrites them), read back after the pass.
-        let (offsets, total) = Self::stage_layout(pass, layers, sample);
+        let (samples, total) = Self::stage_layout(pass, layers, sample);
         self.grow_stage(slot, total)?;
-        let mut samples = Vec::with_capacity(sample.len());
-        for (i, &(li, pi)) in sample.iter().enumerate() {
-            let p = &pass.parts[pi];
-            let len = p.n * layers[li].q_row_elems();
-            if len > 0 {
-                let stage = self.slots[slot]
-                    .stage
-                    .as_mut()
-                    .ok_or_else(|| ReplayError::Internal("staging buffer missing".into()))?;
-                let mut dst = stage.slice_mut(offsets[i]..offsets[i] + len);
-                backend.copy_graph_output(li, p.row_start, p.n, &mut dst)?;
-            }
-            samples.push((li, pi, len));
+        for s in samples.iter().filter(|s| s.len > 0) {
+            let p = &pass.parts[s.part];
+            let stage = self.slots[slot]
+                .stage
+                .as_mut()
+                .ok_or_else(|| ReplayError::Internal("staging buffer missing".into()))?;
+            let mut dst = stage.slice_mut(s.offset..s.offset + s.len);
+            backend.copy_graph_output(s.layer, p.row_start, p.n, &mut dst)?;
         }
         self.enqueue_readback(slot, total, 3)?;
         Ok(InFlight {
@@ -510,7 +515,6 @@ impl CudaEngine {
             out,
             host_rows: vec![None; samples.len()],
             samples,
-            offsets,
             timing: Timing::Graph,
         })
     }
@@ -532,9 +536,9 @@ impl CudaEngine {
             out.metadata_s = t.elapsed().as_secs_f64();
         }
         let rows = self.upload_rows(pass)?;
-        let (offsets, total) = Self::stage_layout(pass, layers, sample);
+        let (samples, total) = Self::stage_layout(pass, layers, sample);
         self.grow_stage(slot, total)?;
-        let mut host_rows: Vec<Option<Vec<u16>>> = vec![None; sample.len()];
+        let mut host_rows: Vec<Option<Vec<u16>>> = vec![None; samples.len()];
         self.ensure_events(slot, 2 * layers.len() + 2)?;
         self.record(slot, 0)?;
         for (li, l) in layers.iter().enumerate() {
@@ -557,12 +561,12 @@ impl CudaEngine {
                 )?
             };
             self.record(slot, 2 * li + 2)?;
-            for (i, &(_, sp)) in sample.iter().enumerate().filter(|s| s.1 .0 == li) {
-                let p = &pass.parts[sp];
+            for (i, s) in samples.iter().enumerate().filter(|s| s.1.layer == li) {
+                let p = &pass.parts[s.part];
                 let (a, b) = (p.row_start * qe, (p.row_start + p.n) * qe);
                 match &o {
                     Tensor::Device(d) => {
-                        let off = offsets[i];
+                        let off = s.offset;
                         let stage = self.slots[slot].stage.as_mut().ok_or_else(|| {
                             ReplayError::Internal("staging buffer missing".into())
                         })?;
@@ -576,15 +580,10 @@ impl CudaEngine {
             }
         }
         self.enqueue_readback(slot, total, 2 * layers.len() + 1)?;
-        let samples = sample
-            .iter()
-            .map(|&(sl, sp)| (sl, sp, pass.parts[sp].n * layers[sl].q_row_elems()))
-            .collect();
         Ok(InFlight {
             slot,
             out,
             samples,
-            offsets,
             host_rows,
             timing: Timing::Eager {
                 layers: layers.len(),
@@ -635,13 +634,23 @@ enum Timing {
     Eager { layers: usize },
 }
 
+/// A sampled `(layer, part)` pair's rows in a slot's staging buffer.
+#[derive(Debug, Clone, Copy)]
+struct Staged {
+    layer: usize,
+    part: usize,
+    /// First element in the staging buffer.
+    offset: usize,
+    /// Elements (`rows · Hq·D`).
+    len: usize,
+}
+
 /// A launched pass whose results have not been read back.
 struct InFlight {
     slot: usize,
     out: PassOutput,
-    /// `(layer, part, elements)` per sampled pair, in `sample` order.
-    samples: Vec<(usize, usize, usize)>,
-    offsets: Vec<usize>,
+    /// The sampled pairs, in `sample` order, with their staging place.
+    samples: Vec<Staged>,
     /// Rows that came back as host tensors (not staged).
     host_rows: Vec<Option<Vec<u16>>>,
     timing: Timing,
