@@ -109,7 +109,69 @@ impl Generator {
         n
     }
 
-    /// Fills `out` (`heads · dim` bf16 bits) with one token's row.
+    /// K's outlier-channel offsets of one `(model, layer, KV head)`:
+    /// `[dim]` f32, `±8` on an outlier channel, `0` elsewhere (the channel
+    /// test of [`Self::element`], done once instead of once per element).
+    pub fn k_offsets(&self, model: ModelId, layer: usize, head: usize, dim: usize) -> Vec<f32> {
+        (0..dim)
+            .map(|d| {
+                let ch = hash_words(
+                    self.seed,
+                    &[0x0C, model as u64, layer as u64, head as u64, d as u64],
+                );
+                if ch % 16 == 0 {
+                    let sign: f32 = if ch & 0x100 != 0 { 1.0 } else { -1.0 };
+                    sign * 8.0
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }
+
+    /// Fills `out` (`[dim]` bf16 bits) with head `head` of one token's row:
+    /// bit-identical to [`Self::element`] for `d in 0..dim`, with the row
+    /// hash computed once. `k_offsets` ([`Self::k_offsets`] of the same
+    /// model, layer and head) must be given for `Act::K` and is ignored for
+    /// Q and V.
+    #[allow(clippy::too_many_arguments)] // the activation key's seven fields
+    pub fn fill_head(
+        &self,
+        act: Act,
+        model: ModelId,
+        layer: usize,
+        req: usize,
+        pos: usize,
+        salt: u64,
+        head: usize,
+        k_offsets: &[f32],
+        out: &mut [u16],
+    ) {
+        let base = hash_words(
+            self.seed,
+            &[
+                act as u64,
+                model as u64,
+                layer as u64,
+                req as u64,
+                pos as u64,
+                salt,
+                head as u64,
+            ],
+        );
+        let outliers = act == Act::K;
+        for (d, o) in out.iter_mut().enumerate() {
+            let h = mix64(base ^ d as u64);
+            let sum: u64 = (0..4).map(|i| (h >> (16 * i)) & 0xFFFF).sum();
+            let n = (sum as f32 / 65_536.0 - 2.0) * 1.732_050_8;
+            let off = if outliers { k_offsets[d] } else { 0.0 };
+            let x = if off != 0.0 { off + 2.0 * n } else { n };
+            *o = half::bf16::from_f32(x).to_bits();
+        }
+    }
+
+    /// Fills `out` (`heads · dim` bf16 bits) with one token's row
+    /// ([`Self::element`] of every head and channel).
     #[allow(clippy::too_many_arguments)]
     pub fn fill_row(
         &self,
@@ -122,9 +184,13 @@ impl Generator {
         dim: usize,
         out: &mut [u16],
     ) {
-        for (i, o) in out.iter_mut().enumerate() {
-            let x = self.element(act, model, layer, req, pos, salt, i / dim, i % dim);
-            *o = half::bf16::from_f32(x).to_bits();
+        for (head, row) in out.chunks_mut(dim).enumerate() {
+            let offsets = if act == Act::K {
+                self.k_offsets(model, layer, head, dim)
+            } else {
+                Vec::new()
+            };
+            self.fill_head(act, model, layer, req, pos, salt, head, &offsets, row);
         }
     }
 }
@@ -132,6 +198,22 @@ impl Generator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fill_head_matches_element_bit_for_bit() {
+        let g = Generator::new(0x5EED);
+        for act in [Act::Q, Act::K, Act::V] {
+            for (layer, head, dim) in [(0, 0, 64), (3, 5, 128), (7, 1, 256)] {
+                let offs = g.k_offsets(ModelId::Target, layer, head, dim);
+                let mut row = vec![0u16; dim];
+                g.fill_head(act, ModelId::Target, layer, 9, 77, 4, head, &offs, &mut row);
+                for (d, &got) in row.iter().enumerate() {
+                    let want = g.element(act, ModelId::Target, layer, 9, 77, 4, head, d);
+                    assert_eq!(got, half::bf16::from_f32(want).to_bits(), "{act:?} {d}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn deterministic_and_realistic() {
