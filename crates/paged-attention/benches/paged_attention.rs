@@ -28,6 +28,10 @@ struct Shape {
     sinks: bool,
     /// Force the CUDA-core kernel (comparison row).
     simt: bool,
+    /// Per-request `cache_seqlens` (`[bs]`, each in `1..=len`); `None` =
+    /// every request has `len` tokens. With `Some`, `len` is only the
+    /// bound passed as `max_seq_len` (and the page table width).
+    lens: Option<Vec<i32>>,
 }
 
 fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shape {
@@ -43,6 +47,7 @@ fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shap
         window: None,
         sinks: false,
         simt: false,
+        lens: None,
     }
 }
 
@@ -112,31 +117,144 @@ fn grid() -> Vec<Shape> {
     v
 }
 
+/// Quantiles of decode-time context lengths (percentile, tokens) of the
+/// Azure LLM inference trace 2023, conversation part
+/// (AzurePublicDataset `AzureLLMInferenceTrace_conv`): the context a
+/// request holds while it decodes (prompt plus tokens generated so far).
+const AZURE_CONV_2023_DECODE_LEN: [(f64, f64); 17] = [
+    (0.0, 2.0),
+    (5.0, 230.0),
+    (10.0, 296.0),
+    (20.0, 417.0),
+    (30.0, 459.0),
+    (40.0, 754.0),
+    (50.0, 1151.0),
+    (60.0, 1274.0),
+    (70.0, 1375.0),
+    (80.0, 1506.0),
+    (90.0, 2774.0),
+    (95.0, 4107.0),
+    (98.0, 4147.0),
+    (99.0, 4200.0),
+    (99.5, 4881.0),
+    (99.9, 6332.0),
+    (100.0, 14059.0),
+];
+
+/// Model context bound passed as `max_seq_len` by the ragged cases (what a
+/// serving backend passes, whatever the batch holds).
+const RAGGED_MAX_SEQ_LEN: usize = 16384;
+
+/// Split modes compared on each ragged batch.
+const RAGGED_SPLITS: [SplitMode; 6] = [
+    SplitMode::Auto,
+    SplitMode::Chunked {
+        chunk_tokens: 512,
+        max_splits: 4,
+    },
+    SplitMode::Chunked {
+        chunk_tokens: 1024,
+        max_splits: 4,
+    },
+    SplitMode::Chunked {
+        chunk_tokens: 1024,
+        max_splits: 8,
+    },
+    SplitMode::Chunked {
+        chunk_tokens: 2048,
+        max_splits: 4,
+    },
+    SplitMode::Chunked {
+        chunk_tokens: 2048,
+        max_splits: 8,
+    },
+];
+
+/// splitmix64 step (seeded, reproducible without a rand version pin).
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// `bs` lengths drawn by inverse-CDF linear interpolation over
+/// [`AZURE_CONV_2023_DECODE_LEN`], each ≥ 1.
+fn ragged_lens(bs: usize, seed: u64) -> Vec<i32> {
+    let q = &AZURE_CONV_2023_DECODE_LEN;
+    let mut state = seed;
+    (0..bs)
+        .map(|_| {
+            // Uniform percentile in [0, 100) from the top 53 bits.
+            let u = (splitmix64(&mut state) >> 11) as f64 / (1u64 << 53) as f64 * 100.0;
+            let i = q.iter().rposition(|&(p, _)| p <= u).unwrap_or(0);
+            let (p0, l0) = q[i];
+            let (p1, l1) = q[(i + 1).min(q.len() - 1)];
+            let t = if p1 > p0 { (u - p0) / (p1 - p0) } else { 0.0 };
+            ((l0 + t * (l1 - l0)).round() as i32).max(1)
+        })
+        .collect()
+}
+
+/// A ragged serving batch: `bs` requests with lengths from [`ragged_lens`],
+/// 32/8/128, bf16 KV, q_len 1, `max_seq_len` [`RAGGED_MAX_SEQ_LEN`].
+fn ragged(bs: usize, seed: u64) -> Shape {
+    let lens = ragged_lens(bs, seed);
+    let mean = lens.iter().map(|&l| f64::from(l)).sum::<f64>() / bs as f64;
+    let max = lens.iter().copied().max().unwrap_or(0);
+    Shape {
+        lens: Some(lens),
+        ..s(
+            &format!("bs {bs}, mean L {mean:.0}, max L {max} (seed {seed})"),
+            32,
+            8,
+            128,
+            bs,
+            RAGGED_MAX_SEQ_LEN,
+        )
+    }
+}
+
 /// Device buffers of one case. `zero_kv`: K/V pools zero-filled on the
 /// device (the grid's largest pools are 69 GB; speed does not depend on
-/// the values) instead of uploaded.
+/// the values) instead of uploaded. The workspace fits the largest of
+/// `splits` (zeroed once; the kernel leaves its counters zero).
 fn prepare(
     gpu: &Arc<Gpu>,
     kernel: &PagedAttentionKernel,
     c: &Shape,
     zero_kv: bool,
+    splits: &[SplitMode],
 ) -> Result<Prepared> {
     let st = gpu.stream();
     let es: usize = if c.fp8 { 1 } else { 2 };
     let m = c.len.div_ceil(P);
     let page_bytes = P * c.hkv * c.d * es;
-    let used = c.bs * m;
+    let lens = c.lens.clone().unwrap_or_else(|| vec![c.len as i32; c.bs]);
+    // Pages each request reads (uniform: `m` each).
+    let pages_of = |l: i32| (l.max(0) as usize).div_ceil(P);
+    let used: usize = lens.iter().map(|&l| pages_of(l)).sum();
     let num_pages = used.max((2 * L2_BYTES).div_ceil(page_bytes)) + 1;
-    // Random distinct pages (LCG permutation stride).
-    let mut ids = Vec::with_capacity(used);
+    // Random distinct pages (LCG permutation stride); the page table's
+    // columns past a request's length point at page 0 (never read).
+    let mut ids = Vec::with_capacity(c.bs * m);
     // Scatter pages with a stride coprime to the pool size (not contiguous).
     let n = (num_pages - 1).max(1);
     let mut stride = 7919 % n;
     while stride == 0 || gcd(stride, n) != 1 {
         stride += 1;
     }
-    for i in 0..used {
-        ids.push((1 + (i * stride) % n) as i32);
+    let mut i = 0;
+    for &l in &lens {
+        for j in 0..m {
+            if j < pages_of(l) {
+                ids.push((1 + (i * stride) % n) as i32);
+                i += 1;
+            } else {
+                ids.push(0);
+            }
+        }
     }
     let elems = num_pages * P * c.hkv * c.d;
     // Small non-zero values (0x30 = 0.125 in e4m3, 0x3E00 = 0.125 in bf16).
@@ -160,24 +278,33 @@ fn prepare(
     let q = st.clone_htod(&vec![0x3C00u16; rows * c.hq * c.d])?;
     let out = st.alloc_zeros::<u16>(rows * c.hq * c.d)?;
     let pt = st.clone_htod(&ids)?;
-    let lens = st.clone_htod(&vec![c.len as i32; c.bs])?;
+    let kv_tokens: usize = lens
+        .iter()
+        .map(|&l| {
+            let l = l.max(0) as usize;
+            match c.window {
+                Some(w) => (w as usize + c.q_len).min(l),
+                None => l,
+            }
+        })
+        .sum();
+    let lens = st.clone_htod(&lens)?;
     let sinks = st.clone_htod(&vec![0.5f32; c.hq])?;
-    let need = workspace_for(
-        c.bs,
-        c.hq,
-        c.hkv,
-        c.d,
-        c.q_len,
-        c.len,
-        SplitMode::Auto,
-        kernel.num_sms(),
-    )?;
+    let mut need = 0;
+    for &split in splits {
+        need = need.max(workspace_for(
+            c.bs,
+            c.hq,
+            c.hkv,
+            c.d,
+            c.q_len,
+            c.len,
+            split,
+            kernel.num_sms(),
+        )?);
+    }
     let ws = st.alloc_zeros::<f32>(need.max(1))?;
-    let kv_read = match c.window {
-        Some(w) => (w as usize + c.q_len).min(c.len),
-        None => c.len,
-    };
-    let bytes = (2 * c.bs * kv_read * c.hkv * c.d * es + 2 * 2 * rows * c.hq * c.d) as f64;
+    let bytes = (2 * kv_tokens * c.hkv * c.d * es + 2 * 2 * rows * c.hq * c.d) as f64;
     Ok(Prepared {
         q,
         out,
@@ -207,6 +334,7 @@ fn launch(
     kernel: &PagedAttentionKernel,
     c: &Shape,
     p: &mut Prepared,
+    split: SplitMode,
     errors: &mut DeviceErrors,
 ) -> Result<()> {
     let rows = c.bs * c.q_len;
@@ -244,7 +372,7 @@ fn launch(
         } else {
             None
         },
-        split: SplitMode::Auto,
+        split,
         workspace: Some(StridedMut::contiguous(
             "workspace",
             p.ws.slice_mut(0..ws_len),
@@ -270,15 +398,20 @@ fn main() {
         .sample_size(10);
     let mut table = Vec::new();
     for c in cases() {
-        let mut p = prepare(&gpu, &kernel, &c, false).expect("prepare");
+        let mut p = prepare(&gpu, &kernel, &c, false, &[SplitMode::Auto]).expect("prepare");
         let kernel = if c.simt { &simt } else { &kernel };
         crit.bench_function(&c.name, |b| {
             b.iter_custom(|iters| {
-                time_iters(&gpu, iters, || launch(kernel, &c, &mut p, &mut errors)).expect("time")
+                time_iters(&gpu, iters, || {
+                    launch(kernel, &c, &mut p, SplitMode::Auto, &mut errors)
+                })
+                .expect("time")
             })
         });
-        let us =
-            median_us(&gpu, 5, 30, || launch(kernel, &c, &mut p, &mut errors)).expect("median");
+        let us = median_us(&gpu, 5, 30, || {
+            launch(kernel, &c, &mut p, SplitMode::Auto, &mut errors)
+        })
+        .expect("median");
         let gbps = p.bytes / (us * 1e-6) / 1e9;
         table.push(format!(
             "| {} | {us:.1} | {:.2} | {:.0} % |",
@@ -296,6 +429,9 @@ fn main() {
     for row in table {
         println!("{row}");
     }
+    if std::env::var("MHA_KIT_BENCH_RAGGED").as_deref() != Ok("0") {
+        ragged_table(&gpu, &kernel, &mut errors, ceiling);
+    }
     if std::env::var("MHA_KIT_BENCH_GRID").as_deref() == Ok("0") {
         return;
     }
@@ -310,11 +446,16 @@ fn main() {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
     for c in grid() {
-        let mut p = prepare(&gpu, &kernel, &c, true).expect("prepare grid case");
-        let us =
-            median_us(&gpu, 3, 15, || launch(&kernel, &c, &mut p, &mut errors)).expect("median");
-        let b2b = per_launch_us(&gpu, 20, || launch(&kernel, &c, &mut p, &mut errors))
-            .expect("back-to-back");
+        let mut p =
+            prepare(&gpu, &kernel, &c, true, &[SplitMode::Auto]).expect("prepare grid case");
+        let us = median_us(&gpu, 3, 15, || {
+            launch(&kernel, &c, &mut p, SplitMode::Auto, &mut errors)
+        })
+        .expect("median");
+        let b2b = per_launch_us(&gpu, 20, || {
+            launch(&kernel, &c, &mut p, SplitMode::Auto, &mut errors)
+        })
+        .expect("back-to-back");
         let gbps = p.bytes / (us * 1e-6) / 1e9;
         println!(
             "| {}/{}/{} | {} | {} | {us:.1} | {b2b:.1} | {:.2} | {:.0} % |",
@@ -326,5 +467,49 @@ fn main() {
             gbps / 1e3,
             100.0 * gbps / ceiling
         );
+    }
+}
+
+/// The ragged serving batch table: each batch (lengths from the Azure conv
+/// 2023 decode-length quantiles) timed with every mode of
+/// [`RAGGED_SPLITS`] on the same inputs, `max_seq_len` 16384.
+fn ragged_table(
+    gpu: &Arc<Gpu>,
+    kernel: &PagedAttentionKernel,
+    errors: &mut DeviceErrors,
+    ceiling: f64,
+) {
+    println!(
+        "\n## paged-attention ragged serving batch (32/8/128, bf16 KV, P 16, q_len 1, \
+         Azure conv 2023 decode lengths, max_seq_len {RAGGED_MAX_SEQ_LEN}; \
+         copy ceiling {:.2} TB/s)\n",
+        ceiling / 1e3
+    );
+    println!("| batch | split | isolated µs | back-to-back µs | TB/s (isolated) | % of ceiling |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for (bs, seed) in [(224, 1), (224, 2), (64, 1), (64, 2)] {
+        let c = ragged(bs, seed);
+        let mut p = prepare(gpu, kernel, &c, false, &RAGGED_SPLITS).expect("prepare ragged case");
+        for split in RAGGED_SPLITS {
+            let us = median_us(gpu, 5, 30, || launch(kernel, &c, &mut p, split, errors))
+                .expect("median");
+            let b2b = per_launch_us(gpu, 20, || launch(kernel, &c, &mut p, split, errors))
+                .expect("back-to-back");
+            let gbps = p.bytes / (us * 1e-6) / 1e9;
+            let name = match split {
+                SplitMode::Auto => "Auto".to_string(),
+                SplitMode::Fixed { chunk_tokens } => format!("Fixed {chunk_tokens}"),
+                SplitMode::Chunked {
+                    chunk_tokens,
+                    max_splits,
+                } => format!("Chunked {chunk_tokens}×{max_splits}"),
+            };
+            println!(
+                "| {} | {name} | {us:.1} | {b2b:.1} | {:.2} | {:.0} % |",
+                c.name,
+                gbps / 1e3,
+                100.0 * gbps / ceiling
+            );
+        }
     }
 }

@@ -223,6 +223,21 @@ pub enum SplitMode {
         /// Tokens per split, ≥ 1.
         chunk_tokens: usize,
     },
+    /// Length-aware splits with a bounded grid: as `Fixed`, but at most
+    /// `max_splits` splits per request (`S_max = min(max_splits,
+    /// ⌈max_seq_len / chunk_tokens⌉)`); a request whose key range needs more
+    /// chunks gets chunks of `chunk_tokens · ⌈n / max_splits⌉` tokens
+    /// (`n = ⌈L_eff / chunk_tokens⌉`). Short requests run as one CTA that
+    /// writes its rows directly; long ones are cut so that no single CTA
+    /// becomes the tail of a batch that already fills the GPU. The split of a
+    /// request depends only on its own length: bitwise identical run to run
+    /// and across batch compositions.
+    Chunked {
+        /// Tokens per split, ≥ 1.
+        chunk_tokens: usize,
+        /// Splits per request at most, ≥ 1.
+        max_splits: usize,
+    },
 }
 
 /// Arguments of one decode / verify call (device buffers on the launcher's GPU).
@@ -403,6 +418,12 @@ pub fn launch_config(
     let max_splits = match split {
         SplitMode::Auto => ((2 * num_sms) / items).clamp(1, max_seq_len.div_ceil(128).max(1)),
         SplitMode::Fixed { chunk_tokens } => max_seq_len.div_ceil(chunk_tokens.max(1)).max(1),
+        SplitMode::Chunked {
+            chunk_tokens,
+            max_splits,
+        } => max_seq_len
+            .div_ceil(chunk_tokens.max(1))
+            .clamp(1, max_splits.max(1)),
     };
     let y = grid_dim("num_kv_heads", num_kv_heads * row_tiles, MAX_GRID_YZ)?;
     let z = grid_dim("bs", bs, MAX_GRID_YZ)?;
@@ -773,11 +794,20 @@ fn plan_path(
             format!("{} (supported 1..2^30)", args.max_seq_len),
         ));
     }
-    if let SplitMode::Fixed { chunk_tokens } = args.split {
+    if let SplitMode::Fixed { chunk_tokens } | SplitMode::Chunked { chunk_tokens, .. } = args.split
+    {
         if chunk_tokens == 0 || chunk_tokens >= WINDOW_CAP as usize {
             return Err(KernelError::unsupported(
                 "split",
                 "chunk_tokens must be in 1..2^30",
+            ));
+        }
+    }
+    if let SplitMode::Chunked { max_splits, .. } = args.split {
+        if max_splits == 0 || max_splits > i32::MAX as usize {
+            return Err(KernelError::unsupported(
+                "split",
+                "max_splits must be in 1..2^31",
             ));
         }
     }
@@ -851,7 +881,9 @@ fn plan_path(
         max_splits: to_i32("max_splits", max_splits)?,
         fixed_chunk: match args.split {
             SplitMode::Auto => 0,
-            SplitMode::Fixed { chunk_tokens } => to_i32("split", chunk_tokens)?,
+            SplitMode::Fixed { chunk_tokens } | SplitMode::Chunked { chunk_tokens, .. } => {
+                to_i32("split", chunk_tokens)?
+            }
         },
         window_left: window,
         scale_log2: args.bmm1_scale * std::f32::consts::LOG2_E,

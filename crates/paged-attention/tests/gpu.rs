@@ -219,6 +219,10 @@ fn expect(
             SplitMode::Fixed { chunk_tokens: 1 },
             SplitMode::Fixed { chunk_tokens: 2 },
             SplitMode::Fixed { chunk_tokens: 4096 },
+            SplitMode::Chunked {
+                chunk_tokens: 2,
+                max_splits: 3,
+            },
         ]
         .map(|s| (k, s))
     }) {
@@ -288,6 +292,10 @@ fn main() {
                         SplitMode::Auto,
                         SplitMode::Fixed { chunk_tokens: 8 },
                         SplitMode::Fixed { chunk_tokens: 512 },
+                        SplitMode::Chunked {
+                            chunk_tokens: 4,
+                            max_splits: 2,
+                        },
                     ] {
                         for _ in 0..20 {
                             check(gpu, kern, &c, split, msl)
@@ -389,7 +397,14 @@ fn main() {
             let c = uniform_weights_case(KvDtype::Bf16, 128, 1, 16, &[5000], Some(1), 1, |_, t| {
                 (t % 7) as f64
             });
-            for split in [SplitMode::Auto, SplitMode::Fixed { chunk_tokens: 512 }] {
+            for split in [
+                SplitMode::Auto,
+                SplitMode::Fixed { chunk_tokens: 512 },
+                SplitMode::Chunked {
+                    chunk_tokens: 1024,
+                    max_splits: 4,
+                },
+            ] {
                 let need =
                     workspace_for(1, 1, 1, 128, 1, 5000, split, k.num_sms()).or_fail("ws")?;
                 let mut ws =

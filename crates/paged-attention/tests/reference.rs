@@ -460,9 +460,17 @@ proptest! {
     /// fixed mode covers max_seq_len, workspace matches the split count.
     #[test]
     fn launch_config_properties(bs in 1usize..600, hkv in 1usize..9, rt in 1usize..17, max_len in 1usize..70_000,
-                                sms in 1usize..200, fixed in prop::option::of(1usize..5000)) {
+                                sms in 1usize..200, fixed in prop::option::of(1usize..5000),
+                                cap in 1usize..9) {
         let split = fixed.map_or(SplitMode::Auto, |c| SplitMode::Fixed { chunk_tokens: c });
         let (s, cfg) = launch_config(bs, hkv, rt, max_len, split, sms, 1000).unwrap();
+        if let Some(c) = fixed {
+            // Chunked: the fixed grid capped at `cap` splits.
+            let chunked = SplitMode::Chunked { chunk_tokens: c, max_splits: cap };
+            let (sc, cc) = launch_config(bs, hkv, rt, max_len, chunked, sms, 1000).unwrap();
+            prop_assert_eq!(sc, s.min(cap));
+            prop_assert_eq!(cc.grid_dim, (sc as u32, (hkv * rt) as u32, bs as u32));
+        }
         prop_assert_eq!(cfg.grid_dim, (s as u32, (hkv * rt) as u32, bs as u32));
         prop_assert_eq!(cfg.block_dim.0, BLOCK_THREADS);
         prop_assert!(s >= 1);
