@@ -119,3 +119,36 @@ extern "C" __global__ void __launch_bounds__(256, 8) page_table_build(const Page
         }
     }
 }
+
+// ---- req_to_token update: scatter (position, slot) entries ----
+// Spec: page-table.md has no update kernel; mha-kit's crate docs (src/lib.rs,
+// "Updating req_to_token") define it. The params struct is mirrored by
+// `ScatterParams` in src/scatter.rs (size and offsets pinned by a CPU test).
+#define PT_BAD_ENTRY 128u  // position outside [0, R*W) or slot outside i32: skipped
+
+struct ScatterParams {
+    i32* req_to_token;     // [R, W], row stride req_to_token_stride
+    const i64* entries;    // [n, 2]: (position r*W + c, slot)
+    u32* errors;           // [2] device error word
+    i64 req_to_token_rows;    // R
+    i64 req_to_token_width;   // W
+    i64 req_to_token_stride;  // elements between rows
+    i64 n;                    // entries
+};
+
+// Grid-stride over entries; 1-D grid of blockDim.x threads.
+extern "C" __global__ void __launch_bounds__(256) req_to_token_scatter(const ScatterParams p) {
+    const i64 total = p.req_to_token_rows * p.req_to_token_width;
+    const i64 step = (i64)gridDim.x * blockDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += step) {
+        const longlong2 e = reinterpret_cast<const longlong2*>(p.entries)[i];
+        const i64 pos = e.x, slot = e.y;
+        if (pos < 0 || pos >= total || slot < -2147483648LL || slot > 2147483647LL) {
+            mha_kit::report_error(p.errors, PT_BAD_ENTRY);
+            continue;
+        }
+        const i64 row = pos / p.req_to_token_width;
+        const i64 col = pos - row * p.req_to_token_width;
+        p.req_to_token[row * p.req_to_token_stride + col] = (i32)slot;
+    }
+}

@@ -24,15 +24,31 @@
 //! the SWA table, a slot past the pool gives page 0, a slot past the SWA map
 //! gives SWA page 0 (D9). Nothing is ever read or written out of bounds.
 //!
+//! ## Updating req_to_token (mha-kit addition, not in the spec)
+//!
+//! An engine that keeps `req_to_token` on the host and mirrors it on the
+//! device should not re-upload whole rows every step: a decode step changes
+//! one entry per request. [`ScatterKernel`] (`req_to_token_scatter`) applies
+//! a list of `(position, slot)` pairs, `position = row · W + column`, to the
+//! device copy: `req_to_token[row, column] = slot`. The list is uploaded
+//! from pinned memory (asynchronous, no stream sync); entries out of range
+//! are skipped and counted (`BAD_ENTRY`). mha-backend's CUDA executor uses it.
+//!
 //! - [`PageTableKernel`]: the typed launcher ([`PageTableArgs`]);
+//! - [`ScatterKernel`]: the `req_to_token` update ([`ScatterArgs`]);
 //! - [`reference`](mod@reference): the CPU definition the GPU must match bit for bit.
 
 mod launch;
 pub mod reference;
+mod scatter;
 
 pub use launch::{
     launch_config, validate, PageTableArgs, PageTableKernel, PageTableParams, SwaTables,
     BLOCK_THREADS, PAGES_PER_THREAD,
+};
+pub use scatter::{
+    scatter_launch_config, validate_scatter, ScatterArgs, ScatterKernel, ScatterParams,
+    SCATTER_BLOCK_THREADS,
 };
 
 /// The embedded PTX of this family (`cargo xtask ptx-build`).
@@ -42,7 +58,7 @@ pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
 };
 
 /// Kernel entry point names used by the launcher (pinned by a CPU test).
-pub const KERNEL_NAMES: &[&str] = &["page_table_build"];
+pub const KERNEL_NAMES: &[&str] = &["page_table_build", "req_to_token_scatter"];
 
 /// Flag bits of the page-table family in the device error word
 /// (`kernels/page_table.cu` mirrors them).
@@ -65,6 +81,9 @@ impl ErrorFlags {
     pub const SLOT_OUTSIDE_POOL: Self = Self(32);
     /// A slot at or past `N_map − 1`: SWA page 0 (once per entry).
     pub const SLOT_OUTSIDE_MAP: Self = Self(64);
+    /// Scatter: an entry's position is outside `[0, R·W)` or its slot does
+    /// not fit i32; the entry is skipped (once per entry).
+    pub const BAD_ENTRY: Self = Self(128);
 
     /// The raw bit.
     pub const fn bits(self) -> u32 {

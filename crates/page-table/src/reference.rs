@@ -108,3 +108,36 @@ pub fn build_page_table(
     }
     err
 }
+
+/// The scatter's definition (crate docs, "Updating req_to_token"): for each
+/// `(position, slot)` of `entries`, in order, `req_to_token[position / W,
+/// position % W] = slot` (row stride `stride`); an entry with `position`
+/// outside `[0, R·W)` or `slot` outside i32 is skipped and counted
+/// ([`ErrorFlags::BAD_ENTRY`]). Returns the error word the GPU would hold.
+///
+/// # Panics
+/// When `req_to_token` is too small for `[rows, width]` at `stride` (a
+/// test-setup bug, not user input).
+pub fn scatter(
+    req_to_token: &mut [i32],
+    rows: usize,
+    width: usize,
+    stride: usize,
+    entries: &[[i64; 2]],
+) -> ErrorReport {
+    let mut err = ErrorReport::default();
+    let total = (rows * width) as i64;
+    for &[pos, slot] in entries {
+        match i32::try_from(slot) {
+            Ok(s) if (0..total).contains(&pos) => {
+                let (r, c) = (pos as usize / width, pos as usize % width);
+                req_to_token[r * stride + c] = s;
+            }
+            _ => {
+                err.count += 1;
+                err.flags |= ErrorFlags::BAD_ENTRY.bits();
+            }
+        }
+    }
+    err
+}

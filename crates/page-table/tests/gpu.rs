@@ -7,8 +7,8 @@ use std::sync::Arc;
 use kernel_rt::cudarc::driver::CudaSlice;
 use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, upload, OrFail};
 use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
-use page_table::reference::{build_page_table, HostInputs};
-use page_table::{PageTableArgs, PageTableKernel, SwaTables};
+use page_table::reference::{build_page_table, scatter, HostInputs};
+use page_table::{PageTableArgs, PageTableKernel, ScatterArgs, ScatterKernel, SwaTables};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -217,8 +217,147 @@ fn single_row(p: usize, m: usize, row: Vec<i32>, rpi: i64, len: i32) -> Case {
     }
 }
 
+/// A scatter case: `[rows, width]` at row stride `stride`, distinct valid
+/// positions (the kernel leaves duplicates unspecified) and some bad entries.
+fn scatter_case() -> impl Strategy<Value = (usize, usize, usize, Vec<[i64; 2]>)> {
+    (1usize..9, 1usize..300, 0usize..5).prop_flat_map(|(rows, width, pad)| {
+        let total = rows * width;
+        (
+            Just(rows),
+            Just(width),
+            Just(width + pad),
+            proptest::sample::subsequence(
+                (0..total as i64).collect::<Vec<_>>(),
+                0..=total.min(700),
+            ),
+            proptest::collection::vec(
+                prop_oneof![
+                    (-5i64..0, any::<i32>()).prop_map(|(p, v)| [p, i64::from(v)]),
+                    (total as i64..total as i64 + 5, any::<i32>())
+                        .prop_map(|(p, v)| [p, i64::from(v)]),
+                    (
+                        0..total as i64,
+                        prop_oneof![Just(i64::MAX), Just(1i64 << 31), Just(-(1i64 << 31) - 1)]
+                    )
+                        .prop_map(|(p, v)| [p, v]),
+                ],
+                0..4,
+            ),
+            any::<u64>(),
+        )
+            .prop_map(|(rows, width, stride, pos, bad, seed)| {
+                let mut e: Vec<[i64; 2]> = pos
+                    .iter()
+                    .map(|&p| {
+                        [
+                            p,
+                            (p.wrapping_mul(2_654_435_761) ^ seed as i64) as i32 as i64,
+                        ]
+                    })
+                    .collect();
+                // Bad entries between good ones.
+                for (i, b) in bad.into_iter().enumerate() {
+                    let at = (seed as usize).wrapping_add(i * 7) % (e.len() + 1);
+                    e.insert(at, b);
+                }
+                (rows, width, stride, e)
+            })
+    })
+}
+
+fn scatter_check(
+    gpu: &Arc<Gpu>,
+    kernel: &ScatterKernel,
+    (rows, width, stride, entries): &(usize, usize, usize, Vec<[i64; 2]>),
+) -> Result<(), String> {
+    let (rows, width, stride) = (*rows, *width, *stride);
+    let init: Vec<i32> = (0..rows * stride).map(|i| POISON + i as i32).collect();
+    let mut want = init.clone();
+    let want_err = scatter(&mut want, rows, width, stride, entries);
+    let s = gpu.stream();
+    let mut t = upload(gpu, &init).or_fail("upload")?;
+    let flat: Vec<i64> = entries.iter().flatten().copied().chain([0, 0]).collect();
+    let e = upload(gpu, &flat).or_fail("upload")?;
+    let mut errors = DeviceErrors::new(gpu).or_fail("errors")?;
+    let n = entries.len();
+    let mut args = ScatterArgs {
+        req_to_token: StridedMut::new(
+            "req_to_token",
+            t.slice_mut(0..rows * stride),
+            [rows, width],
+            [stride, 1],
+        )
+        .or_fail("view")?,
+        entries: Strided::contiguous("entries", e.slice(0..2 * n), [n, 2]).or_fail("view")?,
+    };
+    kernel.launch(&mut args, &mut errors).or_fail("launch")?;
+    let got = s.clone_dtoh(&t).or_fail("read")?;
+    let got_err = errors.read().or_fail("errors")?;
+    if got != want {
+        let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+        return Err(format!(
+            "[{rows}, {width}] stride {stride}, {n} entries: element {i} got {} want {}",
+            got[i], want[i]
+        ));
+    }
+    if got_err != want_err {
+        return Err(format!("error word {got_err:?}, want {want_err:?}"));
+    }
+    Ok(())
+}
+
 fn main() {
     let trials = vec![
+        gpu_trial("scatter_matches_reference_proptest", |gpu| {
+            let kernel = ScatterKernel::new(gpu).or_fail("load")?;
+            let cases = gpu_cases(GPU_CASES);
+            let mut runner = TestRunner::new(Config {
+                cases,
+                failure_persistence: None,
+                ..Config::default()
+            });
+            runner
+                .run(&scatter_case(), |c| {
+                    scatter_check(gpu, &kernel, &c).map_err(TestCaseError::fail)
+                })
+                .map_err(|e| e.to_string())?;
+            // Large list: grid-stride past one wave of blocks.
+            let (rows, width) = (257, 4096);
+            let e: Vec<[i64; 2]> = (0..(rows * width) as i64)
+                .step_by(3)
+                .map(|p| [p, p ^ 0x55])
+                .collect();
+            scatter_check(gpu, &kernel, &(rows, width, width, e))?;
+            println!(
+                "scatter_matches_reference_proptest: {cases} cases + 1 large, {} launches",
+                kernel.launches()
+            );
+            Ok(())
+        }),
+        gpu_trial("scatter_rejects_misaligned_and_bad_shapes", |gpu| {
+            let kernel = ScatterKernel::new(gpu).or_fail("load")?;
+            let s = gpu.stream();
+            let mut t = s.alloc_zeros::<i32>(16).or_fail("alloc")?;
+            let e = s.alloc_zeros::<i64>(8).or_fail("alloc")?;
+            let mut errors = DeviceErrors::new(gpu).or_fail("errors")?;
+            let mut args = ScatterArgs {
+                req_to_token: StridedMut::of("req_to_token", &mut t, [4, 4]).or_fail("view")?,
+                entries: Strided::contiguous("entries", e.slice(1..7), [3, 2]).or_fail("view")?,
+            };
+            match kernel.launch(&mut args, &mut errors) {
+                Err(KernelError::Stride { arg: "entries", .. }) => {}
+                other => return Err(format!("misaligned entries: {other:?}")),
+            }
+            args.entries = Strided::contiguous("entries", e.slice(0..6), [2, 3]).or_fail("view")?;
+            match kernel.launch(&mut args, &mut errors) {
+                Err(KernelError::Shape { arg: "entries", .. }) => {}
+                other => return Err(format!("[2, 3] entries: {other:?}")),
+            }
+            if kernel.launches() != 0 {
+                return Err("a rejected call launched".into());
+            }
+            Ok(())
+        }),
         gpu_trial("gpu_matches_reference_proptest", |gpu| {
             let kernel = PageTableKernel::new(gpu).or_fail("load")?;
             let cases = gpu_cases(GPU_CASES);

@@ -223,6 +223,45 @@ fn params_layout_matches_cuda() {
 }
 
 #[test]
+fn scatter_params_layout_matches_cuda() {
+    use page_table::ScatterParams;
+    use std::mem::{offset_of, size_of};
+    assert_eq!(size_of::<ScatterParams>(), 56);
+    assert_eq!(offset_of!(ScatterParams, errors), 16);
+    assert_eq!(offset_of!(ScatterParams, req_to_token_rows), 24);
+    assert_eq!(offset_of!(ScatterParams, n), 48);
+    assert!(PTX.ptx.contains("req_to_token_scatter_param_0[56]"));
+}
+
+#[test]
+fn scatter_reference_writes_and_skips() {
+    use page_table::reference::scatter;
+    // [R=2, W=3] with row stride 4 (column 3 is padding, never written).
+    let mut t = vec![-1; 8];
+    let err = scatter(
+        &mut t,
+        2,
+        3,
+        4,
+        &[
+            [0, 10],
+            [4, 14],
+            [5, 15],
+            [6, 99],
+            [-1, 7],
+            [2, 1 << 40],
+            [1, -3],
+        ],
+    );
+    assert_eq!(t, vec![10, -3, -1, -1, -1, 14, 15, -1]);
+    // position 6 = R·W, −1 and a slot past i32: three skipped entries.
+    assert_eq!(err.count, 3);
+    assert_eq!(err.flags, ErrorFlags::BAD_ENTRY.bits());
+    let mut empty: Vec<i32> = Vec::new();
+    assert!(scatter(&mut empty, 0, 5, 5, &[[0, 1]]).count == 1);
+}
+
+#[test]
 fn ptx_has_every_kernel_name() {
     for name in KERNEL_NAMES {
         assert!(PTX.has_entry(name), "{name} missing from the PTX");
