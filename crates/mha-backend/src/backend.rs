@@ -93,6 +93,11 @@ impl Core {
                 config.context_len,
                 config.spec.map(|s| s.num_draft_tokens),
                 workspace_bytes,
+                crate::config::resolve_decode_split(
+                    std::env::var(crate::config::DECODE_SPLIT_ENV)
+                        .ok()
+                        .as_deref(),
+                )?,
             )?),
         };
         Ok(Self {

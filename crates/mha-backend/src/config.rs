@@ -1,7 +1,7 @@
 //! Backend configuration (backend.md §1, §6; DECISIONS.md D8, D12, D14).
 
 use fp8_kv::{KvCacheDtype, KvScales};
-use paged_attention::HalfDtype;
+use paged_attention::{HalfDtype, SplitMode};
 
 use crate::error::{config_err, BackendError, Result};
 
@@ -9,6 +9,21 @@ use crate::error::{config_err, BackendError, Result};
 pub const DEFAULT_WORKSPACE_BYTES: usize = 512 << 20;
 /// Environment variable overriding the workspace size, in bytes.
 pub const WORKSPACE_ENV: &str = "MHA_KIT_WORKSPACE_BYTES";
+/// Environment variable choosing the split-KV policy of decode / verify
+/// launches whose batch already fills the GPU: `auto` (never split them) or
+/// `CHUNK:MAX` ([`SplitMode::Chunked`] with `chunk_tokens = CHUNK`,
+/// `max_splits = MAX`). Unset: [`DEFAULT_DECODE_SPLIT`].
+pub const DECODE_SPLIT_ENV: &str = "MHA_KIT_DECODE_SPLIT";
+/// Default split of full decode / verify batches: keys cut into 1024-token
+/// chunks, at most 4 per request (a request longer than 4096 keys gets
+/// chunks of `1024 · ⌈n / 4⌉`). Launches that leave SMs idle use
+/// [`SplitMode::Auto`] whatever this is. Why: in a full batch of ragged
+/// requests (a serving trace) one CTA per (request, KV head) makes the
+/// longest request the tail of every layer; see mha-backend's crate docs.
+pub const DEFAULT_DECODE_SPLIT: SplitMode = SplitMode::Chunked {
+    chunk_tokens: 1024,
+    max_splits: 4,
+};
 /// Head dims with an attention kernel instantiation (paged-attention); the
 /// CPU executor accepts the same set so a config valid on the CPU is valid
 /// on the GPU.
@@ -322,6 +337,43 @@ fn validate_layer(i: usize, l: &LayerConfig) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The split policy of full decode batches from [`DECODE_SPLIT_ENV`]'s
+/// value: `None` → [`DEFAULT_DECODE_SPLIT`], `auto` → [`SplitMode::Auto`],
+/// `CHUNK:MAX` → [`SplitMode::Chunked`] (both ≥ 1).
+///
+/// # Errors
+/// [`BackendError::Config`] naming the variable for any other value.
+pub fn resolve_decode_split(env: Option<&str>) -> Result<SplitMode> {
+    let Some(v) = env.map(str::trim) else {
+        return Ok(DEFAULT_DECODE_SPLIT);
+    };
+    if v.eq_ignore_ascii_case("auto") {
+        return Ok(SplitMode::Auto);
+    }
+    let parsed = v.split_once(':').and_then(|(c, m)| {
+        let c = c
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&c| (1..1 << 30).contains(&c))?;
+        let m = m
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&m| (1..=1024).contains(&m))?;
+        Some(SplitMode::Chunked {
+            chunk_tokens: c,
+            max_splits: m,
+        })
+    });
+    parsed.ok_or_else(|| {
+        config_err(
+            "decode_split",
+            format!("{DECODE_SPLIT_ENV}={v:?} is neither \"auto\" nor CHUNK:MAX (1 ≤ CHUNK < 2^30, 1 ≤ MAX ≤ 1024)"),
+        )
+    })
 }
 
 /// The workspace rule as a pure function: `configured`, else `env` parsed

@@ -20,7 +20,8 @@ use fp8_kv::{KvCacheDtype, KvWriteArgs, KvWriteKernel};
 use graph_metadata::{GraphMetadataArgs, GraphMetadataKernel, GraphMode, SwaArgs, SwaWriteLocs};
 use kernel_rt::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use kernel_rt::cudarc::driver::{
-    CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits,
+    CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr,
+    PinnedHostSlice, ValidAsZeroBits,
 };
 use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
 use paged_attention::{
@@ -114,10 +115,20 @@ struct Maps {
     swa_map_len: usize,
     page_map: Option<CudaSlice<i32>>,
     page_map_len: usize,
+    /// Applies changed `req_to_token` entries to `r2t` on the device.
+    scatter: page_table::ScatterKernel,
+    /// Device error word of the scatter (out-of-range entries: a bug).
+    scatter_errors: DeviceErrors,
+    /// `[n, 2]` i64 `(position, slot)` entries on the device.
+    entries: CudaSlice<i64>,
+    /// Two pinned staging buffers of entries, used in turn, each with the
+    /// event recorded after the copy that reads it.
+    staging: [Option<(PinnedHostSlice<i64>, CudaEvent)>; 2],
+    next_staging: usize,
 }
 
 impl Maps {
-    fn new(stream: &Arc<CudaStream>, pools: &Pools) -> Result<Self> {
+    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, pools: &Pools) -> Result<Self> {
         let rows = pools.req_to_token_rows();
         let width = pools.req_to_token_width();
         let (swa_map, swa_map_len, page_map, page_map_len) = match pools.swa_mapping() {
@@ -142,7 +153,81 @@ impl Maps {
             swa_map_len,
             page_map,
             page_map_len,
+            scatter: page_table::ScatterKernel::new(gpu)?,
+            scatter_errors: DeviceErrors::new(gpu)?,
+            entries: zeros(stream, 2)?,
+            staging: [None, None],
+            next_staging: 0,
         })
+    }
+
+    /// Uploads the changed entries `spans` (from [`Pools::dirty_spans`]) as
+    /// `(position, slot)` pairs through a pinned staging buffer
+    /// (asynchronous: no stream sync) and scatters them into `r2t`.
+    fn scatter_spans(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        pools: &Pools,
+        spans: &[(usize, std::ops::Range<usize>)],
+    ) -> Result<()> {
+        let n: usize = spans.iter().map(|(_, c)| c.len()).sum();
+        if n == 0 {
+            return Ok(());
+        }
+        let k = self.next_staging;
+        self.next_staging ^= 1;
+        // The buffer's previous copy (two syncs ago) must have finished
+        // before the host overwrites it.
+        if let Some((_, ev)) = &self.staging[k] {
+            ev.synchronize().map_err(kerr)?;
+        }
+        let (mut host, ev) = match self.staging[k].take() {
+            Some((h, e)) if h.len() >= 2 * n => (h, e),
+            old => {
+                let want = (2 * n).max(old.as_ref().map_or(0, |(h, _)| h.len() * 3 / 2));
+                // SAFETY: page-locked memory of `want` i64 the host fills
+                // before the copy is enqueued; kernel-rt turns cudarc's event
+                // tracking off, so reuse is guarded by this buffer's own
+                // event (above).
+                let h = unsafe {
+                    stream
+                        .context()
+                        .alloc_pinned_with_flags::<i64>(want, 0)
+                        .map_err(kerr)?
+                };
+                (h, stream.context().new_event(None).map_err(kerr)?)
+            }
+        };
+        ensure(stream, &mut self.entries, 2 * n)?;
+        let w = self.width;
+        let table = pools.req_to_token();
+        let dst = host.as_mut_slice().map_err(kerr)?;
+        let mut i = 0;
+        for (row, cols) in spans {
+            for c in cols.clone() {
+                let pos = row * w + c;
+                dst[2 * i] = pos as i64;
+                dst[2 * i + 1] = i64::from(table[pos]);
+                i += 1;
+            }
+        }
+        // The source is page-locked, so the driver copies asynchronously
+        // (no stream sync, unlike a pageable source).
+        stream
+            .memcpy_htod(&dst[..2 * n], &mut self.entries.slice_mut(0..2 * n))
+            .map_err(kerr)?;
+        ev.record(stream).map_err(kerr)?;
+        self.staging[k] = Some((host, ev));
+        let mut args = page_table::ScatterArgs {
+            req_to_token: StridedMut::contiguous(
+                "req_to_token",
+                self.r2t.slice_mut(0..self.rows * w),
+                [self.rows, w],
+            )?,
+            entries: Strided::contiguous("entries", self.entries.slice(0..2 * n), [n, 2])?,
+        };
+        self.scatter.launch(&mut args, &mut self.scatter_errors)?;
+        Ok(())
     }
 
     /// Uploads what changed since the last sync: one copy of the dirty
@@ -152,7 +237,11 @@ impl Maps {
         let now = pools.generation();
         let (rows, swa) = match self.generation {
             Some(g) if g == now => return Ok(()),
-            Some(g) => (pools.dirty_rows(g), pools.swa_dirty(g)),
+            Some(g) => {
+                // Changed entries only, through pinned memory: no stream sync.
+                self.scatter_spans(stream, pools, &pools.dirty_spans(g))?;
+                (None, pools.swa_dirty(g))
+            }
             None => (Some(0..self.rows), true),
         };
         if let Some(r) = rows {
@@ -175,6 +264,7 @@ impl Maps {
             }
         }
         self.generation = Some(now);
+        pools.mark_synced(now);
         Ok(())
     }
 }
@@ -415,6 +505,8 @@ struct AttnCx<'a> {
     /// `max_seq_len` of every decode launch: the context length, so eager
     /// and graph launches of one shape split identically.
     max_seq_len: usize,
+    /// Split of decode launches that fill the GPU (Auto's choice is 1).
+    decode_split: SplitMode,
 }
 
 /// One pass's geometry for attention.
@@ -624,7 +716,18 @@ fn attend_part(
         split: SplitMode::Auto,
         workspace: None,
     };
-    let lp = cx.decode.plan(&args)?;
+    let mut lp = cx.decode.plan(&args)?;
+    // A launch Auto does not split fills the GPU: cut long requests into
+    // chunks (length-aware, batch-independent) unless the workspace is short.
+    if lp.params.max_splits == 1 && matches!(cx.decode_split, SplitMode::Chunked { .. }) {
+        args.split = cx.decode_split;
+        let chunked = cx.decode.plan(&args)?;
+        if chunked.workspace_elems <= cx.workspace.len() {
+            lp = chunked;
+        } else {
+            args.split = SplitMode::Auto;
+        }
+    }
     let elems = lp.workspace_elems;
     if elems > 0 {
         if elems > cx.workspace.len() {
@@ -773,6 +876,8 @@ pub struct CudaExecutor {
     page_size: usize,
     max_num_pages: usize,
     context_len: usize,
+    /// Split of decode launches that fill the GPU ([`crate::DECODE_SPLIT_ENV`]).
+    decode_split: SplitMode,
     /// `N` (spec.num_draft_tokens): the `max_q_len` of every ragged-verify
     /// launch, eager or graph, so both split the same way.
     ragged_max_q: usize,
@@ -811,6 +916,7 @@ impl CudaExecutor {
         context_len: usize,
         ragged_max_q: Option<usize>,
         workspace_bytes: usize,
+        decode_split: SplitMode,
     ) -> Result<Self> {
         let stream = gpu.stream().clone();
         let mut caches = Vec::with_capacity(plans.len());
@@ -836,6 +942,7 @@ impl CudaExecutor {
             page_size: pools.page_size(),
             max_num_pages,
             context_len,
+            decode_split,
             ragged_max_q: ragged_max_q.unwrap_or(1),
             caches,
             sinks,
@@ -848,7 +955,7 @@ impl CudaExecutor {
             attn_errors: DeviceErrors::new(gpu)?,
             workspace: zeros(&stream, workspace_bytes / 4)?,
             ws_zero: None,
-            maps: Maps::new(&stream, pools)?,
+            maps: Maps::new(gpu, &stream, pools)?,
             eager: MetaBufs::new(&stream, 1, 1, max_num_pages.max(1), swa)?,
             prepared: None,
             scratch: Scratch {
@@ -1055,6 +1162,7 @@ impl Executor for CudaExecutor {
             model_dtype,
             page_size,
             context_len,
+            decode_split,
             ..
         } = self;
         let stream = gpu.stream();
@@ -1070,6 +1178,7 @@ impl Executor for CudaExecutor {
             model_dtype: *model_dtype,
             page_size: *page_size,
             max_seq_len: *context_len,
+            decode_split: *decode_split,
         };
         run_attention(
             &mut cx,
@@ -1118,12 +1227,19 @@ impl Executor for CudaExecutor {
     }
 
     fn device_errors(&self) -> Result<ErrorReport> {
-        let a = self.write_errors.read()?;
-        let b = self.attn_errors.read()?;
-        Ok(ErrorReport {
-            count: a.count.saturating_add(b.count),
-            flags: a.flags | b.flags,
-        })
+        // K/V writes, attention, and the req_to_token update (page-table's
+        // BAD_ENTRY: a backend bug if ever counted).
+        let mut total = ErrorReport::default();
+        for e in [
+            &self.write_errors,
+            &self.attn_errors,
+            &self.maps.scatter_errors,
+        ] {
+            let r = e.read()?;
+            total.count = total.count.saturating_add(r.count);
+            total.flags |= r.flags;
+        }
+        Ok(total)
     }
 
     fn init_graph_state(&mut self, max_bs: usize, max_num_tokens: usize) -> Result<()> {
@@ -1403,6 +1519,7 @@ impl CudaExecutor {
             model_dtype,
             page_size,
             context_len,
+            decode_split,
             ..
         } = self;
         let stream = gpu.stream();
@@ -1456,6 +1573,7 @@ impl CudaExecutor {
                 model_dtype: *model_dtype,
                 page_size: *page_size,
                 max_seq_len: *context_len,
+                decode_split: *decode_split,
             };
             let out_len = io.out.len();
             run_attention(

@@ -55,6 +55,21 @@
 //! `cu_seqlens_k = [0, cumsum(cache_seqlens)]` in every mode. Row `j` of
 //! request `i` sits at position `cache_seqlens[i] − n_i + j` (attention.md §2).
 //!
+//! ## Split-KV of decode batches (decision, not in the spec)
+//!
+//! A decode / verify launch whose batch leaves SMs idle uses
+//! paged-attention's [`SplitMode::Auto`] (splits chosen to fill the GPU).
+//! A launch that already fills the GPU (Auto picks one split) runs
+//! [`SplitMode::Chunked`] — by default 1024-key chunks, at most 4 per
+//! request ([`DEFAULT_DECODE_SPLIT`], `MHA_KIT_DECODE_SPLIT=auto|CHUNK:MAX`
+//! overrides): in a real batch (a serving trace, mean context ~1.4k, a few
+//! requests at 5–14k) one CTA per (request, KV head) leaves the longest
+//! request's CTAs running alone at the end of every layer. Short requests
+//! stay one CTA that writes its rows directly; only the long ones pay the
+//! split's partials and merge. The split of a request depends only on its
+//! own length and the policy, so eager and graph launches of a bucket agree
+//! bit for bit. If the workspace cannot hold the chunked partials, Auto runs.
+//!
 //! **Status:** the CUDA executor and the graph path pass their GPU tests on
 //! an H200 (`tests/gpu.rs`: 48 trials, every mode eager == CPU executor,
 //! graph replay == eager over 1,000 steps per mode at buckets up to 8
@@ -80,8 +95,9 @@ mod pools;
 pub use backend::{MhaBackend, MultiStepDraftBackend};
 pub use batch::{AttnMode, ForwardBatch, ForwardMode, SpecInfo};
 pub use config::{
-    resolve_workspace_bytes, BackendConfig, LayerConfig, SpecConfig, DEFAULT_WORKSPACE_BYTES,
-    HEAD_DIMS, MAX_DECODE_Q_LEN, MAX_GROUP, WORKSPACE_ENV,
+    resolve_decode_split, resolve_workspace_bytes, BackendConfig, LayerConfig, SpecConfig,
+    DECODE_SPLIT_ENV, DEFAULT_DECODE_SPLIT, DEFAULT_WORKSPACE_BYTES, HEAD_DIMS, MAX_DECODE_Q_LEN,
+    MAX_GROUP, WORKSPACE_ENV,
 };
 pub use cuda::CudaExecutor;
 pub use error::{BackendError, Result};
@@ -93,4 +109,5 @@ pub use fp8_kv::{KvCacheDtype, KvScales};
 pub use graph::{GraphKey, GraphKind};
 pub use metadata::ForwardMetadata;
 pub use paged_attention::HalfDtype;
+pub use paged_attention::SplitMode;
 pub use pools::Pools;

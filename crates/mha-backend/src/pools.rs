@@ -48,6 +48,12 @@ pub struct Pools {
     row_generation: Vec<u64>,
     /// Generation of the last change of the SWA map.
     swa_generation: u64,
+    /// Per `req_to_token` row: `(base, lo, hi)` — every change of the row
+    /// after generation `base` lies in columns `lo..hi`.
+    row_span: Vec<(u64, usize, usize)>,
+    /// The generation a device copy last synced to ([`Self::mark_synced`]);
+    /// a row whose last change is not newer starts a fresh span.
+    synced: std::cell::Cell<u64>,
 }
 
 impl Pools {
@@ -80,6 +86,8 @@ impl Pools {
             generation: 0,
             row_generation: vec![0; rows],
             swa_generation: 0,
+            row_span: vec![(0, 0, 0); rows],
+            synced: std::cell::Cell::new(0),
         })
     }
 
@@ -98,14 +106,51 @@ impl Pools {
         Some(lo..hi)
     }
 
+    /// The `req_to_token` entries changed after generation `since`, per
+    /// changed row: `(row, columns)`. Exact when `since` is the generation
+    /// last passed to [`Self::mark_synced`] (a device copy's sync point);
+    /// for an older `since` a row may be given whole (`0..W`). Columns
+    /// outside a row's changes may be included (they hold current values).
+    pub fn dirty_spans(&self, since: u64) -> Vec<(usize, std::ops::Range<usize>)> {
+        self.row_generation
+            .iter()
+            .zip(&self.row_span)
+            .enumerate()
+            .filter(|(_, (&g, _))| g > since)
+            .map(|(row, (_, &(base, lo, hi)))| {
+                if since >= base {
+                    (row, lo..hi)
+                } else {
+                    (row, 0..self.width)
+                }
+            })
+            .collect()
+    }
+
+    /// Records that a device copy now holds generation `generation` (its
+    /// next [`Self::dirty_spans`] call passes it as `since`). Later changes
+    /// of a row start a fresh column span instead of widening the old one.
+    pub fn mark_synced(&self, generation: u64) {
+        self.synced.set(generation);
+    }
+
     /// Whether the SWA map changed after generation `since`.
     pub fn swa_dirty(&self, since: u64) -> bool {
         self.swa.is_some() && self.swa_generation > since
     }
 
-    fn touch_row(&mut self, row: usize, swa: bool) {
+    /// Records a change of columns `lo..hi` of `req_to_token` row `row`.
+    fn touch_row(&mut self, row: usize, lo: usize, hi: usize, swa: bool) {
         self.generation += 1;
-        if let Some(g) = self.row_generation.get_mut(row) {
+        if let (Some(g), Some(span)) =
+            (self.row_generation.get_mut(row), self.row_span.get_mut(row))
+        {
+            let synced = self.synced.get();
+            *span = if *g <= synced {
+                (synced, lo, hi)
+            } else {
+                (span.0, span.1.min(lo), span.2.max(hi))
+            };
             *g = self.generation;
         }
         if swa {
@@ -271,7 +316,7 @@ impl Pools {
             }
             r.len = new_len;
             self.requests[req] = Some(r);
-            self.touch_row(req, !fresh.is_empty());
+            self.touch_row(req, new_len - n, new_len, !fresh.is_empty());
         }
         Ok(out)
     }
@@ -300,7 +345,7 @@ impl Pools {
         r.len = new_len;
         r.swa_evicted = r.swa_evicted.min(new_len / p * p);
         self.requests[req] = Some(r);
-        self.touch_row(req, !dropped.is_empty());
+        self.touch_row(req, new_len, len, !dropped.is_empty());
         Ok(())
     }
 
@@ -375,5 +420,87 @@ impl PartialEq for Pools {
             && self.num_pages == other.num_pages
             && self.swa.as_ref().map(|m| (m.map(), m.free_swa_pages()))
                 == other.swa.as_ref().map(|m| (m.map(), m.free_swa_pages()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pools;
+    use rand::{Rng, SeedableRng};
+
+    /// A device mirror kept current with `dirty_spans` + `mark_synced` (as the
+    /// CUDA executor does) equals the host table after any sequence of
+    /// allocations, truncations and frees; a consumer syncing less often
+    /// (an older `since`, not the marked one) stays correct too.
+    #[test]
+    fn dirty_spans_keep_a_mirror_exact() {
+        for seed in 0..40u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut p = Pools::new(4, 64, 6, 80, None).unwrap();
+            let n = p.req_to_token().len();
+            let (mut mirror, mut synced) = (vec![0i32; n], 0u64);
+            let (mut slow, mut slow_synced) = (vec![0i32; n], 0u64);
+            let mut live: Vec<usize> = Vec::new();
+            for step in 0..300 {
+                match rng.gen_range(0..10) {
+                    0..=1 if p.free_request_rows() > 0 => live.push(p.alloc_request().unwrap()),
+                    2..=5 if !live.is_empty() => {
+                        let mut grow: Vec<(usize, usize)> = Vec::new();
+                        for &r in &live {
+                            if rng.gen_bool(0.6) {
+                                grow.push((r, rng.gen_range(1..9)));
+                            }
+                        }
+                        let _ = p.alloc_tokens(&grow); // exhaustion changes nothing
+                    }
+                    6 if !live.is_empty() => {
+                        let r = live[rng.gen_range(0..live.len())];
+                        let len = p.request_len(r).unwrap();
+                        p.truncate_request(r, rng.gen_range(0..=len)).unwrap();
+                    }
+                    7 if !live.is_empty() => {
+                        let r = live.swap_remove(rng.gen_range(0..live.len()));
+                        p.free_request(r).unwrap();
+                    }
+                    _ => {}
+                }
+                let apply = |m: &mut Vec<i32>, since: u64| {
+                    let w = p.req_to_token_width();
+                    for (row, cols) in p.dirty_spans(since) {
+                        for c in cols {
+                            m[row * w + c] = p.req_to_token()[row * w + c];
+                        }
+                    }
+                };
+                if rng.gen_bool(0.5) {
+                    apply(&mut mirror, synced);
+                    synced = p.generation();
+                    p.mark_synced(synced);
+                    assert_eq!(mirror, p.req_to_token(), "seed {seed} step {step}");
+                }
+                if step % 7 == 0 {
+                    apply(&mut slow, slow_synced);
+                    slow_synced = p.generation();
+                    assert_eq!(slow, p.req_to_token(), "slow, seed {seed} step {step}");
+                }
+            }
+        }
+    }
+
+    /// A decode-like step (one token per request) after a sync gives one
+    /// entry per request, not whole rows.
+    #[test]
+    fn decode_step_spans_are_one_entry_per_request() {
+        let mut p = Pools::new(16, 4096, 8, 2048, None).unwrap();
+        let reqs: Vec<usize> = (0..8).map(|_| p.alloc_request().unwrap()).collect();
+        let grow: Vec<(usize, usize)> = reqs.iter().map(|&r| (r, 1000)).collect();
+        p.alloc_tokens(&grow).unwrap();
+        p.mark_synced(p.generation());
+        let since = p.generation();
+        let one: Vec<(usize, usize)> = reqs.iter().map(|&r| (r, 1)).collect();
+        p.alloc_tokens(&one).unwrap();
+        let spans = p.dirty_spans(since);
+        assert_eq!(spans.len(), 8);
+        assert!(spans.iter().all(|(_, c)| *c == (1000..1001)), "{spans:?}");
     }
 }

@@ -909,6 +909,27 @@ fn workspace_rule() {
 }
 
 #[test]
+fn decode_split_rule() {
+    use mha_backend::{resolve_decode_split, SplitMode, DEFAULT_DECODE_SPLIT};
+    assert_eq!(resolve_decode_split(None).unwrap(), DEFAULT_DECODE_SPLIT);
+    assert_eq!(
+        resolve_decode_split(Some(" AUTO ")).unwrap(),
+        SplitMode::Auto
+    );
+    assert_eq!(
+        resolve_decode_split(Some("2048:8")).unwrap(),
+        SplitMode::Chunked {
+            chunk_tokens: 2048,
+            max_splits: 8
+        }
+    );
+    for bad in ["", "1024", "0:4", "1024:0", "x:4", "1024:4:2", "1024:2000"] {
+        let e = resolve_decode_split(Some(bad)).unwrap_err().to_string();
+        assert!(e.contains("MHA_KIT_DECODE_SPLIT"), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn batch_errors_are_typed_and_keep_metadata() {
     let (mut b, r) = backend_with_requests(2);
     let loc = b.alloc_tokens(&[(r[0], 3)]).unwrap();
