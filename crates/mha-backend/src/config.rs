@@ -14,14 +14,15 @@ pub const WORKSPACE_ENV: &str = "MHA_KIT_WORKSPACE_BYTES";
 /// `CHUNK:MAX` ([`SplitMode::Chunked`] with `chunk_tokens = CHUNK`,
 /// `max_splits = MAX`). Unset: [`DEFAULT_DECODE_SPLIT`].
 pub const DECODE_SPLIT_ENV: &str = "MHA_KIT_DECODE_SPLIT";
-/// Default split of full decode / verify batches: keys cut into 1024-token
-/// chunks, at most 4 per request (a request longer than 4096 keys gets
-/// chunks of `1024 · ⌈n / 4⌉`). Launches that leave SMs idle use
+/// Default split of full decode / verify batches: keys cut into 2048-token
+/// chunks, at most 4 per request (a request longer than 8192 keys gets
+/// chunks of `2048 · ⌈n / 4⌉`). Launches that leave SMs idle use
 /// [`SplitMode::Auto`] whatever this is. Why: in a full batch of ragged
 /// requests (a serving trace) one CTA per (request, KV head) makes the
-/// longest request the tail of every layer; see mha-backend's crate docs.
+/// longest request the tail of every layer; see mha-backend's crate docs
+/// (2048 × 4 was the best of five settings on the H200, docs/PERF.md).
 pub const DEFAULT_DECODE_SPLIT: SplitMode = SplitMode::Chunked {
-    chunk_tokens: 1024,
+    chunk_tokens: 2048,
     max_splits: 4,
 };
 /// Head dims with an attention kernel instantiation (paged-attention); the

@@ -60,7 +60,7 @@
 //! A decode / verify launch whose batch leaves SMs idle uses
 //! paged-attention's [`SplitMode::Auto`] (splits chosen to fill the GPU).
 //! A launch that already fills the GPU (Auto picks one split) runs
-//! [`SplitMode::Chunked`] — by default 1024-key chunks, at most 4 per
+//! [`SplitMode::Chunked`] — by default 2048-key chunks, at most 4 per
 //! request ([`DEFAULT_DECODE_SPLIT`], `MHA_KIT_DECODE_SPLIT=auto|CHUNK:MAX`
 //! overrides): in a real batch (a serving trace, mean context ~1.4k, a few
 //! requests at 5–14k) one CTA per (request, KV head) leaves the longest

@@ -13,9 +13,8 @@
 //! requests. An element is a mismatch when `|got − ref| > atol + rtol·|ref|`
 //! or `got` is not finite.
 
-use fp8_kv::codec::quantize;
+use fp8_kv::codec::{e4m3_decode, quantize};
 use mha_backend::{KvCacheDtype, LayerConfig};
-use paged_attention::reference::{self as attn, HostInputs, HostKv, HostLayout, KvData};
 use paged_attention::HalfDtype;
 
 use crate::gen::{hash_words, Act, Generator, ModelId};
@@ -151,21 +150,31 @@ impl Checker {
             g.fill_head(Act::K, pass.model, layer, p.req, pos, 0, kvh, &k_off, k_row);
             g.fill_head(Act::V, pass.model, layer, p.req, pos, 0, kvh, &[], v_row);
         }
-        let (k8, v8): (Vec<u8>, Vec<u8>) = match self.kv_dtype {
-            KvCacheDtype::Fp8E4m3 => {
-                let f = |b: &[u16], s: f32| -> Vec<u8> {
-                    b.iter()
-                        .map(|&x| quantize(half::bf16::from_bits(x).to_f32(), 1.0 / s))
-                        .collect()
-                };
-                (f(&kb, ks), f(&vb, vs))
+        // K/V as the cache holds them (e4m3 codes decoded exactly; their
+        // scales are in bmm1 / bmm2), in f64.
+        let to_f64 = |b: &[u16], s: f32| -> Vec<f64> {
+            match self.kv_dtype {
+                KvCacheDtype::Fp8E4m3 => b
+                    .iter()
+                    .map(|&x| {
+                        f64::from(e4m3_decode(quantize(
+                            half::bf16::from_bits(x).to_f32(),
+                            1.0 / s,
+                        )))
+                    })
+                    .collect(),
+                KvCacheDtype::F16 => b.iter().map(|&x| HalfDtype::F16.to_f64(x)).collect(),
+                _ => b.iter().map(|&x| HalfDtype::Bf16.to_f64(x)).collect(),
             }
-            _ => (Vec::new(), Vec::new()),
+        };
+        let (kf, vf) = (to_f64(&kb, ks), to_f64(&vb, vs));
+        let lo_of = |x: usize| match l.window_left {
+            Some(w) => x.saturating_sub(w as usize),
+            None => 0,
         };
         let mut mismatch = false;
         for j in rows {
             let x = p.kv_len - p.n + j;
-            let len = x + 1;
             let mut q = vec![0u16; group * d];
             for (qi, row) in q.chunks_mut(d).enumerate() {
                 let head = kvh * group + qi;
@@ -182,43 +191,21 @@ impl Checker {
                     row,
                 );
             }
-            let (kd, vd) = match self.kv_dtype {
-                KvCacheDtype::Fp8E4m3 => {
-                    (KvData::E4m3(&k8[..len * d]), KvData::E4m3(&v8[..len * d]))
-                }
-                KvCacheDtype::F16 => (KvData::F16(&kb[..len * d]), KvData::F16(&vb[..len * d])),
-                _ => (KvData::Bf16(&kb[..len * d]), KvData::Bf16(&vb[..len * d])),
-            };
-            let shape = [1, 1, len, d];
-            let strides = [len * d, len * d, d, 1];
-            let input = HostInputs {
-                q: &q,
-                q_dtype: HalfDtype::Bf16,
-                q_shape: [1, group, d],
-                q_strides: [group * d, d, 1],
-                k: HostKv {
-                    data: kd,
-                    shape,
-                    strides,
-                },
-                v: HostKv {
-                    data: vd,
-                    shape,
-                    strides,
-                },
-                page_table: &[0],
-                max_num_pages: 1,
-                page_table_stride: 1,
-                cache_seqlens: &[len as i32],
-                layout: HostLayout::Uniform { q_len_per_req: 1 },
-                bmm1_scale: bmm1,
-                bmm2_scale: vs,
-                window_left: l.window_left,
-                sinks: sinks.as_deref(),
-            };
-            let r = attn::attention(&input);
+            let qf: Vec<f64> = q.iter().map(|&b| HalfDtype::Bf16.to_f64(b)).collect();
+            let mut want_row = vec![0.0f64; group * d];
+            attend(
+                &qf,
+                &kf,
+                &vf,
+                d,
+                lo_of(x)..x + 1,
+                f64::from(bmm1),
+                f64::from(vs),
+                sinks.as_deref(),
+                &mut want_row,
+            );
             let got_row = &got[j * hq * d..][..hq * d];
-            for (i, &want) in r.out.iter().enumerate() {
+            for (i, &want) in want_row.iter().enumerate() {
                 let g = HalfDtype::Bf16.to_f64(got_row[kvh * group * d + i]);
                 let err = (g - want).abs();
                 let bound = atol + rtol * want.abs();
@@ -247,6 +234,54 @@ impl Checker {
         self.stats.pairs += 1;
         if mismatch {
             self.stats.mismatched_pairs += 1;
+        }
+    }
+}
+
+/// Attention of one query row in f64 (attention.md §2–§4, the plain
+/// formula): for each of the `group` heads in `q` (`[group, d]`),
+/// `out_h = bmm2 · Σ_t w_t v_t / (Σ_t w_t + e^(sink_h − m))` with
+/// `w_t = e^(bmm1 · q_h·k_t − m)` over key positions `keys` of `k`, `v`
+/// (`[len, d]` rows) and `m` the largest logit (sink included). `out`:
+/// `[group, d]`. Same definition as paged-attention's reference
+/// (`reference::attention`), specialised to one contiguous KV head so the
+/// checker stays cheap; a test pins the two together.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d: usize,
+    keys: std::ops::Range<usize>,
+    bmm1: f64,
+    bmm2: f64,
+    sinks: Option<&[f32]>,
+    out: &mut [f64],
+) {
+    let n = keys.len();
+    let mut logits = vec![0.0f64; n];
+    for (h, (qh, oh)) in q.chunks(d).zip(out.chunks_mut(d)).enumerate() {
+        for (lg, t) in logits.iter_mut().zip(keys.clone()) {
+            let kt = &k[t * d..][..d];
+            *lg = bmm1 * qh.iter().zip(kt).map(|(a, b)| a * b).sum::<f64>();
+        }
+        let sink = sinks.map(|s| f64::from(s[h]));
+        let m = logits
+            .iter()
+            .copied()
+            .chain(sink)
+            .fold(f64::NEG_INFINITY, f64::max);
+        oh.fill(0.0);
+        let mut den = sink.map_or(0.0, |s| (s - m).exp());
+        for (lg, t) in logits.iter().zip(keys.clone()) {
+            let w = (lg - m).exp();
+            den += w;
+            for (o, vv) in oh.iter_mut().zip(&v[t * d..][..d]) {
+                *o += w * vv;
+            }
+        }
+        for o in oh.iter_mut() {
+            *o = if n == 0 { 0.0 } else { bmm2 * *o / den };
         }
     }
 }
@@ -439,6 +474,83 @@ mod tests {
     use crate::engine::{CpuEngine, Engine};
     use crate::pass::{Part, PassKind};
     use mha_backend::{BackendConfig, Device, ForwardBatch, MhaBackend};
+
+    /// `attend` is paged-attention's reference definition (one request, one
+    /// KV head, contiguous K/V): equal to 1e-12 with a window and sinks.
+    #[test]
+    fn attend_matches_the_reference() {
+        use paged_attention::reference::{attention, HostInputs, HostKv, HostLayout, KvData};
+        let (group, d, len) = (4usize, 64usize, 37usize);
+        let g = Generator::new(3);
+        let bits = |act: Act, n: usize, salt: u64| -> Vec<u16> {
+            (0..n)
+                .map(|i| {
+                    let x = g.element(act, ModelId::Target, 0, 1, i / d, salt, 0, i % d);
+                    half::bf16::from_f32(x).to_bits()
+                })
+                .collect()
+        };
+        let (kb, vb, qb) = (
+            bits(Act::K, len * d, 0),
+            bits(Act::V, len * d, 0),
+            bits(Act::Q, group * d, 7),
+        );
+        let f = |b: &[u16]| -> Vec<f64> { b.iter().map(|&x| HalfDtype::Bf16.to_f64(x)).collect() };
+        let sinks = vec![0.3f32, -1.0, 2.0, 0.0];
+        for (window, sink) in [
+            (None, None),
+            (Some(5u32), Some(&sinks[..])),
+            (Some(100), None),
+        ] {
+            let x = len - 1;
+            let lo = window.map_or(0, |w| x.saturating_sub(w as usize));
+            let mut got = vec![0.0; group * d];
+            attend(
+                &f(&qb),
+                &f(&kb),
+                &f(&vb),
+                d,
+                lo..x + 1,
+                0.125,
+                0.5,
+                sink,
+                &mut got,
+            );
+            let shape = [1, 1, len, d];
+            let strides = [len * d, len * d, d, 1];
+            let r = attention(&HostInputs {
+                q: &qb,
+                q_dtype: HalfDtype::Bf16,
+                q_shape: [1, group, d],
+                q_strides: [group * d, d, 1],
+                k: HostKv {
+                    data: KvData::Bf16(&kb),
+                    shape,
+                    strides,
+                },
+                v: HostKv {
+                    data: KvData::Bf16(&vb),
+                    shape,
+                    strides,
+                },
+                page_table: &[0],
+                max_num_pages: 1,
+                page_table_stride: 1,
+                cache_seqlens: &[len as i32],
+                layout: HostLayout::Uniform { q_len_per_req: 1 },
+                bmm1_scale: 0.125,
+                bmm2_scale: 0.5,
+                window_left: window,
+                sinks: sink,
+            });
+            for (a, b) in got.iter().zip(&r.out) {
+                assert!(
+                    (a - b).abs() <= 1e-12 * b.abs().max(1.0),
+                    "{window:?}: {a} vs {b}"
+                );
+            }
+        }
+    }
 
     /// The check passes on the backend's rows and catches a one-ulp-scale
     /// corruption far beyond tolerance, a wrong position, and NaN.
