@@ -496,7 +496,7 @@ mod tests {
             bits(Act::Q, group * d, 7),
         );
         let f = |b: &[u16]| -> Vec<f64> { b.iter().map(|&x| HalfDtype::Bf16.to_f64(x)).collect() };
-        let sinks = vec![0.3f32, -1.0, 2.0, 0.0];
+        let sinks = [0.3f32, -1.0, 2.0, 0.0];
         for (window, sink) in [
             (None, None),
             (Some(5u32), Some(&sinks[..])),
