@@ -26,8 +26,11 @@
 //!   families' CPU references (page-table and swa-pool for metadata,
 //!   fp8-kv for K/V writes, paged-attention's f64 reference for attention,
 //!   rounded to the model dtype). The [`CudaExecutor`] keeps the K/V caches,
-//!   `req_to_token` and the SWA maps on the device (tables re-uploaded on
-//!   change: one copy of the dirty row range), builds the metadata with the
+//!   `req_to_token` and the SWA maps on the device (`req_to_token` kept
+//!   current by uploading only the changed entries — [`Pools::dirty_spans`]
+//!   — from pinned memory and scattering them with page-table's
+//!   `ScatterKernel`, so no stream sync; the SWA maps re-uploaded whole
+//!   when they change), builds the metadata with the
 //!   fused graph-metadata kernel (one launch per pass in every mode), writes
 //!   K/V with fp8-kv and runs paged-attention's decode or context kernel.
 //!   `Device::Cuda(n)` builds it (no GPU: a typed error, never a CPU
@@ -73,10 +76,12 @@
 //! **Status:** the CUDA executor and the graph path pass their GPU tests on
 //! an H200 (`tests/gpu.rs`: 48 trials, every mode eager == CPU executor,
 //! graph replay == eager over 1,000 steps per mode at buckets up to 8
-//! requests); the CPU executor is tested in CI. Ragged-verify graphs are
-//! tested to buckets of 32 tokens here and 128 through mha-replay; wrong
-//! rows seen at ~800-token buckets through mha-replay are most likely that
-//! engine's read-back race (fixed there), not yet re-run.
+//! requests; re-run after the entry-wise `req_to_token` sync and the
+//! chunked split, also under compute-sanitizer memcheck: clean); the CPU
+//! executor is tested in CI. Ragged-verify graphs are tested to buckets of
+//! 32 tokens here and 128 through mha-replay (whole conv trace with
+//! `--spec-steps 3`: 0 mismatches); mha-replay keeps larger ragged buckets
+//! eager, a precaution from an engine read-back race since fixed there.
 //!
 //! [`ForwardBatch::pad_to_bucket`] gives the replay padding (D3) and the
 //! ragged-verify padding (backend.md §5), so eager metadata of a padded

@@ -6,9 +6,8 @@
 //!
 //! **Status:** verified on an H200 (`tests/gen_gpu.rs`, `tests/replay_gpu.rs`
 //! pass; the whole conv trace replays with 0 mismatches), so `--device auto`
-//! picks it when a GPU is present. Ragged-verify graph buckets above
-//! [`RAGGED_GRAPH_MAX_TOKENS`] run eagerly until a GPU re-run clears them
-//! (see [`bucket_shape`]).
+//! picks it when a GPU is present. Ragged-verify passes above
+//! [`RAGGED_GRAPH_MAX_TOKENS`] run eagerly, for speed (see [`bucket_shape`]).
 //!
 //! Passes are pipelined: [`Engine::submit_pass`] launches pass `n` into one
 //! of two slots (events, staging buffer, pinned host buffer) and only then
@@ -116,20 +115,20 @@ pub fn bucket_shape(
         GraphKind::RaggedVerify => {
             // Upstream's ragged keying (backend.md §5): bs = num_tokens.
             let t = bucket(tokens.max(bs), max_bs * n.max(1))?;
-            // Caution until re-run on a GPU: with --spec-steps 3 at
-            // --max-batch 256 (ragged buckets of ~800 tokens) checked rows
-            // came back wrong while graphs-off runs were exact. The likely
-            // cause, since fixed, was this engine reading a pass's sampled
-            // rows before their copies finished (`complete` now waits on
-            // the read-back event); buckets up to RAGGED_GRAPH_MAX_TOKENS
-            // were verified, larger ones stay eager until confirmed.
+            // Large ragged buckets are correct (whole conv trace, spec 3,
+            // every bucket replayed: 0 mismatches on the H200) but slower
+            // than eager: the bucket pads the batch to `t` request rows,
+            // and ragged verify at 239 requests took 74.2 s of device time
+            // replayed vs 66.9 s eager (docs/PERF.md). Small buckets, where
+            // launch overhead matters, replay.
             (t <= RAGGED_GRAPH_MAX_TOKENS).then_some((t, t))
         }
     }
 }
 
 /// Largest ragged-verify graph bucket (tokens) replayed; larger ragged
-/// verify passes run eagerly (see [`bucket_shape`]).
+/// verify passes run eagerly: faster than a bucket padded to `t` request
+/// rows (see [`bucket_shape`]).
 pub const RAGGED_GRAPH_MAX_TOKENS: usize = 128;
 
 /// Per-model (target / draft backend) graph bookkeeping.
@@ -741,7 +740,7 @@ mod tests {
             Some((40, 40))
         );
         assert_eq!(bucket_shape(GraphKind::RaggedVerify, 33, 130, 32, 4), None);
-        // Above RAGGED_GRAPH_MAX_TOKENS: eager (until re-run, see bucket_shape).
+        // Above RAGGED_GRAPH_MAX_TOKENS: eager (faster, see bucket_shape).
         assert_eq!(
             bucket_shape(GraphKind::RaggedVerify, 30, 121, 32, 4),
             Some((128, 128))
