@@ -31,6 +31,22 @@ pub fn unit_hash(seed: u64, words: &[u64]) -> f64 {
     (hash_words(seed, words) >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// Element `d` of a row with hash `base`: Irwin–Hall(4) of the four 16-bit
+/// fields of `mix64(base ^ d)`, scaled to unit variance (mean 0); with a
+/// non-zero K `offset` (±8), `offset + 2·n`.
+#[inline]
+fn draw(base: u64, d: usize, offset: f32) -> f32 {
+    let h = mix64(base ^ d as u64);
+    let sum: u64 = (0..4).map(|i| (h >> (16 * i)) & 0xFFFF).sum();
+    // Irwin–Hall(4) on [0, 4): mean 2, variance 1/3.
+    let n = (sum as f32 / 65_536.0 - 2.0) * 1.732_050_8;
+    if offset != 0.0 {
+        offset + 2.0 * n
+    } else {
+        n
+    }
+}
+
 /// Which activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u64)]
@@ -66,7 +82,9 @@ impl Generator {
 
     /// The value (before rounding to bf16) of element `d` of head `head` of
     /// activation `act` for token `pos` of request `req` in `layer` of
-    /// `model`; `salt` only for Q (0 for K/V).
+    /// `model`; `salt` only for Q (0 for K/V). The whole definition: an
+    /// Irwin–Hall(4) draw from the row hash and `d`, plus, on K's outlier
+    /// channels, a fixed ±8 and a doubled draw.
     #[inline]
     #[allow(clippy::too_many_arguments)] // the activation key's seven fields
     pub fn element(
@@ -80,7 +98,28 @@ impl Generator {
         head: usize,
         d: usize,
     ) -> f32 {
-        let base = hash_words(
+        let base = self.row_hash(act, model, layer, req, pos, salt, head);
+        let offset = if act == Act::K {
+            self.k_offset(model, layer, head, d)
+        } else {
+            0.0
+        };
+        draw(base, d, offset)
+    }
+
+    /// Hash of one head of one token's row (shared by its `D` elements).
+    #[allow(clippy::too_many_arguments)]
+    fn row_hash(
+        &self,
+        act: Act,
+        model: ModelId,
+        layer: usize,
+        req: usize,
+        pos: usize,
+        salt: u64,
+        head: usize,
+    ) -> u64 {
+        hash_words(
             self.seed,
             &[
                 act as u64,
@@ -91,22 +130,22 @@ impl Generator {
                 salt,
                 head as u64,
             ],
+        )
+    }
+
+    /// K's offset on channel `d` of `(model, layer, KV head)`: ±8 on an
+    /// outlier channel (one in 16), 0 elsewhere.
+    fn k_offset(&self, model: ModelId, layer: usize, head: usize, d: usize) -> f32 {
+        let ch = hash_words(
+            self.seed,
+            &[0x0C, model as u64, layer as u64, head as u64, d as u64],
         );
-        let h = mix64(base ^ d as u64);
-        let sum: u64 = (0..4).map(|i| (h >> (16 * i)) & 0xFFFF).sum();
-        // Irwin–Hall(4) on [0, 4): mean 2, variance 1/3.
-        let n = (sum as f32 / 65_536.0 - 2.0) * 1.732_050_8;
-        if act == Act::K {
-            let ch = hash_words(
-                self.seed,
-                &[0x0C, model as u64, layer as u64, head as u64, d as u64],
-            );
-            if ch % 16 == 0 {
-                let sign = if ch & 0x100 != 0 { 1.0 } else { -1.0 };
-                return sign * 8.0 + 2.0 * n;
-            }
+        if ch % 16 == 0 {
+            let sign: f32 = if ch & 0x100 != 0 { 1.0 } else { -1.0 };
+            sign * 8.0
+        } else {
+            0.0
         }
-        n
     }
 
     /// K's outlier-channel offsets of one `(model, layer, KV head)`:
@@ -114,18 +153,7 @@ impl Generator {
     /// test of [`Self::element`], done once instead of once per element).
     pub fn k_offsets(&self, model: ModelId, layer: usize, head: usize, dim: usize) -> Vec<f32> {
         (0..dim)
-            .map(|d| {
-                let ch = hash_words(
-                    self.seed,
-                    &[0x0C, model as u64, layer as u64, head as u64, d as u64],
-                );
-                if ch % 16 == 0 {
-                    let sign: f32 = if ch & 0x100 != 0 { 1.0 } else { -1.0 };
-                    sign * 8.0
-                } else {
-                    0.0
-                }
-            })
+            .map(|d| self.k_offset(model, layer, head, d))
             .collect()
     }
 
@@ -147,26 +175,11 @@ impl Generator {
         k_offsets: &[f32],
         out: &mut [u16],
     ) {
-        let base = hash_words(
-            self.seed,
-            &[
-                act as u64,
-                model as u64,
-                layer as u64,
-                req as u64,
-                pos as u64,
-                salt,
-                head as u64,
-            ],
-        );
+        let base = self.row_hash(act, model, layer, req, pos, salt, head);
         let outliers = act == Act::K;
         for (d, o) in out.iter_mut().enumerate() {
-            let h = mix64(base ^ d as u64);
-            let sum: u64 = (0..4).map(|i| (h >> (16 * i)) & 0xFFFF).sum();
-            let n = (sum as f32 / 65_536.0 - 2.0) * 1.732_050_8;
-            let off = if outliers { k_offsets[d] } else { 0.0 };
-            let x = if off != 0.0 { off + 2.0 * n } else { n };
-            *o = half::bf16::from_f32(x).to_bits();
+            let offset = if outliers { k_offsets[d] } else { 0.0 };
+            *o = half::bf16::from_f32(draw(base, d, offset)).to_bits();
         }
     }
 
