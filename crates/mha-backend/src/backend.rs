@@ -68,6 +68,12 @@ impl Core {
                 }
             })
             .collect();
+        // Checked on every executor, used by the CUDA one.
+        let decode_split = crate::config::resolve_decode_split(
+            std::env::var(crate::config::DECODE_SPLIT_ENV)
+                .ok()
+                .as_deref(),
+        )?;
         let gpu = match device {
             Device::Cpu => None,
             Device::Auto if !kernel_rt::gpu_available() => None,
@@ -93,11 +99,7 @@ impl Core {
                 config.context_len,
                 config.spec.map(|s| s.num_draft_tokens),
                 workspace_bytes,
-                crate::config::resolve_decode_split(
-                    std::env::var(crate::config::DECODE_SPLIT_ENV)
-                        .ok()
-                        .as_deref(),
-                )?,
+                decode_split,
             )?),
         };
         Ok(Self {
@@ -171,8 +173,11 @@ impl MhaBackend {
         self.core().config.max_num_pages()
     }
 
-    /// Device-error events accumulated by metadata builds, KV writes and
-    /// attention (out-of-range slots / pages skipped and counted). On the
+    /// Device-error events accumulated by metadata builds, KV writes,
+    /// attention and (CUDA executor) the `req_to_token` update
+    /// (out-of-range slots / pages / entries skipped and counted). The flags
+    /// are each family's bits OR-ed together, so a bit names its event only
+    /// together with the family that set it. On the
     /// CUDA executor this reads the device error words (a stream
     /// synchronisation); if that read fails the result is
     /// `count = flags = u32::MAX`.

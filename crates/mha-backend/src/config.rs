@@ -15,8 +15,8 @@ pub const WORKSPACE_ENV: &str = "MHA_KIT_WORKSPACE_BYTES";
 /// `max_splits = MAX`). Unset: [`DEFAULT_DECODE_SPLIT`].
 pub const DECODE_SPLIT_ENV: &str = "MHA_KIT_DECODE_SPLIT";
 /// Default split of full decode / verify batches: keys cut into 2048-token
-/// chunks, at most 4 per request (a request longer than 8192 keys gets
-/// chunks of `2048 · ⌈n / 4⌉`). Launches that leave SMs idle use
+/// chunks, at most 4 per request (a request with `L > 8192` keys gets
+/// chunks of `2048 · ⌈n / 4⌉`, `n = ⌈L / 2048⌉`). Launches that leave SMs idle use
 /// [`SplitMode::Auto`] whatever this is. Why: in a full batch of ragged
 /// requests (a serving trace) one CTA per (request, KV head) makes the
 /// longest request the tail of every layer; see mha-backend's crate docs

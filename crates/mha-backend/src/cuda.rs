@@ -198,7 +198,9 @@ impl Maps {
                 (h, stream.context().new_event(None).map_err(kerr)?)
             }
         };
-        ensure(stream, &mut self.entries, 2 * n)?;
+        if self.entries.len() < 2 * n {
+            self.entries = zeros(stream, (2 * n).max(self.entries.len() * 3 / 2))?;
+        }
         let w = self.width;
         let table = pools.req_to_token();
         let dst = host.as_mut_slice().map_err(kerr)?;
@@ -213,11 +215,16 @@ impl Maps {
         }
         // The source is page-locked, so the driver copies asynchronously
         // (no stream sync, unlike a pageable source).
-        stream
+        let copied = stream
             .memcpy_htod(&dst[..2 * n], &mut self.entries.slice_mut(0..2 * n))
-            .map_err(kerr)?;
-        ev.record(stream).map_err(kerr)?;
+            .and_then(|()| ev.record(stream));
+        if copied.is_err() {
+            // The copy may be queued: never free its source before the
+            // stream has drained (cudarc's own event tracking is off).
+            let _ = stream.synchronize();
+        }
         self.staging[k] = Some((host, ev));
+        copied.map_err(kerr)?;
         let mut args = page_table::ScatterArgs {
             req_to_token: StridedMut::contiguous(
                 "req_to_token",
@@ -230,8 +237,9 @@ impl Maps {
         Ok(())
     }
 
-    /// Uploads what changed since the last sync: one copy of the dirty
-    /// `req_to_token` row range, and the SWA slot and page maps when the
+    /// Uploads what changed since the last sync: the changed
+    /// `req_to_token` entries ([`Self::scatter_spans`]; the whole table on
+    /// the first sync), and the SWA slot and page maps, whole, when the
     /// SWA map changed.
     fn sync(&mut self, stream: &Arc<CudaStream>, pools: &Pools) -> Result<()> {
         let now = pools.generation();

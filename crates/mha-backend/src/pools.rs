@@ -22,6 +22,19 @@ struct Request {
     swa_evicted: usize,
 }
 
+/// The sync mark of [`Pools`]: set through `&Pools` by the executor that
+/// mirrors the table (an atomic keeps `Pools` `Sync`); a clone copies it.
+#[derive(Debug, Default)]
+struct SyncedMark(std::sync::atomic::AtomicU64);
+
+impl Clone for SyncedMark {
+    fn clone(&self) -> Self {
+        Self(std::sync::atomic::AtomicU64::new(
+            self.0.load(std::sync::atomic::Ordering::Relaxed),
+        ))
+    }
+}
+
 /// The request-to-token table, the page allocator of the full pool and the
 /// full→SWA map of a hybrid pool.
 ///
@@ -53,7 +66,7 @@ pub struct Pools {
     row_span: Vec<(u64, usize, usize)>,
     /// The generation a device copy last synced to ([`Self::mark_synced`]);
     /// a row whose last change is not newer starts a fresh span.
-    synced: std::cell::Cell<u64>,
+    synced: SyncedMark,
 }
 
 impl Pools {
@@ -87,7 +100,7 @@ impl Pools {
             row_generation: vec![0; rows],
             swa_generation: 0,
             row_span: vec![(0, 0, 0); rows],
-            synced: std::cell::Cell::new(0),
+            synced: SyncedMark::default(),
         })
     }
 
@@ -95,15 +108,6 @@ impl Pools {
     /// call that changes either (device executors re-upload on change).
     pub fn generation(&self) -> u64 {
         self.generation
-    }
-
-    /// The rows of `req_to_token` changed after generation `since`, as one
-    /// contiguous range `lo..hi` (rows between changed ones included), or
-    /// `None` when no row changed.
-    pub fn dirty_rows(&self, since: u64) -> Option<std::ops::Range<usize>> {
-        let lo = self.row_generation.iter().position(|&g| g > since)?;
-        let hi = self.row_generation.iter().rposition(|&g| g > since)? + 1;
-        Some(lo..hi)
     }
 
     /// The `req_to_token` entries changed after generation `since`, per
@@ -131,7 +135,9 @@ impl Pools {
     /// next [`Self::dirty_spans`] call passes it as `since`). Later changes
     /// of a row start a fresh column span instead of widening the old one.
     pub fn mark_synced(&self, generation: u64) {
-        self.synced.set(generation);
+        self.synced
+            .0
+            .store(generation, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether the SWA map changed after generation `since`.
@@ -145,7 +151,7 @@ impl Pools {
         if let (Some(g), Some(span)) =
             (self.row_generation.get_mut(row), self.row_span.get_mut(row))
         {
-            let synced = self.synced.get();
+            let synced = self.synced.0.load(std::sync::atomic::Ordering::Relaxed);
             *span = if *g <= synced {
                 (synced, lo, hi)
             } else {

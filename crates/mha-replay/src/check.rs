@@ -1,9 +1,9 @@
 //! The independent accuracy check. A sampled (attention call, request) pair
 //! is recomputed from scratch: the request's K/V regenerated from the seed
 //! for every visible position (quantized to e4m3 here for an FP8 cache),
-//! laid out as one contiguous page, and attention evaluated in f64 by
-//! paged-attention's reference — no pool, page table, metadata or KV-write
-//! path of the backend is involved. Per pair, up to [`ROWS_PER_CHECK`]
+//! laid out contiguously, and attention evaluated in f64 by `attend` (the
+//! plain formula, pinned to paged-attention's reference by a test) — no
+//! pool, page table, metadata or KV-write path of the backend is involved. Per pair, up to [`ROWS_PER_CHECK`]
 //! query rows (first, last and two sampled) and one sampled KV-head group
 //! (its `G = Hq / Hkv` query heads) are compared, so checks stay cheap on
 //! the host.
@@ -132,20 +132,21 @@ impl Checker {
             .as_ref()
             .map(|s| s[kvh * group..(kvh + 1) * group].to_vec());
         // K/V of KV head kvh for every position any checked row sees,
-        // regenerated once per pair: contiguous [x_max + 1, D], positions
-        // below the first row's window start left zero (never visible).
+        // regenerated once per pair: contiguous [x_max + 1 − pos_lo, D],
+        // row t holding position pos_lo + t.
         let first_x = p.kv_len - p.n + rows[0];
         let x_max = p.kv_len - p.n + rows[rows.len() - 1];
         let pos_lo = match l.window_left {
             Some(w) => first_x.saturating_sub(w as usize),
             None => 0,
         };
-        let kv_len = x_max + 1;
-        let mut kb = vec![0u16; kv_len * d];
-        let mut vb = vec![0u16; kv_len * d];
+        let span = x_max + 1 - pos_lo;
+        let mut kb = vec![0u16; span * d];
+        let mut vb = vec![0u16; span * d];
         let k_off = self.gen.k_offsets(pass.model, layer, kvh, d);
-        for pos in pos_lo..kv_len {
-            let (k_row, v_row) = (&mut kb[pos * d..][..d], &mut vb[pos * d..][..d]);
+        for pos in pos_lo..=x_max {
+            let t = pos - pos_lo;
+            let (k_row, v_row) = (&mut kb[t * d..][..d], &mut vb[t * d..][..d]);
             let g = &self.gen;
             g.fill_head(Act::K, pass.model, layer, p.req, pos, 0, kvh, &k_off, k_row);
             g.fill_head(Act::V, pass.model, layer, p.req, pos, 0, kvh, &[], v_row);
@@ -198,7 +199,7 @@ impl Checker {
                 &kf,
                 &vf,
                 d,
-                lo_of(x)..x + 1,
+                lo_of(x) - pos_lo..x + 1 - pos_lo,
                 f64::from(bmm1),
                 f64::from(vs),
                 sinks.as_deref(),

@@ -54,10 +54,11 @@ pub struct ScatterArgs<'a> {
 }
 
 /// Launch geometry: 1-D grid of [`SCATTER_BLOCK_THREADS`] threads, one entry
-/// per thread up to one wave, grid-stride beyond.
+/// per thread up to one wave (at most 1,056 blocks), grid-stride beyond.
 ///
 /// # Errors
-/// Never for `n` that fits the grid; [`KernelError::Unsupported`] otherwise.
+/// None in practice (the grid is clamped); the `Result` is the shape of
+/// every family's `launch_config`.
 pub fn scatter_launch_config(n: usize) -> Result<LaunchConfig> {
     let blocks = n
         .div_ceil(SCATTER_BLOCK_THREADS as usize)
