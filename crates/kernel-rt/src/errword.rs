@@ -29,6 +29,13 @@ impl ErrorReport {
     pub fn is_clean(&self) -> bool {
         self.count == 0 && self.flags == 0
     }
+
+    /// Adds `other`'s events: counts add (saturating at `u32::MAX`), flags
+    /// are OR-ed. Used to total the words of several launches or families.
+    pub fn merge(&mut self, other: ErrorReport) {
+        self.count = self.count.saturating_add(other.count);
+        self.flags |= other.flags;
+    }
 }
 
 /// A device-resident error word `[count, flags]` (u32), zeroed at creation.
@@ -76,5 +83,35 @@ impl DeviceErrors {
     pub fn reset(&mut self) -> Result<()> {
         self.gpu.stream().memset_zeros(&mut self.word)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorReport;
+
+    #[test]
+    fn merge_adds_counts_saturating_and_ors_flags() {
+        let mut a = ErrorReport {
+            count: 3,
+            flags: 0b0101,
+        };
+        a.merge(ErrorReport {
+            count: 4,
+            flags: 0b0011,
+        });
+        assert_eq!(
+            a,
+            ErrorReport {
+                count: 7,
+                flags: 0b0111
+            }
+        );
+        a.merge(ErrorReport {
+            count: u32::MAX,
+            flags: 0,
+        });
+        assert_eq!(a.count, u32::MAX);
+        assert!(!a.is_clean());
     }
 }

@@ -28,11 +28,6 @@ struct Core {
     errors: ErrorReport,
 }
 
-fn merge(into: &mut ErrorReport, e: ErrorReport) {
-    into.count = into.count.saturating_add(e.count);
-    into.flags |= e.flags;
-}
-
 impl Core {
     fn new(config: BackendConfig, device: Device) -> Result<Self> {
         config.validate()?;
@@ -185,7 +180,7 @@ impl MhaBackend {
         let core = self.core();
         let mut e = core.errors;
         match core.executor.device_errors() {
-            Ok(d) => merge(&mut e, d),
+            Ok(d) => e.merge(d),
             Err(_) => {
                 e = ErrorReport {
                     count: u32::MAX,
@@ -292,7 +287,7 @@ impl MhaBackend {
             )?;
             let core = &mut *core;
             core.executor.prepare_metadata(&m, &core.pools)?;
-            merge(&mut core.errors, m.errors);
+            core.errors.merge(m.errors);
             m
         };
         Ok(self.metadata.insert(meta))
@@ -393,7 +388,7 @@ impl MhaBackend {
                             &batch.out_cache_loc,
                             &mut out,
                         );
-                        merge(&mut core.errors, e);
+                        core.errors.merge(e);
                         translated = out;
                         &translated
                     }
@@ -407,12 +402,12 @@ impl MhaBackend {
                 prepared: same_locs,
             };
             let e = core.executor.write_kv(plan, loc, k, v)?;
-            merge(&mut core.errors, e);
+            core.errors.merge(e);
         }
         let (out, e) = core
             .executor
             .attention(plan, meta, core.config.page_size, q)?;
-        merge(&mut core.errors, e);
+        core.errors.merge(e);
         Ok(out)
     }
 

@@ -1243,9 +1243,7 @@ impl Executor for CudaExecutor {
             &self.attn_errors,
             &self.maps.scatter_errors,
         ] {
-            let r = e.read()?;
-            total.count = total.count.saturating_add(r.count);
-            total.flags |= r.flags;
+            total.merge(e.read()?);
         }
         Ok(total)
     }

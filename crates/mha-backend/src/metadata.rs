@@ -321,8 +321,7 @@ pub(crate) fn build(
     let swa_out_cache_loc = map.map(|map| {
         let mut out = vec![0i64; batch.out_cache_loc.len()];
         let e = swa_pool::reference::translate_locs(map, &batch.out_cache_loc, &mut out);
-        errors.count += e.count;
-        errors.flags |= e.flags;
+        errors.merge(e);
         out
     });
     Ok(ForwardMetadata {

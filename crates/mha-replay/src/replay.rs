@@ -377,11 +377,10 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
     rec.check_s = check_s;
     let (modes, by_batch_size, mut totals) = rec.summarise(ceiling);
     totals.wall_s = wall.elapsed().as_secs_f64();
-    let errs = models.target.device_errors();
-    let derr = match &mut models.draft {
-        Some(d) => d.main()?.device_errors(),
-        None => kernel_rt::ErrorReport::default(),
-    };
+    let mut errs = models.target.device_errors();
+    if let Some(d) = &mut models.draft {
+        errs.merge(d.main()?.device_errors());
+    }
     let l0 = &setup.model.layers[0];
     let report = Report {
         config: RunConfig {
@@ -453,8 +452,8 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
         totals,
         check,
         device_errors: DeviceErrorsReport {
-            count: errs.count.saturating_add(derr.count),
-            flags: errs.flags | derr.flags,
+            count: errs.count,
+            flags: errs.flags,
         },
         by_batch_size,
     };
