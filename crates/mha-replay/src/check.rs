@@ -136,10 +136,12 @@ impl Checker {
         // row t holding position pos_lo + t.
         let first_x = p.kv_len - p.n + rows[0];
         let x_max = p.kv_len - p.n + rows[rows.len() - 1];
-        let pos_lo = match l.window_left {
-            Some(w) => first_x.saturating_sub(w as usize),
+        // First key position row x sees (attention.md §2: keys [x − W, x]).
+        let lo_of = |x: usize| match l.window_left {
+            Some(w) => x.saturating_sub(w as usize),
             None => 0,
         };
+        let pos_lo = lo_of(first_x);
         let span = x_max + 1 - pos_lo;
         let mut kb = vec![0u16; span * d];
         let mut vb = vec![0u16; span * d];
@@ -169,10 +171,6 @@ impl Checker {
             }
         };
         let (kf, vf) = (to_f64(&kb, ks), to_f64(&vb, vs));
-        let lo_of = |x: usize| match l.window_left {
-            Some(w) => x.saturating_sub(w as usize),
-            None => 0,
-        };
         let mut mismatch = false;
         for j in rows {
             let x = p.kv_len - p.n + j;
