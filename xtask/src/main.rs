@@ -4,7 +4,7 @@
 //!   the pinned NVRTC (installed from the Python package index into
 //!   `target/cuda-toolchain/` when missing); `--check` rebuilds in memory and
 //!   fails naming each stale file.
-//! - `ptx-report`: `ptxas -arch=sm_90 -v` on every committed PTX; a table of
+//! - `ptx-report`: `ptxas -arch=sm_90 -v` (`sm_90a` for `*_sm90` kernels) on every committed PTX; a table of
 //!   registers, shared memory, stack frame and spills; fails on any spill.
 //! - `gpu-bundle [--out DIR]`: release GPU test and bench binaries plus
 //!   `run.sh`, for a GPU host with a driver but no Rust.

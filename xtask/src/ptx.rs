@@ -15,10 +15,33 @@ const PIP_PACKAGES: [&str; 3] = [
 ];
 /// The version written into every PTX header line.
 const TOOLCHAIN: &str = "nvrtc-12.4.127";
-/// Virtual architecture of every kernel.
+/// Virtual architecture of every kernel except the Hopper-only ones.
 const ARCH: &str = "compute_90";
-/// Real architecture of the resource report.
-const REPORT_SM: &str = "sm_90";
+/// Virtual architecture of a `*_sm90.cu` kernel (wgmma, setmaxnreg: loads
+/// only on sm_90 devices).
+const ARCH_SM90A: &str = "compute_90a";
+
+/// The virtual architecture a kernel source compiles for: `compute_90a` for
+/// files named `*_sm90.cu`, else `compute_90`.
+fn arch_of(src: &Path) -> &'static str {
+    if src
+        .file_stem()
+        .is_some_and(|s| s.to_string_lossy().ends_with("_sm90"))
+    {
+        ARCH_SM90A
+    } else {
+        ARCH
+    }
+}
+
+/// Real architecture of the resource report for a virtual one.
+fn report_sm(arch: &str) -> &'static str {
+    if arch == ARCH_SM90A {
+        "sm_90a"
+    } else {
+        "sm_90"
+    }
+}
 
 /// Where the pinned toolchain lives.
 fn toolchain_dir(root: &Path) -> PathBuf {
@@ -122,7 +145,7 @@ pub fn build(root: &Path, check: bool) -> Result<()> {
         jobs.push(serde_json::json!({
             "src": k.src,
             "out": out,
-            "header": ptxhash::header_line(&sha, TOOLCHAIN, ARCH),
+            "header": ptxhash::header_line(&sha, TOOLCHAIN, arch_of(&k.src)),
         }));
     }
     let jobs_file = scratch.join("jobs.json");
@@ -231,7 +254,7 @@ pub fn nvrtc_child(root: &Path, jobs_file: &Path) -> Result<()> {
             .to_string_lossy()
             .to_string();
         let opts = cudarc::nvrtc::CompileOptions {
-            arch: Some(ARCH),
+            arch: Some(arch_of(&src)),
             include_paths: vec![
                 include_dir(root).to_string_lossy().into_owned(),
                 src.parent().unwrap_or(root).to_string_lossy().into_owned(),
@@ -331,7 +354,7 @@ pub fn report(root: &Path) -> Result<()> {
     let mut spills = Vec::new();
     for k in kernels(root)? {
         let output = Command::new(&ptxas)
-            .args(["-arch", REPORT_SM, "-v", "-o", "/dev/null"])
+            .args(["-arch", report_sm(arch_of(&k.src)), "-v", "-o", "/dev/null"])
             .arg(&k.ptx)
             .output()
             .with_context(|| format!("cannot run {}", ptxas.display()))?;

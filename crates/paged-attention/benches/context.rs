@@ -13,7 +13,7 @@ use criterion::Criterion;
 use kernel_rt::cudarc::driver::CudaSlice;
 use kernel_rt::timing::{median_us, time_iters};
 use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
-use paged_attention::{ContextArgs, ContextKernel, HalfDtype, KvCache};
+use paged_attention::{ContextArgs, ContextKernel, ContextPath, HalfDtype, KvCache};
 
 struct Shape {
     name: String,
@@ -58,6 +58,18 @@ fn cases() -> Vec<Shape> {
             16384,
             16,
         ),
+        Shape {
+            hq: 8,
+            hkv: 1,
+            ..shape(
+                "TP-8: bs 1 × 1024 new over 128k prefix, P 16",
+                128,
+                1,
+                1024,
+                131072,
+                16,
+            )
+        },
         Shape {
             fp8: true,
             ..shape("FP8 KV: bs 8 × 4096, P 16", 128, 8, 4096, 0, 16)
@@ -110,6 +122,34 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
+/// xorshift64* step.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+}
+
+/// `n` bf16 values uniform in [-1, 1) (bits).
+fn random_bf16(state: &mut u64, n: usize) -> Vec<u16> {
+    (0..n)
+        .map(|_| {
+            let u = (next(state) >> 40) as f32 / (1u64 << 24) as f32;
+            ((2.0 * u - 1.0).to_bits() >> 16) as u16
+        })
+        .collect()
+}
+
+/// `n` e4m3 bytes with exponent ≤ 7 (|x| < 1), random sign and mantissa.
+fn random_e4m3(state: &mut u64, n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            let r = next(state);
+            ((r & 0x80) | ((r >> 8) & 0x3F)) as u8
+        })
+        .collect()
+}
+
 fn prepare(gpu: &Arc<Gpu>, c: &Shape) -> Result<Prepared> {
     let st = gpu.stream();
     let len = c.prefix + c.n;
@@ -125,13 +165,15 @@ fn prepare(gpu: &Arc<Gpu>, c: &Shape) -> Result<Prepared> {
     let ids: Vec<i32> = (0..used).map(|i| (1 + (i * stride) % n) as i32).collect();
     let elems = num_pages * p * c.hkv * c.d;
     let (n8, n16) = if c.fp8 { (elems, 1) } else { (1, elems) };
-    // Small values (0x30 = 0.125 in e4m3, 0x3E00 = 0.125 in bf16).
-    let k8 = st.clone_htod(&vec![0x30u8; n8])?;
-    let v8 = st.clone_htod(&vec![0x30u8; n8])?;
-    let k16 = st.clone_htod(&vec![0x3E00u16; n16])?;
-    let v16 = st.clone_htod(&vec![0x3E00u16; n16])?;
+    // Random data (timing on constants can flatter a kernel): bf16 in
+    // [-1, 1), e4m3 bytes of magnitude ≤ 1.
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ (c.n * 31 + c.d) as u64;
+    let k8 = st.clone_htod(&random_e4m3(&mut seed, n8))?;
+    let v8 = st.clone_htod(&random_e4m3(&mut seed, n8))?;
+    let k16 = st.clone_htod(&random_bf16(&mut seed, n16))?;
+    let v16 = st.clone_htod(&random_bf16(&mut seed, n16))?;
     let rows = c.bs * c.n;
-    let q = st.clone_htod(&vec![0x3C00u16; rows * c.hq * c.d])?;
+    let q = st.clone_htod(&random_bf16(&mut seed, rows * c.hq * c.d))?;
     let out = st.alloc_zeros::<u16>(rows * c.hq * c.d)?;
     let pt = st.clone_htod(&ids)?;
     let lens = st.clone_htod(&vec![len as i32; c.bs])?;
@@ -206,26 +248,45 @@ fn main() {
     }
     let gpu = Gpu::shared().expect("GPU");
     let kernel = ContextKernel::new(&gpu).expect("load");
+    // The compute_90 kernel beside the default one on the headline cases.
+    let fallback = ContextKernel::with_path(&gpu, ContextPath::Mma).expect("load");
     let mut errors = DeviceErrors::new(&gpu).expect("errors");
     let mut crit = Criterion::default()
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .sample_size(10);
     let mut table = Vec::new();
-    for c in cases() {
+    let label = |k: &ContextKernel, c: &Shape| {
+        if k.uses_sm90() && !c.fp8 {
+            "sm90a wgmma"
+        } else {
+            "sm90 mma.sync"
+        }
+    };
+    for (i, c) in cases().into_iter().enumerate() {
         let mut p = prepare(&gpu, &c).expect("prepare");
-        crit.bench_function(&c.name, |b| {
-            b.iter_custom(|iters| {
-                time_iters(&gpu, iters, || launch(&kernel, &c, &mut p, &mut errors)).expect("time")
-            })
-        });
-        let us =
-            median_us(&gpu, 3, 20, || launch(&kernel, &c, &mut p, &mut errors)).expect("median");
-        let tflops = p.flops / (us * 1e-6) / 1e12;
-        table.push(format!(
-            "| {} | {}/{}/{} | {us:.1} | {tflops:.0} |",
-            c.name, c.hq, c.hkv, c.d
-        ));
+        let kernels: &[&ContextKernel] = if i < 4 && kernel.uses_sm90() {
+            &[&kernel, &fallback]
+        } else {
+            &[&kernel]
+        };
+        for k in kernels {
+            crit.bench_function(&format!("{} ({})", c.name, label(k, &c)), |b| {
+                b.iter_custom(|iters| {
+                    time_iters(&gpu, iters, || launch(k, &c, &mut p, &mut errors)).expect("time")
+                })
+            });
+            let us = median_us(&gpu, 3, 20, || launch(k, &c, &mut p, &mut errors)).expect("median");
+            let tflops = p.flops / (us * 1e-6) / 1e12;
+            table.push(format!(
+                "| {} | {}/{}/{} | {} | {us:.1} | {tflops:.0} |",
+                c.name,
+                c.hq,
+                c.hkv,
+                c.d,
+                label(k, &c)
+            ));
+        }
         drop(p);
     }
     let rep = errors.read().expect("errors");
@@ -234,7 +295,7 @@ fn main() {
         gpu.describe(),
         rep
     );
-    println!("| case | Hq/Hkv/D | µs | TFLOP/s (causal pairs) |\n|---|---|---:|---:|");
+    println!("| case | Hq/Hkv/D | kernel | µs | TFLOP/s (causal pairs) |\n|---|---|---|---:|---:|");
     for row in table {
         println!("{row}");
     }

@@ -25,38 +25,7 @@
 //
 // The params struct is mirrored by `ContextParams` in src/context.rs; a CPU
 // test pins its size and field offsets.
-#include "pa_common.cuh"
-
-// Flag bits of the device error word (src/lib.rs: ErrorFlags; same bits as decode).
-#define PAC_BAD_CU_SEQLENS  1u
-#define PAC_Q_LEN_TOO_LONG  2u
-#define PAC_NEGATIVE_SEQLEN 4u
-#define PAC_BAD_PAGE        8u
-
-struct ContextParams {
-    const u16* q;              // [num_tokens, Hq, D]
-    u16* out;                  // [num_tokens, Hq, D]
-    const u8* k_cache;         // view [num_pages, Hkv, P, D] (bytes)
-    const u8* v_cache;
-    const i32* page_table;     // [bs, M]
-    const i32* cache_seqlens;  // [bs]
-    const i32* cu_seqlens_q;   // [bs + 1]
-    const float* sinks;        // [Hq] or null
-    u32* errors;               // [2]
-    i64 q_stride_tok, q_stride_head;  // elements
-    i64 o_stride_tok, o_stride_head;
-    i64 k_stride_page, k_stride_head, k_stride_tok;  // elements
-    i64 v_stride_page, v_stride_head, v_stride_tok;
-    i64 page_table_stride;
-    i32 bs, num_q_heads, num_kv_heads, group;
-    i32 page_size, max_num_pages, num_pages, num_tokens;
-    i32 max_q_len;
-    i32 q_tiles;      // grid z = ceil(max_q_len * group / BM)
-    i32 window_left;  // -1 = none
-    float scale_log2; // bmm1_scale * log2(e)
-    float bmm2_scale;
-    i32 pad_;
-};
+#include "context_common.cuh"
 
 namespace pac {
 
@@ -88,47 +57,6 @@ struct Cfg {
     static_assert((2 * BN * CPR) % NT == 0, "conversion split");
     static_assert((BM * (D / 8)) % NT == 0, "Q load split");
 };
-
-struct Geom {
-    i32 row_start, n, len;
-    bool skip;
-};
-
-// Ragged rule (src/lib.rs docs), identical to the decode kernel: request b is
-// processed only when 0 <= cu[b] <= cu[b+1] <= num_tokens, cu[b+1] - cu[b]
-// <= max_q_len and cu[b] >= cu[k] for every k < b; otherwise skipped (rows
-// untouched) and counted once. Block-cooperative (__syncthreads_or).
-MHA_KIT_DEVICE Geom request_geom(const ContextParams& p, int b, bool report) {
-    Geom g;
-    g.skip = false;
-    const i32 s = p.cu_seqlens_q[b], e = p.cu_seqlens_q[b + 1];
-    int later = 0;
-    for (int k = threadIdx.x; k < b; k += blockDim.x) later |= p.cu_seqlens_q[k] > s ? 1 : 0;
-    const bool overlap = __syncthreads_or(later) != 0;
-    u32 flag = 0;
-    if (s < 0 || e < s || e > p.num_tokens || overlap) {
-        flag = PAC_BAD_CU_SEQLENS;
-    } else if (e - s > p.max_q_len) {
-        flag = PAC_Q_LEN_TOO_LONG;
-    }
-    if (flag != 0) {
-        if (report) mha_kit::report_error(p.errors, flag);
-        g.skip = true;
-        g.row_start = 0;
-        g.n = 0;
-        g.len = 0;
-        return g;
-    }
-    g.row_start = s;
-    g.n = e - s;
-    i32 len = p.cache_seqlens[b];
-    if (len < 0) {
-        len = 0;
-        if (report) mha_kit::report_error(p.errors, PAC_NEGATIVE_SEQLEN);
-    }
-    g.len = len;
-    return g;
-}
 
 // Page lookup of the key row a loader thread copies.
 struct Look {
@@ -170,22 +98,7 @@ MHA_KIT_DEVICE void context_body(const ContextParams& p) {
     const Geom g = request_geom(p, b, reporter && tid == 0);
     if (g.skip) return;
 
-    // D10: count bad entries among the request's needed pages, once.
-    if (reporter && g.n > 0) {
-        const i32 k_lo_req = p.window_left >= 0 ? max(g.len - g.n - p.window_left, 0) : 0;
-        if (k_lo_req < g.len) {
-            const i32 p_first = k_lo_req / p.page_size;
-            const i32 p_last = (g.len - 1) / p.page_size;
-            for (i32 pg = p_first + tid; pg <= p_last; pg += NT) {
-                bool bad = pg >= p.max_num_pages;
-                if (!bad) {
-                    const i32 id = __ldg(p.page_table + (i64)b * p.page_table_stride + pg);
-                    bad = id < 0 || id >= p.num_pages;
-                }
-                if (bad) mha_kit::report_error(p.errors, PAC_BAD_PAGE);
-            }
-        }
-    }
+    if (reporter) report_bad_pages(p, g, b, tid, NT);
 
     const i32 rows_total = g.n * G;
     const i32 r0 = tile * BM;
@@ -442,6 +355,30 @@ MHA_KIT_DEVICE void context_body(const ContextParams& p) {
                 o[n][1] *= alpha[0];
                 o[n][2] *= alpha[1];
                 o[n][3] *= alpha[1];
+            }
+            // A tile with masked keys whose V holds NaN/Inf: P V on CUDA cores,
+            // skipping zero weights (the MMA would give 0 * NaN = NaN).
+            bool slow = false;
+            if (!full) {
+                bool bad = false;
+                const u8* vt = smem + (vbase - smem_base) + sub * KW * HRB;
+#pragma unroll 4
+                for (int off = lane * 16; off < KW * HRB; off += 32 * 16) {
+                    const uint4 u = *reinterpret_cast<const uint4*>(vt + off);
+                    bad = bad || nonfinite2<QT>(u.x) || nonfinite2<QT>(u.y) || nonfinite2<QT>(u.z) ||
+                          nonfinite2<QT>(u.w);
+                }
+                slow = __any_sync(0xffffffffu, bad);
+            }
+            if (slow) {
+                const u8* vt = smem + (vbase - smem_base);
+                pv_scalar<QT, KW, D>(
+                    pa, lane, [&](int j, int e) -> float& { return o[j][e]; },
+                    [&](int key, int ch) {
+                        const int vr = sub * KW + key;
+                        return vt + vr * HRB + ((ch ^ (vr & 7)) * 16);
+                    });
+                continue;
             }
             // O += P V: k16 steps of 16 keys.
 #pragma unroll

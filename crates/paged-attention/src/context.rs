@@ -11,8 +11,17 @@
 //! `h / G`. Same K/V views, page table, scales, window, sinks and device
 //! checks (ragged rule, error word) as the decode kernel ([`crate::validate`]).
 //!
-//! Kernel (`paged_attention_context_{q}_kv_{kv}_d{D}`, FlashAttention-2
-//! structure on `mma.sync.m16n8k16`): CTA = (KV head, request, q tile of
+//! Two kernels, one semantics. On sm_90 (Hopper) devices the launcher runs
+//! `paged_attention_context_sm90_{q}_kv_{q}_d{D}` (compute_90a, 16-bit KV of
+//! the Q dtype, D 64/128/256): CTA = (KV head, request, q tile of 128 packed
+//! rows), a producer warpgroup gathering K and V tiles page by page with
+//! cp.async into 2-stage rings (mbarrier hand-off) and two consumer
+//! warpgroups of 64 rows running `wgmma` for `Q·Kᵀ` (both operands in shared
+//! memory) and `P·V` (P from registers), the softmax of tile `t` overlapped
+//! with `P·V` of tile `t − 1` ([`ContextPath::Wgmma`]). Elsewhere, and for
+//! e4m3 KV, the compute_90 kernel runs ([`ContextPath::Mma`]):
+//! `paged_attention_context_{q}_kv_{kv}_d{D}`, FlashAttention-2
+//! structure on `mma.sync.m16n8k16`: CTA = (KV head, request, q tile of
 //! [`context_block_rows`] packed (token, head) rows, 16 per warp, heaviest
 //! tiles launched first); 64-key tiles through a [`context_stages`]-slot
 //! cp.async ring (page ids gathered per tile, one tile ahead), XOR-swizzled
@@ -42,6 +51,97 @@ pub const CONTEXT_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "paged_attention_context",
     ptx: include_str!("../ptx/paged_attention_context.ptx"),
 };
+
+/// The embedded PTX of the sm_90a context kernel (`compute_90a`: loads only
+/// on compute capability 9.0 devices).
+pub const CONTEXT_SM90_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
+    name: "paged_attention_context_sm90",
+    ptx: include_str!("../ptx/paged_attention_context_sm90.ptx"),
+};
+
+/// Environment variable that picks the context kernel: `auto` (default),
+/// `mma` (the compute_90 kernel everywhere) or `wgmma` (the sm_90a kernel;
+/// an error on other devices).
+pub const CONTEXT_KERNEL_ENV: &str = "MHA_KIT_CONTEXT_KERNEL";
+
+/// Which context kernel a [`ContextKernel`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContextPath {
+    /// The sm_90a kernel on compute capability 9.0 devices, else the
+    /// compute_90 kernel.
+    Auto,
+    /// The compute_90 `mma.sync` kernel (every device, every dtype).
+    Mma,
+    /// The sm_90a `wgmma` kernel for 16-bit KV of the Q dtype (e4m3 KV still
+    /// runs the compute_90 kernel); requires a compute capability 9.0 device.
+    Wgmma,
+}
+
+impl ContextPath {
+    /// Reads [`CONTEXT_KERNEL_ENV`] (unset = [`ContextPath::Auto`]).
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] for a value other than `auto`, `mma`, `wgmma`.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var(CONTEXT_KERNEL_ENV) {
+            Err(_) => Ok(Self::Auto),
+            Ok(v) => match v.trim() {
+                "" | "auto" => Ok(Self::Auto),
+                "mma" => Ok(Self::Mma),
+                "wgmma" => Ok(Self::Wgmma),
+                other => Err(KernelError::unsupported(
+                    CONTEXT_KERNEL_ENV,
+                    format!("`{other}` (expected auto, mma or wgmma)"),
+                )),
+            },
+        }
+    }
+}
+
+/// Query rows (packed (token, head) pairs) per CTA of the sm_90a kernel.
+pub const CONTEXT_SM90_BLOCK_ROWS: usize = 128;
+
+/// Threads per CTA of the sm_90a kernel (producer + 2 consumer warpgroups).
+pub const CONTEXT_SM90_THREADS: u32 = 384;
+
+/// Whether the sm_90a kernel covers `(q, kv, head_dim)`: 16-bit KV of the Q
+/// dtype, D 64/128/256.
+pub fn context_sm90_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
+    let kv_ok = matches!(
+        (q, kv),
+        (HalfDtype::Bf16, KvDtype::Bf16) | (HalfDtype::F16, KvDtype::F16)
+    );
+    kv_ok && HEAD_DIMS.contains(&head_dim)
+}
+
+/// Entry name of the sm_90a kernel for a Q dtype and head dim.
+pub fn context_sm90_entry_name(q: HalfDtype, head_dim: usize) -> String {
+    format!(
+        "paged_attention_context_sm90_{0}_kv_{0}_d{head_dim}",
+        q.name()
+    )
+}
+
+/// Keys per KV tile of the sm_90a kernel: 64 at D 256, else 128.
+pub fn context_sm90_tile_keys(head_dim: usize) -> usize {
+    if head_dim == 256 {
+        64
+    } else {
+        128
+    }
+}
+
+/// Dynamic shared memory of the sm_90a kernel (mirrors `Cfg` in
+/// `paged_attention_context_sm90.cu`): Q `[128, D]`, 2 K and 2 V tiles
+/// `[BN, D]` (16-bit), per-stage key offsets (`[2][BN]` × 2 i64) and valid
+/// masks (`[2][BN/32]` u32), 9 mbarriers, and 1024 bytes of slack to align
+/// the swizzled tiles.
+pub fn context_sm90_smem_bytes(head_dim: usize) -> usize {
+    let bn = context_sm90_tile_keys(head_dim);
+    let q = CONTEXT_SM90_BLOCK_ROWS * head_dim * 2;
+    let kv = bn * head_dim * 2;
+    q + 4 * kv + 2 * bn * 16 + 2 * (bn / 32) * 4 + 9 * 8 + 1024
+}
 
 /// Keys per KV tile of the context kernel.
 pub const CONTEXT_TILE_KEYS: usize = 64;
@@ -282,6 +382,42 @@ pub fn context_launch_config(
     ))
 }
 
+/// Launch geometry of the sm_90a kernel (pure): grid `(Hkv, bs, q_tiles)`
+/// with `q_tiles = ⌈max_q_len · G / 128⌉`, 384 threads. Returns
+/// `(q_tiles, config)`.
+///
+/// # Errors
+/// [`KernelError::Unsupported`] when a grid dim exceeds CUDA's limits.
+pub fn context_sm90_launch_config(
+    bs: usize,
+    num_kv_heads: usize,
+    group: usize,
+    max_q_len: usize,
+    head_dim: usize,
+) -> Result<(usize, LaunchConfig)> {
+    let q_tiles = (max_q_len * group).div_ceil(CONTEXT_SM90_BLOCK_ROWS).max(1);
+    let x = grid_dim("num_kv_heads", num_kv_heads, i32::MAX as u32)?;
+    let y = grid_dim("bs", bs, MAX_GRID_YZ)?;
+    let z = grid_dim("max_q_len", q_tiles, MAX_GRID_YZ)?;
+    Ok((
+        q_tiles,
+        LaunchConfig {
+            grid_dim: (x, y, z),
+            block_dim: (CONTEXT_SM90_THREADS, 1, 1),
+            shared_mem_bytes: context_sm90_smem_bytes(head_dim) as u32,
+        },
+    ))
+}
+
+/// Validates `args` and derives the launch plan of the compute_90 kernel
+/// ([`validate_context_for`] with `sm90 = false`).
+///
+/// # Errors
+/// As [`validate_context_for`].
+pub fn validate_context(args: &ContextArgs<'_>) -> Result<ContextPlan> {
+    validate_context_for(args, false)
+}
+
 /// Validates `args` and derives the launch plan. Every rejection happens
 /// here, before any launch (D15).
 ///
@@ -290,7 +426,9 @@ pub fn context_launch_config(
 /// [`KernelError::Unsupported`] naming the argument (head dim not 64/128/256,
 /// 16-bit KV of a dtype other than Q's, `Hq % Hkv ≠ 0`, `G > 16`,
 /// `max_q_len` outside `1..=2^24`, non-finite scales, grid limits).
-pub fn validate_context(args: &ContextArgs<'_>) -> Result<ContextPlan> {
+/// With `sm90`, the plan runs the sm_90a kernel when
+/// [`context_sm90_supported`] holds (else the compute_90 kernel).
+pub fn validate_context_for(args: &ContextArgs<'_>, sm90: bool) -> Result<ContextPlan> {
     let ViewShapes {
         num_tokens,
         hq,
@@ -330,7 +468,12 @@ pub fn validate_context(args: &ContextArgs<'_>) -> Result<ContextPlan> {
         ));
     }
     check_sinks_and_scales(args.sinks.as_ref(), hq, args.bmm1_scale, args.bmm2_scale)?;
-    let (q_tiles, config) = context_launch_config(bs, hkv, group, args.max_q_len, dim, kv_dtype)?;
+    let use_sm90 = sm90 && context_sm90_supported(args.q_dtype, kv_dtype, dim);
+    let (q_tiles, config) = if use_sm90 {
+        context_sm90_launch_config(bs, hkv, group, args.max_q_len, dim)?
+    } else {
+        context_launch_config(bs, hkv, group, args.max_q_len, dim, kv_dtype)?
+    };
     let window = args
         .window_left
         .filter(|&w| w < WINDOW_CAP)
@@ -365,7 +508,11 @@ pub fn validate_context(args: &ContextArgs<'_>) -> Result<ContextPlan> {
     };
     Ok(ContextPlan {
         params,
-        entry: context_entry_name(args.q_dtype, kv_dtype, dim),
+        entry: if use_sm90 {
+            context_sm90_entry_name(args.q_dtype, dim)
+        } else {
+            context_entry_name(args.q_dtype, kv_dtype, dim)
+        },
         config,
     })
 }
@@ -377,34 +524,85 @@ pub fn validate_context(args: &ContextArgs<'_>) -> Result<ContextPlan> {
 pub struct ContextKernel {
     gpu: Arc<Gpu>,
     funcs: std::collections::HashMap<String, CudaFunction>,
+    sm90: bool,
     launches: AtomicU64,
 }
 
+/// Resolves `entry` of `module` with its dynamic shared memory limit raised.
+fn load_entry(
+    gpu: &Gpu,
+    module: &kernel_rt::PtxModule,
+    entry: &str,
+    smem: usize,
+) -> Result<CudaFunction> {
+    let f = gpu.function(module, entry)?;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )?;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+        100,
+    )?;
+    Ok(f)
+}
+
 impl ContextKernel {
-    /// Loads every context entry on `gpu`.
+    /// Loads every context entry on `gpu`, the kernel picked by
+    /// [`ContextPath::from_env`] (default [`ContextPath::Auto`]).
     ///
     /// # Errors
-    /// [`KernelError::Load`] when the PTX does not load; [`KernelError::Driver`].
+    /// As [`ContextKernel::with_path`]; [`KernelError::Unsupported`] for a bad
+    /// [`CONTEXT_KERNEL_ENV`].
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
+        Self::with_path(gpu, ContextPath::from_env()?)
+    }
+
+    /// Loads the compute_90 entries and, when `path` selects it, the sm_90a
+    /// entries.
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] for [`ContextPath::Wgmma`] on a device
+    /// whose compute capability is not 9.0; [`KernelError::Load`] when a PTX
+    /// module does not load; [`KernelError::Driver`].
+    pub fn with_path(gpu: &Arc<Gpu>, path: ContextPath) -> Result<Self> {
+        let cc = gpu.context().compute_capability()?;
+        let sm90 = match path {
+            ContextPath::Mma => false,
+            ContextPath::Auto => cc == (9, 0),
+            ContextPath::Wgmma if cc == (9, 0) => true,
+            ContextPath::Wgmma => {
+                return Err(KernelError::unsupported(
+                    CONTEXT_KERNEL_ENV,
+                    format!(
+                    "the wgmma context kernel needs compute capability 9.0, the device has {}.{}",
+                    cc.0, cc.1
+                ),
+                ))
+            }
+        };
         let mut funcs = std::collections::HashMap::new();
         for (q, kv, d) in context_variants() {
             let name = context_entry_name(q, kv, d);
-            let f = gpu.function(&CONTEXT_PTX, &name)?;
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                context_smem_bytes(d, kv) as i32,
-            )?;
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                100,
-            )?;
+            let f = load_entry(gpu, &CONTEXT_PTX, &name, context_smem_bytes(d, kv))?;
             funcs.insert(name, f);
+            if sm90 && context_sm90_supported(q, kv, d) {
+                let name = context_sm90_entry_name(q, d);
+                let f = load_entry(gpu, &CONTEXT_SM90_PTX, &name, context_sm90_smem_bytes(d))?;
+                funcs.insert(name, f);
+            }
         }
         Ok(Self {
             gpu: gpu.clone(),
             funcs,
+            sm90,
             launches: AtomicU64::new(0),
         })
+    }
+
+    /// Whether launches of 16-bit KV of the Q dtype run the sm_90a kernel.
+    pub fn uses_sm90(&self) -> bool {
+        self.sm90
     }
 
     /// Kernel launches issued so far.
@@ -420,7 +618,7 @@ impl ContextKernel {
     /// As [`validate_context`]; [`KernelError::Stride`] for misaligned base
     /// pointers; [`KernelError::Driver`] when the launch fails.
     pub fn launch(&self, args: &mut ContextArgs<'_>, errors: &mut DeviceErrors) -> Result<()> {
-        let plan = validate_context(args)?;
+        let plan = validate_context_for(args, self.sm90)?;
         let mut p = plan.params;
         if p.bs == 0 {
             return Ok(());

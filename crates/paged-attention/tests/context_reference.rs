@@ -12,8 +12,10 @@ mod context_common;
 use common::*;
 use context_common::*;
 use paged_attention::{
-    context_block_rows, context_entry_name, context_launch_config, context_smem_bytes,
-    context_variants, ContextParams, HalfDtype, KvDtype, CONTEXT_PTX,
+    context_block_rows, context_entry_name, context_launch_config, context_sm90_entry_name,
+    context_sm90_launch_config, context_sm90_smem_bytes, context_sm90_supported,
+    context_sm90_tile_keys, context_smem_bytes, context_variants, ContextParams, HalfDtype,
+    KvDtype, CONTEXT_PTX, CONTEXT_SM90_BLOCK_ROWS, CONTEXT_SM90_PTX, CONTEXT_SM90_THREADS,
 };
 use proptest::prelude::*;
 
@@ -160,6 +162,52 @@ fn committed_context_ptx_is_fresh() {
     let kernel =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/paged_attention_context.cu");
     kernel_rt::ptxhash::check_fresh(&root, &kernel, CONTEXT_PTX.ptx).unwrap();
+}
+
+#[test]
+fn committed_context_sm90_ptx_is_fresh_and_complete() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let kernel = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("kernels/paged_attention_context_sm90.cu");
+    kernel_rt::ptxhash::check_fresh(&root, &kernel, CONTEXT_SM90_PTX.ptx).unwrap();
+    assert!(CONTEXT_SM90_PTX.ptx.contains(".target sm_90a"));
+    let mut n = 0;
+    for (q, kv, d) in context_variants() {
+        if context_sm90_supported(q, kv, d) {
+            let name = context_sm90_entry_name(q, d);
+            assert!(CONTEXT_SM90_PTX.has_entry(&name), "{name} missing");
+            assert!(CONTEXT_SM90_PTX
+                .ptx
+                .contains(&format!("{name}_param_0[216]")));
+            n += 1;
+        }
+    }
+    assert_eq!(n, 6);
+    assert!(!context_sm90_supported(HalfDtype::Bf16, KvDtype::E4m3, 128));
+    assert!(!context_sm90_supported(HalfDtype::F16, KvDtype::Bf16, 128));
+}
+
+/// The sm_90a kernel runs one CTA per SM: its shared memory fits the 227 KB
+/// a CTA may take, and its geometry covers every row.
+#[test]
+fn context_sm90_plan_fits() {
+    for d in [64, 128, 256] {
+        let b = context_sm90_smem_bytes(d);
+        assert!(b <= 227 * 1024, "D {d}: {b} B");
+        let bn = context_sm90_tile_keys(d);
+        assert_eq!(
+            b,
+            128 * d * 2 + 4 * bn * d * 2 + 2 * bn * 16 + bn / 4 + 72 + 1024
+        );
+        for (max_q, g) in [(1, 1), (128, 1), (129, 1), (33, 4), (5000, 16)] {
+            let (tiles, cfg) = context_sm90_launch_config(3, 2, g, max_q, d).unwrap();
+            assert!(tiles * CONTEXT_SM90_BLOCK_ROWS >= max_q * g);
+            assert!((tiles - 1) * CONTEXT_SM90_BLOCK_ROWS < max_q * g);
+            assert_eq!(cfg.grid_dim, (2, 3, tiles as u32));
+            assert_eq!(cfg.block_dim.0, CONTEXT_SM90_THREADS);
+            assert_eq!(cfg.shared_mem_bytes as usize, b);
+        }
+    }
 }
 
 /// Occupancy plan: D 64 → 3 CTAs/SM, D 128 → 2, D 256 → 1 (228 KB per SM,

@@ -95,10 +95,10 @@ pub fn context_random_case(seed: u64, budget: f64) -> Case {
     let g = [1, 2, 3, 4, 8, 16][r.gen_range(0..6)];
     let hkv = if r.gen_bool(0.7) { 1 } else { 2 };
     let hq = g * hkv;
-    let p = [1, 3, 8, 16, 32, 64, 128, r.gen_range(1..=40)][r.gen_range(0..8)];
+    let p = [1, 3, 8, 16, 32, 48, 64, 128, 1600, r.gen_range(1..=40)][r.gen_range(0..10)];
     let bs = r.gen_range(1..=5);
-    let q_cap = [8usize, 70, 200, 600][r.gen_range(0..4)];
-    let pre_cap = [0usize, 40, 300, 1500][r.gen_range(0..4)];
+    let q_cap = [8usize, 70, 200, 600, 8192][r.gen_range(0..5)];
+    let pre_cap = [0usize, 40, 300, 1500, 65536][r.gen_range(0..5)];
     let mut qlens: Vec<usize> = Vec::with_capacity(bs);
     let mut lens: Vec<i32> = Vec::with_capacity(bs);
     for _ in 0..bs {
