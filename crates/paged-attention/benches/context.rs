@@ -5,6 +5,7 @@
 //! `4·Hq·D` FLOPs (`4·Hq·D·Σ L(L+1)/2` without a prefix). Pages are scattered
 //! over the pool (P 16) unless the case says "contiguous" (one page of
 //! `L` tokens per request). Prints a line and exits 0 without a GPU.
+//! `MHA_KIT_BENCH_CASES=substring` runs only the cases whose name contains it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -248,8 +249,24 @@ fn main() {
     }
     let gpu = Gpu::shared().expect("GPU");
     let kernel = ContextKernel::new(&gpu).expect("load");
-    // The compute_90 kernel beside the default one on the headline cases.
+    // On the headline cases: the sm_90a kernel without consumer ping-pong
+    // (variant 1) and the compute_90 kernel beside the default one.
+    let mut no_pingpong = ContextKernel::new(&gpu).expect("load");
+    no_pingpong.set_variant(1);
     let fallback = ContextKernel::with_path(&gpu, ContextPath::Mma).expect("load");
+    // Leave-one-stage-out timing experiments (wrong results by design).
+    let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
+        [1u32, 4, 5, 6]
+            .into_iter()
+            .map(|xv| {
+                let mut k = ContextKernel::new(&gpu).expect("load");
+                k.set_experiment(xv).expect("experiment entry");
+                (xv, k)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let mut errors = DeviceErrors::new(&gpu).expect("errors");
     let mut crit = Criterion::default()
         .warm_up_time(Duration::from_millis(300))
@@ -257,19 +274,35 @@ fn main() {
         .sample_size(10);
     let mut table = Vec::new();
     let label = |k: &ContextKernel, c: &Shape| {
-        if k.uses_sm90() && !c.fp8 {
-            "sm90a wgmma"
-        } else {
+        if !k.uses_sm90() || c.fp8 {
             "sm90 mma.sync"
+        } else if std::ptr::eq(k, &no_pingpong) {
+            "sm90a wgmma, no ping-pong"
+        } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {
+            match xv {
+                1 => "experiment: no softmax math",
+                4 => "experiment: no K/V reads",
+                5 => "experiment: no K/V reads, no softmax math",
+                _ => "experiment: no K/V reads, no wgmma",
+            }
+        } else {
+            "sm90a wgmma"
         }
     };
+    // MHA_KIT_BENCH_CASES=substring runs only the matching cases (profiling).
+    let only = std::env::var("MHA_KIT_BENCH_CASES").ok();
     for (i, c) in cases().into_iter().enumerate() {
+        if only.as_ref().is_some_and(|f| !c.name.contains(f.as_str())) {
+            continue;
+        }
         let mut p = prepare(&gpu, &c).expect("prepare");
-        let kernels: &[&ContextKernel] = if i < 4 && kernel.uses_sm90() {
-            &[&kernel, &fallback]
-        } else {
-            &[&kernel]
-        };
+        let mut kernels: Vec<&ContextKernel> = vec![&kernel];
+        if i < 4 && kernel.uses_sm90() {
+            kernels.extend([&no_pingpong, &fallback]);
+            if i < 2 {
+                kernels.extend(experiments.iter().map(|(_, e)| e));
+            }
+        }
         for k in kernels {
             crit.bench_function(&format!("{} ({})", c.name, label(k, &c)), |b| {
                 b.iter_custom(|iters| {

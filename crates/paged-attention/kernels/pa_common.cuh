@@ -17,6 +17,15 @@ MHA_KIT_DEVICE float ex2(float x) {
     return y;
 }
 
+// ex2 that the compiler keeps in program order with other volatile asm (a
+// wgmma wait): the exponentials of a softmax stay where they overlap the
+// tensor cores.
+MHA_KIT_DEVICE float ex2v(float x) {
+    float y;
+    asm volatile("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 MHA_KIT_DEVICE float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -4,23 +4,27 @@
 // kernel (paged_attention_context.cu); design: docs/DESIGN.md "Context
 // kernel on sm_90a".
 //
-// Work item = CTA (KV head h, request b, q tile of BM = 128 packed (token,
-// head) rows, heaviest tiles launched first). Three warpgroups:
-//  * producer (warpgroup 0, setmaxnreg 40): loads the Q tile once, then
+// Work item = CTA (q tile of BM = 128 packed (token, head) rows, KV head h,
+// request b): q tiles vary fastest (concurrent CTAs share K/V in L2), the
+// heaviest tiles of a (request, head) first. Three warpgroups:
+//  * producer (warpgroup 0, setmaxnreg 56; 40 at D 256): loads the Q tile once, then
 //    gathers the tile's keys page by page with 16-byte cp.async into a
-//    2-stage K ring and a 2-stage V ring (V one tile behind K), each stage
-//    guarded by a full and an empty mbarrier. Page ids are looked up one row
-//    per thread and shared through shared memory with a per-key valid mask;
-//    keys outside the tile's needed range [k_lo, k_hi) or on bad pages are
-//    zero-filled and masked.
-//  * two consumers (warpgroups 1-2, setmaxnreg 232), 64 rows each:
+//    K ring and a V ring (2-3 slots each; V one tile behind K), each slot
+//    guarded by a full and an empty mbarrier. Two threads share a key row
+//    (odd / even 16-byte chunks: whole 32-byte sectors per warp access); a
+//    thread looks up its rows' pages (one tile ahead) and issues their copies
+//    with immediate offsets; a per-key valid mask goes to the consumers
+//    through shared memory. Keys outside the tile's
+//    needed range [k_lo, k_hi) or on bad pages are zero-filled and masked.
+//  * two consumers (warpgroups 1-2, setmaxnreg 224; 232 at D 256), 64 rows each:
 //    S = Q K^T with wgmma (both operands in shared memory, 128-byte swizzle),
 //    online softmax in f32 registers (exp2, scale_log2 = bmm1_scale log2 e),
 //    O += P V with wgmma (P from registers, V transposed from shared memory).
 //    Per tile t: issue S_t, issue P_{t-1} V_{t-1}, wait for S_t, softmax of
-//    S_t under the running P V, wait, rescale O and pack P_t (the
-//    denominator sums the rounded P the numerator uses). Sinks join once at
-//    the end; rows that see no key output zeros.
+//    S_t under the running P V (max, one FFMA + ex2 per score, f32 row
+//    sums), wait, rescale O and pack P_t to 16 bits. The consumers take
+//    turns issuing their GEMMs (ping-pong on named barriers). Sinks join
+//    once at the end; rows that see no key output zeros.
 // A key masked for a row never reaches it: masked logits are selected to
 // -inf (never multiplied), and on tiles that carry masked keys the V tile is
 // scanned for non-finite values; when one is present that tile's P V runs
@@ -38,12 +42,14 @@ using namespace pac;
 
 constexpr int BM = 128;        // rows per CTA: 2 consumer warpgroups x 64
 constexpr int NTHREADS = 384;  // producer + 2 consumers
-constexpr int PRODUCER_REGS = 40;
-constexpr int CONSUMER_REGS = 232;
 
 template <int D>
 struct Cfg {
     static constexpr int BN = D == 256 ? 64 : 128;  // keys per KV tile
+    // Register split (128 x P + 256 x C <= 64 K): D 256 holds O in 128
+    // registers per consumer thread and copies one row per producer thread.
+    static constexpr int PRODUCER_REGS = D == 256 ? 40 : 56;
+    static constexpr int CONSUMER_REGS = D == 256 ? 232 : 224;
     static constexpr int CPR = D / 8;               // 16-byte chunks per row
     static constexpr int Q_ATOM = BM * 128;         // bytes of one 64-column block of Q
     static constexpr int KV_ATOM = BN * 128;
@@ -51,11 +57,15 @@ struct Cfg {
     static constexpr int KV_BYTES = BN * D * 2;     // one K or V tile
     static constexpr int Q_OFF = 0;
     static constexpr int K_OFF = Q_OFF + Q_BYTES;   // 2 stages
-    static constexpr int V_OFF = K_OFF + 2 * KV_BYTES;
-    static constexpr int LK_OFF = V_OFF + 2 * KV_BYTES;  // i64 [2][BN][2]: K, V element offsets or -1
-    static constexpr int VM_OFF = LK_OFF + 2 * BN * 16;  // u32 [2][BN / 32] valid-key masks
-    static constexpr int BAR_OFF = VM_OFF + 2 * (BN / 32) * 4;  // 9 mbarriers
-    static constexpr int BYTES = BAR_OFF + 9 * 8;
+    // Ring depths: K tiles are needed one iteration before V tiles (S_t
+    // before P_{t-1} V_{t-1}), so K gets the deeper ring where memory allows.
+    static constexpr int KST = D == 256 ? 2 : 3;
+    static constexpr int VST = D == 64 ? 3 : 2;
+    static constexpr int V_OFF = K_OFF + KST * KV_BYTES;
+    static constexpr int VM_OFF = V_OFF + VST * KV_BYTES;  // u32 [KST][BN / 32] valid-key masks
+    static constexpr int BAR_OFF = VM_OFF + KST * (BN / 32) * 4;
+    static constexpr int NBAR = 1 + 2 * KST + 2 * VST;  // Q; K full/empty; V full/empty
+    static constexpr int BYTES = BAR_OFF + NBAR * 8;
     static constexpr int ALLOC = BYTES + 1024;  // slack: the base is rounded up to 1024
     static_assert(BAR_OFF % 8 == 0, "mbarrier alignment");
     static_assert((BN * CPR) % 128 == 0 && (BM * CPR) % 128 == 0, "producer split");
@@ -82,6 +92,18 @@ MHA_KIT_DEVICE void mbar_wait(u32 bar, u32 parity) {
 }
 MHA_KIT_DEVICE void named_sync(u32 id, u32 count) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// Predicated in PTX (no branch): a branch between a wgmma and its wait makes
+// ptxas serialize every wgmma.
+MHA_KIT_DEVICE void named_sync_if(bool on, u32 id, u32 count) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\n@p bar.sync %0, %1;\n}\n" ::"r"(id), "r"(count),
+                 "r"((u32)on)
+                 : "memory");
+}
+MHA_KIT_DEVICE void named_arrive_if(bool on, u32 id, u32 count) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\n@p bar.arrive %0, %1;\n}\n" ::"r"(id), "r"(count),
+                 "r"((u32)on)
+                 : "memory");
 }
 // OR of `v` over the `count` threads meeting at named barrier `id`.
 MHA_KIT_DEVICE bool named_or(u32 id, u32 count, bool v) {
@@ -116,7 +138,7 @@ MHA_KIT_DEVICE void fence_regs(u32 (&r)[N][4]) {
 }
 
 // wgmma shared-memory descriptor, 128-byte swizzle (addresses and offsets in bytes).
-MHA_KIT_DEVICE u64 sdesc(u32 addr, u32 lbo, u32 sbo) {
+MHA_KIT_DEVICE constexpr u64 sdesc(u32 addr, u32 lbo, u32 sbo) {
     return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) |
            (1ull << 62);
 }
@@ -143,7 +165,10 @@ MHA_KIT_DEVICE u32 swz(int row, int ch, int atom) {
     return (u32)((ch >> 3) * atom + row * 128 + (((ch & 7) ^ (row & 7)) << 4));
 }
 
-template <int QT, int D>
+// XV: timing experiments that leave one stage out (wrong results; only the
+// bench's `_x{XV}` entries set it): 1 no softmax math, 2 no wgmma, 4 no
+// global K/V reads (zero-filled copies).
+template <int QT, int D, int XV = 0>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
     using C = Cfg<D>;
     constexpr int BN = C::BN;
@@ -157,17 +182,26 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
     const u32 raw_base = smem_u32(smem_raw);
     const u32 base = (raw_base + 1023u) & ~1023u;
     u8* smem = smem_raw + (base - raw_base);
-    longlong2* lk_s = reinterpret_cast<longlong2*>(smem + C::LK_OFF);
     u32* vm_s = reinterpret_cast<u32*>(smem + C::VM_OFF);
+    constexpr int KST = C::KST;
+    constexpr int VST = C::VST;
     const u32 bar_q = base + C::BAR_OFF;
-    const u32 bar_fk = bar_q + 8;   // [2] K landed
-    const u32 bar_fv = bar_q + 24;  // [2] V landed
-    const u32 bar_ek = bar_q + 40;  // [2] K consumed
-    const u32 bar_ev = bar_q + 56;  // [2] V consumed
+    const u32 bar_fk = bar_q + 8;                 // [KST] K landed
+    const u32 bar_ek = bar_fk + 8 * KST;          // [KST] K consumed
+    const u32 bar_fv = bar_ek + 8 * KST;          // [VST] V landed
+    const u32 bar_ev = bar_fv + 8 * VST;          // [VST] V consumed
+    // Ring slot and phase parity of tile t.
+    auto kslot = [](int t) { return t % KST; };
+    auto kpar = [](int t) { return (u32)((t / KST) & 1); };
+    auto vslot = [](int t) { return t % VST; };
+    auto vpar = [](int t) { return (u32)((t / VST) & 1); };
 
-    const int h = blockIdx.x;
-    const int b = blockIdx.y;
-    const int tile = p.q_tiles - 1 - (int)blockIdx.z;  // heaviest (last) q tiles first
+    // Grid (q_tiles, Hkv, bs), q tiles fastest: the CTAs resident at once
+    // share one (request, KV head) and read its K/V from L2; within it the
+    // heaviest (last) q tiles go first.
+    const int tile = p.q_tiles - 1 - (int)blockIdx.x;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
     const int tid = threadIdx.x;
     const int G = p.group;
 
@@ -191,10 +225,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
     if (tid == 0) {
         mbar_init(bar_q, 128);
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
+        for (int s = 0; s < KST; ++s) {
             mbar_init(bar_fk + 8 * s, 256);  // 128 cp.async arrivals + 128 thread arrivals
-            mbar_init(bar_fv + 8 * s, 128);
             mbar_init(bar_ek + 8 * s, 256);
+        }
+#pragma unroll
+        for (int s = 0; s < VST; ++s) {
+            mbar_init(bar_fv + 8 * s, 128);
             mbar_init(bar_ev + 8 * s, 256);
         }
     }
@@ -202,7 +239,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
 
     if (tid < 128) {
         // ================================ producer ================================
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::PRODUCER_REGS));
         const int pt = tid;
         // Q: packed rows r0 .. r0 + rows (zeros past `rows`).
 #pragma unroll 1
@@ -222,65 +259,104 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
         mbar_arrive_cp_async(bar_q);
 
         const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
-        // Page lookup of tile t: one key row per thread; the row's K and V
-        // element offsets (-1: zero-fill) and the tile's valid-key mask.
+        // Two threads per key row, RPT rows per thread (rows pt / 2 + 64 j):
+        // thread pt copies the odd or even 16-byte chunks of its rows, so a
+        // warp instruction reads 16 rows x 32 contiguous bytes (whole L2
+        // sectors). One page lookup per row and tile (read one tile ahead);
+        // the rows' source addresses (null: zero-fill) stay in registers, and
+        // V of a tile is copied one tile after its K.
+        constexpr int RPT = BN / 64;  // rows per thread
+        constexpr int CPT = CPR / 2;  // chunks per row per thread
+        const int row0 = pt >> 1;
+        const int par = pt & 1;
+        // Page id of row row0 + 64 j of tile t (-1: not needed or past the table).
+        auto page_id = [&](int t, int j) {
+            const i32 k = (t_first + t) * BN + row0 + 64 * j;
+            const bool need = t < ntiles && k >= k_lo && k < k_hi;
+            const i32 pg = need ? k / p.page_size : 0;
+            return need && pg < p.max_num_pages ? __ldg(pt_row + pg) : -1;
+        };
+        i32 next_id[RPT];
+#pragma unroll
+        for (int j = 0; j < RPT; ++j) next_id[j] = page_id(0, j);
+        const u16* k_src[RPT];   // K rows of the tile being issued
+        const u16* v_src[RPT];   // V rows of the previous tile
+        const u16* v_next[RPT];
+#pragma unroll
+        for (int j = 0; j < RPT; ++j) v_src[j] = v_next[j] = nullptr;
+        // Resolves tile t's rows: K and V source addresses, valid mask (K slot).
         auto lookup = [&](int t) {
-            const int s = t & 1;
-            named_sync(1, 128);  // every producer thread is done reading lk[s] (V of tile t - 2)
-            if (pt < BN) {
-                const i32 k = (t_first + t) * BN + pt;
-                bool ok = k >= k_lo && k < k_hi;
-                const i32 pg = ok ? k / p.page_size : 0;
-                const i32 off = k - pg * p.page_size;
-                ok = ok && pg < p.max_num_pages;
-                const i32 id = ok ? __ldg(pt_row + pg) : -1;
-                ok = ok && id >= 0 && id < p.num_pages;
-                longlong2 e = make_longlong2(-1, -1);
-                if (ok) {
-                    e.x = (i64)id * p.k_stride_page + (i64)h * p.k_stride_head + (i64)off * p.k_stride_tok;
-                    e.y = (i64)id * p.v_stride_page + (i64)h * p.v_stride_head + (i64)off * p.v_stride_tok;
+#pragma unroll
+            for (int j = 0; j < RPT; ++j) {
+                const i32 id = next_id[j];
+                next_id[j] = page_id(t + 1, j);
+                const bool valid = id >= 0 && id < p.num_pages;
+                const bool rd = valid && !(XV & 4);
+                const i32 off = ((t_first + t) * BN + row0 + 64 * j) % p.page_size;
+                k_src[j] = nullptr;
+                v_next[j] = nullptr;
+                if (rd) {
+                    k_src[j] = reinterpret_cast<const u16*>(p.k_cache) + (i64)id * p.k_stride_page +
+                               (i64)h * p.k_stride_head + (i64)off * p.k_stride_tok + par * 8;
+                    v_next[j] = reinterpret_cast<const u16*>(p.v_cache) + (i64)id * p.v_stride_page +
+                                (i64)h * p.v_stride_head + (i64)off * p.v_stride_tok + par * 8;
                 }
-                lk_s[s * BN + pt] = e;
-                const u32 m = __ballot_sync(0xffffffffu, ok);
-                if ((pt & 31) == 0) vm_s[s * VMW + pt / 32] = m;
-            }
-            named_sync(1, 128);
-        };
-        // Copies K (or V) of tile t: thread pt copies chunk pt % CPR of rows pt / CPR + i * (128 / CPR).
-        auto issue = [&](int t, bool is_v) {
-            const int s = t & 1;
-            const int ch = pt % CPR;
-            const u16* cache = reinterpret_cast<const u16*>(is_v ? p.v_cache : p.k_cache) + ch * 8;
-            const u32 dst0 = base + (is_v ? C::V_OFF : C::K_OFF) + s * C::KV_BYTES;
-            const i64* offs = reinterpret_cast<const i64*>(lk_s + s * BN) + (is_v ? 1 : 0);
-#pragma unroll 2
-            for (int row = pt / CPR; row < BN; row += 128 / CPR) {
-                const i64 e = offs[2 * row];
-                const bool ok = e >= 0;
-                cp_async16(dst0 + swz(row, ch, C::KV_ATOM), ok ? cache + e : cache, ok ? 16u : 0u);
+                // Valid-key mask: a warp holds rows 16 w + 64 j .. + 15 (even lanes).
+                const u32 m = __ballot_sync(0xffffffffu, valid);
+                u32 x = m & 0x55555555u;  // one bit per row, compressed
+                x = (x | (x >> 1)) & 0x33333333u;
+                x = (x | (x >> 2)) & 0x0F0F0F0Fu;
+                x = (x | (x >> 4)) & 0x00FF00FFu;
+                x = (x | (x >> 8)) & 0x0000FFFFu;
+                if ((pt & 31) == 0) reinterpret_cast<u16*>(vm_s + kslot(t) * VMW)[(pt >> 5) + 4 * j] = (u16)x;
             }
         };
-        auto issue_v = [&](int t) {
-            if (t >= 2) mbar_wait(bar_ev + 8 * (t & 1), ((t >> 1) - 1) & 1);
-            issue(t, true);
-            mbar_arrive_cp_async(bar_fv + 8 * (t & 1));
+        auto copy_rows = [&](u32 dst_tile, const u16* const (&src)[RPT]) {
+            // The swizzle term, opaque so that the compiler does not hoist the
+            // destination addresses into registers across tiles.
+            u32 x7 = (u32)(row0 & 7) << 4;
+            asm volatile("" : "+r"(x7));
+#pragma unroll
+            for (int j = 0; j < RPT; ++j) {
+                const u32 dst_row = dst_tile + (row0 + 64 * j) * 128;
+                const bool rd = src[j] != nullptr;
+#pragma unroll
+                for (int i = 0; i < CPT; ++i) {
+                    const int ch = 2 * i + par;
+                    const u32 dst = dst_row + (i >> 2) * C::KV_ATOM + (((u32)(ch & 7) << 4) ^ x7);
+                    cp_async16(dst, rd ? src[j] + 16 * i : p.q, rd ? 16u : 0u);
+                }
+            }
         };
         for (int t = 0; t < ntiles; ++t) {
-            if (t >= 2) mbar_wait(bar_ek + 8 * (t & 1), ((t >> 1) - 1) & 1);
+            if (t >= KST) mbar_wait(bar_ek + 8 * kslot(t), kpar(t) ^ 1);
             lookup(t);
-            issue(t, false);
-            mbar_arrive_cp_async(bar_fk + 8 * (t & 1));
-            mbar_arrive(bar_fk + 8 * (t & 1));  // releases the valid mask written by lookup
-            if (t >= 1) issue_v(t - 1);
+            copy_rows(base + C::K_OFF + kslot(t) * C::KV_BYTES, k_src);
+            mbar_arrive_cp_async(bar_fk + 8 * kslot(t));
+            mbar_arrive(bar_fk + 8 * kslot(t));  // releases the valid mask written by lookup
+            if (t >= 1) {
+                if (t - 1 >= VST) mbar_wait(bar_ev + 8 * vslot(t - 1), vpar(t - 1) ^ 1);
+                copy_rows(base + C::V_OFF + vslot(t - 1) * C::KV_BYTES, v_src);
+                mbar_arrive_cp_async(bar_fv + 8 * vslot(t - 1));
+            }
+#pragma unroll
+            for (int j = 0; j < RPT; ++j) v_src[j] = v_next[j];
         }
-        if (ntiles >= 1) issue_v(ntiles - 1);
+        if (ntiles >= 1) {
+            const int t = ntiles - 1;
+            if (t >= VST) mbar_wait(bar_ev + 8 * vslot(t), vpar(t) ^ 1);
+            copy_rows(base + C::V_OFF + vslot(t) * C::KV_BYTES, v_src);
+            mbar_arrive_cp_async(bar_fv + 8 * vslot(t));
+        }
         cp_async_wait<0>();
         return;
     }
 
     // ================================ consumers ================================
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
-    const int cw = tid / 128 - 1;        // consumer warpgroup 0/1
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::CONSUMER_REGS));
+    // Warp-uniform by construction (a broadcast), so that the compiler keeps
+    // the wgmma descriptors derived from it in uniform registers.
+    const int cw = __shfl_sync(0xffffffffu, tid / 128 - 1, 0);  // consumer warpgroup 0/1
     const int ct = tid & 127;
     const int warp = ct >> 5;
     const int lane = ct & 31;
@@ -313,24 +389,43 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
     float drow[2] = {0.f, 0.f};
     float alpha[2] = {0.f, 0.f};
 
-    const u32 q_addr = base + C::Q_OFF + wrow0 * 128;
+    // Ping-pong: the consumers take turns issuing their GEMMs (named
+    // barriers 4 + c: "warpgroup c may issue"), so one's softmax runs under
+    // the other's GEMMs. Both warpgroups (active or not) take every turn;
+    // warpgroup 0 goes first and warpgroup 1 passes no turn after its last.
+    const bool pingpong = p.variant == 0;
+    auto turn_take = [&]() { named_sync_if(pingpong, 4 + cw, 256); };
+    auto turn_pass = [&](bool last) { named_arrive_if(pingpong && !(cw == 1 && last), 5 - cw, 256); };
+
+    // wgmma descriptors: the low word (start address and leading offset)
+    // of one base per operand plus offsets in 16-byte units (addresses stay
+    // below 2^18, so the 14-bit start field never carries); the high word
+    // (stride offset 1024, 128-byte swizzle) is a constant.
+    constexpr u32 DHI = (u32)(sdesc(0, 0, 1024) >> 32);
+    auto dsc = [](u32 lo) { return ((u64)DHI << 32) | lo; };
+    const u32 q_lo = (u32)sdesc(base + C::Q_OFF + wrow0 * 128, 16, 1024);
+    const u32 k_lo0 = (u32)sdesc(base + C::K_OFF, 16, 1024);
+    const u32 v_lo0 = (u32)sdesc(base + C::V_OFF, C::KV_ATOM, 1024);
     auto qk = [&](int st) {
+        if constexpr ((XV & 2) != 0) return;
         wg_fence();
+        const u32 kd = k_lo0 + (u32)((st * C::KV_BYTES) >> 4);
+        u32 qd0 = q_lo;
+        asm volatile("" : "+r"(qd0));  // not hoisted: D / 16 descriptors would stay live
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-            const u32 qa = q_addr + (ks >> 2) * C::Q_ATOM + (ks & 3) * 32;
-            const u32 ka = base + C::K_OFF + st * C::KV_BYTES + (ks >> 2) * C::KV_ATOM + (ks & 3) * 32;
-            mma_ss<QT, BN>(s, sdesc(qa, 16, 1024), sdesc(ka, 16, 1024), ks > 0 ? 1 : 0);
+            const u32 qo = ((ks >> 2) * C::Q_ATOM + (ks & 3) * 32) >> 4;
+            const u32 ko = ((ks >> 2) * C::KV_ATOM + (ks & 3) * 32) >> 4;
+            mma_ss<QT, BN>(s, dsc(qd0 + qo), dsc(kd + ko), ks > 0 ? 1 : 0);
         }
         wg_commit();
     };
     auto pv = [&](int st) {
+        if constexpr ((XV & 2) != 0) return;
         wg_fence();
+        const u32 vd = v_lo0 + (u32)((st * C::KV_BYTES) >> 4);
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
-            const u32 va = base + C::V_OFF + st * C::KV_BYTES + kk * 16 * 128;
-            mma_rs<QT, D>(o, pa[kk], sdesc(va, C::KV_ATOM, 1024), 1);
-        }
+        for (int kk = 0; kk < KSTEPS; ++kk) mma_rs<QT, D>(o, pa[kk], dsc(vd + ((kk * 16 * 128) >> 4)), 1);
         wg_commit();
     };
     // Whether tile t needs no element mask for this warpgroup's rows.
@@ -341,17 +436,23 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
         for (int w = 0; w < VMW; ++w) full = full && vmw[w] == 0xffffffffu;
         return full;
     };
-    // Mask (edge tiles), scale, running max, exponentials in place (s becomes P in f32).
+    // Mask (edge tiles), running max, exponentials in place (s becomes P in
+    // f32) and the row sums of P. With a positive logit scale c the max is
+    // taken on raw scores and p = 2^(s c - m) is one FFMA + ex2; otherwise
+    // the scores are scaled first. mrow is in scaled (log2) units. The ex2
+    // are volatile so that they stay ahead of the wait for P V (they are the
+    // work that overlaps the tensor cores).
+    const float c = p.scale_log2;
+    const bool cpos = c > 0.f;
+    float dsum[2] = {0.f, 0.f};
     auto softmax = [&](int t, bool full, const u32 (&vmw)[VMW]) {
+        if constexpr ((XV & 1) != 0) {
+            alpha[0] = alpha[1] = 1.f;
+            return;
+        }
         const i32 k0 = (t_first + t) * BN;
         float mx[2] = {PAC_NEG_INF, PAC_NEG_INF};
-        if (full) {
-#pragma unroll
-            for (int i = 0; i < NS; ++i) {
-                s[i] *= p.scale_log2;
-                mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-            }
-        } else {
+        if (!full) {
 #pragma unroll
             for (int i = 0; i < NS; ++i) {
                 const int j = i >> 2;
@@ -359,8 +460,19 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
                 const int tk = 8 * j + 2 * qd + (i & 1);
                 const i32 k = k0 + tk;
                 const bool vis = ((vmw[j >> 2] >> (tk & 31)) & 1u) && k <= xr[hr] && k >= xlo[hr];
-                s[i] = vis ? s[i] * p.scale_log2 : PAC_NEG_INF;
-                mx[hr] = fmaxf(mx[hr], s[i]);
+                s[i] = vis ? s[i] : PAC_NEG_INF;
+            }
+        }
+        if (cpos) {
+#pragma unroll
+            for (int i = 0; i < NS; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) mx[hr] *= c;  // -inf stays -inf
+        } else {
+#pragma unroll
+            for (int i = 0; i < NS; ++i) {
+                s[i] = s[i] == PAC_NEG_INF ? PAC_NEG_INF : s[i] * c;  // masked stays -inf
+                mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
             }
         }
 #pragma unroll
@@ -372,23 +484,29 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
             alpha[hr] = ex2(mrow[hr] - msafe);
             mrow[hr] = mnew;
             mx[hr] = msafe;
+            dsum[hr] = 0.f;
         }
+        const float cs = cpos ? c : 1.f;  // scores still raw (cpos) or already scaled
 #pragma unroll
-        for (int i = 0; i < NS; ++i) s[i] = ex2(s[i] - mx[(i >> 1) & 1]);
+        for (int i = 0; i < NS; ++i) {
+            const int hr = (i >> 1) & 1;
+            s[i] = ex2v(fmaf(s[i], cs, -mx[hr]));
+            dsum[hr] += s[i];
+        }
     };
-    // O *= alpha; P = 16-bit S; the denominator adds the rounded P.
+    // O *= alpha; P = 16-bit S; running row sums.
     auto rescale_pack = [&]() {
+        // Most tiles leave every row max of the warp unchanged (alpha = 1).
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-        for (int i = 0; i < NO; ++i) o[i] *= alpha[(i >> 1) & 1];
-        float dsum[2] = {0.f, 0.f};
+            for (int i = 0; i < NO; ++i) o[i] *= alpha[(i >> 1) & 1];
+        }
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int i = 8 * kk + 2 * e;
-                const u32 w = pack2<QT>(s[i], s[i + 1]);
-                pa[kk][e] = w;
-                dsum[e & 1] += sum2<QT>(w);
+                pa[kk][e] = pack2<QT>(s[i], s[i + 1]);
             }
         }
         drow[0] = drow[0] * alpha[0] + dsum[0];
@@ -422,10 +540,15 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
 #pragma unroll
         for (int w = 0; w < VMW; ++w) vmw[w] = vm_s[w];
         bool prev_full = tile_full(0, vmw);
+        named_arrive_if(pingpong && cw == 1, 4, 256);  // warpgroup 0 issues first
+        turn_take();
         if (active) {
             qk(0);
+            turn_pass(false);
             wg_wait<0>();
             fence_regs(s);
+        } else {
+            turn_pass(false);
         }
         mbar_arrive(bar_ek);
         if (active) {
@@ -435,52 +558,65 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
         // ---- tiles 1 .. ntiles - 1: S_t overlaps P_{t-1} V_{t-1} ----
 #pragma unroll 1
         for (int t = 1; t < ntiles; ++t) {
-            const int st = t & 1;
-            const int sp = st ^ 1;
-            mbar_wait(bar_fk + 8 * st, (t >> 1) & 1);
+            const int st = kslot(t);      // K ring slot of tile t
+            const int sp = vslot(t - 1);  // V ring slot of tile t - 1
+            mbar_wait(bar_fk + 8 * st, kpar(t));
 #pragma unroll
             for (int w = 0; w < VMW; ++w) vmw[w] = vm_s[st * VMW + w];
             const bool full = tile_full(t, vmw);
-            mbar_wait(bar_fv + 8 * sp, ((t - 1) >> 1) & 1);
-            bool slow = false;
-            if (active) {
+            mbar_wait(bar_fv + 8 * sp, vpar(t - 1));
+            // The two paths never merge while a wgmma is in flight (ptxas
+            // would serialize every wgmma of the kernel otherwise).
+            if (active && !prev_full && v_nonfinite(sp)) {
+                turn_take();
                 qk(st);
-                slow = !prev_full && v_nonfinite(sp);
-                if (slow) {
-                    wg_wait<0>();
-                } else {
-                    pv(sp);
-                    wg_wait<1>();
-                }
+                turn_pass(false);
+                wg_wait<0>();
                 fence_regs(s);
-            }
-            mbar_arrive(bar_ek + 8 * st);
-            if (active) {
+                mbar_arrive(bar_ek + 8 * st);
                 softmax(t, full, vmw);
-                if (slow) {
-                    pv_slow(sp);
-                } else {
-                    wg_wait<0>();
-                    fence_regs(o);
-                    fence_regs(pa);
-                }
-            }
-            mbar_arrive(bar_ev + 8 * sp);
-            if (active) rescale_pack();
-            prev_full = full;
-        }
-        // ---- last P V ----
-        const int sl = (ntiles - 1) & 1;
-        mbar_wait(bar_fv + 8 * sl, ((ntiles - 1) >> 1) & 1);
-        if (active) {
-            if (!prev_full && v_nonfinite(sl)) {
-                pv_slow(sl);
-            } else {
-                pv(sl);
+                pv_slow(sp);
+                mbar_arrive(bar_ev + 8 * sp);
+                rescale_pack();
+            } else if (active) {
+                turn_take();
+                qk(st);
+                pv(sp);
+                turn_pass(false);
+                wg_wait<1>();
+                fence_regs(s);
+                mbar_arrive(bar_ek + 8 * st);
+                softmax(t, full, vmw);
                 wg_wait<0>();
                 fence_regs(o);
                 fence_regs(pa);
+                mbar_arrive(bar_ev + 8 * sp);
+                rescale_pack();
+            } else {
+                turn_take();
+                turn_pass(false);
+                mbar_arrive(bar_ek + 8 * st);
+                mbar_arrive(bar_ev + 8 * sp);
             }
+            prev_full = full;
+        }
+        // ---- last P V ----
+        const int sl = vslot(ntiles - 1);
+        mbar_wait(bar_fv + 8 * sl, vpar(ntiles - 1));
+        if (active && !prev_full && v_nonfinite(sl)) {
+            turn_take();
+            turn_pass(true);
+            pv_slow(sl);
+        } else if (active) {
+            turn_take();
+            pv(sl);
+            turn_pass(true);
+            wg_wait<0>();
+            fence_regs(o);
+            fence_regs(pa);
+        } else {
+            turn_take();
+            turn_pass(true);
         }
         mbar_arrive(bar_ev + 8 * sl);
     }
@@ -532,3 +668,14 @@ PAS_ENTRY(bf16, 0, 256)
 PAS_ENTRY(f16, 1, 64)
 PAS_ENTRY(f16, 1, 128)
 PAS_ENTRY(f16, 1, 256)
+
+// Timing experiments of the bench (D 128 bf16 only): _x{XV}, see context_sm90_body.
+#define PAS_XENTRY(XV)                                                                             \
+    extern "C" __global__ void __launch_bounds__(pas::NTHREADS, 1)                                \
+        paged_attention_context_sm90_bf16_kv_bf16_d128_x##XV(const ContextParams p) {             \
+        pas::context_sm90_body<0, 128, XV>(p);                                                    \
+    }
+PAS_XENTRY(1)
+PAS_XENTRY(4)
+PAS_XENTRY(5)
+PAS_XENTRY(6)

@@ -131,16 +131,29 @@ pub fn context_sm90_tile_keys(head_dim: usize) -> usize {
     }
 }
 
+/// K and V ring slots of the sm_90a kernel (mirrors `Cfg::KST`/`Cfg::VST`):
+/// D 64 → (3, 3), D 128 → (3, 2), D 256 → (2, 2).
+pub fn context_sm90_stages(head_dim: usize) -> (usize, usize) {
+    match head_dim {
+        256 => (2, 2),
+        64 => (3, 3),
+        _ => (3, 2),
+    }
+}
+
 /// Dynamic shared memory of the sm_90a kernel (mirrors `Cfg` in
-/// `paged_attention_context_sm90.cu`): Q `[128, D]`, 2 K and 2 V tiles
-/// `[BN, D]` (16-bit), per-stage key offsets (`[2][BN]` × 2 i64) and valid
-/// masks (`[2][BN/32]` u32), 9 mbarriers, and 1024 bytes of slack to align
-/// the swizzled tiles.
+/// `paged_attention_context_sm90.cu`): Q `[128, D]`, the K and V rings of
+/// `[BN, D]` 16-bit tiles ([`context_sm90_stages`]), per K slot the valid
+/// masks of the keys (`[BN/32]` u32), the mbarriers
+/// (Q, full + empty per slot), and 1024 bytes of slack to align the swizzled
+/// tiles.
 pub fn context_sm90_smem_bytes(head_dim: usize) -> usize {
     let bn = context_sm90_tile_keys(head_dim);
+    let (kst, vst) = context_sm90_stages(head_dim);
     let q = CONTEXT_SM90_BLOCK_ROWS * head_dim * 2;
     let kv = bn * head_dim * 2;
-    q + 4 * kv + 2 * bn * 16 + 2 * (bn / 32) * 4 + 9 * 8 + 1024
+    let bars = 1 + 2 * kst + 2 * vst;
+    q + (kst + vst) * kv + kst * (bn / 32) * 4 + bars * 8 + 1024
 }
 
 /// Keys per KV tile of the context kernel.
@@ -223,8 +236,10 @@ pub struct ContextParams {
     pub scale_log2: f32,
     /// `bmm2_scale`.
     pub bmm2_scale: f32,
-    /// Padding (8-byte struct alignment).
-    pub pad_: i32,
+    /// Schedule variant of the sm_90a kernel, for A/B benchmarks only
+    /// (0 = default; 1 = consumers without ping-pong); the compute_90 kernel
+    /// ignores it. Also pads the struct to 8-byte alignment.
+    pub variant: i32,
 }
 
 // SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
@@ -382,8 +397,9 @@ pub fn context_launch_config(
     ))
 }
 
-/// Launch geometry of the sm_90a kernel (pure): grid `(Hkv, bs, q_tiles)`
-/// with `q_tiles = ⌈max_q_len · G / 128⌉`, 384 threads. Returns
+/// Launch geometry of the sm_90a kernel (pure): grid `(q_tiles, Hkv, bs)`
+/// with `q_tiles = ⌈max_q_len · G / 128⌉` (q tiles fastest, so the CTAs
+/// resident at once share one request's K/V in L2), 384 threads. Returns
 /// `(q_tiles, config)`.
 ///
 /// # Errors
@@ -396,9 +412,9 @@ pub fn context_sm90_launch_config(
     head_dim: usize,
 ) -> Result<(usize, LaunchConfig)> {
     let q_tiles = (max_q_len * group).div_ceil(CONTEXT_SM90_BLOCK_ROWS).max(1);
-    let x = grid_dim("num_kv_heads", num_kv_heads, i32::MAX as u32)?;
-    let y = grid_dim("bs", bs, MAX_GRID_YZ)?;
-    let z = grid_dim("max_q_len", q_tiles, MAX_GRID_YZ)?;
+    let x = grid_dim("max_q_len", q_tiles, i32::MAX as u32)?;
+    let y = grid_dim("num_kv_heads", num_kv_heads, MAX_GRID_YZ)?;
+    let z = grid_dim("bs", bs, MAX_GRID_YZ)?;
     Ok((
         q_tiles,
         LaunchConfig {
@@ -525,6 +541,8 @@ pub struct ContextKernel {
     gpu: Arc<Gpu>,
     funcs: std::collections::HashMap<String, CudaFunction>,
     sm90: bool,
+    variant: i32,
+    experiment: u32,
     launches: AtomicU64,
 }
 
@@ -596,8 +614,39 @@ impl ContextKernel {
             gpu: gpu.clone(),
             funcs,
             sm90,
+            variant: 0,
+            experiment: 0,
             launches: AtomicU64::new(0),
         })
+    }
+
+    /// Sets the sm_90a kernel's schedule variant ([`ContextParams::variant`];
+    /// benchmarks compare variants in one run). Same results, other timing.
+    pub fn set_variant(&mut self, variant: i32) {
+        self.variant = variant;
+    }
+
+    /// Runs the sm_90a kernel's timing experiment `xv` (an entry
+    /// `…_bf16_kv_bf16_d128_x{xv}` that leaves stages out, bits 1 softmax
+    /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6) for D 128 bf16
+    /// launches; 0 = off. Results
+    /// are wrong by design: benchmarks only.
+    ///
+    /// # Errors
+    /// [`KernelError::Load`] when the entry does not exist.
+    pub fn set_experiment(&mut self, xv: u32) -> Result<()> {
+        if xv != 0 {
+            let name = format!("{}_x{xv}", context_sm90_entry_name(HalfDtype::Bf16, 128));
+            let f = load_entry(
+                &self.gpu,
+                &CONTEXT_SM90_PTX,
+                &name,
+                context_sm90_smem_bytes(128),
+            )?;
+            self.funcs.insert(name, f);
+        }
+        self.experiment = xv;
+        Ok(())
     }
 
     /// Whether launches of 16-bit KV of the Q dtype run the sm_90a kernel.
@@ -620,6 +669,7 @@ impl ContextKernel {
     pub fn launch(&self, args: &mut ContextArgs<'_>, errors: &mut DeviceErrors) -> Result<()> {
         let plan = validate_context_for(args, self.sm90)?;
         let mut p = plan.params;
+        p.variant = self.variant;
         if p.bs == 0 {
             return Ok(());
         }
@@ -632,10 +682,17 @@ impl ContextKernel {
             p.sinks = s.device_ptr(stream);
         }
         p.errors = errors.device_ptr();
+        let entry = if self.experiment != 0
+            && plan.entry == context_sm90_entry_name(HalfDtype::Bf16, 128)
+        {
+            format!("{}_x{}", plan.entry, self.experiment)
+        } else {
+            plan.entry.clone()
+        };
         let func = self
             .funcs
-            .get(&plan.entry)
-            .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {}", plan.entry)))?;
+            .get(&entry)
+            .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {entry}")))?;
         let mut builder = stream.launch_builder(func);
         builder.arg(&p);
         // SAFETY: `validate_context` checked every shape and stride against the

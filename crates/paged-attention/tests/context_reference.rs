@@ -13,9 +13,10 @@ use common::*;
 use context_common::*;
 use paged_attention::{
     context_block_rows, context_entry_name, context_launch_config, context_sm90_entry_name,
-    context_sm90_launch_config, context_sm90_smem_bytes, context_sm90_supported,
-    context_sm90_tile_keys, context_smem_bytes, context_variants, ContextParams, HalfDtype,
-    KvDtype, CONTEXT_PTX, CONTEXT_SM90_BLOCK_ROWS, CONTEXT_SM90_PTX, CONTEXT_SM90_THREADS,
+    context_sm90_launch_config, context_sm90_smem_bytes, context_sm90_stages,
+    context_sm90_supported, context_sm90_tile_keys, context_smem_bytes, context_variants,
+    ContextParams, HalfDtype, KvDtype, CONTEXT_PTX, CONTEXT_SM90_BLOCK_ROWS, CONTEXT_SM90_PTX,
+    CONTEXT_SM90_THREADS,
 };
 use proptest::prelude::*;
 
@@ -139,7 +140,7 @@ fn context_params_layout_matches_cuda() {
     assert_eq!(offset_of!(ContextParams, max_q_len), 192);
     assert_eq!(offset_of!(ContextParams, window_left), 200);
     assert_eq!(offset_of!(ContextParams, scale_log2), 204);
-    assert_eq!(offset_of!(ContextParams, pad_), 212);
+    assert_eq!(offset_of!(ContextParams, variant), 212);
     assert!(CONTEXT_PTX
         .ptx
         .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[216]"));
@@ -195,15 +196,18 @@ fn context_sm90_plan_fits() {
         let b = context_sm90_smem_bytes(d);
         assert!(b <= 227 * 1024, "D {d}: {b} B");
         let bn = context_sm90_tile_keys(d);
+        let (kst, vst) = context_sm90_stages(d);
+        assert!(kst >= 2 && vst >= 2);
+        let bars = 8 * (1 + 2 * kst + 2 * vst);
         assert_eq!(
             b,
-            128 * d * 2 + 4 * bn * d * 2 + 2 * bn * 16 + bn / 4 + 72 + 1024
+            128 * d * 2 + (kst + vst) * bn * d * 2 + kst * (bn / 8) + bars + 1024
         );
         for (max_q, g) in [(1, 1), (128, 1), (129, 1), (33, 4), (5000, 16)] {
             let (tiles, cfg) = context_sm90_launch_config(3, 2, g, max_q, d).unwrap();
             assert!(tiles * CONTEXT_SM90_BLOCK_ROWS >= max_q * g);
             assert!((tiles - 1) * CONTEXT_SM90_BLOCK_ROWS < max_q * g);
-            assert_eq!(cfg.grid_dim, (2, 3, tiles as u32));
+            assert_eq!(cfg.grid_dim, (tiles as u32, 2, 3));
             assert_eq!(cfg.block_dim.0, CONTEXT_SM90_THREADS);
             assert_eq!(cfg.shared_mem_bytes as usize, b);
         }
