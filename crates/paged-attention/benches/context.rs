@@ -249,10 +249,10 @@ fn main() {
     }
     let gpu = Gpu::shared().expect("GPU");
     let kernel = ContextKernel::new(&gpu).expect("load");
-    // On the headline cases: the sm_90a kernel without consumer ping-pong
+    // On the headline cases: the sm_90a kernel with consumer ping-pong
     // (variant 1) and the compute_90 kernel beside the default one.
-    let mut no_pingpong = ContextKernel::new(&gpu).expect("load");
-    no_pingpong.set_variant(1);
+    let mut pingpong = ContextKernel::new(&gpu).expect("load");
+    pingpong.set_variant(1);
     let fallback = ContextKernel::with_path(&gpu, ContextPath::Mma).expect("load");
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
@@ -276,8 +276,8 @@ fn main() {
     let label = |k: &ContextKernel, c: &Shape| {
         if !k.uses_sm90() || c.fp8 {
             "sm90 mma.sync"
-        } else if std::ptr::eq(k, &no_pingpong) {
-            "sm90a wgmma, no ping-pong"
+        } else if std::ptr::eq(k, &pingpong) {
+            "sm90a wgmma, ping-pong"
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {
             match xv {
                 1 => "experiment: no softmax math",
@@ -298,7 +298,7 @@ fn main() {
         let mut p = prepare(&gpu, &c).expect("prepare");
         let mut kernels: Vec<&ContextKernel> = vec![&kernel];
         if i < 4 && kernel.uses_sm90() {
-            kernels.extend([&no_pingpong, &fallback]);
+            kernels.extend([&pingpong, &fallback]);
             if i < 2 {
                 kernels.extend(experiments.iter().map(|(_, e)| e));
             }

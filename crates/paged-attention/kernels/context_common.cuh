@@ -34,7 +34,7 @@ struct ContextParams {
     i32 window_left;  // -1 = none
     float scale_log2; // bmm1_scale * log2(e)
     float bmm2_scale;
-    i32 variant;      // sm_90a schedule variant (0 = default; 1 = no ping-pong), A/B benches only
+    i32 variant;      // sm_90a schedule variant (0 = default; 1 = consumer ping-pong), A/B benches only
 };
 
 namespace pac {

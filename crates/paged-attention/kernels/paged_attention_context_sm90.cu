@@ -22,9 +22,9 @@
 //    O += P V with wgmma (P from registers, V transposed from shared memory).
 //    Per tile t: issue S_t, issue P_{t-1} V_{t-1}, wait for S_t, softmax of
 //    S_t under the running P V (max, one FFMA + ex2 per score, f32 row
-//    sums), wait, rescale O and pack P_t to 16 bits. The consumers take
-//    turns issuing their GEMMs (ping-pong on named barriers). Sinks join
-//    once at the end; rows that see no key output zeros.
+//    sums), wait, rescale O and pack P_t to 16 bits (ping-pong between the
+//    consumers is a measured variant, off by default). Sinks join once at
+//    the end; rows that see no key output zeros.
 // A key masked for a row never reaches it: masked logits are selected to
 // -inf (never multiplied), and on tiles that carry masked keys the V tile is
 // scanned for non-finite values; when one is present that tile's P V runs
@@ -389,11 +389,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
     float drow[2] = {0.f, 0.f};
     float alpha[2] = {0.f, 0.f};
 
-    // Ping-pong: the consumers take turns issuing their GEMMs (named
-    // barriers 4 + c: "warpgroup c may issue"), so one's softmax runs under
-    // the other's GEMMs. Both warpgroups (active or not) take every turn;
-    // warpgroup 0 goes first and warpgroup 1 passes no turn after its last.
-    const bool pingpong = p.variant == 0;
+    // Ping-pong (schedule variant 1): the consumers take turns issuing their
+    // GEMMs (named barriers 4 + c: "warpgroup c may issue"), so one's softmax
+    // runs under the other's GEMMs. Both warpgroups (active or not) take
+    // every turn; warpgroup 0 goes first and warpgroup 1 passes no turn after
+    // its last. Off by default: on the H200 the free-running consumers were
+    // 1-10% faster (docs/PERF.md).
+    const bool pingpong = p.variant == 1;
     auto turn_take = [&]() { named_sync_if(pingpong, 4 + cw, 256); };
     auto turn_pass = [&](bool last) { named_arrive_if(pingpong && !(cw == 1 && last), 5 - cw, 256); };
 

@@ -237,8 +237,9 @@ pub struct ContextParams {
     /// `bmm2_scale`.
     pub bmm2_scale: f32,
     /// Schedule variant of the sm_90a kernel, for A/B benchmarks only
-    /// (0 = default; 1 = consumers without ping-pong); the compute_90 kernel
-    /// ignores it. Also pads the struct to 8-byte alignment.
+    /// (0 = default; 1 = consumers ping-pong their GEMM issue on named
+    /// barriers); the compute_90 kernel ignores it. Also pads the struct to
+    /// 8-byte alignment.
     pub variant: i32,
 }
 
