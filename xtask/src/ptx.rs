@@ -352,6 +352,9 @@ pub fn report(root: &Path) -> Result<()> {
         "| PTX | kernel | regs | smem B | stack B | spill st B | spill ld B |\n|---|---|---:|---:|---:|---:|---:|"
     )?;
     let mut spills = Vec::new();
+    // ptxas C7514: every wgmma of the kernel serialized (a non-wgmma access to
+    // accumulators, or a control-flow merge, while a wgmma is in flight).
+    let mut serialized = Vec::new();
     for k in kernels(root)? {
         let output = Command::new(&ptxas)
             .args(["-arch", report_sm(arch_of(&k.src)), "-v", "-o", "/dev/null"])
@@ -368,6 +371,10 @@ pub fn report(root: &Path) -> Result<()> {
             .unwrap_or_default()
             .to_string_lossy()
             .to_string();
+        for line in log.lines().filter(|l| l.contains("(C7514)")) {
+            let name = line.rsplit('\'').nth(1).unwrap_or(line);
+            serialized.push(name.to_string());
+        }
         for r in parse_ptxas(&log) {
             writeln!(
                 table,
@@ -382,6 +389,12 @@ pub fn report(root: &Path) -> Result<()> {
     println!("{table}");
     if !spills.is_empty() {
         bail!("register spills in: {}", spills.join(", "));
+    }
+    if !serialized.is_empty() {
+        bail!(
+            "ptxas serializes the wgmma instructions (C7514) in: {}",
+            serialized.join(", ")
+        );
     }
     Ok(())
 }
