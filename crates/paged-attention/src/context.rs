@@ -13,9 +13,9 @@
 //!
 //! Two kernels, one semantics. On sm_90 (Hopper) devices the launcher runs
 //! `paged_attention_context_sm90_{q}_kv_{q}_d{D}` (compute_90a, 16-bit KV of
-//! the Q dtype, D 64/128/256): CTA = (KV head, request, q tile of 128 packed
-//! rows), a producer warpgroup gathering K and V tiles page by page with
-//! cp.async into 2-stage rings (mbarrier hand-off) and two consumer
+//! the Q dtype, D 64/128/256): CTA = (q tile of 128 packed rows, KV head,
+//! request), a producer warpgroup gathering K and V tiles page by page with
+//! cp.async into 2–3-slot rings (mbarrier hand-off) and two consumer
 //! warpgroups of 64 rows running `wgmma` for `Q·Kᵀ` (both operands in shared
 //! memory) and `P·V` (P from registers), the softmax of tile `t` overlapped
 //! with `P·V` of tile `t − 1` ([`ContextPath::Wgmma`]). Elsewhere, and for
