@@ -26,6 +26,24 @@ MHA_KIT_DEVICE float ex2v(float x) {
     return y;
 }
 
+// Online-softmax running max of the two fragment rows a thread holds (quad
+// lanes 4i..4i+3 share a row): mx[hr] is this tile's max in log2 units on
+// entry; on return mrow[hr] is the new running max, alpha[hr] the rescale of
+// the old sums (2^(old - new), 0 when nothing was seen yet) and mx[hr] the
+// max to subtract (0 for a row that has seen no key: no (-inf) - (-inf)).
+MHA_KIT_DEVICE void row_max_update(float (&mx)[2], float (&mrow)[2], float (&alpha)[2]) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+        mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+        const float mnew = fmaxf(mrow[hr], mx[hr]);
+        const float msafe = mnew == PAC_NEG_INF ? 0.f : mnew;
+        alpha[hr] = ex2(mrow[hr] - msafe);
+        mrow[hr] = mnew;
+        mx[hr] = msafe;
+    }
+}
+
 MHA_KIT_DEVICE float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -70,6 +70,7 @@ using pac::ldsm_x4;
 using pac::ldsm_x4_t;
 using pac::mma16816;
 using pac::pack2;
+using pac::row_max_update;
 using pac::smem_u32;
 using pac::sum2;
 
@@ -1026,16 +1027,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             }
         }
         float alpha[2];
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
-            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
-            const float mnew = fmaxf(mrow[hr], mx[hr]);
-            const float msafe = mnew == NEG_INF ? 0.f : mnew;  // no (-inf) - (-inf)
-            alpha[hr] = ex2(mrow[hr] - msafe);
-            mrow[hr] = mnew;
-            mx[hr] = msafe;
-        }
+        row_max_update(mx, mrow, alpha);
         u32 pa[4];
 #pragma unroll
         for (int t = 0; t < 2; ++t) {

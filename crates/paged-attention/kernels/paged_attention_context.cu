@@ -325,16 +325,7 @@ MHA_KIT_DEVICE void context_body(const ContextParams& p) {
                 }
             }
             float alpha[2];
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
-                mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
-                const float mnew = fmaxf(mrow[hr], mx[hr]);
-                const float msafe = mnew == PAC_NEG_INF ? 0.f : mnew;  // no (-inf) - (-inf)
-                alpha[hr] = ex2(mrow[hr] - msafe);
-                mrow[hr] = mnew;
-                mx[hr] = msafe;
-            }
+            row_max_update(mx, mrow, alpha);
             u32 pa[NS8 / 2][4];
             float dsum[2] = {0.f, 0.f};
 #pragma unroll

@@ -1,30 +1,31 @@
 // mha-kit kernel family: paged-KV attention, context / prefill / chunked
 // prefill ("extend") on Hopper (compute_90a: wgmma, setmaxnreg, mbarrier).
 // Same semantics, params, device checks and error word as the compute_90
-// kernel (paged_attention_context.cu); design: docs/DESIGN.md "Context
-// kernel on sm_90a".
+// kernel (paged_attention_context.cu); design: docs/DESIGN.md "The sm_90a
+// context kernel".
 //
 // Work item = CTA (q tile of BM = 128 packed (token, head) rows, KV head h,
 // request b): q tiles vary fastest (concurrent CTAs share K/V in L2), the
 // heaviest tiles of a (request, head) first. Three warpgroups:
-//  * producer (warpgroup 0, setmaxnreg 56; 40 at D 256): loads the Q tile once, then
-//    gathers the tile's keys page by page with 16-byte cp.async into a
-//    K ring and a V ring (2-3 slots each; V one tile behind K), each slot
-//    guarded by a full and an empty mbarrier. Two threads share a key row
-//    (odd / even 16-byte chunks: whole 32-byte sectors per warp access); a
-//    thread looks up its rows' pages (one tile ahead) and issues their copies
-//    with immediate offsets; a per-key valid mask goes to the consumers
-//    through shared memory. Keys outside the tile's
-//    needed range [k_lo, k_hi) or on bad pages are zero-filled and masked.
-//  * two consumers (warpgroups 1-2, setmaxnreg 224; 232 at D 256), 64 rows each:
-//    S = Q K^T with wgmma (both operands in shared memory, 128-byte swizzle),
-//    online softmax in f32 registers (exp2, scale_log2 = bmm1_scale log2 e),
-//    O += P V with wgmma (P from registers, V transposed from shared memory).
-//    Per tile t: issue S_t, issue P_{t-1} V_{t-1}, wait for S_t, softmax of
-//    S_t under the running P V (max, one FFMA + ex2 per score, f32 row
-//    sums), wait, rescale O and pack P_t to 16 bits (ping-pong between the
-//    consumers is a measured variant, off by default). Sinks join once at
-//    the end; rows that see no key output zeros.
+//  * producer (warpgroup 0, setmaxnreg 56; 40 at D 256): loads the Q tile
+//    once, then gathers the tile's keys page by page with 16-byte cp.async
+//    into a K ring and a V ring (2-3 slots each; V one tile behind K), each
+//    slot guarded by a full and an empty mbarrier. Two threads share a key
+//    row (odd / even 16-byte chunks: whole 32-byte sectors per warp access);
+//    a thread looks up its rows' pages (one tile ahead) and issues their
+//    copies with immediate offsets; a per-key valid mask goes to the
+//    consumers through shared memory. Keys outside the tile's needed range
+//    [k_lo, k_hi) or on bad pages are zero-filled and masked.
+//  * two consumers (warpgroups 1-2, setmaxnreg 224; 232 at D 256), 64 rows
+//    each: S = Q K^T with wgmma (both operands in shared memory, 128-byte
+//    swizzle), online softmax in f32 registers (exp2, scale_log2 =
+//    bmm1_scale log2 e), O += P V with wgmma (P from registers, V transposed
+//    from shared memory). Per tile t: issue S_t, issue P_{t-1} V_{t-1}, wait
+//    for S_t, softmax of S_t under the running P V (max, one FFMA + ex2 per
+//    score, f32 row sums), wait, rescale O and pack P_t to 16 bits
+//    (ping-pong between the consumers is a measured variant, off by
+//    default). Sinks join once at the end; rows that see no key output
+//    zeros.
 // A key masked for a row never reaches it: masked logits are selected to
 // -inf (never multiplied), and on tiles that carry masked keys the V tile is
 // scanned for non-finite values; when one is present that tile's P V runs
@@ -56,7 +57,7 @@ struct Cfg {
     static constexpr int Q_BYTES = BM * D * 2;
     static constexpr int KV_BYTES = BN * D * 2;     // one K or V tile
     static constexpr int Q_OFF = 0;
-    static constexpr int K_OFF = Q_OFF + Q_BYTES;   // 2 stages
+    static constexpr int K_OFF = Q_OFF + Q_BYTES;   // KST slots
     // Ring depths: K tiles are needed one iteration before V tiles (S_t
     // before P_{t-1} V_{t-1}), so K gets the deeper ring where memory allows.
     static constexpr int KST = D == 256 ? 2 : 3;
@@ -477,17 +478,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
                 mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
             }
         }
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
-            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
-            const float mnew = fmaxf(mrow[hr], mx[hr]);
-            const float msafe = mnew == PAC_NEG_INF ? 0.f : mnew;  // no (-inf) - (-inf)
-            alpha[hr] = ex2(mrow[hr] - msafe);
-            mrow[hr] = mnew;
-            mx[hr] = msafe;
-            dsum[hr] = 0.f;
-        }
+        row_max_update(mx, mrow, alpha);
+        dsum[0] = dsum[1] = 0.f;
         const float cs = cpos ? c : 1.f;  // scores still raw (cpos) or already scaled
 #pragma unroll
         for (int i = 0; i < NS; ++i) {
