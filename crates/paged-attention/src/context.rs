@@ -578,7 +578,8 @@ impl ContextKernel {
     }
 
     /// Loads the compute_90 entries and, when `path` selects it, the sm_90a
-    /// entries.
+    /// entries ([`ContextPath::Auto`] falls back to the compute_90 kernel
+    /// when the driver cannot load the sm_90a module).
     ///
     /// # Errors
     /// [`KernelError::Unsupported`] for [`ContextPath::Wgmma`] on a device
@@ -605,10 +606,26 @@ impl ContextKernel {
             let name = context_entry_name(q, kv, d);
             let f = load_entry(gpu, &CONTEXT_PTX, &name, context_smem_bytes(d, kv))?;
             funcs.insert(name, f);
-            if sm90 && context_sm90_supported(q, kv, d) {
-                let name = context_sm90_entry_name(q, d);
-                let f = load_entry(gpu, &CONTEXT_SM90_PTX, &name, context_sm90_smem_bytes(d))?;
-                funcs.insert(name, f);
+        }
+        let mut sm90 = sm90;
+        if sm90 {
+            let mut fast = std::collections::HashMap::new();
+            let loaded: Result<()> = context_variants()
+                .into_iter()
+                .filter(|&(q, kv, d)| context_sm90_supported(q, kv, d))
+                .try_for_each(|(q, _, d)| {
+                    let name = context_sm90_entry_name(q, d);
+                    let f = load_entry(gpu, &CONTEXT_SM90_PTX, &name, context_sm90_smem_bytes(d))?;
+                    fast.insert(name, f);
+                    Ok(())
+                });
+            match loaded {
+                Ok(()) => funcs.extend(fast),
+                // Auto on a 9.0 device whose driver cannot load the sm_90a
+                // module (too old for PTX ISA 8.4): the compute_90 kernel
+                // serves every call; an explicit Wgmma request is an error.
+                Err(_) if path == ContextPath::Auto => sm90 = false,
+                Err(e) => return Err(e),
             }
         }
         Ok(Self {
