@@ -44,6 +44,25 @@ MHA_KIT_DEVICE void row_max_update(float (&mx)[2], float (&mrow)[2], float (&alp
     }
 }
 
+// Output scale of a finished row: bmm2 / den, or with the head's sink logit
+// (natural log, joins the denominator once): bmm2 w / (den w + 2^(s' - m2)),
+// s' = sink log2 e, m2 = max(m, s'), w = 2^(m - m2). m is the row's running
+// max in log2 units; a row with den = 0 saw no key and gets 0 (D13).
+MHA_KIT_DEVICE float out_scale(float den, float m, const float* sinks, int qh, float bmm2) {
+    float scale = 0.f;
+    if (den > 0.f) {
+        if (sinks != nullptr) {
+            const float sg = sinks[qh] * LOG2E;
+            const float m2 = fmaxf(m, sg);
+            const float w = ex2(m - m2);
+            scale = bmm2 * w / (den * w + ex2(sg - m2));
+        } else {
+            scale = bmm2 / den;
+        }
+    }
+    return scale;
+}
+
 MHA_KIT_DEVICE float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

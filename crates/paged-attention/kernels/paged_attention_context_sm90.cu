@@ -627,18 +627,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
         const int rg = r0 + row;
         const int j = rg / G;
         const int qh = h * G + (rg - j * G);
-        float scale = 0.f;
-        if (den > 0.f) {
-            const float mm = mrow[hr];
-            if (p.sinks != nullptr) {
-                const float sg = p.sinks[qh] * LOG2E;
-                const float m2 = fmaxf(mm, sg);
-                const float w = ex2(mm - m2);
-                scale = p.bmm2_scale * w / (den * w + ex2(sg - m2));
-            } else {
-                scale = p.bmm2_scale / den;
-            }
-        }
+        const float scale = out_scale(den, mrow[hr], p.sinks, qh, p.bmm2_scale);
         u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + 2 * qd;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
