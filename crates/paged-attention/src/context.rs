@@ -700,16 +700,18 @@ impl ContextKernel {
             p.sinks = s.device_ptr(stream);
         }
         p.errors = errors.device_ptr();
-        let entry = if self.experiment != 0
+        let experiment_entry;
+        let entry: &str = if self.experiment != 0
             && plan.entry == context_sm90_entry_name(HalfDtype::Bf16, 128)
         {
-            format!("{}_x{}", plan.entry, self.experiment)
+            experiment_entry = format!("{}_x{}", plan.entry, self.experiment);
+            &experiment_entry
         } else {
-            plan.entry.clone()
+            &plan.entry
         };
         let func = self
             .funcs
-            .get(&entry)
+            .get(entry)
             .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {entry}")))?;
         let mut builder = stream.launch_builder(func);
         builder.arg(&p);
