@@ -91,9 +91,6 @@ MHA_KIT_DEVICE void mbar_wait(u32 bar, u32 parity) {
         "r"(parity)
         : "memory");
 }
-MHA_KIT_DEVICE void named_sync(u32 id, u32 count) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
 // Predicated in PTX (no branch): a branch between a wgmma and its wait makes
 // ptxas serialize every wgmma.
 MHA_KIT_DEVICE void named_sync_if(bool on, u32 id, u32 count) {

@@ -587,7 +587,7 @@ impl ContextKernel {
     /// module does not load; [`KernelError::Driver`].
     pub fn with_path(gpu: &Arc<Gpu>, path: ContextPath) -> Result<Self> {
         let cc = gpu.context().compute_capability()?;
-        let sm90 = match path {
+        let mut sm90 = match path {
             ContextPath::Mma => false,
             ContextPath::Auto => cc == (9, 0),
             ContextPath::Wgmma if cc == (9, 0) => true,
@@ -607,7 +607,6 @@ impl ContextKernel {
             let f = load_entry(gpu, &CONTEXT_PTX, &name, context_smem_bytes(d, kv))?;
             funcs.insert(name, f);
         }
-        let mut sm90 = sm90;
         if sm90 {
             let mut fast = std::collections::HashMap::new();
             let loaded: Result<()> = context_variants()
@@ -647,8 +646,7 @@ impl ContextKernel {
     /// Runs the sm_90a kernel's timing experiment `xv` (an entry
     /// `…_bf16_kv_bf16_d128_x{xv}` that leaves stages out, bits 1 softmax
     /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6) for D 128 bf16
-    /// launches; 0 = off. Results
-    /// are wrong by design: benchmarks only.
+    /// launches; 0 = off. Results are wrong by design: benchmarks only.
     ///
     /// # Errors
     /// [`KernelError::Load`] when the entry does not exist.
