@@ -1,38 +1,96 @@
 #!/usr/bin/env bash
-# The context-kernel session on a GPU host, in one call: unpack the bundle
-# (`cargo xtask gpu-bundle --out .gpu/bundle` builds .gpu/bundle.tar.xz),
-# run the context GPU tests on the sm_90a kernel (and the named tests on the
-# compute_90 kernel), the context bench (default, ping-pong variant,
-# compute_90, leave-one-stage-out experiments), torch's cuDNN SDPA on the
-# same shapes, compute-sanitizer memcheck + racecheck on small cases, and the
-# mha-backend GPU tests. Logs go to $OUT (default /tmp/out); the console gets
-# the tables and the test summaries.
-#   usage: OUT=logs bash scripts/gpu-context.sh [path/to/bundle.tar.xz]
+# The context-kernel checks on a GPU host, in one call: unpack the bundle
+# (`cargo xtask gpu-bundle --out .gpu/bundle` builds .gpu/bundle.tar.xz) and
+# run the stages named in STAGES, in the order given (default: all, as listed):
+#   smoke     the TMA-vs-gather GPU test alone (a hang or a mismatch stops
+#             the TMA stages: the gather runs the rest)
+#   quick     three named context tests (a fast correctness check)
+#   tests     the context GPU tests on the sm_90a kernel (default K/V loads;
+#             ${MHA_KIT_GPU_CASES:-500} random cases)
+#   gather    the named tests with the cp.async gather forced, and on the
+#             compute_90 kernel
+#   bench     the context bench (default, ping-pong, gather, compute_90,
+#             leave-one-stage-out experiments); BENCH_CASES filters it
+#   peers     torch's cuDNN SDPA on the same shapes (same call)
+#   sanitize  compute-sanitizer memcheck + racecheck on small cases
+#   backend   the mha-backend GPU tests
+#   ncu       Nsight Compute on one bs 1 x 16384 launch (NCU_SET, default
+#             full) into $OUT/ncu.ncu-rep
+# Logs go to $OUT (default /tmp/out); the console gets the tables and the
+# test summaries.
+#   usage: OUT=logs STAGES="smoke tests bench peers" bash scripts/gpu-context.sh [bundle.tar.xz]
 set -u
 archive=$(realpath "${1:-.gpu/bundle.tar.xz}")
 OUT=${OUT:-/tmp/out}
+STAGES=${STAGES:-smoke tests gather bench peers sanitize backend}
 mkdir -p "$OUT"
 work=$(mktemp -d)
 tar -xJf "$archive" -C "$work" && cd "$work"/* || exit 1
 export MHA_KIT_REQUIRE_GPU=1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv > "$OUT/smi.txt" 2>&1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,driver_version --format=csv > "$OUT/smi.txt" 2>&1
+cat "$OUT/smi.txt"
 T=tests/paged-attention-context_gpu
-summary() { grep -E "^test |test result|panicked|SUMMARY" "$1" | grep -v " ok$"; }
-echo "== context tests, sm90a (${MHA_KIT_GPU_CASES:-500} random cases)"
-timeout 240 $T --include-ignored > "$OUT/ctx_sm90.log" 2>&1; echo "rc=$?"; summary "$OUT/ctx_sm90.log"
-echo "== context tests, compute_90 (named)"
-MHA_KIT_CONTEXT_KERNEL=mma timeout 60 $T --include-ignored --skip d256 --skip proptest > "$OUT/ctx_mma.log" 2>&1
-echo "rc=$?"; summary "$OUT/ctx_mma.log"
-echo "== bench"
-timeout 180 benches/paged-attention-context --bench > "$OUT/bench.log" 2>&1; echo "rc=$?"
-grep -E '^(\||## )' "$OUT/bench.log"
-echo "== cuDNN peers"
-timeout 90 python3 peers/context_peers.py > "$OUT/peers.log" 2>&1; echo "rc=$?"
-grep -E '^(\||## )' "$OUT/peers.log"
-echo "== memcheck, racecheck (sm90a, small cases)"
-MHA_KIT_GPU_CASES=4 timeout 120 compute-sanitizer --tool memcheck $T --include-ignored --skip d256 --skip proptest \
-  --skip long_rows > "$OUT/memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/memcheck.log"
-timeout 90 compute-sanitizer --tool racecheck $T --include-ignored must_pass_windows > "$OUT/racecheck.log" 2>&1
-echo "rc=$?"; summary "$OUT/racecheck.log"
-echo "== mha-backend GPU tests"
-timeout 120 tests/mha-backend-gpu --include-ignored > "$OUT/backend.log" 2>&1; echo "rc=$?"; summary "$OUT/backend.log"
+summary() { grep -E "^test |test result|panicked|SUMMARY|launch pairs|launches" "$1" | grep -v " ok$" | head -30; }
+stage_smoke() {
+  echo "== smoke: TMA loads vs the gather"
+  timeout 60 $T --include-ignored tma_loads_equal_the_gather > "$OUT/smoke.log" 2>&1
+  rc=$?; echo "rc=$rc"; summary "$OUT/smoke.log"
+  if [ $rc -ne 0 ]; then
+    echo "TMA smoke failed: the remaining stages run the gather"
+    export MHA_KIT_CONTEXT_KV_LOAD=gather
+  fi
+}
+stage_quick() {
+  echo "== quick: named shapes + masked non-finite keys (sm90a)"
+  for t in named_shapes_of_the_sm90_issue masked_nonfinite_keys must_pass; do
+    timeout 90 $T --include-ignored $t >> "$OUT/quick.log" 2>&1; echo "$t rc=$?"
+  done
+  summary "$OUT/quick.log"
+}
+stage_tests() {
+  echo "== context tests, sm90a (${MHA_KIT_GPU_CASES:-500} random cases)"
+  timeout 240 $T --include-ignored > "$OUT/ctx_sm90.log" 2>&1; echo "rc=$?"; summary "$OUT/ctx_sm90.log"
+}
+stage_gather() {
+  echo "== context tests, sm90a with the cp.async gather (named)"
+  MHA_KIT_CONTEXT_KV_LOAD=gather timeout 90 $T --include-ignored --skip proptest > "$OUT/ctx_gather.log" 2>&1
+  echo "rc=$?"; summary "$OUT/ctx_gather.log"
+  echo "== context tests, compute_90 (named)"
+  MHA_KIT_CONTEXT_KERNEL=mma timeout 60 $T --include-ignored --skip d256 --skip proptest --skip tma_loads \
+    > "$OUT/ctx_mma.log" 2>&1
+  echo "rc=$?"; summary "$OUT/ctx_mma.log"
+}
+stage_bench() {
+  echo "== bench"
+  MHA_KIT_BENCH_CASES=${BENCH_CASES:-} timeout 240 benches/paged-attention-context --bench > "$OUT/bench.log" 2>&1
+  echo "rc=$?"
+  grep -E '^(\||## )|TMA boxes' "$OUT/bench.log"
+}
+stage_peers() {
+  echo "== cuDNN peers"
+  timeout 90 python3 peers/context_peers.py > "$OUT/peers.log" 2>&1; echo "rc=$?"
+  grep -E '^(\||## )' "$OUT/peers.log"
+}
+stage_sanitize() {
+  echo "== memcheck, racecheck (sm90a, small cases)"
+  MHA_KIT_GPU_CASES=4 timeout 150 compute-sanitizer --tool memcheck $T --include-ignored --skip d256 --skip proptest \
+    --skip long_rows > "$OUT/memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/memcheck.log"
+  timeout 120 compute-sanitizer --tool racecheck $T --include-ignored must_pass_windows > "$OUT/racecheck.log" 2>&1
+  echo "rc=$?"; summary "$OUT/racecheck.log"
+}
+stage_backend() {
+  echo "== mha-backend GPU tests"
+  timeout 120 tests/mha-backend-gpu --include-ignored > "$OUT/backend.log" 2>&1; echo "rc=$?"; summary "$OUT/backend.log"
+}
+stage_ncu() {
+  echo "== ncu (bs 1 x 16384)"
+  MHA_KIT_BENCH_CASES="bs 1 × 16384, P 16" timeout 240 ncu --clock-control none --set "${NCU_SET:-full}" \
+    --import-source yes -k regex:context_sm90 -c 1 -o "$OUT/ncu" benches/paged-attention-context --bench \
+    > "$OUT/ncu.log" 2>&1
+  echo "rc=$?"; tail -5 "$OUT/ncu.log"
+  ncu -i "$OUT/ncu.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
+  ncu -i "$OUT/ncu.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_source.csv" 2>&1 ||
+    ncu -i "$OUT/ncu.ncu-rep" --page source --csv > "$OUT/ncu_source.csv" 2>&1
+  grep -E "Duration|Throughput|Issue Slots|Eligible|Active Warps|No Eligible|Registers|Stall|Bank" "$OUT/ncu_details.txt" | head -60
+}
+for st in $STAGES; do "stage_$st"; done

@@ -13,6 +13,7 @@
 //! - [`DeviceErrors`]: the device error word kernels count bad indices in;
 //! - [`timing`]: CUDA-event timing (median of N, criterion `iter_custom`);
 //! - [`testing`]: the libtest-mimic GPU test harness (ignored without a GPU);
+//! - [`tma`]: tensor maps for Hopper bulk tensor copies (`cuTensorMapEncodeTiled`);
 //! - `include/mha_kit/*.cuh`: device headers shared by all kernels (vector
 //!   loads, index helpers, the error word). [`INCLUDE_DIR`] points at them.
 //!
@@ -26,6 +27,7 @@ pub mod ptxhash;
 mod tensor;
 pub mod testing;
 pub mod timing;
+pub mod tma;
 
 pub use cudarc;
 pub use error::{KernelError, Result};

@@ -5,7 +5,8 @@
 //! `4·Hq·D` FLOPs (`4·Hq·D·Σ L(L+1)/2` without a prefix). Pages are scattered
 //! over the pool (P 16) unless the case says "contiguous" (one page of
 //! `L` tokens per request). Prints a line and exits 0 without a GPU.
-//! `MHA_KIT_BENCH_CASES=substring` runs only the cases whose name contains it.
+//! `MHA_KIT_BENCH_CASES=a|b|…` runs only the cases whose name contains one of
+//! the `|`-separated substrings.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use criterion::Criterion;
 use kernel_rt::cudarc::driver::CudaSlice;
 use kernel_rt::timing::{median_us, time_iters};
 use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
-use paged_attention::{ContextArgs, ContextKernel, ContextPath, HalfDtype, KvCache};
+use paged_attention::{ContextArgs, ContextKernel, ContextKvLoad, ContextPath, HalfDtype, KvCache};
 
 struct Shape {
     name: String,
@@ -51,6 +52,7 @@ fn cases() -> Vec<Shape> {
         shape("bs 1 × 16384, P 16", 128, 1, 16384, 0, 16),
         shape("bs 8 × 4096, contiguous", 128, 8, 4096, 0, 0),
         shape("bs 1 × 16384, contiguous", 128, 1, 16384, 0, 0),
+        shape("bs 1 × 16384, P 64", 128, 1, 16384, 0, 64),
         shape(
             "chunked: bs 8 × 512 new over 16k prefix, P 16",
             128,
@@ -254,6 +256,10 @@ fn main() {
     let mut pingpong = ContextKernel::new(&gpu).expect("load");
     pingpong.set_variant(1);
     let fallback = ContextKernel::with_path(&gpu, ContextPath::Mma).expect("load");
+    // The cp.async row gather instead of TMA boxes (default where the page
+    // size allows them).
+    let mut gather = ContextKernel::new(&gpu).expect("load");
+    gather.set_kv_load(ContextKvLoad::Gather);
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
         [1u32, 4, 5, 6]
@@ -278,6 +284,8 @@ fn main() {
             "sm90 mma.sync"
         } else if std::ptr::eq(k, &pingpong) {
             "sm90a wgmma, ping-pong"
+        } else if std::ptr::eq(k, &gather) {
+            "sm90a wgmma, cp.async gather"
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {
             match xv {
                 1 => "experiment: no softmax math",
@@ -289,16 +297,22 @@ fn main() {
             "sm90a wgmma"
         }
     };
-    // MHA_KIT_BENCH_CASES=substring runs only the matching cases (profiling).
+    // MHA_KIT_BENCH_CASES=a|b runs only the matching cases (profiling).
     let only = std::env::var("MHA_KIT_BENCH_CASES").ok();
     for (i, c) in cases().into_iter().enumerate() {
-        if only.as_ref().is_some_and(|f| !c.name.contains(f.as_str())) {
+        if only
+            .as_ref()
+            .is_some_and(|f| !f.split('|').any(|alt| c.name.contains(alt)))
+        {
             continue;
         }
         let mut p = prepare(&gpu, &c).expect("prepare");
         let mut kernels: Vec<&ContextKernel> = vec![&kernel];
+        if i == 4 && kernel.uses_sm90() {
+            kernels.push(&gather);
+        }
         if i < 4 && kernel.uses_sm90() {
-            kernels.extend([&pingpong, &fallback]);
+            kernels.extend([&pingpong, &gather, &fallback]);
             if i < 2 {
                 kernels.extend(experiments.iter().map(|(_, e)| e));
             }
@@ -332,4 +346,9 @@ fn main() {
     for row in table {
         println!("{row}");
     }
+    println!(
+        "\ndefault sm90a kernel: {} of {} launches loaded K/V with TMA boxes",
+        kernel.tma_launches(),
+        kernel.launches()
+    );
 }

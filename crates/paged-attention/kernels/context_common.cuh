@@ -35,6 +35,12 @@ struct ContextParams {
     float scale_log2; // bmm1_scale * log2(e)
     float bmm2_scale;
     i32 variant;      // sm_90a schedule variant (0 = default; 1 = consumer ping-pong), A/B benches only
+    // sm_90a K/V loads: keys per TMA box (a divisor or multiple-of-BN slice
+    // of a page; 0 = cp.async row gather), and the coordinate slot (1..3) of
+    // the token, head and page dims of the K/V tensor maps (bits 0-3, 4-7,
+    // 8-11). The compute_90 kernel ignores both.
+    i32 tma_rows;
+    i32 tma_dims;
 };
 
 namespace pac {

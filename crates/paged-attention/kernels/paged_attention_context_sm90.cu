@@ -66,7 +66,10 @@ struct Cfg {
     static constexpr int VM_OFF = V_OFF + VST * KV_BYTES;  // u32 [KST][BN / 32] valid-key masks
     static constexpr int BAR_OFF = VM_OFF + KST * (BN / 32) * 4;
     static constexpr int NBAR = 1 + 2 * KST + 2 * VST;  // Q; K full/empty; V full/empty
-    static constexpr int BYTES = BAR_OFF + NBAR * 8;
+    // One f32 per consumer thread: the per-tile store that keeps the
+    // exponentials ahead of the wait for P V (see `softmax`).
+    static constexpr int PIN_OFF = BAR_OFF + NBAR * 8;
+    static constexpr int BYTES = PIN_OFF + 256 * 4;
     static constexpr int ALLOC = BYTES + 1024;  // slack: the base is rounded up to 1024
     static_assert(BAR_OFF % 8 == 0, "mbarrier alignment");
     static_assert((BN * CPR) % 128 == 0 && (BM * CPR) % 128 == 0, "producer split");
@@ -79,6 +82,11 @@ MHA_KIT_DEVICE void mbar_init(u32 bar, u32 count) {
 MHA_KIT_DEVICE void mbar_arrive(u32 bar) {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
 }
+// Arrives on `bar` and adds `bytes` to the transaction count it waits for
+// (the bytes of the TMA copies that complete on it).
+MHA_KIT_DEVICE void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
 // Arrives on `bar` once every cp.async this thread issued so far has landed.
 MHA_KIT_DEVICE void mbar_arrive_cp_async(u32 bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
@@ -89,6 +97,30 @@ MHA_KIT_DEVICE void mbar_wait(u32 bar, u32 parity) {
         "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
         "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(bar),
         "r"(parity)
+        : "memory");
+}
+// 2^x with subnormal results flushed to zero (one MUFU.EX2; without .ftz
+// ptxas wraps each in a range test and two multiplies), volatile so that it
+// stays in program order with the wgmma waits. A weight below 2^-126 of the
+// row max becomes 0.
+MHA_KIT_DEVICE float ex2f(float x) {
+    float y;
+    asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+// A CUtensorMap (driver-encoded, 128 bytes, 64-byte aligned), passed by value
+// as a __grid_constant__ kernel parameter.
+struct alignas(64) TmaMap {
+    unsigned long long opaque[16];
+};
+// TMA: the 4-D box at coordinates c0..c3 of tensor map `map` into shared
+// memory at `dst`, completing `bytes` of `bar`'s transaction count. Boxes
+// (partly) outside the tensor are zero-filled and still count in full.
+MHA_KIT_DEVICE void tma_load_4d(u32 dst, const TmaMap& map, u32 bar, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+        "%5}], [%6];\n" ::"r"(dst),
+        "l"(reinterpret_cast<u64>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
         : "memory");
 }
 // Predicated in PTX (no branch): a branch between a wgmma and its wait makes
@@ -167,7 +199,7 @@ MHA_KIT_DEVICE u32 swz(int row, int ch, int atom) {
 // bench's `_x{XV}` entries set it): 1 no softmax math, 2 no wgmma, 4 no
 // global K/V reads (zero-filled copies).
 template <int QT, int D, int XV = 0>
-MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
+MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v) {
     using C = Cfg<D>;
     constexpr int BN = C::BN;
     constexpr int CPR = C::CPR;
@@ -220,16 +252,19 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
     const i32 t_first = k_lo / BN;
     const int ntiles = k_hi > k_lo ? (k_hi - 1) / BN - t_first + 1 : 0;
 
+    // K/V by TMA boxes of tma_rows keys (one producer thread arrives, the
+    // copies complete the transaction count) or by the cp.async row gather.
+    const bool tma = p.tma_rows > 0;
     if (tid == 0) {
         mbar_init(bar_q, 128);
 #pragma unroll
         for (int s = 0; s < KST; ++s) {
-            mbar_init(bar_fk + 8 * s, 256);  // 128 cp.async arrivals + 128 thread arrivals
+            mbar_init(bar_fk + 8 * s, tma ? 1 : 256);  // gather: 128 cp.async + 128 thread arrivals
             mbar_init(bar_ek + 8 * s, 256);
         }
 #pragma unroll
         for (int s = 0; s < VST; ++s) {
-            mbar_init(bar_fv + 8 * s, 128);
+            mbar_init(bar_fv + 8 * s, tma ? 1 : 128);
             mbar_init(bar_ev + 8 * s, 256);
         }
     }
@@ -239,6 +274,23 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
         // ================================ producer ================================
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::PRODUCER_REGS));
         const int pt = tid;
+        const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
+        constexpr int RPT = BN / 64;  // rows per thread
+        constexpr int CPT = CPR / 2;  // chunks per row per thread
+        const int row0 = pt >> 1;
+        const int par = pt & 1;
+        // Page id of row row0 + 64 j of tile t (-1: not needed or past the table).
+        auto page_id = [&](int t, int j) {
+            const i32 k = (t_first + t) * BN + row0 + 64 * j;
+            const bool need = t < ntiles && k >= k_lo && k < k_hi;
+            const i32 pg = need ? k / p.page_size : 0;
+            return need && pg < p.max_num_pages ? __ldg(pt_row + pg) : -1;
+        };
+        // Tile 0's page ids (gather) are read before the Q copies go out,
+        // so that their latency overlaps them.
+        i32 next_id[RPT];
+#pragma unroll
+        for (int j = 0; j < RPT; ++j) next_id[j] = tma ? -1 : page_id(0, j);
         // Q: packed rows r0 .. r0 + rows (zeros past `rows`).
 #pragma unroll 1
         for (int c = pt; c < BM * CPR; c += 128) {
@@ -256,27 +308,97 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
         }
         mbar_arrive_cp_async(bar_q);
 
-        const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
+        if (tma) {
+            // One warp: lane j looks up the page of box j of a tile (one
+            // tile ahead) and lane 0 issues the boxes, D / 64 per box (one
+            // per 64-column atom; the tensor maps' 128-byte swizzle matches
+            // the operand layout). A box that is not needed or on a bad page
+            // is issued at page coordinate num_pages: zero-filled, masked.
+            if (pt >= 32) {
+                cp_async_wait<0>();
+                return;
+            }
+            const int lane = pt;
+            const int rows = p.tma_rows;               // keys per box
+            const int nbox = BN / min(rows, BN);       // boxes per tile (1..16)
+            const int dt = p.tma_dims & 15, dh = (p.tma_dims >> 4) & 15;
+            auto box_page = [&](int t) {  // lane's box of tile t: page id, -1 when not read
+                const i32 k = (t_first + t) * BN + lane * rows;
+                const bool need = t < ntiles && lane < nbox && k < k_hi && k + rows > k_lo;
+                const i32 pg = need ? k / p.page_size : 0;
+                const i32 id = need && pg < p.max_num_pages ? __ldg(pt_row + pg) : -1;
+                return id >= 0 && id < p.num_pages ? id : -1;
+            };
+            // Valid-key mask words of a tile from the per-box valid bits.
+            auto key_mask = [&](u32 vb, int w) {
+                if (rows >= 32) return ((vb >> ((32 * w) / rows)) & 1u) ? 0xffffffffu : 0u;
+                u32 m = 0;
+                const u32 ones = (1u << rows) - 1u;
+                for (int j = 0; j < 32 / rows; ++j)
+                    if ((vb >> (w * (32 / rows) + j)) & 1u) m |= ones << (j * rows);
+                return m;
+            };
+            auto issue = [&](const TmaMap& map, u32 dst_tile, u32 bar, int t, i32 id) {
+                const i32 k0 = (t_first + t) * BN;
+                const int tok0 = rows >= BN ? k0 % p.page_size : 0;
+#pragma unroll 1
+                for (int j = 0; j < nbox; ++j) {
+                    const i32 idj = __shfl_sync(0xffffffffu, id, j);
+                    if (lane == 0 && !(XV & 4)) {
+                        const int pg = idj >= 0 ? idj : p.num_pages;
+                        // Coordinate of tensor-map dim `d` (1..3): token, head or page.
+                        auto coord = [&](int d) { return d == dt ? tok0 : d == dh ? h : pg; };
+                        const int c1 = coord(1), c2 = coord(2), c3 = coord(3);
+#pragma unroll
+                        for (int a = 0; a < D / 64; ++a)
+                            tma_load_4d(dst_tile + a * C::KV_ATOM + j * rows * 128, map, bar, 64 * a, c1, c2, c3);
+                    }
+                }
+            };
+            constexpr u32 TX = XV & 4 ? 0u : (u32)C::KV_BYTES;
+            i32 id_next = box_page(0);
+            i32 id_prev = -1;  // V of the previous tile
+            for (int t = 0; t < ntiles; ++t) {
+                const i32 id = id_next;
+                id_next = box_page(t + 1);
+                const u32 vb = __ballot_sync(0xffffffffu, id >= 0);
+                if (lane == 0) {
+                    if (t >= KST) mbar_wait(bar_ek + 8 * kslot(t), kpar(t) ^ 1);
+#pragma unroll
+                    for (int w = 0; w < VMW; ++w) vm_s[kslot(t) * VMW + w] = key_mask(vb, w);
+                    mbar_arrive_expect_tx(bar_fk + 8 * kslot(t), TX);  // releases the mask
+                }
+                __syncwarp();
+                issue(tmap_k, base + C::K_OFF + kslot(t) * C::KV_BYTES, bar_fk + 8 * kslot(t), t, id);
+                if (t >= 1) {
+                    if (lane == 0) {
+                        if (t - 1 >= VST) mbar_wait(bar_ev + 8 * vslot(t - 1), vpar(t - 1) ^ 1);
+                        mbar_arrive_expect_tx(bar_fv + 8 * vslot(t - 1), TX);
+                    }
+                    __syncwarp();
+                    issue(tmap_v, base + C::V_OFF + vslot(t - 1) * C::KV_BYTES, bar_fv + 8 * vslot(t - 1), t - 1,
+                          id_prev);
+                }
+                id_prev = id;
+            }
+            if (ntiles >= 1) {
+                const int t = ntiles - 1;
+                if (lane == 0) {
+                    if (t >= VST) mbar_wait(bar_ev + 8 * vslot(t), vpar(t) ^ 1);
+                    mbar_arrive_expect_tx(bar_fv + 8 * vslot(t), TX);
+                }
+                __syncwarp();
+                issue(tmap_v, base + C::V_OFF + vslot(t) * C::KV_BYTES, bar_fv + 8 * vslot(t), t, id_prev);
+            }
+            cp_async_wait<0>();
+            return;
+        }
         // Two threads per key row, RPT rows per thread (rows pt / 2 + 64 j):
         // thread pt copies the odd or even 16-byte chunks of its rows, so a
         // warp instruction reads 16 rows x 32 contiguous bytes (whole L2
         // sectors). One page lookup per row and tile (read one tile ahead);
         // the rows' source addresses (null: zero-fill) stay in registers, and
         // V of a tile is copied one tile after its K.
-        constexpr int RPT = BN / 64;  // rows per thread
-        constexpr int CPT = CPR / 2;  // chunks per row per thread
-        const int row0 = pt >> 1;
-        const int par = pt & 1;
-        // Page id of row row0 + 64 j of tile t (-1: not needed or past the table).
-        auto page_id = [&](int t, int j) {
-            const i32 k = (t_first + t) * BN + row0 + 64 * j;
-            const bool need = t < ntiles && k >= k_lo && k < k_hi;
-            const i32 pg = need ? k / p.page_size : 0;
-            return need && pg < p.max_num_pages ? __ldg(pt_row + pg) : -1;
-        };
-        i32 next_id[RPT];
-#pragma unroll
-        for (int j = 0; j < RPT; ++j) next_id[j] = page_id(0, j);
         const u16* k_src[RPT];   // K rows of the tile being issued
         const u16* v_src[RPT];   // V rows of the previous tile
         const u16* v_next[RPT];
@@ -444,6 +566,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
     // work that overlaps the tensor cores).
     const float c = p.scale_log2;
     const bool cpos = c > 0.f;
+    const u32 pin_addr = base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
     float dsum[2] = {0.f, 0.f};
     auto softmax = [&](int t, bool full, const u32 (&vmw)[VMW]) {
         if constexpr ((XV & 1) != 0) {
@@ -463,27 +586,52 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
                 s[i] = vis ? s[i] : PAC_NEG_INF;
             }
         }
+        // Row max and row sum over eight and four independent partials per
+        // row (a thread's 32 values of a row in one chain would be a
+        // 32-deep dependency of FMNMX / FADD latencies).
+        float mp[2][8];
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+            for (int k = 0; k < 8; ++k) mp[hr][k] = PAC_NEG_INF;
         if (cpos) {
 #pragma unroll
-            for (int i = 0; i < NS; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) mx[hr] *= c;  // -inf stays -inf
+            for (int i = 0; i < NS; ++i) {
+                float& m = mp[(i >> 1) & 1][((i >> 2) & 3) | ((i & 1) << 2)];
+                m = fmaxf(m, s[i]);
+            }
         } else {
 #pragma unroll
             for (int i = 0; i < NS; ++i) {
                 s[i] = s[i] == PAC_NEG_INF ? PAC_NEG_INF : s[i] * c;  // masked stays -inf
-                mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+                float& m = mp[(i >> 1) & 1][((i >> 2) & 3) | ((i & 1) << 2)];
+                m = fmaxf(m, s[i]);
             }
         }
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+#pragma unroll
+            for (int w = 4; w >= 1; w >>= 1)
+#pragma unroll
+                for (int k = 0; k < w; ++k) mp[hr][k] = fmaxf(mp[hr][k], mp[hr][k + w]);
+            mx[hr] = cpos ? mp[hr][0] * c : mp[hr][0];  // -inf stays -inf
+        }
         row_max_update(mx, mrow, alpha);
-        dsum[0] = dsum[1] = 0.f;
         const float cs = cpos ? c : 1.f;  // scores still raw (cpos) or already scaled
+        float sp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
         for (int i = 0; i < NS; ++i) {
             const int hr = (i >> 1) & 1;
-            s[i] = ex2v(fmaf(s[i], cs, -mx[hr]));
-            dsum[hr] += s[i];
+            s[i] = ex2f(fmaf(s[i], cs, -mx[hr]));
+            sp[hr][(i >> 2) & 3] += s[i];
         }
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) dsum[hr] = (sp[hr][0] + sp[hr][1]) + (sp[hr][2] + sp[hr][3]);
+        // ptxas moves the wait for P V above independent arithmetic, which
+        // would put every exponential after it (no overlap with the tensor
+        // cores); it keeps shared-memory stores on their side of the wait,
+        // so a store of a value that depends on all of them pins them here.
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(pin_addr), "f"(dsum[0] + dsum[1]) : "memory");
     };
     // O *= alpha; P = 16-bit S; running row sums.
     auto rescale_pack = [&]() {
@@ -638,8 +786,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p) {
 // Entries: paged_attention_context_sm90_{q}_kv_{q}_d{D} (16-bit KV of the Q dtype).
 #define PAS_ENTRY(QN, QT, D)                                                                       \
     extern "C" __global__ void __launch_bounds__(pas::NTHREADS, 1)                                \
-        paged_attention_context_sm90_##QN##_kv_##QN##_d##D(const ContextParams p) {               \
-        pas::context_sm90_body<QT, D>(p);                                                         \
+        paged_attention_context_sm90_##QN##_kv_##QN##_d##D(                                       \
+            const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
+            const __grid_constant__ pas::TmaMap tmap_v) {                                         \
+        pas::context_sm90_body<QT, D>(p, tmap_k, tmap_v);                                         \
     }
 
 PAS_ENTRY(bf16, 0, 64)
@@ -652,8 +802,10 @@ PAS_ENTRY(f16, 1, 256)
 // Timing experiments of the bench (D 128 bf16 only): _x{XV}, see context_sm90_body.
 #define PAS_XENTRY(XV)                                                                             \
     extern "C" __global__ void __launch_bounds__(pas::NTHREADS, 1)                                \
-        paged_attention_context_sm90_bf16_kv_bf16_d128_x##XV(const ContextParams p) {             \
-        pas::context_sm90_body<0, 128, XV>(p);                                                    \
+        paged_attention_context_sm90_bf16_kv_bf16_d128_x##XV(                                     \
+            const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
+            const __grid_constant__ pas::TmaMap tmap_v) {                                         \
+        pas::context_sm90_body<0, 128, XV>(p, tmap_k, tmap_v);                                    \
     }
 PAS_XENTRY(1)
 PAS_XENTRY(4)

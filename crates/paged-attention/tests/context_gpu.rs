@@ -18,7 +18,7 @@ use context_common::*;
 use kernel_rt::cudarc::driver::CudaSlice;
 use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, OrFail};
 use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
-use paged_attention::{ContextArgs, ContextKernel, HalfDtype, KvCache, KvDtype};
+use paged_attention::{ContextArgs, ContextKernel, ContextKvLoad, HalfDtype, KvCache, KvDtype};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -45,6 +45,31 @@ struct GpuOut {
 
 /// Runs `c` (ragged layout) through the context kernel; output poisoned first.
 fn run_gpu(gpu: &Arc<Gpu>, kernel: &ContextKernel, c: &Case) -> Result<GpuOut, KernelError> {
+    run_gpu_layout(gpu, kernel, c, false)
+}
+
+/// The K/V pool of `c` (slot-major NHD bits) re-laid as HND `[pages, Hkv, P, D]`.
+fn to_hnd(c: &Case, x: &[u16]) -> Vec<u16> {
+    let mut y = vec![0u16; x.len()];
+    for pg in 0..c.num_pages {
+        for t in 0..c.p {
+            for h in 0..c.hkv {
+                let src = c.kv_index(pg * c.p + t, h, 0);
+                let dst = ((pg * c.hkv + h) * c.p + t) * c.d;
+                y[dst..dst + c.d].copy_from_slice(&x[src..src + c.d]);
+            }
+        }
+    }
+    y
+}
+
+/// [`run_gpu`] with the K/V pools in the NHD (`hnd = false`) or HND layout.
+fn run_gpu_layout(
+    gpu: &Arc<Gpu>,
+    kernel: &ContextKernel,
+    c: &Case,
+    hnd: bool,
+) -> Result<GpuOut, KernelError> {
     let s = gpu.stream();
     let q = upload(gpu, &c.q)?;
     let mut out = upload(gpu, &vec![POISON; c.q.len()])?;
@@ -58,9 +83,17 @@ fn run_gpu(gpu: &Arc<Gpu>, kernel: &ContextKernel, c: &Case) -> Result<GpuOut, K
     let cu_k = upload(gpu, &cu_k_host)?;
     let sinks = c.sinks.as_ref().map(|v| upload(gpu, v)).transpose()?;
     let shape = [c.num_pages, c.hkv, c.p, c.d];
-    let strides = c.kv_strides();
-    let kh = upload(gpu, &c.k)?;
-    let vh = upload(gpu, &c.v)?;
+    let (strides, kh, vh) = if hnd {
+        assert!(c.kv_dtype != KvDtype::E4m3, "HND runs 16-bit pools only");
+        let st = [c.p * c.hkv * c.d, c.p * c.d, c.d, 1];
+        (
+            st,
+            upload(gpu, &to_hnd(c, &c.k))?,
+            upload(gpu, &to_hnd(c, &c.v))?,
+        )
+    } else {
+        (c.kv_strides(), upload(gpu, &c.k)?, upload(gpu, &c.v)?)
+    };
     let kb = upload(gpu, &c.k_bytes())?;
     let vb = upload(gpu, &c.v_bytes())?;
     let mut errors = DeviceErrors::new(gpu)?;
@@ -224,9 +257,25 @@ fn extend_case(
     n: usize,
     seed: u64,
 ) -> Case {
+    extend_case_h(kv, qd, d, g, 1, p, prefix, n, seed)
+}
+
+/// [`extend_case`] with `hkv` KV heads (`G = hq / hkv`).
+#[allow(clippy::too_many_arguments)]
+fn extend_case_h(
+    kv: KvDtype,
+    qd: HalfDtype,
+    d: usize,
+    hq: usize,
+    hkv: usize,
+    p: usize,
+    prefix: usize,
+    n: usize,
+    seed: u64,
+) -> Case {
     let len = prefix + n;
     let m = len.div_ceil(p);
-    let mut c = Case::new(kv, d, g, 1, p, 1 + m, 1, m, None, n);
+    let mut c = Case::new(kv, d, hq, hkv, p, 1 + m, 1, m, None, n);
     c.q_dtype = qd;
     c.page_table = (1..=m as i32).rev().collect();
     c.lens = vec![len as i32];
@@ -528,6 +577,86 @@ fn main() {
                     check(gpu, k, &c).map_err(|e| format!("shape {i} {qd:?}: {e}"))?;
                 }
             }
+            Ok(())
+        }),
+        named("tma_loads_equal_the_gather", |gpu, k| {
+            // Page sizes the TMA boxes take (8..BN dividing it, a multiple
+            // of BN, one contiguous page per request), both pool layouts,
+            // every head dim, GQA, one and two KV heads, windows (pages left
+            // of the window unmapped), a bad page id mid-sequence: the
+            // outputs are bit-identical to the cp.async gather's and match
+            // the reference, and (on sm_90) the launches ran TMA loads.
+            let mut gather = ContextKernel::new(gpu).or_fail("load")?;
+            gather.set_kv_load(ContextKvLoad::Gather);
+            let mut tma = ContextKernel::new(gpu).or_fail("load")?;
+            tma.set_kv_load(ContextKvLoad::Tma);
+            let _ = k;
+            let mut n = 0u64;
+            for (i, (d, g, hkv, p, pre, len_q, w, bad)) in [
+                (
+                    128usize, 4usize, 2usize, 16usize, 300usize, 200usize, None, false,
+                ),
+                (128, 1, 1, 8, 0, 300, None, false),
+                (64, 8, 2, 32, 90, 150, Some(40u32), false),
+                (256, 2, 2, 16, 64, 130, None, true),
+                (128, 4, 2, 64, 1000, 77, Some(300), false),
+                (64, 1, 2, 128, 129, 300, None, false),
+                (128, 16, 1, 256, 500, 40, None, true),
+                (256, 1, 1, 128, 0, 200, Some(5), false),
+                (128, 2, 2, 2048, 1500, 300, None, false),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                for (qd, kv) in [
+                    (HalfDtype::Bf16, KvDtype::Bf16),
+                    (HalfDtype::F16, KvDtype::F16),
+                ] {
+                    let mut c =
+                        extend_case_h(kv, qd, d, g * hkv, hkv, p, pre, len_q, 100 + i as u64);
+                    c.window = w;
+                    if let Some(w) = w {
+                        // Pages wholly left of every row's window: unmapped.
+                        let lo = (pre as i64 - i64::from(w)).max(0) as usize;
+                        for pg in 0..lo / p {
+                            c.page_table[pg] = -1;
+                        }
+                    }
+                    if bad {
+                        let last = (pre + len_q - 1) / p;
+                        c.page_table[last / 2] = c.num_pages as i32 + 7;
+                    }
+                    for hnd in [false, true] {
+                        let a = run_gpu_layout(gpu, &gather, &c, hnd).or_fail("gather")?;
+                        let b = run_gpu_layout(gpu, &tma, &c, hnd).or_fail("tma")?;
+                        if a.out != b.out {
+                            let diff = a.out.iter().zip(&b.out).filter(|(x, y)| x != y).count();
+                            return Err(format!(
+                                "shape {i} {qd:?} hnd {hnd}: {diff} outputs differ; {}",
+                                describe(&c)
+                            ));
+                        }
+                        let want = c.reference();
+                        compare(&c, &want, &b.out, &b.errors)
+                            .map_err(|e| format!("shape {i} {qd:?} hnd {hnd}: {e}"))?;
+                        n += 1;
+                    }
+                }
+            }
+            let sm90 = gpu.context().compute_capability().or_fail("cc")? == (9, 0);
+            if sm90 && tma.tma_launches() != n {
+                return Err(format!(
+                    "{} of {n} launches ran TMA loads",
+                    tma.tma_launches()
+                ));
+            }
+            if gather.tma_launches() != 0 {
+                return Err("the gather kernel ran TMA loads".into());
+            }
+            println!(
+                "tma_loads_equal_the_gather: {n} launch pairs, {} TMA",
+                tma.tma_launches()
+            );
             Ok(())
         }),
         named("d256_q4097_over_3000_prefix", |gpu, k| {

@@ -14,9 +14,9 @@ use context_common::*;
 use paged_attention::{
     context_block_rows, context_entry_name, context_launch_config, context_sm90_entry_name,
     context_sm90_launch_config, context_sm90_smem_bytes, context_sm90_stages,
-    context_sm90_supported, context_sm90_tile_keys, context_smem_bytes, context_variants,
-    ContextParams, HalfDtype, KvDtype, CONTEXT_PTX, CONTEXT_SM90_BLOCK_ROWS, CONTEXT_SM90_PTX,
-    CONTEXT_SM90_THREADS,
+    context_sm90_supported, context_sm90_tile_keys, context_sm90_tma_rows, context_smem_bytes,
+    context_variants, kv_tma_layout, ContextParams, HalfDtype, KvDtype, CONTEXT_PTX,
+    CONTEXT_SM90_BLOCK_ROWS, CONTEXT_SM90_PTX, CONTEXT_SM90_THREADS,
 };
 use proptest::prelude::*;
 
@@ -132,7 +132,7 @@ fn edge_23_chunked_prefill_window() {
 #[test]
 fn context_params_layout_matches_cuda() {
     use std::mem::{offset_of, size_of};
-    assert_eq!(size_of::<ContextParams>(), 216);
+    assert_eq!(size_of::<ContextParams>(), 224);
     assert_eq!(offset_of!(ContextParams, errors), 64);
     assert_eq!(offset_of!(ContextParams, q_stride_tok), 72);
     assert_eq!(offset_of!(ContextParams, page_table_stride), 152);
@@ -141,9 +141,11 @@ fn context_params_layout_matches_cuda() {
     assert_eq!(offset_of!(ContextParams, window_left), 200);
     assert_eq!(offset_of!(ContextParams, scale_log2), 204);
     assert_eq!(offset_of!(ContextParams, variant), 212);
+    assert_eq!(offset_of!(ContextParams, tma_rows), 216);
+    assert_eq!(offset_of!(ContextParams, tma_dims), 220);
     assert!(CONTEXT_PTX
         .ptx
-        .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[216]"));
+        .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[224]"));
 }
 
 #[test]
@@ -179,7 +181,13 @@ fn committed_context_sm90_ptx_is_fresh_and_complete() {
             assert!(CONTEXT_SM90_PTX.has_entry(&name), "{name} missing");
             assert!(CONTEXT_SM90_PTX
                 .ptx
-                .contains(&format!("{name}_param_0[216]")));
+                .contains(&format!("{name}_param_0[224]")));
+            // The K and V tensor maps: 128 bytes each, 64-byte aligned.
+            for i in [1, 2] {
+                assert!(CONTEXT_SM90_PTX
+                    .ptx
+                    .contains(&format!(".param .align 64 .b8 {name}_param_{i}[128]")));
+            }
             n += 1;
         }
     }
@@ -201,7 +209,7 @@ fn context_sm90_plan_fits() {
         let bars = 8 * (1 + 2 * kst + 2 * vst);
         assert_eq!(
             b,
-            128 * d * 2 + (kst + vst) * bn * d * 2 + kst * (bn / 8) + bars + 1024
+            128 * d * 2 + (kst + vst) * bn * d * 2 + kst * (bn / 8) + bars + 256 * 4 + 1024
         );
         for (max_q, g) in [(1, 1), (128, 1), (129, 1), (33, 4), (5000, 16)] {
             let (tiles, cfg) = context_sm90_launch_config(3, 2, g, max_q, d).unwrap();
@@ -212,6 +220,55 @@ fn context_sm90_plan_fits() {
             assert_eq!(cfg.shared_mem_bytes as usize, b);
         }
     }
+}
+
+/// TMA boxes: a page size that is a multiple of the tile or a multiple of
+/// 8 dividing it; every other page size gathers rows.
+#[test]
+fn context_sm90_tma_rows_by_page_size() {
+    for (p, d, want) in [
+        (16, 128, Some(16)),
+        (8, 128, Some(8)),
+        (64, 256, Some(64)),
+        (128, 128, Some(128)),
+        (256, 128, Some(128)),
+        (16384, 128, Some(128)),
+        (128, 256, Some(64)),
+        (1600, 256, Some(64)),
+        (1600, 128, None),
+        (48, 128, None),
+        (1, 64, None),
+        (4, 128, None),
+        (24, 64, None),
+    ] {
+        assert_eq!(context_sm90_tma_rows(p, d), want, "P {p} D {d}");
+    }
+}
+
+/// Tensor-map layouts of the two pool layouts: HND `[pages, Hkv, P, D]`
+/// (token, head, page) and NHD `[pages, P, Hkv, D]` (head, token, page); one
+/// KV head goes last; odd strides fall back to the gather.
+#[test]
+fn kv_tma_layouts() {
+    let (hnd, code) = kv_tma_layout([8 * 16 * 128, 16 * 128, 128], 1000, 8, 16, 128, 16).unwrap();
+    assert_eq!(hnd.dims, [128, 16, 8, 1000]);
+    assert_eq!(hnd.strides_bytes[..3], [256, 4096, 32768]);
+    assert_eq!(hnd.box_dims, [64, 16, 1, 1]);
+    assert_eq!(code, 1 | (2 << 4) | (3 << 8));
+    let (nhd, code) = kv_tma_layout([16 * 8 * 128, 128, 8 * 128], 1000, 8, 16, 128, 16).unwrap();
+    assert_eq!(nhd.dims, [128, 8, 16, 1000]);
+    assert_eq!(nhd.strides_bytes[..3], [256, 2048, 32768]);
+    assert_eq!(nhd.box_dims, [64, 1, 16, 1]);
+    assert_eq!(code, 2 | (1 << 4) | (3 << 8));
+    let (one, code) = kv_tma_layout([16 * 64, 0, 64], 10, 1, 16, 64, 16).unwrap();
+    assert_eq!(one.dims, [64, 16, 10, 1]);
+    assert_eq!(one.box_dims, [64, 16, 1, 1]);
+    assert_eq!(code, 1 | (3 << 4) | (2 << 8));
+    // A contiguous request (one page of 4096 tokens): boxes of 128 tokens.
+    let (big, _) = kv_tma_layout([4096 * 8 * 128, 128, 8 * 128], 8, 8, 4096, 128, 128).unwrap();
+    assert_eq!(big.box_dims, [64, 1, 128, 1]);
+    // A token stride that is not a multiple of 8 elements (16 bytes).
+    assert!(kv_tma_layout([16 * 132 * 8, 132, 132 * 8], 10, 8, 16, 128, 16).is_none());
 }
 
 /// Occupancy plan: D 64 → 3 CTAs/SM, D 128 → 2, D 256 → 1 (228 KB per SM,
