@@ -4,7 +4,7 @@
 # run the stages named in STAGES, in the order given (default: all, as listed):
 #   smoke     the TMA-vs-gather GPU test alone (a hang or a mismatch stops
 #             the TMA stages: the gather runs the rest)
-#   quick     three named context tests (a fast correctness check)
+#   quick     named context tests, the persistent-grid and TMA tests (a fast check)
 #   tests     the context GPU tests on the sm_90a kernel (default K/V loads;
 #             ${MHA_KIT_GPU_CASES:-500} random cases)
 #   gather    the named tests with the cp.async gather forced, and on the
@@ -42,7 +42,7 @@ stage_smoke() {
 }
 stage_quick() {
   echo "== quick: named shapes + masked non-finite keys (sm90a)"
-  for t in named_shapes_of_the_sm90_issue masked_nonfinite_keys must_pass; do
+  for t in named_shapes_of_the_sm90_issue masked_nonfinite_keys must_pass persistent_grid tma_loads; do
     timeout 90 $T --include-ignored $t >> "$OUT/quick.log" 2>&1; echo "$t rc=$?"
   done
   summary "$OUT/quick.log"
@@ -53,7 +53,7 @@ stage_tests() {
 }
 stage_gather() {
   echo "== context tests, sm90a with the cp.async gather (named)"
-  MHA_KIT_CONTEXT_KV_LOAD=gather timeout 90 $T --include-ignored --skip proptest > "$OUT/ctx_gather.log" 2>&1
+  MHA_KIT_CONTEXT_KV_LOAD=gather timeout 180 $T --include-ignored --skip proptest --skip tma_loads --skip persistent > "$OUT/ctx_gather.log" 2>&1
   echo "rc=$?"; summary "$OUT/ctx_gather.log"
   echo "== context tests, compute_90 (named)"
   MHA_KIT_CONTEXT_KERNEL=mma timeout 60 $T --include-ignored --skip d256 --skip proptest --skip tma_loads \

@@ -260,6 +260,9 @@ fn main() {
     // size allows them).
     let mut gather = ContextKernel::new(&gpu).expect("load");
     gather.set_kv_load(ContextKvLoad::Gather);
+    // One CTA per work item instead of the persistent grid.
+    let mut per_item = ContextKernel::new(&gpu).expect("load");
+    per_item.set_variant(2);
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
         [1u32, 4, 5, 6]
@@ -284,6 +287,8 @@ fn main() {
             "sm90 mma.sync"
         } else if std::ptr::eq(k, &pingpong) {
             "sm90a wgmma, ping-pong"
+        } else if std::ptr::eq(k, &per_item) {
+            "sm90a wgmma, one CTA per item"
         } else if std::ptr::eq(k, &gather) {
             "sm90a wgmma, cp.async gather"
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {
@@ -311,8 +316,11 @@ fn main() {
         if i == 4 && kernel.uses_sm90() {
             kernels.push(&gather);
         }
+        if c.name.starts_with("FA3 grid D 128") && kernel.uses_sm90() {
+            kernels.push(&per_item);
+        }
         if i < 4 && kernel.uses_sm90() {
-            kernels.extend([&pingpong, &gather, &fallback]);
+            kernels.extend([&pingpong, &per_item, &gather, &fallback]);
             if i < 2 {
                 kernels.extend(experiments.iter().map(|(_, e)| e));
             }

@@ -41,6 +41,9 @@ struct ContextParams {
     // 8-11). The compute_90 kernel ignores both.
     i32 tma_rows;
     i32 tma_dims;
+    // sm_90a persistent grid: [next item, CTAs done] counters, zero between
+    // launches (the last CTA to finish resets them). Unused by compute_90.
+    u32* work;
 };
 
 namespace pac {
@@ -50,17 +53,14 @@ struct Geom {
     bool skip;
 };
 
-// Ragged rule (src/lib.rs docs), identical to the decode kernel: request b is
-// processed only when 0 <= cu[b] <= cu[b+1] <= num_tokens, cu[b+1] - cu[b]
-// <= max_q_len and cu[b] >= cu[k] for every k < b; otherwise skipped (rows
-// untouched) and counted once. Block-cooperative (__syncthreads_or).
-MHA_KIT_DEVICE Geom request_geom(const ContextParams& p, int b, bool report) {
+// The ragged rule (src/lib.rs docs), identical to the decode kernel:
+// request b is processed only when 0 <= cu[b] <= cu[b+1] <= num_tokens,
+// cu[b+1] - cu[b] <= max_q_len and cu[b] >= cu[k] for every k < b
+// (`overlap`: some earlier cu[k] > cu[b]); otherwise skipped (rows
+// untouched) and counted once (`report`).
+MHA_KIT_DEVICE Geom request_geom_of(const ContextParams& p, int b, i32 s, i32 e, bool overlap, bool report) {
     Geom g;
     g.skip = false;
-    const i32 s = p.cu_seqlens_q[b], e = p.cu_seqlens_q[b + 1];
-    int later = 0;
-    for (int k = threadIdx.x; k < b; k += blockDim.x) later |= p.cu_seqlens_q[k] > s ? 1 : 0;
-    const bool overlap = __syncthreads_or(later) != 0;
     u32 flag = 0;
     if (s < 0 || e < s || e > p.num_tokens || overlap) {
         flag = PAC_BAD_CU_SEQLENS;
@@ -84,6 +84,26 @@ MHA_KIT_DEVICE Geom request_geom(const ContextParams& p, int b, bool report) {
     }
     g.len = len;
     return g;
+}
+
+// request_geom_of with the overlap scan shared by the block
+// (__syncthreads_or: every thread of the block calls it).
+MHA_KIT_DEVICE Geom request_geom(const ContextParams& p, int b, bool report) {
+    const i32 s = p.cu_seqlens_q[b], e = p.cu_seqlens_q[b + 1];
+    int later = 0;
+    for (int k = threadIdx.x; k < b; k += blockDim.x) later |= p.cu_seqlens_q[k] > s ? 1 : 0;
+    const bool overlap = __syncthreads_or(later) != 0;
+    return request_geom_of(p, b, s, e, overlap, report);
+}
+
+// request_geom_of with the overlap scan shared by one warp (every lane of
+// the warp calls it; warps decide alone, with the same answer).
+MHA_KIT_DEVICE Geom request_geom_warp(const ContextParams& p, int b, bool report) {
+    const i32 s = p.cu_seqlens_q[b], e = p.cu_seqlens_q[b + 1];
+    bool later = false;
+    for (int k = (int)(threadIdx.x & 31); k < b; k += 32) later = later || p.cu_seqlens_q[k] > s;
+    const bool overlap = __any_sync(0xffffffffu, later);
+    return request_geom_of(p, b, s, e, overlap, report);
 }
 
 // D10: the reporter CTA of a request counts bad entries among its needed

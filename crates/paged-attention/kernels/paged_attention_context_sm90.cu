@@ -47,10 +47,16 @@ constexpr int NTHREADS = 384;  // producer + 2 consumers
 template <int D>
 struct Cfg {
     static constexpr int BN = D == 256 ? 64 : 128;  // keys per KV tile
-    // Register split (128 x P + 256 x C <= 64 K): D 256 holds O in 128
-    // registers per consumer thread and copies one row per producer thread.
-    static constexpr int PRODUCER_REGS = D == 256 ? 40 : 56;
-    static constexpr int CONSUMER_REGS = D == 256 ? 232 : 224;
+    // Register split (128 x P + 256 x C <= 64512, the 168 x 384 of the
+    // launch): the producer's item loop needs 48 at D 256 (40 spilled),
+    // which leaves the consumers 224 there too.
+    static constexpr int PRODUCER_REGS = D == 256 ? 48 : 56;
+    static constexpr int CONSUMER_REGS = 224;
+    // Persistent grid (mirrored by `context_sm90_persistent` in
+    // src/context.rs): at D 256 the consumers' O (128 registers a thread)
+    // leaves no room for the work-item loop state (NVRTC 12.4's ptxas
+    // spills), so D 256 runs one CTA per work item.
+    static constexpr bool PERSISTENT = D != 256;
     static constexpr int CPR = D / 8;               // 16-byte chunks per row
     static constexpr int Q_ATOM = BM * 128;         // bytes of one 64-column block of Q
     static constexpr int KV_ATOM = BN * 128;
@@ -65,11 +71,13 @@ struct Cfg {
     static constexpr int V_OFF = K_OFF + KST * KV_BYTES;
     static constexpr int VM_OFF = V_OFF + VST * KV_BYTES;  // u32 [KST][BN / 32] valid-key masks
     static constexpr int BAR_OFF = VM_OFF + KST * (BN / 32) * 4;
-    static constexpr int NBAR = 1 + 2 * KST + 2 * VST;  // Q; K full/empty; V full/empty
+    // Q full/empty; K full/empty; V full/empty; work-item slots full/empty.
+    static constexpr int NBAR = 2 + 2 * KST + 2 * VST + 4;
     // One f32 per consumer thread: the per-tile store that keeps the
     // exponentials ahead of the wait for P V (see `softmax`).
     static constexpr int PIN_OFF = BAR_OFF + NBAR * 8;
-    static constexpr int BYTES = PIN_OFF + 256 * 4;
+    static constexpr int ITEM_OFF = PIN_OFF + 256 * 4;  // i32 [2] work-item slots
+    static constexpr int BYTES = ITEM_OFF + 2 * 4;
     static constexpr int ALLOC = BYTES + 1024;  // slack: the base is rounded up to 1024
     static_assert(BAR_OFF % 8 == 0, "mbarrier alignment");
     static_assert((BN * CPR) % 128 == 0 && (BM * CPR) % 128 == 0, "producer split");
@@ -81,6 +89,13 @@ MHA_KIT_DEVICE void mbar_init(u32 bar, u32 count) {
 }
 MHA_KIT_DEVICE void mbar_arrive(u32 bar) {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Arrives on `bar` when `on` (predicated in PTX: no branch, see named_sync_if).
+MHA_KIT_DEVICE void mbar_arrive_if(bool on, u32 bar) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
+        "r"((u32)on)
+        : "memory");
 }
 // Arrives on `bar` and adds `bytes` to the transaction count it waits for
 // (the bytes of the TMA copies that complete on it).
@@ -195,6 +210,45 @@ MHA_KIT_DEVICE u32 swz(int row, int ch, int atom) {
     return (u32)((ch >> 3) * atom + row * 128 + (((ch & 7) ^ (row & 7)) << 4));
 }
 
+// One work item: q tile `tile` (of BM packed rows) of KV head h of request
+// b, and what the tile needs: rows, row positions, key range [k_lo, k_hi)
+// and its KV tiles t_first .. t_first + ntiles - 1.
+struct Item {
+    int tile, h, b;
+    Geom g;
+    bool skip;  // bad request (counted) or a tile past the request's rows
+    int rows;
+    i32 r0, x_base, x_min, x_max, k_lo, k_hi, t_first;
+    int ntiles;
+};
+
+// Item `it` of the grid order (q tiles fastest, the heaviest first; then KV
+// heads; then requests), for KV tiles of BN keys. Warp-cooperative (every
+// lane of the warp calls it); `report`: this thread counts the request's bad
+// cu_seqlens / lengths (once per request: on its item of tile 0, head 0).
+template <int BN>
+MHA_KIT_DEVICE Item item_geom(const ContextParams& p, i64 it, bool report) {
+    Item I;
+    const int x = (int)(it % p.q_tiles);
+    const i64 rest = it / p.q_tiles;
+    I.tile = p.q_tiles - 1 - x;
+    I.h = (int)(rest % p.num_kv_heads);
+    I.b = (int)(rest / p.num_kv_heads);
+    I.g = request_geom_warp(p, I.b, report && I.tile == 0 && I.h == 0);
+    const i32 rows_total = I.g.n * p.group;
+    I.r0 = I.tile * BM;
+    I.skip = I.g.skip || I.r0 >= rows_total;
+    I.rows = I.skip ? 0 : min(BM, rows_total - I.r0);
+    I.x_base = I.g.len - I.g.n;
+    I.x_min = I.x_base + I.r0 / p.group;
+    I.x_max = I.x_base + (I.r0 + max(I.rows, 1) - 1) / p.group;
+    I.k_hi = max(I.x_max + 1, 0);
+    I.k_lo = p.window_left >= 0 ? max(I.x_min - p.window_left, 0) : 0;
+    I.t_first = I.k_lo / BN;
+    I.ntiles = !I.skip && I.k_hi > I.k_lo ? (I.k_hi - 1) / BN - I.t_first + 1 : 0;
+    return I;
+}
+
 // XV: timing experiments that leave one stage out (wrong results; only the
 // bench's `_x{XV}` entries set it): 1 no softmax math, 2 no wgmma, 4 no
 // global K/V reads (zero-filled copies).
@@ -215,48 +269,76 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     u32* vm_s = reinterpret_cast<u32*>(smem + C::VM_OFF);
     constexpr int KST = C::KST;
     constexpr int VST = C::VST;
-    const u32 bar_q = base + C::BAR_OFF;
-    const u32 bar_fk = bar_q + 8;                 // [KST] K landed
+    const u32 bar_q = base + C::BAR_OFF;          // Q landed
+    const u32 bar_qe = bar_q + 8;                 // Q consumed (the last S of an item issued and done)
+    const u32 bar_fk = bar_qe + 8;                // [KST] K landed
     const u32 bar_ek = bar_fk + 8 * KST;          // [KST] K consumed
     const u32 bar_fv = bar_ek + 8 * KST;          // [VST] V landed
     const u32 bar_ev = bar_fv + 8 * VST;          // [VST] V consumed
-    // Ring slot and phase parity of tile t.
-    auto kslot = [](int t) { return t % KST; };
-    auto kpar = [](int t) { return (u32)((t / KST) & 1); };
-    auto vslot = [](int t) { return t % VST; };
-    auto vpar = [](int t) { return (u32)((t / VST) & 1); };
+    const u32 bar_if = bar_ev + 8 * VST;          // [2] work item published
+    const u32 bar_ie = bar_if + 16;               // [2] work item read by all
+    // The rings run on across a CTA's items: T0 counts the KV tiles of the
+    // CTA's earlier items (per role, the same count), tile t of an item is
+    // ring tile T0 + t; nq counts the items that loaded a Q tile.
+    int T0 = 0;
+    int nq = 0;
+    auto kslot = [&](int t) { return (T0 + t) % KST; };
+    auto kpar = [&](int t) { return (u32)(((T0 + t) / KST) & 1); };
+    auto vslot = [&](int t) { return (T0 + t) % VST; };
+    auto vpar = [&](int t) { return (u32)(((T0 + t) / VST) & 1); };
 
-    // Grid (q_tiles, Hkv, bs), q tiles fastest: the CTAs resident at once
-    // share one (request, KV head) and read its K/V from L2; within it the
-    // heaviest (last) q tiles go first.
-    const int tile = p.q_tiles - 1 - (int)blockIdx.x;
-    const int h = blockIdx.y;
-    const int b = blockIdx.z;
+    // Work items in the grid order (q tiles fastest, so that the CTAs
+    // resident at once share one (request, KV head) and read its K/V from
+    // L2; within it the heaviest q tiles first). CTA c starts with item c;
+    // with fewer CTAs than items (persistent grid) thread 0 then takes the
+    // next item from the counter p.work[0] and publishes it in a 2-slot
+    // shared ring (full: 1 arrival; empty: the other 383 threads); the last
+    // CTA to run out resets the counters for the next launch.
     const int tid = threadIdx.x;
     const int G = p.group;
-
-    const bool reporter = tile == 0 && h == 0;
-    const Geom g = request_geom(p, b, reporter && tid == 0);
-    if (g.skip) return;
-    if (reporter) report_bad_pages(p, g, b, tid, NTHREADS);
-
-    const i32 rows_total = g.n * G;
-    const i32 r0 = tile * BM;
-    if (r0 >= rows_total) return;
-    const int rows = min(BM, rows_total - r0);
-    const i32 x_base = g.len - g.n;
-    const i32 x_min = x_base + r0 / G;
-    const i32 x_max = x_base + (r0 + rows - 1) / G;
-    const i32 k_hi = max(x_max + 1, 0);
-    const i32 k_lo = p.window_left >= 0 ? max(x_min - p.window_left, 0) : 0;
-    const i32 t_first = k_lo / BN;
-    const int ntiles = k_hi > k_lo ? (k_hi - 1) / BN - t_first + 1 : 0;
+    const i64 items = (i64)p.q_tiles * p.num_kv_heads * p.bs;
+    const bool persistent = C::PERSISTENT && (i64)gridDim.x < items;
+    i32* item_s = reinterpret_cast<i32*>(smem + C::ITEM_OFF);
+    int n_items = 0;  // items taken by this thread so far (the stop included)
+    auto next_item = [&]() -> i64 {
+        const int n = n_items++;
+        if (!persistent) return n == 0 ? (i64)blockIdx.x : items;
+        const int slot = n & 1;
+        const u32 par = (u32)((n >> 1) & 1);
+        i64 it;
+        if (tid == 0) {
+            if (n >= 2) mbar_wait(bar_ie + 8 * slot, par ^ 1);
+            it = n == 0 ? (i64)blockIdx.x : (i64)gridDim.x + atomicAdd(p.work, 1u);
+            it = it < items ? it : items;
+            item_s[slot] = (i32)it;
+            mbar_arrive(bar_if + 8 * slot);
+            if (it == items) {
+                __threadfence();
+                if (atomicAdd(p.work + 1, 1u) == gridDim.x - 1) {
+                    __threadfence();
+                    atomicExch(p.work, 0u);
+                    atomicExch(p.work + 1, 0u);
+                }
+            }
+        } else {
+            mbar_wait(bar_if + 8 * slot, par);
+            it = item_s[slot];
+            mbar_arrive(bar_ie + 8 * slot);
+        }
+        return it;
+    };
 
     // K/V by TMA boxes of tma_rows keys (one producer thread arrives, the
     // copies complete the transaction count) or by the cp.async row gather.
     const bool tma = p.tma_rows > 0;
     if (tid == 0) {
         mbar_init(bar_q, 128);
+        mbar_init(bar_qe, 256);
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            mbar_init(bar_if + 8 * s, 1);
+            mbar_init(bar_ie + 8 * s, NTHREADS - 1);
+        }
 #pragma unroll
         for (int s = 0; s < KST; ++s) {
             mbar_init(bar_fk + 8 * s, tma ? 1 : 256);  // gather: 128 cp.async + 128 thread arrivals
@@ -274,200 +356,213 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // ================================ producer ================================
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::PRODUCER_REGS));
         const int pt = tid;
-        const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
         constexpr int RPT = BN / 64;  // rows per thread
         constexpr int CPT = CPR / 2;  // chunks per row per thread
         const int row0 = pt >> 1;
         const int par = pt & 1;
-        // Page id of row row0 + 64 j of tile t (-1: not needed or past the table).
-        auto page_id = [&](int t, int j) {
-            const i32 k = (t_first + t) * BN + row0 + 64 * j;
-            const bool need = t < ntiles && k >= k_lo && k < k_hi;
-            const i32 pg = need ? k / p.page_size : 0;
-            return need && pg < p.max_num_pages ? __ldg(pt_row + pg) : -1;
-        };
-        // Tile 0's page ids (gather) are read before the Q copies go out,
-        // so that their latency overlaps them.
-        i32 next_id[RPT];
-#pragma unroll
-        for (int j = 0; j < RPT; ++j) next_id[j] = tma ? -1 : page_id(0, j);
-        // Q: packed rows r0 .. r0 + rows (zeros past `rows`).
-#pragma unroll 1
-        for (int c = pt; c < BM * CPR; c += 128) {
-            const int row = c / CPR;
-            const int ch = c % CPR;
-            const bool valid = row < rows;
-            const u16* src = p.q;
-            if (valid) {
-                const int rg = r0 + row;
-                const int j = rg / G;
-                const int gq = rg - j * G;
-                src += (i64)(g.row_start + j) * p.q_stride_tok + (i64)(h * G + gq) * p.q_stride_head + ch * 8;
-            }
-            cp_async16(base + C::Q_OFF + swz(row, ch, C::Q_ATOM), src, valid ? 16u : 0u);
-        }
-        mbar_arrive_cp_async(bar_q);
-
-        if (tma) {
-            // One warp: lane j looks up the page of box j of a tile (one
-            // tile ahead) and lane 0 issues the boxes, D / 64 per box (one
-            // per 64-column atom; the tensor maps' 128-byte swizzle matches
-            // the operand layout). A box that is not needed or on a bad page
-            // is issued at page coordinate num_pages: zero-filled, masked.
-            if (pt >= 32) {
-                cp_async_wait<0>();
-                return;
-            }
-            const int lane = pt;
-            const int rows = p.tma_rows;               // keys per box
-            const int nbox = BN / min(rows, BN);       // boxes per tile (1..16)
-            const int dt = p.tma_dims & 15, dh = (p.tma_dims >> 4) & 15;
-            auto box_page = [&](int t) {  // lane's box of tile t: page id, -1 when not read
-                const i32 k = (t_first + t) * BN + lane * rows;
-                const bool need = t < ntiles && lane < nbox && k < k_hi && k + rows > k_lo;
+        for (;;) {
+            const i64 it = next_item();
+            if (it >= items) break;
+            const Item I = item_geom<BN>(p, it, pt == 0);
+            if (I.skip) continue;
+            const int h = I.h, b = I.b, rows = I.rows, ntiles = I.ntiles;
+            const Geom& g = I.g;
+            const i32 r0 = I.r0, k_lo = I.k_lo, k_hi = I.k_hi, t_first = I.t_first;
+            if (I.tile == 0 && h == 0) report_bad_pages(p, g, b, pt, 128);
+            if (ntiles == 0) continue;  // rows that see no key: the consumers write zeros
+            const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
+            // Page id of row row0 + 64 j of tile t (-1: not needed or past the table).
+            auto page_id = [&](int t, int j) {
+                const i32 k = (t_first + t) * BN + row0 + 64 * j;
+                const bool need = t < ntiles && k >= k_lo && k < k_hi;
                 const i32 pg = need ? k / p.page_size : 0;
-                const i32 id = need && pg < p.max_num_pages ? __ldg(pt_row + pg) : -1;
-                return id >= 0 && id < p.num_pages ? id : -1;
+                return need && pg < p.max_num_pages ? __ldg(pt_row + pg) : -1;
             };
-            // Valid-key mask words of a tile from the per-box valid bits.
-            auto key_mask = [&](u32 vb, int w) {
-                if (rows >= 32) return ((vb >> ((32 * w) / rows)) & 1u) ? 0xffffffffu : 0u;
-                u32 m = 0;
-                const u32 ones = (1u << rows) - 1u;
-                for (int j = 0; j < 32 / rows; ++j)
-                    if ((vb >> (w * (32 / rows) + j)) & 1u) m |= ones << (j * rows);
-                return m;
-            };
-            auto issue = [&](const TmaMap& map, u32 dst_tile, u32 bar, int t, i32 id) {
-                const i32 k0 = (t_first + t) * BN;
-                const int tok0 = rows >= BN ? k0 % p.page_size : 0;
+            // Tile 0's page ids (gather) are read before the Q copies go out,
+            // so that their latency overlaps them.
+            i32 next_id[RPT];
+#pragma unroll
+            for (int j = 0; j < RPT; ++j) next_id[j] = tma ? -1 : page_id(0, j);
+            // Q: packed rows r0 .. r0 + rows (zeros past `rows`), once the
+            // previous item's last S is done.
+            if (nq > 0) mbar_wait(bar_qe, (nq - 1) & 1);
 #pragma unroll 1
-                for (int j = 0; j < nbox; ++j) {
-                    const i32 idj = __shfl_sync(0xffffffffu, id, j);
-                    if (lane == 0 && !(XV & 4)) {
-                        const int pg = idj >= 0 ? idj : p.num_pages;
-                        // Coordinate of tensor-map dim `d` (1..3): token, head or page.
-                        auto coord = [&](int d) { return d == dt ? tok0 : d == dh ? h : pg; };
-                        const int c1 = coord(1), c2 = coord(2), c3 = coord(3);
+            for (int c = pt; c < BM * CPR; c += 128) {
+                const int row = c / CPR;
+                const int ch = c % CPR;
+                const bool valid = row < rows;
+                const u16* src = p.q;
+                if (valid) {
+                    const int rg = r0 + row;
+                    const int j = rg / G;
+                    const int gq = rg - j * G;
+                    src += (i64)(g.row_start + j) * p.q_stride_tok + (i64)(h * G + gq) * p.q_stride_head + ch * 8;
+                }
+                cp_async16(base + C::Q_OFF + swz(row, ch, C::Q_ATOM), src, valid ? 16u : 0u);
+            }
+            mbar_arrive_cp_async(bar_q);
+
+            if (tma) {
+                // One warp: lane j looks up the page of box j of a tile (one
+                // tile ahead) and lane 0 issues the boxes, D / 64 per box (one
+                // per 64-column atom; the tensor maps' 128-byte swizzle matches
+                // the operand layout). A box that is not needed or on a bad page
+                // is issued at page coordinate num_pages: zero-filled, masked.
+                if (pt < 32) {
+                    const int lane = pt;
+                    const int rows = p.tma_rows;               // keys per box
+                    const int nbox = BN / min(rows, BN);       // boxes per tile (1..16)
+                    const int dt = p.tma_dims & 15, dh = (p.tma_dims >> 4) & 15;
+                    auto box_page = [&](int t) {  // lane's box of tile t: page id, -1 when not read
+                        const i32 k = (t_first + t) * BN + lane * rows;
+                        const bool need = t < ntiles && lane < nbox && k < k_hi && k + rows > k_lo;
+                        const i32 pg = need ? k / p.page_size : 0;
+                        const i32 id = need && pg < p.max_num_pages ? __ldg(pt_row + pg) : -1;
+                        return id >= 0 && id < p.num_pages ? id : -1;
+                    };
+                    // Valid-key mask words of a tile from the per-box valid bits.
+                    auto key_mask = [&](u32 vb, int w) {
+                        if (rows >= 32) return ((vb >> ((32 * w) / rows)) & 1u) ? 0xffffffffu : 0u;
+                        u32 m = 0;
+                        const u32 ones = (1u << rows) - 1u;
+                        for (int j = 0; j < 32 / rows; ++j)
+                            if ((vb >> (w * (32 / rows) + j)) & 1u) m |= ones << (j * rows);
+                        return m;
+                    };
+                    auto issue = [&](const TmaMap& map, u32 dst_tile, u32 bar, int t, i32 id) {
+                        const i32 k0 = (t_first + t) * BN;
+                        const int tok0 = rows >= BN ? k0 % p.page_size : 0;
+#pragma unroll 1
+                        for (int j = 0; j < nbox; ++j) {
+                            const i32 idj = __shfl_sync(0xffffffffu, id, j);
+                            if (lane == 0 && !(XV & 4)) {
+                                const int pg = idj >= 0 ? idj : p.num_pages;
+                                // Coordinate of tensor-map dim `d` (1..3): token, head or page.
+                                auto coord = [&](int d) { return d == dt ? tok0 : d == dh ? h : pg; };
+                                const int c1 = coord(1), c2 = coord(2), c3 = coord(3);
 #pragma unroll
-                        for (int a = 0; a < D / 64; ++a)
-                            tma_load_4d(dst_tile + a * C::KV_ATOM + j * rows * 128, map, bar, 64 * a, c1, c2, c3);
+                                for (int a = 0; a < D / 64; ++a)
+                                    tma_load_4d(dst_tile + a * C::KV_ATOM + j * rows * 128, map, bar, 64 * a, c1,
+                                                c2, c3);
+                            }
+                        }
+                    };
+                    constexpr u32 TX = XV & 4 ? 0u : (u32)C::KV_BYTES;
+                    i32 id_next = box_page(0);
+                    i32 id_prev = -1;  // V of the previous tile
+                    for (int t = 0; t < ntiles; ++t) {
+                        const i32 id = id_next;
+                        id_next = box_page(t + 1);
+                        const u32 vb = __ballot_sync(0xffffffffu, id >= 0);
+                        if (lane == 0) {
+                            if (T0 + t >= KST) mbar_wait(bar_ek + 8 * kslot(t), kpar(t) ^ 1);
+#pragma unroll
+                            for (int w = 0; w < VMW; ++w) vm_s[kslot(t) * VMW + w] = key_mask(vb, w);
+                            mbar_arrive_expect_tx(bar_fk + 8 * kslot(t), TX);  // releases the mask
+                        }
+                        __syncwarp();
+                        issue(tmap_k, base + C::K_OFF + kslot(t) * C::KV_BYTES, bar_fk + 8 * kslot(t), t, id);
+                        if (t >= 1) {
+                            if (lane == 0) {
+                                if (T0 + t - 1 >= VST) mbar_wait(bar_ev + 8 * vslot(t - 1), vpar(t - 1) ^ 1);
+                                mbar_arrive_expect_tx(bar_fv + 8 * vslot(t - 1), TX);
+                            }
+                            __syncwarp();
+                            issue(tmap_v, base + C::V_OFF + vslot(t - 1) * C::KV_BYTES, bar_fv + 8 * vslot(t - 1), t - 1,
+                                  id_prev);
+                        }
+                        id_prev = id;
                     }
-                }
-            };
-            constexpr u32 TX = XV & 4 ? 0u : (u32)C::KV_BYTES;
-            i32 id_next = box_page(0);
-            i32 id_prev = -1;  // V of the previous tile
-            for (int t = 0; t < ntiles; ++t) {
-                const i32 id = id_next;
-                id_next = box_page(t + 1);
-                const u32 vb = __ballot_sync(0xffffffffu, id >= 0);
-                if (lane == 0) {
-                    if (t >= KST) mbar_wait(bar_ek + 8 * kslot(t), kpar(t) ^ 1);
-#pragma unroll
-                    for (int w = 0; w < VMW; ++w) vm_s[kslot(t) * VMW + w] = key_mask(vb, w);
-                    mbar_arrive_expect_tx(bar_fk + 8 * kslot(t), TX);  // releases the mask
-                }
-                __syncwarp();
-                issue(tmap_k, base + C::K_OFF + kslot(t) * C::KV_BYTES, bar_fk + 8 * kslot(t), t, id);
-                if (t >= 1) {
-                    if (lane == 0) {
-                        if (t - 1 >= VST) mbar_wait(bar_ev + 8 * vslot(t - 1), vpar(t - 1) ^ 1);
-                        mbar_arrive_expect_tx(bar_fv + 8 * vslot(t - 1), TX);
+                    if (ntiles >= 1) {
+                        const int t = ntiles - 1;
+                        if (lane == 0) {
+                            if (T0 + t >= VST) mbar_wait(bar_ev + 8 * vslot(t), vpar(t) ^ 1);
+                            mbar_arrive_expect_tx(bar_fv + 8 * vslot(t), TX);
+                        }
+                        __syncwarp();
+                        issue(tmap_v, base + C::V_OFF + vslot(t) * C::KV_BYTES, bar_fv + 8 * vslot(t), t, id_prev);
                     }
-                    __syncwarp();
-                    issue(tmap_v, base + C::V_OFF + vslot(t - 1) * C::KV_BYTES, bar_fv + 8 * vslot(t - 1), t - 1,
-                          id_prev);
+                }  // pt < 32: warps 1-3 copy Q only
+            } else {
+                // Two threads per key row, RPT rows per thread (rows pt / 2 + 64 j):
+                // thread pt copies the odd or even 16-byte chunks of its rows, so a
+                // warp instruction reads 16 rows x 32 contiguous bytes (whole L2
+                // sectors). One page lookup per row and tile (read one tile ahead);
+                // the rows' source addresses (null: zero-fill) stay in registers, and
+                // V of a tile is copied one tile after its K.
+                const u16* k_src[RPT];   // K rows of the tile being issued
+                const u16* v_src[RPT];   // V rows of the previous tile
+                const u16* v_next[RPT];
+#pragma unroll
+                for (int j = 0; j < RPT; ++j) v_src[j] = v_next[j] = nullptr;
+                // Resolves tile t's rows: K and V source addresses, valid mask (K slot).
+                auto lookup = [&](int t) {
+#pragma unroll
+                    for (int j = 0; j < RPT; ++j) {
+                        const i32 id = next_id[j];
+                        next_id[j] = page_id(t + 1, j);
+                        const bool valid = id >= 0 && id < p.num_pages;
+                        const bool rd = valid && !(XV & 4);
+                        const i32 off = ((t_first + t) * BN + row0 + 64 * j) % p.page_size;
+                        k_src[j] = nullptr;
+                        v_next[j] = nullptr;
+                        if (rd) {
+                            k_src[j] = reinterpret_cast<const u16*>(p.k_cache) + (i64)id * p.k_stride_page +
+                                       (i64)h * p.k_stride_head + (i64)off * p.k_stride_tok + par * 8;
+                            v_next[j] = reinterpret_cast<const u16*>(p.v_cache) + (i64)id * p.v_stride_page +
+                                        (i64)h * p.v_stride_head + (i64)off * p.v_stride_tok + par * 8;
+                        }
+                        // Valid-key mask: a warp holds rows 16 w + 64 j .. + 15 (even lanes).
+                        const u32 m = __ballot_sync(0xffffffffu, valid);
+                        u32 x = m & 0x55555555u;  // one bit per row, compressed
+                        x = (x | (x >> 1)) & 0x33333333u;
+                        x = (x | (x >> 2)) & 0x0F0F0F0Fu;
+                        x = (x | (x >> 4)) & 0x00FF00FFu;
+                        x = (x | (x >> 8)) & 0x0000FFFFu;
+                        if ((pt & 31) == 0) reinterpret_cast<u16*>(vm_s + kslot(t) * VMW)[(pt >> 5) + 4 * j] = (u16)x;
+                    }
+                };
+                auto copy_rows = [&](u32 dst_tile, const u16* const (&src)[RPT]) {
+                    // The swizzle term, opaque so that the compiler does not hoist the
+                    // destination addresses into registers across tiles.
+                    u32 x7 = (u32)(row0 & 7) << 4;
+                    asm volatile("" : "+r"(x7));
+#pragma unroll
+                    for (int j = 0; j < RPT; ++j) {
+                        const u32 dst_row = dst_tile + (row0 + 64 * j) * 128;
+                        const bool rd = src[j] != nullptr;
+#pragma unroll
+                        for (int i = 0; i < CPT; ++i) {
+                            const int ch = 2 * i + par;
+                            const u32 dst = dst_row + (i >> 2) * C::KV_ATOM + (((u32)(ch & 7) << 4) ^ x7);
+                            cp_async16(dst, rd ? src[j] + 16 * i : p.q, rd ? 16u : 0u);
+                        }
+                    }
+                };
+                for (int t = 0; t < ntiles; ++t) {
+                    if (T0 + t >= KST) mbar_wait(bar_ek + 8 * kslot(t), kpar(t) ^ 1);
+                    lookup(t);
+                    copy_rows(base + C::K_OFF + kslot(t) * C::KV_BYTES, k_src);
+                    mbar_arrive_cp_async(bar_fk + 8 * kslot(t));
+                    mbar_arrive(bar_fk + 8 * kslot(t));  // releases the valid mask written by lookup
+                    if (t >= 1) {
+                        if (T0 + t - 1 >= VST) mbar_wait(bar_ev + 8 * vslot(t - 1), vpar(t - 1) ^ 1);
+                        copy_rows(base + C::V_OFF + vslot(t - 1) * C::KV_BYTES, v_src);
+                        mbar_arrive_cp_async(bar_fv + 8 * vslot(t - 1));
+                    }
+#pragma unroll
+                    for (int j = 0; j < RPT; ++j) v_src[j] = v_next[j];
                 }
-                id_prev = id;
-            }
-            if (ntiles >= 1) {
-                const int t = ntiles - 1;
-                if (lane == 0) {
-                    if (t >= VST) mbar_wait(bar_ev + 8 * vslot(t), vpar(t) ^ 1);
-                    mbar_arrive_expect_tx(bar_fv + 8 * vslot(t), TX);
+                if (ntiles >= 1) {
+                    const int t = ntiles - 1;
+                    if (T0 + t >= VST) mbar_wait(bar_ev + 8 * vslot(t), vpar(t) ^ 1);
+                    copy_rows(base + C::V_OFF + vslot(t) * C::KV_BYTES, v_src);
+                    mbar_arrive_cp_async(bar_fv + 8 * vslot(t));
                 }
-                __syncwarp();
-                issue(tmap_v, base + C::V_OFF + vslot(t) * C::KV_BYTES, bar_fv + 8 * vslot(t), t, id_prev);
-            }
-            cp_async_wait<0>();
-            return;
-        }
-        // Two threads per key row, RPT rows per thread (rows pt / 2 + 64 j):
-        // thread pt copies the odd or even 16-byte chunks of its rows, so a
-        // warp instruction reads 16 rows x 32 contiguous bytes (whole L2
-        // sectors). One page lookup per row and tile (read one tile ahead);
-        // the rows' source addresses (null: zero-fill) stay in registers, and
-        // V of a tile is copied one tile after its K.
-        const u16* k_src[RPT];   // K rows of the tile being issued
-        const u16* v_src[RPT];   // V rows of the previous tile
-        const u16* v_next[RPT];
-#pragma unroll
-        for (int j = 0; j < RPT; ++j) v_src[j] = v_next[j] = nullptr;
-        // Resolves tile t's rows: K and V source addresses, valid mask (K slot).
-        auto lookup = [&](int t) {
-#pragma unroll
-            for (int j = 0; j < RPT; ++j) {
-                const i32 id = next_id[j];
-                next_id[j] = page_id(t + 1, j);
-                const bool valid = id >= 0 && id < p.num_pages;
-                const bool rd = valid && !(XV & 4);
-                const i32 off = ((t_first + t) * BN + row0 + 64 * j) % p.page_size;
-                k_src[j] = nullptr;
-                v_next[j] = nullptr;
-                if (rd) {
-                    k_src[j] = reinterpret_cast<const u16*>(p.k_cache) + (i64)id * p.k_stride_page +
-                               (i64)h * p.k_stride_head + (i64)off * p.k_stride_tok + par * 8;
-                    v_next[j] = reinterpret_cast<const u16*>(p.v_cache) + (i64)id * p.v_stride_page +
-                                (i64)h * p.v_stride_head + (i64)off * p.v_stride_tok + par * 8;
-                }
-                // Valid-key mask: a warp holds rows 16 w + 64 j .. + 15 (even lanes).
-                const u32 m = __ballot_sync(0xffffffffu, valid);
-                u32 x = m & 0x55555555u;  // one bit per row, compressed
-                x = (x | (x >> 1)) & 0x33333333u;
-                x = (x | (x >> 2)) & 0x0F0F0F0Fu;
-                x = (x | (x >> 4)) & 0x00FF00FFu;
-                x = (x | (x >> 8)) & 0x0000FFFFu;
-                if ((pt & 31) == 0) reinterpret_cast<u16*>(vm_s + kslot(t) * VMW)[(pt >> 5) + 4 * j] = (u16)x;
-            }
-        };
-        auto copy_rows = [&](u32 dst_tile, const u16* const (&src)[RPT]) {
-            // The swizzle term, opaque so that the compiler does not hoist the
-            // destination addresses into registers across tiles.
-            u32 x7 = (u32)(row0 & 7) << 4;
-            asm volatile("" : "+r"(x7));
-#pragma unroll
-            for (int j = 0; j < RPT; ++j) {
-                const u32 dst_row = dst_tile + (row0 + 64 * j) * 128;
-                const bool rd = src[j] != nullptr;
-#pragma unroll
-                for (int i = 0; i < CPT; ++i) {
-                    const int ch = 2 * i + par;
-                    const u32 dst = dst_row + (i >> 2) * C::KV_ATOM + (((u32)(ch & 7) << 4) ^ x7);
-                    cp_async16(dst, rd ? src[j] + 16 * i : p.q, rd ? 16u : 0u);
-                }
-            }
-        };
-        for (int t = 0; t < ntiles; ++t) {
-            if (t >= KST) mbar_wait(bar_ek + 8 * kslot(t), kpar(t) ^ 1);
-            lookup(t);
-            copy_rows(base + C::K_OFF + kslot(t) * C::KV_BYTES, k_src);
-            mbar_arrive_cp_async(bar_fk + 8 * kslot(t));
-            mbar_arrive(bar_fk + 8 * kslot(t));  // releases the valid mask written by lookup
-            if (t >= 1) {
-                if (t - 1 >= VST) mbar_wait(bar_ev + 8 * vslot(t - 1), vpar(t - 1) ^ 1);
-                copy_rows(base + C::V_OFF + vslot(t - 1) * C::KV_BYTES, v_src);
-                mbar_arrive_cp_async(bar_fv + 8 * vslot(t - 1));
-            }
-#pragma unroll
-            for (int j = 0; j < RPT; ++j) v_src[j] = v_next[j];
-        }
-        if (ntiles >= 1) {
-            const int t = ntiles - 1;
-            if (t >= VST) mbar_wait(bar_ev + 8 * vslot(t), vpar(t) ^ 1);
-            copy_rows(base + C::V_OFF + vslot(t) * C::KV_BYTES, v_src);
-            mbar_arrive_cp_async(bar_fv + 8 * vslot(t));
-        }
+            }  // gather
+            T0 += ntiles;
+            ++nq;
+        }  // items
         cp_async_wait<0>();
         return;
     }
@@ -483,302 +578,318 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const int gr = lane >> 2;
     const int qd = lane & 3;
     const int wrow0 = 64 * cw;           // first tile row of this warpgroup
-    const bool active = wrow0 < rows;    // warpgroup-uniform
-    const i32 xw_min = x_base + (r0 + wrow0) / G;
-    const i32 xw_max = x_base + (r0 + min(wrow0 + 63, rows - 1)) / G;
-    i32 xr[2], xlo[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-        const int row = wrow0 + 16 * warp + gr + 8 * hr;
-        xr[hr] = row < rows ? x_base + (r0 + row) / G : -1;  // padding rows see no key
-        xlo[hr] = p.window_left >= 0 ? xr[hr] - p.window_left : (i32)0x80000000;
-    }
-
-    float o[NO];
-#pragma unroll
-    for (int i = 0; i < NO; ++i) o[i] = 0.f;
-    float s[NS];
-#pragma unroll
-    for (int i = 0; i < NS; ++i) s[i] = 0.f;
-    u32 pa[KSTEPS][4];
-#pragma unroll
-    for (int i = 0; i < KSTEPS; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pa[i][e] = 0u;
-    float mrow[2] = {PAC_NEG_INF, PAC_NEG_INF};
-    float drow[2] = {0.f, 0.f};
-    float alpha[2] = {0.f, 0.f};
-
-    // Ping-pong (schedule variant 1): the consumers take turns issuing their
-    // GEMMs (named barriers 4 + c: "warpgroup c may issue"), so one's softmax
-    // runs under the other's GEMMs. Both warpgroups (active or not) take
-    // every turn; warpgroup 0 goes first and warpgroup 1 passes no turn after
-    // its last. Off by default: on the H200 the free-running consumers were
-    // 1-10% faster (docs/PERF.md).
-    const bool pingpong = p.variant == 1;
-    auto turn_take = [&]() { named_sync_if(pingpong, 4 + cw, 256); };
-    auto turn_pass = [&](bool last) { named_arrive_if(pingpong && !(cw == 1 && last), 5 - cw, 256); };
-
-    // wgmma descriptors: the low word (start address and leading offset)
-    // of one base per operand plus offsets in 16-byte units (addresses stay
-    // below 2^18, so the 14-bit start field never carries); the high word
-    // (stride offset 1024, 128-byte swizzle) is a constant.
-    constexpr u32 DHI = (u32)(sdesc(0, 0, 1024) >> 32);
-    auto dsc = [](u32 lo) { return ((u64)DHI << 32) | lo; };
-    const u32 q_lo = (u32)sdesc(base + C::Q_OFF + wrow0 * 128, 16, 1024);
-    const u32 k_lo0 = (u32)sdesc(base + C::K_OFF, 16, 1024);
-    const u32 v_lo0 = (u32)sdesc(base + C::V_OFF, C::KV_ATOM, 1024);
-    auto qk = [&](int st) {
-        if constexpr ((XV & 2) != 0) return;
-        wg_fence();
-        const u32 kd = k_lo0 + (u32)((st * C::KV_BYTES) >> 4);
-        u32 qd0 = q_lo;
-        asm volatile("" : "+r"(qd0));  // not hoisted: D / 16 descriptors would stay live
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-            const u32 qo = ((ks >> 2) * C::Q_ATOM + (ks & 3) * 32) >> 4;
-            const u32 ko = ((ks >> 2) * C::KV_ATOM + (ks & 3) * 32) >> 4;
-            mma_ss<QT, BN>(s, dsc(qd0 + qo), dsc(kd + ko), ks > 0 ? 1 : 0);
-        }
-        wg_commit();
-    };
-    auto pv = [&](int st) {
-        if constexpr ((XV & 2) != 0) return;
-        wg_fence();
-        const u32 vd = v_lo0 + (u32)((st * C::KV_BYTES) >> 4);
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) mma_rs<QT, D>(o, pa[kk], dsc(vd + ((kk * 16 * 128) >> 4)), 1);
-        wg_commit();
-    };
-    // Whether tile t needs no element mask for this warpgroup's rows.
-    auto tile_full = [&](int t, const u32 (&vmw)[VMW]) {
-        const i32 k0 = (t_first + t) * BN;
-        bool full = k0 + BN - 1 <= xw_min && (p.window_left < 0 || k0 >= xw_max - p.window_left);
-#pragma unroll
-        for (int w = 0; w < VMW; ++w) full = full && vmw[w] == 0xffffffffu;
-        return full;
-    };
-    // Mask (edge tiles), running max, exponentials in place (s becomes P in
-    // f32) and the row sums of P. With a positive logit scale c the max is
-    // taken on raw scores and p = 2^(s c - m) is one FFMA + ex2; otherwise
-    // the scores are scaled first. mrow is in scaled (log2) units. The ex2
-    // are volatile so that they stay ahead of the wait for P V (they are the
-    // work that overlaps the tensor cores).
-    const float c = p.scale_log2;
-    const bool cpos = c > 0.f;
     const u32 pin_addr = base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
-    float dsum[2] = {0.f, 0.f};
-    auto softmax = [&](int t, bool full, const u32 (&vmw)[VMW]) {
-        if constexpr ((XV & 1) != 0) {
-            alpha[0] = alpha[1] = 1.f;
-            return;
-        }
-        const i32 k0 = (t_first + t) * BN;
-        float mx[2] = {PAC_NEG_INF, PAC_NEG_INF};
-        if (!full) {
-#pragma unroll
-            for (int i = 0; i < NS; ++i) {
-                const int j = i >> 2;
-                const int hr = (i >> 1) & 1;
-                const int tk = 8 * j + 2 * qd + (i & 1);
-                const i32 k = k0 + tk;
-                const bool vis = ((vmw[j >> 2] >> (tk & 31)) & 1u) && k <= xr[hr] && k >= xlo[hr];
-                s[i] = vis ? s[i] : PAC_NEG_INF;
-            }
-        }
-        // Row max and row sum over eight and four independent partials per
-        // row (a thread's 32 values of a row in one chain would be a
-        // 32-deep dependency of FMNMX / FADD latencies).
-        float mp[2][8];
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-            for (int k = 0; k < 8; ++k) mp[hr][k] = PAC_NEG_INF;
-        if (cpos) {
-#pragma unroll
-            for (int i = 0; i < NS; ++i) {
-                float& m = mp[(i >> 1) & 1][((i >> 2) & 3) | ((i & 1) << 2)];
-                m = fmaxf(m, s[i]);
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < NS; ++i) {
-                s[i] = s[i] == PAC_NEG_INF ? PAC_NEG_INF : s[i] * c;  // masked stays -inf
-                float& m = mp[(i >> 1) & 1][((i >> 2) & 3) | ((i & 1) << 2)];
-                m = fmaxf(m, s[i]);
-            }
-        }
+    for (;;) {
+        const i64 it = next_item();
+        if (it >= items) break;
+        const Item I = item_geom<BN>(p, it, false);
+        if (I.skip) continue;
+        const int h = I.h, rows = I.rows, ntiles = I.ntiles;
+        const Geom& g = I.g;
+        const i32 r0 = I.r0, x_base = I.x_base, t_first = I.t_first;
+        const bool active = wrow0 < rows;    // warpgroup-uniform
+        const i32 xw_min = x_base + (r0 + wrow0) / G;
+        const i32 xw_max = x_base + (r0 + min(wrow0 + 63, rows - 1)) / G;
+        i32 xr[2], xlo[2];
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-#pragma unroll
-            for (int w = 4; w >= 1; w >>= 1)
-#pragma unroll
-                for (int k = 0; k < w; ++k) mp[hr][k] = fmaxf(mp[hr][k], mp[hr][k + w]);
-            mx[hr] = cpos ? mp[hr][0] * c : mp[hr][0];  // -inf stays -inf
+            const int row = wrow0 + 16 * warp + gr + 8 * hr;
+            xr[hr] = row < rows ? x_base + (r0 + row) / G : -1;  // padding rows see no key
+            xlo[hr] = p.window_left >= 0 ? xr[hr] - p.window_left : (i32)0x80000000;
         }
-        row_max_update(mx, mrow, alpha);
-        const float cs = cpos ? c : 1.f;  // scores still raw (cpos) or already scaled
-        float sp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-        for (int i = 0; i < NS; ++i) {
-            const int hr = (i >> 1) & 1;
-            s[i] = ex2f(fmaf(s[i], cs, -mx[hr]));
-            sp[hr][(i >> 2) & 3] += s[i];
-        }
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) dsum[hr] = (sp[hr][0] + sp[hr][1]) + (sp[hr][2] + sp[hr][3]);
-        // ptxas moves the wait for P V above independent arithmetic, which
-        // would put every exponential after it (no overlap with the tensor
-        // cores); it keeps shared-memory stores on their side of the wait,
-        // so a store of a value that depends on all of them pins them here.
-        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(pin_addr), "f"(dsum[0] + dsum[1]) : "memory");
-    };
-    // O *= alpha; P = 16-bit S; running row sums.
-    auto rescale_pack = [&]() {
-        // Most tiles leave every row max of the warp unchanged (alpha = 1).
-        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-            for (int i = 0; i < NO; ++i) o[i] *= alpha[(i >> 1) & 1];
-        }
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = 8 * kk + 2 * e;
-                pa[kk][e] = pack2<QT>(s[i], s[i + 1]);
-            }
-        }
-        drow[0] = drow[0] * alpha[0] + dsum[0];
-        drow[1] = drow[1] * alpha[1] + dsum[1];
-    };
-    // Whether V of stage st holds a non-finite value (warpgroup-wide).
-    auto v_nonfinite = [&](int st) {
-        const u8* v = smem + C::V_OFF + st * C::KV_BYTES;
-        bool bad = false;
-#pragma unroll 4
-        for (int off = ct * 16; off < C::KV_BYTES; off += 128 * 16) {
-            const uint4 u = *reinterpret_cast<const uint4*>(v + off);
-            bad = bad || nonfinite2<QT>(u.x) || nonfinite2<QT>(u.y) || nonfinite2<QT>(u.z) ||
-                  nonfinite2<QT>(u.w);
-        }
-        return named_or(2 + cw, 128, bad);
-    };
-    // O += P V for stage st on CUDA cores (tiles with masked keys and non-finite V).
-    auto pv_slow = [&](int st) {
-        const u8* v = smem + C::V_OFF + st * C::KV_BYTES;
-        pv_scalar<QT, BN, D>(
-            pa, lane, [&](int j, int e) -> float& { return o[4 * j + e]; },
-            [&](int key, int ch) { return v + swz(key, ch, C::KV_ATOM); });
-    };
 
-    if (ntiles > 0) {
-        mbar_wait(bar_q, 0);
-        u32 vmw[VMW];
-        // ---- tile 0 ----
-        mbar_wait(bar_fk, 0);
+        float o[NO];
 #pragma unroll
-        for (int w = 0; w < VMW; ++w) vmw[w] = vm_s[w];
-        bool prev_full = tile_full(0, vmw);
-        named_arrive_if(pingpong && cw == 1, 4, 256);  // warpgroup 0 issues first
-        turn_take();
-        if (active) {
-            qk(0);
-            turn_pass(false);
-            wg_wait<0>();
-            fence_regs(s);
-        } else {
-            turn_pass(false);
-        }
-        mbar_arrive(bar_ek);
-        if (active) {
-            softmax(0, prev_full, vmw);
-            rescale_pack();
-        }
-        // ---- tiles 1 .. ntiles - 1: S_t overlaps P_{t-1} V_{t-1} ----
-#pragma unroll 1
-        for (int t = 1; t < ntiles; ++t) {
-            const int st = kslot(t);      // K ring slot of tile t
-            const int sp = vslot(t - 1);  // V ring slot of tile t - 1
-            mbar_wait(bar_fk + 8 * st, kpar(t));
+        for (int i = 0; i < NO; ++i) o[i] = 0.f;
+        float s[NS];
 #pragma unroll
-            for (int w = 0; w < VMW; ++w) vmw[w] = vm_s[st * VMW + w];
-            const bool full = tile_full(t, vmw);
-            mbar_wait(bar_fv + 8 * sp, vpar(t - 1));
-            // The two paths never merge while a wgmma is in flight (ptxas
-            // would serialize every wgmma of the kernel otherwise).
-            if (active && !prev_full && v_nonfinite(sp)) {
-                turn_take();
-                qk(st);
+        for (int i = 0; i < NS; ++i) s[i] = 0.f;
+        u32 pa[KSTEPS][4];
+#pragma unroll
+        for (int i = 0; i < KSTEPS; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) pa[i][e] = 0u;
+        float mrow[2] = {PAC_NEG_INF, PAC_NEG_INF};
+        float drow[2] = {0.f, 0.f};
+        float alpha[2] = {0.f, 0.f};
+
+        // Ping-pong (schedule variant 1): the consumers take turns issuing their
+        // GEMMs (named barriers 4 + c: "warpgroup c may issue"), so one's softmax
+        // runs under the other's GEMMs. Both warpgroups (active or not) take
+        // every turn; warpgroup 0 goes first and warpgroup 1 passes no turn after
+        // its last. Off by default: on the H200 the free-running consumers were
+        // 1-10% faster (docs/PERF.md).
+        const bool pingpong = p.variant == 1;
+        auto turn_take = [&]() { named_sync_if(pingpong, 4 + cw, 256); };
+        auto turn_pass = [&](bool last) { named_arrive_if(pingpong && !(cw == 1 && last), 5 - cw, 256); };
+
+        // wgmma descriptors: the low word (start address and leading offset)
+        // of one base per operand plus offsets in 16-byte units (addresses stay
+        // below 2^18, so the 14-bit start field never carries); the high word
+        // (stride offset 1024, 128-byte swizzle) is a constant.
+        constexpr u32 DHI = (u32)(sdesc(0, 0, 1024) >> 32);
+        auto dsc = [](u32 lo) { return ((u64)DHI << 32) | lo; };
+        const u32 q_lo = (u32)sdesc(base + C::Q_OFF + wrow0 * 128, 16, 1024);
+        const u32 k_lo0 = (u32)sdesc(base + C::K_OFF, 16, 1024);
+        const u32 v_lo0 = (u32)sdesc(base + C::V_OFF, C::KV_ATOM, 1024);
+        auto qk = [&](int st) {
+            if constexpr ((XV & 2) != 0) return;
+            wg_fence();
+            const u32 kd = k_lo0 + (u32)((st * C::KV_BYTES) >> 4);
+            u32 qd0 = q_lo;
+            asm volatile("" : "+r"(qd0));  // not hoisted: D / 16 descriptors would stay live
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ++ks) {
+                const u32 qo = ((ks >> 2) * C::Q_ATOM + (ks & 3) * 32) >> 4;
+                const u32 ko = ((ks >> 2) * C::KV_ATOM + (ks & 3) * 32) >> 4;
+                mma_ss<QT, BN>(s, dsc(qd0 + qo), dsc(kd + ko), ks > 0 ? 1 : 0);
+            }
+            wg_commit();
+        };
+        auto pv = [&](int st) {
+            if constexpr ((XV & 2) != 0) return;
+            wg_fence();
+            const u32 vd = v_lo0 + (u32)((st * C::KV_BYTES) >> 4);
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk) mma_rs<QT, D>(o, pa[kk], dsc(vd + ((kk * 16 * 128) >> 4)), 1);
+            wg_commit();
+        };
+        // Whether tile t needs no element mask for this warpgroup's rows.
+        auto tile_full = [&](int t, const u32 (&vmw)[VMW]) {
+            const i32 k0 = (t_first + t) * BN;
+            bool full = k0 + BN - 1 <= xw_min && (p.window_left < 0 || k0 >= xw_max - p.window_left);
+#pragma unroll
+            for (int w = 0; w < VMW; ++w) full = full && vmw[w] == 0xffffffffu;
+            return full;
+        };
+        // Mask (edge tiles), running max, exponentials in place (s becomes P in
+        // f32) and the row sums of P. With a positive logit scale c the max is
+        // taken on raw scores and p = 2^(s c - m) is one FFMA + ex2; otherwise
+        // the scores are scaled first. mrow is in scaled (log2) units. The ex2
+        // are volatile so that they stay ahead of the wait for P V (they are the
+        // work that overlaps the tensor cores).
+        const float c = p.scale_log2;
+        const bool cpos = c > 0.f;
+        float dsum[2] = {0.f, 0.f};
+        auto softmax = [&](int t, bool full, const u32 (&vmw)[VMW]) {
+            if constexpr ((XV & 1) != 0) {
+                alpha[0] = alpha[1] = 1.f;
+                return;
+            }
+            const i32 k0 = (t_first + t) * BN;
+            float mx[2] = {PAC_NEG_INF, PAC_NEG_INF};
+            if (!full) {
+#pragma unroll
+                for (int i = 0; i < NS; ++i) {
+                    const int j = i >> 2;
+                    const int hr = (i >> 1) & 1;
+                    const int tk = 8 * j + 2 * qd + (i & 1);
+                    const i32 k = k0 + tk;
+                    const bool vis = ((vmw[j >> 2] >> (tk & 31)) & 1u) && k <= xr[hr] && k >= xlo[hr];
+                    s[i] = vis ? s[i] : PAC_NEG_INF;
+                }
+            }
+            // Row max and row sum over eight and four independent partials per
+            // row (a thread's 32 values of a row in one chain would be a
+            // 32-deep dependency of FMNMX / FADD latencies).
+            float mp[2][8];
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+                for (int k = 0; k < 8; ++k) mp[hr][k] = PAC_NEG_INF;
+            if (cpos) {
+#pragma unroll
+                for (int i = 0; i < NS; ++i) {
+                    float& m = mp[(i >> 1) & 1][((i >> 2) & 3) | ((i & 1) << 2)];
+                    m = fmaxf(m, s[i]);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < NS; ++i) {
+                    s[i] = s[i] == PAC_NEG_INF ? PAC_NEG_INF : s[i] * c;  // masked stays -inf
+                    float& m = mp[(i >> 1) & 1][((i >> 2) & 3) | ((i & 1) << 2)];
+                    m = fmaxf(m, s[i]);
+                }
+            }
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+#pragma unroll
+                for (int w = 4; w >= 1; w >>= 1)
+#pragma unroll
+                    for (int k = 0; k < w; ++k) mp[hr][k] = fmaxf(mp[hr][k], mp[hr][k + w]);
+                mx[hr] = cpos ? mp[hr][0] * c : mp[hr][0];  // -inf stays -inf
+            }
+            row_max_update(mx, mrow, alpha);
+            const float cs = cpos ? c : 1.f;  // scores still raw (cpos) or already scaled
+            float sp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+            for (int i = 0; i < NS; ++i) {
+                const int hr = (i >> 1) & 1;
+                s[i] = ex2f(fmaf(s[i], cs, -mx[hr]));
+                sp[hr][(i >> 2) & 3] += s[i];
+            }
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) dsum[hr] = (sp[hr][0] + sp[hr][1]) + (sp[hr][2] + sp[hr][3]);
+            // ptxas moves the wait for P V above independent arithmetic, which
+            // would put every exponential after it (no overlap with the tensor
+            // cores); it keeps shared-memory stores on their side of the wait,
+            // so a store of a value that depends on all of them pins them here.
+            asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(pin_addr), "f"(dsum[0] + dsum[1]) : "memory");
+        };
+        // O *= alpha; P = 16-bit S; running row sums.
+        auto rescale_pack = [&]() {
+            // Most tiles leave every row max of the warp unchanged (alpha = 1).
+            if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+                for (int i = 0; i < NO; ++i) o[i] *= alpha[(i >> 1) & 1];
+            }
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = 8 * kk + 2 * e;
+                    pa[kk][e] = pack2<QT>(s[i], s[i + 1]);
+                }
+            }
+            drow[0] = drow[0] * alpha[0] + dsum[0];
+            drow[1] = drow[1] * alpha[1] + dsum[1];
+        };
+        // Whether V of stage st holds a non-finite value (warpgroup-wide).
+        auto v_nonfinite = [&](int st) {
+            const u8* v = smem + C::V_OFF + st * C::KV_BYTES;
+            bool bad = false;
+#pragma unroll 4
+            for (int off = ct * 16; off < C::KV_BYTES; off += 128 * 16) {
+                const uint4 u = *reinterpret_cast<const uint4*>(v + off);
+                bad = bad || nonfinite2<QT>(u.x) || nonfinite2<QT>(u.y) || nonfinite2<QT>(u.z) ||
+                      nonfinite2<QT>(u.w);
+            }
+            return named_or(2 + cw, 128, bad);
+        };
+        // O += P V for stage st on CUDA cores (tiles with masked keys and non-finite V).
+        auto pv_slow = [&](int st) {
+            const u8* v = smem + C::V_OFF + st * C::KV_BYTES;
+            pv_scalar<QT, BN, D>(
+                pa, lane, [&](int j, int e) -> float& { return o[4 * j + e]; },
+                [&](int key, int ch) { return v + swz(key, ch, C::KV_ATOM); });
+        };
+
+        if (ntiles > 0) {
+            mbar_wait(bar_q, nq & 1);
+            u32 vmw[VMW];
+            // ---- tile 0 ----
+            mbar_wait(bar_fk + 8 * kslot(0), kpar(0));
+#pragma unroll
+            for (int w = 0; w < VMW; ++w) vmw[w] = vm_s[kslot(0) * VMW + w];
+            bool prev_full = tile_full(0, vmw);
+            named_arrive_if(pingpong && cw == 1, 4, 256);  // warpgroup 0 issues first
+            turn_take();
+            if (active) {
+                qk(kslot(0));
                 turn_pass(false);
                 wg_wait<0>();
                 fence_regs(s);
-                mbar_arrive(bar_ek + 8 * st);
-                softmax(t, full, vmw);
-                pv_slow(sp);
-                mbar_arrive(bar_ev + 8 * sp);
+            } else {
+                turn_pass(false);
+            }
+            mbar_arrive(bar_ek + 8 * kslot(0));
+            // Q is free for the next item after this warpgroup's last S (an
+            // idle warpgroup reads no Q).
+            mbar_arrive_if(!active || ntiles == 1, bar_qe);
+            if (active) {
+                softmax(0, prev_full, vmw);
                 rescale_pack();
+            }
+            // ---- tiles 1 .. ntiles - 1: S_t overlaps P_{t-1} V_{t-1} ----
+#pragma unroll 1
+            for (int t = 1; t < ntiles; ++t) {
+                const int st = kslot(t);      // K ring slot of tile t
+                const int sp = vslot(t - 1);  // V ring slot of tile t - 1
+                mbar_wait(bar_fk + 8 * st, kpar(t));
+#pragma unroll
+                for (int w = 0; w < VMW; ++w) vmw[w] = vm_s[st * VMW + w];
+                const bool full = tile_full(t, vmw);
+                mbar_wait(bar_fv + 8 * sp, vpar(t - 1));
+                // The two paths never merge while a wgmma is in flight (ptxas
+                // would serialize every wgmma of the kernel otherwise).
+                if (active && !prev_full && v_nonfinite(sp)) {
+                    turn_take();
+                    qk(st);
+                    turn_pass(false);
+                    wg_wait<0>();
+                    fence_regs(s);
+                    mbar_arrive(bar_ek + 8 * st);
+                    mbar_arrive_if(t == ntiles - 1, bar_qe);
+                    softmax(t, full, vmw);
+                    pv_slow(sp);
+                    mbar_arrive(bar_ev + 8 * sp);
+                    rescale_pack();
+                } else if (active) {
+                    turn_take();
+                    qk(st);
+                    pv(sp);
+                    turn_pass(false);
+                    wg_wait<1>();
+                    fence_regs(s);
+                    mbar_arrive(bar_ek + 8 * st);
+                    mbar_arrive_if(t == ntiles - 1, bar_qe);
+                    softmax(t, full, vmw);
+                    wg_wait<0>();
+                    fence_regs(o);
+                    fence_regs(pa);
+                    mbar_arrive(bar_ev + 8 * sp);
+                    rescale_pack();
+                } else {
+                    turn_take();
+                    turn_pass(false);
+                    mbar_arrive(bar_ek + 8 * st);
+                    mbar_arrive(bar_ev + 8 * sp);
+                }
+                prev_full = full;
+            }
+            // ---- last P V ----
+            const int sl = vslot(ntiles - 1);
+            mbar_wait(bar_fv + 8 * sl, vpar(ntiles - 1));
+            if (active && !prev_full && v_nonfinite(sl)) {
+                turn_take();
+                turn_pass(true);
+                pv_slow(sl);
             } else if (active) {
                 turn_take();
-                qk(st);
-                pv(sp);
-                turn_pass(false);
-                wg_wait<1>();
-                fence_regs(s);
-                mbar_arrive(bar_ek + 8 * st);
-                softmax(t, full, vmw);
+                pv(sl);
+                turn_pass(true);
                 wg_wait<0>();
                 fence_regs(o);
                 fence_regs(pa);
-                mbar_arrive(bar_ev + 8 * sp);
-                rescale_pack();
             } else {
                 turn_take();
-                turn_pass(false);
-                mbar_arrive(bar_ek + 8 * st);
-                mbar_arrive(bar_ev + 8 * sp);
+                turn_pass(true);
             }
-            prev_full = full;
+            mbar_arrive(bar_ev + 8 * sl);
         }
-        // ---- last P V ----
-        const int sl = vslot(ntiles - 1);
-        mbar_wait(bar_fv + 8 * sl, vpar(ntiles - 1));
-        if (active && !prev_full && v_nonfinite(sl)) {
-            turn_take();
-            turn_pass(true);
-            pv_slow(sl);
-        } else if (active) {
-            turn_take();
-            pv(sl);
-            turn_pass(true);
-            wg_wait<0>();
-            fence_regs(o);
-            fence_regs(pa);
-        } else {
-            turn_take();
-            turn_pass(true);
-        }
-        mbar_arrive(bar_ev + 8 * sl);
-    }
-    if (!active) return;
-
-    // ---- epilogue: each thread writes its two rows' columns ----
+        // ---- epilogue: each thread writes its two rows' columns ----
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-        float den = drow[hr];
-        den += __shfl_xor_sync(0xffffffffu, den, 1);
-        den += __shfl_xor_sync(0xffffffffu, den, 2);
-        const int row = wrow0 + 16 * warp + gr + 8 * hr;
-        if (row >= rows) continue;
-        const int rg = r0 + row;
-        const int j = rg / G;
-        const int qh = h * G + (rg - j * G);
-        const float scale = out_scale(den, mrow[hr], p.sinks, qh, p.bmm2_scale);
-        u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + 2 * qd;
+        for (int hr = 0; hr < 2 && active; ++hr) {
+            float den = drow[hr];
+            den += __shfl_xor_sync(0xffffffffu, den, 1);
+            den += __shfl_xor_sync(0xffffffffu, den, 2);
+            const int row = wrow0 + 16 * warp + gr + 8 * hr;
+            if (row >= rows) continue;
+            const int rg = r0 + row;
+            const int j = rg / G;
+            const int qh = h * G + (rg - j * G);
+            const float scale = out_scale(den, mrow[hr], p.sinks, qh, p.bmm2_scale);
+            u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + 2 * qd;
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            *reinterpret_cast<u32*>(dst + 8 * n) = pack2<QT>(o[4 * n + 2 * hr] * scale, o[4 * n + 2 * hr + 1] * scale);
+            for (int n = 0; n < D / 8; ++n) {
+                *reinterpret_cast<u32*>(dst + 8 * n) = pack2<QT>(o[4 * n + 2 * hr] * scale, o[4 * n + 2 * hr + 1] * scale);
+            }
         }
-    }
+        if (ntiles > 0) {
+            T0 += ntiles;
+            ++nq;
+        }
+    }  // items
 }
 
 }  // namespace pas

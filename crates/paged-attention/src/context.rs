@@ -35,8 +35,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::sys::CUfunction_attribute;
-use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use kernel_rt::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use kernel_rt::cudarc::driver::{
+    CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use kernel_rt::tma::TensorMap;
 use kernel_rt::{
     grid_dim, to_i32, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut, MAX_GRID_YZ,
@@ -165,6 +167,16 @@ pub fn context_sm90_entry_name(q: HalfDtype, head_dim: usize) -> String {
     )
 }
 
+/// Whether the sm_90a kernel at `head_dim` runs a persistent grid (one CTA
+/// per SM taking work items from a counter) under schedule variant 0;
+/// mirrors `Cfg::PERSISTENT` in `paged_attention_context_sm90.cu`: D 64 and
+/// 128. At D 256 the kernel handles one work item per CTA and must be
+/// launched with one CTA per item ([`context_sm90_launch_config`] with
+/// `ctas = None`).
+pub fn context_sm90_persistent(head_dim: usize) -> bool {
+    head_dim != 256
+}
+
 /// Keys per KV tile of the sm_90a kernel: 64 at D 256, else 128.
 pub fn context_sm90_tile_keys(head_dim: usize) -> usize {
     if head_dim == 256 {
@@ -188,15 +200,16 @@ pub fn context_sm90_stages(head_dim: usize) -> (usize, usize) {
 /// `paged_attention_context_sm90.cu`): Q `[128, D]`, the K and V rings of
 /// `[BN, D]` 16-bit tiles ([`context_sm90_stages`]), per K slot the valid
 /// masks of the keys (`[BN/32]` u32), the mbarriers
-/// (Q, full + empty per slot), and 1024 bytes of slack to align the swizzled
-/// tiles.
+/// (Q full + empty, full + empty per slot, two work-item slots full +
+/// empty), one f32 per consumer thread, the two work-item slots (i32), and
+/// 1024 bytes of slack to align the swizzled tiles.
 pub fn context_sm90_smem_bytes(head_dim: usize) -> usize {
     let bn = context_sm90_tile_keys(head_dim);
     let (kst, vst) = context_sm90_stages(head_dim);
     let q = CONTEXT_SM90_BLOCK_ROWS * head_dim * 2;
     let kv = bn * head_dim * 2;
-    let bars = 1 + 2 * kst + 2 * vst;
-    q + (kst + vst) * kv + kst * (bn / 32) * 4 + bars * 8 + CONTEXT_SM90_PIN_BYTES + 1024
+    let bars = 2 + 2 * kst + 2 * vst + 4;
+    q + (kst + vst) * kv + kst * (bn / 32) * 4 + bars * 8 + CONTEXT_SM90_PIN_BYTES + 8 + 1024
 }
 
 /// Shared memory of the sm_90a kernel's per-thread pin word (one f32 per
@@ -342,10 +355,10 @@ pub struct ContextParams {
     pub scale_log2: f32,
     /// `bmm2_scale`.
     pub bmm2_scale: f32,
-    /// Schedule variant of the sm_90a kernel, for A/B benchmarks only
-    /// (0 = default; 1 = consumers ping-pong their GEMM issue on named
-    /// barriers); the compute_90 kernel ignores it. Also pads the struct to
-    /// 8-byte alignment.
+    /// Schedule variant of the sm_90a kernel, for A/B benchmarks only (0 =
+    /// default: persistent grid; 1 = one CTA per item, the consumers
+    /// ping-pong their GEMM issue on named barriers; 2 = one CTA per item);
+    /// the compute_90 kernel ignores it.
     pub variant: i32,
     /// sm_90a K/V loads: keys per TMA box ([`context_sm90_tma_rows`]), 0 =
     /// the cp.async row gather.
@@ -353,6 +366,9 @@ pub struct ContextParams {
     /// Tensor-map coordinate slot (1..3) of the token, head and page dims
     /// (bits 0–3, 4–7, 8–11; [`kv_tma_layout`]).
     pub tma_dims: i32,
+    /// `u32*` `[2]`: the sm_90a persistent grid's work counters (next item,
+    /// CTAs done), zero between launches; the launcher's own buffer.
+    pub work: u64,
 }
 
 // SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
@@ -513,28 +529,36 @@ pub fn context_launch_config(
     ))
 }
 
-/// Launch geometry of the sm_90a kernel (pure): grid `(q_tiles, Hkv, bs)`
-/// with `q_tiles = ⌈max_q_len · G / 128⌉` (q tiles fastest, so the CTAs
-/// resident at once share one request's K/V in L2), 384 threads. Returns
-/// `(q_tiles, config)`.
+/// Launch geometry of the sm_90a kernel (pure): `q_tiles = ⌈max_q_len · G /
+/// 128⌉`, work items `(q tile, KV head, request)` in the order q tiles
+/// fastest (heaviest first: the CTAs resident at once share one request's
+/// K/V in L2), then heads, then requests; a grid of `min(items, ctas)` CTAs
+/// of 384 threads (`ctas = None`: one CTA per item). With fewer CTAs than
+/// items the kernel is persistent: CTA `c` takes item `c` of every round of
+/// `grid` items (reversed on odd rounds). Returns `(q_tiles, config)`.
 ///
 /// # Errors
-/// [`KernelError::Unsupported`] when a grid dim exceeds CUDA's limits.
+/// [`KernelError::Unsupported`] when the items exceed CUDA's grid limit
+/// (2^31 − 1 CTAs).
 pub fn context_sm90_launch_config(
     bs: usize,
     num_kv_heads: usize,
     group: usize,
     max_q_len: usize,
     head_dim: usize,
+    ctas: Option<usize>,
 ) -> Result<(usize, LaunchConfig)> {
     let q_tiles = (max_q_len * group).div_ceil(CONTEXT_SM90_BLOCK_ROWS).max(1);
-    let x = grid_dim("max_q_len", q_tiles, i32::MAX as u32)?;
-    let y = grid_dim("num_kv_heads", num_kv_heads, MAX_GRID_YZ)?;
-    let z = grid_dim("bs", bs, MAX_GRID_YZ)?;
+    let items = q_tiles
+        .checked_mul(num_kv_heads)
+        .and_then(|x| x.checked_mul(bs))
+        .unwrap_or(usize::MAX);
+    let x = grid_dim("max_q_len", items, i32::MAX as u32)?;
+    let x = ctas.map_or(x, |c| x.min(c.max(1) as u32));
     Ok((
         q_tiles,
         LaunchConfig {
-            grid_dim: (x, y, z),
+            grid_dim: (x, 1, 1),
             block_dim: (CONTEXT_SM90_THREADS, 1, 1),
             shared_mem_bytes: context_sm90_smem_bytes(head_dim) as u32,
         },
@@ -602,7 +626,7 @@ pub fn validate_context_for(args: &ContextArgs<'_>, sm90: bool) -> Result<Contex
     check_sinks_and_scales(args.sinks.as_ref(), hq, args.bmm1_scale, args.bmm2_scale)?;
     let use_sm90 = sm90 && context_sm90_supported(args.q_dtype, kv_dtype, dim);
     let (q_tiles, config) = if use_sm90 {
-        context_sm90_launch_config(bs, hkv, group, args.max_q_len, dim)?
+        context_sm90_launch_config(bs, hkv, group, args.max_q_len, dim, None)?
     } else {
         context_launch_config(bs, hkv, group, args.max_q_len, dim, kv_dtype)?
     };
@@ -658,6 +682,11 @@ pub struct ContextKernel {
     gpu: Arc<Gpu>,
     funcs: std::collections::HashMap<String, CudaFunction>,
     sm90: bool,
+    sm_count: usize,
+    max_ctas: Option<usize>,
+    /// The persistent grid's two work counters (zeroed once; each launch
+    /// leaves them zero), see [`ContextParams::work`].
+    work: CudaSlice<u32>,
     kv_load: ContextKvLoad,
     variant: i32,
     experiment: u32,
@@ -745,10 +774,18 @@ impl ContextKernel {
                 Err(e) => return Err(e),
             }
         }
+        let sm_count = gpu
+            .context()
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            .max(1) as usize;
+        let work = gpu.stream().alloc_zeros::<u32>(2)?;
         Ok(Self {
             gpu: gpu.clone(),
             funcs,
             sm90,
+            sm_count,
+            work,
+            max_ctas: None,
             kv_load: ContextKvLoad::from_env()?,
             variant: 0,
             experiment: 0,
@@ -761,6 +798,13 @@ impl ContextKernel {
     /// comes from [`CONTEXT_KV_LOAD_ENV`]). Same results, other timing.
     pub fn set_kv_load(&mut self, kv_load: ContextKvLoad) {
         self.kv_load = kv_load;
+    }
+
+    /// Caps the persistent grid of the sm_90a kernel (default: one CTA per
+    /// SM) so that each CTA walks many work items: tests run the item loop
+    /// with 1–8 CTAs. Same results.
+    pub fn set_max_ctas(&mut self, ctas: Option<usize>) {
+        self.max_ctas = ctas;
     }
 
     /// sm_90a launches so far whose K/V loads ran as TMA boxes.
@@ -805,7 +849,8 @@ impl ContextKernel {
         Some((rows as i32, ck, [mk, mv]))
     }
 
-    /// Sets the sm_90a kernel's schedule variant ([`ContextParams::variant`];
+    /// Sets the sm_90a kernel's schedule variant ([`ContextParams::variant`]:
+    /// 0 persistent (default), 1 ping-pong, 2 one CTA per work item;
     /// benchmarks compare variants in one run). Same results, other timing.
     pub fn set_variant(&mut self, variant: i32) {
         self.variant = variant;
@@ -866,6 +911,10 @@ impl ContextKernel {
             p.sinks = s.device_ptr(stream);
         }
         p.errors = errors.device_ptr();
+        p.work = {
+            let (ptr, _sync) = self.work.device_ptr(stream);
+            ptr
+        };
         let experiment_entry;
         let entry: &str = if self.experiment != 0
             && plan.entry == context_sm90_entry_name(HalfDtype::Bf16, 128)
@@ -885,6 +934,15 @@ impl ContextKernel {
                 (p.tma_rows, p.tma_dims, maps) = (rows, code, m);
             }
         }
+        let mut config = plan.config;
+        if plan.sm90 && p.variant == 0 && context_sm90_persistent(args.q.shape()[2]) {
+            // Persistent: one CTA per SM (the kernel's shared memory allows one).
+            let ctas = self
+                .max_ctas
+                .unwrap_or(self.sm_count)
+                .clamp(1, self.sm_count);
+            config.grid_dim.0 = config.grid_dim.0.min(ctas as u32);
+        }
         let mut builder = stream.launch_builder(func);
         builder.arg(&p);
         if plan.sm90 {
@@ -895,8 +953,11 @@ impl ContextKernel {
         // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
         // grid; base alignment is checked above; device data (page ids,
         // lengths, cu_seqlens_q) is range-checked in the kernel; the params
-        // layout is pinned by a CPU test.
-        unsafe { builder.launch(plan.config) }?;
+        // layout is pinned by a CPU test. The tensor maps span exactly the
+        // validated K/V views (TMA zero-fills boxes outside them); `work` is
+        // this launcher's own 2-word buffer, used by its launches in stream
+        // order only.
+        unsafe { builder.launch(config) }?;
         self.launches.fetch_add(1, Ordering::Relaxed);
         if p.tma_rows > 0 {
             self.tma_launches.fetch_add(1, Ordering::Relaxed);

@@ -659,6 +659,36 @@ fn main() {
             );
             Ok(())
         }),
+        named("persistent_grid_equals_one_cta_per_item", |gpu, k| {
+            // The default persistent grid capped at 1..8 CTAs (each walks
+            // many items: skipped requests, tiles past a request's rows,
+            // rows that see no key, the rings and Q buffer carried across
+            // items) and the one-CTA-per-item grid give the same bits.
+            let _ = k;
+            let mut one = ContextKernel::new(gpu).or_fail("load")?;
+            one.set_variant(2);
+            let mut pers = ContextKernel::new(gpu).or_fail("load")?;
+            let cases = gpu_cases(120);
+            for i in 0..u64::from(cases) {
+                let c = context_random_case(0x5EED_0000 + i, BUDGET / 2.0);
+                pers.set_max_ctas(Some([1, 2, 3, 5, 8][i as usize % 5]));
+                let a = run_gpu(gpu, &one, &c).or_fail("one CTA per item")?;
+                let b = run_gpu(gpu, &pers, &c).or_fail("persistent")?;
+                if a.out != b.out || a.errors != b.errors {
+                    let diff = a.out.iter().zip(&b.out).filter(|(x, y)| x != y).count();
+                    return Err(format!(
+                        "case {i}: {diff} outputs differ (errors {:?} vs {:?}); {}",
+                        a.errors,
+                        b.errors,
+                        describe(&c)
+                    ));
+                }
+                let want = c.reference();
+                compare(&c, &want, &b.out, &b.errors).map_err(|e| format!("case {i}: {e}"))?;
+            }
+            println!("persistent_grid_equals_one_cta_per_item: {cases} cases");
+            Ok(())
+        }),
         named("d256_q4097_over_3000_prefix", |gpu, k| {
             let c = extend_case(KvDtype::Bf16, HalfDtype::Bf16, 256, 1, 16, 3000, 4097, 11);
             check(gpu, k, &c)

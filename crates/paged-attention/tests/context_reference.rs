@@ -13,10 +13,10 @@ use common::*;
 use context_common::*;
 use paged_attention::{
     context_block_rows, context_entry_name, context_launch_config, context_sm90_entry_name,
-    context_sm90_launch_config, context_sm90_smem_bytes, context_sm90_stages,
-    context_sm90_supported, context_sm90_tile_keys, context_sm90_tma_rows, context_smem_bytes,
-    context_variants, kv_tma_layout, ContextParams, HalfDtype, KvDtype, CONTEXT_PTX,
-    CONTEXT_SM90_BLOCK_ROWS, CONTEXT_SM90_PTX, CONTEXT_SM90_THREADS,
+    context_sm90_launch_config, context_sm90_persistent, context_sm90_smem_bytes,
+    context_sm90_stages, context_sm90_supported, context_sm90_tile_keys, context_sm90_tma_rows,
+    context_smem_bytes, context_variants, kv_tma_layout, ContextParams, HalfDtype, KvDtype,
+    CONTEXT_PTX, CONTEXT_SM90_BLOCK_ROWS, CONTEXT_SM90_PTX, CONTEXT_SM90_THREADS,
 };
 use proptest::prelude::*;
 
@@ -132,7 +132,7 @@ fn edge_23_chunked_prefill_window() {
 #[test]
 fn context_params_layout_matches_cuda() {
     use std::mem::{offset_of, size_of};
-    assert_eq!(size_of::<ContextParams>(), 224);
+    assert_eq!(size_of::<ContextParams>(), 232);
     assert_eq!(offset_of!(ContextParams, errors), 64);
     assert_eq!(offset_of!(ContextParams, q_stride_tok), 72);
     assert_eq!(offset_of!(ContextParams, page_table_stride), 152);
@@ -143,9 +143,10 @@ fn context_params_layout_matches_cuda() {
     assert_eq!(offset_of!(ContextParams, variant), 212);
     assert_eq!(offset_of!(ContextParams, tma_rows), 216);
     assert_eq!(offset_of!(ContextParams, tma_dims), 220);
+    assert_eq!(offset_of!(ContextParams, work), 224);
     assert!(CONTEXT_PTX
         .ptx
-        .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[224]"));
+        .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[232]"));
 }
 
 #[test]
@@ -181,7 +182,7 @@ fn committed_context_sm90_ptx_is_fresh_and_complete() {
             assert!(CONTEXT_SM90_PTX.has_entry(&name), "{name} missing");
             assert!(CONTEXT_SM90_PTX
                 .ptx
-                .contains(&format!("{name}_param_0[224]")));
+                .contains(&format!("{name}_param_0[232]")));
             // The K and V tensor maps: 128 bytes each, 64-byte aligned.
             for i in [1, 2] {
                 assert!(CONTEXT_SM90_PTX
@@ -206,19 +207,40 @@ fn context_sm90_plan_fits() {
         let bn = context_sm90_tile_keys(d);
         let (kst, vst) = context_sm90_stages(d);
         assert!(kst >= 2 && vst >= 2);
-        let bars = 8 * (1 + 2 * kst + 2 * vst);
+        let bars = 8 * (2 + 2 * kst + 2 * vst + 4);
         assert_eq!(
             b,
-            128 * d * 2 + (kst + vst) * bn * d * 2 + kst * (bn / 8) + bars + 256 * 4 + 1024
+            128 * d * 2 + (kst + vst) * bn * d * 2 + kst * (bn / 8) + bars + 256 * 4 + 8 + 1024
         );
         for (max_q, g) in [(1, 1), (128, 1), (129, 1), (33, 4), (5000, 16)] {
-            let (tiles, cfg) = context_sm90_launch_config(3, 2, g, max_q, d).unwrap();
+            let (tiles, cfg) = context_sm90_launch_config(3, 2, g, max_q, d, None).unwrap();
             assert!(tiles * CONTEXT_SM90_BLOCK_ROWS >= max_q * g);
             assert!((tiles - 1) * CONTEXT_SM90_BLOCK_ROWS < max_q * g);
-            assert_eq!(cfg.grid_dim, (tiles as u32, 2, 3));
+            // One CTA per (q tile, KV head, request), or at most `ctas`.
+            assert_eq!(cfg.grid_dim, (tiles as u32 * 2 * 3, 1, 1));
+            let (_, pcfg) = context_sm90_launch_config(3, 2, g, max_q, d, Some(132)).unwrap();
+            assert_eq!(pcfg.grid_dim.0, (tiles as u32 * 6).min(132));
             assert_eq!(cfg.block_dim.0, CONTEXT_SM90_THREADS);
             assert_eq!(cfg.shared_mem_bytes as usize, b);
         }
+    }
+}
+
+/// The launcher's persistent-grid choice matches the kernel's: only the
+/// persistent entries take work items from the counter (`atom.global.add`).
+#[test]
+fn context_sm90_persistence_matches_the_ptx() {
+    let ptx = CONTEXT_SM90_PTX.ptx;
+    for (q, kv, d) in context_variants() {
+        if !context_sm90_supported(q, kv, d) {
+            continue;
+        }
+        let name = context_sm90_entry_name(q, d);
+        let start = ptx.find(&format!(".entry {name}(")).expect("entry");
+        let body = &ptx[start..];
+        let end = body[1..].find(".entry ").map_or(body.len(), |e| e + 1);
+        let counts_work = body[..end].contains("atom.global.add.u32");
+        assert_eq!(counts_work, context_sm90_persistent(d), "{name}");
     }
 }
 
