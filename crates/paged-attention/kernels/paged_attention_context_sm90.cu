@@ -4,28 +4,34 @@
 // kernel (paged_attention_context.cu); design: docs/DESIGN.md "The sm_90a
 // context kernel".
 //
-// Work item = CTA (q tile of BM = 128 packed (token, head) rows, KV head h,
-// request b): q tiles vary fastest (concurrent CTAs share K/V in L2), the
-// heaviest tiles of a (request, head) first. Three warpgroups:
-//  * producer (warpgroup 0, setmaxnreg 56; 40 at D 256): loads the Q tile
-//    once, then gathers the tile's keys page by page with 16-byte cp.async
-//    into a K ring and a V ring (2-3 slots each; V one tile behind K), each
-//    slot guarded by a full and an empty mbarrier. Two threads share a key
-//    row (odd / even 16-byte chunks: whole 32-byte sectors per warp access);
-//    a thread looks up its rows' pages (one tile ahead) and issues their
-//    copies with immediate offsets; a per-key valid mask goes to the
+// Work item = (q tile of BM = 128 packed (token, head) rows, KV head h,
+// request b), numbered with q tiles fastest (items in flight share K/V in
+// L2), the heaviest tiles of a (request, head) first. At D 64 / 128 the grid
+// is persistent: CTA c starts with item c and takes further items from a
+// device counter (p.work, reset by the last CTA to run out); the K/V rings
+// and the Q buffer run on across a CTA's items. D 256 runs one CTA per item.
+// Three warpgroups:
+//  * producer (warpgroup 0, setmaxnreg 56; 48 at D 256): loads each item's
+//    Q tile once the consumers' last S of the previous item is done, then
+//    fills a K ring and a V ring (2-3 slots each; V one tile behind K), each
+//    slot guarded by a full and an empty mbarrier: with TMA boxes (one
+//    thread, where a page holds whole tiles) or by gathering the tile's keys
+//    page by page with 16-byte cp.async. In the gather two threads share a
+//    key row (odd / even 16-byte chunks: whole 32-byte sectors per warp
+//    access); a thread looks up its rows' pages (one tile ahead) and issues
+//    their copies with immediate offsets; a per-key valid mask goes to the
 //    consumers through shared memory. Keys outside the tile's needed range
-//    [k_lo, k_hi) or on bad pages are zero-filled and masked.
-//  * two consumers (warpgroups 1-2, setmaxnreg 224; 232 at D 256), 64 rows
-//    each: S = Q K^T with wgmma (both operands in shared memory, 128-byte
-//    swizzle), online softmax in f32 registers (exp2, scale_log2 =
-//    bmm1_scale log2 e), O += P V with wgmma (P from registers, V transposed
-//    from shared memory). Per tile t: issue S_t, issue P_{t-1} V_{t-1}, wait
-//    for S_t, softmax of S_t under the running P V (max, one FFMA + ex2 per
-//    score, f32 row sums), wait, rescale O and pack P_t to 16 bits
-//    (ping-pong between the consumers is a measured variant, off by
-//    default). Sinks join once at the end; rows that see no key output
-//    zeros.
+//    [k_lo, k_hi) or on bad pages are zero-filled and masked (TMA: whole
+//    pages are read, keys past the range masked).
+//  * two consumers (warpgroups 1-2, setmaxnreg 224), 64 rows each: S = Q K^T
+//    with wgmma (both operands in shared memory, 128-byte swizzle), online
+//    softmax in f32 registers (exp2, scale_log2 = bmm1_scale log2 e), O += P
+//    V with wgmma (P from registers, V transposed from shared memory). Per
+//    tile t: issue S_t, issue P_{t-1} V_{t-1}, wait for S_t, softmax of S_t
+//    under the running P V (max, one FFMA + ex2 per score, f32 row sums),
+//    wait, rescale O and pack P_t to 16 bits (ping-pong between the
+//    consumers is a measured variant, off by default). Sinks join once at
+//    the end; rows that see no key output zeros.
 // A key masked for a row never reaches it: masked logits are selected to
 // -inf (never multiplied), and on tiles that carry masked keys the V tile is
 // scanned for non-finite values; when one is present that tile's P V runs

@@ -13,12 +13,15 @@
 //!
 //! Two kernels, one semantics. On sm_90 (Hopper) devices the launcher runs
 //! `paged_attention_context_sm90_{q}_kv_{q}_d{D}` (compute_90a, 16-bit KV of
-//! the Q dtype, D 64/128/256): CTA = (q tile of 128 packed rows, KV head,
-//! request), a producer warpgroup gathering K and V tiles page by page with
-//! cp.async into 2–3-slot rings (mbarrier hand-off) and two consumer
-//! warpgroups of 64 rows running `wgmma` for `Q·Kᵀ` (both operands in shared
-//! memory) and `P·V` (P from registers), the softmax of tile `t` overlapped
-//! with `P·V` of tile `t − 1` ([`ContextPath::Wgmma`]). Elsewhere, and for
+//! the Q dtype, D 64/128/256): work item = (q tile of 128 packed rows, KV
+//! head, request), a persistent grid at D 64/128 (one CTA per SM, items
+//! from a device counter; [`context_sm90_persistent`]), a producer
+//! warpgroup filling 2–3-slot K and V rings (mbarrier hand-off) with TMA
+//! boxes where a page holds whole tiles or a cp.async page gather otherwise
+//! ([`ContextKvLoad`]), and two consumer warpgroups of 64 rows running
+//! `wgmma` for `Q·Kᵀ` (both operands in shared memory) and `P·V` (P from
+//! registers), the softmax of tile `t` overlapped with `P·V` of tile `t − 1`
+//! ([`ContextPath::Wgmma`]). Elsewhere, and for
 //! e4m3 KV, the compute_90 kernel runs ([`ContextPath::Mma`]):
 //! `paged_attention_context_{q}_kv_{kv}_d{D}`, FlashAttention-2
 //! structure on `mma.sync.m16n8k16`: CTA = (KV head, request, q tile of
@@ -87,7 +90,8 @@ impl ContextKvLoad {
     /// Reads [`CONTEXT_KV_LOAD_ENV`] (unset = [`ContextKvLoad::Auto`]).
     ///
     /// # Errors
-    /// [`KernelError::Unsupported`] for a value other than `auto`, `gather`.
+    /// [`KernelError::Unsupported`] for a value other than `auto`, `tma`,
+    /// `gather`.
     pub fn from_env() -> Result<Self> {
         match std::env::var(CONTEXT_KV_LOAD_ENV) {
             Err(_) => Ok(Self::Auto),
@@ -534,8 +538,10 @@ pub fn context_launch_config(
 /// fastest (heaviest first: the CTAs resident at once share one request's
 /// K/V in L2), then heads, then requests; a grid of `min(items, ctas)` CTAs
 /// of 384 threads (`ctas = None`: one CTA per item). With fewer CTAs than
-/// items the kernel is persistent: CTA `c` takes item `c` of every round of
-/// `grid` items (reversed on odd rounds). Returns `(q_tiles, config)`.
+/// items the kernel is persistent ([`context_sm90_persistent`] head dims
+/// only): CTA `c` starts with item `c` and takes the following items, in
+/// order, from a device counter ([`ContextParams::work`]). Returns
+/// `(q_tiles, config)`.
 ///
 /// # Errors
 /// [`KernelError::Unsupported`] when the items exceed CUDA's grid limit

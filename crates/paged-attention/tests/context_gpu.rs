@@ -3,8 +3,10 @@
 //! and KV dtype, edge cases 14/15/20–27, ≥ 300 random ragged cases per run
 //! (prefixes, windows, sinks, GQA 1..16, FP8 KV, P 1..128, decode rows mixed
 //! in, empty requests, rare bad device data), outputs poisoned before each
-//! launch, keys no row may see filled with NaN/Inf bytes. Ignored at run time
-//! without a GPU. `MHA_KIT_GPU_CASES` overrides the random case count.
+//! launch, keys no row may see filled with NaN/Inf bytes; the sm_90a kernel's
+//! TMA loads against its cp.async gather (NHD and HND pools) and its
+//! persistent grid against one CTA per work item, bit for bit. Ignored at run
+//! time without a GPU. `MHA_KIT_GPU_CASES` overrides the random case count.
 
 #![allow(clippy::needless_range_loop)]
 
