@@ -54,8 +54,8 @@ template <int D>
 struct Cfg {
     static constexpr int BN = D == 256 ? 64 : 128;  // keys per KV tile
     // Register split (128 x P + 256 x C <= 64512, the 168 x 384 of the
-    // launch): the producer's item loop needs 48 at D 256 (40 spilled),
-    // which leaves the consumers 224 there too.
+    // launch). D 256: 48 / 224, the split its tests ran with on the H200
+    // (with a persistent D 256 the producer's item loop spilled at 40).
     static constexpr int PRODUCER_REGS = D == 256 ? 48 : 56;
     static constexpr int CONSUMER_REGS = 224;
     // Persistent grid (mirrored by `context_sm90_persistent` in
