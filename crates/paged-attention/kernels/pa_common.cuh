@@ -17,15 +17,6 @@ MHA_KIT_DEVICE float ex2(float x) {
     return y;
 }
 
-// ex2 that the compiler keeps in program order with other volatile asm (a
-// wgmma wait): the exponentials of a softmax stay where they overlap the
-// tensor cores.
-MHA_KIT_DEVICE float ex2v(float x) {
-    float y;
-    asm volatile("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 // Online-softmax running max of the two fragment rows a thread holds (quad
 // lanes 4i..4i+3 share a row): mx[hr] is this tile's max in log2 units on
 // entry; on return mrow[hr] is the new running max, alpha[hr] the rescale of

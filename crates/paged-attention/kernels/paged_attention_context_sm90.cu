@@ -224,7 +224,7 @@ struct Item {
     Geom g;
     bool skip;  // bad request (counted) or a tile past the request's rows
     int rows;
-    i32 r0, x_base, x_min, x_max, k_lo, k_hi, t_first;
+    i32 r0, x_base, k_lo, k_hi, t_first;
     int ntiles;
 };
 
@@ -246,10 +246,10 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, i64 it, bool report) {
     I.skip = I.g.skip || I.r0 >= rows_total;
     I.rows = I.skip ? 0 : min(BM, rows_total - I.r0);
     I.x_base = I.g.len - I.g.n;
-    I.x_min = I.x_base + I.r0 / p.group;
-    I.x_max = I.x_base + (I.r0 + max(I.rows, 1) - 1) / p.group;
-    I.k_hi = max(I.x_max + 1, 0);
-    I.k_lo = p.window_left >= 0 ? max(I.x_min - p.window_left, 0) : 0;
+    const i32 x_min = I.x_base + I.r0 / p.group;
+    const i32 x_max = I.x_base + (I.r0 + max(I.rows, 1) - 1) / p.group;
+    I.k_hi = max(x_max + 1, 0);
+    I.k_lo = p.window_left >= 0 ? max(x_min - p.window_left, 0) : 0;
     I.t_first = I.k_lo / BN;
     I.ntiles = !I.skip && I.k_hi > I.k_lo ? (I.k_hi - 1) / BN - I.t_first + 1 : 0;
     return I;
