@@ -93,19 +93,37 @@ impl ContextKvLoad {
     /// [`KernelError::Unsupported`] for a value other than `auto`, `tma`,
     /// `gather`.
     pub fn from_env() -> Result<Self> {
-        match std::env::var(CONTEXT_KV_LOAD_ENV) {
-            Err(_) => Ok(Self::Auto),
-            Ok(v) => match v.trim() {
-                "" | "auto" => Ok(Self::Auto),
-                "tma" => Ok(Self::Tma),
-                "gather" => Ok(Self::Gather),
-                other => Err(KernelError::unsupported(
-                    CONTEXT_KV_LOAD_ENV,
-                    format!("`{other}` (expected auto, tma or gather)"),
-                )),
-            },
-        }
+        env_choice(
+            CONTEXT_KV_LOAD_ENV,
+            &[
+                ("auto", Self::Auto),
+                ("tma", Self::Tma),
+                ("gather", Self::Gather),
+            ],
+        )
     }
+}
+
+/// The value of environment variable `name` among `choices` (name, value):
+/// unset or empty picks the first.
+///
+/// # Errors
+/// [`KernelError::Unsupported`] naming the value and the choices.
+fn env_choice<T: Copy>(name: &'static str, choices: &[(&str, T)]) -> Result<T> {
+    let v = std::env::var(name).unwrap_or_default();
+    let v = v.trim();
+    if v.is_empty() {
+        return Ok(choices[0].1);
+    }
+    if let Some(&(_, x)) = choices.iter().find(|(n, _)| *n == v) {
+        return Ok(x);
+    }
+    let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+    let (last, rest) = names.split_last().expect("choices");
+    Err(KernelError::unsupported(
+        name,
+        format!("`{v}` (expected {} or {last})", rest.join(", ")),
+    ))
 }
 
 /// Environment variable that picks the context kernel: `auto` (default),
@@ -132,18 +150,14 @@ impl ContextPath {
     /// # Errors
     /// [`KernelError::Unsupported`] for a value other than `auto`, `mma`, `wgmma`.
     pub fn from_env() -> Result<Self> {
-        match std::env::var(CONTEXT_KERNEL_ENV) {
-            Err(_) => Ok(Self::Auto),
-            Ok(v) => match v.trim() {
-                "" | "auto" => Ok(Self::Auto),
-                "mma" => Ok(Self::Mma),
-                "wgmma" => Ok(Self::Wgmma),
-                other => Err(KernelError::unsupported(
-                    CONTEXT_KERNEL_ENV,
-                    format!("`{other}` (expected auto, mma or wgmma)"),
-                )),
-            },
-        }
+        env_choice(
+            CONTEXT_KERNEL_ENV,
+            &[
+                ("auto", Self::Auto),
+                ("mma", Self::Mma),
+                ("wgmma", Self::Wgmma),
+            ],
+        )
     }
 }
 
@@ -175,8 +189,7 @@ pub fn context_sm90_entry_name(q: HalfDtype, head_dim: usize) -> String {
 /// per SM taking work items from a counter) under schedule variant 0;
 /// mirrors `Cfg::PERSISTENT` in `paged_attention_context_sm90.cu`: D 64 and
 /// 128. At D 256 the kernel handles one work item per CTA and must be
-/// launched with one CTA per item ([`context_sm90_launch_config`] with
-/// `ctas = None`).
+/// launched with one CTA per item ([`context_sm90_grid`]).
 pub fn context_sm90_persistent(head_dim: usize) -> bool {
     head_dim != 256
 }
@@ -536,12 +549,9 @@ pub fn context_launch_config(
 /// Launch geometry of the sm_90a kernel (pure): `q_tiles = ⌈max_q_len · G /
 /// 128⌉`, work items `(q tile, KV head, request)` in the order q tiles
 /// fastest (heaviest first: the CTAs resident at once share one request's
-/// K/V in L2), then heads, then requests; a grid of `min(items, ctas)` CTAs
-/// of 384 threads (`ctas = None`: one CTA per item). With fewer CTAs than
-/// items the kernel is persistent ([`context_sm90_persistent`] head dims
-/// only): CTA `c` starts with item `c` and takes the following items, in
-/// order, from a device counter ([`ContextParams::work`]). Returns
-/// `(q_tiles, config)`.
+/// K/V in L2), then heads, then requests; one CTA of 384 threads per item
+/// (the launcher caps it to the persistent grid, [`context_sm90_grid`]).
+/// Returns `(q_tiles, config)`.
 ///
 /// # Errors
 /// [`KernelError::Unsupported`] when the items exceed CUDA's grid limit
@@ -552,7 +562,6 @@ pub fn context_sm90_launch_config(
     group: usize,
     max_q_len: usize,
     head_dim: usize,
-    ctas: Option<usize>,
 ) -> Result<(usize, LaunchConfig)> {
     let q_tiles = (max_q_len * group).div_ceil(CONTEXT_SM90_BLOCK_ROWS).max(1);
     let items = q_tiles
@@ -560,7 +569,6 @@ pub fn context_sm90_launch_config(
         .and_then(|x| x.checked_mul(bs))
         .unwrap_or(usize::MAX);
     let x = grid_dim("max_q_len", items, i32::MAX as u32)?;
-    let x = ctas.map_or(x, |c| x.min(c.max(1) as u32));
     Ok((
         q_tiles,
         LaunchConfig {
@@ -569,6 +577,19 @@ pub fn context_sm90_launch_config(
             shared_mem_bytes: context_sm90_smem_bytes(head_dim) as u32,
         },
     ))
+}
+
+/// CTAs of an sm_90a launch of `items` work items: one per item, or, for the
+/// persistent grid (schedule variant 0 at [`context_sm90_persistent`] head
+/// dims), at most `ctas` (the SM count: one CTA per SM fits; at least 1).
+/// With fewer CTAs than items, CTA `c` starts with item `c` and takes the
+/// following items, in order, from a device counter ([`ContextParams::work`]).
+pub fn context_sm90_grid(items: u32, head_dim: usize, variant: i32, ctas: usize) -> u32 {
+    if variant == 0 && context_sm90_persistent(head_dim) {
+        items.min(ctas.max(1) as u32)
+    } else {
+        items
+    }
 }
 
 /// Validates `args` and derives the launch plan of the compute_90 kernel
@@ -632,7 +653,7 @@ pub fn validate_context_for(args: &ContextArgs<'_>, sm90: bool) -> Result<Contex
     check_sinks_and_scales(args.sinks.as_ref(), hq, args.bmm1_scale, args.bmm2_scale)?;
     let use_sm90 = sm90 && context_sm90_supported(args.q_dtype, kv_dtype, dim);
     let (q_tiles, config) = if use_sm90 {
-        context_sm90_launch_config(bs, hkv, group, args.max_q_len, dim, None)?
+        context_sm90_launch_config(bs, hkv, group, args.max_q_len, dim)?
     } else {
         context_launch_config(bs, hkv, group, args.max_q_len, dim, kv_dtype)?
     };
@@ -941,13 +962,10 @@ impl ContextKernel {
             }
         }
         let mut config = plan.config;
-        if plan.sm90 && p.variant == 0 && context_sm90_persistent(args.q.shape()[2]) {
-            // Persistent: one CTA per SM (the kernel's shared memory allows one).
-            let ctas = self
-                .max_ctas
-                .unwrap_or(self.sm_count)
-                .clamp(1, self.sm_count);
-            config.grid_dim.0 = config.grid_dim.0.min(ctas as u32);
+        if plan.sm90 {
+            let ctas = self.max_ctas.unwrap_or(self.sm_count).min(self.sm_count);
+            config.grid_dim.0 =
+                context_sm90_grid(config.grid_dim.0, args.q.shape()[2], p.variant, ctas);
         }
         let mut builder = stream.launch_builder(func);
         builder.arg(&p);
@@ -969,5 +987,26 @@ impl ContextKernel {
             self.tma_launches.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_choice_reads_a_choice_and_names_the_others() {
+        const VAR: &str = "MHA_KIT_TEST_CONTEXT_ENV_CHOICE";
+        let choices = [("auto", 0), ("mma", 1), ("wgmma", 2)];
+        std::env::remove_var(VAR);
+        assert_eq!(env_choice(VAR, &choices).unwrap(), 0);
+        std::env::set_var(VAR, " wgmma ");
+        assert_eq!(env_choice(VAR, &choices).unwrap(), 2);
+        std::env::set_var(VAR, "");
+        assert_eq!(env_choice(VAR, &choices).unwrap(), 0);
+        std::env::set_var(VAR, "tma");
+        let e = env_choice(VAR, &choices).unwrap_err().to_string();
+        assert!(e.contains("`tma` (expected auto, mma or wgmma)"), "{e}");
+        std::env::remove_var(VAR);
     }
 }

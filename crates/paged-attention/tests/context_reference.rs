@@ -13,10 +13,11 @@ use common::*;
 use context_common::*;
 use paged_attention::{
     context_block_rows, context_entry_name, context_launch_config, context_sm90_entry_name,
-    context_sm90_launch_config, context_sm90_persistent, context_sm90_smem_bytes,
-    context_sm90_stages, context_sm90_supported, context_sm90_tile_keys, context_sm90_tma_rows,
-    context_smem_bytes, context_variants, kv_tma_layout, ContextParams, HalfDtype, KvDtype,
-    CONTEXT_PTX, CONTEXT_SM90_BLOCK_ROWS, CONTEXT_SM90_PTX, CONTEXT_SM90_THREADS,
+    context_sm90_grid, context_sm90_launch_config, context_sm90_persistent,
+    context_sm90_smem_bytes, context_sm90_stages, context_sm90_supported, context_sm90_tile_keys,
+    context_sm90_tma_rows, context_smem_bytes, context_variants, kv_tma_layout, ContextParams,
+    HalfDtype, KvDtype, CONTEXT_PTX, CONTEXT_SM90_BLOCK_ROWS, CONTEXT_SM90_PTX,
+    CONTEXT_SM90_THREADS,
 };
 use proptest::prelude::*;
 
@@ -213,13 +214,27 @@ fn context_sm90_plan_fits() {
             128 * d * 2 + (kst + vst) * bn * d * 2 + kst * (bn / 8) + bars + 256 * 4 + 8 + 1024
         );
         for (max_q, g) in [(1, 1), (128, 1), (129, 1), (33, 4), (5000, 16)] {
-            let (tiles, cfg) = context_sm90_launch_config(3, 2, g, max_q, d, None).unwrap();
+            let (tiles, cfg) = context_sm90_launch_config(3, 2, g, max_q, d).unwrap();
             assert!(tiles * CONTEXT_SM90_BLOCK_ROWS >= max_q * g);
             assert!((tiles - 1) * CONTEXT_SM90_BLOCK_ROWS < max_q * g);
             // One CTA per (q tile, KV head, request), or at most `ctas`.
             assert_eq!(cfg.grid_dim, (tiles as u32 * 2 * 3, 1, 1));
-            let (_, pcfg) = context_sm90_launch_config(3, 2, g, max_q, d, Some(132)).unwrap();
-            assert_eq!(pcfg.grid_dim.0, (tiles as u32 * 6).min(132));
+            // The launcher's grid: persistent (at most one CTA per SM) only
+            // for variant 0 at the persistent head dims.
+            let items = tiles as u32 * 6;
+            let want = if context_sm90_persistent(d) {
+                items.min(132)
+            } else {
+                items
+            };
+            assert_eq!(context_sm90_grid(items, d, 0, 132), want);
+            assert_eq!(
+                context_sm90_grid(items, d, 0, 0),
+                if context_sm90_persistent(d) { 1 } else { items }
+            );
+            for variant in [1, 2] {
+                assert_eq!(context_sm90_grid(items, d, variant, 132), items);
+            }
             assert_eq!(cfg.block_dim.0, CONTEXT_SM90_THREADS);
             assert_eq!(cfg.shared_mem_bytes as usize, b);
         }
