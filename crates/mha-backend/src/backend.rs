@@ -14,6 +14,7 @@ use crate::executor::{
 };
 use crate::graph::{GraphKey, GraphKind};
 use crate::metadata::{self, ForwardMetadata};
+use crate::part_timing::PartTimer;
 use crate::pools::Pools;
 
 /// State shared by a backend and its sibling step backends: config, pools,
@@ -409,6 +410,24 @@ impl MhaBackend {
             .attention(plan, meta, core.config.page_size, q)?;
         core.errors.merge(e);
         Ok(out)
+    }
+
+    /// Installs a [`PartTimer`] (or removes the installed one with `None`)
+    /// and returns the one installed before (timing by part, off by
+    /// default; [`crate::part_timing`]). While a timer is installed, each
+    /// eager [`MhaBackend::forward`] records CUDA events around its K/V
+    /// write, its context-kernel launch and its decode-kernel launch, and
+    /// adds the context launch's causal FLOPs; nothing is recorded inside
+    /// CUDA-graph capture or replay. Recording never synchronises. Step
+    /// backends of a [`MultiStepDraftBackend`] share one executor, hence one
+    /// installed timer.
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] on the CPU executor (no CUDA events) or for
+    /// a timer of another device; the timer passed in is then dropped and
+    /// the installed one (if any) stays.
+    pub fn set_part_timer(&mut self, timer: Option<PartTimer>) -> Result<Option<PartTimer>> {
+        self.core().executor.set_part_timer(timer)
     }
 
     /// Allocates the CUDA-graph state (backend.md §4.1) for buckets of up to

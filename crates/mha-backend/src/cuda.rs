@@ -8,7 +8,10 @@
 //!
 //! Everything is stream-ordered on the [`Gpu`]'s stream. Calls return
 //! without synchronising; device error events go to the executor's error
-//! words ([`Executor::device_errors`] reads them, a synchronisation).
+//! words ([`Executor::device_errors`] reads them, a synchronisation). With
+//! a [`PartTimer`] installed, eager K/V writes and attention launches are
+//! bracketed by its events (event records only; [`crate::part_timing`]);
+//! graph capture never records them.
 //!
 //! Buffers a graph bakes in (caches, pool tables, workspace, graph state,
 //! sinks) are allocated once and never reallocated while a graph exists.
@@ -36,6 +39,7 @@ use crate::executor::{
 };
 use crate::graph::{GraphKey, GraphKind};
 use crate::metadata::ForwardMetadata;
+use crate::part_timing::{attention_flops, ragged_causal_pairs, AttnPart, PartTimer};
 use crate::pools::Pools;
 
 fn kerr(e: impl Into<KernelError>) -> BackendError {
@@ -515,6 +519,30 @@ struct AttnCx<'a> {
     max_seq_len: usize,
     /// Split of decode launches that fill the GPU (Auto's choice is 1).
     decode_split: SplitMode,
+    /// Records spans around the launches when installed (eager passes
+    /// only: `None` while a graph is captured).
+    timer: Option<&'a mut PartTimer>,
+}
+
+impl AttnCx<'_> {
+    /// The start event of a span about to be launched: `from` (the end of
+    /// the span just before, nothing enqueued since) or a new event; `None`
+    /// without a timer.
+    fn span_start(&mut self, from: Option<usize>) -> Result<Option<usize>> {
+        match (self.timer.as_deref_mut(), from) {
+            (None, _) => Ok(None),
+            (Some(_), Some(i)) => Ok(Some(i)),
+            (Some(t), None) => t.mark(self.stream).map(Some),
+        }
+    }
+
+    /// Ends the span of `part` begun at `start`; returns its end event.
+    fn span_end(&mut self, part: AttnPart, start: Option<usize>) -> Result<Option<usize>> {
+        match (self.timer.as_deref_mut(), start) {
+            (Some(t), Some(a)) => t.close(part, a, self.stream).map(Some),
+            _ => Ok(None),
+        }
+    }
 }
 
 /// One pass's geometry for attention.
@@ -529,6 +557,18 @@ struct PassShape {
     /// decode kernel, which reads each KV byte once for all G heads of a KV
     /// head; the context kernel gets the requests before them.
     decode_tail: usize,
+}
+
+impl PassShape {
+    /// Requests at the end of the batch that an extend / mixed pass sends
+    /// to the decode kernel (0 in every other mode).
+    fn tail(&self) -> usize {
+        if self.mode == AttnMode::Extend {
+            self.decode_tail.min(self.bs).min(self.rows)
+        } else {
+            0
+        }
+    }
 }
 
 fn kv_views<'a>(
@@ -570,21 +610,11 @@ fn run_attention(
     q: CudaView<'_, u16>,
     mut out: CudaViewMut<'_, u16>,
 ) -> Result<()> {
-    let PassShape {
-        mode,
-        bs,
-        rows,
-        decode_tail,
-        ..
-    } = shape;
+    let PassShape { mode, bs, rows, .. } = shape;
     if bs == 0 || rows == 0 {
         return Ok(());
     }
-    let tail = if mode == AttnMode::Extend {
-        decode_tail.min(bs).min(rows)
-    } else {
-        0
-    };
+    let tail = shape.tail();
     let head = Part {
         req0: 0,
         bs: bs - tail,
@@ -592,7 +622,8 @@ fn run_attention(
         rows: rows - tail,
         mode,
     };
-    attend_part(cx, plan, cache, sinks, b, shape, head, &q, &mut out)?;
+    // The tail's span (if timed) starts where the head's ended.
+    let end = attend_part(cx, plan, cache, sinks, b, shape, head, None, &q, &mut out)?;
     let tail = Part {
         req0: bs - tail,
         bs: tail,
@@ -600,7 +631,8 @@ fn run_attention(
         rows: tail,
         mode: AttnMode::Decode,
     };
-    attend_part(cx, plan, cache, sinks, b, shape, tail, &q, &mut out)
+    attend_part(cx, plan, cache, sinks, b, shape, tail, end, &q, &mut out)?;
+    Ok(())
 }
 
 /// Requests `[req0, req0 + bs)` of a pass, owning query rows
@@ -626,7 +658,9 @@ fn one_token_tail(cu_seqlens_q: &[i32]) -> usize {
 
 /// One attention launch over `part` (see [`run_attention`]). Ragged layouts
 /// (extend, ragged verify) read absolute `cu_seqlens_q`, so they only run
-/// from request 0.
+/// from request 0. With a timer, the launch is one span (context or
+/// decode) starting at event `from` when given (the end of the span just
+/// before); returns the span's end event (`from` when nothing launched).
 #[allow(clippy::too_many_arguments)]
 fn attend_part(
     cx: &mut AttnCx<'_>,
@@ -636,9 +670,10 @@ fn attend_part(
     b: &MetaBufs,
     shape: PassShape,
     part: Part,
+    from: Option<usize>,
     q: &CudaView<'_, u16>,
     out: &mut CudaViewMut<'_, u16>,
-) -> Result<()> {
+) -> Result<Option<usize>> {
     let Part {
         req0,
         bs,
@@ -647,7 +682,7 @@ fn attend_part(
         mode,
     } = part;
     if bs == 0 || rows == 0 {
-        return Ok(());
+        return Ok(from);
     }
     let max_q = shape.max_q;
     let (hq, d, m) = (plan.num_q_heads, plan.head_dim, b.m);
@@ -691,8 +726,9 @@ fn attend_part(
             window_left: plan.window_left,
             sinks,
         };
+        let start = cx.span_start(from)?;
         cx.context.launch(&mut args, cx.errors)?;
-        return Ok(());
+        return cx.span_end(AttnPart::Context, start);
     }
     let layout = match mode {
         AttnMode::Decode | AttnMode::DraftDecode { .. } => {
@@ -737,6 +773,8 @@ fn attend_part(
         }
     }
     let elems = lp.workspace_elems;
+    // The span covers the split-counter reset and the launch.
+    let start = cx.span_start(from)?;
     if elems > 0 {
         if elems > cx.workspace.len() {
             return Err(kerr(KernelError::Capacity {
@@ -765,7 +803,7 @@ fn attend_part(
     } else {
         cx.decode.launch(&mut args, cx.errors)?;
     }
-    Ok(())
+    cx.span_end(AttnPart::Decode, start)
 }
 
 /// K/V write of `n` tokens at `loc` into the layer's cache.
@@ -905,6 +943,8 @@ pub struct CudaExecutor {
     prepared: Option<Prepared>,
     scratch: Scratch,
     graph: Option<GraphState>,
+    /// Timing by part of eager launches ([`crate::part_timing`]), when installed.
+    part_timer: Option<PartTimer>,
 }
 
 impl CudaExecutor {
@@ -973,6 +1013,7 @@ impl CudaExecutor {
                 loc: zeros(&stream, 1)?,
             },
             graph: None,
+            part_timer: None,
             gpu: gpu.clone(),
         })
     }
@@ -1039,6 +1080,7 @@ impl Executor for CudaExecutor {
             prepared,
             model_dtype,
             page_size,
+            part_timer,
             ..
         } = self;
         let stream = gpu.stream();
@@ -1063,6 +1105,8 @@ impl Executor for CudaExecutor {
         } else {
             sloc.slice(0..n)
         };
+        // Timed after the staging copies: the span is the write kernel.
+        let start = part_timer.as_mut().map(|t| t.mark(stream)).transpose()?;
         run_write(
             kv_write,
             plan,
@@ -1075,6 +1119,9 @@ impl Executor for CudaExecutor {
             n,
             write_errors,
         )?;
+        if let (Some(t), Some(a)) = (part_timer.as_mut(), start) {
+            t.close(AttnPart::KvWrite, a, stream)?;
+        }
         Ok(ErrorReport::default())
     }
 
@@ -1171,9 +1218,24 @@ impl Executor for CudaExecutor {
             page_size,
             context_len,
             decode_split,
+            part_timer,
             ..
         } = self;
         let stream = gpu.stream();
+        if let Some(t) = part_timer.as_mut() {
+            // The context kernel's causal FLOPs: the requests before the
+            // one-token tail (which goes to the decode kernel).
+            let shape = prepared.shape;
+            if shape.mode == AttnMode::Extend {
+                let head = shape.bs - shape.tail();
+                let pairs = ragged_causal_pairs(
+                    meta.cu_seqlens_q.get(..=head).unwrap_or(&[]),
+                    meta.cache_seqlens.get(..head).unwrap_or(&[]),
+                    plan.window_left,
+                );
+                t.add_context_flops(attention_flops(plan.num_q_heads, plan.head_dim, pairs));
+            }
+        }
         let qview = stage(stream, q, &mut scratch.q)?;
         let mut out = zeros::<u16>(stream, elems)?;
         let mut cx = AttnCx {
@@ -1187,6 +1249,7 @@ impl Executor for CudaExecutor {
             page_size: *page_size,
             max_seq_len: *context_len,
             decode_split: *decode_split,
+            timer: part_timer.as_mut(),
         };
         run_attention(
             &mut cx,
@@ -1246,6 +1309,22 @@ impl Executor for CudaExecutor {
             total.merge(e.read()?);
         }
         Ok(total)
+    }
+
+    fn set_part_timer(&mut self, timer: Option<PartTimer>) -> Result<Option<PartTimer>> {
+        if timer
+            .as_ref()
+            .is_some_and(|t| !t.same_context(self.gpu.context()))
+        {
+            return Err(kerr(KernelError::unsupported(
+                "part timer",
+                format!(
+                    "created for another device than this executor's cuda:{}",
+                    self.ordinal
+                ),
+            )));
+        }
+        Ok(std::mem::replace(&mut self.part_timer, timer))
     }
 
     fn init_graph_state(&mut self, max_bs: usize, max_num_tokens: usize) -> Result<()> {
@@ -1580,6 +1659,8 @@ impl CudaExecutor {
                 page_size: *page_size,
                 max_seq_len: *context_len,
                 decode_split: *decode_split,
+                // Never inside a capture (see crate::part_timing).
+                timer: None,
             };
             let out_len = io.out.len();
             run_attention(

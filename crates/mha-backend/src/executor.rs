@@ -16,6 +16,7 @@ use crate::batch::{AttnMode, ForwardBatch};
 use crate::error::{BackendError, Result};
 use crate::graph::GraphKey;
 use crate::metadata::ForwardMetadata;
+use crate::part_timing::PartTimer;
 use crate::pools::Pools;
 
 /// Which executor to build (chosen at construction).
@@ -229,6 +230,16 @@ pub struct DeviceMetadata {
     pub swa_out_cache_loc: Option<Vec<i64>>,
 }
 
+pub(crate) fn part_timing_unsupported(kind: ExecutorKind) -> BackendError {
+    KernelError::unsupported(
+        "part timer",
+        format!(
+            "timing by part needs CUDA events: the CUDA executor (this backend runs on {kind})"
+        ),
+    )
+    .into()
+}
+
 pub(crate) fn graphs_unsupported(kind: ExecutorKind) -> BackendError {
     BackendError::GraphUnsupported(format!(
         "CUDA graphs need the CUDA executor (this backend runs on {kind})"
@@ -287,6 +298,22 @@ pub trait Executor: Send + std::fmt::Debug {
     /// [`BackendError::Kernel`] (driver).
     fn device_errors(&self) -> Result<ErrorReport> {
         Ok(ErrorReport::default())
+    }
+
+    /// Installs `timer` (or, with `None`, removes the installed one) and
+    /// returns the timer installed before. While one is installed, eager
+    /// K/V writes and attention launches record CUDA events into it
+    /// ([`crate::part_timing`]); graph capture and replay never do.
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] when `timer` is `Some` on an executor
+    /// without CUDA events (the CPU executor; the timer is dropped) or the
+    /// timer belongs to another device.
+    fn set_part_timer(&mut self, timer: Option<PartTimer>) -> Result<Option<PartTimer>> {
+        match timer {
+            None => Ok(None),
+            Some(_) => Err(part_timing_unsupported(self.kind())),
+        }
     }
 
     /// Allocates the CUDA-graph buffers (backend.md §4.1) for buckets of up

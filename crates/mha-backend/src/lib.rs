@@ -43,6 +43,11 @@
 //!   batch (D3), writes ragged-verify metadata eagerly (backend.md §5) and
 //!   launches without a host sync. CUDA executor only
 //!   ([`BackendError::GraphUnsupported`] otherwise).
+//! - Attention time by part ([`part_timing`], off by default): with a
+//!   [`PartTimer`] installed ([`MhaBackend::set_part_timer`], CUDA executor
+//!   only), eager passes record CUDA events around the K/V-write, context
+//!   and decode launches (no synchronisation); [`PartTimer::read`] gives
+//!   [`PartTimes`] (seconds per part, the context kernel's causal FLOPs).
 //!
 //! ## Per-mode metadata (backend.md §3)
 //!
@@ -95,6 +100,7 @@ mod error;
 mod executor;
 mod graph;
 mod metadata;
+pub mod part_timing;
 mod pools;
 
 pub use backend::{MhaBackend, MultiStepDraftBackend};
@@ -115,4 +121,5 @@ pub use graph::{GraphKey, GraphKind};
 pub use metadata::ForwardMetadata;
 pub use paged_attention::HalfDtype;
 pub use paged_attention::SplitMode;
+pub use part_timing::{AttnPart, PartTimer, PartTimes};
 pub use pools::Pools;

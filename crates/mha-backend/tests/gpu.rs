@@ -4,15 +4,18 @@
 //! exact) for a dense 32/8/128, a hybrid SWA 64/8/64 (alternating window
 //! 127 with sinks) and an FP8 model; graph replay == eager over many random
 //! steps per mode (bit exact: same kernels, same shapes); empty batch and
-//! IDLE; exhaustion leaves pools and caches unchanged.
+//! IDLE; exhaustion leaves pools and caches unchanged; timing by part
+//! (spans per launch, outputs unchanged, nothing recorded in graphs, the
+//! context FLOPs of the host formula, refused on the CPU executor).
 
 use std::sync::Arc;
 
 use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, OrFail};
 use kernel_rt::Gpu;
+use mha_backend::part_timing::{attention_flops, ragged_causal_pairs};
 use mha_backend::{
     BackendConfig, Device, ForwardBatch, ForwardMetadata, GraphKind, HalfDtype, KvCacheDtype,
-    KvSnapshot, LayerConfig, MhaBackend, SpecConfig, TensorRef,
+    KvSnapshot, LayerConfig, MhaBackend, PartTimer, SpecConfig, TensorRef,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -601,6 +604,145 @@ fn exhaustion(config: BackendConfig) -> R {
     Ok(())
 }
 
+/// Timing by part: a mixed pass (two prefill chunks, one over a prefix,
+/// then two one-token decode rows) run with a timer installed gives the
+/// same outputs and caches as without, one K/V-write, one context and one
+/// decode span per layer (the decode span chained to the context span's
+/// end: 5 events), the context FLOPs of the host formula over the prefill
+/// requests only; a reset timer is reused without new events; a decode
+/// pass gives write + decode spans; graph capture and replay record
+/// nothing; the CPU executor refuses a timer.
+fn part_timing(config: BackendConfig, gpu: &Arc<Gpu>) -> R {
+    let mut rng = StdRng::seed_from_u64(31);
+    let dev = Device::Cuda(gpu_ordinal());
+    let mut w = World::new(&config, &[dev, dev])?;
+    let layers = config.layers.len();
+    // Requests: 20 new over none, 5 new over 30 cached, two decodes over 10.
+    let rows: Vec<usize> = (0..4).map(|_| w.new_request()).collect::<R<_>>()?;
+    for (&r, pre) in rows.iter().zip([0, 30, 10, 10]) {
+        if pre > 0 {
+            w.alloc(&[(r, pre)])?;
+        }
+    }
+    let ext = [20, 5, 1, 1];
+    let pre = [0, 30, 10, 10];
+    let grow: Vec<(usize, usize)> = rows.iter().copied().zip(ext).collect();
+    let out = w.alloc(&grow)?;
+    let batch = ForwardBatch::extend(
+        rows.iter().map(|&r| r as i64).collect(),
+        pre.to_vec(),
+        ext.map(|e| e as i32).to_vec(),
+        out,
+        true,
+    );
+    let io = inputs(&mut rng, &config, batch.out_cache_loc.len());
+    let [plain, timed] = &mut w.backends[..] else {
+        return Err("two backends".into());
+    };
+    let want = run_eager(plain, &batch, &io)?;
+    if timed
+        .set_part_timer(Some(PartTimer::new(gpu)))
+        .or_fail("install")?
+        .is_some()
+    {
+        return Err("a timer was installed before".into());
+    }
+    let got = run_eager(timed, &batch, &io)?;
+    let mut timer = timed
+        .set_part_timer(None)
+        .or_fail("take back")?
+        .ok_or("no timer came back")?;
+    if got != want {
+        return Err("outputs differ with the timer installed".into());
+    }
+    same_caches(plain, timed, &config, false)?;
+    if (timer.spans(), timer.events_recorded()) != (3 * layers, 5 * layers) {
+        return Err(format!(
+            "{} spans / {} events for {layers} layers (want 3 / 5 per layer)",
+            timer.spans(),
+            timer.events_recorded()
+        ));
+    }
+    let t = timer.read().or_fail("read")?;
+    if !(t.kv_write_s > 0.0 && t.context_s > 0.0 && t.decode_s > 0.0) || t.total_s() > 1.0 {
+        return Err(format!("implausible part times {t:?}"));
+    }
+    // The context kernel gets the two prefill chunks, not the decode tail.
+    let meta = timed.metadata().ok_or("metadata")?;
+    let want_flops: f64 = config
+        .layers
+        .iter()
+        .map(|l| {
+            let pairs = ragged_causal_pairs(
+                &meta.cu_seqlens_q[..3],
+                &meta.cache_seqlens[..2],
+                l.window_left,
+            );
+            attention_flops(l.num_q_heads, l.head_dim, pairs)
+        })
+        .sum();
+    if t.context_flops != want_flops || want_flops <= 0.0 {
+        return Err(format!("context FLOPs {} vs {want_flops}", t.context_flops));
+    }
+    // Reused for a decode pass: no new event, write + decode spans only.
+    let created = timer.events_created();
+    timer.reset();
+    if timer.spans() != 0 || timer.read().or_fail("read empty")?.total_s() != 0.0 {
+        return Err("reset left spans".into());
+    }
+    let seq: Vec<i64> = rows.iter().map(|&r| w.len(r) as i64 + 1).collect();
+    let grow: Vec<(usize, usize)> = rows.iter().map(|&r| (r, 1)).collect();
+    let out = w.alloc(&grow)?;
+    let decode = ForwardBatch::decode(rows.iter().map(|&r| r as i64).collect(), seq, out);
+    let io = inputs(&mut rng, &config, rows.len());
+    let [plain, timed] = &mut w.backends[..] else {
+        return Err("two backends".into());
+    };
+    let want = run_eager(plain, &decode, &io)?;
+    timed.set_part_timer(Some(timer)).or_fail("install")?;
+    let got = run_eager(timed, &decode, &io)?;
+    // Graph capture and replay with the timer installed record nothing.
+    timed.init_cuda_graph_state(8, 8).or_fail("graph state")?;
+    timed
+        .capture_cuda_graph(GraphKind::Decode, 4, 4)
+        .or_fail("capture")?;
+    timed.replay_cuda_graph(&decode).or_fail("replay")?;
+    timed.read_graph_output(0, 4).or_fail("graph output")?;
+    let timer = timed
+        .set_part_timer(None)
+        .or_fail("take back")?
+        .ok_or("no timer came back")?;
+    if got != want {
+        return Err("decode outputs differ with the timer installed".into());
+    }
+    if (timer.spans(), timer.events_recorded()) != (2 * layers, 4 * layers) {
+        return Err(format!(
+            "decode: {} spans / {} events (want 2 / 4 per layer; graphs record none)",
+            timer.spans(),
+            timer.events_recorded()
+        ));
+    }
+    if timer.events_created() != created {
+        return Err(format!(
+            "{} events created after reuse, {created} before",
+            timer.events_created()
+        ));
+    }
+    let t = timer.read().or_fail("read")?;
+    if !(t.kv_write_s > 0.0 && t.decode_s > 0.0) || t.context_s != 0.0 || t.context_flops != 0.0 {
+        return Err(format!("decode part times {t:?}"));
+    }
+    // The CPU executor has no CUDA events: a typed error, never zeros.
+    let mut cpu = MhaBackend::new(config, Device::Cpu).or_fail("cpu backend")?;
+    if cpu.set_part_timer(Some(timer)).is_ok() {
+        return Err("the CPU executor accepted a part timer".into());
+    }
+    if cpu.set_part_timer(None).or_fail("cpu none")?.is_some() {
+        return Err("the CPU executor returned a timer".into());
+    }
+    Ok(())
+}
+
 fn main() {
     let steps = gpu_cases(12);
     let replay_steps = gpu_cases(1000);
@@ -626,6 +768,10 @@ fn main() {
         trials.push(gpu_trial(
             format!("exhaustion/{name}"),
             move |_g: &Arc<Gpu>| exhaustion(make()),
+        ));
+        trials.push(gpu_trial(
+            format!("part_timing/{name}"),
+            move |g: &Arc<Gpu>| part_timing(make(), g),
         ));
     }
     let _ = HalfDtype::Bf16;

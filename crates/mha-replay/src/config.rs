@@ -39,12 +39,12 @@ pub enum KvDtypeArg {
     Fp8,
 }
 
-/// `--cuda-graphs`.
+/// `--cuda-graphs`, `--split-timing`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnOff {
-    /// Capture and replay CUDA graphs (decode-like passes).
+    /// Enabled.
     On,
-    /// Eager launches only.
+    /// Disabled.
     Off,
 }
 
@@ -103,9 +103,16 @@ pub struct Args {
     /// drawn from the seed); 0 = off. At most 15.
     #[arg(long, default_value_t = 0)]
     pub spec_steps: usize,
-    /// CUDA graphs for decode-like passes (not applicable on the CPU executor).
+    /// CUDA graphs for decode-like passes (`off`: eager launches only; not
+    /// applicable on the CPU executor).
     #[arg(long, value_enum, default_value = "on")]
     pub cuda_graphs: OnOff,
+    /// Split the attention time into context-kernel, decode-kernel and
+    /// K/V-write time with CUDA events around those launches of eager
+    /// passes (graph replays count whole as decode) and report the context
+    /// kernel's TFLOP/s. Not applicable on the CPU executor (no CUDA events).
+    #[arg(long, value_enum, default_value = "on")]
+    pub split_timing: OnOff,
     /// Executor: `auto`, `cpu` or `cuda:N`.
     #[arg(long, default_value = "auto")]
     pub device: String,
@@ -198,6 +205,8 @@ pub struct Setup {
     pub spec_steps: usize,
     /// `--cuda-graphs on`.
     pub cuda_graphs: bool,
+    /// `--split-timing on`.
+    pub split_timing: bool,
     /// Seed.
     pub seed: u64,
     /// Check fraction.
@@ -395,6 +404,7 @@ impl Setup {
             prefill_chunk,
             spec_steps: args.spec_steps,
             cuda_graphs: args.cuda_graphs == OnOff::On,
+            split_timing: args.split_timing == OnOff::On,
             seed: args.seed,
             check_fraction,
             max_context,

@@ -35,6 +35,18 @@
 //!    and their attention time includes it; their generation time includes
 //!    the copies into the static inputs.
 //!
+//! **Attention split** (`--split-timing on`, the default): before an eager
+//! pass's layers the engine installs its slot's [`PartTimer`]
+//! ([`MhaBackend::set_part_timer`]) and takes it back after them, so the
+//! backend records CUDA events around each layer's K/V write, context
+//! launch and decode launch (no synchronisation); [`Engine::flush`] /
+//! the next submit read it behind the slot's read-back event, which the
+//! engine waits for anyway. Per eager layer that is at most five event
+//! records on top of the engine's two, all between launches already
+//! issued; graph replays record none and their whole replay time is
+//! reported as decode time ([`PassOutput::parts`]). `--split-timing off`
+//! records none of them.
+//!
 //! The engine's [`Gpu`] must be the backend's: both use the process's
 //! shared handle ([`Gpu::shared`]), so the device must be the one
 //! `MHA_KIT_DEVICE` names (default 0); another ordinal is refused (naming
@@ -47,7 +59,9 @@ use std::time::Instant;
 use kernel_rt::cudarc::driver::sys::CUevent_flags;
 use kernel_rt::cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 use kernel_rt::{Gpu, KernelError, Strided, StridedMut};
-use mha_backend::{GraphKey, GraphKind, LayerConfig, MhaBackend, Tensor, TensorRef};
+use mha_backend::{
+    GraphKey, GraphKind, LayerConfig, MhaBackend, PartTimer, PartTimes, Tensor, TensorRef,
+};
 
 use crate::engine::{Engine, EngineInfo, PassOutput, SampledRows};
 use crate::error::{flag_err, ReplayError, Result};
@@ -147,6 +161,8 @@ pub struct CudaEngine {
     kernel: GenKernel,
     seed: u64,
     graphs: bool,
+    /// Attention split by part (`--split-timing`).
+    split_timing: bool,
     q: CudaSlice<u16>,
     k: CudaSlice<u16>,
     v: CudaSlice<u16>,
@@ -167,6 +183,7 @@ impl std::fmt::Debug for CudaEngine {
         f.debug_struct("CudaEngine")
             .field("ordinal", &self.ordinal)
             .field("graphs", &self.graphs)
+            .field("split_timing", &self.split_timing)
             .field("captures", &self.captures)
             .finish_non_exhaustive()
     }
@@ -187,12 +204,13 @@ fn grow<T: kernel_rt::cudarc::driver::DeviceRepr + kernel_rt::cudarc::driver::Va
 
 impl CudaEngine {
     /// An engine on device `ordinal` generating from `seed`, with graphs
-    /// for decode-like passes when `graphs`.
+    /// for decode-like passes when `graphs` and the attention time split by
+    /// part when `split_timing` (see the module docs).
     ///
     /// # Errors
     /// [`ReplayError::Flag`] (`--device`) without a GPU, or when `ordinal`
     /// is not the process's shared device; PTX load / allocation errors.
-    pub fn new(ordinal: usize, seed: u64, graphs: bool) -> Result<Self> {
+    pub fn new(ordinal: usize, seed: u64, graphs: bool, split_timing: bool) -> Result<Self> {
         let gpu =
             Gpu::shared().map_err(|e| flag_err("--device", format!("cuda:{ordinal}: {e}")))?;
         let shared = gpu.context().ordinal();
@@ -211,6 +229,7 @@ impl CudaEngine {
             kernel,
             seed,
             graphs,
+            split_timing,
             q: s.alloc_zeros(1).map_err(kerr)?,
             k: s.alloc_zeros(1).map_err(kerr)?,
             v: s.alloc_zeros(1).map_err(kerr)?,
@@ -330,6 +349,7 @@ impl CudaEngine {
             samples,
             mut host_rows,
             timing,
+            split,
         } = f;
         // The read-back event follows the timing events and every copy.
         let done = match timing {
@@ -348,6 +368,21 @@ impl CudaEngine {
                     out.attention_s += self.elapsed_s(slot, 2 * li + 1, 2 * li + 2)?;
                 }
             }
+        }
+        if split {
+            out.parts = Some(match timing {
+                // Nothing is timed inside a graph: the whole replay.
+                Timing::Graph => PartTimes {
+                    decode_s: out.attention_s,
+                    ..PartTimes::default()
+                },
+                // The timer's events precede `done`, already waited for.
+                Timing::Eager { .. } => self.slots[slot]
+                    .timer
+                    .as_ref()
+                    .ok_or_else(|| ReplayError::Internal("part timer missing".into()))?
+                    .read()?,
+            });
         }
         let staged: &[u16] = match &self.slots[slot].host {
             Some(h) if !samples.is_empty() => h.as_slice().map_err(kerr)?,
@@ -515,6 +550,7 @@ impl CudaEngine {
             host_rows: vec![None; samples.len()],
             samples,
             timing: Timing::Graph,
+            split: self.split_timing,
         })
     }
 
@@ -539,6 +575,51 @@ impl CudaEngine {
         self.grow_stage(slot, total)?;
         let mut host_rows: Vec<Option<Vec<u16>>> = vec![None; samples.len()];
         self.ensure_events(slot, 2 * layers.len() + 2)?;
+        if self.split_timing {
+            let mut t = match self.slots[slot].timer.take() {
+                Some(t) => t,
+                None => PartTimer::new(&self.gpu),
+            };
+            t.reset();
+            backend.set_part_timer(Some(t))?;
+        }
+        let ran = self.eager_layers(backend, pass, layers, rows, &samples, &mut host_rows, slot);
+        // The timer comes back even when a layer failed.
+        let timer = if self.split_timing {
+            backend.set_part_timer(None)
+        } else {
+            Ok(None)
+        };
+        ran?;
+        self.slots[slot].timer = timer?;
+        self.enqueue_readback(slot, total, 2 * layers.len() + 1)?;
+        Ok(InFlight {
+            slot,
+            out,
+            samples,
+            host_rows,
+            timing: Timing::Eager {
+                layers: layers.len(),
+            },
+            split: self.split_timing,
+        })
+    }
+
+    /// The layers of an eager pass: per layer the generator launch and
+    /// [`MhaBackend::forward`], bracketed by slot `slot`'s events, and the
+    /// sampled rows' copies into the staging buffer (device outputs) or
+    /// `host_rows` (host outputs).
+    #[allow(clippy::too_many_arguments)]
+    fn eager_layers(
+        &mut self,
+        backend: &mut MhaBackend,
+        pass: &Pass,
+        layers: &[LayerConfig],
+        rows: usize,
+        samples: &[Staged],
+        host_rows: &mut [Option<Vec<u16>>],
+        slot: usize,
+    ) -> Result<()> {
         self.record(slot, 0)?;
         for (li, l) in layers.iter().enumerate() {
             self.generate(pass.model, li, l, rows, pass.salt)?;
@@ -578,16 +659,7 @@ impl CudaEngine {
                 }
             }
         }
-        self.enqueue_readback(slot, total, 2 * layers.len() + 1)?;
-        Ok(InFlight {
-            slot,
-            out,
-            samples,
-            host_rows,
-            timing: Timing::Eager {
-                layers: layers.len(),
-            },
-        })
+        Ok(())
     }
 
     /// Launches `pass` into the next slot, then completes the pass before
@@ -620,6 +692,9 @@ struct Slot {
     events: Vec<CudaEvent>,
     stage: Option<CudaSlice<u16>>,
     host: Option<PinnedHostSlice<u16>>,
+    /// The slot's part timer (`--split-timing on`), created on first use
+    /// and reused; lent to the backend while an eager pass is launched.
+    timer: Option<PartTimer>,
 }
 
 /// How a pass's events bracket its work.
@@ -653,6 +728,8 @@ struct InFlight {
     /// Rows that came back as host tensors (not staged).
     host_rows: Vec<Option<Vec<u16>>>,
     timing: Timing,
+    /// Whether the pass's attention time is split by part.
+    split: bool,
 }
 
 impl Engine for CudaEngine {
@@ -661,6 +738,7 @@ impl Engine for CudaEngine {
             executor: format!("cuda:{}", self.ordinal),
             time_domain: "device time (CUDA events)",
             graphs_applicable: true,
+            split_timing: Some(self.split_timing),
         }
     }
 

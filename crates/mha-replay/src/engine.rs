@@ -13,7 +13,7 @@
 
 use std::time::Instant;
 
-use mha_backend::{LayerConfig, MhaBackend, TensorRef};
+use mha_backend::{LayerConfig, MhaBackend, PartTimes, TensorRef};
 
 use crate::error::{ReplayError, Result};
 use crate::gen::{Act, Generator};
@@ -28,6 +28,10 @@ pub struct EngineInfo {
     pub time_domain: &'static str,
     /// Whether `--cuda-graphs` applies (false on the CPU executor).
     pub graphs_applicable: bool,
+    /// Attention time split by part (`--split-timing`): `None` when the
+    /// executor cannot measure it (the CPU executor has no CUDA events and
+    /// runs one reference call per layer for every row), else whether it is on.
+    pub split_timing: Option<bool>,
 }
 
 /// The rows of one sampled (layer, request) pair, model dtype bits
@@ -53,6 +57,14 @@ pub struct PassOutput {
     pub generate_s: f64,
     /// Whether the pass ran from a CUDA graph.
     pub graph: bool,
+    /// `attention_s` split by part (device seconds, all layers) and the
+    /// context kernel's causal FLOPs; `None` when not measured. Eager
+    /// passes: CUDA events around the K/V-write, context and decode
+    /// launches inside `attention_s` (the rest of `attention_s` is other
+    /// work: staging copies, metadata uploads, launch gaps). Graph
+    /// replays: the whole replay (metadata launch and K/V writes included)
+    /// as `decode_s`, since nothing can be timed inside a graph.
+    pub parts: Option<PartTimes>,
     /// Sampled rows for the checker.
     pub sampled: Vec<SampledRows>,
 }
@@ -142,6 +154,7 @@ impl Engine for CpuEngine {
             executor: "cpu".into(),
             time_domain: "host wall time",
             graphs_applicable: false,
+            split_timing: None,
         }
     }
 

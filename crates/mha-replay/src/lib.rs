@@ -30,7 +30,10 @@
 //! - [`gen`]: Q/K/V from the seed by a counter hash (never wall time).
 //! - [`check`]: independent f64 recomputation through paged-attention's
 //!   reference on contiguous, regenerated K/V.
-//! - [`report`] / [`plot`]: the table, the JSON, the PNG.
+//! - [`report`] / [`plot`]: the table, the JSON, the PNG; with the CUDA
+//!   engine's `--split-timing on` (default) the attention time split into
+//!   context-kernel, decode-kernel, K/V-write and other seconds and the
+//!   context kernel's TFLOP/s ([`report::AttentionSplit`]).
 //!
 //! ## CPU-executor caps
 //! The CPU executor evaluates attention with paged-attention's f64
@@ -75,6 +78,7 @@ pub fn engine_for(setup: &Setup) -> Result<Box<dyn Engine>> {
             n,
             setup.seed,
             setup.cuda_graphs,
+            setup.split_timing,
         )?),
     })
 }

@@ -1,6 +1,7 @@
 //! One forward pass as the replay describes it: the backend's
 //! [`ForwardBatch`] plus, per request, where its query rows sit.
 
+use mha_backend::part_timing::{attention_flops, causal_pairs};
 use mha_backend::{ForwardBatch, LayerConfig};
 
 use crate::gen::ModelId;
@@ -119,20 +120,18 @@ pub fn visible_keys(x: usize, window_left: Option<u32>) -> usize {
 
 /// Work of one layer on one part: `(kv tokens read, attention FLOPs)`.
 /// Tokens read = keys any row needs, `kv_len − max(0, kv_len − n − W)`;
-/// FLOPs = `4 · Hq · D` per (row, visible key) (Q·Kᵀ and P·V).
+/// FLOPs = `4 · Hq · D` per (row, visible key) (Q·Kᵀ and P·V):
+/// [`mha_backend::part_timing::causal_pairs`] of the part's `n` rows over
+/// its `kv_len − n` earlier keys.
 pub fn part_work(p: &Part, l: &LayerConfig) -> (usize, f64) {
     let lo = match l.window_left {
         Some(w) => p.kv_len.saturating_sub(p.n + w as usize),
         None => 0,
     };
     let tokens = p.kv_len - lo;
-    let first = p.kv_len - p.n;
-    let pairs: usize = match l.window_left {
-        None => p.n * first + p.n * (p.n + 1) / 2,
-        Some(w) => (first..p.kv_len).map(|x| visible_keys(x, Some(w))).sum(),
-    };
-    let flops = 4.0 * (l.num_q_heads * l.head_dim) as f64 * pairs as f64;
-    (tokens, flops)
+    let first = p.kv_len.saturating_sub(p.n);
+    let pairs = causal_pairs(first as u64, p.n as u64, l.window_left);
+    (tokens, attention_flops(l.num_q_heads, l.head_dim, pairs))
 }
 
 #[cfg(test)]
@@ -153,5 +152,26 @@ mod tests {
         let w = LayerConfig::new(2, 1, 64).with_window(2);
         // Rows see 3 keys each; keys 5..10 are read.
         assert_eq!(part_work(&p, &w), (5, 4.0 * 128.0 * 9.0));
+        // The closed form equals the per-row count of visible keys.
+        for (n, kv_len) in [(1, 1), (5, 5), (3, 200), (130, 300)] {
+            let p = Part {
+                req: 0,
+                row_start: 0,
+                n,
+                kv_len,
+            };
+            for w in [None, Some(0), Some(2), Some(127), Some(1000)] {
+                let l = LayerConfig {
+                    window_left: w,
+                    ..LayerConfig::new(2, 1, 64)
+                };
+                let rows: usize = (kv_len - n..kv_len).map(|x| visible_keys(x, w)).sum();
+                assert_eq!(
+                    part_work(&p, &l).1,
+                    4.0 * 128.0 * rows as f64,
+                    "{n} {kv_len} {w:?}"
+                );
+            }
+        }
     }
 }

@@ -200,6 +200,7 @@ impl Runner<'_> {
                 kv_bytes,
                 flops,
                 graph: out.graph,
+                parts: out.parts,
             });
             for s in out.sampled {
                 self.checks.submit(&pass, s.layer, s.part, s.rows)?;
@@ -412,6 +413,14 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
                     "n/a on the {} executor (no graphs; --cuda-graphs has no effect)",
                     setup.executor.name()
                 )
+            },
+            split_timing: match info.split_timing {
+                Some(true) => "on (CUDA events around the K/V-write, context and decode launches of eager passes; graph replays counted whole as decode)".into(),
+                Some(false) => "off (--split-timing off)".into(),
+                None => format!(
+                    "n/a on the {} executor (no CUDA events; --split-timing has no effect)",
+                    setup.executor.name()
+                ),
             },
             seed: setup.seed,
             check_fraction: setup.check_fraction,

@@ -166,6 +166,7 @@ fn binary_errors_name_the_flag_or_line() {
         (vec!["--trace", bad.to_str().unwrap()], "bad.csv:3:"),
         (vec!["--trace", "/no/such/trace.csv"], "/no/such/trace.csv"),
         (vec!["--plot", "out.svg"], "--plot"),
+        (vec!["--split-timing", "maybe"], "--split-timing"),
     ];
     if !kernel_rt::gpu_available() {
         // Without a GPU, `--device cuda:N` is a flag error (never a CPU
@@ -197,10 +198,21 @@ fn binary_errors_name_the_flag_or_line() {
         out.contains("device cpu") && out.contains("| mismatches | 0 pairs"),
         "{out}"
     );
+    // No CUDA events on the CPU executor: the split says so, never numbers.
+    assert!(
+        out.contains(
+            "| attention split | n/a on the CPU executor (no CUDA events; --split-timing has no effect) |"
+        ) && out.contains("| context kernel | n/a (no attention split) |"),
+        "{out}"
+    );
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).unwrap()).unwrap();
     assert_eq!(json["workload"]["requests"], 5);
     assert_eq!(json["check"]["mismatched_pairs"], 0);
+    assert!(json["totals"]["split"].is_null() && json["modes"][0]["split"].is_null());
+    assert!(json["config"]["split_timing"]
+        .as_str()
+        .is_some_and(|s| s.starts_with("n/a on the CPU executor")));
     assert_eq!(&std::fs::read(dir.join("r.png")).unwrap()[1..4], b"PNG");
     std::fs::remove_dir_all(&dir).unwrap();
 }

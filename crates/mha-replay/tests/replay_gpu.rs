@@ -5,7 +5,8 @@
 //! engine on the same flags; a speculative slice (draft decode, uniform and
 //! ragged verify, draft extend v2 through graphs) and a hybrid-SWA FP8
 //! slice; a llama3-8b speculative run with graphs (the pipelining
-//! regression). Ignored without a GPU.
+//! regression); the attention split (`--split-timing on|off`). Ignored
+//! without a GPU.
 
 use clap::Parser;
 use kernel_rt::testing::{gpu_trial, run_trials};
@@ -109,6 +110,65 @@ fn main() {
                     r.check.max_abs_err
                 );
             }
+            Ok(())
+        }),
+        gpu_trial("split_timing_parts_add_up", |gpu| {
+            // Graphs on: extend / mixed passes eager (timed by part), decode
+            // passes replayed (whole replay as decode time).
+            let dev = format!("cuda:{}", gpu.context().ordinal());
+            let check = ["--check-fraction", "0.05"];
+            let on = replay(&dev, "50", &check)?;
+            clean(&on, "split timing on")?;
+            let s = on
+                .totals
+                .split
+                .as_ref()
+                .ok_or("no attention split with --split-timing on")?;
+            if s.passes != on.totals.passes {
+                return Err(format!(
+                    "split over {} of {} passes",
+                    s.passes, on.totals.passes
+                ));
+            }
+            let sum = s.context_s + s.decode_s + s.kv_write_s + s.other_s;
+            if (sum - s.attention_s).abs() > 1e-9 * s.attention_s.max(1.0) {
+                return Err(format!("parts sum to {sum}, attention {}", s.attention_s));
+            }
+            // The spans are nested in the attention bracket (event
+            // resolution ~0.5 µs each).
+            if s.other_s < -1e-6 * s.passes as f64 {
+                return Err(format!("negative other time {}", s.other_s));
+            }
+            if !(s.context_s > 0.0 && s.decode_s > 0.0 && s.kv_write_s > 0.0) {
+                return Err(format!("a part is empty: {s:?}"));
+            }
+            if !(s.graph_replay_s > 0.0 && s.graph_replay_s < s.decode_s) {
+                return Err(format!(
+                    "graph replay time {} of decode {}",
+                    s.graph_replay_s, s.decode_s
+                ));
+            }
+            if s.context_tflops_per_s.is_none_or(|t| t <= 0.0) {
+                return Err("no context TFLOP/s".into());
+            }
+            let mixed = on
+                .modes
+                .iter()
+                .find(|m| m.mode == "mixed")
+                .and_then(|m| m.split.as_ref())
+                .ok_or("no mixed split")?;
+            if !(mixed.context_s > 0.0 && mixed.decode_s > 0.0) {
+                return Err(format!("mixed split {mixed:?}"));
+            }
+            let mut extra = check.to_vec();
+            extra.extend_from_slice(&["--split-timing", "off"]);
+            let off = replay(&dev, "50", &extra)?;
+            clean(&off, "split timing off")?;
+            same_counts(&on, &off, "split timing off")?;
+            if off.totals.split.is_some() || off.modes.iter().any(|m| m.split.is_some()) {
+                return Err("a split with --split-timing off".into());
+            }
+            println!("{}", on.table());
             Ok(())
         }),
         gpu_trial("speculative_slice_graphs_on_matches_cpu", |gpu| {
