@@ -14,8 +14,9 @@
 #   peers     torch's cuDNN SDPA on the same shapes (same call)
 #   sanitize  compute-sanitizer memcheck + racecheck on small cases
 #   backend   the mha-backend GPU tests
-#   ncu       Nsight Compute on one bs 1 x 16384 launch (NCU_SET, default
-#             full) into $OUT/ncu.ncu-rep
+#   ncu       Nsight Compute on one launch of the bench case NCU_CASE
+#             (default bs 1 x 16384, P 16; NCU_SET, default full) into
+#             $OUT/ncu.ncu-rep
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries.
 #   usage: OUT=logs STAGES="smoke tests bench peers" bash scripts/gpu-context.sh [bundle.tar.xz]
@@ -83,8 +84,8 @@ stage_backend() {
   timeout 120 tests/mha-backend-gpu --include-ignored > "$OUT/backend.log" 2>&1; echo "rc=$?"; summary "$OUT/backend.log"
 }
 stage_ncu() {
-  echo "== ncu (bs 1 x 16384)"
-  MHA_KIT_BENCH_CASES="bs 1 × 16384, P 16" timeout 240 ncu --clock-control none --set "${NCU_SET:-full}" \
+  echo "== ncu (${NCU_CASE:-bs 1 × 16384, P 16})"
+  MHA_KIT_BENCH_CASES="${NCU_CASE:-bs 1 × 16384, P 16}" timeout 240 ncu --clock-control none --set "${NCU_SET:-full}" \
     --import-source yes -k regex:context_sm90 -c 1 -o "$OUT/ncu" benches/paged-attention-context --bench \
     > "$OUT/ncu.log" 2>&1
   echo "rc=$?"; tail -5 "$OUT/ncu.log"

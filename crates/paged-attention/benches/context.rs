@@ -265,7 +265,7 @@ fn main() {
     per_item.set_variant(2);
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
-        [1u32, 4, 5, 6]
+        [1u32, 4, 5, 6, 8]
             .into_iter()
             .map(|xv| {
                 let mut k = ContextKernel::new(&gpu).expect("load");
@@ -296,7 +296,8 @@ fn main() {
                 1 => "experiment: no softmax math",
                 4 => "experiment: no K/V reads",
                 5 => "experiment: no K/V reads, no softmax math",
-                _ => "experiment: no K/V reads, no wgmma",
+                6 => "experiment: no K/V reads, no wgmma",
+                _ => "variant: S before the V wait",
             }
         } else {
             "sm90a wgmma"

@@ -68,22 +68,29 @@ struct Cfg {
     static constexpr int KV_ATOM = BN * 128;
     static constexpr int Q_BYTES = BM * D * 2;
     static constexpr int KV_BYTES = BN * D * 2;     // one K or V tile
+    // Q buffers: two on the persistent grid (the next item's Q loads while
+    // the consumers finish the current one), one at D 256 (one item per CTA).
+    static constexpr int QBUF = PERSISTENT ? 2 : 1;
     static constexpr int Q_OFF = 0;
-    static constexpr int K_OFF = Q_OFF + Q_BYTES;   // KST slots
+    static constexpr int K_OFF = Q_OFF + QBUF * Q_BYTES;  // KST slots
     // Ring depths: K tiles are needed one iteration before V tiles (S_t
     // before P_{t-1} V_{t-1}), so K gets the deeper ring where memory allows.
     static constexpr int KST = D == 256 ? 2 : 3;
     static constexpr int VST = D == 64 ? 3 : 2;
     static constexpr int V_OFF = K_OFF + KST * KV_BYTES;
-    static constexpr int VM_OFF = V_OFF + VST * KV_BYTES;  // u32 [KST][BN / 32] valid-key masks
-    static constexpr int BAR_OFF = VM_OFF + KST * (BN / 32) * 4;
+    // Valid-key masks, u32 [KST][4]: one word per producer warp (see `key_bit`).
+    static constexpr int VMW = 4;
+    static constexpr int VM_OFF = V_OFF + VST * KV_BYTES;
+    static constexpr int BAR_OFF = VM_OFF + KST * VMW * 4;
     // Q full/empty; K full/empty; V full/empty; work-item slots full/empty.
-    static constexpr int NBAR = 2 + 2 * KST + 2 * VST + 4;
+    static constexpr int NBAR = 2 * QBUF + 2 * KST + 2 * VST + 4;
     // One f32 per consumer thread: the per-tile store that keeps the
     // exponentials ahead of the wait for P V (see `softmax`).
     static constexpr int PIN_OFF = BAR_OFF + NBAR * 8;
-    static constexpr int ITEM_OFF = PIN_OFF + 256 * 4;  // i32 [2] work-item slots
-    static constexpr int BYTES = ITEM_OFF + 2 * 4;
+    // i32 [4]: two work-item slots, thread 0's prefetched counter value, a
+    // spare (8-byte multiple).
+    static constexpr int ITEM_OFF = PIN_OFF + 256 * 4;
+    static constexpr int BYTES = ITEM_OFF + 4 * 4;
     static constexpr int ALLOC = BYTES + 1024;  // slack: the base is rounded up to 1024
     static_assert(BAR_OFF % 8 == 0, "mbarrier alignment");
     static_assert((BN * CPR) % 128 == 0 && (BM * CPR) % 128 == 0, "producer split");
@@ -216,6 +223,21 @@ MHA_KIT_DEVICE u32 swz(int row, int ch, int atom) {
     return (u32)((ch >> 3) * atom + row * 128 + (((ch & 7) ^ (row & 7)) << 4));
 }
 
+// Valid-key mask layout, shared by the producers and the consumers: lane l of
+// producer warp w stands for key row 4 w + (l >> 3) + 16 (l & 7) of a KV tile
+// (in the gather, the row whose page that lane looks up) and word w of the
+// tile's mask is warp w's ballot. At BN 64 lanes with (l & 7) >= 4 stand for
+// rows >= BN, which do not exist; their bits are set.
+MHA_KIT_DEVICE constexpr int key_row_of_lane(int w, int l) { return 4 * w + (l >> 3) + 16 * (l & 7); }
+
+// `ptr` of lane `src` of the warp (every lane calls it).
+MHA_KIT_DEVICE const u16* shfl_ptr(const u16* ptr, int src) {
+    const u64 v = reinterpret_cast<u64>(ptr);
+    const u32 lo = __shfl_sync(0xffffffffu, (u32)v, src);
+    const u32 hi = __shfl_sync(0xffffffffu, (u32)(v >> 32), src);
+    return reinterpret_cast<const u16*>(((u64)hi << 32) | lo);
+}
+
 // One work item: q tile `tile` (of BM packed rows) of KV head h of request
 // b, and what the tile needs: rows, row positions, key range [k_lo, k_hi)
 // and its KV tiles t_first .. t_first + ntiles - 1.
@@ -233,13 +255,14 @@ struct Item {
 // lane of the warp calls it); `report`: this thread counts the request's bad
 // cu_seqlens / lengths (once per request: on its item of tile 0, head 0).
 template <int BN>
-MHA_KIT_DEVICE Item item_geom(const ContextParams& p, i64 it, bool report) {
+MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
     Item I;
-    const int x = (int)(it % p.q_tiles);
-    const i64 rest = it / p.q_tiles;
+    // 32-bit: the launcher keeps q_tiles * num_kv_heads * bs <= i32::MAX.
+    const int x = it % p.q_tiles;
+    const int rest = it / p.q_tiles;
     I.tile = p.q_tiles - 1 - x;
-    I.h = (int)(rest % p.num_kv_heads);
-    I.b = (int)(rest / p.num_kv_heads);
+    I.h = rest % p.num_kv_heads;
+    I.b = rest / p.num_kv_heads;
     I.g = request_geom_warp(p, I.b, report && I.tile == 0 && I.h == 0);
     const i32 rows_total = I.g.n * p.group;
     I.r0 = I.tile * BM;
@@ -255,9 +278,10 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, i64 it, bool report) {
     return I;
 }
 
-// XV: timing experiments that leave one stage out (wrong results; only the
-// bench's `_x{XV}` entries set it): 1 no softmax math, 2 no wgmma, 4 no
-// global K/V reads (zero-filled copies).
+// XV: timing experiments (only the bench's `_x{XV}` entries set it). Leave
+// one stage out (wrong results): 1 no softmax math, 2 no wgmma, 4 no global
+// K/V reads (zero-filled copies). Schedule variants (same results): 8 issues
+// S_t before waiting for V_{t-1} on tiles that need no V scan.
 template <int QT, int D, int XV = 0>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v) {
     using C = Cfg<D>;
@@ -266,7 +290,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     constexpr int NS = BN / 2;   // S accumulator registers per thread
     constexpr int NO = D / 2;    // O accumulator registers per thread
     constexpr int KSTEPS = BN / 16;
-    constexpr int VMW = BN / 32;
+    constexpr int VMW = C::VMW;
 
     extern __shared__ __align__(16) u8 smem_raw[];
     const u32 raw_base = smem_u32(smem_raw);
@@ -275,9 +299,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     u32* vm_s = reinterpret_cast<u32*>(smem + C::VM_OFF);
     constexpr int KST = C::KST;
     constexpr int VST = C::VST;
-    const u32 bar_q = base + C::BAR_OFF;          // Q landed
-    const u32 bar_qe = bar_q + 8;                 // Q consumed (the last S of an item issued and done)
-    const u32 bar_fk = bar_qe + 8;                // [KST] K landed
+    constexpr int QBUF = C::QBUF;
+    const u32 bar_q = base + C::BAR_OFF;          // [QBUF] Q landed
+    const u32 bar_qe = bar_q + 8 * QBUF;          // [QBUF] Q consumed (the last S of an item issued and done)
+    const u32 bar_fk = bar_qe + 8 * QBUF;         // [KST] K landed
     const u32 bar_ek = bar_fk + 8 * KST;          // [KST] K consumed
     const u32 bar_fv = bar_ek + 8 * KST;          // [VST] V landed
     const u32 bar_ev = bar_fv + 8 * VST;          // [VST] V consumed
@@ -285,7 +310,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const u32 bar_ie = bar_if + 16;               // [2] work item read by all
     // The rings run on across a CTA's items: T0 counts the KV tiles of the
     // CTA's earlier items (per role, the same count), tile t of an item is
-    // ring tile T0 + t; nq counts the items that loaded a Q tile.
+    // ring tile T0 + t; nq counts the items that loaded a Q tile (item nq
+    // uses Q buffer nq % QBUF).
     int T0 = 0;
     int nq = 0;
     auto kslot = [&](int t) { return (T0 + t) % KST; };
@@ -302,20 +328,25 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // CTA to run out resets the counters for the next launch.
     const int tid = threadIdx.x;
     const int G = p.group;
-    const i64 items = (i64)p.q_tiles * p.num_kv_heads * p.bs;
-    const bool persistent = C::PERSISTENT && (i64)gridDim.x < items;
+    const int items = p.q_tiles * p.num_kv_heads * p.bs;  // <= i32::MAX (launcher)
+    const bool persistent = C::PERSISTENT && (int)gridDim.x < items;
     i32* item_s = reinterpret_cast<i32*>(smem + C::ITEM_OFF);
     int n_items = 0;  // items taken by this thread so far (the stop included)
-    auto next_item = [&]() -> i64 {
+    // Thread 0 fetches each counter value one item ahead (the atomic's round
+    // trip then overlaps the current item); a CTA's last fetch comes before
+    // its stop, so the reset below still sees every fetch done.
+    u32* pending = reinterpret_cast<u32*>(item_s + 2);
+    auto next_item = [&]() -> int {
         const int n = n_items++;
-        if (!persistent) return n == 0 ? (i64)blockIdx.x : items;
+        if (!persistent) return n == 0 ? (int)blockIdx.x : items;
         const int slot = n & 1;
         const u32 par = (u32)((n >> 1) & 1);
-        i64 it;
+        int it;
         if (tid == 0) {
             if (n >= 2) mbar_wait(bar_ie + 8 * slot, par ^ 1);
-            it = n == 0 ? (i64)blockIdx.x : (i64)gridDim.x + atomicAdd(p.work, 1u);
-            it = it < items ? it : items;
+            const u32 u = n == 0 ? blockIdx.x : gridDim.x + *pending;
+            it = u < (u32)items ? (int)u : items;
+            if (it < items) *pending = atomicAdd(p.work, 1u);
             item_s[slot] = (i32)it;
             mbar_arrive(bar_if + 8 * slot);
             if (it == items) {
@@ -338,8 +369,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // copies complete the transaction count) or by the cp.async row gather.
     const bool tma = p.tma_rows > 0;
     if (tid == 0) {
-        mbar_init(bar_q, 128);
-        mbar_init(bar_qe, 256);
+#pragma unroll
+        for (int s = 0; s < QBUF; ++s) {
+            mbar_init(bar_q + 8 * s, 128);
+            mbar_init(bar_qe + 8 * s, 256);
+        }
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
             mbar_init(bar_if + 8 * s, 1);
@@ -362,13 +396,23 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // ================================ producer ================================
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::PRODUCER_REGS));
         const int pt = tid;
-        constexpr int RPT = BN / 64;  // rows per thread
-        constexpr int CPT = CPR / 2;  // chunks per row per thread
-        const int row0 = pt >> 1;
-        const int par = pt & 1;
+        // Gather: eight lanes per 128-byte line of a key row (lane chunk c8 of
+        // each 64-column atom), sixteen rows per pass, NP passes per tile.
+        // Lane l of warp w looks up the page of key row krow (when it has one,
+        // c8 < NP) and shares the row's address with the other seven lanes.
+        constexpr int NP = BN / 16;
         for (;;) {
-            const i64 it = next_item();
+            const int it = next_item();
             if (it >= items) break;
+            // The lane's roles, derived per item from an opaque thread index
+            // (kept live across the item loop they would not fit the producer's
+            // registers).
+            u32 ptv;
+            asm volatile("mov.u32 %0, %%tid.x;" : "=r"(ptv));
+            const int c8 = (int)ptv & 7;
+            const int rg = (int)ptv >> 3;  // row of pass 0: 4 w + (l >> 3)
+            const bool has_row = c8 < NP;
+            const int krow = key_row_of_lane((int)ptv >> 5, (int)ptv & 31);
             const Item I = item_geom<BN>(p, it, pt == 0);
             if (I.skip) continue;
             const int h = I.h, b = I.b, rows = I.rows, ntiles = I.ntiles;
@@ -377,36 +421,49 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             if (I.tile == 0 && h == 0) report_bad_pages(p, g, b, pt, 128);
             if (ntiles == 0) continue;  // rows that see no key: the consumers write zeros
             const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
-            // Page id of row row0 + 64 j of tile t (-1: not needed or past the table).
-            auto page_id = [&](int t, int j) {
-                const i32 k = (t_first + t) * BN + row0 + 64 * j;
-                const bool need = t < ntiles && k >= k_lo && k < k_hi;
-                const i32 pg = need ? k / p.page_size : 0;
+            // Page id of this lane's key row of tile t (-1: no row, not needed
+            // or past the table); its offset in the page goes to next_off (one
+            // division a tile).
+            i32 next_off = 0;
+            auto page_id = [&](int t) {
+                const i32 k = (t_first + t) * BN + krow;
+                const bool need = has_row && t < ntiles && k >= k_lo && k < k_hi;
+                const i32 pg = k / p.page_size;
+                next_off = k - pg * p.page_size;
                 return need && pg < p.max_num_pages ? __ldg(pt_row + pg) : -1;
             };
-            // Tile 0's page ids (gather) are read before the Q copies go out,
-            // so that their latency overlaps them.
-            i32 next_id[RPT];
-#pragma unroll
-            for (int j = 0; j < RPT; ++j) next_id[j] = tma ? -1 : page_id(0, j);
+            // Tile 0's page id (gather) is read before the Q copies go out, so
+            // that its latency overlaps them.
+            i32 next_id = tma ? -1 : page_id(0);
             // Q: packed rows r0 .. r0 + rows (zeros past `rows`), once the
             // previous item's last S is done.
-            if (nq > 0) mbar_wait(bar_qe, (nq - 1) & 1);
+            const int qb = nq % QBUF;
+            if (nq >= QBUF) mbar_wait(bar_qe + 8 * qb, (u32)(((nq - QBUF) / QBUF) & 1));
+            // Thread pt copies chunk pt % CPR of rows pt / CPR + QRS m; the
+            // row's (token j, head gq) advances by QRS rows a step.
+            {
+                constexpr int QRS = 128 / CPR;
+                const int ch = (int)ptv % CPR;
+                int row = (int)ptv / CPR;
+                int j = (r0 + row) / G;
+                int gq = r0 + row - j * G;
+                const int sj = QRS / G, sg = QRS - (QRS / G) * G;
 #pragma unroll 1
-            for (int c = pt; c < BM * CPR; c += 128) {
-                const int row = c / CPR;
-                const int ch = c % CPR;
-                const bool valid = row < rows;
-                const u16* src = p.q;
-                if (valid) {
-                    const int rg = r0 + row;
-                    const int j = rg / G;
-                    const int gq = rg - j * G;
-                    src += (i64)(g.row_start + j) * p.q_stride_tok + (i64)(h * G + gq) * p.q_stride_head + ch * 8;
+                for (; row < BM; row += QRS) {
+                    const bool valid = row < rows;
+                    const u16* src = p.q;
+                    if (valid)
+                        src += (i64)(g.row_start + j) * p.q_stride_tok + (i64)(h * G + gq) * p.q_stride_head + ch * 8;
+                    cp_async16(base + C::Q_OFF + qb * C::Q_BYTES + swz(row, ch, C::Q_ATOM), src, valid ? 16u : 0u);
+                    j += sj;
+                    gq += sg;
+                    if (gq >= G) {
+                        gq -= G;
+                        ++j;
+                    }
                 }
-                cp_async16(base + C::Q_OFF + swz(row, ch, C::Q_ATOM), src, valid ? 16u : 0u);
             }
-            mbar_arrive_cp_async(bar_q);
+            mbar_arrive_cp_async(bar_q + 8 * qb);
 
             if (tma) {
                 // One warp: lane j looks up the page of box j of a tile (one
@@ -426,14 +483,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         const i32 id = need && pg < p.max_num_pages ? __ldg(pt_row + pg) : -1;
                         return id >= 0 && id < p.num_pages ? id : -1;
                     };
-                    // Valid-key mask words of a tile from the per-box valid bits.
+                    // Valid-key mask word w of a tile (layout: key_row_of_lane)
+                    // from the per-box valid bits vb (warp-wide).
+                    const int box_rows = min(rows, BN);
                     auto key_mask = [&](u32 vb, int w) {
-                        if (rows >= 32) return ((vb >> ((32 * w) / rows)) & 1u) ? 0xffffffffu : 0u;
-                        u32 m = 0;
-                        const u32 ones = (1u << rows) - 1u;
-                        for (int j = 0; j < 32 / rows; ++j)
-                            if ((vb >> (w * (32 / rows) + j)) & 1u) m |= ones << (j * rows);
-                        return m;
+                        const int r = key_row_of_lane(w, lane);
+                        return __ballot_sync(0xffffffffu, r >= BN || ((vb >> (r / box_rows)) & 1u));
                     };
                     auto issue = [&](const TmaMap& map, u32 dst_tile, u32 bar, int t, i32 id) {
                         const i32 k0 = (t_first + t) * BN;
@@ -460,10 +515,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         const i32 id = id_next;
                         id_next = box_page(t + 1);
                         const u32 vb = __ballot_sync(0xffffffffu, id >= 0);
+                        u32 km[VMW];
+#pragma unroll
+                        for (int w = 0; w < VMW; ++w) km[w] = key_mask(vb, w);
                         if (lane == 0) {
                             if (T0 + t >= KST) mbar_wait(bar_ek + 8 * kslot(t), kpar(t) ^ 1);
 #pragma unroll
-                            for (int w = 0; w < VMW; ++w) vm_s[kslot(t) * VMW + w] = key_mask(vb, w);
+                            for (int w = 0; w < VMW; ++w) vm_s[kslot(t) * VMW + w] = km[w];
                             mbar_arrive_expect_tx(bar_fk + 8 * kslot(t), TX);  // releases the mask
                         }
                         __syncwarp();
@@ -490,79 +548,70 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     }
                 }  // pt < 32: warps 1-3 copy Q only
             } else {
-                // Two threads per key row, RPT rows per thread (rows pt / 2 + 64 j):
-                // thread pt copies the odd or even 16-byte chunks of its rows, so a
-                // warp instruction reads 16 rows x 32 contiguous bytes (whole L2
-                // sectors). One page lookup per row and tile (read one tile ahead);
-                // the rows' source addresses (null: zero-fill) stay in registers, and
-                // V of a tile is copied one tile after its K.
-                const u16* k_src[RPT];   // K rows of the tile being issued
-                const u16* v_src[RPT];   // V rows of the previous tile
-                const u16* v_next[RPT];
-#pragma unroll
-                for (int j = 0; j < RPT; ++j) v_src[j] = v_next[j] = nullptr;
-                // Resolves tile t's rows: K and V source addresses, valid mask (K slot).
+                // Eight lanes per 128-byte line (whole L2 lines per warp access:
+                // four rows x 128 bytes), so that each copy instruction takes the
+                // fewest shared-memory wavefronts. Each lane resolves its key row
+                // krow of tile t (page id read one tile ahead) to K and V row
+                // addresses; pass i copies row rg + 16 i, whose address comes
+                // from lane (l & 24) | i. Rows not read (not needed, bad page)
+                // are zero-filled (source size 0; the address is then the pool's
+                // base and is not read). V of a tile goes out one tile after its K.
+                const u16* const k_base = reinterpret_cast<const u16*>(p.k_cache);
+                const u16* const v_base = reinterpret_cast<const u16*>(p.v_cache);
+                const u16* k_row = k_base;  // this lane's row of the tile being issued
+                const u16* v_row = v_base;  // this lane's row of the previous tile (V)
+                const u16* v_next = v_base;
+                u32 k_rd = 0, v_rd = 0;     // rows read, by source lane (ballot)
                 auto lookup = [&](int t) {
-#pragma unroll
-                    for (int j = 0; j < RPT; ++j) {
-                        const i32 id = next_id[j];
-                        next_id[j] = page_id(t + 1, j);
-                        const bool valid = id >= 0 && id < p.num_pages;
-                        const bool rd = valid && !(XV & 4);
-                        const i32 off = ((t_first + t) * BN + row0 + 64 * j) % p.page_size;
-                        k_src[j] = nullptr;
-                        v_next[j] = nullptr;
-                        if (rd) {
-                            k_src[j] = reinterpret_cast<const u16*>(p.k_cache) + (i64)id * p.k_stride_page +
-                                       (i64)h * p.k_stride_head + (i64)off * p.k_stride_tok + par * 8;
-                            v_next[j] = reinterpret_cast<const u16*>(p.v_cache) + (i64)id * p.v_stride_page +
-                                        (i64)h * p.v_stride_head + (i64)off * p.v_stride_tok + par * 8;
-                        }
-                        // Valid-key mask: a warp holds rows 16 w + 64 j .. + 15 (even lanes).
-                        const u32 m = __ballot_sync(0xffffffffu, valid);
-                        u32 x = m & 0x55555555u;  // one bit per row, compressed
-                        x = (x | (x >> 1)) & 0x33333333u;
-                        x = (x | (x >> 2)) & 0x0F0F0F0Fu;
-                        x = (x | (x >> 4)) & 0x00FF00FFu;
-                        x = (x | (x >> 8)) & 0x0000FFFFu;
-                        if ((pt & 31) == 0) reinterpret_cast<u16*>(vm_s + kslot(t) * VMW)[(pt >> 5) + 4 * j] = (u16)x;
+                    const i32 id = next_id;
+                    const i32 off = next_off;
+                    next_id = page_id(t + 1);
+                    const bool valid = id >= 0 && id < p.num_pages;
+                    const bool rd = valid && !(XV & 4);
+                    k_row = k_base;
+                    v_next = v_base;
+                    if (rd) {
+                        k_row = k_base + (i64)id * p.k_stride_page + (i64)h * p.k_stride_head + (i64)off * p.k_stride_tok;
+                        v_next = v_base + (i64)id * p.v_stride_page + (i64)h * p.v_stride_head + (i64)off * p.v_stride_tok;
                     }
+                    k_rd = __ballot_sync(0xffffffffu, rd);
+                    // Valid-key mask word of this warp (layout: key_row_of_lane).
+                    const u32 m = __ballot_sync(0xffffffffu, !has_row || valid);
+                    if ((pt & 31) == 0) vm_s[kslot(t) * VMW + (pt >> 5)] = m;
                 };
-                auto copy_rows = [&](u32 dst_tile, const u16* const (&src)[RPT]) {
-                    // The swizzle term, opaque so that the compiler does not hoist the
-                    // destination addresses into registers across tiles.
-                    u32 x7 = (u32)(row0 & 7) << 4;
-                    asm volatile("" : "+r"(x7));
+                // The lane's destination offset in a tile, opaque so that the
+                // compiler does not keep every pass's address in registers.
+                u32 dst_lane = (u32)rg * 128u + ((u32)(c8 ^ (rg & 7)) << 4);
+                asm volatile("" : "+r"(dst_lane));
+                auto copy_rows = [&](u32 dst_tile, const u16* row, u32 rdm) {
 #pragma unroll
-                    for (int j = 0; j < RPT; ++j) {
-                        const u32 dst_row = dst_tile + (row0 + 64 * j) * 128;
-                        const bool rd = src[j] != nullptr;
+                    for (int i = 0; i < NP; ++i) {
+                        const int src = (pt & 24) | i;
+                        const u16* r = shfl_ptr(row, src) + 8 * c8;
+                        const u32 bytes = ((rdm >> src) << 4) & 16u;
 #pragma unroll
-                        for (int i = 0; i < CPT; ++i) {
-                            const int ch = 2 * i + par;
-                            const u32 dst = dst_row + (i >> 2) * C::KV_ATOM + (((u32)(ch & 7) << 4) ^ x7);
-                            cp_async16(dst, rd ? src[j] + 16 * i : p.q, rd ? 16u : 0u);
-                        }
+                        for (int a = 0; a < D / 64; ++a)
+                            cp_async16(dst_tile + dst_lane + i * 16 * 128 + a * C::KV_ATOM, r + 64 * a, bytes);
                     }
                 };
                 for (int t = 0; t < ntiles; ++t) {
                     if (T0 + t >= KST) mbar_wait(bar_ek + 8 * kslot(t), kpar(t) ^ 1);
                     lookup(t);
-                    copy_rows(base + C::K_OFF + kslot(t) * C::KV_BYTES, k_src);
+                    copy_rows(base + C::K_OFF + kslot(t) * C::KV_BYTES, k_row, k_rd);
                     mbar_arrive_cp_async(bar_fk + 8 * kslot(t));
                     mbar_arrive(bar_fk + 8 * kslot(t));  // releases the valid mask written by lookup
                     if (t >= 1) {
                         if (T0 + t - 1 >= VST) mbar_wait(bar_ev + 8 * vslot(t - 1), vpar(t - 1) ^ 1);
-                        copy_rows(base + C::V_OFF + vslot(t - 1) * C::KV_BYTES, v_src);
+                        copy_rows(base + C::V_OFF + vslot(t - 1) * C::KV_BYTES, v_row, v_rd);
                         mbar_arrive_cp_async(bar_fv + 8 * vslot(t - 1));
                     }
-#pragma unroll
-                    for (int j = 0; j < RPT; ++j) v_src[j] = v_next[j];
+                    v_row = v_next;
+                    v_rd = k_rd;
                 }
                 if (ntiles >= 1) {
                     const int t = ntiles - 1;
                     if (T0 + t >= VST) mbar_wait(bar_ev + 8 * vslot(t), vpar(t) ^ 1);
-                    copy_rows(base + C::V_OFF + vslot(t) * C::KV_BYTES, v_src);
+                    copy_rows(base + C::V_OFF + vslot(t) * C::KV_BYTES, v_row, v_rd);
                     mbar_arrive_cp_async(bar_fv + 8 * vslot(t));
                 }
             }  // gather
@@ -586,7 +635,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const int wrow0 = 64 * cw;           // first tile row of this warpgroup
     const u32 pin_addr = base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
     for (;;) {
-        const i64 it = next_item();
+        const int it = next_item();
         if (it >= items) break;
         const Item I = item_geom<BN>(p, it, false);
         if (I.skip) continue;
@@ -635,7 +684,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // (stride offset 1024, 128-byte swizzle) is a constant.
         constexpr u32 DHI = (u32)(sdesc(0, 0, 1024) >> 32);
         auto dsc = [](u32 lo) { return ((u64)DHI << 32) | lo; };
-        const u32 q_lo = (u32)sdesc(base + C::Q_OFF + wrow0 * 128, 16, 1024);
+        const int qb = nq % QBUF;  // this item's Q buffer (when it loads one: ntiles > 0)
+        const u32 q_lo = (u32)sdesc(base + C::Q_OFF + qb * C::Q_BYTES + wrow0 * 128, 16, 1024);
         const u32 k_lo0 = (u32)sdesc(base + C::K_OFF, 16, 1024);
         const u32 v_lo0 = (u32)sdesc(base + C::V_OFF, C::KV_ATOM, 1024);
         auto qk = [&](int st) {
@@ -685,13 +735,20 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             const i32 k0 = (t_first + t) * BN;
             float mx[2] = {PAC_NEG_INF, PAC_NEG_INF};
             if (!full) {
+                // This thread's key 8 j + 2 qd + e has its valid bit in word
+                // 2 (j & 1) + (qd >> 1), bit 16 (qd & 1) + 8 e + (j >> 1)
+                // (layout: key_row_of_lane).
+                const bool hq = (qd >> 1) != 0;
+                const u32 sh = 16u * (u32)(qd & 1);
+                const u32 mw[2] = {(hq ? vmw[1] : vmw[0]) >> sh, (hq ? vmw[3] : vmw[2]) >> sh};
 #pragma unroll
                 for (int i = 0; i < NS; ++i) {
                     const int j = i >> 2;
                     const int hr = (i >> 1) & 1;
-                    const int tk = 8 * j + 2 * qd + (i & 1);
+                    const int e = i & 1;
+                    const int tk = 8 * j + 2 * qd + e;
                     const i32 k = k0 + tk;
-                    const bool vis = ((vmw[j >> 2] >> (tk & 31)) & 1u) && k <= xr[hr] && k >= xlo[hr];
+                    const bool vis = ((mw[j & 1] >> (8 * e + (j >> 1))) & 1u) && k <= xr[hr] && k >= xlo[hr];
                     s[i] = vis ? s[i] : PAC_NEG_INF;
                 }
             }
@@ -761,14 +818,36 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             drow[1] = drow[1] * alpha[1] + dsum[1];
         };
         // Whether V of stage st holds a non-finite value (warpgroup-wide).
-        auto v_nonfinite = [&](int st) {
+        // Only keys that some row of the warpgroup does not see can carry a
+        // non-finite value into it (0 * NaN): keys outside [a, b], the keys
+        // every row sees (a = xw_max - window_left, b = xw_min). The gather
+        // zero-fills keys outside the item's [k_lo, k_hi) and on bad pages;
+        // TMA reads whole pages, so there the whole tile outside [a, b] is
+        // scanned.
+        auto v_nonfinite = [&](int st, int t) {
             const u8* v = smem + C::V_OFF + st * C::KV_BYTES;
+            const i32 k0 = (t_first + t) * BN;
+            const i32 lo = tma ? k0 : max(k0, I.k_lo);
+            const i32 hi = tma ? k0 + BN : min(k0 + BN, I.k_hi);
+            const i32 b = xw_min;
+            const i32 a = p.window_left >= 0 ? xw_max - p.window_left : lo;
+            // Two ranges of keys, [lo, min(hi, a)) and [max(lo, b + 1), hi)
+            // (one, [lo, hi), when no key is seen by every row).
+            const bool split = a <= b;
+            const i32 r_end[2] = {split ? min(hi, a) : hi, hi};
+            const i32 r_beg[2] = {lo, split ? max(lo, b + 1) : hi};
+            constexpr int RPP = 128 / CPR;  // key rows per pass
+            const int ch = ct % CPR;
+            const u32 col = (u32)((ch >> 3) * C::KV_ATOM + (ch & 7) * 16);
             bool bad = false;
-#pragma unroll 4
-            for (int off = ct * 16; off < C::KV_BYTES; off += 128 * 16) {
-                const uint4 u = *reinterpret_cast<const uint4*>(v + off);
-                bad = bad || nonfinite2<QT>(u.x) || nonfinite2<QT>(u.y) || nonfinite2<QT>(u.z) ||
-                      nonfinite2<QT>(u.w);
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+#pragma unroll 1
+                for (int r = r_beg[q] - k0 + ct / CPR; r < r_end[q] - k0; r += RPP) {
+                    const uint4 u = *reinterpret_cast<const uint4*>(v + col + r * 128);
+                    bad = bad || nonfinite2<QT>(u.x) || nonfinite2<QT>(u.y) || nonfinite2<QT>(u.z) ||
+                          nonfinite2<QT>(u.w);
+                }
             }
             return named_or(2 + cw, 128, bad);
         };
@@ -781,7 +860,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         };
 
         if (ntiles > 0) {
-            mbar_wait(bar_q, nq & 1);
+            mbar_wait(bar_q + 8 * qb, (u32)((nq / QBUF) & 1));
             u32 vmw[VMW];
             // ---- tile 0 ----
             mbar_wait(bar_fk + 8 * kslot(0), kpar(0));
@@ -801,7 +880,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             mbar_arrive(bar_ek + 8 * kslot(0));
             // Q is free for the next item after this warpgroup's last S (an
             // idle warpgroup reads no Q).
-            mbar_arrive_if(!active || ntiles == 1, bar_qe);
+            mbar_arrive_if(!active || ntiles == 1, bar_qe + 8 * qb);
             if (active) {
                 softmax(0, prev_full, vmw);
                 rescale_pack();
@@ -815,17 +894,20 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll
                 for (int w = 0; w < VMW; ++w) vmw[w] = vm_s[st * VMW + w];
                 const bool full = tile_full(t, vmw);
-                mbar_wait(bar_fv + 8 * sp, vpar(t - 1));
+                // XV 8 (schedule experiment): on tiles whose V needs no scan,
+                // S_t goes out before the wait for V_{t-1}.
+                const bool v_early = !(XV & 8) || (active && !prev_full);
+                if (v_early) mbar_wait(bar_fv + 8 * sp, vpar(t - 1));
                 // The two paths never merge while a wgmma is in flight (ptxas
                 // would serialize every wgmma of the kernel otherwise).
-                if (active && !prev_full && v_nonfinite(sp)) {
+                if (active && !prev_full && v_nonfinite(sp, t - 1)) {
                     turn_take();
                     qk(st);
                     turn_pass(false);
                     wg_wait<0>();
                     fence_regs(s);
                     mbar_arrive(bar_ek + 8 * st);
-                    mbar_arrive_if(t == ntiles - 1, bar_qe);
+                    mbar_arrive_if(t == ntiles - 1, bar_qe + 8 * qb);
                     softmax(t, full, vmw);
                     pv_slow(sp);
                     mbar_arrive(bar_ev + 8 * sp);
@@ -833,12 +915,15 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 } else if (active) {
                     turn_take();
                     qk(st);
+                    if constexpr ((XV & 8) != 0) {
+                        if (!v_early) mbar_wait(bar_fv + 8 * sp, vpar(t - 1));
+                    }
                     pv(sp);
                     turn_pass(false);
                     wg_wait<1>();
                     fence_regs(s);
                     mbar_arrive(bar_ek + 8 * st);
-                    mbar_arrive_if(t == ntiles - 1, bar_qe);
+                    mbar_arrive_if(t == ntiles - 1, bar_qe + 8 * qb);
                     softmax(t, full, vmw);
                     wg_wait<0>();
                     fence_regs(o);
@@ -846,6 +931,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     mbar_arrive(bar_ev + 8 * sp);
                     rescale_pack();
                 } else {
+                    if (!v_early) mbar_wait(bar_fv + 8 * sp, vpar(t - 1));
                     turn_take();
                     turn_pass(false);
                     mbar_arrive(bar_ek + 8 * st);
@@ -856,7 +942,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // ---- last P V ----
             const int sl = vslot(ntiles - 1);
             mbar_wait(bar_fv + 8 * sl, vpar(ntiles - 1));
-            if (active && !prev_full && v_nonfinite(sl)) {
+            if (active && !prev_full && v_nonfinite(sl, ntiles - 1)) {
                 turn_take();
                 turn_pass(true);
                 pv_slow(sl);
@@ -880,7 +966,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             den += __shfl_xor_sync(0xffffffffu, den, 1);
             den += __shfl_xor_sync(0xffffffffu, den, 2);
             const int row = wrow0 + 16 * warp + gr + 8 * hr;
-            if (row >= rows) continue;
+            // Compared here (opaque), not kept as a flag from the item's start
+            // (ptxas spilled that flag).
+            int rows_v = rows;
+            asm volatile("" : "+r"(rows_v));
+            if (row >= rows_v) continue;
             const int rg = r0 + row;
             const int j = rg / G;
             const int qh = h * G + (rg - j * G);
@@ -928,3 +1018,4 @@ PAS_XENTRY(1)
 PAS_XENTRY(4)
 PAS_XENTRY(5)
 PAS_XENTRY(6)
+PAS_XENTRY(8)

@@ -213,20 +213,34 @@ pub fn context_sm90_stages(head_dim: usize) -> (usize, usize) {
     }
 }
 
+/// Q buffers of the sm_90a kernel (mirrors `Cfg::QBUF`): two on the
+/// persistent grid ([`context_sm90_persistent`]: the next work item's Q
+/// loads while the consumers finish the current item), one otherwise.
+pub fn context_sm90_q_buffers(head_dim: usize) -> usize {
+    if context_sm90_persistent(head_dim) {
+        2
+    } else {
+        1
+    }
+}
+
 /// Dynamic shared memory of the sm_90a kernel (mirrors `Cfg` in
-/// `paged_attention_context_sm90.cu`): Q `[128, D]`, the K and V rings of
+/// `paged_attention_context_sm90.cu`): Q `[128, D]` per Q buffer
+/// ([`context_sm90_q_buffers`]), the K and V rings of
 /// `[BN, D]` 16-bit tiles ([`context_sm90_stages`]), per K slot the valid
-/// masks of the keys (`[BN/32]` u32), the mbarriers
-/// (Q full + empty, full + empty per slot, two work-item slots full +
-/// empty), one f32 per consumer thread, the two work-item slots (i32), and
+/// masks of the keys (4 u32: one word per producer warp), the mbarriers
+/// (full + empty per Q buffer and per ring slot, two work-item slots full +
+/// empty), one f32 per consumer thread, four i32 (two work-item slots, the
+/// prefetched work counter, a spare), and
 /// 1024 bytes of slack to align the swizzled tiles.
 pub fn context_sm90_smem_bytes(head_dim: usize) -> usize {
     let bn = context_sm90_tile_keys(head_dim);
     let (kst, vst) = context_sm90_stages(head_dim);
-    let q = CONTEXT_SM90_BLOCK_ROWS * head_dim * 2;
+    let qbuf = context_sm90_q_buffers(head_dim);
+    let q = qbuf * CONTEXT_SM90_BLOCK_ROWS * head_dim * 2;
     let kv = bn * head_dim * 2;
-    let bars = 2 + 2 * kst + 2 * vst + 4;
-    q + (kst + vst) * kv + kst * (bn / 32) * 4 + bars * 8 + CONTEXT_SM90_PIN_BYTES + 8 + 1024
+    let bars = 2 * qbuf + 2 * kst + 2 * vst + 4;
+    q + (kst + vst) * kv + kst * 4 * 4 + bars * 8 + CONTEXT_SM90_PIN_BYTES + 16 + 1024
 }
 
 /// Shared memory of the sm_90a kernel's per-thread pin word (one f32 per
@@ -884,9 +898,11 @@ impl ContextKernel {
     }
 
     /// Runs the sm_90a kernel's timing experiment `xv` (an entry
-    /// `…_bf16_kv_bf16_d128_x{xv}` that leaves stages out, bits 1 softmax
-    /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6) for D 128 bf16
-    /// launches; 0 = off. Results are wrong by design: benchmarks only.
+    /// `…_bf16_kv_bf16_d128_x{xv}`) for D 128 bf16 launches; 0 = off. Bits
+    /// 1, 2, 4 leave softmax math, wgmma, global K/V reads out (built: 1, 4,
+    /// 5, 6; results wrong by design); 8 is a schedule variant with the
+    /// default's results (S of a tile issued before the wait for the previous
+    /// tile's V). Benchmarks only.
     ///
     /// # Errors
     /// [`KernelError::Load`] when the entry does not exist.

@@ -13,7 +13,7 @@ use common::*;
 use context_common::*;
 use paged_attention::{
     context_block_rows, context_entry_name, context_launch_config, context_sm90_entry_name,
-    context_sm90_grid, context_sm90_launch_config, context_sm90_persistent,
+    context_sm90_grid, context_sm90_launch_config, context_sm90_persistent, context_sm90_q_buffers,
     context_sm90_smem_bytes, context_sm90_stages, context_sm90_supported, context_sm90_tile_keys,
     context_sm90_tma_rows, context_smem_bytes, context_variants, kv_tma_layout, ContextParams,
     HalfDtype, KvDtype, CONTEXT_PTX, CONTEXT_SM90_BLOCK_ROWS, CONTEXT_SM90_PTX,
@@ -208,10 +208,13 @@ fn context_sm90_plan_fits() {
         let bn = context_sm90_tile_keys(d);
         let (kst, vst) = context_sm90_stages(d);
         assert!(kst >= 2 && vst >= 2);
-        let bars = 8 * (2 + 2 * kst + 2 * vst + 4);
+        // Two Q buffers exactly where the grid is persistent.
+        let qbuf = context_sm90_q_buffers(d);
+        assert_eq!(qbuf, if context_sm90_persistent(d) { 2 } else { 1 });
+        let bars = 8 * (2 * qbuf + 2 * kst + 2 * vst + 4);
         assert_eq!(
             b,
-            128 * d * 2 + (kst + vst) * bn * d * 2 + kst * (bn / 8) + bars + 256 * 4 + 8 + 1024
+            qbuf * 128 * d * 2 + (kst + vst) * bn * d * 2 + kst * 16 + bars + 256 * 4 + 16 + 1024
         );
         for (max_q, g) in [(1, 1), (128, 1), (129, 1), (33, 4), (5000, 16)] {
             let (tiles, cfg) = context_sm90_launch_config(3, 2, g, max_q, d).unwrap();
