@@ -4,7 +4,7 @@
 # run the stages named in STAGES, in the order given (default: all, as listed):
 #   smoke     the TMA-vs-gather GPU test alone (a hang or a mismatch stops
 #             the TMA stages: the gather runs the rest)
-#   quick     named context tests, the persistent-grid and TMA tests (a fast check)
+#   quick     named context tests, the persistent-grid, TMA and split-KV tests (a fast check)
 #   tests     the context GPU tests on the sm_90a kernel (default K/V loads;
 #             ${MHA_KIT_GPU_CASES:-500} random cases)
 #   gather    the named tests with the cp.async gather forced, and on the
@@ -43,7 +43,7 @@ stage_smoke() {
 }
 stage_quick() {
   echo "== quick: named shapes + masked non-finite keys (sm90a)"
-  for t in named_shapes_of_the_sm90_issue masked_nonfinite_keys must_pass persistent_grid tma_loads; do
+  for t in named_shapes_of_the_sm90_issue masked_nonfinite_keys must_pass persistent_grid tma_loads kv_split; do
     timeout 90 $T --include-ignored $t >> "$OUT/quick.log" 2>&1; echo "$t rc=$?"
   done
   summary "$OUT/quick.log"

@@ -263,6 +263,9 @@ fn main() {
     // One CTA per work item instead of the persistent grid.
     let mut per_item = ContextKernel::new(&gpu).expect("load");
     per_item.set_variant(2);
+    // No split KV (the launcher splits items that do not fill the GPU).
+    let mut no_split = ContextKernel::new(&gpu).expect("load");
+    no_split.set_kv_splits(Some(1));
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
         [1u32, 4, 5, 6, 8]
@@ -291,6 +294,8 @@ fn main() {
             "sm90a wgmma, one CTA per item"
         } else if std::ptr::eq(k, &gather) {
             "sm90a wgmma, cp.async gather"
+        } else if std::ptr::eq(k, &no_split) {
+            "sm90a wgmma, no KV split"
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {
             match xv {
                 1 => "experiment: no softmax math",
@@ -319,6 +324,9 @@ fn main() {
         }
         if c.name.starts_with("FA3 grid D 128") && kernel.uses_sm90() {
             kernels.push(&per_item);
+        }
+        if c.name.starts_with("TP-8") && kernel.uses_sm90() {
+            kernels.push(&no_split);
         }
         if i < 4 && kernel.uses_sm90() {
             kernels.extend([&pingpong, &per_item, &gather, &fallback]);

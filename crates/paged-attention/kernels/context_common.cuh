@@ -44,6 +44,14 @@ struct ContextParams {
     // sm_90a persistent grid: [next item, CTAs done] counters, zero between
     // launches (the last CTA to finish resets them). Unused by compute_90.
     u32* work;
+    // sm_90a split KV (kv_splits > 1): each work item's KV tiles are split
+    // in chunks of split_tiles tiles; unit u (the item index with the split
+    // inside) writes unnormalized O rows to partial [u][BM][D] and (running
+    // max in log2 units, row sum) to partial + units * BM * D as [u][BM][2];
+    // the merge entry combines them. Unused by compute_90 (kv_splits 1).
+    float* partial;
+    i32 kv_splits;
+    i32 split_tiles;
 };
 
 namespace pac {

@@ -240,9 +240,10 @@ MHA_KIT_DEVICE const u16* shfl_ptr(const u16* ptr, int src) {
 
 // One work item: q tile `tile` (of BM packed rows) of KV head h of request
 // b, and what the tile needs: rows, row positions, key range [k_lo, k_hi)
-// and its KV tiles t_first .. t_first + ntiles - 1.
+// and its KV tiles t_first .. t_first + ntiles - 1 (with split KV: chunk
+// `split` of them).
 struct Item {
-    int tile, h, b;
+    int tile, h, b, split;
     Geom g;
     bool skip;  // bad request (counted) or a tile past the request's rows
     int rows;
@@ -251,19 +252,23 @@ struct Item {
 };
 
 // Item `it` of the grid order (q tiles fastest, the heaviest first; then KV
-// heads; then requests), for KV tiles of BN keys. Warp-cooperative (every
-// lane of the warp calls it); `report`: this thread counts the request's bad
-// cu_seqlens / lengths (once per request: on its item of tile 0, head 0).
+// splits; then KV heads; then requests), for KV tiles of BN keys.
+// Warp-cooperative (every lane of the warp calls it); `report`: this thread
+// counts the request's bad cu_seqlens / lengths (once per request: on its
+// item of tile 0, head 0, split 0).
 template <int BN>
 MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
     Item I;
-    // 32-bit: the launcher keeps q_tiles * num_kv_heads * bs <= i32::MAX.
+    // 32-bit: the launcher keeps q_tiles * kv_splits * num_kv_heads * bs <= i32::MAX.
     const int x = it % p.q_tiles;
-    const int rest = it / p.q_tiles;
+    int rest = it / p.q_tiles;
+    I.split = rest % p.kv_splits;
+    rest /= p.kv_splits;
     I.tile = p.q_tiles - 1 - x;
     I.h = rest % p.num_kv_heads;
     I.b = rest / p.num_kv_heads;
-    I.g = request_geom_warp(p, I.b, report && I.tile == 0 && I.h == 0);
+    const bool first = I.tile == 0 && I.h == 0 && I.split == 0;
+    I.g = request_geom_warp(p, I.b, report && first);
     const i32 rows_total = I.g.n * p.group;
     I.r0 = I.tile * BM;
     I.skip = I.g.skip || I.r0 >= rows_total;
@@ -275,6 +280,11 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
     I.k_lo = p.window_left >= 0 ? max(x_min - p.window_left, 0) : 0;
     I.t_first = I.k_lo / BN;
     I.ntiles = !I.skip && I.k_hi > I.k_lo ? (I.k_hi - 1) / BN - I.t_first + 1 : 0;
+    if (p.kv_splits > 1) {
+        const int t0 = I.split * p.split_tiles;
+        I.t_first += t0;
+        I.ntiles = max(0, min(p.split_tiles, I.ntiles - t0));
+    }
     return I;
 }
 
@@ -328,7 +338,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // CTA to run out resets the counters for the next launch.
     const int tid = threadIdx.x;
     const int G = p.group;
-    const int items = p.q_tiles * p.num_kv_heads * p.bs;  // <= i32::MAX (launcher)
+    const int items = p.q_tiles * p.kv_splits * p.num_kv_heads * p.bs;  // <= i32::MAX (launcher)
     const bool persistent = C::PERSISTENT && (int)gridDim.x < items;
     i32* item_s = reinterpret_cast<i32*>(smem + C::ITEM_OFF);
     int n_items = 0;  // items taken by this thread so far (the stop included)
@@ -418,7 +428,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             const int h = I.h, b = I.b, rows = I.rows, ntiles = I.ntiles;
             const Geom& g = I.g;
             const i32 r0 = I.r0, k_lo = I.k_lo, k_hi = I.k_hi, t_first = I.t_first;
-            if (I.tile == 0 && h == 0) report_bad_pages(p, g, b, pt, 128);
+            if (I.tile == 0 && h == 0 && I.split == 0) report_bad_pages(p, g, b, pt, 128);
             if (ntiles == 0) continue;  // rows that see no key: the consumers write zeros
             const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
             // Page id of this lane's key row of tile t (-1: no row, not needed
@@ -971,6 +981,19 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             int rows_v = rows;
             asm volatile("" : "+r"(rows_v));
             if (row >= rows_v) continue;
+            if (p.kv_splits > 1) {
+                // Split KV: this chunk's unnormalized row, its max and sum.
+                const i64 prow = (i64)it * BM + row;
+                float* po = p.partial + prow * D + 2 * qd;
+#pragma unroll
+                for (int n = 0; n < D / 8; ++n)
+                    *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o[4 * n + 2 * hr], o[4 * n + 2 * hr + 1]);
+                if (qd == 0) {
+                    float* pml = p.partial + (i64)items * BM * D + prow * 2;
+                    *reinterpret_cast<float2*>(pml) = make_float2(mrow[hr], den);
+                }
+                continue;
+            }
             const int rg = r0 + row;
             const int j = rg / G;
             const int qh = h * G + (rg - j * G);
@@ -988,7 +1011,71 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     }  // items
 }
 
+// Split KV: combines the kv_splits partial rows of work item blockIdx.x (in
+// the split-free item order) into the output, the way the kernel's own
+// epilogue finishes a row: m = max_s m_s, den = sum_s l_s 2^(m_s - m),
+// O = sum_s O_s 2^(m_s - m) * out_scale(den, m) (sinks join once here; a row
+// no split saw a key gets zeros). Rows of skipped requests and rows past a
+// request's rows stay untouched. 128 threads: warp w takes rows w, w + 4, ...,
+// lane l columns 2 l + 64 c.
+template <int QT, int D>
+MHA_KIT_DEVICE void context_sm90_merge_body(const ContextParams& p) {
+    constexpr int BN = Cfg<D>::BN;
+    const int S = p.kv_splits;
+    const int units = p.q_tiles * S * p.num_kv_heads * p.bs;
+    const int x = (int)blockIdx.x % p.q_tiles;
+    const int hb = (int)blockIdx.x / p.q_tiles;
+    const int u0 = x + p.q_tiles * S * hb;  // split 0 of the item
+    const Item I = item_geom<BN>(p, u0, false);
+    if (I.skip) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float* ml = p.partial + (i64)units * BM * D;
+    for (int row = warp; row < I.rows; row += 4) {
+        float m = PAC_NEG_INF;
+        for (int s = 0; s < S; ++s) m = fmaxf(m, ml[((i64)(u0 + s * p.q_tiles) * BM + row) * 2]);
+        const float msafe = m == PAC_NEG_INF ? 0.f : m;
+        float den = 0.f;
+        float acc[D / 32];
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) acc[c] = 0.f;
+        for (int s = 0; s < S; ++s) {
+            const i64 prow = (i64)(u0 + s * p.q_tiles) * BM + row;
+            const float2 v = *reinterpret_cast<const float2*>(ml + prow * 2);
+            if (v.y == 0.f) continue;  // no key of this row in the chunk (its O is 0)
+            const float w = ex2(v.x - msafe);
+            den += v.y * w;
+            const float* po = p.partial + prow * D + 2 * lane;
+#pragma unroll
+            for (int c = 0; c < D / 64; ++c) {
+                const float2 o = *reinterpret_cast<const float2*>(po + 64 * c);
+                acc[2 * c] += o.x * w;
+                acc[2 * c + 1] += o.y * w;
+            }
+        }
+        const int rg = I.r0 + row;
+        const int j = rg / p.group;
+        const int qh = I.h * p.group + (rg - j * p.group);
+        const float scale = out_scale(den, m, p.sinks, qh, p.bmm2_scale);
+        u16* dst = p.out + (i64)(I.g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + 2 * lane;
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c)
+            *reinterpret_cast<u32*>(dst + 64 * c) = pack2<QT>(acc[2 * c] * scale, acc[2 * c + 1] * scale);
+    }
+}
+
 }  // namespace pas
+
+// Split-KV merge entries: paged_attention_context_sm90_merge_{q}_d{D}, grid
+// q_tiles * num_kv_heads * bs, 128 threads.
+#define PAS_MERGE_ENTRY(QN, QT, D)                                                                 \
+    extern "C" __global__ void __launch_bounds__(128)                                             \
+        paged_attention_context_sm90_merge_##QN##_d##D(const ContextParams p) {                   \
+        pas::context_sm90_merge_body<QT, D>(p);                                                   \
+    }
+PAS_MERGE_ENTRY(bf16, 0, 64)
+PAS_MERGE_ENTRY(bf16, 0, 128)
+PAS_MERGE_ENTRY(f16, 1, 64)
+PAS_MERGE_ENTRY(f16, 1, 128)
 
 // Entries: paged_attention_context_sm90_{q}_kv_{q}_d{D} (16-bit KV of the Q dtype).
 #define PAS_ENTRY(QN, QT, D)                                                                       \

@@ -400,6 +400,15 @@ pub struct ContextParams {
     /// `u32*` `[2]`: the sm_90a persistent grid's work counters (next item,
     /// CTAs done), zero between launches; the launcher's own buffer.
     pub work: u64,
+    /// `f32*`: the sm_90a split-KV workspace (the launcher's own buffer):
+    /// unnormalized O rows `[units, 128, D]`, then (running max in log2
+    /// units, row sum) `[units, 128, 2]`, units = items × `kv_splits`.
+    pub partial: u64,
+    /// KV chunks per work item (≥ 1; > 1 only on the sm_90a kernel, which
+    /// then writes `partial` and the merge entry writes `out`).
+    pub kv_splits: i32,
+    /// KV tiles per chunk when `kv_splits > 1`.
+    pub split_tiles: i32,
 }
 
 // SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
@@ -593,6 +602,39 @@ pub fn context_sm90_launch_config(
     ))
 }
 
+/// KV chunks per work item of an sm_90a launch (split KV) and KV tiles per
+/// chunk, for `items` work items of at most `tiles` KV tiles each on a GPU
+/// of `sm_count` SMs with workspace for `capacity` chunks: split only when
+/// the items fill fewer than the SMs and are long (≥ 8 tiles), into the
+/// fewest chunks `s` with `items · s ≥ 0.9 · sm_count`, each of ≥ 4 tiles,
+/// `s ≤ 16`, `items · s ≤ capacity`. `(1, tiles)`: no split.
+pub fn context_sm90_kv_splits(
+    items: usize,
+    tiles: usize,
+    sm_count: usize,
+    capacity: usize,
+) -> (usize, usize) {
+    if items == 0 || items >= sm_count || tiles < 8 {
+        return (1, tiles);
+    }
+    let want = (sm_count * 9).div_ceil(10).div_ceil(items);
+    let s = want.min(16).min(tiles / 4).min(capacity / items);
+    if s < 2 {
+        return (1, tiles);
+    }
+    let split_tiles = tiles.div_ceil(s);
+    (tiles.div_ceil(split_tiles), split_tiles)
+}
+
+/// Entry name of the sm_90a split-KV merge for a Q dtype and head dim
+/// (D 64 and 128: the head dims that split).
+pub fn context_sm90_merge_entry_name(q: HalfDtype, head_dim: usize) -> String {
+    format!(
+        "paged_attention_context_sm90_merge_{}_d{head_dim}",
+        q.name()
+    )
+}
+
 /// CTAs of an sm_90a launch of `items` work items: one per item, or, for the
 /// persistent grid (schedule variant 0 at [`context_sm90_persistent`] head
 /// dims), at most `ctas` (the SM count: one CTA per SM fits; at least 1).
@@ -701,6 +743,7 @@ pub fn validate_context_for(args: &ContextArgs<'_>, sm90: bool) -> Result<Contex
         window_left: window,
         scale_log2: args.bmm1_scale * std::f32::consts::LOG2_E,
         bmm2_scale: args.bmm2_scale,
+        kv_splits: 1,
         ..Default::default()
     };
     Ok(ContextPlan {
@@ -728,6 +771,11 @@ pub struct ContextKernel {
     /// The persistent grid's two work counters (zeroed once; each launch
     /// leaves them zero), see [`ContextParams::work`].
     work: CudaSlice<u32>,
+    /// Split-KV workspace ([`ContextParams::partial`]; sm_90a only, sized at
+    /// construction for two D-128 chunks per SM, so launches never allocate).
+    partial: Option<CudaSlice<f32>>,
+    /// Forced KV chunks per item (tests, benches); `None`: the launcher's rule.
+    kv_splits: Option<usize>,
     kv_load: ContextKvLoad,
     variant: i32,
     experiment: u32,
@@ -806,6 +854,15 @@ impl ContextKernel {
                     fast.insert(name, f);
                     Ok(())
                 });
+            let loaded = loaded.and_then(|()| {
+                for q in [HalfDtype::Bf16, HalfDtype::F16] {
+                    for d in [64, 128] {
+                        let name = context_sm90_merge_entry_name(q, d);
+                        fast.insert(name.clone(), gpu.function(&CONTEXT_SM90_PTX, &name)?);
+                    }
+                }
+                Ok(())
+            });
             match loaded {
                 Ok(()) => funcs.extend(fast),
                 // Auto on a 9.0 device whose driver cannot load the sm_90a
@@ -820,12 +877,22 @@ impl ContextKernel {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             .max(1) as usize;
         let work = gpu.stream().alloc_zeros::<u32>(2)?;
+        let partial = if sm90 {
+            Some(
+                gpu.stream()
+                    .alloc_zeros::<f32>(2 * sm_count * CONTEXT_SM90_BLOCK_ROWS * (128 + 2))?,
+            )
+        } else {
+            None
+        };
         Ok(Self {
             gpu: gpu.clone(),
             funcs,
             sm90,
             sm_count,
             work,
+            partial,
+            kv_splits: None,
             max_ctas: None,
             kv_load: ContextKvLoad::from_env()?,
             variant: 0,
@@ -846,6 +913,15 @@ impl ContextKernel {
     /// with 1–8 CTAs. Same results.
     pub fn set_max_ctas(&mut self, ctas: Option<usize>) {
         self.max_ctas = ctas;
+    }
+
+    /// Forces the sm_90a kernel's KV chunks per work item (`Some(1)`: no
+    /// split; more chunks than the workspace holds are capped), `None`: the
+    /// launcher's rule ([`context_sm90_kv_splits`]). D 64 and 128 only.
+    /// Same results within the attention tolerance (the merge reorders the
+    /// f32 sums).
+    pub fn set_kv_splits(&mut self, splits: Option<usize>) {
+        self.kv_splits = splits;
     }
 
     /// sm_90a launches so far whose K/V loads ran as TMA boxes.
@@ -978,10 +1054,39 @@ impl ContextKernel {
             }
         }
         let mut config = plan.config;
+        let d = args.q.shape()[2];
+        let items = config.grid_dim.0;
+        if let (true, true, Some(ws)) = (plan.sm90, d != 256, &self.partial) {
+            // Split KV when the items do not fill the GPU: the keys of a
+            // request are bounded by its page-table row (and the window).
+            let bn = context_sm90_tile_keys(d);
+            let capacity = ws.len() / (CONTEXT_SM90_BLOCK_ROWS * (d + 2));
+            let mut keys = p.max_num_pages as usize * p.page_size as usize;
+            if p.window_left >= 0 {
+                let tokens = CONTEXT_SM90_BLOCK_ROWS.div_ceil(p.group as usize);
+                keys = keys.min(p.window_left as usize + tokens + 1);
+            }
+            let tiles = keys.div_ceil(bn) + 1;
+            let n = items as usize;
+            let (splits, split_tiles) = match self.kv_splits {
+                Some(f) => {
+                    let f = f.min(capacity / n.max(1)).max(1);
+                    let st = tiles.div_ceil(f);
+                    (tiles.div_ceil(st), st)
+                }
+                None => context_sm90_kv_splits(n, tiles, self.sm_count, capacity),
+            };
+            if splits > 1 {
+                p.kv_splits = splits as i32;
+                p.split_tiles = split_tiles as i32;
+                let (ptr, _sync) = ws.device_ptr(stream);
+                p.partial = ptr;
+                config.grid_dim.0 = items * splits as u32;
+            }
+        }
         if plan.sm90 {
             let ctas = self.max_ctas.unwrap_or(self.sm_count).min(self.sm_count);
-            config.grid_dim.0 =
-                context_sm90_grid(config.grid_dim.0, args.q.shape()[2], p.variant, ctas);
+            config.grid_dim.0 = context_sm90_grid(config.grid_dim.0, d, p.variant, ctas);
         }
         let mut builder = stream.launch_builder(func);
         builder.arg(&p);
@@ -1001,6 +1106,27 @@ impl ContextKernel {
         self.launches.fetch_add(1, Ordering::Relaxed);
         if p.tma_rows > 0 {
             self.tma_launches.fetch_add(1, Ordering::Relaxed);
+        }
+        if p.kv_splits > 1 {
+            let name = context_sm90_merge_entry_name(args.q_dtype, d);
+            let merge = self
+                .funcs
+                .get(&name)
+                .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {name}")))?;
+            let cfg = LaunchConfig {
+                grid_dim: (items, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = stream.launch_builder(merge);
+            b.arg(&p);
+            // SAFETY: the same validated params as the launch above, which
+            // wrote the partial rows the merge reads (stream order); the
+            // workspace holds `items · kv_splits` chunks (capacity checked
+            // when the split was chosen); rows are written only where the
+            // main kernel would write them.
+            unsafe { b.launch(cfg) }?;
+            self.launches.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }

@@ -78,7 +78,8 @@ pub mod reference;
 
 pub use context::{
     context_block_rows, context_entry_name, context_launch_config, context_sm90_entry_name,
-    context_sm90_grid, context_sm90_launch_config, context_sm90_persistent, context_sm90_q_buffers,
+    context_sm90_grid, context_sm90_kv_splits, context_sm90_launch_config,
+    context_sm90_merge_entry_name, context_sm90_persistent, context_sm90_q_buffers,
     context_sm90_smem_bytes, context_sm90_stages, context_sm90_supported, context_sm90_tile_keys,
     context_sm90_tma_rows, context_smem_bytes, context_stages, context_supported, context_variants,
     context_warps, kv_tma_layout, validate_context, validate_context_for, ContextArgs,

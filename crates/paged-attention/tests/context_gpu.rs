@@ -691,6 +691,51 @@ fn main() {
             println!("persistent_grid_equals_one_cta_per_item: {cases} cases");
             Ok(())
         }),
+        named("kv_split_equals_the_reference", |gpu, k| {
+            // Split KV forced to 2..16 chunks per item (every chunk writes
+            // its partial rows, the merge entry finishes them): random
+            // ragged cases (windows, sinks, GQA, bad pages, rows that see no
+            // key, skipped requests) against the reference, with the same
+            // error words as the unsplit kernel; and the long-prefix shape.
+            let _ = k;
+            let one = ContextKernel::new(gpu).or_fail("load")?;
+            let mut split = ContextKernel::new(gpu).or_fail("load")?;
+            let cases = gpu_cases(120);
+            let mut n = 0u64;
+            for i in 0..u64::from(cases) {
+                let c = context_random_case(0x5B1_0000 + i, BUDGET / 2.0);
+                split.set_kv_splits(Some([2, 3, 5, 16][i as usize % 4]));
+                let a = run_gpu(gpu, &one, &c).or_fail("unsplit")?;
+                let before = split.launches();
+                let b = run_gpu(gpu, &split, &c).or_fail("split")?;
+                n += split.launches() - before - 1;
+                if a.errors != b.errors {
+                    return Err(format!(
+                        "case {i}: errors {:?} vs {:?}; {}",
+                        a.errors,
+                        b.errors,
+                        describe(&c)
+                    ));
+                }
+                let want = c.reference();
+                compare(&c, &want, &b.out, &b.errors).map_err(|e| format!("case {i}: {e}"))?;
+            }
+            // A prefix of 40 tiles, 2 q tiles: the launcher's own rule splits it.
+            let mut auto = ContextKernel::new(gpu).or_fail("load")?;
+            auto.set_kv_splits(None);
+            let c = extend_case(KvDtype::Bf16, HalfDtype::Bf16, 128, 4, 8, 5000, 40, 21);
+            let before = auto.launches();
+            check(gpu, &auto, &c)?;
+            let merges = auto.launches() - before - 1;
+            let sm90 = gpu.context().compute_capability().or_fail("cc")? == (9, 0);
+            if sm90 && (n == 0 || merges != 1) {
+                return Err(format!(
+                    "{n} forced merges, {merges} by the launcher's rule"
+                ));
+            }
+            println!("kv_split_equals_the_reference: {cases} cases, {n} merged");
+            Ok(())
+        }),
         named("d256_q4097_over_3000_prefix", |gpu, k| {
             let c = extend_case(KvDtype::Bf16, HalfDtype::Bf16, 256, 1, 16, 3000, 4097, 11);
             check(gpu, k, &c)

@@ -13,7 +13,8 @@ use common::*;
 use context_common::*;
 use paged_attention::{
     context_block_rows, context_entry_name, context_launch_config, context_sm90_entry_name,
-    context_sm90_grid, context_sm90_launch_config, context_sm90_persistent, context_sm90_q_buffers,
+    context_sm90_grid, context_sm90_kv_splits, context_sm90_launch_config,
+    context_sm90_merge_entry_name, context_sm90_persistent, context_sm90_q_buffers,
     context_sm90_smem_bytes, context_sm90_stages, context_sm90_supported, context_sm90_tile_keys,
     context_sm90_tma_rows, context_smem_bytes, context_variants, kv_tma_layout, ContextParams,
     HalfDtype, KvDtype, CONTEXT_PTX, CONTEXT_SM90_BLOCK_ROWS, CONTEXT_SM90_PTX,
@@ -133,7 +134,7 @@ fn edge_23_chunked_prefill_window() {
 #[test]
 fn context_params_layout_matches_cuda() {
     use std::mem::{offset_of, size_of};
-    assert_eq!(size_of::<ContextParams>(), 232);
+    assert_eq!(size_of::<ContextParams>(), 248);
     assert_eq!(offset_of!(ContextParams, errors), 64);
     assert_eq!(offset_of!(ContextParams, q_stride_tok), 72);
     assert_eq!(offset_of!(ContextParams, page_table_stride), 152);
@@ -145,9 +146,15 @@ fn context_params_layout_matches_cuda() {
     assert_eq!(offset_of!(ContextParams, tma_rows), 216);
     assert_eq!(offset_of!(ContextParams, tma_dims), 220);
     assert_eq!(offset_of!(ContextParams, work), 224);
+    assert_eq!(offset_of!(ContextParams, partial), 232);
+    assert_eq!(offset_of!(ContextParams, kv_splits), 240);
+    assert_eq!(offset_of!(ContextParams, split_tiles), 244);
     assert!(CONTEXT_PTX
         .ptx
-        .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[232]"));
+        .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[248]"));
+    assert!(CONTEXT_SM90_PTX
+        .ptx
+        .contains("paged_attention_context_sm90_merge_bf16_d128_param_0[248]"));
 }
 
 #[test]
@@ -183,7 +190,7 @@ fn committed_context_sm90_ptx_is_fresh_and_complete() {
             assert!(CONTEXT_SM90_PTX.has_entry(&name), "{name} missing");
             assert!(CONTEXT_SM90_PTX
                 .ptx
-                .contains(&format!("{name}_param_0[232]")));
+                .contains(&format!("{name}_param_0[248]")));
             // The K and V tensor maps: 128 bytes each, 64-byte aligned.
             for i in [1, 2] {
                 assert!(CONTEXT_SM90_PTX
@@ -196,6 +203,39 @@ fn committed_context_sm90_ptx_is_fresh_and_complete() {
     assert_eq!(n, 6);
     assert!(!context_sm90_supported(HalfDtype::Bf16, KvDtype::E4m3, 128));
     assert!(!context_sm90_supported(HalfDtype::F16, KvDtype::Bf16, 128));
+}
+
+/// Split KV (sm_90a): only when the work items do not fill the SMs and are
+/// long; the fewest chunks that fill about 90% of the SMs, each of at least
+/// 4 tiles, at most 16, within the workspace; the chunks cover every tile
+/// and none is empty. The merge entries exist for D 64 and 128.
+#[test]
+fn context_sm90_kv_split_rule() {
+    assert_eq!(context_sm90_kv_splits(132, 1000, 132, 264), (1, 1000));
+    assert_eq!(context_sm90_kv_splits(64, 4, 132, 264), (1, 4));
+    assert_eq!(context_sm90_kv_splits(0, 100, 132, 264), (1, 100));
+    // The TP-8 shape: 64 items (q tiles) of ~1000 KV tiles on 132 SMs.
+    assert_eq!(context_sm90_kv_splits(64, 1010, 132, 264), (2, 505));
+    assert_eq!(context_sm90_kv_splits(8, 1010, 132, 264).0, 15);
+    for items in 1..140 {
+        for tiles in [8, 9, 33, 100, 5000] {
+            for cap in [0, 1, 16, 264] {
+                let (s, st) = context_sm90_kv_splits(items, tiles, 132, cap);
+                let what = format!("items {items} tiles {tiles} cap {cap}: ({s}, {st})");
+                assert!((1..=16).contains(&s), "{what}");
+                assert!(s * st >= tiles && (s - 1) * st < tiles, "{what}");
+                if s > 1 {
+                    assert!(items < 132 && items * s <= cap && st >= 4, "{what}");
+                }
+            }
+        }
+    }
+    for q in [HalfDtype::Bf16, HalfDtype::F16] {
+        for d in [64, 128] {
+            let name = context_sm90_merge_entry_name(q, d);
+            assert!(CONTEXT_SM90_PTX.has_entry(&name), "{name} missing");
+        }
+    }
 }
 
 /// The sm_90a kernel runs one CTA per SM: its shared memory fits the 227 KB
