@@ -14,6 +14,9 @@
 #   peers     torch's cuDNN SDPA on the same shapes (same call)
 #   sanitize  compute-sanitizer memcheck + racecheck on small cases
 #   backend   the mha-backend GPU tests
+#   replay    the mha-replay GPU tests, then the main job on the code trace
+#             (REPLAY_ARGS, default the first 2000 requests; timeout 300 s)
+#             with the attention split report; JSON in $OUT/replay-code.json
 #   ncu       Nsight Compute on one launch of the bench case NCU_CASE
 #             (default bs 1 x 16384, P 16; NCU_SET, default full) into
 #             $OUT/ncu.ncu-rep
@@ -82,6 +85,15 @@ stage_sanitize() {
 stage_backend() {
   echo "== mha-backend GPU tests"
   timeout 120 tests/mha-backend-gpu --include-ignored > "$OUT/backend.log" 2>&1; echo "rc=$?"; summary "$OUT/backend.log"
+}
+stage_replay() {
+  echo "== mha-replay GPU tests"
+  timeout 120 tests/mha-replay-replay_gpu --include-ignored > "$OUT/replay_gpu.log" 2>&1; echo "rc=$?"
+  summary "$OUT/replay_gpu.log"
+  echo "== mha-replay --trace code ${REPLAY_ARGS:---requests 2000}"
+  timeout 300 bin/mha-replay --trace code ${REPLAY_ARGS:---requests 2000} --json "$OUT/replay-code.json" \
+    > "$OUT/replay-code.log" 2>&1
+  echo "rc=$?"; grep -E "^\|" "$OUT/replay-code.log" | head -60
 }
 stage_ncu() {
   echo "== ncu (${NCU_CASE:-bs 1 × 16384, P 16})"

@@ -72,12 +72,11 @@ pub const CONTEXT_KV_LOAD_ENV: &str = "MHA_KIT_CONTEXT_KV_LOAD";
 /// How the sm_90a context kernel loads K and V tiles (same results).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContextKvLoad {
-    /// TMA boxes where they are faster: one box per 64 columns and tile,
-    /// i.e. a page size that is a multiple of the tile's keys
-    /// ([`context_sm90_tile_keys`]); the gather for smaller pages. Measured
-    /// on the H200 (TFLOP/s, 32/8/128 bf16): P 16 boxes 222 vs the gather's
-    /// 372 (bs 8 × 4096), P 64 boxes 471 vs 479, one page per request 489
-    /// vs 468 (bs 1 × 16384).
+    /// The loads measured fastest: today the gather at every page size.
+    /// On the H200 (TFLOP/s, 32/8/128 bf16, one page per request, same run)
+    /// the eight-lanes-per-line gather beat TMA boxes, 480 vs 457 (bs 8 ×
+    /// 4096) and 564 vs 514 (bs 1 × 16384); P 16 boxes were slower still
+    /// (222 vs 372 against the earlier two-lane gather).
     Auto,
     /// TMA boxes wherever the page size and the pool views allow
     /// ([`context_sm90_tma_rows`], [`kv_tma_layout`]), else the gather.
@@ -940,9 +939,8 @@ impl ContextKernel {
         let d = args.q.shape()[2];
         let rows = context_sm90_tma_rows(p.page_size as usize, d)?;
         match self.kv_load {
-            ContextKvLoad::Gather => return None,
-            ContextKvLoad::Auto if rows < context_sm90_tile_keys(d) => return None,
-            _ => {}
+            ContextKvLoad::Gather | ContextKvLoad::Auto => return None,
+            ContextKvLoad::Tma => {}
         }
         let n = |x: i32| x as usize;
         let layout = |st: [i64; 3]| {
