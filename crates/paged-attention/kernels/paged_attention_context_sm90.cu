@@ -4,25 +4,29 @@
 // kernel (paged_attention_context.cu); design: docs/DESIGN.md "The sm_90a
 // context kernel".
 //
-// Work item = (q tile of BM = 128 packed (token, head) rows, KV head h,
-// request b), numbered with q tiles fastest (items in flight share K/V in
-// L2), the heaviest tiles of a (request, head) first. At D 64 / 128 the grid
-// is persistent: CTA c starts with item c and takes further items from a
-// device counter (p.work, reset by the last CTA to run out); the K/V rings
-// and the Q buffer run on across a CTA's items. D 256 runs one CTA per item.
+// Work item = (q tile of BM = 128 packed (token, head) rows, KV split s,
+// KV head h, request b), numbered with q tiles fastest (items in flight
+// share K/V in L2), the heaviest tiles of a (request, head) first. At D 64 /
+// 128 the grid is persistent: CTA c starts with item c and takes further
+// items from a device counter (p.work, fetched one item ahead, reset by the
+// last CTA to run out); the K/V rings run on across a CTA's items and two Q
+// buffers alternate. D 256 runs one CTA per item. With split KV
+// (p.kv_splits > 1) an item covers one chunk of the q tile's KV tiles and
+// writes partial rows; the merge entry at the end of this file finishes them.
 // Three warpgroups:
 //  * producer (warpgroup 0, setmaxnreg 56; 48 at D 256): loads each item's
-//    Q tile once the consumers' last S of the previous item is done, then
-//    fills a K ring and a V ring (2-3 slots each; V one tile behind K), each
-//    slot guarded by a full and an empty mbarrier: with TMA boxes (one
-//    thread, where a page holds whole tiles) or by gathering the tile's keys
-//    page by page with 16-byte cp.async. In the gather two threads share a
-//    key row (odd / even 16-byte chunks: whole 32-byte sectors per warp
-//    access); a thread looks up its rows' pages (one tile ahead) and issues
-//    their copies with immediate offsets; a per-key valid mask goes to the
-//    consumers through shared memory. Keys outside the tile's needed range
-//    [k_lo, k_hi) or on bad pages are zero-filled and masked (TMA: whole
-//    pages are read, keys past the range masked).
+//    Q tile into a free Q buffer, then fills a K ring and a V ring (2-3
+//    slots each; V one tile behind K), each slot guarded by a full and an
+//    empty mbarrier: by gathering the tile's keys page by page with 16-byte
+//    cp.async (default) or with TMA boxes (one thread, ContextKvLoad::Tma).
+//    In the gather eight lanes share a 128-byte line of a key row (a warp
+//    copy writes four whole lines: the fewest shared-memory wavefronts); lane
+//    l of warp w looks up the page of key row key_row_of_lane(w, l) one tile
+//    ahead and shares the row address by shuffle; the valid-key mask (one
+//    ballot word per producer warp) goes to the consumers through shared
+//    memory. Keys outside the tile's needed range [k_lo, k_hi) or on bad
+//    pages are zero-filled and masked (TMA: whole pages are read, keys past
+//    the range masked).
 //  * two consumers (warpgroups 1-2, setmaxnreg 224), 64 rows each: S = Q K^T
 //    with wgmma (both operands in shared memory, 128-byte swizzle), online
 //    softmax in f32 registers (exp2, scale_log2 = bmm1_scale log2 e), O += P
@@ -33,9 +37,10 @@
 //    consumers is a measured variant, off by default). Sinks join once at
 //    the end; rows that see no key output zeros.
 // A key masked for a row never reaches it: masked logits are selected to
-// -inf (never multiplied), and on tiles that carry masked keys the V tile is
-// scanned for non-finite values; when one is present that tile's P V runs
-// as a scalar loop that skips zero weights (0 * NaN would poison the row).
+// -inf (never multiplied), and on tiles that carry masked keys the V rows
+// some row of the warpgroup does not see are scanned for non-finite values;
+// when one is present that tile's P V runs as a scalar loop that skips zero
+// weights (0 * NaN would poison the row).
 //
 // Shared memory layout: every operand tile is stored as 64-column blocks
 // ("atoms") of rows x 128 bytes, 16-byte chunk c of row r at

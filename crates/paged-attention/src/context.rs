@@ -14,11 +14,13 @@
 //! Two kernels, one semantics. On sm_90 (Hopper) devices the launcher runs
 //! `paged_attention_context_sm90_{q}_kv_{q}_d{D}` (compute_90a, 16-bit KV of
 //! the Q dtype, D 64/128/256): work item = (q tile of 128 packed rows, KV
-//! head, request), a persistent grid at D 64/128 (one CTA per SM, items
-//! from a device counter; [`context_sm90_persistent`]), a producer
-//! warpgroup filling 2–3-slot K and V rings (mbarrier hand-off) with TMA
-//! boxes where a page holds whole tiles or a cp.async page gather otherwise
-//! ([`ContextKvLoad`]), and two consumer warpgroups of 64 rows running
+//! chunk, KV head, request), a persistent grid at D 64/128 (one CTA per SM,
+//! items from a device counter; [`context_sm90_persistent`]; the KV of
+//! items that do not fill the GPU split in chunks merged by
+//! `paged_attention_context_sm90_merge_{q}_d{D}`, [`context_sm90_kv_splits`]),
+//! a producer warpgroup filling 2–3-slot K and V rings (mbarrier hand-off)
+//! with a cp.async page gather or TMA boxes ([`ContextKvLoad`]), and two
+//! consumer warpgroups of 64 rows running
 //! `wgmma` for `Q·Kᵀ` (both operands in shared memory) and `P·V` (P from
 //! registers), the softmax of tile `t` overlapped with `P·V` of tile `t − 1`
 //! ([`ContextPath::Wgmma`]). Elsewhere, and for
