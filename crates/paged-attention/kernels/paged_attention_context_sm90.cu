@@ -419,9 +419,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         for (;;) {
             const int it = next_item();
             if (it >= items) break;
-            // The lane's roles, derived per item from an opaque thread index
-            // (kept live across the item loop they would not fit the producer's
-            // registers).
+            // The lane's roles, derived per item from an opaque thread index:
+            // kept live across the item loop, they would not fit the
+            // producer's registers.
             u32 ptv;
             asm volatile("mov.u32 %0, %%tid.x;" : "=r"(ptv));
             const int c8 = (int)ptv & 7;
@@ -450,8 +450,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // Tile 0's page id (gather) is read before the Q copies go out, so
             // that its latency overlaps them.
             i32 next_id = tma ? -1 : page_id(0);
-            // Q: packed rows r0 .. r0 + rows (zeros past `rows`), once the
-            // previous item's last S is done.
+            // Q: packed rows r0 .. r0 + rows (zeros past `rows`) into Q buffer
+            // qb, once the last S of the item that used it before is done.
             const int qb = nq % QBUF;
             if (nq >= QBUF) mbar_wait(bar_qe + 8 * qb, (u32)(((nq - QBUF) / QBUF) & 1));
             // Thread pt copies chunk pt % CPR of rows pt / CPR + QRS m; the
