@@ -629,7 +629,15 @@ impl Report {
                 rate_h(t.copy_ceiling_gbps)
             ),
         );
-        row("prefill attention", flops_h(t.prefill_gflops_per_s));
+        row(
+            "prefill-like passes",
+            format!(
+                "{} (all attention FLOPs of extend / mixed passes over their whole attention \
+                 time, decode rows and K/V writes included; the context kernel's own rate is \
+                 in the context kernel row)",
+                flops_h(t.prefill_gflops_per_s)
+            ),
+        );
         row(
             "step time",
             format!("p50 {:.3} ms, p99 {:.3} ms", t.step_p50_ms, t.step_p99_ms),
