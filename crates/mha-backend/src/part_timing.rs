@@ -129,9 +129,12 @@ pub fn causal_pairs(prefix_len: u64, extend_len: u64, window_left: Option<u32>) 
 
 /// [`causal_pairs`] summed over a ragged batch: request `i` has
 /// `cu_seqlens_q[i+1] − cu_seqlens_q[i]` new tokens and attends over
-/// `cache_seqlens[i]` keys in all (its prefix is the difference). Requests
-/// past the shorter of the two inputs, and malformed ones (negative
-/// length, more new tokens than keys), count 0 — the kernels skip them.
+/// `cache_seqlens[i]` keys in all (its prefix is the difference), as the
+/// context kernels count them: with more new tokens than keys the first
+/// rows see no key and the last `cache_seqlens[i]` rows are a prefill of
+/// that many tokens; a negative length is 0 keys. Requests past the
+/// shorter of the two inputs and those with decreasing `cu_seqlens_q`
+/// (which the kernels skip) count 0.
 pub fn ragged_causal_pairs(
     cu_seqlens_q: &[i32],
     cache_seqlens: &[i32],
@@ -142,9 +145,11 @@ pub fn ragged_causal_pairs(
         .zip(cache_seqlens)
         .map(|(cu, &kv)| {
             let n = i64::from(cu[1]) - i64::from(cu[0]);
-            let p = i64::from(kv) - n;
-            match (u64::try_from(p), u64::try_from(n)) {
-                (Ok(p), Ok(n)) => causal_pairs(p, n, window_left),
+            let kv = i64::from(kv).max(0);
+            // Rows with a key: all n over a prefix of kv − n, or the last kv.
+            let (p, m) = if n > kv { (0, kv) } else { (kv - n, n) };
+            match (u64::try_from(p), u64::try_from(m)) {
+                (Ok(p), Ok(m)) => causal_pairs(p, m, window_left),
                 _ => 0,
             }
         })
@@ -357,9 +362,12 @@ mod tests {
         assert_eq!(ragged_causal_pairs(&cu, &kv[..1], None), 27);
         assert_eq!(ragged_causal_pairs(&[], &[], None), 0);
         assert_eq!(ragged_causal_pairs(&[0], &[], None), 0);
-        // Malformed requests count 0, the others still count.
+        // Decreasing cu_seqlens_q counts 0, the others still count.
         assert_eq!(ragged_causal_pairs(&[0, 3, 1, 2], &[3, 5, 1], None), 6 + 1);
-        assert_eq!(ragged_causal_pairs(&[0, 4], &[2], None), 0);
+        // More new tokens than keys: the last 2 rows are a 2-token prefill;
+        // a negative length has no key.
+        assert_eq!(ragged_causal_pairs(&[0, 4], &[2], None), 3);
+        assert_eq!(ragged_causal_pairs(&[0, 4], &[-1], None), 0);
         assert_eq!(attention_flops(32, 128, 27), 4.0 * 32.0 * 128.0 * 27.0);
         assert_eq!(attention_flops(32, 128, 0), 0.0);
     }
