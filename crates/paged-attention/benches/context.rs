@@ -268,7 +268,7 @@ fn main() {
     no_split.set_kv_splits(Some(1));
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
-        [1u32, 4, 5, 6, 8]
+        [1u32, 4, 5, 6]
             .into_iter()
             .map(|xv| {
                 let mut k = ContextKernel::new(&gpu).expect("load");
@@ -301,8 +301,7 @@ fn main() {
                 1 => "experiment: no softmax math",
                 4 => "experiment: no K/V reads",
                 5 => "experiment: no K/V reads, no softmax math",
-                6 => "experiment: no K/V reads, no wgmma",
-                _ => "variant: S before the V wait",
+                _ => "experiment: no K/V reads, no wgmma",
             }
         } else {
             "sm90a wgmma"

@@ -293,10 +293,9 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
     return I;
 }
 
-// XV: timing experiments (only the bench's `_x{XV}` entries set it). Leave
-// one stage out (wrong results): 1 no softmax math, 2 no wgmma, 4 no global
-// K/V reads (zero-filled copies). Schedule variants (same results): 8 issues
-// S_t before waiting for V_{t-1} on tiles that need no V scan.
+// XV: timing experiments that leave one stage out (wrong results; only the
+// bench's `_x{XV}` entries set it): 1 no softmax math, 2 no wgmma, 4 no
+// global K/V reads (zero-filled copies).
 template <int QT, int D, int XV = 0>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v) {
     using C = Cfg<D>;
@@ -909,10 +908,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll
                 for (int w = 0; w < VMW; ++w) vmw[w] = vm_s[st * VMW + w];
                 const bool full = tile_full(t, vmw);
-                // XV 8 (schedule experiment): on tiles whose V needs no scan,
-                // S_t goes out before the wait for V_{t-1}.
-                const bool v_early = !(XV & 8) || (active && !prev_full);
-                if (v_early) mbar_wait(bar_fv + 8 * sp, vpar(t - 1));
+                mbar_wait(bar_fv + 8 * sp, vpar(t - 1));
                 // The two paths never merge while a wgmma is in flight (ptxas
                 // would serialize every wgmma of the kernel otherwise).
                 if (active && !prev_full && v_nonfinite(sp, t - 1)) {
@@ -930,9 +926,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 } else if (active) {
                     turn_take();
                     qk(st);
-                    if constexpr ((XV & 8) != 0) {
-                        if (!v_early) mbar_wait(bar_fv + 8 * sp, vpar(t - 1));
-                    }
                     pv(sp);
                     turn_pass(false);
                     wg_wait<1>();
@@ -946,7 +939,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     mbar_arrive(bar_ev + 8 * sp);
                     rescale_pack();
                 } else {
-                    if (!v_early) mbar_wait(bar_fv + 8 * sp, vpar(t - 1));
                     turn_take();
                     turn_pass(false);
                     mbar_arrive(bar_ek + 8 * st);
@@ -1110,4 +1102,3 @@ PAS_XENTRY(1)
 PAS_XENTRY(4)
 PAS_XENTRY(5)
 PAS_XENTRY(6)
-PAS_XENTRY(8)

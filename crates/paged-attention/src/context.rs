@@ -974,11 +974,9 @@ impl ContextKernel {
     }
 
     /// Runs the sm_90a kernel's timing experiment `xv` (an entry
-    /// `…_bf16_kv_bf16_d128_x{xv}`) for D 128 bf16 launches; 0 = off. Bits
-    /// 1, 2, 4 leave softmax math, wgmma, global K/V reads out (built: 1, 4,
-    /// 5, 6; results wrong by design); 8 is a schedule variant with the
-    /// default's results (S of a tile issued before the wait for the previous
-    /// tile's V). Benchmarks only.
+    /// `…_bf16_kv_bf16_d128_x{xv}` that leaves stages out, bits 1 softmax
+    /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6) for D 128 bf16
+    /// launches; 0 = off. Results are wrong by design: benchmarks only.
     ///
     /// # Errors
     /// [`KernelError::Load`] when the entry does not exist.
