@@ -623,8 +623,14 @@ pub fn context_sm90_kv_splits(
     if s < 2 {
         return (1, tiles);
     }
-    let split_tiles = tiles.div_ceil(s);
-    (tiles.div_ceil(split_tiles), split_tiles)
+    kv_chunks(tiles, s)
+}
+
+/// `tiles` KV tiles in at most `s ≥ 1` chunks of equal size: `(chunks,
+/// tiles per chunk)`, no chunk empty.
+fn kv_chunks(tiles: usize, s: usize) -> (usize, usize) {
+    let split_tiles = tiles.div_ceil(s).max(1);
+    (tiles.div_ceil(split_tiles).max(1), split_tiles)
 }
 
 /// Entry name of the sm_90a split-KV merge for a Q dtype and head dim
@@ -938,12 +944,11 @@ impl ContextKernel {
         args: &ContextArgs<'_>,
         p: &ContextParams,
     ) -> Option<(i32, i32, [TensorMap; 2])> {
+        if self.kv_load != ContextKvLoad::Tma {
+            return None;
+        }
         let d = args.q.shape()[2];
         let rows = context_sm90_tma_rows(p.page_size as usize, d)?;
-        match self.kv_load {
-            ContextKvLoad::Gather | ContextKvLoad::Auto => return None,
-            ContextKvLoad::Tma => {}
-        }
         let n = |x: i32| x as usize;
         let layout = |st: [i64; 3]| {
             kv_tma_layout(
@@ -1067,11 +1072,7 @@ impl ContextKernel {
             let tiles = keys.div_ceil(bn) + 1;
             let n = items as usize;
             let (splits, split_tiles) = match self.kv_splits {
-                Some(f) => {
-                    let f = f.min(capacity / n.max(1)).max(1);
-                    let st = tiles.div_ceil(f);
-                    (tiles.div_ceil(st), st)
-                }
+                Some(f) => kv_chunks(tiles, f.min(capacity / n.max(1)).max(1)),
                 None => context_sm90_kv_splits(n, tiles, self.sm_count, capacity),
             };
             if splits > 1 {
