@@ -26,7 +26,11 @@
 //    ballot word per producer warp) goes to the consumers through shared
 //    memory. Keys outside the tile's needed range [k_lo, k_hi) or on bad
 //    pages are zero-filled and masked (TMA: whole pages are read, keys past
-//    the range masked).
+//    the range masked). e4m3 K/V (F8; setmaxnreg 72 / 216 at D 64 / 128):
+//    the same gather lands 8-bit tiles in a staging ring; each producer
+//    thread converts the chunks it copied to the Q dtype into the 16-bit
+//    ring slot (fence.proxy.async, then the full barrier), so the
+//    consumers run unchanged.
 //  * two consumers (warpgroups 1-2, setmaxnreg 224), 64 rows each: S = Q K^T
 //    with wgmma (both operands in shared memory, 128-byte swizzle), online
 //    softmax in f32 registers (exp2, scale_log2 = bmm1_scale log2 e), O += P
@@ -55,14 +59,20 @@ using namespace pac;
 constexpr int BM = 128;        // rows per CTA: 2 consumer warpgroups x 64
 constexpr int NTHREADS = 384;  // producer + 2 consumers
 
-template <int D>
+// F8: e4m3 K/V pools (Q and the operand tiles stay 16-bit; see the
+// producer's e4m3 gather).
+template <int D, bool F8 = false>
 struct Cfg {
     static constexpr int BN = D == 256 ? 64 : 128;  // keys per KV tile
     // Register split (128 x P + 256 x C <= 64512, the 168 x 384 of the
     // launch). D 256: 48 / 224, the split its tests ran with on the H200
     // (with a persistent D 256 the producer's item loop spilled at 40).
-    static constexpr int PRODUCER_REGS = D == 256 ? 48 : 56;
-    static constexpr int CONSUMER_REGS = 224;
+    // e4m3: 72 / 216 at D 64 / 128, 56 / 224 at D 256 (the producer's
+    // conversion keeps four 16-byte loads in flight; with fewer registers
+    // it spilled).
+    static constexpr int PRODUCER_REGS = D == 256 ? (F8 ? 56 : 48) : F8 ? 72 : 56;
+    static constexpr int CONSUMER_REGS = F8 && D != 256 ? 216 : 224;
+    static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 64512, "register split");
     // Persistent grid (mirrored by `context_sm90_persistent` in
     // src/context.rs): at D 256 the consumers' O (128 registers a thread)
     // leaves no room for the work-item loop state (NVRTC 12.4's ptxas
@@ -75,17 +85,25 @@ struct Cfg {
     static constexpr int KV_BYTES = BN * D * 2;     // one K or V tile
     // Q buffers: two on the persistent grid (the next item's Q loads while
     // the consumers finish the current one), one at D 256 (one item per CTA).
-    static constexpr int QBUF = PERSISTENT ? 2 : 1;
+    // e4m3 at D 128: one, so that the staging ring fits.
+    static constexpr int QBUF = PERSISTENT && !(F8 && D == 128) ? 2 : 1;
     static constexpr int Q_OFF = 0;
     static constexpr int K_OFF = Q_OFF + QBUF * Q_BYTES;  // KST slots
     // Ring depths: K tiles are needed one iteration before V tiles (S_t
     // before P_{t-1} V_{t-1}), so K gets the deeper ring where memory allows.
-    static constexpr int KST = D == 256 ? 2 : 3;
+    static constexpr int KST = D == 256 || (F8 && D == 128) ? 2 : 3;
     static constexpr int VST = D == 64 ? 3 : 2;
     static constexpr int V_OFF = K_OFF + KST * KV_BYTES;
     // Valid-key masks, u32 [KST][4]: one word per producer warp (see `key_bit`).
     static constexpr int VMW = 4;
-    static constexpr int VM_OFF = V_OFF + VST * KV_BYTES;
+    // e4m3 staging ring: SST steps of one 8-bit K tile and one 8-bit V tile
+    // (the cp.async gather lands there; the producer converts them into the
+    // rings). Two steps (copies one step ahead of the conversion) where
+    // shared memory allows, one at D 256; none for 16-bit K/V.
+    static constexpr int SST = !F8 ? 0 : D == 256 ? 1 : 2;
+    static constexpr int F8_BYTES = BN * D;         // one 8-bit K or V tile
+    static constexpr int STG_OFF = V_OFF + VST * KV_BYTES;
+    static constexpr int VM_OFF = STG_OFF + SST * 2 * F8_BYTES;
     static constexpr int BAR_OFF = VM_OFF + KST * VMW * 4;
     // Q full/empty; K full/empty; V full/empty; work-item slots full/empty.
     static constexpr int NBAR = 2 * QBUF + 2 * KST + 2 * VST + 4;
@@ -99,6 +117,7 @@ struct Cfg {
     static constexpr int ALLOC = BYTES + 1024;  // slack: the base is rounded up to 1024
     static_assert(BAR_OFF % 8 == 0, "mbarrier alignment");
     static_assert((BN * CPR) % 128 == 0 && (BM * CPR) % 128 == 0, "producer split");
+    static_assert(ALLOC <= 227 * 1024, "shared memory of one CTA");
 };
 
 // ---- mbarrier, named barrier, wgmma and register-budget helpers ----------------
@@ -236,12 +255,35 @@ MHA_KIT_DEVICE u32 swz(int row, int ch, int atom) {
 MHA_KIT_DEVICE constexpr int key_row_of_lane(int w, int l) { return 4 * w + (l >> 3) + 16 * (l & 7); }
 
 // `ptr` of lane `src` of the warp (every lane calls it).
-MHA_KIT_DEVICE const u16* shfl_ptr(const u16* ptr, int src) {
+template <typename T>
+MHA_KIT_DEVICE const T* shfl_ptr(const T* ptr, int src) {
     const u64 v = reinterpret_cast<u64>(ptr);
     const u32 lo = __shfl_sync(0xffffffffu, (u32)v, src);
     const u32 hi = __shfl_sync(0xffffffffu, (u32)(v >> 32), src);
-    return reinterpret_cast<const u16*>(((u64)hi << 32) | lo);
+    return reinterpret_cast<const T*>(((u64)hi << 32) | lo);
 }
+
+// Four e4m3 bytes -> two packed 16-bit pairs of the Q dtype (exact), as
+// pac::e4m3x4_to_half but with the word split into its two halves in PTX
+// (ptxas then converts each half in place instead of shifting it first).
+template <int QT>
+MHA_KIT_DEVICE void e4m3x4_cvt(u32 w, u32& lo, u32& hi) {
+    u32 h0, h1;
+    asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+        : "=r"(h0), "=r"(h1)
+        : "r"(w));
+    if constexpr (QT == 1) {
+        lo = h0;
+        hi = h1;
+    } else {
+        lo = pack2<0>(f16_to_f32((u16)(h0 & 0xffffu)), f16_to_f32((u16)(h0 >> 16)));
+        hi = pack2<0>(f16_to_f32((u16)(h1 & 0xffffu)), f16_to_f32((u16)(h1 >> 16)));
+    }
+}
+
+// Orders this thread's generic-proxy shared-memory stores before later
+// async-proxy reads (wgmma operands) of the threads it then signals.
+MHA_KIT_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // One work item: q tile `tile` (of BM packed rows) of KV head h of request
 // b, and what the tile needs: rows, row positions, key range [k_lo, k_hi)
@@ -295,10 +337,10 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
 
 // XV: timing experiments that leave one stage out (wrong results; only the
 // bench's `_x{XV}` entries set it): 1 no softmax math, 2 no wgmma, 4 no
-// global K/V reads (zero-filled copies).
-template <int QT, int D, int XV = 0>
+// global K/V reads (zero-filled copies). F8: e4m3 K/V pools.
+template <int QT, int D, int XV = 0, bool F8 = false>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v) {
-    using C = Cfg<D>;
+    using C = Cfg<D, F8>;
     constexpr int BN = C::BN;
     constexpr int CPR = C::CPR;
     constexpr int NS = BN / 2;   // S accumulator registers per thread
@@ -381,7 +423,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 
     // K/V by TMA boxes of tma_rows keys (one producer thread arrives, the
     // copies complete the transaction count) or by the cp.async row gather.
-    const bool tma = p.tma_rows > 0;
+    const bool tma = !F8 && p.tma_rows > 0;  // e4m3 always gathers
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < QBUF; ++s) {
@@ -395,7 +437,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         }
 #pragma unroll
         for (int s = 0; s < KST; ++s) {
-            mbar_init(bar_fk + 8 * s, tma ? 1 : 256);  // gather: 128 cp.async + 128 thread arrivals
+            // gather: 128 cp.async + 128 thread arrivals; e4m3: 128 thread arrivals
+            mbar_init(bar_fk + 8 * s, tma ? 1 : F8 ? 128 : 256);
             mbar_init(bar_ek + 8 * s, 256);
         }
 #pragma unroll
@@ -561,7 +604,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         issue(tmap_v, base + C::V_OFF + vslot(t) * C::KV_BYTES, bar_fv + 8 * vslot(t), t, id_prev);
                     }
                 }  // pt < 32: warps 1-3 copy Q only
-            } else {
+            } else if constexpr (!F8) {
                 // Eight lanes per 128-byte line (whole L2 lines per warp access:
                 // four rows x 128 bytes), so that each copy instruction takes the
                 // fewest shared-memory wavefronts. Each lane resolves its key row
@@ -627,6 +670,138 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     if (T0 + t >= VST) mbar_wait(bar_ev + 8 * vslot(t), vpar(t) ^ 1);
                     copy_rows(base + C::V_OFF + vslot(t) * C::KV_BYTES, v_row, v_rd);
                     mbar_arrive_cp_async(bar_fv + 8 * vslot(t));
+                }
+            } else {
+                // e4m3 K/V: the same row gather (lane roles, page lookups and
+                // valid mask as above) into the staging ring of 8-bit tiles,
+                // rows of D bytes; then each thread converts the chunks it
+                // copied itself (no barrier between copy and conversion: its
+                // own cp.async wait suffices) to the Q dtype (exact) into the
+                // K / V ring slot in the swizzled operand layout, fences its
+                // stores against the async proxy (wgmma reads them) and
+                // arrives. Step s copies K of tile s and V of tile s - 1 into
+                // staging step s % SST; with SST = 2 the copies of step s + 1
+                // are in flight while step s converts.
+                constexpr int RB = D;             // bytes per staged key row
+                constexpr int CH = D / 16;        // 16-byte chunks per staged row (4, 8, 16)
+                constexpr int CA = (CH + 7) / 8;  // chunks per lane and row
+                constexpr int SST = C::SST;
+                constexpr int AHEAD = SST - 1;    // steps copied ahead of the conversion
+                const u8* const k_base = p.k_cache;
+                const u8* const v_base = p.v_cache;
+                const u8* k_row = k_base;  // this lane's row of the last K tile copied
+                const u8* v_row = v_base;  // this lane's row of the V tile copied next
+                const u8* v_next = v_base;
+                u32 k_rd = 0, v_rd = 0;    // rows read, by source lane (ballot)
+                u32 m_last = 0;            // valid-key mask word of the last K tile looked up
+                auto lookup = [&](int t) {
+                    const i32 id = next_id;
+                    const i32 off = next_off;
+                    next_id = page_id(t + 1);
+                    const bool valid = id >= 0 && id < p.num_pages;
+                    k_row = k_base;
+                    v_next = v_base;
+                    if (valid) {
+                        k_row = k_base + (i64)id * p.k_stride_page + (i64)h * p.k_stride_head + (i64)off * p.k_stride_tok;
+                        v_next = v_base + (i64)id * p.v_stride_page + (i64)h * p.v_stride_head + (i64)off * p.v_stride_tok;
+                    }
+                    k_rd = __ballot_sync(0xffffffffu, valid);
+                    m_last = __ballot_sync(0xffffffffu, !has_row || valid);
+                };
+                // Lane chunk c8 + 8 a of staged rows rg + 16 i (D 64: lanes c8 < 4).
+                const bool lane_on = CH % 8 == 0 || c8 < CH;
+                u32 src_lane = (u32)rg * RB + (u32)c8 * 16u;
+                // Its 16-bit destination: chunks 2 c and 2 c + 1 of the row, c = c8 + 8 a.
+                u32 dst_lane = (u32)(c8 >> 2) * C::KV_ATOM + (u32)rg * 128u + ((u32)((2 * (c8 & 3)) ^ (rg & 7)) << 4);
+                asm volatile("" : "+r"(src_lane), "+r"(dst_lane));
+                auto stage = [&](int s, int kv) { return (u32)C::STG_OFF + (u32)(((s % SST) * 2 + kv) * C::F8_BYTES); };
+                auto copy8 = [&](u32 stg, const u8* row, u32 rdm) {
+#pragma unroll
+                    for (int i = 0; i < NP; ++i) {
+                        const int src = (pt & 24) | i;
+                        const u8* r = shfl_ptr(row, src) + 16 * c8;
+                        const u32 bytes = ((rdm >> src) << 4) & 16u;
+#pragma unroll
+                        for (int a = 0; a < CA; ++a)
+                            if (lane_on) cp_async16(base + stg + src_lane + i * 16 * RB + a * 128, r + 128 * a, bytes);
+                    }
+                };
+                // The lane's NP * CA chunks of a tile, NB at a time: NB loads
+                // in flight before their conversions (one at a time, each
+                // load's latency would be exposed).
+                constexpr int NCH = NP * CA;
+                constexpr int NB = NCH < 4 ? NCH : 4;
+                auto convert = [&](u32 dst_tile, u32 stg) {
+                    if (!lane_on) return;
+#pragma unroll
+                    for (int c0 = 0; c0 < NCH; c0 += NB) {
+                        uint4 u[NB];
+#pragma unroll
+                        for (int j = 0; j < NB; ++j) {
+                            const int i = (c0 + j) / CA, a = (c0 + j) % CA;
+                            u[j] = *reinterpret_cast<const uint4*>(smem + stg + src_lane + i * 16 * RB + a * 128);
+                        }
+#pragma unroll
+                        for (int j = 0; j < NB; ++j) {
+                            const int i = (c0 + j) / CA, a = (c0 + j) % CA;
+                            u32 w[8];
+                            e4m3x4_cvt<QT>(u[j].x, w[0], w[1]);
+                            e4m3x4_cvt<QT>(u[j].y, w[2], w[3]);
+                            e4m3x4_cvt<QT>(u[j].z, w[4], w[5]);
+                            e4m3x4_cvt<QT>(u[j].w, w[6], w[7]);
+                            // Chunk 2 c + 1 sits at the offset of chunk 2 c with bit 4 flipped.
+                            const u32 d0 = dst_tile + dst_lane + (u32)(i * 16 * 128 + 2 * a * C::KV_ATOM);
+                            *reinterpret_cast<uint4*>(smem + d0) = make_uint4(w[0], w[1], w[2], w[3]);
+                            *reinterpret_cast<uint4*>(smem + (d0 ^ 16u)) = make_uint4(w[4], w[5], w[6], w[7]);
+                        }
+                    }
+                };
+                // Step s: copies of K tile s (s < ntiles) and V tile s - 1 (s >= 1).
+                auto issue_step = [&](int s) {
+                    if (s < ntiles) {
+                        lookup(s);
+                        copy8(stage(s, 0), k_row, k_rd);
+                    }
+                    if (s >= 1) copy8(stage(s, 1), v_row, v_rd);
+                    if (s < ntiles) {
+                        v_row = v_next;
+                        v_rd = k_rd;
+                    }
+                };
+                auto convert_step = [&](int s, u32 mask) {
+                    if (s < ntiles) {
+                        if (T0 + s >= KST) mbar_wait(bar_ek + 8 * kslot(s), kpar(s) ^ 1);
+                        if ((pt & 31) == 0) vm_s[kslot(s) * VMW + (pt >> 5)] = mask;
+                        convert((u32)C::K_OFF + (u32)(kslot(s) * C::KV_BYTES), stage(s, 0));
+                        fence_proxy_async();
+                        mbar_arrive(bar_fk + 8 * kslot(s));  // also releases the mask
+                    }
+                    if (s >= 1) {
+                        if (T0 + s - 1 >= VST) mbar_wait(bar_ev + 8 * vslot(s - 1), vpar(s - 1) ^ 1);
+                        convert((u32)C::V_OFF + (u32)(vslot(s - 1) * C::KV_BYTES), stage(s, 1));
+                        fence_proxy_async();
+                        mbar_arrive(bar_fv + 8 * vslot(s - 1));
+                    }
+                };
+                if constexpr (AHEAD == 1) {
+                    issue_step(0);
+                    cp_async_commit();
+                }
+#pragma unroll 1
+                for (int s = 0; s <= ntiles; ++s) {
+                    u32 mask;
+                    if constexpr (AHEAD == 1) {
+                        mask = m_last;  // tile s (looked up one step ago)
+                        if (s + 1 <= ntiles) issue_step(s + 1);
+                        cp_async_commit();
+                        cp_async_wait<1>();
+                    } else {
+                        issue_step(s);
+                        cp_async_commit();
+                        cp_async_wait<0>();
+                        mask = m_last;
+                    }
+                    convert_step(s, mask);
                 }
             }  // gather
             T0 += ntiles;
@@ -1089,6 +1264,21 @@ PAS_ENTRY(bf16, 0, 256)
 PAS_ENTRY(f16, 1, 64)
 PAS_ENTRY(f16, 1, 128)
 PAS_ENTRY(f16, 1, 256)
+
+// e4m3 KV entries: paged_attention_context_sm90_{q}_kv_e4m3_d{D}.
+#define PAS_ENTRY8(QN, QT, D)                                                                      \
+    extern "C" __global__ void __launch_bounds__(pas::NTHREADS, 1)                                \
+        paged_attention_context_sm90_##QN##_kv_e4m3_d##D(                                         \
+            const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
+            const __grid_constant__ pas::TmaMap tmap_v) {                                         \
+        pas::context_sm90_body<QT, D, 0, true>(p, tmap_k, tmap_v);                                \
+    }
+PAS_ENTRY8(bf16, 0, 64)
+PAS_ENTRY8(bf16, 0, 128)
+PAS_ENTRY8(bf16, 0, 256)
+PAS_ENTRY8(f16, 1, 64)
+PAS_ENTRY8(f16, 1, 128)
+PAS_ENTRY8(f16, 1, 256)
 
 // Timing experiments of the bench (D 128 bf16 only): _x{XV}, see context_sm90_body.
 #define PAS_XENTRY(XV)                                                                             \

@@ -12,8 +12,8 @@
 //! checks (ragged rule, error word) as the decode kernel ([`crate::validate`]).
 //!
 //! Two kernels, one semantics. On sm_90 (Hopper) devices the launcher runs
-//! `paged_attention_context_sm90_{q}_kv_{q}_d{D}` (compute_90a, 16-bit KV of
-//! the Q dtype, D 64/128/256): work item = (q tile of 128 packed rows, KV
+//! `paged_attention_context_sm90_{q}_kv_{kv}_d{D}` (compute_90a, KV of the
+//! Q dtype or e4m3, D 64/128/256): work item = (q tile of 128 packed rows, KV
 //! chunk, KV head, request), a persistent grid at D 64/128 (one CTA per SM,
 //! items from a device counter; [`context_sm90_persistent`]; the KV of
 //! items that do not fill the GPU split in chunks merged by
@@ -23,8 +23,10 @@
 //! consumer warpgroups of 64 rows running
 //! `wgmma` for `Q·Kᵀ` (both operands in shared memory) and `P·V` (P from
 //! registers), the softmax of tile `t` overlapped with `P·V` of tile `t − 1`
-//! ([`ContextPath::Wgmma`]). Elsewhere, and for
-//! e4m3 KV, the compute_90 kernel runs ([`ContextPath::Mma`]):
+//! ([`ContextPath::Wgmma`]). e4m3 K/V are gathered into a staging ring
+//! and converted by the producer to the Q dtype (exact) into the same
+//! 16-bit rings ([`context_sm90_staging_steps`]). Elsewhere the compute_90
+//! kernel runs ([`ContextPath::Mma`]):
 //! `paged_attention_context_{q}_kv_{kv}_d{D}`, FlashAttention-2
 //! structure on `mma.sync.m16n8k16`: CTA = (KV head, request, q tile of
 //! [`context_block_rows`] packed (token, head) rows, 16 per warp, heaviest
@@ -80,8 +82,9 @@ pub enum ContextKvLoad {
     /// 4096) and 564 vs 514 (bs 1 × 16384); P 16 boxes were slower still
     /// (222 vs 372 against the earlier two-lane gather).
     Auto,
-    /// TMA boxes wherever the page size and the pool views allow
-    /// ([`context_sm90_tma_rows`], [`kv_tma_layout`]), else the gather.
+    /// TMA boxes wherever the page size and the 16-bit pool views allow
+    /// ([`context_sm90_tma_rows`], [`kv_tma_layout`]), else the gather
+    /// (e4m3 K/V always gather).
     Tma,
     /// The cp.async row gather (a producer warpgroup), every page size.
     Gather,
@@ -140,8 +143,8 @@ pub enum ContextPath {
     Auto,
     /// The compute_90 `mma.sync` kernel (every device, every dtype).
     Mma,
-    /// The sm_90a `wgmma` kernel for 16-bit KV of the Q dtype (e4m3 KV still
-    /// runs the compute_90 kernel); requires a compute capability 9.0 device.
+    /// The sm_90a `wgmma` kernel (KV of the Q dtype or e4m3); requires a
+    /// compute capability 9.0 device.
     Wgmma,
 }
 
@@ -168,21 +171,19 @@ pub const CONTEXT_SM90_BLOCK_ROWS: usize = 128;
 /// Threads per CTA of the sm_90a kernel (producer + 2 consumer warpgroups).
 pub const CONTEXT_SM90_THREADS: u32 = 384;
 
-/// Whether the sm_90a kernel covers `(q, kv, head_dim)`: 16-bit KV of the Q
-/// dtype, D 64/128/256.
+/// Whether the sm_90a kernel covers `(q, kv, head_dim)`: KV of the Q dtype
+/// or e4m3, D 64/128/256 (the same cases as [`context_supported`]).
 pub fn context_sm90_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
-    let kv_ok = matches!(
-        (q, kv),
-        (HalfDtype::Bf16, KvDtype::Bf16) | (HalfDtype::F16, KvDtype::F16)
-    );
-    kv_ok && HEAD_DIMS.contains(&head_dim)
+    context_supported(q, kv, head_dim)
 }
 
-/// Entry name of the sm_90a kernel for a Q dtype and head dim.
-pub fn context_sm90_entry_name(q: HalfDtype, head_dim: usize) -> String {
+/// Entry name of the sm_90a kernel for a Q dtype, KV dtype and head dim:
+/// `paged_attention_context_sm90_{q}_kv_{kv}_d{head_dim}`.
+pub fn context_sm90_entry_name(q: HalfDtype, kv: KvDtype, head_dim: usize) -> String {
     format!(
-        "paged_attention_context_sm90_{0}_kv_{0}_d{head_dim}",
-        q.name()
+        "paged_attention_context_sm90_{}_kv_{}_d{head_dim}",
+        q.name(),
+        kv.name()
     )
 }
 
@@ -205,43 +206,60 @@ pub fn context_sm90_tile_keys(head_dim: usize) -> usize {
 }
 
 /// K and V ring slots of the sm_90a kernel (mirrors `Cfg::KST`/`Cfg::VST`):
-/// D 64 → (3, 3), D 128 → (3, 2), D 256 → (2, 2).
-pub fn context_sm90_stages(head_dim: usize) -> (usize, usize) {
-    match head_dim {
-        256 => (2, 2),
-        64 => (3, 3),
+/// D 64 → (3, 3), D 128 → (3, 2) ((2, 2) for e4m3 KV, whose staging ring
+/// takes the room), D 256 → (2, 2).
+pub fn context_sm90_stages(head_dim: usize, kv: KvDtype) -> (usize, usize) {
+    match (head_dim, kv) {
+        (256, _) | (128, KvDtype::E4m3) => (2, 2),
+        (64, _) => (3, 3),
         _ => (3, 2),
     }
 }
 
 /// Q buffers of the sm_90a kernel (mirrors `Cfg::QBUF`): two on the
 /// persistent grid ([`context_sm90_persistent`]: the next work item's Q
-/// loads while the consumers finish the current item), one otherwise.
-pub fn context_sm90_q_buffers(head_dim: usize) -> usize {
-    if context_sm90_persistent(head_dim) {
+/// loads while the consumers finish the current item), one otherwise and
+/// for e4m3 KV at D 128 (the staging ring takes the room).
+pub fn context_sm90_q_buffers(head_dim: usize, kv: KvDtype) -> usize {
+    if context_sm90_persistent(head_dim) && !(head_dim == 128 && kv == KvDtype::E4m3) {
         2
     } else {
         1
     }
 }
 
+/// Steps of the sm_90a kernel's e4m3 staging ring (mirrors `Cfg::SST`): each
+/// step holds one 8-bit K tile and one 8-bit V tile `[BN, D]` as gathered;
+/// the producer converts them into the 16-bit rings. Two steps (the copies
+/// of the next step in flight during a conversion) at D 64 / 128, one at
+/// D 256, none for 16-bit KV.
+pub fn context_sm90_staging_steps(head_dim: usize, kv: KvDtype) -> usize {
+    match (kv, head_dim) {
+        (KvDtype::E4m3, 256) => 1,
+        (KvDtype::E4m3, _) => 2,
+        _ => 0,
+    }
+}
+
 /// Dynamic shared memory of the sm_90a kernel (mirrors `Cfg` in
 /// `paged_attention_context_sm90.cu`): Q `[128, D]` per Q buffer
 /// ([`context_sm90_q_buffers`]), the K and V rings of
-/// `[BN, D]` 16-bit tiles ([`context_sm90_stages`]), per K slot the valid
+/// `[BN, D]` 16-bit tiles ([`context_sm90_stages`]), the e4m3 staging ring
+/// ([`context_sm90_staging_steps`] × two `[BN, D]` byte tiles), per K slot the valid
 /// masks of the keys (4 u32: one word per producer warp), the mbarriers
 /// (full + empty per Q buffer and per ring slot, two work-item slots full +
 /// empty), one f32 per consumer thread, four i32 (two work-item slots, the
 /// prefetched work counter, a spare), and
 /// 1024 bytes of slack to align the swizzled tiles.
-pub fn context_sm90_smem_bytes(head_dim: usize) -> usize {
+pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
     let bn = context_sm90_tile_keys(head_dim);
-    let (kst, vst) = context_sm90_stages(head_dim);
-    let qbuf = context_sm90_q_buffers(head_dim);
+    let (kst, vst) = context_sm90_stages(head_dim, kv_dtype);
+    let qbuf = context_sm90_q_buffers(head_dim, kv_dtype);
     let q = qbuf * CONTEXT_SM90_BLOCK_ROWS * head_dim * 2;
     let kv = bn * head_dim * 2;
+    let staging = context_sm90_staging_steps(head_dim, kv_dtype) * 2 * bn * head_dim;
     let bars = 2 * qbuf + 2 * kst + 2 * vst + 4;
-    q + (kst + vst) * kv + kst * 4 * 4 + bars * 8 + CONTEXT_SM90_PIN_BYTES + 16 + 1024
+    q + (kst + vst) * kv + staging + kst * 4 * 4 + bars * 8 + CONTEXT_SM90_PIN_BYTES + 16 + 1024
 }
 
 /// Shared memory of the sm_90a kernel's per-thread pin word (one f32 per
@@ -586,6 +604,7 @@ pub fn context_sm90_launch_config(
     group: usize,
     max_q_len: usize,
     head_dim: usize,
+    kv: KvDtype,
 ) -> Result<(usize, LaunchConfig)> {
     let q_tiles = (max_q_len * group).div_ceil(CONTEXT_SM90_BLOCK_ROWS).max(1);
     let items = q_tiles
@@ -598,7 +617,7 @@ pub fn context_sm90_launch_config(
         LaunchConfig {
             grid_dim: (x, 1, 1),
             block_dim: (CONTEXT_SM90_THREADS, 1, 1),
-            shared_mem_bytes: context_sm90_smem_bytes(head_dim) as u32,
+            shared_mem_bytes: context_sm90_smem_bytes(head_dim, kv) as u32,
         },
     ))
 }
@@ -716,7 +735,7 @@ pub fn validate_context_for(args: &ContextArgs<'_>, sm90: bool) -> Result<Contex
     check_sinks_and_scales(args.sinks.as_ref(), hq, args.bmm1_scale, args.bmm2_scale)?;
     let use_sm90 = sm90 && context_sm90_supported(args.q_dtype, kv_dtype, dim);
     let (q_tiles, config) = if use_sm90 {
-        context_sm90_launch_config(bs, hkv, group, args.max_q_len, dim)?
+        context_sm90_launch_config(bs, hkv, group, args.max_q_len, dim, kv_dtype)?
     } else {
         context_launch_config(bs, hkv, group, args.max_q_len, dim, kv_dtype)?
     };
@@ -756,7 +775,7 @@ pub fn validate_context_for(args: &ContextArgs<'_>, sm90: bool) -> Result<Contex
     Ok(ContextPlan {
         params,
         entry: if use_sm90 {
-            context_sm90_entry_name(args.q_dtype, dim)
+            context_sm90_entry_name(args.q_dtype, kv_dtype, dim)
         } else {
             context_entry_name(args.q_dtype, kv_dtype, dim)
         },
@@ -855,9 +874,10 @@ impl ContextKernel {
             let loaded: Result<()> = context_variants()
                 .into_iter()
                 .filter(|&(q, kv, d)| context_sm90_supported(q, kv, d))
-                .try_for_each(|(q, _, d)| {
-                    let name = context_sm90_entry_name(q, d);
-                    let f = load_entry(gpu, &CONTEXT_SM90_PTX, &name, context_sm90_smem_bytes(d))?;
+                .try_for_each(|(q, kv, d)| {
+                    let name = context_sm90_entry_name(q, kv, d);
+                    let smem = context_sm90_smem_bytes(d, kv);
+                    let f = load_entry(gpu, &CONTEXT_SM90_PTX, &name, smem)?;
                     fast.insert(name, f);
                     Ok(())
                 });
@@ -944,7 +964,7 @@ impl ContextKernel {
         args: &ContextArgs<'_>,
         p: &ContextParams,
     ) -> Option<(i32, i32, [TensorMap; 2])> {
-        if self.kv_load != ContextKvLoad::Tma {
+        if self.kv_load != ContextKvLoad::Tma || args.kv.dtype() == KvDtype::E4m3 {
             return None;
         }
         let d = args.q.shape()[2];
@@ -987,20 +1007,17 @@ impl ContextKernel {
     /// [`KernelError::Load`] when the entry does not exist.
     pub fn set_experiment(&mut self, xv: u32) -> Result<()> {
         if xv != 0 {
-            let name = format!("{}_x{xv}", context_sm90_entry_name(HalfDtype::Bf16, 128));
-            let f = load_entry(
-                &self.gpu,
-                &CONTEXT_SM90_PTX,
-                &name,
-                context_sm90_smem_bytes(128),
-            )?;
+            let bf16 = context_sm90_entry_name(HalfDtype::Bf16, KvDtype::Bf16, 128);
+            let name = format!("{bf16}_x{xv}");
+            let smem = context_sm90_smem_bytes(128, KvDtype::Bf16);
+            let f = load_entry(&self.gpu, &CONTEXT_SM90_PTX, &name, smem)?;
             self.funcs.insert(name, f);
         }
         self.experiment = xv;
         Ok(())
     }
 
-    /// Whether launches of 16-bit KV of the Q dtype run the sm_90a kernel.
+    /// Whether launches run the sm_90a kernel (every supported dtype).
     pub fn uses_sm90(&self) -> bool {
         self.sm90
     }
@@ -1039,7 +1056,7 @@ impl ContextKernel {
         };
         let experiment_entry;
         let entry: &str = if self.experiment != 0
-            && plan.entry == context_sm90_entry_name(HalfDtype::Bf16, 128)
+            && plan.entry == context_sm90_entry_name(HalfDtype::Bf16, KvDtype::Bf16, 128)
         {
             experiment_entry = format!("{}_x{}", plan.entry, self.experiment);
             &experiment_entry

@@ -573,10 +573,12 @@ fn main() {
                 for (qd, kv) in [
                     (HalfDtype::Bf16, KvDtype::Bf16),
                     (HalfDtype::F16, KvDtype::F16),
+                    (HalfDtype::Bf16, KvDtype::E4m3),
+                    (HalfDtype::F16, KvDtype::E4m3),
                 ] {
                     let mut c = extend_case(kv, qd, d, g, p, pre, n, i as u64);
                     c.window = w;
-                    check(gpu, k, &c).map_err(|e| format!("shape {i} {qd:?}: {e}"))?;
+                    check(gpu, k, &c).map_err(|e| format!("shape {i} {qd:?}/{kv:?}: {e}"))?;
                 }
             }
             Ok(())

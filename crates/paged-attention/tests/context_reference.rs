@@ -15,10 +15,10 @@ use paged_attention::{
     context_block_rows, context_entry_name, context_launch_config, context_sm90_entry_name,
     context_sm90_grid, context_sm90_kv_splits, context_sm90_launch_config,
     context_sm90_merge_entry_name, context_sm90_persistent, context_sm90_q_buffers,
-    context_sm90_smem_bytes, context_sm90_stages, context_sm90_supported, context_sm90_tile_keys,
-    context_sm90_tma_rows, context_smem_bytes, context_variants, kv_tma_layout, ContextParams,
-    HalfDtype, KvDtype, CONTEXT_PTX, CONTEXT_SM90_BLOCK_ROWS, CONTEXT_SM90_PTX,
-    CONTEXT_SM90_THREADS,
+    context_sm90_smem_bytes, context_sm90_stages, context_sm90_staging_steps,
+    context_sm90_supported, context_sm90_tile_keys, context_sm90_tma_rows, context_smem_bytes,
+    context_variants, kv_tma_layout, ContextParams, HalfDtype, KvDtype, CONTEXT_PTX,
+    CONTEXT_SM90_BLOCK_ROWS, CONTEXT_SM90_PTX, CONTEXT_SM90_THREADS,
 };
 use proptest::prelude::*;
 
@@ -186,7 +186,7 @@ fn committed_context_sm90_ptx_is_fresh_and_complete() {
     let mut n = 0;
     for (q, kv, d) in context_variants() {
         if context_sm90_supported(q, kv, d) {
-            let name = context_sm90_entry_name(q, d);
+            let name = context_sm90_entry_name(q, kv, d);
             assert!(CONTEXT_SM90_PTX.has_entry(&name), "{name} missing");
             assert!(CONTEXT_SM90_PTX
                 .ptx
@@ -200,9 +200,15 @@ fn committed_context_sm90_ptx_is_fresh_and_complete() {
             n += 1;
         }
     }
-    assert_eq!(n, 6);
-    assert!(!context_sm90_supported(HalfDtype::Bf16, KvDtype::E4m3, 128));
+    // Every Q dtype with its own KV dtype and with e4m3, D 64 / 128 / 256.
+    assert_eq!(n, 12);
+    assert!(context_sm90_supported(HalfDtype::Bf16, KvDtype::E4m3, 128));
+    assert_eq!(
+        context_sm90_entry_name(HalfDtype::F16, KvDtype::E4m3, 64),
+        "paged_attention_context_sm90_f16_kv_e4m3_d64"
+    );
     assert!(!context_sm90_supported(HalfDtype::F16, KvDtype::Bf16, 128));
+    assert!(!context_sm90_supported(HalfDtype::Bf16, KvDtype::Bf16, 96));
 }
 
 /// Split KV (sm_90a): only when the work items do not fill the SMs and are
@@ -242,22 +248,45 @@ fn context_sm90_kv_split_rule() {
 /// a CTA may take, and its geometry covers every row.
 #[test]
 fn context_sm90_plan_fits() {
-    for d in [64, 128, 256] {
-        let b = context_sm90_smem_bytes(d);
-        assert!(b <= 227 * 1024, "D {d}: {b} B");
+    for (d, kv) in [64, 128, 256]
+        .into_iter()
+        .flat_map(|d| [(d, KvDtype::Bf16), (d, KvDtype::E4m3)])
+    {
+        let b = context_sm90_smem_bytes(d, kv);
+        assert!(b <= 227 * 1024, "D {d} {kv:?}: {b} B");
         let bn = context_sm90_tile_keys(d);
-        let (kst, vst) = context_sm90_stages(d);
+        let (kst, vst) = context_sm90_stages(d, kv);
         assert!(kst >= 2 && vst >= 2);
-        // Two Q buffers exactly where the grid is persistent.
-        let qbuf = context_sm90_q_buffers(d);
-        assert_eq!(qbuf, if context_sm90_persistent(d) { 2 } else { 1 });
+        // Two Q buffers where the grid is persistent, except e4m3 at D 128
+        // (its staging ring takes the room).
+        let qbuf = context_sm90_q_buffers(d, kv);
+        let two = context_sm90_persistent(d) && !(kv == KvDtype::E4m3 && d == 128);
+        assert_eq!(qbuf, if two { 2 } else { 1 });
+        // The e4m3 staging ring: two steps of one 8-bit K and V tile each
+        // (one at D 256), none for 16-bit KV.
+        let sst = context_sm90_staging_steps(d, kv);
+        assert_eq!(
+            sst,
+            match (kv, d) {
+                (KvDtype::Bf16, _) => 0,
+                (_, 256) => 1,
+                _ => 2,
+            }
+        );
         let bars = 8 * (2 * qbuf + 2 * kst + 2 * vst + 4);
         assert_eq!(
             b,
-            qbuf * 128 * d * 2 + (kst + vst) * bn * d * 2 + kst * 16 + bars + 256 * 4 + 16 + 1024
+            qbuf * 128 * d * 2
+                + (kst + vst) * bn * d * 2
+                + sst * 2 * bn * d
+                + kst * 16
+                + bars
+                + 256 * 4
+                + 16
+                + 1024
         );
         for (max_q, g) in [(1, 1), (128, 1), (129, 1), (33, 4), (5000, 16)] {
-            let (tiles, cfg) = context_sm90_launch_config(3, 2, g, max_q, d).unwrap();
+            let (tiles, cfg) = context_sm90_launch_config(3, 2, g, max_q, d, kv).unwrap();
             assert!(tiles * CONTEXT_SM90_BLOCK_ROWS >= max_q * g);
             assert!((tiles - 1) * CONTEXT_SM90_BLOCK_ROWS < max_q * g);
             // One CTA per (q tile, KV head, request), or at most `ctas`.
@@ -293,7 +322,7 @@ fn context_sm90_persistence_matches_the_ptx() {
         if !context_sm90_supported(q, kv, d) {
             continue;
         }
-        let name = context_sm90_entry_name(q, d);
+        let name = context_sm90_entry_name(q, kv, d);
         let start = ptx.find(&format!(".entry {name}(")).expect("entry");
         let body = &ptx[start..];
         let end = body[1..].find(".entry ").map_or(body.len(), |e| e + 1);
