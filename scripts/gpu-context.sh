@@ -53,7 +53,7 @@ stage_quick() {
 }
 stage_tests() {
   echo "== context tests, sm90a (${MHA_KIT_GPU_CASES:-500} random cases)"
-  timeout 240 $T --include-ignored > "$OUT/ctx_sm90.log" 2>&1; echo "rc=$?"; summary "$OUT/ctx_sm90.log"
+  timeout 330 $T --include-ignored > "$OUT/ctx_sm90.log" 2>&1; echo "rc=$?"; summary "$OUT/ctx_sm90.log"
 }
 stage_gather() {
   echo "== context tests, sm90a with the cp.async gather (named)"
