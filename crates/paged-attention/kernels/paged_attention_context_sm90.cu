@@ -113,11 +113,7 @@ struct Cfg {
     // i32 [4]: two work-item slots, thread 0's prefetched counter value, a
     // spare (8-byte multiple).
     static constexpr int ITEM_OFF = PIN_OFF + 256 * 4;
-    // e4m3 K/V with bf16 Q: u32 [2][4] per-warp max |q| bits of the Q tile
-    // being converted (by item parity), i32 [QBUF] the Q tile's shift qs.
-    static constexpr int QX_OFF = ITEM_OFF + 4 * 4;
-    static constexpr int QX_BYTES = F8 ? 8 * 4 + 8 : 0;
-    static constexpr int BYTES = QX_OFF + QX_BYTES;
+    static constexpr int BYTES = ITEM_OFF + 4 * 4;
     static constexpr int ALLOC = BYTES + 1024;  // slack: the base is rounded up to 1024
     static_assert(BAR_OFF % 8 == 0, "mbarrier alignment");
     static_assert((BN * CPR) % 128 == 0 && (BM * CPR) % 128 == 0, "producer split");
@@ -345,12 +341,6 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
 template <int QT, int D, int XV = 0, bool F8 = false>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v) {
     using C = Cfg<D, F8>;
-    // Operand dtype of both GEMMs: the Q dtype, or f16 for e4m3 K/V (every
-    // e4m3 value is an f16 value: one conversion instruction per two; a bf16
-    // Q tile is converted to f16 once per item, scaled by 2^-qs when its
-    // largest finite |q| is 2^15 or more, see `q_to_f16`; P is then f16).
-    constexpr int MT = F8 ? 1 : QT;
-    constexpr bool QCONV = F8 && QT == 0;
     constexpr int BN = C::BN;
     constexpr int CPR = C::CPR;
     constexpr int NS = BN / 2;   // S accumulator registers per thread
@@ -530,53 +520,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     }
                 }
             }
-            if constexpr (QCONV) {
-                // bf16 Q -> f16 in place (the chunks this thread copied),
-                // scaled by 2^-qs: qs = 0 unless the tile's largest finite
-                // |q| is >= 2^15, then the power of two that brings it below
-                // 2^16 (f16's range; the consumers multiply the logit scale
-                // by 2^qs). Non-finite q stay non-finite and do not count.
-                asm volatile("cp.async.wait_all;\n" ::: "memory");
-                constexpr int QRS = 128 / CPR;
-                const int ch = (int)ptv % CPR;
-                u8* const qt = smem + C::Q_OFF + qb * C::Q_BYTES;
-                u32 mx = 0;
-#pragma unroll 4
-                for (int row = (int)ptv / CPR; row < BM; row += QRS) {
-                    const uint4 u = *reinterpret_cast<const uint4*>(qt + swz(row, ch, C::Q_ATOM));
-                    const u32 w4[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const u32 lo = w4[e] & 0x7FFFu, hi = (w4[e] >> 16) & 0x7FFFu;
-                        mx = max(mx, lo < 0x7F80u ? lo : 0u);
-                        mx = max(mx, hi < 0x7F80u ? hi : 0u);
-                    }
-                }
-                mx = __reduce_max_sync(0xffffffffu, mx);
-                u32* qx = reinterpret_cast<u32*>(smem + C::QX_OFF) + 4 * (nq & 1);
-                if ((pt & 31) == 0) qx[pt >> 5] = mx;
-                asm volatile("bar.sync 6, 128;\n" ::: "memory");
-                mx = max(max(qx[0], qx[1]), max(qx[2], qx[3]));
-                const int e = (int)(mx >> 7);  // biased exponent of the largest finite |q|
-                const int qs = e >= 142 ? e - 141 : 0;
-                const float f = __int_as_float((127 - qs) << 23);  // 2^-qs (qs <= 113)
-#pragma unroll 4
-                for (int row = (int)ptv / CPR; row < BM; row += QRS) {
-                    uint4* a = reinterpret_cast<uint4*>(qt + swz(row, ch, C::Q_ATOM));
-                    const uint4 u = *a;
-                    const u32 w4[4] = {u.x, u.y, u.z, u.w};
-                    u32 h[4];
-#pragma unroll
-                    for (int k = 0; k < 4; ++k)
-                        h[k] = pack2<1>(__uint_as_float(w4[k] << 16) * f, __uint_as_float(w4[k] & 0xffff0000u) * f);
-                    *a = make_uint4(h[0], h[1], h[2], h[3]);
-                }
-                if (pt == 0) reinterpret_cast<i32*>(smem + C::QX_OFF + 32)[qb] = qs;
-                fence_proxy_async();
-                mbar_arrive(bar_q + 8 * qb);
-            } else {
-                mbar_arrive_cp_async(bar_q + 8 * qb);
-            }
+            mbar_arrive_cp_async(bar_q + 8 * qb);
 
             if (tma) {
                 // One warp: lane j looks up the page of box j of a tile (one
@@ -801,10 +745,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         for (int j = 0; j < NB; ++j) {
                             const int i = (c0 + j) / CA, a = (c0 + j) % CA;
                             u32 w[8];
-                            e4m3x4_cvt<MT>(u[j].x, w[0], w[1]);
-                            e4m3x4_cvt<MT>(u[j].y, w[2], w[3]);
-                            e4m3x4_cvt<MT>(u[j].z, w[4], w[5]);
-                            e4m3x4_cvt<MT>(u[j].w, w[6], w[7]);
+                            e4m3x4_cvt<QT>(u[j].x, w[0], w[1]);
+                            e4m3x4_cvt<QT>(u[j].y, w[2], w[3]);
+                            e4m3x4_cvt<QT>(u[j].z, w[4], w[5]);
+                            e4m3x4_cvt<QT>(u[j].w, w[6], w[7]);
                             // Chunk 2 c + 1 sits at the offset of chunk 2 c with bit 4 flipped.
                             const u32 d0 = dst_tile + dst_lane + (u32)(i * 16 * 128 + 2 * a * C::KV_ATOM);
                             *reinterpret_cast<uint4*>(smem + d0) = make_uint4(w[0], w[1], w[2], w[3]);
@@ -943,7 +887,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             for (int ks = 0; ks < D / 16; ++ks) {
                 const u32 qo = ((ks >> 2) * C::Q_ATOM + (ks & 3) * 32) >> 4;
                 const u32 ko = ((ks >> 2) * C::KV_ATOM + (ks & 3) * 32) >> 4;
-                mma_ss<MT, BN>(s, dsc(qd0 + qo), dsc(kd + ko), ks > 0 ? 1 : 0);
+                mma_ss<QT, BN>(s, dsc(qd0 + qo), dsc(kd + ko), ks > 0 ? 1 : 0);
             }
             wg_commit();
         };
@@ -952,7 +896,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             wg_fence();
             const u32 vd = v_lo0 + (u32)((st * C::KV_BYTES) >> 4);
 #pragma unroll
-            for (int kk = 0; kk < KSTEPS; ++kk) mma_rs<MT, D>(o, pa[kk], dsc(vd + ((kk * 16 * 128) >> 4)), 1);
+            for (int kk = 0; kk < KSTEPS; ++kk) mma_rs<QT, D>(o, pa[kk], dsc(vd + ((kk * 16 * 128) >> 4)), 1);
             wg_commit();
         };
         // Whether tile t needs no element mask for this warpgroup's rows.
@@ -969,7 +913,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // the scores are scaled first. mrow is in scaled (log2) units. The ex2
         // are volatile so that they stay ahead of the wait for P V (they are the
         // work that overlaps the tensor cores).
-        float c = p.scale_log2;  // times 2^qs of a converted Q tile (set after its wait)
+        const float c = p.scale_log2;
         const bool cpos = c > 0.f;
         float dsum[2] = {0.f, 0.f};
         auto softmax = [&](int t, bool full, const u32 (&vmw)[VMW]) {
@@ -1056,7 +1000,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int i = 8 * kk + 2 * e;
-                    pa[kk][e] = pack2<MT>(s[i], s[i + 1]);
+                    pa[kk][e] = pack2<QT>(s[i], s[i + 1]);
                 }
             }
             drow[0] = drow[0] * alpha[0] + dsum[0];
@@ -1090,8 +1034,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll 1
                 for (int r = r_beg[q] - k0 + ct / CPR; r < r_end[q] - k0; r += RPP) {
                     const uint4 u = *reinterpret_cast<const uint4*>(v + col + r * 128);
-                    bad = bad || nonfinite2<MT>(u.x) || nonfinite2<MT>(u.y) || nonfinite2<MT>(u.z) ||
-                          nonfinite2<MT>(u.w);
+                    bad = bad || nonfinite2<QT>(u.x) || nonfinite2<QT>(u.y) || nonfinite2<QT>(u.z) ||
+                          nonfinite2<QT>(u.w);
                 }
             }
             return named_or(2 + cw, 128, bad);
@@ -1099,14 +1043,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // O += P V for stage st on CUDA cores (tiles with masked keys and non-finite V).
         auto pv_slow = [&](int st) {
             const u8* v = smem + C::V_OFF + st * C::KV_BYTES;
-            pv_scalar<MT, BN, D>(
+            pv_scalar<QT, BN, D>(
                 pa, lane, [&](int j, int e) -> float& { return o[4 * j + e]; },
                 [&](int key, int ch) { return v + swz(key, ch, C::KV_ATOM); });
         };
 
         if (ntiles > 0) {
             mbar_wait(bar_q + 8 * qb, (u32)((nq / QBUF) & 1));
-            if constexpr (QCONV) c *= __int_as_float((127 + reinterpret_cast<const i32*>(smem + C::QX_OFF + 32)[qb]) << 23);
             u32 vmw[VMW];
             // ---- tile 0 ----
             mbar_wait(bar_fk + 8 * kslot(0), kpar(0));
