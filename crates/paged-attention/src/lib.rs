@@ -70,10 +70,14 @@
 //! every launch, so CUDA-graph replays stay correct.
 //!
 //! - [`PagedAttentionKernel`]: the typed launcher ([`DecodeArgs`]);
-//! - [`reference`](mod@reference): the f64 CPU definition the GPU is tested against.
+//! - [`reference`](mod@reference): the f64 CPU definition the GPU is tested against
+//!   (output and row log-sum-exp, unsharded or over a shard of the keys);
+//! - [`merge`]: the f64 merge of partial `(O, LSE)` states and the sink rule
+//!   under sharding.
 
 pub mod context;
 mod launch;
+pub mod merge;
 pub mod reference;
 
 pub use context::{
