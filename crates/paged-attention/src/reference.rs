@@ -280,16 +280,25 @@ pub fn visible_range(x: i64, window_left: Option<u32>) -> std::ops::Range<i64> {
 pub struct Interleave {
     /// This rank, `< ranks`.
     pub rank: usize,
-    /// Ranks the blocks are dealt to (`N ≥ 1`).
+    /// Ranks the blocks are dealt to (`N ≥ 1`; 0 counts as 1).
     pub ranks: usize,
-    /// Keys per block (`B ≥ 1`).
+    /// Keys per block (`B ≥ 1`; 0 counts as 1).
     pub block: usize,
 }
 
 impl Interleave {
+    /// `(N, r, B)` as i64, `N` and `B` at least 1 (no division by zero).
+    fn nrb(&self) -> (i64, i64, i64) {
+        (
+            self.ranks.max(1) as i64,
+            self.rank as i64,
+            self.block.max(1) as i64,
+        )
+    }
+
     /// Position (relative to the key offset) of local key `k ≥ 0`.
     pub fn position(&self, k: i64) -> i64 {
-        let (n, r, b) = (self.ranks as i64, self.rank as i64, self.block as i64);
+        let (n, r, b) = self.nrb();
         ((k / b) * n + r) * b + k % b
     }
 
@@ -299,7 +308,7 @@ impl Interleave {
         if g <= 0 {
             return 0;
         }
-        let (n, r, b) = (self.ranks as i64, self.rank as i64, self.block as i64);
+        let (n, r, b) = self.nrb();
         let cycle = n * b;
         (g / cycle) * b + (g % cycle - r * b).clamp(0, b)
     }
