@@ -8,8 +8,15 @@
 //!   registers, shared memory, stack frame and spills; fails on any spill.
 //! - `gpu-bundle [--out DIR]`: release GPU test and bench binaries plus
 //!   `run.sh`, for a GPU host with a driver but no Rust.
-//! - `ci`: fmt, clippy, ptx freshness, ptx-report and the README's test command.
+//! - `abi [--check]`: generate each kernel crate's C header
+//!   (`crates/<crate>/kernels/<crate>_abi.cuh`: params structs with
+//!   `static_assert`s on size and every offset, error-flag `#define`s) from
+//!   the Rust definitions (`kernel_rt::abi`); `--check` renders in memory and
+//!   fails naming each committed header that differs.
+//! - `ci`: fmt, clippy, ABI headers, ptx freshness, ptx-report and the README's
+//!   test command.
 
+mod abi;
 mod bundle;
 mod ptx;
 
@@ -42,6 +49,12 @@ enum Cmd {
         #[arg(long, default_value = "gpu-bundle")]
         out: PathBuf,
     },
+    /// Generate the C ABI headers (params structs, error flags) from Rust.
+    Abi {
+        /// Render in memory and fail if a committed header differs.
+        #[arg(long)]
+        check: bool,
+    },
     /// Everything CI checks.
     Ci,
     /// (internal) NVRTC compile step, run in a child process whose
@@ -60,6 +73,7 @@ fn main() -> Result<()> {
         Cmd::PtxBuild { check } => ptx::build(&root, check),
         Cmd::PtxReport => ptx::report(&root),
         Cmd::GpuBundle { out } => bundle::build(&root, &out),
+        Cmd::Abi { check } => abi::run(&root, check),
         Cmd::Ci => ci(&root),
         Cmd::NvrtcCompile { jobs } => ptx::nvrtc_child(&root, &jobs),
     }
@@ -119,6 +133,7 @@ fn ci(root: &Path) -> Result<()> {
             "warnings",
         ],
     )?;
+    abi::run(root, true)?;
     ptx::build(root, true)?;
     ptx::report(root)?;
     let cmd = readme_test_command(root)?;

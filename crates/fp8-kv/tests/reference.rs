@@ -753,3 +753,11 @@ proptest! {
         prop_assert!(seen.iter().all(|&k| k == 1));
     }
 }
+
+#[test]
+fn committed_abi_header_is_current() {
+    // The C params structs and flag bits the kernels include are generated
+    // from the Rust definitions (`cargo xtask abi`); a stale header fails here.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    kernel_rt::abi::check_committed(dir, &fp8_kv::ABI).unwrap();
+}

@@ -735,3 +735,11 @@ proptest! {
         prop_assert!((plan.swa_blocks as usize) * t >= n_swa.min(1024 * t));
     }
 }
+
+#[test]
+fn committed_abi_header_is_current() {
+    // The C params structs and flag bits the kernels include are generated
+    // from the Rust definitions (`cargo xtask abi`); a stale header fails here.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    kernel_rt::abi::check_committed(dir, &graph_metadata::ABI).unwrap();
+}

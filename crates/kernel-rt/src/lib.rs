@@ -14,12 +14,16 @@
 //! - [`timing`]: CUDA-event timing (median of N, criterion `iter_custom`);
 //! - [`testing`]: the libtest-mimic GPU test harness (ignored without a GPU);
 //! - [`tma`]: tensor maps for Hopper bulk tensor copies (`cuTensorMapEncodeTiled`);
+//! - [`abi`]: the params structs and error flags defined once in Rust
+//!   ([`abi_struct!`], [`abi_flags!`]) and the C header generated from them
+//!   (`cargo xtask abi`);
 //! - `include/mha_kit/*.cuh`: device headers shared by all kernels (vector
 //!   loads, index helpers, the error word). [`INCLUDE_DIR`] points at them.
 //!
 //! PTX is produced by `cargo xtask ptx-build` and embedded by each kernel
 //! crate with `include_str!`; building needs no CUDA toolkit.
 
+pub mod abi;
 mod error;
 mod errword;
 mod gpu;

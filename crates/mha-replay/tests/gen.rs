@@ -160,3 +160,11 @@ fn element_values_are_pinned() {
     }
     assert_eq!(h, 13_441_170_860_676_531_982);
 }
+
+#[test]
+fn committed_abi_header_is_current() {
+    // The C params structs and flag bits the kernels include are generated
+    // from the Rust definitions (`cargo xtask abi`); a stale header fails here.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    kernel_rt::abi::check_committed(dir, &mha_replay::launch::ABI).unwrap();
+}

@@ -555,3 +555,11 @@ proptest! {
         prop_assert!(visible_keys_are_finite(&c).is_ok(), "seed {seed}: {:?}", visible_keys_are_finite(&c));
     }
 }
+
+#[test]
+fn committed_abi_header_is_current() {
+    // The C params structs and flag bits the kernels include are generated
+    // from the Rust definitions (`cargo xtask abi`); a stale header fails here.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    kernel_rt::abi::check_committed(dir, &paged_attention::ABI).unwrap();
+}

@@ -605,3 +605,11 @@ proptest! {
         prop_assert!((cfg.grid_dim.1 as usize - 1) * (BLOCK_THREADS as usize) < m);
     }
 }
+
+#[test]
+fn committed_abi_header_is_current() {
+    // The C params structs and flag bits the kernels include are generated
+    // from the Rust definitions (`cargo xtask abi`); a stale header fails here.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    kernel_rt::abi::check_committed(dir, &swa_pool::ABI).unwrap();
+}
