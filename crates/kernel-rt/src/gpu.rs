@@ -11,28 +11,86 @@ use crate::{KernelError, Result};
 /// Environment variable that picks the device ordinal (default 0).
 pub const DEVICE_ENV: &str = "MHA_KIT_DEVICE";
 
-/// A PTX module embedded in a kernel crate (`include_str!` of its committed
-/// `ptx/<family>.ptx`).
+/// Real GPU architecture of an embedded [`Cubin`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CubinArch {
+    /// `sm_90`, assembled from `compute_90` PTX.
+    Sm90,
+    /// `sm_90a`, assembled from `compute_90a` PTX (wgmma, setmaxnreg):
+    /// arch-specific code, it runs on compute capability 9.0 only.
+    Sm90a,
+}
+
+impl CubinArch {
+    /// The `ptxas -arch` name: `sm_90` or `sm_90a`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Sm90 => "sm_90",
+            Self::Sm90a => "sm_90a",
+        }
+    }
+
+    /// The compute capability (major, minor) the code is built for: 9.0 for
+    /// both.
+    pub const fn compute_capability(self) -> (i32, i32) {
+        (9, 0)
+    }
+
+    /// Whether [`Gpu`] loads this code on a device of compute capability
+    /// `cc` (major, minor): only on the capability it was built for, so any
+    /// other device JIT-compiles the PTX instead.
+    pub fn runs_on(self, cc: (i32, i32)) -> bool {
+        cc == self.compute_capability()
+    }
+}
+
+/// Machine code of a [`PtxModule`] for one architecture, assembled by the
+/// pinned `ptxas` from the module's PTX (`cargo xtask ptx-build` writes
+/// `ptx/<module>.<sm>.cubin` and its `.stamp`; embedded with
+/// `include_bytes!` / `include_str!`).
+#[derive(Debug, Clone, Copy)]
+pub struct Cubin {
+    /// The architecture the code is for.
+    pub arch: CubinArch,
+    /// The cubin (an ELF image), as `ptxas` wrote it.
+    pub image: &'static [u8],
+    /// The stamp line `ptx-build` wrote beside it: the sha256 of the PTX it
+    /// was assembled from and of the image, the `ptxas` version and the
+    /// architecture ([`crate::ptxhash::check_cubin`] checks it).
+    pub stamp: &'static str,
+}
+
+/// A kernel module embedded in a kernel crate: the `include_str!` of its
+/// committed `ptx/<family>.ptx`, and optionally the machine code `ptxas`
+/// made of it.
 #[derive(Debug, Clone, Copy)]
 pub struct PtxModule {
     /// Module name, the kernel family (e.g. `page_table`).
     pub name: &'static str,
     /// PTX text, as written by `cargo xtask ptx-build`.
     pub ptx: &'static str,
+    /// Machine code for compute capability 9.0, assembled from `ptx`.
+    pub cubin: Option<Cubin>,
 }
 
 impl PtxModule {
     /// Whether `entry` is declared as a kernel entry point (`.entry`) in the PTX.
     /// Used by CPU tests that pin every launcher's kernel names.
     pub fn has_entry(&self, entry: &str) -> bool {
-        self.ptx.lines().any(|line| {
+        self.entries().any(|e| e == entry)
+    }
+
+    /// The kernel entry points (`.entry`) declared in the PTX, in file order.
+    pub fn entries(&self) -> impl Iterator<Item = &'static str> {
+        self.ptx.lines().filter_map(|line| {
             let line = line.trim_start();
-            line.strip_prefix(".visible .entry ")
-                .or_else(|| line.strip_prefix(".entry "))
-                .is_some_and(|rest| {
-                    rest.strip_prefix(entry)
-                        .is_some_and(|tail| tail.starts_with('(') || tail.trim().is_empty())
-                })
+            let rest = line
+                .strip_prefix(".visible .entry ")
+                .or_else(|| line.strip_prefix(".entry "))?;
+            let end = rest
+                .find(|c: char| c == '(' || c.is_whitespace())
+                .unwrap_or(rest.len());
+            Some(&rest[..end]).filter(|name| !name.is_empty())
         })
     }
 }

@@ -17,8 +17,9 @@
 //! - `include/mha_kit/*.cuh`: device headers shared by all kernels (vector
 //!   loads, index helpers, the error word). [`INCLUDE_DIR`] points at them.
 //!
-//! PTX is produced by `cargo xtask ptx-build` and embedded by each kernel
-//! crate with `include_str!`; building needs no CUDA toolkit.
+//! PTX and cubins are produced by `cargo xtask ptx-build` and embedded by
+//! each kernel crate with `include_str!` / `include_bytes!`; building needs no
+//! CUDA toolkit.
 
 mod error;
 mod errword;
@@ -32,7 +33,7 @@ pub mod tma;
 pub use cudarc;
 pub use error::{KernelError, Result};
 pub use errword::{DeviceErrors, ErrorReport, ERROR_WORD_LEN};
-pub use gpu::{gpu_available, gpu_status, Gpu, GpuStatus, PtxModule, DEVICE_ENV};
+pub use gpu::{gpu_available, gpu_status, Cubin, CubinArch, Gpu, GpuStatus, PtxModule, DEVICE_ENV};
 pub use tensor::{Strided, StridedMut};
 
 /// Path of the shared device headers (`crates/kernel-rt/include`), for the
