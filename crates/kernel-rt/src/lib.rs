@@ -5,7 +5,9 @@
 //!
 //! - [`gpu_status`] / [`Gpu`]: detection that never panics (no libcuda, no
 //!   device → [`KernelError::NoGpu`]), device choice by `MHA_KIT_DEVICE`, one
-//!   stream per device, a per-context cache of PTX modules and functions;
+//!   stream per device, a per-context cache of modules and functions (each
+//!   module loaded on first use, from its embedded sm_90 / sm_90a cubin on a
+//!   compute capability 9.0 device, else from its PTX);
 //! - [`KernelError`]: the one error type of all launchers;
 //! - [`Strided`] / [`StridedMut`]: host-validated strided views of device
 //!   buffers (`[bs, max_num_pages]` tables, `[slots, num_kv_heads, head_dim]`
@@ -33,7 +35,10 @@ pub mod tma;
 pub use cudarc;
 pub use error::{KernelError, Result};
 pub use errword::{DeviceErrors, ErrorReport, ERROR_WORD_LEN};
-pub use gpu::{gpu_available, gpu_status, Cubin, CubinArch, Gpu, GpuStatus, PtxModule, DEVICE_ENV};
+pub use gpu::{
+    gpu_available, gpu_status, Cubin, CubinArch, Gpu, GpuStatus, ModuleLoad, ModuleSource,
+    PtxModule, DEVICE_ENV, MODULE_LOAD_ENV,
+};
 pub use tensor::{Strided, StridedMut};
 
 /// Path of the shared device headers (`crates/kernel-rt/include`), for the
