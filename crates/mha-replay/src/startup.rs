@@ -17,8 +17,10 @@ use mha_backend::{BackendConfig, Device, ForwardBatch, LayerConfig, MhaBackend, 
 use crate::error::{ReplayError, Result};
 
 /// Every kernel module of the workspace, with the crate that embeds it.
-pub fn all_modules() -> [(&'static str, PtxModule); 10] {
-    [
+pub fn all_modules() -> &'static [(&'static str, PtxModule)] {
+    // A static, not an array built per call: each use of a `PtxModule`
+    // constant may carry its own copy of the embedded PTX and cubin bytes.
+    static MODULES: [(&str, PtxModule); 10] = [
         ("kernel-rt", kernel_rt::timing::PTX),
         ("page-table", page_table::PTX),
         ("swa-pool", swa_pool::PTX),
@@ -29,7 +31,8 @@ pub fn all_modules() -> [(&'static str, PtxModule); 10] {
         ("paged-attention", paged_attention::CONTEXT_PTX),
         ("paged-attention", paged_attention::CONTEXT_SM90_PTX),
         ("mha-replay", crate::launch::PTX),
-    ]
+    ];
+    &MODULES
 }
 
 /// What loading one module cost.
@@ -172,7 +175,7 @@ mod tests {
         listed.sort();
         assert_eq!(listed, on_disk);
         for (_, m) in all_modules() {
-            kernel_rt::ptxhash::check_cubin(&m).unwrap();
+            kernel_rt::ptxhash::check_cubin(m).unwrap();
         }
     }
 }

@@ -15,7 +15,7 @@ fn main() {
             let times = load_all(gpu);
             let mut wrong = Vec::new();
             for (t, (_, module)) in times.iter().zip(all_modules()) {
-                let want = expected_source(gpu, &module);
+                let want = expected_source(gpu, module);
                 let sm90a_elsewhere = want == ModuleSource::Ptx
                     && module.cubin.is_some_and(|c| c.arch == CubinArch::Sm90a)
                     && gpu.compute_capability() != Some((9, 0));

@@ -51,7 +51,7 @@ fn main() -> ExitCode {
     println!("\n| module | source | entries | load s | note |\n|---|---|---:|---:|---|");
     let mut bad = 0;
     for (m, (_, module)) in times.iter().zip(mha_replay::startup::all_modules()) {
-        let want = expected_source(&gpu, &module);
+        let want = expected_source(&gpu, module);
         let note = match (&m.error, m.source) {
             (Some(e), _)
                 if want == kernel_rt::ModuleSource::Ptx
