@@ -1,4 +1,5 @@
-//! GPU detection, the context + stream handle and the per-context PTX module cache.
+//! GPU detection, the context + stream handle and the per-context module cache
+//! (embedded cubins on compute capability 9.0, PTX elsewhere).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
