@@ -143,6 +143,16 @@ pub fn expected_source(gpu: &Gpu, module: &PtxModule) -> ModuleSource {
     }
 }
 
+/// Whether `module` is compute_90a code (its cubin is `sm_90a`) on a device
+/// other than compute capability 9.0, where neither its cubin nor its PTX
+/// loads: [`load_all`] reports its error, which is then expected.
+pub fn sm90a_elsewhere(gpu: &Gpu, module: &PtxModule) -> bool {
+    module
+        .cubin
+        .is_some_and(|c| c.arch == kernel_rt::CubinArch::Sm90a)
+        && gpu.compute_capability() != Some((9, 0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,8 +6,7 @@
 //! measures them in a fresh process).
 
 use kernel_rt::testing::{gpu_trial, run_trials};
-use kernel_rt::{CubinArch, ModuleSource};
-use mha_replay::startup::{all_modules, expected_source, first_decode, load_all};
+use mha_replay::startup::{all_modules, expected_source, first_decode, load_all, sm90a_elsewhere};
 
 fn main() {
     let trials = vec![
@@ -16,13 +15,10 @@ fn main() {
             let mut wrong = Vec::new();
             for (t, (_, module)) in times.iter().zip(all_modules()) {
                 let want = expected_source(gpu, module);
-                let sm90a_elsewhere = want == ModuleSource::Ptx
-                    && module.cubin.is_some_and(|c| c.arch == CubinArch::Sm90a)
-                    && gpu.compute_capability() != Some((9, 0));
                 eprintln!("{}: {:?} in {:.3} s", t.name, t.source, t.seconds);
                 match (&t.error, t.source) {
                     // compute_90a PTX does not load on other devices.
-                    (Some(_), _) if sm90a_elsewhere => {}
+                    (Some(_), _) if sm90a_elsewhere(gpu, module) => {}
                     (Some(e), _) => wrong.push(format!("{}: {e}", t.name)),
                     (None, Some(src)) if src == want => {}
                     (None, src) => wrong.push(format!("{}: {src:?}, want {want:?}", t.name)),

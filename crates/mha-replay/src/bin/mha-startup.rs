@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use kernel_rt::Gpu;
-use mha_replay::startup::{expected_source, first_decode, load_all};
+use mha_replay::startup::{expected_source, first_decode, load_all, sm90a_elsewhere};
 
 fn main() -> ExitCode {
     let start = Instant::now();
@@ -53,12 +53,8 @@ fn main() -> ExitCode {
     for (m, (_, module)) in times.iter().zip(mha_replay::startup::all_modules()) {
         let want = expected_source(&gpu, module);
         let note = match (&m.error, m.source) {
-            (Some(e), _)
-                if want == kernel_rt::ModuleSource::Ptx
-                    && module
-                        .cubin
-                        .is_some_and(|c| c.arch == kernel_rt::CubinArch::Sm90a) =>
-            {
+            // compute_90a PTX loads only on compute capability 9.0.
+            (Some(e), _) if sm90a_elsewhere(&gpu, module) => {
                 format!("not for this device: {e}")
             }
             (Some(e), _) => {
