@@ -2,8 +2,10 @@
 //!
 //! - `ptx-build [--check]`: compile every `crates/*/kernels/*.cu` to PTX with
 //!   the pinned NVRTC (installed from the Python package index into
-//!   `target/cuda-toolchain/` when missing); `--check` rebuilds in memory and
-//!   fails naming each stale file.
+//!   `target/cuda-toolchain/` when missing), then assemble each PTX with the
+//!   pinned ptxas into `<module>.sm_90.cubin` (`sm_90a` for `compute_90a`
+//!   PTX) plus a `.cubin.stamp`; `--check` rebuilds both in a scratch folder
+//!   and fails naming each stale file.
 //! - `ptx-report`: `ptxas -arch=sm_90 -v` (`sm_90a` for `*_sm90` kernels) on every committed PTX; a table of
 //!   registers, shared memory, stack frame and spills; fails on any spill.
 //! - `gpu-bundle [--out DIR]`: release GPU test and bench binaries plus
@@ -13,8 +15,8 @@
 //!   `static_assert`s on size and every offset, error-flag `#define`s) from
 //!   the Rust definitions (`kernel_rt::abi`); `--check` renders in memory and
 //!   fails naming each committed header that differs.
-//! - `ci`: fmt, clippy, ABI headers, ptx freshness, ptx-report and the README's
-//!   test command.
+//! - `ci`: fmt, clippy, ABI headers, ptx and cubin freshness, ptx-report (one
+//!   ptxas pass for both) and the README's test command.
 
 mod abi;
 mod bundle;
@@ -35,9 +37,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Compile every crates/*/kernels/*.cu to crates/*/ptx/*.ptx.
+    /// Compile every crates/*/kernels/*.cu to crates/*/ptx/*.ptx, and each
+    /// PTX to a sm_90 / sm_90a cubin beside it.
     PtxBuild {
-        /// Rebuild in memory and fail if a committed PTX file is stale.
+        /// Rebuild in a scratch folder and fail if a committed PTX file, cubin
+        /// or cubin stamp is stale.
         #[arg(long)]
         check: bool,
     },
@@ -134,8 +138,7 @@ fn ci(root: &Path) -> Result<()> {
         ],
     )?;
     abi::run(root, true)?;
-    ptx::build(root, true)?;
-    ptx::report(root)?;
+    ptx::check_and_report(root)?;
     let cmd = readme_test_command(root)?;
     eprintln!("README test command: {cmd}");
     run(root, "bash", &["-c", &cmd])?;

@@ -58,6 +58,11 @@ pub use scales::{resolve_scale, KvCacheDtype, KvScales, ScaleInput};
 pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "fp8_kv",
     ptx: include_str!("../ptx/fp8_kv.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/fp8_kv.sm_90.cubin"),
+        stamp: include_str!("../ptx/fp8_kv.sm_90.cubin.stamp"),
+    }),
 };
 
 /// The C header generated from this crate's params structs and error flags

@@ -97,6 +97,11 @@ pub use replay::{
 pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "graph_metadata",
     ptx: include_str!("../ptx/graph_metadata.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/graph_metadata.sm_90.cubin"),
+        stamp: include_str!("../ptx/graph_metadata.sm_90.cubin.stamp"),
+    }),
 };
 
 /// The C header generated from this crate's params structs and error flags
@@ -121,6 +126,11 @@ pub const KERNEL_NAMES: &[&str] = &["graph_metadata_update"];
 pub const UNFUSED_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "graph_metadata_unfused",
     ptx: include_str!("../ptx/graph_metadata_unfused.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/graph_metadata_unfused.sm_90.cubin"),
+        stamp: include_str!("../ptx/graph_metadata_unfused.sm_90.cubin.stamp"),
+    }),
 };
 
 /// Entry points of [`UNFUSED_PTX`], in launch order.

@@ -537,6 +537,15 @@ fn committed_ptx_is_fresh() {
     }
 }
 
+/// The embedded sm_90 cubins were assembled from the embedded PTX by the
+/// pinned ptxas (their stamps; no CUDA needed).
+#[test]
+fn committed_cubins_are_fresh() {
+    for module in [&PTX, &UNFUSED_PTX] {
+        kernel_rt::ptxhash::check_cubin(module).unwrap();
+    }
+}
+
 #[test]
 fn empty_batch_has_no_geometry() {
     assert!(launch_config(0, 8, 8).is_err());

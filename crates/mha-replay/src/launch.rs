@@ -16,6 +16,11 @@ use crate::gen::ModelId;
 pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "mha_replay_gen",
     ptx: include_str!("../ptx/mha_replay_gen.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/mha_replay_gen.sm_90.cubin"),
+        stamp: include_str!("../ptx/mha_replay_gen.sm_90.cubin.stamp"),
+    }),
 };
 
 /// The C header generated from [`GenParams`] (`cargo xtask abi`; the kernel

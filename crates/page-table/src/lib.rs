@@ -55,6 +55,11 @@ pub use scatter::{
 pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "page_table",
     ptx: include_str!("../ptx/page_table.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/page_table.sm_90.cubin"),
+        stamp: include_str!("../ptx/page_table.sm_90.cubin.stamp"),
+    }),
 };
 
 /// The C header generated from this crate's params structs and error flags

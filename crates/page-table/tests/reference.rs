@@ -276,6 +276,13 @@ fn committed_ptx_is_fresh() {
     kernel_rt::ptxhash::check_fresh(&root, &kernel, PTX.ptx).unwrap();
 }
 
+/// The embedded sm_90 cubin was assembled from the embedded PTX by the pinned
+/// ptxas (its stamp; no CUDA needed).
+#[test]
+fn committed_cubin_is_fresh() {
+    kernel_rt::ptxhash::check_cubin(&PTX).unwrap();
+}
+
 /// A random batch: rows obey the page-contiguity invariant, with a small
 /// chance of bad request indices and bad slots.
 #[derive(Debug, Clone)]

@@ -60,6 +60,11 @@ use crate::{HalfDtype, KvCache, KvDtype, HEAD_DIMS};
 pub const CONTEXT_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "paged_attention_context",
     ptx: include_str!("../ptx/paged_attention_context.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/paged_attention_context.sm_90.cubin"),
+        stamp: include_str!("../ptx/paged_attention_context.sm_90.cubin.stamp"),
+    }),
 };
 
 /// The embedded PTX of the sm_90a context kernel (`compute_90a`: loads only
@@ -67,6 +72,11 @@ pub const CONTEXT_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
 pub const CONTEXT_SM90_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "paged_attention_context_sm90",
     ptx: include_str!("../ptx/paged_attention_context_sm90.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90a,
+        image: include_bytes!("../ptx/paged_attention_context_sm90.sm_90a.cubin"),
+        stamp: include_str!("../ptx/paged_attention_context_sm90.sm_90a.cubin.stamp"),
+    }),
 };
 
 /// Environment variable that picks the sm_90a kernel's K/V loads

@@ -103,6 +103,11 @@ pub use reference::HalfDtype;
 pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "paged_attention",
     ptx: include_str!("../ptx/paged_attention.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/paged_attention.sm_90.cubin"),
+        stamp: include_str!("../ptx/paged_attention.sm_90.cubin.stamp"),
+    }),
 };
 
 /// The C header generated from this crate's params structs and error flags

@@ -407,6 +407,13 @@ fn committed_ptx_is_fresh() {
     kernel_rt::ptxhash::check_fresh(&root, &kernel, PTX.ptx).unwrap();
 }
 
+/// The embedded sm_90 cubin was assembled from the embedded PTX by the pinned
+/// ptxas (its stamp; no CUDA needed).
+#[test]
+fn committed_cubin_is_fresh() {
+    kernel_rt::ptxhash::check_cubin(&PTX).unwrap();
+}
+
 #[test]
 fn smem_fits_the_sm90_budget() {
     for d in [64, 128, 256] {

@@ -51,6 +51,11 @@ pub use mapping::{EvictionPolicy, LayersMapping, SwaError, SwaMapping};
 pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "swa_pool",
     ptx: include_str!("../ptx/swa_pool.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/swa_pool.sm_90.cubin"),
+        stamp: include_str!("../ptx/swa_pool.sm_90.cubin.stamp"),
+    }),
 };
 
 /// The C header generated from this crate's params structs and error flags
