@@ -66,7 +66,7 @@ stage_gather() {
 }
 stage_bench() {
   echo "== bench"
-  MHA_KIT_BENCH_CASES=${BENCH_CASES:-} timeout 240 benches/paged-attention-context --bench > "$OUT/bench.log" 2>&1
+  MHA_KIT_BENCH_CASES=${BENCH_CASES:-} timeout ${BENCH_TIMEOUT:-240} benches/paged-attention-context --bench > "$OUT/bench.log" 2>&1
   echo "rc=$?"
   grep -E '^(\||## )|TMA boxes' "$OUT/bench.log"
 }
