@@ -113,10 +113,9 @@ struct Cfg {
     // i32 [4]: two work-item slots, thread 0's prefetched counter value, a
     // spare (8-byte multiple).
     static constexpr int ITEM_OFF = PIN_OFF + 256 * 4;
-    // e4m3 K/V with bf16 Q: u32 [2][4] per-warp max |q| bits of the Q tile
-    // being converted (by item parity), i32 [QBUF] the Q tile's shift qs.
+    // e4m3 K/V: u8 [QBUF][BM], each Q row's shift qs (see `q_to_f16`).
     static constexpr int QX_OFF = ITEM_OFF + 4 * 4;
-    static constexpr int QX_BYTES = F8 ? 8 * 4 + 8 : 0;
+    static constexpr int QX_BYTES = F8 ? QBUF * BM : 0;
     static constexpr int BYTES = QX_OFF + QX_BYTES;
     static constexpr int ALLOC = BYTES + 1024;  // slack: the base is rounded up to 1024
     static_assert(BAR_OFF % 8 == 0, "mbarrier alignment");
@@ -347,8 +346,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     using C = Cfg<D, F8>;
     // Operand dtype of both GEMMs: the Q dtype, or f16 for e4m3 K/V (every
     // e4m3 value is an f16 value: one conversion instruction per two; a bf16
-    // Q tile is converted to f16 once per item, scaled by 2^-qs when its
-    // largest finite |q| is 2^15 or more, see `q_to_f16`; P is then f16).
+    // Q tile is converted to f16 once per item, each row scaled by 2^-qs
+    // when its largest finite |q| is 2^15 or more; P is then f16).
     constexpr int MT = F8 ? 1 : QT;
     constexpr bool QCONV = F8 && QT == 0;
     constexpr int BN = C::BN;
@@ -531,47 +530,42 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 }
             }
             if constexpr (QCONV) {
-                // bf16 Q -> f16 in place (the chunks this thread copied),
-                // scaled by 2^-qs: qs = 0 unless the tile's largest finite
-                // |q| is >= 2^15, then the power of two that brings it below
-                // 2^16 (f16's range; the consumers multiply the logit scale
-                // by 2^qs). Non-finite q stay non-finite and do not count.
+                // bf16 Q -> f16 in place (the chunks this thread copied), row
+                // by row: a row whose largest finite |q| is >= 2^15 is scaled
+                // by 2^-qs, the power of two that brings it below 2^16 (f16's
+                // range), and the consumers multiply that row's logit scale by
+                // 2^qs; other rows convert exactly (|q| >= 2^-14; smaller values
+                // round to f16 subnormals). Non-finite q stay non-finite and do
+                // not count. The CPR lanes of a row are CPR consecutive lanes.
                 asm volatile("cp.async.wait_all;\n" ::: "memory");
                 constexpr int QRS = 128 / CPR;
                 const int ch = (int)ptv % CPR;
                 u8* const qt = smem + C::Q_OFF + qb * C::Q_BYTES;
-                u32 mx = 0;
-#pragma unroll 4
+                u8* const qsr = smem + C::QX_OFF + qb * BM;
+#pragma unroll 2
                 for (int row = (int)ptv / CPR; row < BM; row += QRS) {
-                    const uint4 u = *reinterpret_cast<const uint4*>(qt + swz(row, ch, C::Q_ATOM));
+                    uint4* a = reinterpret_cast<uint4*>(qt + swz(row, ch, C::Q_ATOM));
+                    const uint4 u = *a;
                     const u32 w4[4] = {u.x, u.y, u.z, u.w};
+                    u32 mx = 0;
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const u32 lo = w4[e] & 0x7FFFu, hi = (w4[e] >> 16) & 0x7FFFu;
                         mx = max(mx, lo < 0x7F80u ? lo : 0u);
                         mx = max(mx, hi < 0x7F80u ? hi : 0u);
                     }
-                }
-                mx = __reduce_max_sync(0xffffffffu, mx);
-                u32* qx = reinterpret_cast<u32*>(smem + C::QX_OFF) + 4 * (nq & 1);
-                if ((pt & 31) == 0) qx[pt >> 5] = mx;
-                asm volatile("bar.sync 6, 128;\n" ::: "memory");
-                mx = max(max(qx[0], qx[1]), max(qx[2], qx[3]));
-                const int e = (int)(mx >> 7);  // biased exponent of the largest finite |q|
-                const int qs = e >= 142 ? e - 141 : 0;
-                const float f = __int_as_float((127 - qs) << 23);  // 2^-qs (qs <= 113)
-#pragma unroll 4
-                for (int row = (int)ptv / CPR; row < BM; row += QRS) {
-                    uint4* a = reinterpret_cast<uint4*>(qt + swz(row, ch, C::Q_ATOM));
-                    const uint4 u = *a;
-                    const u32 w4[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                    for (int o = CPR / 2; o >= 1; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                    const int e = (int)(mx >> 7);  // biased exponent of the row's largest finite |q|
+                    const int qs = e >= 142 ? e - 141 : 0;
+                    const float f = __int_as_float((127 - qs) << 23);  // 2^-qs (qs <= 113)
                     u32 h[4];
 #pragma unroll
                     for (int k = 0; k < 4; ++k)
                         h[k] = pack2<1>(__uint_as_float(w4[k] << 16) * f, __uint_as_float(w4[k] & 0xffff0000u) * f);
                     *a = make_uint4(h[0], h[1], h[2], h[3]);
+                    if (ch == 0) qsr[row] = (u8)qs;
                 }
-                if (pt == 0) reinterpret_cast<i32*>(smem + C::QX_OFF + 32)[qb] = qs;
                 fence_proxy_async();
                 mbar_arrive(bar_q + 8 * qb);
             } else {
@@ -969,8 +963,15 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // the scores are scaled first. mrow is in scaled (log2) units. The ex2
         // are volatile so that they stay ahead of the wait for P V (they are the
         // work that overlaps the tensor cores).
-        float c = p.scale_log2;  // times 2^qs of a converted Q tile (set after its wait)
+        // Logit scale of this thread's row hr: scale_log2, for a converted
+        // bf16 Q (QCONV) times 2^qs of the row (set after the Q wait).
+        const float c = p.scale_log2;
         const bool cpos = c > 0.f;
+        float cq[2] = {c, c};
+        auto crow = [&](int hr) {
+            if constexpr (QCONV) return cq[hr];
+            return c;
+        };
         float dsum[2] = {0.f, 0.f};
         auto softmax = [&](int t, bool full, const u32 (&vmw)[VMW]) {
             if constexpr ((XV & 1) != 0) {
@@ -1014,7 +1015,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             } else {
 #pragma unroll
                 for (int i = 0; i < NS; ++i) {
-                    s[i] = s[i] == PAC_NEG_INF ? PAC_NEG_INF : s[i] * c;  // masked stays -inf
+                    s[i] = s[i] == PAC_NEG_INF ? PAC_NEG_INF : s[i] * crow((i >> 1) & 1);  // masked stays -inf
                     float& m = mp[(i >> 1) & 1][((i >> 2) & 3) | ((i & 1) << 2)];
                     m = fmaxf(m, s[i]);
                 }
@@ -1025,15 +1026,16 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 for (int w = 4; w >= 1; w >>= 1)
 #pragma unroll
                     for (int k = 0; k < w; ++k) mp[hr][k] = fmaxf(mp[hr][k], mp[hr][k + w]);
-                mx[hr] = cpos ? mp[hr][0] * c : mp[hr][0];  // -inf stays -inf
+                mx[hr] = cpos ? mp[hr][0] * crow(hr) : mp[hr][0];  // -inf stays -inf
             }
             row_max_update(mx, mrow, alpha);
-            const float cs = cpos ? c : 1.f;  // scores still raw (cpos) or already scaled
+            // Scores still raw (cpos) or already scaled.
+            const float cs[2] = {cpos ? crow(0) : 1.f, cpos ? crow(1) : 1.f};
             float sp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
             for (int i = 0; i < NS; ++i) {
                 const int hr = (i >> 1) & 1;
-                s[i] = ex2f(fmaf(s[i], cs, -mx[hr]));
+                s[i] = ex2f(fmaf(s[i], cs[hr], -mx[hr]));
                 sp[hr][(i >> 2) & 3] += s[i];
             }
 #pragma unroll
@@ -1106,7 +1108,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 
         if (ntiles > 0) {
             mbar_wait(bar_q + 8 * qb, (u32)((nq / QBUF) & 1));
-            if constexpr (QCONV) c *= __int_as_float((127 + reinterpret_cast<const i32*>(smem + C::QX_OFF + 32)[qb]) << 23);
+            if constexpr (QCONV) {
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const int row = wrow0 + 16 * warp + gr + 8 * hr;
+                    cq[hr] *= __int_as_float((127 + (int)smem[C::QX_OFF + qb * BM + row]) << 23);
+                }
+            }
             u32 vmw[VMW];
             // ---- tile 0 ----
             mbar_wait(bar_fk + 8 * kslot(0), kpar(0));

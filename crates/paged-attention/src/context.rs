@@ -27,9 +27,9 @@
 //! and converted by the producer to f16 (exact: one instruction per two
 //! values) into the same 16-bit rings ([`context_sm90_staging_steps`]); both
 //! GEMMs then run in f16: a bf16 Q tile is converted to f16 once per work
-//! item (exact for |q| in [2^-14, 2^15); a tile whose largest finite |q| is
-//! larger is scaled by a power of two, folded into the logit scale) and P is
-//! packed to f16. Elsewhere the compute_90
+//! item (exact for |q| in [2^-14, 2^15); a row whose largest finite |q| is
+//! larger is scaled by a power of two, folded into that row's logit scale)
+//! and P is packed to f16. Elsewhere the compute_90
 //! kernel runs ([`ContextPath::Mma`]):
 //! `paged_attention_context_{q}_kv_{kv}_d{D}`, FlashAttention-2
 //! structure on `mma.sync.m16n8k16`: CTA = (KV head, request, q tile of
@@ -253,8 +253,8 @@ pub fn context_sm90_staging_steps(head_dim: usize, kv: KvDtype) -> usize {
 /// masks of the keys (4 u32: one word per producer warp), the mbarriers
 /// (full + empty per Q buffer and per ring slot, two work-item slots full +
 /// empty), one f32 per consumer thread, four i32 (two work-item slots, the
-/// prefetched work counter, a spare), for e4m3 KV 40 bytes of the Q tile's
-/// conversion to f16 (per-warp maxima, per-buffer shifts), and
+/// prefetched work counter, a spare), for e4m3 KV one byte per Q row and
+/// buffer (the row's shift of its conversion to f16), and
 /// 1024 bytes of slack to align the swizzled tiles.
 pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
     let bn = context_sm90_tile_keys(head_dim);
@@ -263,9 +263,9 @@ pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
     let q = qbuf * CONTEXT_SM90_BLOCK_ROWS * head_dim * 2;
     let kv = bn * head_dim * 2;
     let staging = context_sm90_staging_steps(head_dim, kv_dtype) * 2 * bn * head_dim;
-    // e4m3: the Q conversion's per-warp maxima (two items) and per-buffer shifts.
+    // e4m3: each Q row's shift (one byte per row and Q buffer), see the kernel's Q conversion.
     let q_conv = if kv_dtype == KvDtype::E4m3 {
-        8 * 4 + 8
+        qbuf * CONTEXT_SM90_BLOCK_ROWS
     } else {
         0
     };

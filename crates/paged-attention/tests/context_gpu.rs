@@ -549,6 +549,39 @@ fn main() {
             let c = extend_case(KvDtype::Bf16, HalfDtype::Bf16, 128, 4, 16, 11, 2, 7);
             masked_key_case(gpu, k, &c, 12, 0)
         }),
+        named("e4m3_kv_with_large_bf16_q", |gpu, k| {
+            // bf16 Q far past f16's range over e4m3 K/V (a kernel that runs
+            // e4m3 GEMMs in f16 must rescale such Q, and per row): rows of
+            // |q| up to 3e4 (just under 2^15), 4e4, 3e6 and 1e20 beside
+            // ordinary rows of the same q tile all match the reference.
+            for d in [64, 128, 256] {
+                for (i, big) in [3.0e4f64, 4.0e4, 3.0e6, 1.0e20].into_iter().enumerate() {
+                    let mut c = extend_case(
+                        KvDtype::E4m3,
+                        HalfDtype::Bf16,
+                        d,
+                        4,
+                        16,
+                        100,
+                        70,
+                        40 + i as u64,
+                    );
+                    let mut r = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(i as u64);
+                    // Token 3, every head; token 20, head 1 (packed rows 12-15 and 81:
+                    // both in the first q tile of 128 rows).
+                    for (tok, heads) in [(3usize, 0..4usize), (20, 1..2)] {
+                        for h in heads {
+                            for x in &mut c.q[(tok * c.hq + h) * d..(tok * c.hq + h + 1) * d] {
+                                *x = HalfDtype::Bf16
+                                    .from_f64(big * rand::Rng::gen_range(&mut r, -1.0..1.0));
+                            }
+                        }
+                    }
+                    check(gpu, k, &c).map_err(|e| format!("D {d} |q| {big:e}: {e}"))?;
+                }
+            }
+            Ok(())
+        }),
         named("named_shapes_of_the_sm90_issue", |gpu, k| {
             // (D, G, P, prefix, n, window): one-token prompt; q rows an exact
             // multiple of the 128-row tile and one past (G 1 and 4); a window

@@ -283,7 +283,7 @@ fn context_sm90_plan_fits() {
                 + bars
                 + 256 * 4
                 + 16
-                + if kv == KvDtype::E4m3 { 40 } else { 0 }
+                + if kv == KvDtype::E4m3 { qbuf * 128 } else { 0 }
                 + 1024
         );
         for (max_q, g) in [(1, 1), (128, 1), (129, 1), (33, 4), (5000, 16)] {
