@@ -11,8 +11,9 @@ use anyhow::{bail, Context, Result};
 const MAX_BUNDLE_BYTES: u64 = 48 << 20;
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
-# mha-kit GPU bundle: runs every GPU test binary (ignored tests included, a
-# missing GPU is a failure), then every benchmark.
+# mha-kit GPU bundle: measures start-up (bin/mha-startup, JIT cache off),
+# runs every GPU test binary (ignored tests included, a missing GPU is a
+# failure), then every benchmark.
 # usage: run.sh [LOGDIR]     env: MHA_KIT_SKIP_BENCH=1 skips the benchmarks,
 #                                 MHA_KIT_TEST_ARGS extra args for test binaries
 set -u
@@ -22,6 +23,16 @@ mkdir -p "$logs"
 export MHA_KIT_REQUIRE_GPU=1
 passed=0
 failed=0
+# Start-up of a fresh process with the JIT cache off (cubins: no JIT on sm_90).
+if [ -x "$here/bin/mha-startup" ]; then
+  if CUDA_CACHE_DISABLE=1 "$here/bin/mha-startup" >"$logs/startup.log" 2>&1; then
+    grep -E '^startup_s ' "$logs/startup.log"
+  else
+    echo "mha-startup failed; see $logs/startup.log"
+    tail -n 20 "$logs/startup.log"
+    failed=$((failed + 1))
+  fi
+fi
 for t in "$here"/tests/*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")

@@ -2,14 +2,23 @@
 //!
 //! - `ptx-build [--check]`: compile every `crates/*/kernels/*.cu` to PTX with
 //!   the pinned NVRTC (installed from the Python package index into
-//!   `target/cuda-toolchain/` when missing); `--check` rebuilds in memory and
-//!   fails naming each stale file.
+//!   `target/cuda-toolchain/` when missing), then assemble each PTX with the
+//!   pinned ptxas into `<module>.sm_90.cubin` (`sm_90a` for `compute_90a`
+//!   PTX) plus a `.cubin.stamp`; `--check` rebuilds both in a scratch folder
+//!   and fails naming each stale file.
 //! - `ptx-report`: `ptxas -arch=sm_90 -v` (`sm_90a` for `*_sm90` kernels) on every committed PTX; a table of
 //!   registers, shared memory, stack frame and spills; fails on any spill.
 //! - `gpu-bundle [--out DIR]`: release GPU test and bench binaries plus
 //!   `run.sh`, for a GPU host with a driver but no Rust.
-//! - `ci`: fmt, clippy, ptx freshness, ptx-report and the README's test command.
+//! - `abi [--check]`: generate each kernel crate's C header
+//!   (`crates/<crate>/kernels/<crate>_abi.cuh`: params structs with
+//!   `static_assert`s on size and every offset, error-flag `#define`s) from
+//!   the Rust definitions (`kernel_rt::abi`); `--check` renders in memory and
+//!   fails naming each committed header that differs.
+//! - `ci`: fmt, clippy, ABI headers, ptx and cubin freshness, ptx-report (one
+//!   ptxas pass for both) and the README's test command.
 
+mod abi;
 mod bundle;
 mod ptx;
 
@@ -28,9 +37,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Compile every crates/*/kernels/*.cu to crates/*/ptx/*.ptx.
+    /// Compile every crates/*/kernels/*.cu to crates/*/ptx/*.ptx, and each
+    /// PTX to a sm_90 / sm_90a cubin beside it.
     PtxBuild {
-        /// Rebuild in memory and fail if a committed PTX file is stale.
+        /// Rebuild in a scratch folder and fail if a committed PTX file, cubin
+        /// or cubin stamp is stale.
         #[arg(long)]
         check: bool,
     },
@@ -41,6 +52,12 @@ enum Cmd {
         /// Output folder.
         #[arg(long, default_value = "gpu-bundle")]
         out: PathBuf,
+    },
+    /// Generate the C ABI headers (params structs, error flags) from Rust.
+    Abi {
+        /// Render in memory and fail if a committed header differs.
+        #[arg(long)]
+        check: bool,
     },
     /// Everything CI checks.
     Ci,
@@ -60,6 +77,7 @@ fn main() -> Result<()> {
         Cmd::PtxBuild { check } => ptx::build(&root, check),
         Cmd::PtxReport => ptx::report(&root),
         Cmd::GpuBundle { out } => bundle::build(&root, &out),
+        Cmd::Abi { check } => abi::run(&root, check),
         Cmd::Ci => ci(&root),
         Cmd::NvrtcCompile { jobs } => ptx::nvrtc_child(&root, &jobs),
     }
@@ -119,8 +137,8 @@ fn ci(root: &Path) -> Result<()> {
             "warnings",
         ],
     )?;
-    ptx::build(root, true)?;
-    ptx::report(root)?;
+    abi::run(root, true)?;
+    ptx::check_and_report(root)?;
     let cmd = readme_test_command(root)?;
     eprintln!("README test command: {cmd}");
     run(root, "bash", &["-c", &cmd])?;

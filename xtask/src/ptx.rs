@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use kernel_rt::ptxhash;
+use kernel_rt::{ptxhash, CubinArch};
 
 /// Pinned toolchain, installed with pip from the Python package index.
 const PIP_PACKAGES: [&str; 3] = [
@@ -31,15 +31,6 @@ fn arch_of(src: &Path) -> &'static str {
         ARCH_SM90A
     } else {
         ARCH
-    }
-}
-
-/// Real architecture of the resource report for a virtual one.
-fn report_sm(arch: &str) -> &'static str {
-    if arch == ARCH_SM90A {
-        "sm_90a"
-    } else {
-        "sm_90"
     }
 }
 
@@ -94,6 +85,29 @@ struct Kernel {
     ptx: PathBuf,
 }
 
+impl Kernel {
+    /// The architecture its cubin is assembled for.
+    fn cubin_arch(&self) -> CubinArch {
+        if arch_of(&self.src) == ARCH_SM90A {
+            CubinArch::Sm90a
+        } else {
+            CubinArch::Sm90
+        }
+    }
+
+    /// `ptx/<stem>.<sm>.cubin`, next to the PTX.
+    fn cubin(&self) -> PathBuf {
+        self.ptx
+            .with_extension(format!("{}.cubin", self.cubin_arch().name()))
+    }
+
+    /// `ptx/<stem>.<sm>.cubin.stamp`.
+    fn stamp(&self) -> PathBuf {
+        self.ptx
+            .with_extension(format!("{}.cubin.stamp", self.cubin_arch().name()))
+    }
+}
+
 fn kernels(root: &Path) -> Result<Vec<Kernel>> {
     let mut out = Vec::new();
     let mut crates: Vec<_> = std::fs::read_dir(root.join("crates"))?
@@ -123,8 +137,22 @@ fn include_dir(root: &Path) -> PathBuf {
     root.join("crates/kernel-rt/include")
 }
 
-/// `cargo xtask ptx-build [--check]`.
+/// `cargo xtask ptx-build [--check]`: PTX with NVRTC, then the cubins with
+/// ptxas (see [`assemble_cubins`]).
 pub fn build(root: &Path, check: bool) -> Result<()> {
+    build_and_assemble(root, check).map(|_| ())
+}
+
+/// `ptx-build --check` followed by `ptx-report`, assembling every PTX once
+/// (what `cargo xtask ci` runs).
+pub fn check_and_report(root: &Path) -> Result<()> {
+    let logs = build_and_assemble(root, true)?;
+    print_report(&logs)
+}
+
+/// The PTX step, then [`assemble_cubins`]; returns each kernel's `ptxas -v`
+/// log.
+fn build_and_assemble(root: &Path, check: bool) -> Result<Vec<(String, String)>> {
     let tc = ensure_toolchain(root)?;
     let kernels = kernels(root)?;
     // One scratch folder per process: concurrent builds must not share files.
@@ -179,15 +207,180 @@ pub fn build(root: &Path, check: bool) -> Result<()> {
 
     let result = if check {
         compare(root, &kernels, &scratch)
+            .and_then(|()| assemble_cubins(root, &tc, &kernels, Some(&scratch)))
     } else {
-        Ok(())
+        eprintln!("ptx-build: wrote {} PTX file(s)", kernels.len());
+        assemble_cubins(root, &tc, &kernels, None)
     };
     let _ = std::fs::remove_dir_all(&scratch);
-    result?;
-    if !check {
-        eprintln!("ptx-build: wrote {} PTX file(s)", kernels.len());
+    result
+}
+
+/// The pinned ptxas, made executable (pip does not keep the mode bit
+/// everywhere) and checked to be [`ptxhash::PTXAS_VERSION`].
+fn ptxas(tc: &Path) -> Result<PathBuf> {
+    let ptxas = tc.join("nvidia/cuda_nvcc/bin/ptxas");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mut perm = std::fs::metadata(&ptxas)
+            .with_context(|| format!("{} missing", ptxas.display()))?
+            .permissions();
+        if perm.mode() & 0o111 == 0 {
+            perm.set_mode(0o755);
+            std::fs::set_permissions(&ptxas, perm)?;
+        }
     }
-    Ok(())
+    let out = Command::new(&ptxas)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("cannot run {}", ptxas.display()))?;
+    let version = String::from_utf8_lossy(&out.stdout);
+    if !version.contains(&format!("V{}", ptxhash::PTXAS_VERSION)) {
+        bail!(
+            "{} is not ptxas {}:\n{version}",
+            ptxas.display(),
+            ptxhash::PTXAS_VERSION
+        );
+    }
+    Ok(ptxas)
+}
+
+/// Runs `ptxas -v -arch=<sm> -o <out> <ptx>` for every job on all cores;
+/// returns each job's log (stderr) in job order.
+fn run_ptxas(ptxas: &Path, jobs: &[(PathBuf, CubinArch, PathBuf)]) -> Result<Vec<String>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(jobs.len().max(1));
+    let mut logs: Vec<Option<Result<String>>> = (0..jobs.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((ptx, arch, out)) = jobs.get(i) else {
+                            return done;
+                        };
+                        let res = Command::new(ptxas)
+                            .args(["-arch", arch.name(), "-v", "-o"])
+                            .arg(out)
+                            .arg(ptx)
+                            .output()
+                            .with_context(|| format!("cannot run {}", ptxas.display()))
+                            .and_then(|o| {
+                                let log = String::from_utf8_lossy(&o.stderr).into_owned();
+                                if o.status.success() {
+                                    Ok(log)
+                                } else {
+                                    bail!("ptxas failed on {}:\n{log}", ptx.display())
+                                }
+                            });
+                        done.push((i, res));
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            for (i, res) in w.join().expect("ptxas worker panicked") {
+                logs[i] = Some(res);
+            }
+        }
+    });
+    logs.into_iter()
+        .map(|l| l.context("ptxas job not run")?)
+        .collect()
+}
+
+/// Assembles every committed PTX into its cubin (`ptxas -arch=sm_90`, or
+/// `sm_90a` for the `compute_90a` kernels) and writes the stamp
+/// ([`ptxhash::cubin_stamp`]). With `scratch` (`--check`) the cubins go
+/// there and are compared byte for byte, with their stamps, against the
+/// committed ones; any cubin or stamp without a PTX is reported too.
+/// Returns (PTX file name, `ptxas -v` log) per kernel.
+fn assemble_cubins(
+    root: &Path,
+    tc: &Path,
+    kernels: &[Kernel],
+    scratch: Option<&Path>,
+) -> Result<Vec<(String, String)>> {
+    let ptxas = ptxas(tc)?;
+    let jobs: Vec<_> = kernels
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let out = match scratch {
+                Some(dir) => dir.join(format!("{i}.cubin")),
+                None => k.cubin(),
+            };
+            (k.ptx.clone(), k.cubin_arch(), out)
+        })
+        .collect();
+    let logs = run_ptxas(&ptxas, &jobs)?;
+    let rel = |p: &Path| p.strip_prefix(root).unwrap_or(p).display().to_string();
+    let mut stale = Vec::new();
+    let mut bytes = 0u64;
+    for (k, (_, arch, out)) in kernels.iter().zip(&jobs) {
+        let ptx = std::fs::read_to_string(&k.ptx)?;
+        let cubin = std::fs::read(out)?;
+        bytes += cubin.len() as u64;
+        let stamp = ptxhash::cubin_stamp(&ptx, &cubin, *arch);
+        if scratch.is_some() {
+            if std::fs::read(k.cubin()).ok().as_deref() != Some(&cubin[..]) {
+                stale.push(rel(&k.cubin()));
+            }
+            if std::fs::read_to_string(k.stamp()).ok().as_deref() != Some(&stamp[..]) {
+                stale.push(rel(&k.stamp()));
+            }
+        } else {
+            std::fs::write(k.stamp(), stamp)?;
+        }
+    }
+    if scratch.is_some() {
+        let known: Vec<PathBuf> = kernels
+            .iter()
+            .flat_map(|k| [k.cubin(), k.stamp()])
+            .collect();
+        for krate in std::fs::read_dir(root.join("crates"))?.filter_map(|e| e.ok()) {
+            let Ok(entries) = std::fs::read_dir(krate.path().join("ptx")) else {
+                continue;
+            };
+            for p in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+                let name = p.to_string_lossy();
+                if (name.ends_with(".cubin") || name.ends_with(".cubin.stamp"))
+                    && !known.contains(&p)
+                {
+                    stale.push(format!("{} (no PTX)", rel(&p)));
+                }
+            }
+        }
+        if !stale.is_empty() {
+            bail!(
+                "stale cubins (run `cargo xtask ptx-build` and commit):\n  {}",
+                stale.join("\n  ")
+            );
+        }
+        eprintln!(
+            "ptx-build --check: {} cubin(s) up to date ({bytes} bytes)",
+            kernels.len()
+        );
+    } else {
+        eprintln!(
+            "ptx-build: wrote {} cubin(s), {bytes} bytes (ptxas {})",
+            kernels.len(),
+            ptxhash::PTXAS_VERSION
+        );
+    }
+    Ok(kernels
+        .iter()
+        .zip(logs)
+        .map(|(k, log)| {
+            let file = k.ptx.file_name().unwrap_or_default().to_string_lossy();
+            (file.into_owned(), log)
+        })
+        .collect())
 }
 
 /// Compares the PTX rebuilt into `scratch` with the committed files.
@@ -336,16 +529,27 @@ pub fn parse_ptxas(log: &str) -> Vec<Resources> {
 /// `cargo xtask ptx-report`.
 pub fn report(root: &Path) -> Result<()> {
     let tc = ensure_toolchain(root)?;
-    let ptxas = tc.join("nvidia/cuda_nvcc/bin/ptxas");
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mut perm = std::fs::metadata(&ptxas)?.permissions();
-        if perm.mode() & 0o111 == 0 {
-            perm.set_mode(0o755);
-            std::fs::set_permissions(&ptxas, perm)?;
-        }
-    }
+    let ptxas = ptxas(&tc)?;
+    let kernels = kernels(root)?;
+    let jobs: Vec<_> = kernels
+        .iter()
+        .map(|k| (k.ptx.clone(), k.cubin_arch(), PathBuf::from("/dev/null")))
+        .collect();
+    let logs = run_ptxas(&ptxas, &jobs)?;
+    let named: Vec<(String, String)> = kernels
+        .iter()
+        .zip(logs)
+        .map(|(k, log)| {
+            let file = k.ptx.file_name().unwrap_or_default().to_string_lossy();
+            (file.into_owned(), log)
+        })
+        .collect();
+    print_report(&named)
+}
+
+/// Prints the resource table of (PTX file name, `ptxas -v` log) pairs; fails
+/// on any spill or serialized wgmma.
+fn print_report(logs: &[(String, String)]) -> Result<()> {
     let mut table = String::new();
     writeln!(
         table,
@@ -355,27 +559,12 @@ pub fn report(root: &Path) -> Result<()> {
     // ptxas C7514: every wgmma of the kernel serialized (a non-wgmma access to
     // accumulators, or a control-flow merge, while a wgmma is in flight).
     let mut serialized = Vec::new();
-    for k in kernels(root)? {
-        let output = Command::new(&ptxas)
-            .args(["-arch", report_sm(arch_of(&k.src)), "-v", "-o", "/dev/null"])
-            .arg(&k.ptx)
-            .output()
-            .with_context(|| format!("cannot run {}", ptxas.display()))?;
-        let log = String::from_utf8_lossy(&output.stderr).into_owned();
-        if !output.status.success() {
-            bail!("ptxas failed on {}:\n{log}", k.ptx.display());
-        }
-        let file = k
-            .ptx
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .to_string();
+    for (file, log) in logs {
         for line in log.lines().filter(|l| l.contains("(C7514)")) {
             let name = line.rsplit('\'').nth(1).unwrap_or(line);
             serialized.push(name.to_string());
         }
-        for r in parse_ptxas(&log) {
+        for r in parse_ptxas(log) {
             writeln!(
                 table,
                 "| {file} | {} | {} | {} | {} | {} | {} |",
@@ -422,5 +611,29 @@ ptxas info    : Used 24 registers, 1024 bytes smem, 400 bytes cmem[0]\n";
                 spill_loads: 12,
             }]
         );
+    }
+
+    #[test]
+    fn pinned_nvcc_wheel_is_the_stamped_ptxas() {
+        let want = format!("nvidia-cuda-nvcc-cu12=={}", ptxhash::PTXAS_VERSION);
+        assert!(PIP_PACKAGES.contains(&want.as_str()), "{want}");
+    }
+
+    #[test]
+    fn cubin_paths_sit_next_to_the_ptx() {
+        let k = Kernel {
+            src: PathBuf::from("crates/x/kernels/a_sm90.cu"),
+            ptx: PathBuf::from("crates/x/ptx/a_sm90.ptx"),
+        };
+        assert_eq!(k.cubin(), PathBuf::from("crates/x/ptx/a_sm90.sm_90a.cubin"));
+        assert_eq!(
+            k.stamp(),
+            PathBuf::from("crates/x/ptx/a_sm90.sm_90a.cubin.stamp")
+        );
+        let k = Kernel {
+            src: PathBuf::from("crates/x/kernels/a.cu"),
+            ptx: PathBuf::from("crates/x/ptx/a.ptx"),
+        };
+        assert_eq!(k.cubin(), PathBuf::from("crates/x/ptx/a.sm_90.cubin"));
     }
 }

@@ -2,45 +2,14 @@
 // a same-dtype cache) and the fused FP8 write (quantize k·(1/k_scale),
 // v·(1/v_scale) to e4m3, saturating, round-to-nearest-even, every NaN -> 0x7F).
 // Semantics: shared/spec/fp8-kv.md §1-§4 and DECISIONS.md D7, D8.
-// The params struct is mirrored by `KvWriteParams` in src/launch.rs; a CPU
-// test pins its size and field offsets.
+// Params struct and error flags: fp8_kv_abi.cuh, generated from the Rust
+// definitions (src/launch.rs, src/lib.rs) by `cargo xtask abi`.
 #include "mha_kit/common.cuh"
-
-typedef unsigned short u16;
-
-// Flag bits of the fp8-kv family's device error word (src/lib.rs: ErrorFlags).
-#define KV_NEGATIVE_SLOT      1u   // cache_loc[t] < 0: token skipped (K and V)
-#define KV_SLOT_OUTSIDE_POOL  2u   // cache_loc[t] >= slots: token skipped (K and V)
+#include "fp8_kv_abi.cuh"
 
 // Tokens each thread keeps in flight (src/launch.rs: TOKENS_IN_FLIGHT).
 #define KV_UNROLL 4
 
-struct KvWriteParams {
-    const u16* k;                 // [n, Hkv, D] bf16/f16 bits, strides (k_token, k_head, 1)
-    const u16* v;                 // [n, Hkv, D]
-    const i64* cache_loc;         // [n] slots
-    void* k_cache;                // [S, Hkv, D]: u16 (set_kv_buffer) or u8 (e4m3)
-    void* v_cache;                // [S, Hkv, D]
-    u32* errors;                  // [2] device error word
-    i64 k_token_stride;           // elements
-    i64 k_head_stride;
-    i64 v_token_stride;
-    i64 v_head_stride;
-    i64 k_cache_slot_stride;
-    i64 k_cache_head_stride;
-    i64 v_cache_slot_stride;
-    i64 v_cache_head_stride;
-    i64 num_tokens;               // n
-    i64 slots;                    // S: valid slots are [0, S)
-    float inv_k_scale;            // f32(1 / k_scale), 1.0 for set_kv_buffer
-    float inv_v_scale;
-    i32 num_kv_heads;             // Hkv
-    i32 head_dim;                 // D
-    i32 chunks_per_head;          // D / elements per chunk
-    i32 threads_per_token;        // threads sharing one token's K and V rows (blockDim.x)
-    i32 tokens_per_block;         // token rows of one block (blockDim.y)
-    i32 vectorized;               // 1: 16-byte chunks (8 u16 / 16 e4m3); 0: 1 element
-};
 
 namespace {
 

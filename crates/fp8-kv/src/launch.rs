@@ -36,63 +36,66 @@ pub enum KvDtype {
     F16,
 }
 
-/// Kernel parameters, mirrored by `struct KvWriteParams` in
-/// `kernels/fp8_kv.cu` (size and offsets pinned by a CPU test).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct KvWriteParams {
-    /// `const u16*` `[n, Hkv, D]`.
-    pub k: u64,
-    /// `const u16*` `[n, Hkv, D]`.
-    pub v: u64,
-    /// `const i64*` `[n]`.
-    pub cache_loc: u64,
-    /// `u16*` or `u8*` `[S, Hkv, D]`.
-    pub k_cache: u64,
-    /// `u16*` or `u8*` `[S, Hkv, D]`.
-    pub v_cache: u64,
-    /// `u32*` `[2]` error word.
-    pub errors: u64,
-    /// Token stride of `k`, elements.
-    pub k_token_stride: i64,
-    /// Head stride of `k`, elements.
-    pub k_head_stride: i64,
-    /// Token stride of `v`, elements.
-    pub v_token_stride: i64,
-    /// Head stride of `v`, elements.
-    pub v_head_stride: i64,
-    /// Slot stride of `k_cache`, elements.
-    pub k_cache_slot_stride: i64,
-    /// Head stride of `k_cache`, elements.
-    pub k_cache_head_stride: i64,
-    /// Slot stride of `v_cache`, elements.
-    pub v_cache_slot_stride: i64,
-    /// Head stride of `v_cache`, elements.
-    pub v_cache_head_stride: i64,
-    /// `n`, tokens.
-    pub num_tokens: i64,
-    /// `S`, slots of the pool.
-    pub slots: i64,
-    /// `f32(1 / k_scale)`; 1.0 for `set_kv_buffer`.
-    pub inv_k_scale: f32,
-    /// `f32(1 / v_scale)`; 1.0 for `set_kv_buffer`.
-    pub inv_v_scale: f32,
-    /// `Hkv`.
-    pub num_kv_heads: i32,
-    /// `D`.
-    pub head_dim: i32,
-    /// `D / chunk_elems`.
-    pub chunks_per_head: i32,
-    /// Threads sharing one token, `blockDim.x` ([`WriteGeometry`]).
-    pub threads_per_token: i32,
-    /// Token rows per block, `blockDim.y` ([`WriteGeometry`]).
-    pub tokens_per_block: i32,
-    /// 1: 16-byte accesses; 0: one element per access.
-    pub vectorized: i32,
+kernel_rt::abi_struct! {
+    /// Kernel parameters, defined for C in the generated
+    /// `kernels/fp8_kv_abi.cuh` (`cargo xtask abi`).
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct KvWriteParams {
+        /// `const u16*` `[n, Hkv, D]`.
+        pub k: u64 = "const u16*",
+        /// `const u16*` `[n, Hkv, D]`.
+        pub v: u64 = "const u16*",
+        /// `const i64*` `[n]`.
+        pub cache_loc: u64 = "const i64*",
+        /// `u16*` or `u8*` `[S, Hkv, D]`.
+        pub k_cache: u64 = "void*",
+        /// `u16*` or `u8*` `[S, Hkv, D]`.
+        pub v_cache: u64 = "void*",
+        /// `u32*` `[2]` error word.
+        pub errors: u64 = "u32*",
+        /// Token stride of `k`, elements.
+        pub k_token_stride: i64 = "i64",
+        /// Head stride of `k`, elements.
+        pub k_head_stride: i64 = "i64",
+        /// Token stride of `v`, elements.
+        pub v_token_stride: i64 = "i64",
+        /// Head stride of `v`, elements.
+        pub v_head_stride: i64 = "i64",
+        /// Slot stride of `k_cache`, elements.
+        pub k_cache_slot_stride: i64 = "i64",
+        /// Head stride of `k_cache`, elements.
+        pub k_cache_head_stride: i64 = "i64",
+        /// Slot stride of `v_cache`, elements.
+        pub v_cache_slot_stride: i64 = "i64",
+        /// Head stride of `v_cache`, elements.
+        pub v_cache_head_stride: i64 = "i64",
+        /// `n`, tokens.
+        pub num_tokens: i64 = "i64",
+        /// `S`, slots of the pool.
+        pub slots: i64 = "i64",
+        /// `f32(1 / k_scale)`; 1.0 for `set_kv_buffer`.
+        pub inv_k_scale: f32 = "float",
+        /// `f32(1 / v_scale)`; 1.0 for `set_kv_buffer`.
+        pub inv_v_scale: f32 = "float",
+        /// `Hkv`.
+        pub num_kv_heads: i32 = "i32",
+        /// `D`.
+        pub head_dim: i32 = "i32",
+        /// `D / chunk_elems`.
+        pub chunks_per_head: i32 = "i32",
+        /// Threads sharing one token, `blockDim.x` ([`WriteGeometry`]).
+        pub threads_per_token: i32 = "i32",
+        /// Token rows per block, `blockDim.y` ([`WriteGeometry`]).
+        pub tokens_per_block: i32 = "i32",
+        /// 1: 16-byte accesses; 0: one element per access.
+        pub vectorized: i32 = "i32",
+    }
 }
 
-// SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
-// (pinned by `params_layout_matches_cuda` in tests/reference.rs).
+// SAFETY: plain-old-data `#[repr(C)]` struct of integer and float fields;
+// the C struct is generated from it (`kernels/fp8_kv_abi.cuh`, whose static_asserts
+// check the size and every offset when the PTX is built).
 unsafe impl DeviceRepr for KvWriteParams {}
 
 /// Arguments of one KV write (shapes in `[..]`, all device buffers on the

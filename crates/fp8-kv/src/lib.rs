@@ -58,6 +58,24 @@ pub use scales::{resolve_scale, KvCacheDtype, KvScales, ScaleInput};
 pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "fp8_kv",
     ptx: include_str!("../ptx/fp8_kv.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/fp8_kv.sm_90.cubin"),
+        stamp: include_str!("../ptx/fp8_kv.sm_90.cubin.stamp"),
+    }),
+};
+
+/// The C header generated from this crate's params structs and error flags
+/// (`cargo xtask abi`; the kernels include it, a CPU test checks it is current).
+pub const ABI: kernel_rt::abi::Header = kernel_rt::abi::Header {
+    path: "kernels/fp8_kv_abi.cuh",
+    rust_crate: "fp8_kv",
+    flag_sets: &[kernel_rt::abi::FlagSet {
+        rust: "ErrorFlags",
+        c_prefix: "KV_",
+        flags: ErrorFlags::ABI,
+    }],
+    structs: &[launch::KvWriteParams::ABI],
 };
 
 /// Kernel entry point names used by the launcher (pinned by a CPU test).
@@ -68,16 +86,20 @@ pub const KERNEL_NAMES: &[&str] = &[
 ];
 
 /// Flag bits of the fp8-kv family in the device error word
-/// (`kernels/fp8_kv.cu` mirrors them).
+/// (generated for C as `KV_*` into `kernels/fp8_kv_abi.cuh`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ErrorFlags(u32);
 
-impl ErrorFlags {
-    /// `cache_loc[t] < 0`: the token is skipped, K and V (counted once per token).
-    pub const NEGATIVE_SLOT: Self = Self(1);
-    /// `cache_loc[t] ≥ S`: the token is skipped, K and V (counted once per token).
-    pub const SLOT_OUTSIDE_POOL: Self = Self(2);
+kernel_rt::abi_flags! {
+    impl ErrorFlags {
+        /// `cache_loc[t] < 0`: the token is skipped, K and V (counted once per token).
+        pub const NEGATIVE_SLOT: Self = Self(1);
+        /// `cache_loc[t] ≥ S`: the token is skipped, K and V (counted once per token).
+        pub const SLOT_OUTSIDE_POOL: Self = Self(2);
+    }
+}
 
+impl ErrorFlags {
     /// The raw bit.
     pub const fn bits(self) -> u32 {
         self.0

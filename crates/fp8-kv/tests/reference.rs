@@ -518,6 +518,13 @@ fn committed_ptx_is_fresh() {
     kernel_rt::ptxhash::check_fresh(&root, &kernel, PTX.ptx).unwrap();
 }
 
+/// The embedded sm_90 cubin was assembled from the embedded PTX by the pinned
+/// ptxas (its stamp; no CUDA needed).
+#[test]
+fn committed_cubin_is_fresh() {
+    kernel_rt::ptxhash::check_cubin(&PTX).unwrap();
+}
+
 #[test]
 fn vector_path_needs_alignment_everywhere() {
     let va = |addr: u64, elem_bytes: usize, outer: [(usize, usize); 2]| ViewAlignment {
@@ -752,4 +759,12 @@ proptest! {
         }
         prop_assert!(seen.iter().all(|&k| k == 1));
     }
+}
+
+#[test]
+fn committed_abi_header_is_current() {
+    // The C params structs and flag bits the kernels include are generated
+    // from the Rust definitions (`cargo xtask abi`); a stale header fails here.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    kernel_rt::abi::check_committed(dir, &fp8_kv::ABI).unwrap();
 }

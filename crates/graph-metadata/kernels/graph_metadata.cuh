@@ -6,59 +6,10 @@
 // entry with the same code.
 #pragma once
 #include "mha_kit/common.cuh"
+// Params struct and error flags, generated from the Rust definitions
+// (src/launch.rs, src/lib.rs) by `cargo xtask abi`.
+#include "graph_metadata_abi.cuh"
 
-// Flag bits of the family's device error word (src/lib.rs: ErrorFlags).
-#define GM_SEQLEN_OUT_OF_RANGE  1u   // seq_lens[i] + offset outside [0, i32::MAX]: clamped
-#define GM_SUM_OVERFLOW         2u   // sum of cache_seqlens > i32::MAX: cu_seqlens_k wraps
-#define GM_BAD_REQUEST_INDEX    4u   // req_pool_indices[i] outside [0, R): page rows skipped
-#define GM_ROW_CLAMPED          8u   // ceil(L/P) > max_seq_pages: clamped
-#define GM_ROW_PAST_WIDTH      16u   // page p would read position p*P >= W: clamped
-#define GM_NEGATIVE_SLOT       32u   // slot < 0: full page 0, SWA page -1
-#define GM_SLOT_OUTSIDE_POOL   64u   // slot >= pool_slots: full page 0
-#define GM_SLOT_OUTSIDE_MAP   128u   // slot >= N_map - 1 (page map: slot / P >= its length): SWA page 0
-#define GM_LOC_OUTSIDE_MAP    256u   // out_cache_loc[j] >= N_map - 1: SWA location 0
-#define GM_QLEN_OUT_OF_RANGE  512u   // ragged verify: qlens[i] outside [0, max_q_len]: clamped
-
-// Mirrored by `GraphMetadataParams` in src/launch.rs (size and offsets pinned
-// by a CPU test). Pointers marked "or null" are optional outputs/inputs.
-struct GraphMetadataParams {
-    const i64* req_pool_indices;   // [bs]
-    const i64* seq_lens;           // [bs]
-    const i32* req_to_token;       // [R, W], row stride req_to_token_stride
-    const i64* swa_mapping;        // [N_map] or null
-    const i64* out_cache_loc;      // [n_out] or null
-    const i32* qlens;              // [bs] ragged verify lengths, or null
-    i32* cache_seqlens;            // [bs]
-    i32* cu_seqlens_k;             // [bs + 1]
-    i32* cu_seqlens_q;             // [bs + 1] or null
-    i32* page_table;               // [bs, M], row stride page_table_stride
-    i32* swa_page_table;           // [bs, M] or null
-    i64* swa_out_cache_loc;        // [n_swa] or null
-    u32* errors;                   // [2] device error word
-    i64 req_to_token_rows;         // R
-    i64 req_to_token_width;        // W
-    i64 req_to_token_stride;       // elements between rows
-    i64 page_table_stride;
-    i64 swa_page_table_stride;
-    i64 swa_mapping_len;           // N_map
-    i64 pool_slots;                // slots of the full pool; 0 = not checked
-    i64 n_out;                     // out_cache_loc length (0 when null)
-    i64 n_swa;                     // swa_out_cache_loc length (0 when null)
-    i64 seqlen_offset;             // per forward mode (spec §3)
-    i32 bs;
-    i32 max_seq_pages;             // M
-    i32 page_size;                 // P
-    i32 q_stride;                  // cu_seqlens_q[i] = i * q_stride (when bound)
-    i32 page_chunks;               // blocks per batch row for the page tables
-    i32 swa_blocks;                // blocks for swa_out_cache_loc
-    i32 max_q_len;                 // ragged verify: qlens clamped into [0, max_q_len]
-    i32 reserved;                  // 0
-    // Optional full page -> SWA page map (page-map fast path of the SWA page
-    // table, crate docs): when non-null the SWA page table reads it instead
-    // of swa_mapping (which still serves swa_out_cache_loc).
-    const i32* swa_page_map;       // [swa_page_map_len] or null
-    i64 swa_page_map_len;          // number of full pages it covers (0 when null)
-};
 
 namespace gm {
 

@@ -20,83 +20,86 @@ pub const TARGET_PAGE_BLOCKS: usize = 132 * 8;
 /// Most blocks given to `swa_out_cache_loc` (grid-stride beyond that).
 const MAX_SWA_BLOCKS: usize = 1024;
 
-/// Kernel parameters, mirrored by `struct GraphMetadataParams` in
-/// `kernels/graph_metadata.cuh` (size and offsets pinned by a CPU test).
-/// Pointers are device addresses, 0 for an absent optional buffer.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct GraphMetadataParams {
-    /// `const i64*` `[bs]`.
-    pub req_pool_indices: u64,
-    /// `const i64*` `[bs]`.
-    pub seq_lens: u64,
-    /// `const i32*` `[R, W]`.
-    pub req_to_token: u64,
-    /// `const i64*` `[N_map]` or 0.
-    pub swa_mapping: u64,
-    /// `const i64*` `[n_out]` or 0.
-    pub out_cache_loc: u64,
-    /// `const i32*` `[bs]` ragged-verify lengths, or 0.
-    pub qlens: u64,
-    /// `i32*` `[bs]`.
-    pub cache_seqlens: u64,
-    /// `i32*` `[bs + 1]`.
-    pub cu_seqlens_k: u64,
-    /// `i32*` `[bs + 1]` or 0.
-    pub cu_seqlens_q: u64,
-    /// `i32*` `[bs, M]`.
-    pub page_table: u64,
-    /// `i32*` `[bs, M]` or 0.
-    pub swa_page_table: u64,
-    /// `i64*` `[n_swa]` or 0.
-    pub swa_out_cache_loc: u64,
-    /// `u32*` `[2]` error word.
-    pub errors: u64,
-    /// `R`.
-    pub req_to_token_rows: i64,
-    /// `W`.
-    pub req_to_token_width: i64,
-    /// Row stride of `req_to_token`, elements.
-    pub req_to_token_stride: i64,
-    /// Row stride of `page_table`, elements.
-    pub page_table_stride: i64,
-    /// Row stride of `swa_page_table`, elements.
-    pub swa_page_table_stride: i64,
-    /// `N_map`, 0 without SWA.
-    pub swa_mapping_len: i64,
-    /// Slots in the full pool; 0 = not checked.
-    pub pool_slots: i64,
-    /// Length of `out_cache_loc` (0 when absent).
-    pub n_out: i64,
-    /// Length of `swa_out_cache_loc` (0 when absent).
-    pub n_swa: i64,
-    /// [`GraphMode::seqlen_offset`].
-    pub seqlen_offset: i64,
-    /// Batch rows (the bucket size).
-    pub bs: i32,
-    /// `M`, the page-table width (`max_num_pages`).
-    pub max_seq_pages: i32,
-    /// `P`.
-    pub page_size: i32,
-    /// [`GraphMode::q_stride`].
-    pub q_stride: i32,
-    /// Blocks per batch row for the page tables ([`LaunchPlan`]).
-    pub page_chunks: i32,
-    /// Blocks for `swa_out_cache_loc` ([`LaunchPlan`]).
-    pub swa_blocks: i32,
-    /// Ragged verify: `qlens` are clamped into `[0, max_q_len]`.
-    pub max_q_len: i32,
-    /// Padding, 0.
-    pub reserved: i32,
-    /// `const i32*` `[swa_page_map_len]` full page → SWA page map, or 0 (the
-    /// SWA page table then reads `swa_mapping`).
-    pub swa_page_map: u64,
-    /// Full pages covered by `swa_page_map` (0 when absent).
-    pub swa_page_map_len: i64,
+kernel_rt::abi_struct! {
+    /// Kernel parameters, defined for C in the generated
+    /// `kernels/graph_metadata_abi.cuh` (`cargo xtask abi`).
+    /// Pointers are device addresses, 0 for an absent optional buffer.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct GraphMetadataParams {
+        /// `const i64*` `[bs]`.
+        pub req_pool_indices: u64 = "const i64*",
+        /// `const i64*` `[bs]`.
+        pub seq_lens: u64 = "const i64*",
+        /// `const i32*` `[R, W]`.
+        pub req_to_token: u64 = "const i32*",
+        /// `const i64*` `[N_map]` or 0.
+        pub swa_mapping: u64 = "const i64*",
+        /// `const i64*` `[n_out]` or 0.
+        pub out_cache_loc: u64 = "const i64*",
+        /// `const i32*` `[bs]` ragged-verify lengths, or 0.
+        pub qlens: u64 = "const i32*",
+        /// `i32*` `[bs]`.
+        pub cache_seqlens: u64 = "i32*",
+        /// `i32*` `[bs + 1]`.
+        pub cu_seqlens_k: u64 = "i32*",
+        /// `i32*` `[bs + 1]` or 0.
+        pub cu_seqlens_q: u64 = "i32*",
+        /// `i32*` `[bs, M]`.
+        pub page_table: u64 = "i32*",
+        /// `i32*` `[bs, M]` or 0.
+        pub swa_page_table: u64 = "i32*",
+        /// `i64*` `[n_swa]` or 0.
+        pub swa_out_cache_loc: u64 = "i64*",
+        /// `u32*` `[2]` error word.
+        pub errors: u64 = "u32*",
+        /// `R`.
+        pub req_to_token_rows: i64 = "i64",
+        /// `W`.
+        pub req_to_token_width: i64 = "i64",
+        /// Row stride of `req_to_token`, elements.
+        pub req_to_token_stride: i64 = "i64",
+        /// Row stride of `page_table`, elements.
+        pub page_table_stride: i64 = "i64",
+        /// Row stride of `swa_page_table`, elements.
+        pub swa_page_table_stride: i64 = "i64",
+        /// `N_map`, 0 without SWA.
+        pub swa_mapping_len: i64 = "i64",
+        /// Slots in the full pool; 0 = not checked.
+        pub pool_slots: i64 = "i64",
+        /// Length of `out_cache_loc` (0 when absent).
+        pub n_out: i64 = "i64",
+        /// Length of `swa_out_cache_loc` (0 when absent).
+        pub n_swa: i64 = "i64",
+        /// [`GraphMode::seqlen_offset`].
+        pub seqlen_offset: i64 = "i64",
+        /// Batch rows (the bucket size).
+        pub bs: i32 = "i32",
+        /// `M`, the page-table width (`max_num_pages`).
+        pub max_seq_pages: i32 = "i32",
+        /// `P`.
+        pub page_size: i32 = "i32",
+        /// [`GraphMode::q_stride`].
+        pub q_stride: i32 = "i32",
+        /// Blocks per batch row for the page tables ([`LaunchPlan`]).
+        pub page_chunks: i32 = "i32",
+        /// Blocks for `swa_out_cache_loc` ([`LaunchPlan`]).
+        pub swa_blocks: i32 = "i32",
+        /// Ragged verify: `qlens` are clamped into `[0, max_q_len]`.
+        pub max_q_len: i32 = "i32",
+        /// Padding, 0.
+        pub reserved: i32 = "i32",
+        /// `const i32*` `[swa_page_map_len]` full page → SWA page map, or 0 (the
+        /// SWA page table then reads `swa_mapping`).
+        pub swa_page_map: u64 = "const i32*",
+        /// Full pages covered by `swa_page_map` (0 when absent).
+        pub swa_page_map_len: i64 = "i64",
+    }
 }
 
-// SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
-// (pinned by `params_layout_matches_cuda` in tests/reference.rs).
+// SAFETY: plain-old-data `#[repr(C)]` struct of integer and float fields;
+// the C struct is generated from it (`kernels/graph_metadata_abi.cuh`, whose static_asserts
+// check the size and every offset when the PTX is built).
 unsafe impl DeviceRepr for GraphMetadataParams {}
 
 /// SWA write locations: `swa_out_cache_loc[j] = swa_mapping[out_cache_loc[j]]`

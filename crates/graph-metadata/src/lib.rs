@@ -97,6 +97,24 @@ pub use replay::{
 pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "graph_metadata",
     ptx: include_str!("../ptx/graph_metadata.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/graph_metadata.sm_90.cubin"),
+        stamp: include_str!("../ptx/graph_metadata.sm_90.cubin.stamp"),
+    }),
+};
+
+/// The C header generated from this crate's params structs and error flags
+/// (`cargo xtask abi`; the kernels include it, a CPU test checks it is current).
+pub const ABI: kernel_rt::abi::Header = kernel_rt::abi::Header {
+    path: "kernels/graph_metadata_abi.cuh",
+    rust_crate: "graph_metadata",
+    flag_sets: &[kernel_rt::abi::FlagSet {
+        rust: "ErrorFlags",
+        c_prefix: "GM_",
+        flags: ErrorFlags::ABI,
+    }],
+    structs: &[launch::GraphMetadataParams::ABI],
 };
 
 /// Kernel entry point names used by the launcher (pinned by a CPU test).
@@ -108,6 +126,11 @@ pub const KERNEL_NAMES: &[&str] = &["graph_metadata_update"];
 pub const UNFUSED_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "graph_metadata_unfused",
     ptx: include_str!("../ptx/graph_metadata_unfused.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/graph_metadata_unfused.sm_90.cubin"),
+        stamp: include_str!("../ptx/graph_metadata_unfused.sm_90.cubin.stamp"),
+    }),
 };
 
 /// Entry points of [`UNFUSED_PTX`], in launch order.
@@ -122,38 +145,42 @@ pub const UNFUSED_KERNEL_NAMES: &[&str] = &[
 ];
 
 /// Flag bits of the graph-metadata family in the device error word
-/// (`kernels/graph_metadata.cuh` mirrors them).
+/// (generated for C as `GM_*` into `kernels/graph_metadata_abi.cuh`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ErrorFlags(u32);
 
-impl ErrorFlags {
-    /// `seq_lens[i] + offset` outside `[0, i32::MAX]`: `cache_seqlens[i]` is
-    /// clamped into that range (once per row).
-    pub const SEQLEN_OUT_OF_RANGE: Self = Self(1);
-    /// `Σ cache_seqlens > i32::MAX`: `cu_seqlens_k` keeps the low 32 bits of
-    /// each sum (spec §5: sums are 32-bit) (once per launch).
-    pub const SUM_OVERFLOW: Self = Self(2);
-    /// `req_pool_indices[i]` outside `[0, R)`: the row's page-table entries
-    /// are skipped (once per row).
-    pub const BAD_REQUEST_INDEX: Self = Self(4);
-    /// `ceil(L / P) > M`: the row is clamped to the table width (once per row, D11).
-    pub const ROW_CLAMPED: Self = Self(8);
-    /// A live page would read position `p·P ≥ W` of its `req_to_token` row:
-    /// clamped to `ceil(W / P)` pages (once per row).
-    pub const ROW_PAST_WIDTH: Self = Self(16);
-    /// A negative sampled slot: full page 0, SWA page −1 (once per entry, D9).
-    pub const NEGATIVE_SLOT: Self = Self(32);
-    /// A sampled slot at or past `pool_slots`: full page 0 (once per entry, D9).
-    pub const SLOT_OUTSIDE_POOL: Self = Self(64);
-    /// A sampled slot at or past `N_map − 1` (page-map path: `slot / P` at
-    /// or past the page map's length): SWA page 0 (once per entry, D9).
-    pub const SLOT_OUTSIDE_MAP: Self = Self(128);
-    /// `out_cache_loc[j]` at or past `N_map − 1`: SWA location 0 (once per token).
-    pub const LOC_OUTSIDE_MAP: Self = Self(256);
-    /// Ragged verify: `qlens[i]` outside `[0, max_q_len]`, clamped into it
-    /// (once per row; backend.md §5 decision).
-    pub const QLEN_OUT_OF_RANGE: Self = Self(512);
+kernel_rt::abi_flags! {
+    impl ErrorFlags {
+        /// `seq_lens[i] + offset` outside `[0, i32::MAX]`: `cache_seqlens[i]` is
+        /// clamped into that range (once per row).
+        pub const SEQLEN_OUT_OF_RANGE: Self = Self(1);
+        /// `Σ cache_seqlens > i32::MAX`: `cu_seqlens_k` keeps the low 32 bits of
+        /// each sum (spec §5: sums are 32-bit) (once per launch).
+        pub const SUM_OVERFLOW: Self = Self(2);
+        /// `req_pool_indices[i]` outside `[0, R)`: the row's page-table entries
+        /// are skipped (once per row).
+        pub const BAD_REQUEST_INDEX: Self = Self(4);
+        /// `ceil(L / P) > M`: the row is clamped to the table width (once per row, D11).
+        pub const ROW_CLAMPED: Self = Self(8);
+        /// A live page would read position `p·P ≥ W` of its `req_to_token` row:
+        /// clamped to `ceil(W / P)` pages (once per row).
+        pub const ROW_PAST_WIDTH: Self = Self(16);
+        /// A negative sampled slot: full page 0, SWA page −1 (once per entry, D9).
+        pub const NEGATIVE_SLOT: Self = Self(32);
+        /// A sampled slot at or past `pool_slots`: full page 0 (once per entry, D9).
+        pub const SLOT_OUTSIDE_POOL: Self = Self(64);
+        /// A sampled slot at or past `N_map − 1` (page-map path: `slot / P` at
+        /// or past the page map's length): SWA page 0 (once per entry, D9).
+        pub const SLOT_OUTSIDE_MAP: Self = Self(128);
+        /// `out_cache_loc[j]` at or past `N_map − 1`: SWA location 0 (once per token).
+        pub const LOC_OUTSIDE_MAP: Self = Self(256);
+        /// Ragged verify: `qlens[i]` outside `[0, max_q_len]`, clamped into it
+        /// (once per row; backend.md §5 decision).
+        pub const QLEN_OUT_OF_RANGE: Self = Self(512);
+    }
+}
 
+impl ErrorFlags {
     /// The raw bit.
     pub const fn bits(self) -> u32 {
         self.0

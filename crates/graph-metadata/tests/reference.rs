@@ -537,6 +537,15 @@ fn committed_ptx_is_fresh() {
     }
 }
 
+/// The embedded sm_90 cubins were assembled from the embedded PTX by the
+/// pinned ptxas (their stamps; no CUDA needed).
+#[test]
+fn committed_cubins_are_fresh() {
+    for module in [&PTX, &UNFUSED_PTX] {
+        kernel_rt::ptxhash::check_cubin(module).unwrap();
+    }
+}
+
 #[test]
 fn empty_batch_has_no_geometry() {
     assert!(launch_config(0, 8, 8).is_err());
@@ -734,4 +743,12 @@ proptest! {
         prop_assert_eq!(plan.swa_blocks == 0, n_swa == 0);
         prop_assert!((plan.swa_blocks as usize) * t >= n_swa.min(1024 * t));
     }
+}
+
+#[test]
+fn committed_abi_header_is_current() {
+    // The C params structs and flag bits the kernels include are generated
+    // from the Rust definitions (`cargo xtask abi`); a stale header fails here.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    kernel_rt::abi::check_committed(dir, &graph_metadata::ABI).unwrap();
 }

@@ -65,15 +65,18 @@ pub enum KernelError {
         detail: String,
     },
 
-    /// A PTX module or one of its entry points could not be loaded.
-    #[error("cannot load kernel `{function}` from PTX module `{module}`: {source}")]
+    /// A kernel module or one of its entry points could not be loaded: the
+    /// PTX (the fallback) failed, after the embedded cubin when one was tried.
+    #[error("cannot load kernel `{function}` from module `{module}`: {source}{}", cubin_note(.cubin))]
     Load {
-        /// PTX module name.
+        /// Module name.
         module: &'static str,
         /// Entry point name.
         function: String,
-        /// Driver error.
+        /// Driver error of the PTX load, or of the entry lookup.
         source: DriverError,
+        /// Driver error of the cubin load, when a cubin was tried first.
+        cubin: Option<DriverError>,
     },
 
     /// Any other CUDA driver failure.
@@ -101,6 +104,13 @@ impl KernelError {
             arg,
             detail: detail.into(),
         }
+    }
+}
+
+fn cubin_note(cubin: &Option<DriverError>) -> String {
+    match cubin {
+        Some(e) => format!(" (the cubin failed first: {e})"),
+        None => String::new(),
     }
 }
 

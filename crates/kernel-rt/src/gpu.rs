@@ -1,9 +1,10 @@
-//! GPU detection, the context + stream handle and the per-context PTX module cache.
+//! GPU detection, the context + stream handle and the per-context module cache
+//! (embedded cubins on compute capability 9.0, PTX elsewhere).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use cudarc::nvrtc::Ptx;
 
 use crate::{KernelError, Result};
@@ -11,29 +12,144 @@ use crate::{KernelError, Result};
 /// Environment variable that picks the device ordinal (default 0).
 pub const DEVICE_ENV: &str = "MHA_KIT_DEVICE";
 
-/// A PTX module embedded in a kernel crate (`include_str!` of its committed
-/// `ptx/<family>.ptx`).
+/// Environment variable that picks how [`Gpu`] loads modules
+/// ([`ModuleLoad`]): `auto` (default) or `ptx`.
+pub const MODULE_LOAD_ENV: &str = "MHA_KIT_MODULE_LOAD";
+
+/// Real GPU architecture of an embedded [`Cubin`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CubinArch {
+    /// `sm_90`, assembled from `compute_90` PTX.
+    Sm90,
+    /// `sm_90a`, assembled from `compute_90a` PTX (wgmma, setmaxnreg):
+    /// arch-specific code, it runs on compute capability 9.0 only.
+    Sm90a,
+}
+
+impl CubinArch {
+    /// The `ptxas -arch` name: `sm_90` or `sm_90a`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Sm90 => "sm_90",
+            Self::Sm90a => "sm_90a",
+        }
+    }
+
+    /// The compute capability (major, minor) the code is built for: 9.0 for
+    /// both.
+    pub const fn compute_capability(self) -> (i32, i32) {
+        (9, 0)
+    }
+
+    /// Whether [`Gpu`] loads this code on a device of compute capability
+    /// `cc` (major, minor): only on the capability it was built for, so any
+    /// other device JIT-compiles the PTX instead.
+    pub fn runs_on(self, cc: (i32, i32)) -> bool {
+        cc == self.compute_capability()
+    }
+}
+
+/// Machine code of a [`PtxModule`] for one architecture, assembled by the
+/// pinned `ptxas` from the module's PTX (`cargo xtask ptx-build` writes
+/// `ptx/<module>.<sm>.cubin` and its `.stamp`; embedded with
+/// `include_bytes!` / `include_str!`).
+#[derive(Debug, Clone, Copy)]
+pub struct Cubin {
+    /// The architecture the code is for.
+    pub arch: CubinArch,
+    /// The cubin (an ELF image), as `ptxas` wrote it.
+    pub image: &'static [u8],
+    /// The stamp line `ptx-build` wrote beside it: the sha256 of the PTX it
+    /// was assembled from and of the image, the `ptxas` version and the
+    /// architecture ([`crate::ptxhash::check_cubin`] checks it).
+    pub stamp: &'static str,
+}
+
+/// A kernel module embedded in a kernel crate: the `include_str!` of its
+/// committed `ptx/<family>.ptx`, and optionally the machine code `ptxas`
+/// made of it. [`Gpu::function`] loads the cubin on a device it runs on
+/// (no JIT compilation) and the PTX otherwise.
 #[derive(Debug, Clone, Copy)]
 pub struct PtxModule {
     /// Module name, the kernel family (e.g. `page_table`).
     pub name: &'static str,
     /// PTX text, as written by `cargo xtask ptx-build`.
     pub ptx: &'static str,
+    /// Machine code for compute capability 9.0, assembled from `ptx`.
+    pub cubin: Option<Cubin>,
 }
 
 impl PtxModule {
     /// Whether `entry` is declared as a kernel entry point (`.entry`) in the PTX.
     /// Used by CPU tests that pin every launcher's kernel names.
     pub fn has_entry(&self, entry: &str) -> bool {
-        self.ptx.lines().any(|line| {
+        self.entries().any(|e| e == entry)
+    }
+
+    /// The kernel entry points (`.entry`) declared in the PTX, in file order.
+    pub fn entries(&self) -> impl Iterator<Item = &'static str> {
+        self.ptx.lines().filter_map(|line| {
             let line = line.trim_start();
-            line.strip_prefix(".visible .entry ")
-                .or_else(|| line.strip_prefix(".entry "))
-                .is_some_and(|rest| {
-                    rest.strip_prefix(entry)
-                        .is_some_and(|tail| tail.starts_with('(') || tail.trim().is_empty())
-                })
+            let rest = line
+                .strip_prefix(".visible .entry ")
+                .or_else(|| line.strip_prefix(".entry "))?;
+            let end = rest
+                .find(|c: char| c == '(' || c.is_whitespace())
+                .unwrap_or(rest.len());
+            Some(&rest[..end]).filter(|name| !name.is_empty())
         })
+    }
+}
+
+/// Where the code of a module loaded by [`Gpu`] came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModuleSource {
+    /// The embedded cubin for this architecture (no JIT compilation).
+    Cubin(CubinArch),
+    /// The PTX, JIT-compiled by the driver (or taken from its JIT cache).
+    Ptx,
+}
+
+/// How [`Gpu`] loads modules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ModuleLoad {
+    /// The embedded cubin when the device's compute capability is the one
+    /// it was built for, and the PTX when there is none, it does not match,
+    /// or the driver rejects it.
+    #[default]
+    Auto,
+    /// Always the PTX (JIT-compiled by the driver): for measuring start-up
+    /// and testing the fallback.
+    Ptx,
+}
+
+impl ModuleLoad {
+    /// The choice named by `MHA_KIT_MODULE_LOAD` (`auto`, `ptx`; unset or
+    /// empty: `auto`).
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] for any other value.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var(MODULE_LOAD_ENV) {
+            Err(_) => Ok(Self::Auto),
+            Ok(v) => Self::parse(&v),
+        }
+    }
+
+    /// Parses a `MHA_KIT_MODULE_LOAD` value: `auto` or empty, `ptx`
+    /// (surrounding whitespace ignored).
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] for any other value.
+    pub fn parse(value: &str) -> Result<Self> {
+        match value.trim() {
+            "" | "auto" => Ok(Self::Auto),
+            "ptx" => Ok(Self::Ptx),
+            other => Err(KernelError::unsupported(
+                MODULE_LOAD_ENV,
+                format!("`{other}` is not one of auto, ptx"),
+            )),
+        }
     }
 }
 
@@ -78,13 +194,21 @@ pub fn gpu_available() -> bool {
 /// One device: its primary context, one stream for all work, and the cache of
 /// loaded modules and functions.
 ///
+/// Modules load lazily: a kernel family's module on the first
+/// [`Gpu::function`] call that names it (launchers do that at construction),
+/// from its embedded cubin when the device runs it ([`ModuleLoad::Auto`]),
+/// else from its PTX.
+///
 /// All launches of mha-kit go to [`Gpu::stream`] and are stream-ordered; the
 /// context's cross-stream event tracking is switched off so that every launch
 /// is a plain kernel node under CUDA-graph capture.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Compute capability (major, minor), `None` when the driver did not say.
+    cc: Option<(i32, i32)>,
+    module_load: ModuleLoad,
+    modules: Mutex<HashMap<&'static str, (Arc<CudaModule>, ModuleSource)>>,
     functions: Mutex<HashMap<(&'static str, String), CudaFunction>>,
 }
 
@@ -97,12 +221,23 @@ impl std::fmt::Debug for Gpu {
 }
 
 impl Gpu {
-    /// Opens device `ordinal` and creates a non-blocking stream on it.
+    /// Opens device `ordinal` and creates a non-blocking stream on it;
+    /// modules load as `MHA_KIT_MODULE_LOAD` says ([`ModuleLoad::from_env`]).
     ///
     /// # Errors
     /// [`KernelError::NoGpu`] when no driver or no such device exists;
-    /// [`KernelError::Driver`] when the driver fails.
+    /// [`KernelError::Driver`] when the driver fails;
+    /// [`KernelError::Unsupported`] for a bad `MHA_KIT_MODULE_LOAD`.
     pub fn new(ordinal: usize) -> Result<Arc<Self>> {
+        Self::with_module_load(ordinal, ModuleLoad::from_env()?)
+    }
+
+    /// As [`Gpu::new`], with modules loaded as `module_load` says (the
+    /// environment is not read).
+    ///
+    /// # Errors
+    /// As [`Gpu::new`].
+    pub fn with_module_load(ordinal: usize, module_load: ModuleLoad) -> Result<Arc<Self>> {
         match gpu_status() {
             GpuStatus::Missing(why) => return Err(KernelError::NoGpu(why.clone())),
             GpuStatus::Available { devices } if ordinal >= *devices => {
@@ -117,9 +252,12 @@ impl Gpu {
         // is shared with another stream, so cross-stream events are not needed.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
+        let cc = ctx.compute_capability().ok();
         Ok(Arc::new(Self {
             ctx,
             stream,
+            cc,
+            module_load,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
         }))
@@ -170,6 +308,23 @@ impl Gpu {
         }
     }
 
+    /// The device's compute capability (major, minor), `None` when the
+    /// driver did not report it (then no cubin is loaded).
+    pub fn compute_capability(&self) -> Option<(i32, i32)> {
+        self.cc
+    }
+
+    /// How this handle loads modules.
+    pub fn module_load(&self) -> ModuleLoad {
+        self.module_load
+    }
+
+    /// Where the module named `name` was loaded from, `None` when it is not
+    /// loaded (yet) on this handle.
+    pub fn module_source(&self, name: &str) -> Option<ModuleSource> {
+        lock(&self.modules).get(name).map(|(_, src)| *src)
+    }
+
     /// Blocks the host until all work on [`Gpu::stream`] is done.
     ///
     /// # Errors
@@ -181,38 +336,110 @@ impl Gpu {
     /// Loads (once) and returns kernel `entry` of `module`. Later calls are a
     /// hash lookup; launchers resolve their functions at construction.
     ///
+    /// The module loads on the first call that names it: its cubin when
+    /// [`ModuleLoad::Auto`] and the device's compute capability is the
+    /// cubin's ([`CubinArch::runs_on`]), else its PTX (JIT-compiled by the
+    /// driver); a cubin the driver rejects falls back to the PTX.
+    /// [`Gpu::module_source`] tells which one loaded.
+    ///
     /// # Errors
-    /// [`KernelError::Load`] when the module does not load or lacks the entry.
+    /// [`KernelError::Load`] when the module does not load (the PTX failed,
+    /// after the cubin when one was tried) or lacks the entry.
     pub fn function(&self, module: &PtxModule, entry: &str) -> Result<CudaFunction> {
         let key = (module.name, entry.to_string());
         if let Some(f) = lock(&self.functions).get(&key) {
             return Ok(f.clone());
         }
-        let load_err = |source| KernelError::Load {
+        let load_err = |source, cubin| KernelError::Load {
             module: module.name,
             function: entry.to_string(),
             source,
+            cubin,
         };
         let m = {
             let mut modules = lock(&self.modules);
             match modules.get(module.name) {
-                Some(m) => m.clone(),
+                Some((m, _)) => m.clone(),
                 None => {
-                    let m = self
-                        .ctx
-                        .load_module(Ptx::from_src(module.ptx))
-                        .map_err(load_err)?;
-                    modules.insert(module.name, m.clone());
+                    let (m, src) = self
+                        .load_module(module)
+                        .map_err(|(ptx, cubin)| load_err(ptx, cubin))?;
+                    modules.insert(module.name, (m.clone(), src));
                     m
                 }
             }
         };
-        let f = m.load_function(entry).map_err(load_err)?;
+        let f = m.load_function(entry).map_err(|e| load_err(e, None))?;
         lock(&self.functions).insert(key, f.clone());
         Ok(f)
+    }
+
+    /// Loads `module`: the cubin when it runs here, else (or when the driver
+    /// rejects it) the PTX. The error is the PTX's, with the cubin's when one
+    /// was tried.
+    fn load_module(
+        &self,
+        module: &PtxModule,
+    ) -> std::result::Result<(Arc<CudaModule>, ModuleSource), (DriverError, Option<DriverError>)>
+    {
+        let mut cubin_err = None;
+        let cubin = module.cubin.filter(|c| {
+            self.module_load == ModuleLoad::Auto && self.cc.is_some_and(|cc| c.arch.runs_on(cc))
+        });
+        if let Some(c) = cubin {
+            // cudarc hands the bytes to cuModuleLoadData; the copy is a fresh
+            // heap block (16-byte aligned by the system allocator), which the
+            // driver reads as an ELF image and no longer needs afterwards.
+            match self.ctx.load_module(Ptx::from_binary(c.image.to_vec())) {
+                Ok(m) => return Ok((m, ModuleSource::Cubin(c.arch))),
+                Err(e) => cubin_err = Some(e),
+            }
+        }
+        self.ctx
+            .load_module(Ptx::from_src(module.ptx))
+            .map(|m| (m, ModuleSource::Ptx))
+            .map_err(|e| (e, cubin_err))
     }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cubins_run_only_on_compute_capability_9_0() {
+        for arch in [CubinArch::Sm90, CubinArch::Sm90a] {
+            assert!(arch.runs_on((9, 0)));
+            for cc in [(8, 0), (8, 9), (10, 0), (12, 0), (9, 1)] {
+                assert!(!arch.runs_on(cc), "{arch:?} on {cc:?}");
+            }
+        }
+        assert_eq!(CubinArch::Sm90.name(), "sm_90");
+        assert_eq!(CubinArch::Sm90a.name(), "sm_90a");
+    }
+
+    #[test]
+    fn module_load_values() {
+        assert_eq!(ModuleLoad::parse("").unwrap(), ModuleLoad::Auto);
+        assert_eq!(ModuleLoad::parse(" auto ").unwrap(), ModuleLoad::Auto);
+        assert_eq!(ModuleLoad::parse("ptx").unwrap(), ModuleLoad::Ptx);
+        let e = ModuleLoad::parse("cubin").unwrap_err().to_string();
+        assert!(e.contains(MODULE_LOAD_ENV) && e.contains("cubin"), "{e}");
+    }
+
+    #[test]
+    fn entries_lists_kernel_names_in_order() {
+        let m = PtxModule {
+            name: "t",
+            ptx: ".version 8.4\n.visible .entry a_b(\n.param .u64 x\n)\n.func helper()\n.entry c\n(\n",
+            cubin: None,
+        };
+        assert_eq!(m.entries().collect::<Vec<_>>(), ["a_b", "c"]);
+        assert!(m.has_entry("a_b") && m.has_entry("c"));
+        assert!(!m.has_entry("a") && !m.has_entry("helper"));
+    }
 }

@@ -5,7 +5,9 @@
 //!
 //! - [`gpu_status`] / [`Gpu`]: detection that never panics (no libcuda, no
 //!   device → [`KernelError::NoGpu`]), device choice by `MHA_KIT_DEVICE`, one
-//!   stream per device, a per-context cache of PTX modules and functions;
+//!   stream per device, a per-context cache of modules and functions (each
+//!   module loaded on first use, from its embedded sm_90 / sm_90a cubin on a
+//!   compute capability 9.0 device, else from its PTX);
 //! - [`KernelError`]: the one error type of all launchers;
 //! - [`Strided`] / [`StridedMut`]: host-validated strided views of device
 //!   buffers (`[bs, max_num_pages]` tables, `[slots, num_kv_heads, head_dim]`
@@ -14,12 +16,17 @@
 //! - [`timing`]: CUDA-event timing (median of N, criterion `iter_custom`);
 //! - [`testing`]: the libtest-mimic GPU test harness (ignored without a GPU);
 //! - [`tma`]: tensor maps for Hopper bulk tensor copies (`cuTensorMapEncodeTiled`);
+//! - [`abi`]: the params structs and error flags defined once in Rust
+//!   ([`abi_struct!`], [`abi_flags!`]) and the C header generated from them
+//!   (`cargo xtask abi`);
 //! - `include/mha_kit/*.cuh`: device headers shared by all kernels (vector
 //!   loads, index helpers, the error word). [`INCLUDE_DIR`] points at them.
 //!
-//! PTX is produced by `cargo xtask ptx-build` and embedded by each kernel
-//! crate with `include_str!`; building needs no CUDA toolkit.
+//! PTX and cubins are produced by `cargo xtask ptx-build` and embedded by
+//! each kernel crate with `include_str!` / `include_bytes!`; building needs no
+//! CUDA toolkit.
 
+pub mod abi;
 mod error;
 mod errword;
 mod gpu;
@@ -32,7 +39,10 @@ pub mod tma;
 pub use cudarc;
 pub use error::{KernelError, Result};
 pub use errword::{DeviceErrors, ErrorReport, ERROR_WORD_LEN};
-pub use gpu::{gpu_available, gpu_status, Gpu, GpuStatus, PtxModule, DEVICE_ENV};
+pub use gpu::{
+    gpu_available, gpu_status, Cubin, CubinArch, Gpu, GpuStatus, ModuleLoad, ModuleSource,
+    PtxModule, DEVICE_ENV, MODULE_LOAD_ENV,
+};
 pub use tensor::{Strided, StridedMut};
 
 /// Path of the shared device headers (`crates/kernel-rt/include`), for the

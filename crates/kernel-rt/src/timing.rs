@@ -11,6 +11,11 @@ use crate::{Gpu, PtxModule, Result};
 pub const PTX: PtxModule = PtxModule {
     name: "kernel_rt",
     ptx: include_str!("../ptx/kernel_rt.ptx"),
+    cubin: Some(crate::Cubin {
+        arch: crate::CubinArch::Sm90,
+        image: include_bytes!("../ptx/kernel_rt.sm_90.cubin"),
+        stamp: include_str!("../ptx/kernel_rt.sm_90.cubin.stamp"),
+    }),
 };
 
 /// Host time budgeted per queued launch when sizing the spin that keeps the

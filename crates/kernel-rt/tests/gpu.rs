@@ -2,12 +2,55 @@
 //! with cudarc's event tracking off (kernel-rt's [`Gpu`]), an async
 //! device-to-host copy into pinned memory is complete only after an event
 //! recorded behind it has been waited on; the timing helpers measure a
-//! known spin.
+//! known spin; modules load from the embedded cubin on compute capability
+//! 9.0 and from the PTX when forced, elsewhere, or when the cubin is bad.
 
 use kernel_rt::cudarc::driver::sys::CUevent_flags;
 use kernel_rt::testing::{gpu_trial, run_trials};
 use kernel_rt::timing::{fill_stream, median_us};
-use kernel_rt::Gpu;
+use kernel_rt::{Cubin, CubinArch, Gpu, ModuleLoad, ModuleSource, PtxModule};
+
+/// The spin kernel's module with an image the driver must reject: loading
+/// it has to fall back to the PTX.
+const BAD_CUBIN: PtxModule = PtxModule {
+    name: "kernel_rt_bad_cubin",
+    ptx: kernel_rt::timing::PTX.ptx,
+    cubin: Some(Cubin {
+        arch: CubinArch::Sm90,
+        image: b"not a cubin",
+        stamp: "",
+    }),
+};
+
+/// Loads the spin kernel of `module` on a fresh handle of `gpu`'s device
+/// that loads as `load` says, runs it once, and returns where it came from.
+fn load_and_spin(gpu: &Gpu, module: &PtxModule, load: ModuleLoad) -> Result<ModuleSource, String> {
+    let h = Gpu::with_module_load(gpu.context().ordinal(), load).map_err(|e| e.to_string())?;
+    h.function(module, "kernel_rt_spin")
+        .map_err(|e| e.to_string())?;
+    let src = h
+        .module_source(module.name)
+        .ok_or("module loaded but not recorded")?;
+    if module.name == kernel_rt::timing::PTX.name {
+        fill_stream(&h, 10.0).map_err(|e| e.to_string())?;
+    } else {
+        let f = h
+            .function(module, "kernel_rt_spin")
+            .map_err(|e| e.to_string())?;
+        let cfg = kernel_rt::cudarc::driver::LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ns = 10_000u64;
+        let mut b = h.stream().launch_builder(&f);
+        kernel_rt::cudarc::driver::PushKernelArg::arg(&mut b, &ns);
+        // SAFETY: the spin kernel takes one u64 by value and touches no memory.
+        unsafe { b.launch(cfg) }.map_err(|e| e.to_string())?;
+    }
+    h.synchronize().map_err(|e| e.to_string())?;
+    Ok(src)
+}
 
 /// Copies `n` known u16 values device → pinned host behind a busy stream,
 /// records an event after the copy and waits on it: the host must then
@@ -51,6 +94,32 @@ fn main() {
             let us = median_us(gpu, 2, 9, || fill_stream(gpu, 200.0)).map_err(|e| e.to_string())?;
             if (us - 200.0).abs() > 20.0 {
                 return Err(format!("a 200 µs spin measured {us:.1} µs"));
+            }
+            Ok(())
+        }),
+        gpu_trial("module_loads_from_cubin_on_9_0", |gpu| {
+            let src = load_and_spin(gpu, &kernel_rt::timing::PTX, ModuleLoad::Auto)?;
+            let want = if gpu.compute_capability() == Some((9, 0)) {
+                ModuleSource::Cubin(CubinArch::Sm90)
+            } else {
+                ModuleSource::Ptx
+            };
+            if src != want {
+                return Err(format!(
+                    "{} loaded from {src:?}, want {want:?}",
+                    gpu.describe()
+                ));
+            }
+            Ok(())
+        }),
+        gpu_trial("module_load_ptx_forced_or_bad_cubin_falls_back", |gpu| {
+            let src = load_and_spin(gpu, &kernel_rt::timing::PTX, ModuleLoad::Ptx)?;
+            if src != ModuleSource::Ptx {
+                return Err(format!("ModuleLoad::Ptx loaded from {src:?}"));
+            }
+            let src = load_and_spin(gpu, &BAD_CUBIN, ModuleLoad::Auto)?;
+            if src != ModuleSource::Ptx {
+                return Err(format!("a rejected cubin left the module at {src:?}"));
             }
             Ok(())
         }),

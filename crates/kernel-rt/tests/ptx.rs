@@ -1,4 +1,4 @@
-//! kernel-rt's own PTX: fresh and exporting its entry point.
+//! kernel-rt's own PTX: fresh and exporting its entry point; its cubin fresh.
 
 #[test]
 fn spin_kernel_ptx_is_fresh_and_named() {
@@ -11,4 +11,12 @@ fn spin_kernel_ptx_is_fresh_and_named() {
         ptx.ptx,
     )
     .unwrap();
+}
+
+#[test]
+fn spin_kernel_cubin_is_fresh() {
+    let ptx = kernel_rt::timing::PTX;
+    kernel_rt::ptxhash::check_cubin(&ptx).unwrap();
+    assert_eq!(ptx.cubin.map(|c| c.arch), Some(kernel_rt::CubinArch::Sm90));
+    assert_eq!(ptx.entries().collect::<Vec<_>>(), ["kernel_rt_spin"]);
 }

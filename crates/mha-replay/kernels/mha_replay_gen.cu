@@ -15,28 +15,11 @@
 // then rounded to bf16 (round to nearest even). Intrinsics with explicit
 // rounding keep the compiler from contracting into FMAs.
 #include "mha_kit/common.cuh"
+// GenParams: generated from mha_replay::launch::GenParams by `cargo xtask abi`.
+#include "mha_replay_abi.cuh"
 
 using namespace mha_kit;
 
-typedef unsigned short u16;
-
-// Mirrors mha_replay::launch::GenParams (size and offsets pinned by a CPU test).
-struct GenParams {
-    u64 q;          // u16* [rows, Hq, D]
-    u64 k;          // u16* [rows, Hkv, D]
-    u64 v;          // u16* [rows, Hkv, D]
-    u64 row_req;    // const u64* [rows]: request id per row
-    u64 row_pos;    // const u64* [rows]: token position per row
-    u64 seed;
-    u64 model;      // ModelId: 0 target, 1 draft
-    u64 layer;
-    u64 salt;       // Q salt (the pass's sequence number)
-    i64 rows;
-    i32 num_q_heads;
-    i32 num_kv_heads;
-    i32 head_dim;   // multiple of 8
-    i32 reserved;
-};
 
 MHA_KIT_DEVICE u64 mix64(u64 z) {
     z += 0x9E3779B97F4A7C15ull;

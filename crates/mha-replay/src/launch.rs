@@ -16,6 +16,20 @@ use crate::gen::ModelId;
 pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "mha_replay_gen",
     ptx: include_str!("../ptx/mha_replay_gen.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/mha_replay_gen.sm_90.cubin"),
+        stamp: include_str!("../ptx/mha_replay_gen.sm_90.cubin.stamp"),
+    }),
+};
+
+/// The C header generated from [`GenParams`] (`cargo xtask abi`; the kernel
+/// includes it, a CPU test checks it is current).
+pub const ABI: kernel_rt::abi::Header = kernel_rt::abi::Header {
+    path: "kernels/mha_replay_abi.cuh",
+    rust_crate: "mha_replay",
+    flag_sets: &[],
+    structs: &[GenParams::ABI],
 };
 
 /// Kernel entry point names used by the launcher (pinned by a CPU test).
@@ -29,43 +43,46 @@ pub const ELEMS_PER_THREAD: usize = 8;
 /// Most blocks of one launch (grid-stride beyond): 132 SMs × 16.
 const MAX_BLOCKS: usize = 132 * 16;
 
-/// Kernel parameters, mirrored by `struct GenParams` in
-/// `kernels/mha_replay_gen.cu` (size and offsets pinned by a CPU test).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GenParams {
-    /// `u16*` `[rows, Hq, D]` bf16 bits.
-    pub q: u64,
-    /// `u16*` `[rows, Hkv, D]` bf16 bits.
-    pub k: u64,
-    /// `u16*` `[rows, Hkv, D]` bf16 bits.
-    pub v: u64,
-    /// `const u64*` `[rows]`: trace request id of each row.
-    pub row_req: u64,
-    /// `const u64*` `[rows]`: token position of each row.
-    pub row_pos: u64,
-    /// `--seed`.
-    pub seed: u64,
-    /// [`ModelId`] as `u64` (0 target, 1 draft).
-    pub model: u64,
-    /// Layer id.
-    pub layer: u64,
-    /// Q salt (the pass's sequence number); K/V use 0.
-    pub salt: u64,
-    /// Rows.
-    pub rows: i64,
-    /// `Hq`.
-    pub num_q_heads: i32,
-    /// `Hkv`.
-    pub num_kv_heads: i32,
-    /// `D`, a multiple of [`ELEMS_PER_THREAD`].
-    pub head_dim: i32,
-    /// Padding, 0.
-    pub reserved: i32,
+kernel_rt::abi_struct! {
+    /// Kernel parameters, defined for C in the generated
+    /// `kernels/mha_replay_abi.cuh` (`cargo xtask abi`).
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct GenParams {
+        /// `u16*` `[rows, Hq, D]` bf16 bits.
+        pub q: u64 = "u64",
+        /// `u16*` `[rows, Hkv, D]` bf16 bits.
+        pub k: u64 = "u64",
+        /// `u16*` `[rows, Hkv, D]` bf16 bits.
+        pub v: u64 = "u64",
+        /// `const u64*` `[rows]`: trace request id of each row.
+        pub row_req: u64 = "u64",
+        /// `const u64*` `[rows]`: token position of each row.
+        pub row_pos: u64 = "u64",
+        /// `--seed`.
+        pub seed: u64 = "u64",
+        /// [`ModelId`] as `u64` (0 target, 1 draft).
+        pub model: u64 = "u64",
+        /// Layer id.
+        pub layer: u64 = "u64",
+        /// Q salt (the pass's sequence number); K/V use 0.
+        pub salt: u64 = "u64",
+        /// Rows.
+        pub rows: i64 = "i64",
+        /// `Hq`.
+        pub num_q_heads: i32 = "i32",
+        /// `Hkv`.
+        pub num_kv_heads: i32 = "i32",
+        /// `D`, a multiple of [`ELEMS_PER_THREAD`].
+        pub head_dim: i32 = "i32",
+        /// Padding, 0.
+        pub reserved: i32 = "i32",
+    }
 }
 
-// SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
-// (pinned by `params_layout_matches_cuda` in tests/gen.rs).
+// SAFETY: plain-old-data `#[repr(C)]` struct of integer and float fields;
+// the C struct is generated from it (`kernels/mha_replay_abi.cuh`, whose static_asserts
+// check the size and every offset when the PTX is built).
 unsafe impl DeviceRepr for GenParams {}
 
 /// What the generated activations are keyed by (besides row and head).

@@ -28,6 +28,8 @@
 //! - [`launch`]: the device generator kernel `mha_replay_gen_qkv`
 //!   (`kernels/mha_replay_gen.cu`), bit-identical to [`gen`].
 //! - [`gen`]: Q/K/V from the seed by a counter hash (never wall time).
+//! - [`startup`]: start-up cost on the GPU (device open, first decode
+//!   output, every module's load), printed by the `mha-startup` binary.
 //! - [`check`]: independent f64 recomputation through paged-attention's
 //!   reference on contiguous, regenerated K/V.
 //! - [`report`] / [`plot`]: the table, the JSON, the PNG; with the CUDA
@@ -56,6 +58,7 @@ pub mod plot;
 pub mod replay;
 pub mod report;
 pub mod sched;
+pub mod startup;
 pub mod trace;
 
 pub use config::{Args, Setup};

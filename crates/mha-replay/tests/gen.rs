@@ -44,6 +44,13 @@ fn committed_ptx_is_fresh() {
     kernel_rt::ptxhash::check_fresh(&dir.join("../.."), &kernel, PTX.ptx).unwrap();
 }
 
+/// The embedded sm_90 cubin was assembled from the embedded PTX by the pinned
+/// ptxas (its stamp; no CUDA needed).
+#[test]
+fn committed_cubin_is_fresh() {
+    kernel_rt::ptxhash::check_cubin(&PTX).unwrap();
+}
+
 /// The kernel's constants are gen.rs's: √3 as the same f32, 2^-16 (the
 /// kernel multiplies where gen.rs divides by 65536: exact for a power of
 /// two) and 2, the outlier ±8 and ×2, with round-to-nearest intrinsics (no
@@ -159,4 +166,12 @@ fn element_values_are_pinned() {
         }
     }
     assert_eq!(h, 13_441_170_860_676_531_982);
+}
+
+#[test]
+fn committed_abi_header_is_current() {
+    // The C params structs and flag bits the kernels include are generated
+    // from the Rust definitions (`cargo xtask abi`); a stale header fails here.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    kernel_rt::abi::check_committed(dir, &mha_replay::launch::ABI).unwrap();
 }

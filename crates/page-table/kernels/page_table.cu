@@ -1,38 +1,10 @@
 // mha-kit kernel family: page table (+ SWA page table) from req_to_token.
 // Semantics: shared/spec/page-table.md §3-§6 and DECISIONS.md D9, D11.
-// The params struct is mirrored by `PageTableParams` in src/launch.rs; a CPU
-// test pins its size and field offsets.
+// Params structs and error flags: page_table_abi.cuh, generated from the Rust
+// definitions (src/launch.rs, src/scatter.rs, src/lib.rs) by `cargo xtask abi`.
 #include "mha_kit/common.cuh"
+#include "page_table_abi.cuh"
 
-// Flag bits of the page-table family's device error word (src/lib.rs: ErrorFlags).
-#define PT_BAD_REQUEST_INDEX   1u   // req_pool_indices[i] outside [0, R): row skipped
-#define PT_NEGATIVE_SEQLEN     2u   // cache_seqlens[i] < 0: row has no live page
-#define PT_ROW_CLAMPED         4u   // ceil(L/P) > max_num_pages: clamped
-#define PT_ROW_PAST_WIDTH      8u   // page p would read position p*P >= W: clamped
-#define PT_NEGATIVE_SLOT      16u   // slot < 0: full page 0, SWA page -1
-#define PT_SLOT_OUTSIDE_POOL  32u   // slot >= pool_slots: full page 0
-#define PT_SLOT_OUTSIDE_MAP   64u   // slot >= N_map - 1: SWA page 0
-
-struct PageTableParams {
-    const i32* req_to_token;      // [R, W], row stride req_to_token_stride
-    const i64* req_pool_indices;  // [bs]
-    const i32* cache_seqlens;     // [bs]
-    i32* page_table;              // [bs, M], row stride page_table_stride
-    const i64* full_to_swa;       // [N_map] or null
-    i32* swa_page_table;          // [bs, M] or null (present iff full_to_swa)
-    u32* errors;                  // [2] device error word
-    i64 req_to_token_rows;        // R
-    i64 req_to_token_width;       // W
-    i64 req_to_token_stride;      // elements between rows
-    i64 page_table_stride;
-    i64 swa_page_table_stride;
-    i64 full_to_swa_len;          // N_map
-    i64 pool_slots;               // slots of the full pool; 0 = not checked
-    i32 bs;
-    i32 max_num_pages;            // M
-    i32 page_size;                // P
-    i32 reserved;
-};
 
 // Pages each thread keeps in flight: their slot loads are all issued before
 // any store (the pointers are __restrict__, so the stores cannot alias them).
@@ -122,19 +94,8 @@ extern "C" __global__ void __launch_bounds__(256, 8) page_table_build(const Page
 
 // ---- req_to_token update: scatter (position, slot) entries ----
 // Spec: page-table.md has no update kernel; mha-kit's crate docs (src/lib.rs,
-// "Updating req_to_token") define it. The params struct is mirrored by
-// `ScatterParams` in src/scatter.rs (size and offsets pinned by a CPU test).
-#define PT_BAD_ENTRY 128u  // position outside [0, R*W) or slot outside i32: skipped
+// "Updating req_to_token") define it.
 
-struct ScatterParams {
-    i32* req_to_token;     // [R, W], row stride req_to_token_stride
-    const i64* entries;    // [n, 2]: (position r*W + c, slot)
-    u32* errors;           // [2] device error word
-    i64 req_to_token_rows;    // R
-    i64 req_to_token_width;   // W
-    i64 req_to_token_stride;  // elements between rows
-    i64 n;                    // entries
-};
 
 // Grid-stride over entries; 1-D grid of blockDim.x threads.
 extern "C" __global__ void __launch_bounds__(256) req_to_token_scatter(const ScatterParams p) {

@@ -19,51 +19,54 @@ pub const PAGES_PER_THREAD: usize = 4;
 /// of 256 threads at ≤ 32 registers).
 const TARGET_BLOCKS: usize = 132 * 8;
 
-/// Kernel parameters, mirrored by `struct PageTableParams` in
-/// `kernels/page_table.cu` (size and offsets pinned by a CPU test).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PageTableParams {
-    /// `const i32*` `[R, W]`.
-    pub req_to_token: u64,
-    /// `const i64*` `[bs]`.
-    pub req_pool_indices: u64,
-    /// `const i32*` `[bs]`.
-    pub cache_seqlens: u64,
-    /// `i32*` `[bs, M]`.
-    pub page_table: u64,
-    /// `const i64*` `[N_map]` or 0.
-    pub full_to_swa: u64,
-    /// `i32*` `[bs, M]` or 0.
-    pub swa_page_table: u64,
-    /// `u32*` `[2]` error word.
-    pub errors: u64,
-    /// `R`.
-    pub req_to_token_rows: i64,
-    /// `W`.
-    pub req_to_token_width: i64,
-    /// Row stride of `req_to_token`, elements.
-    pub req_to_token_stride: i64,
-    /// Row stride of `page_table`, elements.
-    pub page_table_stride: i64,
-    /// Row stride of `swa_page_table`, elements.
-    pub swa_page_table_stride: i64,
-    /// `N_map`.
-    pub full_to_swa_len: i64,
-    /// Slots in the full pool; 0 = not checked.
-    pub pool_slots: i64,
-    /// Batch rows.
-    pub bs: i32,
-    /// `M`.
-    pub max_num_pages: i32,
-    /// `P`.
-    pub page_size: i32,
-    /// Padding, 0.
-    pub reserved: i32,
+kernel_rt::abi_struct! {
+    /// Kernel parameters, defined for C in the generated
+    /// `kernels/page_table_abi.cuh` (`cargo xtask abi`).
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct PageTableParams {
+        /// `const i32*` `[R, W]`.
+        pub req_to_token: u64 = "const i32*",
+        /// `const i64*` `[bs]`.
+        pub req_pool_indices: u64 = "const i64*",
+        /// `const i32*` `[bs]`.
+        pub cache_seqlens: u64 = "const i32*",
+        /// `i32*` `[bs, M]`.
+        pub page_table: u64 = "i32*",
+        /// `const i64*` `[N_map]` or 0.
+        pub full_to_swa: u64 = "const i64*",
+        /// `i32*` `[bs, M]` or 0.
+        pub swa_page_table: u64 = "i32*",
+        /// `u32*` `[2]` error word.
+        pub errors: u64 = "u32*",
+        /// `R`.
+        pub req_to_token_rows: i64 = "i64",
+        /// `W`.
+        pub req_to_token_width: i64 = "i64",
+        /// Row stride of `req_to_token`, elements.
+        pub req_to_token_stride: i64 = "i64",
+        /// Row stride of `page_table`, elements.
+        pub page_table_stride: i64 = "i64",
+        /// Row stride of `swa_page_table`, elements.
+        pub swa_page_table_stride: i64 = "i64",
+        /// `N_map`.
+        pub full_to_swa_len: i64 = "i64",
+        /// Slots in the full pool; 0 = not checked.
+        pub pool_slots: i64 = "i64",
+        /// Batch rows.
+        pub bs: i32 = "i32",
+        /// `M`.
+        pub max_num_pages: i32 = "i32",
+        /// `P`.
+        pub page_size: i32 = "i32",
+        /// Padding, 0.
+        pub reserved: i32 = "i32",
+    }
 }
 
-// SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
-// (pinned by `params_layout_matches_cuda` in tests/reference.rs).
+// SAFETY: plain-old-data `#[repr(C)]` struct of integer and float fields;
+// the C struct is generated from it (`kernels/page_table_abi.cuh`, whose static_asserts
+// check the size and every offset when the PTX is built).
 unsafe impl DeviceRepr for PageTableParams {}
 
 /// The SWA half of a launch: the full→SWA slot map and the table it fills.

@@ -55,36 +55,58 @@ pub use scatter::{
 pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "page_table",
     ptx: include_str!("../ptx/page_table.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/page_table.sm_90.cubin"),
+        stamp: include_str!("../ptx/page_table.sm_90.cubin.stamp"),
+    }),
+};
+
+/// The C header generated from this crate's params structs and error flags
+/// (`cargo xtask abi`; the kernels include it, a CPU test checks it is current).
+pub const ABI: kernel_rt::abi::Header = kernel_rt::abi::Header {
+    path: "kernels/page_table_abi.cuh",
+    rust_crate: "page_table",
+    flag_sets: &[kernel_rt::abi::FlagSet {
+        rust: "ErrorFlags",
+        c_prefix: "PT_",
+        flags: ErrorFlags::ABI,
+    }],
+    structs: &[launch::PageTableParams::ABI, scatter::ScatterParams::ABI],
 };
 
 /// Kernel entry point names used by the launcher (pinned by a CPU test).
 pub const KERNEL_NAMES: &[&str] = &["page_table_build", "req_to_token_scatter"];
 
 /// Flag bits of the page-table family in the device error word
-/// (`kernels/page_table.cu` mirrors them).
+/// (generated for C as `PT_*` into `kernels/page_table_abi.cuh`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ErrorFlags(u32);
 
-impl ErrorFlags {
-    /// `req_pool_indices[i]` outside `[0, R)`: the row is skipped (counted once per row).
-    pub const BAD_REQUEST_INDEX: Self = Self(1);
-    /// `cache_seqlens[i] < 0`: the row has no live page (once per row).
-    pub const NEGATIVE_SEQLEN: Self = Self(2);
-    /// `ceil(L / P) > max_num_pages`: the row is clamped to the table width (once per row).
-    pub const ROW_CLAMPED: Self = Self(4);
-    /// A live page would read position `p·P ≥ W` of its `req_to_token` row:
-    /// the row is clamped to `ceil(W / P)` pages (once per row).
-    pub const ROW_PAST_WIDTH: Self = Self(8);
-    /// A negative slot: full page 0, SWA page −1 (once per entry).
-    pub const NEGATIVE_SLOT: Self = Self(16);
-    /// A slot at or past `pool_slots`: full page 0 (once per entry).
-    pub const SLOT_OUTSIDE_POOL: Self = Self(32);
-    /// A slot at or past `N_map − 1`: SWA page 0 (once per entry).
-    pub const SLOT_OUTSIDE_MAP: Self = Self(64);
-    /// Scatter: an entry's position is outside `[0, R·W)` or its slot does
-    /// not fit i32; the entry is skipped (once per entry).
-    pub const BAD_ENTRY: Self = Self(128);
+kernel_rt::abi_flags! {
+    impl ErrorFlags {
+        /// `req_pool_indices[i]` outside `[0, R)`: the row is skipped (counted once per row).
+        pub const BAD_REQUEST_INDEX: Self = Self(1);
+        /// `cache_seqlens[i] < 0`: the row has no live page (once per row).
+        pub const NEGATIVE_SEQLEN: Self = Self(2);
+        /// `ceil(L / P) > max_num_pages`: the row is clamped to the table width (once per row).
+        pub const ROW_CLAMPED: Self = Self(4);
+        /// A live page would read position `p·P ≥ W` of its `req_to_token` row:
+        /// the row is clamped to `ceil(W / P)` pages (once per row).
+        pub const ROW_PAST_WIDTH: Self = Self(8);
+        /// A negative slot: full page 0, SWA page −1 (once per entry).
+        pub const NEGATIVE_SLOT: Self = Self(16);
+        /// A slot at or past `pool_slots`: full page 0 (once per entry).
+        pub const SLOT_OUTSIDE_POOL: Self = Self(32);
+        /// A slot at or past `N_map − 1`: SWA page 0 (once per entry).
+        pub const SLOT_OUTSIDE_MAP: Self = Self(64);
+        /// Scatter: an entry's position is outside `[0, R·W)` or its slot does
+        /// not fit i32; the entry is skipped (once per entry).
+        pub const BAD_ENTRY: Self = Self(128);
+    }
+}
 
+impl ErrorFlags {
     /// The raw bit.
     pub const fn bits(self) -> u32 {
         self.0

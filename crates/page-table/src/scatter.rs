@@ -15,29 +15,32 @@ pub const SCATTER_BLOCK_THREADS: u32 = 256;
 /// Most blocks of one scatter launch (grid-stride beyond): one wave on an H200.
 const SCATTER_MAX_BLOCKS: usize = 132 * 8;
 
-/// Kernel parameters, mirrored by `struct ScatterParams` in
-/// `kernels/page_table.cu` (size and offsets pinned by a CPU test).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ScatterParams {
-    /// `i32*` `[R, W]`.
-    pub req_to_token: u64,
-    /// `const i64*` `[n, 2]`.
-    pub entries: u64,
-    /// `u32*` `[2]` error word.
-    pub errors: u64,
-    /// `R`.
-    pub req_to_token_rows: i64,
-    /// `W`.
-    pub req_to_token_width: i64,
-    /// Row stride of `req_to_token`, elements.
-    pub req_to_token_stride: i64,
-    /// Entries.
-    pub n: i64,
+kernel_rt::abi_struct! {
+    /// Kernel parameters, defined for C in the generated
+    /// `kernels/page_table_abi.cuh` (`cargo xtask abi`).
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct ScatterParams {
+        /// `i32*` `[R, W]`.
+        pub req_to_token: u64 = "i32*",
+        /// `const i64*` `[n, 2]`.
+        pub entries: u64 = "const i64*",
+        /// `u32*` `[2]` error word.
+        pub errors: u64 = "u32*",
+        /// `R`.
+        pub req_to_token_rows: i64 = "i64",
+        /// `W`.
+        pub req_to_token_width: i64 = "i64",
+        /// Row stride of `req_to_token`, elements.
+        pub req_to_token_stride: i64 = "i64",
+        /// Entries.
+        pub n: i64 = "i64",
+    }
 }
 
-// SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
-// (pinned by `scatter_params_layout_matches_cuda` in tests/reference.rs).
+// SAFETY: plain-old-data `#[repr(C)]` struct of integer and float fields;
+// the C struct is generated from it (`kernels/page_table_abi.cuh`, whose static_asserts
+// check the size and every offset when the PTX is built).
 unsafe impl DeviceRepr for ScatterParams {}
 
 /// Arguments of one scatter (device buffers on the launcher's GPU).

@@ -276,6 +276,13 @@ fn committed_ptx_is_fresh() {
     kernel_rt::ptxhash::check_fresh(&root, &kernel, PTX.ptx).unwrap();
 }
 
+/// The embedded sm_90 cubin was assembled from the embedded PTX by the pinned
+/// ptxas (its stamp; no CUDA needed).
+#[test]
+fn committed_cubin_is_fresh() {
+    kernel_rt::ptxhash::check_cubin(&PTX).unwrap();
+}
+
 /// A random batch: rows obey the page-contiguity invariant, with a small
 /// chance of bad request indices and bad slots.
 #[derive(Debug, Clone)]
@@ -381,4 +388,12 @@ proptest! {
         let block = BLOCK_THREADS as usize * PAGES_PER_THREAD;
         prop_assert!((cfg.grid_dim.1 as usize - 1) * block < m);
     }
+}
+
+#[test]
+fn committed_abi_header_is_current() {
+    // The C params structs and flag bits the kernels include are generated
+    // from the Rust definitions (`cargo xtask abi`); a stale header fails here.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    kernel_rt::abi::check_committed(dir, &page_table::ABI).unwrap();
 }

@@ -1,58 +1,13 @@
 // mha-kit paged-attention: what the two context kernels share — the params
-// struct (mirrored by `ContextParams` in src/context.rs, size and offsets
-// pinned by a CPU test), the error flags, the ragged rule and the once-per-
-// request bad-page count. Included by paged_attention_context.cu (compute_90,
+// struct and the error flags (`ContextParams` and `PAC_*` in the generated
+// paged_attention_abi.cuh: src/context.rs and src/lib.rs define them, `cargo
+// xtask abi` writes it), the ragged rule and the once-per-request bad-page
+// count. Included by paged_attention_context.cu (compute_90,
 // mma.sync) and paged_attention_context_sm90.cu (compute_90a, wgmma).
 #pragma once
 #include "pa_common.cuh"
+#include "paged_attention_abi.cuh"
 
-// Flag bits of the device error word (src/lib.rs: ErrorFlags; same bits as decode).
-#define PAC_BAD_CU_SEQLENS  1u
-#define PAC_Q_LEN_TOO_LONG  2u
-#define PAC_NEGATIVE_SEQLEN 4u
-#define PAC_BAD_PAGE        8u
-
-struct ContextParams {
-    const u16* q;              // [num_tokens, Hq, D]
-    u16* out;                  // [num_tokens, Hq, D]
-    const u8* k_cache;         // view [num_pages, Hkv, P, D] (bytes)
-    const u8* v_cache;
-    const i32* page_table;     // [bs, M]
-    const i32* cache_seqlens;  // [bs]
-    const i32* cu_seqlens_q;   // [bs + 1]
-    const float* sinks;        // [Hq] or null
-    u32* errors;               // [2]
-    i64 q_stride_tok, q_stride_head;  // elements
-    i64 o_stride_tok, o_stride_head;
-    i64 k_stride_page, k_stride_head, k_stride_tok;  // elements
-    i64 v_stride_page, v_stride_head, v_stride_tok;
-    i64 page_table_stride;
-    i32 bs, num_q_heads, num_kv_heads, group;
-    i32 page_size, max_num_pages, num_pages, num_tokens;
-    i32 max_q_len;
-    i32 q_tiles;      // grid z = ceil(max_q_len * group / BM)
-    i32 window_left;  // -1 = none
-    float scale_log2; // bmm1_scale * log2(e)
-    float bmm2_scale;
-    i32 variant;      // sm_90a schedule variant (0 = default; 1 = consumer ping-pong), A/B benches only
-    // sm_90a K/V loads: keys per TMA box (a divisor or multiple-of-BN slice
-    // of a page; 0 = cp.async row gather), and the coordinate slot (1..3) of
-    // the token, head and page dims of the K/V tensor maps (bits 0-3, 4-7,
-    // 8-11). The compute_90 kernel ignores both.
-    i32 tma_rows;
-    i32 tma_dims;
-    // sm_90a persistent grid: [next item, CTAs done] counters, zero between
-    // launches (the last CTA to finish resets them). Unused by compute_90.
-    u32* work;
-    // sm_90a split KV (kv_splits > 1): each work item's KV tiles are split
-    // in chunks of split_tiles tiles; unit u (the item index with the split
-    // inside) writes unnormalized O rows to partial [u][BM][D] and (running
-    // max in log2 units, row sum) to partial + units * BM * D as [u][BM][2];
-    // the merge entry combines them. Unused by compute_90 (kv_splits 1).
-    float* partial;
-    i32 kv_splits;
-    i32 split_tiles;
-};
 
 namespace pac {
 

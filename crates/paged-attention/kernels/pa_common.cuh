@@ -3,8 +3,6 @@
 #pragma once
 #include "mha_kit/common.cuh"
 
-typedef unsigned short u16;
-
 namespace pac {
 
 constexpr float LOG2E = 1.4426950408889634f;

@@ -16,47 +16,12 @@
 // writes the rows (merge_last): one launch, deterministic, graph-safe (the
 // counters are zero again after every launch).
 //
-// The params struct is mirrored by `PagedAttentionParams` in src/launch.rs; a
-// CPU test pins its size and field offsets.
+// Params struct and error flags: paged_attention_abi.cuh, generated from the
+// Rust definitions (src/launch.rs, src/lib.rs) by `cargo xtask abi`.
 #include "mha_kit/common.cuh"
 #include "pa_common.cuh"
+#include "paged_attention_abi.cuh"
 
-typedef unsigned short u16;
-
-// Flag bits of the device error word (src/lib.rs: ErrorFlags).
-#define PA_BAD_CU_SEQLENS  1u  // cu_seqlens_q range invalid or overlapping: request skipped
-#define PA_Q_LEN_TOO_LONG  2u  // n_b > max_q_len: request skipped
-#define PA_NEGATIVE_SEQLEN 4u  // cache_seqlens < 0: read as 0
-#define PA_BAD_PAGE        8u  // needed page past the table or id outside [0, num_pages): masked
-
-struct PagedAttentionParams {
-    const u16* q;              // [num_tokens, Hq, D]
-    u16* out;                  // [num_tokens, Hq, D]
-    const u8* k_cache;         // view [num_pages, Hkv, P, D] (bytes)
-    const u8* v_cache;
-    const i32* page_table;     // [bs, M]
-    const i32* cache_seqlens;  // [bs]
-    const i32* cu_seqlens_q;   // [bs + 1] or null (uniform)
-    const float* sinks;        // [Hq] or null
-    float* ws_o;               // [items, max_splits, 16, D] or null
-    float* ws_ml;              // [items, max_splits, 16, 2] or null
-    u32* errors;               // [2]
-    i64 q_stride_tok, q_stride_head;     // elements
-    i64 o_stride_tok, o_stride_head;
-    i64 k_stride_page, k_stride_head, k_stride_tok;  // elements
-    i64 v_stride_page, v_stride_head, v_stride_tok;
-    i64 page_table_stride;
-    i32 bs, num_q_heads, num_kv_heads, group;
-    i32 page_size, max_num_pages, num_pages, num_tokens;
-    i32 q_len;        // uniform: q_len_per_req; ragged: max_q_len
-    i32 row_tiles;    // ceil(q_len * group / 16)
-    i32 max_splits;   // S_max = grid x
-    i32 fixed_chunk;  // > 0: fixed split size in tokens (deterministic mode); 0: auto
-    i32 window_left;  // -1 = none
-    float scale_log2; // bmm1_scale * log2(e)
-    float bmm2_scale;
-    i32 tile_tokens;  // KV tokens per CTA tile of the launched kernel (32 CUDA-core, 64 tensor-core)
-};
 
 namespace pa {
 

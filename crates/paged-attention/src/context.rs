@@ -64,6 +64,11 @@ use crate::{HalfDtype, KvCache, KvDtype, HEAD_DIMS};
 pub const CONTEXT_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "paged_attention_context",
     ptx: include_str!("../ptx/paged_attention_context.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/paged_attention_context.sm_90.cubin"),
+        stamp: include_str!("../ptx/paged_attention_context.sm_90.cubin.stamp"),
+    }),
 };
 
 /// The embedded PTX of the sm_90a context kernel (`compute_90a`: loads only
@@ -71,6 +76,11 @@ pub const CONTEXT_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
 pub const CONTEXT_SM90_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "paged_attention_context_sm90",
     ptx: include_str!("../ptx/paged_attention_context_sm90.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90a,
+        image: include_bytes!("../ptx/paged_attention_context_sm90.sm_90a.cubin"),
+        stamp: include_str!("../ptx/paged_attention_context_sm90.sm_90a.cubin.stamp"),
+    }),
 };
 
 /// Environment variable that picks the sm_90a kernel's K/V loads
@@ -352,104 +362,107 @@ pub const CONTEXT_MAX_Q_LEN: usize = 1 << 24;
 /// Windows at or above this are "no window" (keys never reach 2^30 positions).
 const WINDOW_CAP: u32 = 1 << 30;
 
-/// Kernel parameters, mirrored by `struct ContextParams` in
-/// `kernels/paged_attention_context.cu` (size and offsets pinned by a CPU test).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ContextParams {
-    /// `const u16*` `[num_tokens, Hq, D]`.
-    pub q: u64,
-    /// `u16*` `[num_tokens, Hq, D]`.
-    pub out: u64,
-    /// `const u8*` K view base.
-    pub k_cache: u64,
-    /// `const u8*` V view base.
-    pub v_cache: u64,
-    /// `const i32*` `[bs, M]`.
-    pub page_table: u64,
-    /// `const i32*` `[bs]`.
-    pub cache_seqlens: u64,
-    /// `const i32*` `[bs + 1]`.
-    pub cu_seqlens_q: u64,
-    /// `const f32*` `[Hq]` or 0.
-    pub sinks: u64,
-    /// `u32*` `[2]` error word.
-    pub errors: u64,
-    /// Elements between query tokens.
-    pub q_stride_tok: i64,
-    /// Elements between query heads.
-    pub q_stride_head: i64,
-    /// Elements between output tokens.
-    pub o_stride_tok: i64,
-    /// Elements between output heads.
-    pub o_stride_head: i64,
-    /// K page stride, elements.
-    pub k_stride_page: i64,
-    /// K head stride (0 when `Hkv = 1`).
-    pub k_stride_head: i64,
-    /// K token stride.
-    pub k_stride_tok: i64,
-    /// V page stride.
-    pub v_stride_page: i64,
-    /// V head stride (0 when `Hkv = 1`).
-    pub v_stride_head: i64,
-    /// V token stride.
-    pub v_stride_tok: i64,
-    /// Elements between page-table rows.
-    pub page_table_stride: i64,
-    /// Requests.
-    pub bs: i32,
-    /// `Hq`.
-    pub num_q_heads: i32,
-    /// `Hkv`.
-    pub num_kv_heads: i32,
-    /// `G = Hq / Hkv`.
-    pub group: i32,
-    /// `P`.
-    pub page_size: i32,
-    /// `M`.
-    pub max_num_pages: i32,
-    /// Pages in the pool.
-    pub num_pages: i32,
-    /// Query rows.
-    pub num_tokens: i32,
-    /// Upper bound on rows per request.
-    pub max_q_len: i32,
-    /// `⌈max_q_len · G / BM⌉` = grid z.
-    pub q_tiles: i32,
-    /// `W` or −1.
-    pub window_left: i32,
-    /// `bmm1_scale · log2 e`.
-    pub scale_log2: f32,
-    /// `bmm2_scale`.
-    pub bmm2_scale: f32,
-    /// Schedule variant of the sm_90a kernel, for A/B benchmarks only (0 =
-    /// default: persistent grid; 1 = one CTA per item, the consumers
-    /// ping-pong their GEMM issue on named barriers; 2 = one CTA per item);
-    /// the compute_90 kernel ignores it.
-    pub variant: i32,
-    /// sm_90a K/V loads: keys per TMA box ([`context_sm90_tma_rows`]), 0 =
-    /// the cp.async row gather.
-    pub tma_rows: i32,
-    /// Tensor-map coordinate slot (1..3) of the token, head and page dims
-    /// (bits 0–3, 4–7, 8–11; [`kv_tma_layout`]).
-    pub tma_dims: i32,
-    /// `u32*` `[2]`: the sm_90a persistent grid's work counters (next item,
-    /// CTAs done), zero between launches; the launcher's own buffer.
-    pub work: u64,
-    /// `f32*`: the sm_90a split-KV workspace (the launcher's own buffer):
-    /// unnormalized O rows `[units, 128, D]`, then (running max in log2
-    /// units, row sum) `[units, 128, 2]`, units = items × `kv_splits`.
-    pub partial: u64,
-    /// KV chunks per work item (≥ 1; > 1 only on the sm_90a kernel, which
-    /// then writes `partial` and the merge entry writes `out`).
-    pub kv_splits: i32,
-    /// KV tiles per chunk when `kv_splits > 1`.
-    pub split_tiles: i32,
+kernel_rt::abi_struct! {
+    /// Kernel parameters, defined for C in the generated
+    /// `kernels/paged_attention_abi.cuh` (`cargo xtask abi`).
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct ContextParams {
+        /// `const u16*` `[num_tokens, Hq, D]`.
+        pub q: u64 = "const u16*",
+        /// `u16*` `[num_tokens, Hq, D]`.
+        pub out: u64 = "u16*",
+        /// `const u8*` K view base.
+        pub k_cache: u64 = "const u8*",
+        /// `const u8*` V view base.
+        pub v_cache: u64 = "const u8*",
+        /// `const i32*` `[bs, M]`.
+        pub page_table: u64 = "const i32*",
+        /// `const i32*` `[bs]`.
+        pub cache_seqlens: u64 = "const i32*",
+        /// `const i32*` `[bs + 1]`.
+        pub cu_seqlens_q: u64 = "const i32*",
+        /// `const f32*` `[Hq]` or 0.
+        pub sinks: u64 = "const float*",
+        /// `u32*` `[2]` error word.
+        pub errors: u64 = "u32*",
+        /// Elements between query tokens.
+        pub q_stride_tok: i64 = "i64",
+        /// Elements between query heads.
+        pub q_stride_head: i64 = "i64",
+        /// Elements between output tokens.
+        pub o_stride_tok: i64 = "i64",
+        /// Elements between output heads.
+        pub o_stride_head: i64 = "i64",
+        /// K page stride, elements.
+        pub k_stride_page: i64 = "i64",
+        /// K head stride (0 when `Hkv = 1`).
+        pub k_stride_head: i64 = "i64",
+        /// K token stride.
+        pub k_stride_tok: i64 = "i64",
+        /// V page stride.
+        pub v_stride_page: i64 = "i64",
+        /// V head stride (0 when `Hkv = 1`).
+        pub v_stride_head: i64 = "i64",
+        /// V token stride.
+        pub v_stride_tok: i64 = "i64",
+        /// Elements between page-table rows.
+        pub page_table_stride: i64 = "i64",
+        /// Requests.
+        pub bs: i32 = "i32",
+        /// `Hq`.
+        pub num_q_heads: i32 = "i32",
+        /// `Hkv`.
+        pub num_kv_heads: i32 = "i32",
+        /// `G = Hq / Hkv`.
+        pub group: i32 = "i32",
+        /// `P`.
+        pub page_size: i32 = "i32",
+        /// `M`.
+        pub max_num_pages: i32 = "i32",
+        /// Pages in the pool.
+        pub num_pages: i32 = "i32",
+        /// Query rows.
+        pub num_tokens: i32 = "i32",
+        /// Upper bound on rows per request.
+        pub max_q_len: i32 = "i32",
+        /// `⌈max_q_len · G / BM⌉` = grid z.
+        pub q_tiles: i32 = "i32",
+        /// `W` or −1.
+        pub window_left: i32 = "i32",
+        /// `bmm1_scale · log2 e`.
+        pub scale_log2: f32 = "float",
+        /// `bmm2_scale`.
+        pub bmm2_scale: f32 = "float",
+        /// Schedule variant of the sm_90a kernel, for A/B benchmarks only (0 =
+        /// default: persistent grid; 1 = one CTA per item, the consumers
+        /// ping-pong their GEMM issue on named barriers; 2 = one CTA per item);
+        /// the compute_90 kernel ignores it.
+        pub variant: i32 = "i32",
+        /// sm_90a K/V loads: keys per TMA box ([`context_sm90_tma_rows`]), 0 =
+        /// the cp.async row gather.
+        pub tma_rows: i32 = "i32",
+        /// Tensor-map coordinate slot (1..3) of the token, head and page dims
+        /// (bits 0–3, 4–7, 8–11; [`kv_tma_layout`]).
+        pub tma_dims: i32 = "i32",
+        /// `u32*` `[2]`: the sm_90a persistent grid's work counters (next item,
+        /// CTAs done), zero between launches; the launcher's own buffer.
+        pub work: u64 = "u32*",
+        /// `f32*`: the sm_90a split-KV workspace (the launcher's own buffer):
+        /// unnormalized O rows `[units, 128, D]`, then (running max in log2
+        /// units, row sum) `[units, 128, 2]`, units = items × `kv_splits`.
+        pub partial: u64 = "float*",
+        /// KV chunks per work item (≥ 1; > 1 only on the sm_90a kernel, which
+        /// then writes `partial` and the merge entry writes `out`).
+        pub kv_splits: i32 = "i32",
+        /// KV tiles per chunk when `kv_splits > 1`.
+        pub split_tiles: i32 = "i32",
+    }
 }
 
-// SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
-// (pinned by `context_params_layout_matches_cuda` in tests/context_reference.rs).
+// SAFETY: plain-old-data `#[repr(C)]` struct of integer and float fields;
+// the C struct is generated from it (`kernels/paged_attention_abi.cuh`, whose static_asserts
+// check the size and every offset when the PTX is built).
 unsafe impl DeviceRepr for ContextParams {}
 
 /// Arguments of one context call (device buffers on the launcher's GPU).

@@ -32,92 +32,95 @@ pub const MAX_Q_LEN: usize = 16;
 /// Windows at or above this are "no window" (keys never reach 2^30 positions).
 const WINDOW_CAP: u32 = 1 << 30;
 
-/// Kernel parameters, mirrored by `struct PagedAttentionParams` in
-/// `kernels/paged_attention.cu` (size and offsets pinned by a CPU test).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PagedAttentionParams {
-    /// `const u16*` `[num_tokens, Hq, D]`.
-    pub q: u64,
-    /// `u16*` `[num_tokens, Hq, D]`.
-    pub out: u64,
-    /// `const u8*` K view base.
-    pub k_cache: u64,
-    /// `const u8*` V view base.
-    pub v_cache: u64,
-    /// `const i32*` `[bs, M]`.
-    pub page_table: u64,
-    /// `const i32*` `[bs]`.
-    pub cache_seqlens: u64,
-    /// `const i32*` `[bs + 1]` or 0 (uniform).
-    pub cu_seqlens_q: u64,
-    /// `const f32*` `[Hq]` or 0.
-    pub sinks: u64,
-    /// `f32*` partial outputs or 0.
-    pub ws_o: u64,
-    /// `f32*` partial (m, d) or 0.
-    pub ws_ml: u64,
-    /// `u32*` `[2]` error word.
-    pub errors: u64,
-    /// Elements between query tokens.
-    pub q_stride_tok: i64,
-    /// Elements between query heads.
-    pub q_stride_head: i64,
-    /// Elements between output tokens.
-    pub o_stride_tok: i64,
-    /// Elements between output heads.
-    pub o_stride_head: i64,
-    /// K page stride, elements.
-    pub k_stride_page: i64,
-    /// K head stride (0 when `Hkv = 1`).
-    pub k_stride_head: i64,
-    /// K token stride.
-    pub k_stride_tok: i64,
-    /// V page stride.
-    pub v_stride_page: i64,
-    /// V head stride (0 when `Hkv = 1`).
-    pub v_stride_head: i64,
-    /// V token stride.
-    pub v_stride_tok: i64,
-    /// Elements between page-table rows.
-    pub page_table_stride: i64,
-    /// Requests.
-    pub bs: i32,
-    /// `Hq`.
-    pub num_q_heads: i32,
-    /// `Hkv`.
-    pub num_kv_heads: i32,
-    /// `G = Hq / Hkv`.
-    pub group: i32,
-    /// `P`.
-    pub page_size: i32,
-    /// `M`.
-    pub max_num_pages: i32,
-    /// Pages in the pool.
-    pub num_pages: i32,
-    /// Query rows.
-    pub num_tokens: i32,
-    /// Uniform `q_len_per_req` or ragged `max_q_len`.
-    pub q_len: i32,
-    /// `ceil(q_len · G / 16)`.
-    pub row_tiles: i32,
-    /// `S_max`, grid x.
-    pub max_splits: i32,
-    /// Fixed split size in tokens, 0 = auto.
-    pub fixed_chunk: i32,
-    /// `W` or −1.
-    pub window_left: i32,
-    /// `bmm1_scale · log2 e`.
-    pub scale_log2: f32,
-    /// `bmm2_scale`.
-    pub bmm2_scale: f32,
-    /// KV tokens per CTA tile of the launched kernel (32 CUDA-core, 64
-    /// tensor-core): auto split chunks are multiples of it.
-    pub tile_tokens: i32,
+kernel_rt::abi_struct! {
+    /// Kernel parameters, defined for C in the generated
+    /// `kernels/paged_attention_abi.cuh` (`cargo xtask abi`).
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct PagedAttentionParams {
+        /// `const u16*` `[num_tokens, Hq, D]`.
+        pub q: u64 = "const u16*",
+        /// `u16*` `[num_tokens, Hq, D]`.
+        pub out: u64 = "u16*",
+        /// `const u8*` K view base.
+        pub k_cache: u64 = "const u8*",
+        /// `const u8*` V view base.
+        pub v_cache: u64 = "const u8*",
+        /// `const i32*` `[bs, M]`.
+        pub page_table: u64 = "const i32*",
+        /// `const i32*` `[bs]`.
+        pub cache_seqlens: u64 = "const i32*",
+        /// `const i32*` `[bs + 1]` or 0 (uniform).
+        pub cu_seqlens_q: u64 = "const i32*",
+        /// `const f32*` `[Hq]` or 0.
+        pub sinks: u64 = "const float*",
+        /// `f32*` partial outputs or 0.
+        pub ws_o: u64 = "float*",
+        /// `f32*` partial (m, d) or 0.
+        pub ws_ml: u64 = "float*",
+        /// `u32*` `[2]` error word.
+        pub errors: u64 = "u32*",
+        /// Elements between query tokens.
+        pub q_stride_tok: i64 = "i64",
+        /// Elements between query heads.
+        pub q_stride_head: i64 = "i64",
+        /// Elements between output tokens.
+        pub o_stride_tok: i64 = "i64",
+        /// Elements between output heads.
+        pub o_stride_head: i64 = "i64",
+        /// K page stride, elements.
+        pub k_stride_page: i64 = "i64",
+        /// K head stride (0 when `Hkv = 1`).
+        pub k_stride_head: i64 = "i64",
+        /// K token stride.
+        pub k_stride_tok: i64 = "i64",
+        /// V page stride.
+        pub v_stride_page: i64 = "i64",
+        /// V head stride (0 when `Hkv = 1`).
+        pub v_stride_head: i64 = "i64",
+        /// V token stride.
+        pub v_stride_tok: i64 = "i64",
+        /// Elements between page-table rows.
+        pub page_table_stride: i64 = "i64",
+        /// Requests.
+        pub bs: i32 = "i32",
+        /// `Hq`.
+        pub num_q_heads: i32 = "i32",
+        /// `Hkv`.
+        pub num_kv_heads: i32 = "i32",
+        /// `G = Hq / Hkv`.
+        pub group: i32 = "i32",
+        /// `P`.
+        pub page_size: i32 = "i32",
+        /// `M`.
+        pub max_num_pages: i32 = "i32",
+        /// Pages in the pool.
+        pub num_pages: i32 = "i32",
+        /// Query rows.
+        pub num_tokens: i32 = "i32",
+        /// Uniform `q_len_per_req` or ragged `max_q_len`.
+        pub q_len: i32 = "i32",
+        /// `ceil(q_len · G / 16)`.
+        pub row_tiles: i32 = "i32",
+        /// `S_max`, grid x.
+        pub max_splits: i32 = "i32",
+        /// Fixed split size in tokens, 0 = auto.
+        pub fixed_chunk: i32 = "i32",
+        /// `W` or −1.
+        pub window_left: i32 = "i32",
+        /// `bmm1_scale · log2 e`.
+        pub scale_log2: f32 = "float",
+        /// `bmm2_scale`.
+        pub bmm2_scale: f32 = "float",
+        /// KV tokens per CTA tile of the launched kernel (32 CUDA-core, 64
+        /// tensor-core): auto split chunks are multiples of it.
+        pub tile_tokens: i32 = "i32",
+    }
 }
 
-// SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
-// (pinned by `params_layout_matches_cuda` in tests/reference.rs).
+// SAFETY: plain-old-data `#[repr(C)]` struct of integer and float fields;
+// the C struct is generated from it (`kernels/paged_attention_abi.cuh`, whose static_asserts
+// check the size and every offset when the PTX is built).
 unsafe impl DeviceRepr for PagedAttentionParams {}
 
 /// K and V pools as `[num_pages, Hkv, P, D]` strided views (element strides;

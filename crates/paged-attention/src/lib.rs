@@ -70,10 +70,14 @@
 //! every launch, so CUDA-graph replays stay correct.
 //!
 //! - [`PagedAttentionKernel`]: the typed launcher ([`DecodeArgs`]);
-//! - [`reference`](mod@reference): the f64 CPU definition the GPU is tested against.
+//! - [`reference`](mod@reference): the f64 CPU definition the GPU is tested against
+//!   (output and row log-sum-exp, unsharded or over a shard of the keys);
+//! - [`merge`]: the f64 merge of partial `(O, LSE)` states and the sink rule
+//!   under sharding.
 
 pub mod context;
 mod launch;
+pub mod merge;
 pub mod reference;
 
 pub use context::{
@@ -99,6 +103,36 @@ pub use reference::HalfDtype;
 pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "paged_attention",
     ptx: include_str!("../ptx/paged_attention.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/paged_attention.sm_90.cubin"),
+        stamp: include_str!("../ptx/paged_attention.sm_90.cubin.stamp"),
+    }),
+};
+
+/// The C header generated from this crate's params structs and error flags
+/// (`cargo xtask abi`; the kernels include it, a CPU test checks it is current).
+/// The decode kernel names the flags `PA_*`, the context kernels `PAC_*`
+/// (one set, the same bits).
+pub const ABI: kernel_rt::abi::Header = kernel_rt::abi::Header {
+    path: "kernels/paged_attention_abi.cuh",
+    rust_crate: "paged_attention",
+    flag_sets: &[
+        kernel_rt::abi::FlagSet {
+            rust: "ErrorFlags",
+            c_prefix: "PA_",
+            flags: ErrorFlags::ABI,
+        },
+        kernel_rt::abi::FlagSet {
+            rust: "ErrorFlags",
+            c_prefix: "PAC_",
+            flags: ErrorFlags::ABI,
+        },
+    ],
+    structs: &[
+        launch::PagedAttentionParams::ABI,
+        context::ContextParams::ABI,
+    ],
 };
 
 /// Head dims with a kernel instantiation.
@@ -152,25 +186,29 @@ impl KvDtype {
 }
 
 /// Flag bits of the paged-attention family in the device error word
-/// (`kernels/paged_attention.cu` mirrors them).
+/// (generated for C as `PA_*` into `kernels/paged_attention_abi.cuh`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ErrorFlags(u32);
 
-impl ErrorFlags {
-    /// Ragged mode: `cu_seqlens_q[i] < 0`, `cu_seqlens_q[i+1] < cu_seqlens_q[i]`,
-    /// `cu_seqlens_q[i+1] > num_tokens`, or `cu_seqlens_q[i] < cu_seqlens_q[k]`
-    /// for some `k < i` (rows overlapping an earlier request): the request is
-    /// skipped, its rows untouched (once per request). See the crate docs.
-    pub const BAD_CU_SEQLENS: Self = Self(1);
-    /// Ragged mode: `n_i = cu_seqlens_q[i+1] − cu_seqlens_q[i] > max_q_len`:
-    /// the request is skipped, its rows untouched (once per request).
-    pub const Q_LEN_TOO_LONG: Self = Self(2);
-    /// `cache_seqlens[i] < 0`: read as 0 (once per request).
-    pub const NEGATIVE_SEQLEN: Self = Self(4);
-    /// A needed page (one overlapping `[k_lo, L)`) lies past `max_num_pages`
-    /// or its id is outside `[0, num_pages)`: its keys are masked (once per page, D10).
-    pub const BAD_PAGE: Self = Self(8);
+kernel_rt::abi_flags! {
+    impl ErrorFlags {
+        /// Ragged mode: `cu_seqlens_q[i] < 0`, `cu_seqlens_q[i+1] < cu_seqlens_q[i]`,
+        /// `cu_seqlens_q[i+1] > num_tokens`, or `cu_seqlens_q[i] < cu_seqlens_q[k]`
+        /// for some `k < i` (rows overlapping an earlier request): the request is
+        /// skipped, its rows untouched (once per request). See the crate docs.
+        pub const BAD_CU_SEQLENS: Self = Self(1);
+        /// Ragged mode: `n_i = cu_seqlens_q[i+1] − cu_seqlens_q[i] > max_q_len`:
+        /// the request is skipped, its rows untouched (once per request).
+        pub const Q_LEN_TOO_LONG: Self = Self(2);
+        /// `cache_seqlens[i] < 0`: read as 0 (once per request).
+        pub const NEGATIVE_SEQLEN: Self = Self(4);
+        /// A needed page (one overlapping `[k_lo, L)`) lies past `max_num_pages`
+        /// or its id is outside `[0, num_pages)`: its keys are masked (once per page, D10).
+        pub const BAD_PAGE: Self = Self(8);
+    }
+}
 
+impl ErrorFlags {
     /// The raw bit.
     pub const fn bits(self) -> u32 {
         self.0

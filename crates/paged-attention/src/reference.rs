@@ -4,7 +4,12 @@
 //! request `i` sits at position `cache_seqlens[i] − n_i + j`.
 //!
 //! It also returns the [`ErrorReport`] the GPU's device error word must hold
-//! (flag bits [`crate::ErrorFlags`]; DECISIONS.md D10, D13).
+//! (flag bits [`crate::ErrorFlags`]; DECISIONS.md D10, D13), and each row's
+//! natural-log log-sum-exp ([`RefOutput::lse`]), the second half of the
+//! row's partial state when the keys are split ([`crate::merge`]).
+//! [`attention_at`] runs the same definition over a shard of the keys
+//! ([`KeyPositions`]: a key offset, a block interleave over ranks, global
+//! lengths), deciding causality and the window in global positions.
 
 use kernel_rt::ErrorReport;
 
@@ -234,6 +239,21 @@ pub struct RefOutput {
     /// `[num_tokens]`: whether the row is written (rows of no request or of
     /// a skipped request keep the buffer's bytes).
     pub written: Vec<bool>,
+    /// `[num_tokens, num_q_heads]` row-major, f64: the natural-log
+    /// log-sum-exp of the row's logits over the keys it sees, with the sink
+    /// (when given) joined once,
+    ///
+    /// ```text
+    /// lse = ln( Σ_k exp(s_k) + exp(σ_h) ),   s_k = bmm1_scale · q·K_k
+    /// ```
+    ///
+    /// in the units of the logits (natural log; `bmm1_scale` already holds
+    /// `1/√D` and any K scale; `bmm2_scale` never enters). `-inf` for a row
+    /// that sees no usable key (its output is 0, with or without a sink:
+    /// D13) and for rows not written. NaN when a logit is NaN or `+inf`.
+    /// Together with `out` this is the row's partial state for
+    /// [`crate::merge::merge_states`].
+    pub lse: Vec<f64>,
     /// What the device error word must hold.
     pub errors: ErrorReport,
 }
@@ -248,18 +268,152 @@ pub fn visible_range(x: i64, window_left: Option<u32>) -> std::ops::Range<i64> {
     lo..x + 1
 }
 
-/// Paged attention, exactly as attention.md §2, in f64.
+/// Block interleave of a sequence's keys over ranks, as decode context
+/// parallelism stores them: the sequence is cut into blocks of `block` keys
+/// and block `c` lives on rank `c mod ranks`, as that rank's local block
+/// `c div ranks`. `block = P` deals whole pages round-robin; `block = 1`
+/// deals single tokens.
+///
+/// Local key `k` of rank `r` sits at position (relative to the request's key
+/// offset) `((k div B)·N + r)·B + k mod B`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interleave {
+    /// This rank, `< ranks`.
+    pub rank: usize,
+    /// Ranks the blocks are dealt to (`N ≥ 1`; 0 counts as 1).
+    pub ranks: usize,
+    /// Keys per block (`B ≥ 1`; 0 counts as 1).
+    pub block: usize,
+}
+
+impl Interleave {
+    /// `(N, r, B)` as i64, `N` and `B` at least 1 (no division by zero).
+    fn nrb(&self) -> (i64, i64, i64) {
+        (
+            self.ranks.max(1) as i64,
+            self.rank as i64,
+            self.block.max(1) as i64,
+        )
+    }
+
+    /// Position (relative to the key offset) of local key `k ≥ 0`.
+    pub fn position(&self, k: i64) -> i64 {
+        let (n, r, b) = self.nrb();
+        ((k / b) * n + r) * b + k % b
+    }
+
+    /// How many of this rank's keys sit at relative positions `< g`: the
+    /// local index of the first key at a position `≥ g` (0 for `g ≤ 0`).
+    pub fn count_below(&self, g: i64) -> i64 {
+        if g <= 0 {
+            return 0;
+        }
+        let (n, r, b) = self.nrb();
+        let cycle = n * b;
+        (g / cycle) * b + (g % cycle - r * b).clamp(0, b)
+    }
+}
+
+/// Where a shard's keys and query rows sit in the global sequence, for
+/// [`attention_at`]. The default (no offset, no interleave, no global
+/// lengths) is the unsharded call of [`attention`].
+///
+/// Local key `k` of request `i` (the `k`-th key of the shard's page-table
+/// row, `k < L_local = cache_seqlens[i]`) sits at global position
+///
+/// ```text
+/// pos_i(k) = off_i + k                               (contiguous shard)
+/// pos_i(k) = off_i + ((k div B)·N + r)·B + k mod B   (interleaved, see Interleave)
+/// ```
+///
+/// and row `j` of the request's `n_i` rows at `x = Lg_i − n_i + j`, where
+/// `Lg_i` is the global KV length. Causal and window visibility are decided
+/// in global positions: local key `k` is visible to the row iff
+/// `pos_i(k) ∈ [max(0, x − W), x]` (and its page is valid). A shard holding
+/// keys `[off, off + L_local)` of a longer sequence is `key_offset = off`
+/// with `seq_lens` the full lengths.
+///
+/// Sinks are not positional: [`attention_at`] joins `input.sinks` to every
+/// row that sees a key, whatever the shard. Under sharding the rule of this
+/// crate is that **the sink joins after the merge**: shards run with
+/// `sinks: None`, their states are merged with
+/// [`crate::merge::merge_states`], and [`crate::merge::apply_sinks`] adds the
+/// sink once (see that module for why not on one rank).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KeyPositions<'a> {
+    /// `[bs]` i64: global position of each request's local key 0 (`off_i`);
+    /// `None` = 0 for every request.
+    pub key_offset: Option<&'a [i64]>,
+    /// Block interleave of the local keys; `None` = contiguous.
+    pub interleave: Option<Interleave>,
+    /// `[bs]` i64 global KV lengths `Lg_i` (rows at `Lg_i − n_i + j`);
+    /// `None` = one past the global position of the request's last local
+    /// key (`off_i + L_local` for a contiguous shard: a shard that ends the
+    /// sequence, or the unsharded call; `off_i` when it holds no key).
+    pub seq_lens: Option<&'a [i64]>,
+}
+
+impl KeyPositions<'_> {
+    fn offset(&self, b: usize) -> i64 {
+        self.key_offset.map_or(0, |o| o[b])
+    }
+
+    /// Global position of local key `k` (`k ≥ 0`) of request `b`.
+    pub fn position(&self, b: usize, k: i64) -> i64 {
+        self.offset(b) + self.interleave.map_or(k, |il| il.position(k))
+    }
+
+    /// Local index of request `b`'s first local key at a global position
+    /// `≥ g` (the number of its keys below `g`, before the `L_local` bound).
+    pub fn local_below(&self, b: usize, g: i64) -> i64 {
+        let rel = g - self.offset(b);
+        self.interleave.map_or(rel.max(0), |il| il.count_below(rel))
+    }
+
+    /// Global KV length of request `b` whose shard holds `local_len` keys.
+    pub fn seq_len(&self, b: usize, local_len: i64) -> i64 {
+        match self.seq_lens {
+            Some(l) => l[b],
+            None if local_len <= 0 => self.offset(b),
+            None => self.position(b, local_len - 1) + 1,
+        }
+    }
+}
+
+/// Paged attention, exactly as attention.md §2, in f64, with the row
+/// log-sum-exp ([`RefOutput::lse`]). The unsharded case of [`attention_at`].
 ///
 /// Per request: rows `j < n` at `x = L − n + j`; keys in [`visible_range`]
 /// whose page is valid (D10: bad pages are masked and counted once per needed
 /// page, needed = pages of `[k_lo, L)`); a row with no usable key outputs
-/// zeros, with or without a sink (D13).
+/// zeros and `lse = -inf`, with or without a sink (D13).
 pub fn attention(input: &HostInputs<'_>) -> RefOutput {
+    attention_at(input, &KeyPositions::default())
+}
+
+/// [`attention`] over a shard of the keys placed by `pos` ([`KeyPositions`]):
+/// row `j` of request `i` sits at `x = Lg_i − n_i + j` and sees the local
+/// keys `k < L_local` with `pos_i(k) ∈ [max(0, x − W), x]` on valid pages.
+/// Needed pages (checked and counted, D10) are those holding a local key at
+/// a global position in `[max(0, Lg − n − W), Lg)`.
+///
+/// Per row and query head `h` (KV head `h / G`), over its visible keys `k`:
+///
+/// ```text
+/// s_k = bmm1_scale · q·K_k,  m = max(max_k s_k, σ_h)
+/// out = bmm2_scale · Σ_k exp(s_k − m)·V_k / (Σ_k exp(s_k − m) + exp(σ_h − m))
+/// lse = m + ln(Σ_k exp(s_k − m) + exp(σ_h − m))      (natural log)
+/// ```
+///
+/// (the `σ_h` terms only with `input.sinks`); no visible key: `out = 0`,
+/// `lse = -inf`.
+pub fn attention_at(input: &HostInputs<'_>, pos: &KeyPositions<'_>) -> RefOutput {
     let [num_tokens, hq, dim] = input.q_shape;
     let hkv = input.k.shape[1];
     let group = hq / hkv.max(1);
     let bs = input.cache_seqlens.len();
     let mut out = vec![0.0f64; num_tokens * hq * dim];
+    let mut lse = vec![f64::NEG_INFINITY; num_tokens * hq];
     let mut written = vec![false; num_tokens];
     let mut errors = ErrorReport::default();
     let q_at = |t: usize, h: usize, d: usize| {
@@ -274,8 +428,16 @@ pub fn attention(input: &HostInputs<'_>) -> RefOutput {
             continue;
         };
         let page_size = input.k.shape[2] as i64;
-        if g.n > 0 && g.k_lo < g.len {
-            for p in g.k_lo / page_size..=(g.len - 1) / page_size {
+        let n = g.n as i64;
+        let len_g = pos.seq_len(b, g.len);
+        let k_lo_g = input
+            .window_left
+            .map_or(0, |w| (len_g - n - i64::from(w)).max(0));
+        // Local keys at global positions [k_lo_g, len_g): unsharded, [k_lo, L).
+        let need_lo = pos.local_below(b, k_lo_g);
+        let need_hi = pos.local_below(b, len_g).min(g.len);
+        if g.n > 0 && need_lo < need_hi {
+            for p in need_lo / page_size..=(need_hi - 1) / page_size {
                 if page_of(input, b, p * page_size).is_none() {
                     errors.count += 1;
                     errors.flags |= ErrorFlags::BAD_PAGE.bits();
@@ -285,16 +447,18 @@ pub fn attention(input: &HostInputs<'_>) -> RefOutput {
         for j in 0..g.n {
             let row = g.row_start + j;
             written[row] = true;
-            let x = g.len - g.n as i64 + j as i64;
-            let keys: Vec<(i64, usize)> = visible_range(x, input.window_left)
+            let x = len_g - n + j as i64;
+            let vis = visible_range(x, input.window_left);
+            let local = pos.local_below(b, vis.start)..pos.local_below(b, vis.end).min(g.len);
+            let keys: Vec<(i64, usize)> = local
                 .filter_map(|k| page_of(input, b, k).map(|id| (k, id)))
                 .collect();
+            if keys.is_empty() {
+                continue; // D13: zeros, lse = -inf
+            }
             for h in 0..hq {
                 let kvh = h / group;
                 let o = &mut out[(row * hq + h) * dim..(row * hq + h + 1) * dim];
-                if keys.is_empty() {
-                    continue; // D13: zeros
-                }
                 let logits: Vec<f64> = keys
                     .iter()
                     .map(|&(k, id)| {
@@ -312,6 +476,7 @@ pub fn attention(input: &HostInputs<'_>) -> RefOutput {
                     .fold(f64::NEG_INFINITY, f64::max);
                 let w: Vec<f64> = logits.iter().map(|&s| (s - m).exp()).collect();
                 let den: f64 = w.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
+                lse[row * hq + h] = m + den.ln();
                 for (d, od) in o.iter_mut().enumerate() {
                     let num: f64 = keys
                         .iter()
@@ -328,6 +493,7 @@ pub fn attention(input: &HostInputs<'_>) -> RefOutput {
     RefOutput {
         out,
         written,
+        lse,
         errors,
     }
 }

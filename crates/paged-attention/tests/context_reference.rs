@@ -211,6 +211,18 @@ fn committed_context_sm90_ptx_is_fresh_and_complete() {
     assert!(!context_sm90_supported(HalfDtype::Bf16, KvDtype::Bf16, 96));
 }
 
+/// The embedded cubins (sm_90 for the mma.sync kernel, sm_90a for the wgmma
+/// kernel) were assembled from the embedded PTX by the pinned ptxas.
+#[test]
+fn committed_context_cubins_are_fresh() {
+    kernel_rt::ptxhash::check_cubin(&CONTEXT_PTX).unwrap();
+    kernel_rt::ptxhash::check_cubin(&CONTEXT_SM90_PTX).unwrap();
+    assert_eq!(
+        CONTEXT_SM90_PTX.cubin.map(|c| c.arch),
+        Some(kernel_rt::CubinArch::Sm90a)
+    );
+}
+
 /// Split KV (sm_90a): only when the work items do not fill the SMs and are
 /// long; the fewest chunks that fill about 90% of the SMs, each of at least
 /// 4 tiles, at most 16, within the workspace; the chunks cover every tile

@@ -407,6 +407,13 @@ fn committed_ptx_is_fresh() {
     kernel_rt::ptxhash::check_fresh(&root, &kernel, PTX.ptx).unwrap();
 }
 
+/// The embedded sm_90 cubin was assembled from the embedded PTX by the pinned
+/// ptxas (its stamp; no CUDA needed).
+#[test]
+fn committed_cubin_is_fresh() {
+    kernel_rt::ptxhash::check_cubin(&PTX).unwrap();
+}
+
 #[test]
 fn smem_fits_the_sm90_budget() {
     for d in [64, 128, 256] {
@@ -554,4 +561,12 @@ proptest! {
         let (c, _, _) = random_case(seed);
         prop_assert!(visible_keys_are_finite(&c).is_ok(), "seed {seed}: {:?}", visible_keys_are_finite(&c));
     }
+}
+
+#[test]
+fn committed_abi_header_is_current() {
+    // The C params structs and flag bits the kernels include are generated
+    // from the Rust definitions (`cargo xtask abi`); a stale header fails here.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    kernel_rt::abi::check_committed(dir, &paged_attention::ABI).unwrap();
 }

@@ -1,35 +1,18 @@
 // mha-kit kernel family: full -> SWA index translation (hybrid full / SWA KV pool).
 // Semantics: shared/spec/swa-pool.md §2-§4, page-table.md §3-§6, DECISIONS.md D9, D11.
-// The params structs are mirrored by `SwaLocParams` / `SwaPageParams` in
-// src/launch.rs; a CPU test pins their sizes and field offsets.
+// Params structs and error flags: swa_pool_abi.cuh, generated from the Rust
+// definitions (src/launch.rs, src/lib.rs) by `cargo xtask abi`.
 //
 // The map `full_to_swa` has N_map = size + P + 1 entries; indices [0, N_map - 1)
 // are full slots, index N_map - 1 holds the -1 sentinel. A read index outside
 // [0, N_map - 1) is never dereferenced.
 #include "mha_kit/common.cuh"
-
-// Flag bits of the swa-pool family's device error word (src/lib.rs: ErrorFlags).
-#define SWA_OUTSIDE_MAP        1u   // index >= N_map - 1: written as 0 (dummy slot / page)
-#define SWA_BELOW_SENTINEL     2u   // out_cache_loc[i] < -1: written as 0
-#define SWA_NEGATIVE_SLOT      4u   // page table: sampled slot < 0: written as -1
-#define SWA_BAD_REQUEST_INDEX  8u   // req_pool_indices[i] outside [0, R): row skipped
-#define SWA_NEGATIVE_SEQLEN   16u   // cache_seqlens[i] < 0: row has no live page
-#define SWA_ROW_CLAMPED       32u   // ceil(L/P) > max_num_pages: clamped
-#define SWA_ROW_PAST_WIDTH    64u   // page p would read position p*P >= W: clamped
+#include "swa_pool_abi.cuh"
 
 // Elements per thread per grid-stride step of the location kernel: four
 // independent input loads, then four independent map gathers, in flight.
 #define LOC_UNROLL 4
 
-struct SwaLocParams {
-    const i64* out_cache_loc;     // [n] full-pool token locations
-    i64* swa_loc;                 // [out_len] SWA locations; [n, out_len) written 0
-    const i64* full_to_swa;       // [N_map]
-    u32* errors;                  // [2] device error word
-    i64 n;                        // input locations
-    i64 out_len;                  // output length, >= n
-    i64 full_to_swa_len;          // N_map >= 1
-};
 
 // The value written for location `loc` whose map read (at a clamped, always
 // valid index) gave `gathered`: locations outside [0, limit) are never read
@@ -92,23 +75,6 @@ extern "C" __global__ void __launch_bounds__(256) swa_pool_translate_loc(const S
     }
 }
 
-struct SwaPageParams {
-    const i32* req_to_token;      // [R, W], row stride req_to_token_stride
-    const i64* req_pool_indices;  // [bs]
-    const i32* cache_seqlens;     // [bs]
-    const i64* full_to_swa;       // [N_map]
-    i32* swa_page_table;          // [bs, M], row stride swa_page_table_stride
-    u32* errors;                  // [2] device error word
-    i64 req_to_token_rows;        // R
-    i64 req_to_token_width;       // W
-    i64 req_to_token_stride;      // elements between rows
-    i64 swa_page_table_stride;    // elements between rows
-    i64 full_to_swa_len;          // N_map >= 1
-    i32 bs;
-    i32 max_num_pages;            // M
-    i32 page_size;                // P
-    i32 reserved;
-};
 
 // Grid: x = batch row, y = page chunk; each thread writes pages
 // y*blockDim.x + tid, stepping by gridDim.y*blockDim.x.

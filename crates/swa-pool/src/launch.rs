@@ -22,70 +22,76 @@ pub const MAX_LOC_BLOCKS: u32 = 2048;
 /// Blocks the page launch aims for when rows are few.
 const TARGET_PAGE_BLOCKS: usize = 1024;
 
-/// Parameters of `swa_pool_translate_loc`, mirrored by `struct SwaLocParams`
-/// in `kernels/swa_pool.cu` (size and offsets pinned by a CPU test).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SwaLocParams {
-    /// `const i64*` `[n]`.
-    pub out_cache_loc: u64,
-    /// `i64*` `[out_len]`.
-    pub swa_loc: u64,
-    /// `const i64*` `[N_map]`.
-    pub full_to_swa: u64,
-    /// `u32*` `[2]` error word.
-    pub errors: u64,
-    /// Input locations `n`.
-    pub n: i64,
-    /// Output length (`≥ n`); `[n, out_len)` is written 0.
-    pub out_len: i64,
-    /// `N_map`.
-    pub full_to_swa_len: i64,
+kernel_rt::abi_struct! {
+    /// Parameters of `swa_pool_translate_loc`, defined for C in the generated
+    /// `kernels/swa_pool_abi.cuh` (`cargo xtask abi`).
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct SwaLocParams {
+        /// `const i64*` `[n]`.
+        pub out_cache_loc: u64 = "const i64*",
+        /// `i64*` `[out_len]`.
+        pub swa_loc: u64 = "i64*",
+        /// `const i64*` `[N_map]`.
+        pub full_to_swa: u64 = "const i64*",
+        /// `u32*` `[2]` error word.
+        pub errors: u64 = "u32*",
+        /// Input locations `n`.
+        pub n: i64 = "i64",
+        /// Output length (`≥ n`); `[n, out_len)` is written 0.
+        pub out_len: i64 = "i64",
+        /// `N_map`.
+        pub full_to_swa_len: i64 = "i64",
+    }
 }
 
-// SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
-// (pinned by `params_layout_matches_cuda` in tests/reference.rs).
+// SAFETY: plain-old-data `#[repr(C)]` struct of integer and float fields;
+// the C struct is generated from it (`kernels/swa_pool_abi.cuh`, whose static_asserts
+// check the size and every offset when the PTX is built).
 unsafe impl DeviceRepr for SwaLocParams {}
 
-/// Parameters of `swa_pool_translate_pages`, mirrored by `struct
-/// SwaPageParams` in `kernels/swa_pool.cu` (size and offsets pinned by a CPU test).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SwaPageParams {
-    /// `const i32*` `[R, W]`.
-    pub req_to_token: u64,
-    /// `const i64*` `[bs]`.
-    pub req_pool_indices: u64,
-    /// `const i32*` `[bs]`.
-    pub cache_seqlens: u64,
-    /// `const i64*` `[N_map]`.
-    pub full_to_swa: u64,
-    /// `i32*` `[bs, M]`.
-    pub swa_page_table: u64,
-    /// `u32*` `[2]` error word.
-    pub errors: u64,
-    /// `R`.
-    pub req_to_token_rows: i64,
-    /// `W`.
-    pub req_to_token_width: i64,
-    /// Row stride of `req_to_token`, elements.
-    pub req_to_token_stride: i64,
-    /// Row stride of `swa_page_table`, elements.
-    pub swa_page_table_stride: i64,
-    /// `N_map`.
-    pub full_to_swa_len: i64,
-    /// Batch rows.
-    pub bs: i32,
-    /// `M`.
-    pub max_num_pages: i32,
-    /// `P`.
-    pub page_size: i32,
-    /// Padding, 0.
-    pub reserved: i32,
+kernel_rt::abi_struct! {
+    /// Parameters of `swa_pool_translate_pages`, defined for C in the generated
+    /// `kernels/swa_pool_abi.cuh` (`cargo xtask abi`).
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct SwaPageParams {
+        /// `const i32*` `[R, W]`.
+        pub req_to_token: u64 = "const i32*",
+        /// `const i64*` `[bs]`.
+        pub req_pool_indices: u64 = "const i64*",
+        /// `const i32*` `[bs]`.
+        pub cache_seqlens: u64 = "const i32*",
+        /// `const i64*` `[N_map]`.
+        pub full_to_swa: u64 = "const i64*",
+        /// `i32*` `[bs, M]`.
+        pub swa_page_table: u64 = "i32*",
+        /// `u32*` `[2]` error word.
+        pub errors: u64 = "u32*",
+        /// `R`.
+        pub req_to_token_rows: i64 = "i64",
+        /// `W`.
+        pub req_to_token_width: i64 = "i64",
+        /// Row stride of `req_to_token`, elements.
+        pub req_to_token_stride: i64 = "i64",
+        /// Row stride of `swa_page_table`, elements.
+        pub swa_page_table_stride: i64 = "i64",
+        /// `N_map`.
+        pub full_to_swa_len: i64 = "i64",
+        /// Batch rows.
+        pub bs: i32 = "i32",
+        /// `M`.
+        pub max_num_pages: i32 = "i32",
+        /// `P`.
+        pub page_size: i32 = "i32",
+        /// Padding, 0.
+        pub reserved: i32 = "i32",
+    }
 }
 
-// SAFETY: plain-old-data `#[repr(C)]` struct whose layout matches the C struct
-// (pinned by `params_layout_matches_cuda` in tests/reference.rs).
+// SAFETY: plain-old-data `#[repr(C)]` struct of integer and float fields;
+// the C struct is generated from it (`kernels/swa_pool_abi.cuh`, whose static_asserts
+// check the size and every offset when the PTX is built).
 unsafe impl DeviceRepr for SwaPageParams {}
 
 /// Arguments of one token-location translation (device buffers on the

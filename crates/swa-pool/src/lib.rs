@@ -51,33 +51,55 @@ pub use mapping::{EvictionPolicy, LayersMapping, SwaError, SwaMapping};
 pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
     name: "swa_pool",
     ptx: include_str!("../ptx/swa_pool.ptx"),
+    cubin: Some(kernel_rt::Cubin {
+        arch: kernel_rt::CubinArch::Sm90,
+        image: include_bytes!("../ptx/swa_pool.sm_90.cubin"),
+        stamp: include_str!("../ptx/swa_pool.sm_90.cubin.stamp"),
+    }),
+};
+
+/// The C header generated from this crate's params structs and error flags
+/// (`cargo xtask abi`; the kernels include it, a CPU test checks it is current).
+pub const ABI: kernel_rt::abi::Header = kernel_rt::abi::Header {
+    path: "kernels/swa_pool_abi.cuh",
+    rust_crate: "swa_pool",
+    flag_sets: &[kernel_rt::abi::FlagSet {
+        rust: "ErrorFlags",
+        c_prefix: "SWA_",
+        flags: ErrorFlags::ABI,
+    }],
+    structs: &[launch::SwaLocParams::ABI, launch::SwaPageParams::ABI],
 };
 
 /// Kernel entry point names used by the launchers (pinned by a CPU test).
 pub const KERNEL_NAMES: &[&str] = &["swa_pool_translate_loc", "swa_pool_translate_pages"];
 
 /// Flag bits of the swa-pool family in the device error word
-/// (`kernels/swa_pool.cu` mirrors them).
+/// (generated for C as `SWA_*` into `kernels/swa_pool_abi.cuh`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ErrorFlags(u32);
 
-impl ErrorFlags {
-    /// A read index at or past `N_map − 1` (a location or a sampled slot
-    /// outside the map): written as the dummy slot / page 0 (once per entry).
-    pub const OUTSIDE_MAP: Self = Self(1);
-    /// A token location below −1: written as 0 (once per entry).
-    pub const BELOW_SENTINEL: Self = Self(2);
-    /// Page table: a negative sampled slot: SWA page −1 (once per entry).
-    pub const NEGATIVE_SLOT: Self = Self(4);
-    /// `req_pool_indices[i]` outside `[0, R)`: the row is skipped (once per row).
-    pub const BAD_REQUEST_INDEX: Self = Self(8);
-    /// `cache_seqlens[i] < 0`: the row has no live page (once per row).
-    pub const NEGATIVE_SEQLEN: Self = Self(16);
-    /// `ceil(L / P) > max_num_pages`: the row is clamped (once per row).
-    pub const ROW_CLAMPED: Self = Self(32);
-    /// A live page would read position `p·P ≥ W`: clamped to `ceil(W / P)` (once per row).
-    pub const ROW_PAST_WIDTH: Self = Self(64);
+kernel_rt::abi_flags! {
+    impl ErrorFlags {
+        /// A read index at or past `N_map − 1` (a location or a sampled slot
+        /// outside the map): written as the dummy slot / page 0 (once per entry).
+        pub const OUTSIDE_MAP: Self = Self(1);
+        /// A token location below −1: written as 0 (once per entry).
+        pub const BELOW_SENTINEL: Self = Self(2);
+        /// Page table: a negative sampled slot: SWA page −1 (once per entry).
+        pub const NEGATIVE_SLOT: Self = Self(4);
+        /// `req_pool_indices[i]` outside `[0, R)`: the row is skipped (once per row).
+        pub const BAD_REQUEST_INDEX: Self = Self(8);
+        /// `cache_seqlens[i] < 0`: the row has no live page (once per row).
+        pub const NEGATIVE_SEQLEN: Self = Self(16);
+        /// `ceil(L / P) > max_num_pages`: the row is clamped (once per row).
+        pub const ROW_CLAMPED: Self = Self(32);
+        /// A live page would read position `p·P ≥ W`: clamped to `ceil(W / P)` (once per row).
+        pub const ROW_PAST_WIDTH: Self = Self(64);
+    }
+}
 
+impl ErrorFlags {
     /// The raw bit.
     pub const fn bits(self) -> u32 {
         self.0

@@ -442,6 +442,13 @@ fn committed_ptx_is_fresh() {
     kernel_rt::ptxhash::check_fresh(&root, &kernel, PTX.ptx).unwrap();
 }
 
+/// The embedded sm_90 cubin was assembled from the embedded PTX by the pinned
+/// ptxas (its stamp; no CUDA needed).
+#[test]
+fn committed_cubin_is_fresh() {
+    kernel_rt::ptxhash::check_cubin(&PTX).unwrap();
+}
+
 /// One host-map operation of the state-machine proptest.
 #[derive(Debug, Clone)]
 enum Op {
@@ -604,4 +611,12 @@ proptest! {
         prop_assert!(cfg.grid_dim.1 >= 1 && cfg.grid_dim.1 <= 65_535);
         prop_assert!((cfg.grid_dim.1 as usize - 1) * (BLOCK_THREADS as usize) < m);
     }
+}
+
+#[test]
+fn committed_abi_header_is_current() {
+    // The C params structs and flag bits the kernels include are generated
+    // from the Rust definitions (`cargo xtask abi`); a stale header fails here.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    kernel_rt::abi::check_committed(dir, &swa_pool::ABI).unwrap();
 }

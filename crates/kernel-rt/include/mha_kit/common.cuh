@@ -4,6 +4,7 @@
 
 typedef signed char        i8;
 typedef unsigned char      u8;
+typedef unsigned short     u16;
 typedef int                i32;
 typedef unsigned int       u32;
 typedef long long          i64;
