@@ -531,12 +531,16 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             }
             if constexpr (QCONV) {
                 // bf16 Q -> f16 in place (the chunks this thread copied), row
-                // by row: a row whose largest finite |q| is >= 2^15 is scaled
-                // by 2^-qs, the power of two that brings it below 2^16 (f16's
-                // range), and the consumers multiply that row's logit scale by
-                // 2^qs; other rows convert exactly (|q| >= 2^-14; smaller values
-                // round to f16 subnormals). Non-finite q stay non-finite and do
-                // not count. The CPR lanes of a row are CPR consecutive lanes.
+                // by row, with the logit scale folded in: q' = q c 2^-qs, c =
+                // scale_log2 and qs >= 0 the smallest shift that keeps the
+                // row's largest finite |q c| below 2^15 (f16's range); the
+                // consumers then scale that row's scores by 2^qs, a power of
+                // two, so the row max in log2 units is exact and its own
+                // weight is exactly 2^0 however large the logits (with a
+                // rounded c the max's FFMA residual can reach 2^40 at |q| =
+                // 1e20 and flush every weight of the row). Non-finite q stay
+                // non-finite and do not count. The CPR lanes of a row are CPR
+                // consecutive lanes.
                 asm volatile("cp.async.wait_all;\n" ::: "memory");
                 constexpr int QRS = 128 / CPR;
                 const int ch = (int)ptv % CPR;
@@ -556,9 +560,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     }
 #pragma unroll
                     for (int o = CPR / 2; o >= 1; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-                    const int e = (int)(mx >> 7);  // biased exponent of the row's largest finite |q|
-                    const int qs = e >= 142 ? e - 141 : 0;
-                    const float f = __int_as_float((127 - qs) << 23);  // 2^-qs (qs <= 113)
+                    // |q c| < 2^(eq + ec - 252) (biased exponents of the row's
+                    // largest finite |q| and of c); qs <= 126 (beyond that the
+                    // logits leave f32 anyway).
+                    const int eq = (int)(mx >> 7);
+                    const int ec = (int)((__float_as_uint(p.scale_log2) >> 23) & 0xffu);
+                    const int qs = min(max(eq + ec - 267, 0), 126);
+                    const float f = p.scale_log2 * __int_as_float((127 - qs) << 23);  // c 2^-qs
                     u32 h[4];
 #pragma unroll
                     for (int k = 0; k < 4; ++k)
@@ -963,11 +971,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // the scores are scaled first. mrow is in scaled (log2) units. The ex2
         // are volatile so that they stay ahead of the wait for P V (they are the
         // work that overlaps the tensor cores).
-        // Logit scale of this thread's row hr: scale_log2, for a converted
-        // bf16 Q (QCONV) times 2^qs of the row (set after the Q wait).
+        // Logit scale of this thread's row hr: scale_log2, or for a converted
+        // bf16 Q (QCONV) 2^qs of the row (set after the Q wait).
+        // QCONV: the producer folded c into Q (see the bf16 Q conversion), so
+        // a row's scores are scaled by its 2^qs > 0.
         const float c = p.scale_log2;
-        const bool cpos = c > 0.f;
-        float cq[2] = {c, c};
+        const bool cpos = QCONV || c > 0.f;
+        float cq[2] = {1.f, 1.f};
         auto crow = [&](int hr) {
             if constexpr (QCONV) return cq[hr];
             return c;
