@@ -881,6 +881,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const int qd = lane & 3;
     const int wrow0 = 64 * cw;           // first tile row of this warpgroup
     const u32 pin_addr = base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
+    bool staggered = false;  // schedule variant bit 2 done (see stagger_now)
     for (;;) {
         const int it = next_item();
         if (it >= items) break;
@@ -915,13 +916,18 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         float drow[2] = {0.f, 0.f};
         float alpha[2] = {0.f, 0.f};
 
-        // Ping-pong (schedule variant 1): the consumers take turns issuing their
+        // Ping-pong (schedule variant bit 0): the consumers take turns issuing their
         // GEMMs (named barriers 4 + c: "warpgroup c may issue"), so one's softmax
         // runs under the other's GEMMs. Both warpgroups (active or not) take
         // every turn; warpgroup 0 goes first and warpgroup 1 passes no turn after
         // its last. Off by default: on the H200 the free-running consumers were
         // 1-10% faster (docs/PERF.md).
-        const bool pingpong = p.variant == 1;
+        const bool pingpong = (p.variant & 1) != 0;
+        // Stagger (schedule variant bit 2): warpgroup 1 issues its first S
+        // once warpgroup 0's first S is done (named barrier 7), once per CTA;
+        // from then on the rings alone pace them, so one's softmax tends to
+        // run under the other's GEMMs without a barrier per tile.
+        const bool stagger_now = (p.variant & 4) != 0 && !staggered;
         auto turn_take = [&]() { named_sync_if(pingpong, 4 + cw, 256); };
         auto turn_pass = [&](bool last) { named_arrive_if(pingpong && !(cw == 1 && last), 5 - cw, 256); };
 
@@ -1132,6 +1138,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             for (int w = 0; w < VMW; ++w) vmw[w] = vm_s[kslot(0) * VMW + w];
             bool prev_full = tile_full(0, vmw);
             named_arrive_if(pingpong && cw == 1, 4, 256);  // warpgroup 0 issues first
+            named_sync_if(stagger_now && cw == 1, 7, 256);
+            staggered = true;
             turn_take();
             if (active) {
                 qk(kslot(0));
@@ -1141,6 +1149,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             } else {
                 turn_pass(false);
             }
+            named_arrive_if(stagger_now && cw == 0, 7, 256);
             mbar_arrive(bar_ek + 8 * kslot(0));
             // Q is free for the next item after this warpgroup's last S (an
             // idle warpgroup reads no Q).

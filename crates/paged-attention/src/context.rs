@@ -434,10 +434,12 @@ kernel_rt::abi_struct! {
         pub scale_log2: f32 = "float",
         /// `bmm2_scale`.
         pub bmm2_scale: f32 = "float",
-        /// Schedule variant of the sm_90a kernel, for A/B benchmarks only (0 =
-        /// default: persistent grid; 1 = one CTA per item, the consumers
-        /// ping-pong their GEMM issue on named barriers; 2 = one CTA per item);
-        /// the compute_90 kernel ignores it.
+        /// Schedule variant of the sm_90a kernel, for A/B benchmarks only: 0 =
+        /// default (persistent grid where [`context_sm90_persistent`]); bit 0
+        /// (1): the consumers ping-pong their GEMM issue on named barriers;
+        /// bit 1 (2): one CTA per work item; bit 2 (4): the second consumer
+        /// starts half a tile after the first (stagger). Same results, other
+        /// timing; the compute_90 kernel ignores it.
         pub variant: i32 = "i32",
         /// sm_90a K/V loads: keys per TMA box ([`context_sm90_tma_rows`]), 0 =
         /// the cp.async row gather.
@@ -693,12 +695,12 @@ pub fn context_sm90_merge_entry_name(q: HalfDtype, head_dim: usize) -> String {
 }
 
 /// CTAs of an sm_90a launch of `items` work items: one per item, or, for the
-/// persistent grid (schedule variant 0 at [`context_sm90_persistent`] head
-/// dims), at most `ctas` (the SM count: one CTA per SM fits; at least 1).
+/// persistent grid (schedule variants without bit 1 at
+/// [`context_sm90_persistent`] head dims), at most `ctas` (the SM count: one CTA per SM fits; at least 1).
 /// With fewer CTAs than items, CTA `c` starts with item `c` and takes the
 /// following items, in order, from a device counter ([`ContextParams::work`]).
 pub fn context_sm90_grid(items: u32, head_dim: usize, variant: i32, ctas: usize) -> u32 {
-    if variant == 0 && context_sm90_persistent(head_dim) {
+    if variant & 2 == 0 && context_sm90_persistent(head_dim) {
         items.min(ctas.max(1) as u32)
     } else {
         items

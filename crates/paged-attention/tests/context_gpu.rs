@@ -700,7 +700,8 @@ fn main() {
             // The default persistent grid capped at 1..8 CTAs (each walks
             // many items: skipped requests, tiles past a request's rows,
             // rows that see no key, the rings and Q buffer carried across
-            // items) and the one-CTA-per-item grid give the same bits.
+            // items), also under the ping-pong and stagger schedule variants
+            // (1, 4, 5), and the one-CTA-per-item grid give the same bits.
             let _ = k;
             let mut one = ContextKernel::new(gpu).or_fail("load")?;
             one.set_variant(2);
@@ -709,6 +710,7 @@ fn main() {
             for i in 0..u64::from(cases) {
                 let c = context_random_case(0x5EED_0000 + i, BUDGET / 2.0);
                 pers.set_max_ctas(Some([1, 2, 3, 5, 8][i as usize % 5]));
+                pers.set_variant([0, 1, 4, 5][i as usize % 4]);
                 let a = run_gpu(gpu, &one, &c).or_fail("one CTA per item")?;
                 let b = run_gpu(gpu, &pers, &c).or_fail("persistent")?;
                 if a.out != b.out || a.errors != b.errors {
