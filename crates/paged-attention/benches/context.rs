@@ -255,14 +255,11 @@ fn main() {
     }
     let gpu = Gpu::shared().expect("GPU");
     let kernel = ContextKernel::new(&gpu).expect("load");
-    // On the headline cases and the FA3 grid: the sm_90a kernel with
-    // consumer ping-pong (variant 1) and with the second consumer staggered
-    // (variant 4), both on the persistent grid; on the headline cases also
-    // the compute_90 kernel beside the default one.
+    // On the headline cases: the sm_90a kernel with consumer ping-pong
+    // (variant 1, on the persistent grid) and the compute_90 kernel beside
+    // the default one.
     let mut pingpong = ContextKernel::new(&gpu).expect("load");
     pingpong.set_variant(1);
-    let mut stagger = ContextKernel::new(&gpu).expect("load");
-    stagger.set_variant(4);
     let fallback = ContextKernel::with_path(&gpu, ContextPath::Mma).expect("load");
     // The cp.async row gather instead of TMA boxes (default where the page
     // size allows them).
@@ -298,8 +295,6 @@ fn main() {
             "sm90 mma.sync"
         } else if std::ptr::eq(k, &pingpong) {
             "sm90a wgmma, ping-pong"
-        } else if std::ptr::eq(k, &stagger) {
-            "sm90a wgmma, stagger"
         } else if std::ptr::eq(k, &per_item) {
             "sm90a wgmma, one CTA per item"
         } else if std::ptr::eq(k, &gather) {
@@ -331,8 +326,8 @@ fn main() {
         if i == 4 && kernel.uses_sm90() {
             kernels.push(&gather);
         }
-        if c.name.starts_with("FA3 grid") && kernel.uses_sm90() {
-            kernels.extend([&pingpong, &stagger]);
+        if c.name.starts_with("FA3 grid D 128") && kernel.uses_sm90() {
+            kernels.push(&per_item);
         }
         if c.fp8 && kernel.uses_sm90() {
             kernels.push(&fallback);
@@ -341,7 +336,7 @@ fn main() {
             kernels.push(&no_split);
         }
         if i < 4 && kernel.uses_sm90() {
-            kernels.extend([&pingpong, &stagger, &per_item, &gather, &fallback]);
+            kernels.extend([&pingpong, &per_item, &gather, &fallback]);
             if i < 2 {
                 kernels.extend(experiments.iter().map(|(_, e)| e));
             }

@@ -531,16 +531,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             }
             if constexpr (QCONV) {
                 // bf16 Q -> f16 in place (the chunks this thread copied), row
-                // by row, with the logit scale folded in: q' = q c 2^-qs, c =
-                // scale_log2 and qs >= 0 the smallest shift that keeps the
-                // row's largest finite |q c| below 2^15 (f16's range); the
-                // consumers then scale that row's scores by 2^qs, a power of
-                // two, so the row max in log2 units is exact and its own
-                // weight is exactly 2^0 however large the logits (with a
-                // rounded c the max's FFMA residual can reach 2^40 at |q| =
-                // 1e20 and flush every weight of the row). Non-finite q stay
-                // non-finite and do not count. The CPR lanes of a row are CPR
-                // consecutive lanes.
+                // by row: a row whose largest finite |q| is >= 2^15 is scaled
+                // by 2^-qs, the power of two that brings it below 2^16 (f16's
+                // range), and the consumers multiply that row's logit scale by
+                // 2^qs; other rows convert exactly (|q| >= 2^-14; smaller values
+                // round to f16 subnormals). Non-finite q stay non-finite and do
+                // not count. The CPR lanes of a row are CPR consecutive lanes.
                 asm volatile("cp.async.wait_all;\n" ::: "memory");
                 constexpr int QRS = 128 / CPR;
                 const int ch = (int)ptv % CPR;
@@ -560,13 +556,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     }
 #pragma unroll
                     for (int o = CPR / 2; o >= 1; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-                    // |q c| < 2^(eq + ec - 252) (biased exponents of the row's
-                    // largest finite |q| and of c); qs <= 126 (beyond that the
-                    // logits leave f32 anyway).
-                    const int eq = (int)(mx >> 7);
-                    const int ec = (int)((__float_as_uint(p.scale_log2) >> 23) & 0xffu);
-                    const int qs = min(max(eq + ec - 267, 0), 126);
-                    const float f = p.scale_log2 * __int_as_float((127 - qs) << 23);  // c 2^-qs
+                    const int e = (int)(mx >> 7);  // biased exponent of the row's largest finite |q|
+                    const int qs = e >= 142 ? e - 141 : 0;
+                    const float f = __int_as_float((127 - qs) << 23);  // 2^-qs (qs <= 113)
                     u32 h[4];
 #pragma unroll
                     for (int k = 0; k < 4; ++k)
@@ -881,7 +873,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const int qd = lane & 3;
     const int wrow0 = 64 * cw;           // first tile row of this warpgroup
     const u32 pin_addr = base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
-    bool staggered = false;  // schedule variant bit 2 done (see stagger_now)
     for (;;) {
         const int it = next_item();
         if (it >= items) break;
@@ -923,11 +914,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // its last. Off by default: on the H200 the free-running consumers were
         // 1-10% faster (docs/PERF.md).
         const bool pingpong = (p.variant & 1) != 0;
-        // Stagger (schedule variant bit 2): warpgroup 1 issues its first S
-        // once warpgroup 0's first S is done (named barrier 7), once per CTA;
-        // from then on the rings alone pace them, so one's softmax tends to
-        // run under the other's GEMMs without a barrier per tile.
-        const bool stagger_now = (p.variant & 4) != 0 && !staggered;
         auto turn_take = [&]() { named_sync_if(pingpong, 4 + cw, 256); };
         auto turn_pass = [&](bool last) { named_arrive_if(pingpong && !(cw == 1 && last), 5 - cw, 256); };
 
@@ -977,13 +963,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // the scores are scaled first. mrow is in scaled (log2) units. The ex2
         // are volatile so that they stay ahead of the wait for P V (they are the
         // work that overlaps the tensor cores).
-        // Logit scale of this thread's row hr: scale_log2, or for a converted
-        // bf16 Q (QCONV) 2^qs of the row (set after the Q wait).
-        // QCONV: the producer folded c into Q (see the bf16 Q conversion), so
-        // a row's scores are scaled by its 2^qs > 0.
+        // Logit scale of this thread's row hr: scale_log2, for a converted
+        // bf16 Q (QCONV) times 2^qs of the row (set after the Q wait).
         const float c = p.scale_log2;
-        const bool cpos = QCONV || c > 0.f;
-        float cq[2] = {1.f, 1.f};
+        const bool cpos = c > 0.f;
+        float cq[2] = {c, c};
         auto crow = [&](int hr) {
             if constexpr (QCONV) return cq[hr];
             return c;
@@ -1042,7 +1026,14 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 for (int w = 4; w >= 1; w >>= 1)
 #pragma unroll
                     for (int k = 0; k < w; ++k) mp[hr][k] = fmaxf(mp[hr][k], mp[hr][k + w]);
-                mx[hr] = cpos ? mp[hr][0] * crow(hr) : mp[hr][0];  // -inf stays -inf
+                // Rounded up, so that every 2^(s c - m) is at most 1 (an FFMA
+                // keeps the exact product s c: with m rounded to nearest the
+                // max's own exponent is +-ulp(m) / 2, which overflows once
+                // |m| >= 2^31). Its weight is then 2^-e, 0 <= e <= ulp(m), the
+                // same factor for every key of the row and tile; it flushes to
+                // zero only for |m| >= 2^30 in log2 units, logits far beyond
+                // any model's (docs/DESIGN.md, "numeric range").
+                mx[hr] = cpos ? __fmul_ru(mp[hr][0], crow(hr)) : mp[hr][0];  // -inf stays -inf
             }
             row_max_update(mx, mrow, alpha);
             // Scores still raw (cpos) or already scaled.
@@ -1138,8 +1129,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             for (int w = 0; w < VMW; ++w) vmw[w] = vm_s[kslot(0) * VMW + w];
             bool prev_full = tile_full(0, vmw);
             named_arrive_if(pingpong && cw == 1, 4, 256);  // warpgroup 0 issues first
-            named_sync_if(stagger_now && cw == 1, 7, 256);
-            staggered = true;
             turn_take();
             if (active) {
                 qk(kslot(0));
@@ -1149,7 +1138,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             } else {
                 turn_pass(false);
             }
-            named_arrive_if(stagger_now && cw == 0, 7, 256);
             mbar_arrive(bar_ek + 8 * kslot(0));
             // Q is free for the next item after this warpgroup's last S (an
             // idle warpgroup reads no Q).

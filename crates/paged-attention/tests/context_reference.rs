@@ -312,14 +312,14 @@ fn context_sm90_plan_fits() {
             } else {
                 items
             };
-            for variant in [0, 1, 4, 5] {
+            for variant in [0, 1] {
                 assert_eq!(context_sm90_grid(items, d, variant, 132), want);
             }
             assert_eq!(
                 context_sm90_grid(items, d, 0, 0),
                 if context_sm90_persistent(d) { 1 } else { items }
             );
-            for variant in [2, 3, 6] {
+            for variant in [2, 3] {
                 assert_eq!(context_sm90_grid(items, d, variant, 132), items);
             }
             assert_eq!(cfg.block_dim.0, CONTEXT_SM90_THREADS);
