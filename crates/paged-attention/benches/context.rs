@@ -256,7 +256,8 @@ fn main() {
     let gpu = Gpu::shared().expect("GPU");
     let kernel = ContextKernel::new(&gpu).expect("load");
     // On the headline cases: the sm_90a kernel with consumer ping-pong
-    // (variant 1) and the compute_90 kernel beside the default one.
+    // (variant 1, on the persistent grid) and the compute_90 kernel beside
+    // the default one.
     let mut pingpong = ContextKernel::new(&gpu).expect("load");
     pingpong.set_variant(1);
     let fallback = ContextKernel::with_path(&gpu, ContextPath::Mma).expect("load");

@@ -135,10 +135,11 @@ struct ContextParams {
     i32 window_left;           // `W` or −1.
     float scale_log2;          // `bmm1_scale · log2 e`.
     float bmm2_scale;          // `bmm2_scale`.
-    // Schedule variant of the sm_90a kernel, for A/B benchmarks only (0 =
-    // default: persistent grid; 1 = one CTA per item, the consumers
-    // ping-pong their GEMM issue on named barriers; 2 = one CTA per item);
-    // the compute_90 kernel ignores it.
+    // Schedule variant of the sm_90a kernel, for A/B benchmarks only: 0 =
+    // default (persistent grid where [`context_sm90_persistent`]); bit 0
+    // (1): the consumers ping-pong their GEMM issue on named barriers;
+    // bit 1 (2): one CTA per work item. Same results, other timing; the
+    // compute_90 kernel ignores it.
     i32 variant;
     // sm_90a K/V loads: keys per TMA box ([`context_sm90_tma_rows`]), 0 =
     // the cp.async row gather.

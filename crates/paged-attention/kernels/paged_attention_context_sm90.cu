@@ -113,7 +113,10 @@ struct Cfg {
     // i32 [4]: two work-item slots, thread 0's prefetched counter value, a
     // spare (8-byte multiple).
     static constexpr int ITEM_OFF = PIN_OFF + 256 * 4;
-    static constexpr int BYTES = ITEM_OFF + 4 * 4;
+    // e4m3 K/V: u8 [QBUF][BM], each Q row's shift qs (see `q_to_f16`).
+    static constexpr int QX_OFF = ITEM_OFF + 4 * 4;
+    static constexpr int QX_BYTES = F8 ? QBUF * BM : 0;
+    static constexpr int BYTES = QX_OFF + QX_BYTES;
     static constexpr int ALLOC = BYTES + 1024;  // slack: the base is rounded up to 1024
     static_assert(BAR_OFF % 8 == 0, "mbarrier alignment");
     static_assert((BN * CPR) % 128 == 0 && (BM * CPR) % 128 == 0, "producer split");
@@ -341,6 +344,12 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
 template <int QT, int D, int XV = 0, bool F8 = false>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v) {
     using C = Cfg<D, F8>;
+    // Operand dtype of both GEMMs: the Q dtype, or f16 for e4m3 K/V (every
+    // e4m3 value is an f16 value: one conversion instruction per two; a bf16
+    // Q tile is converted to f16 once per item, each row scaled by 2^-qs
+    // when its largest finite |q| is 2^15 or more; P is then f16).
+    constexpr int MT = F8 ? 1 : QT;
+    constexpr bool QCONV = F8 && QT == 0;
     constexpr int BN = C::BN;
     constexpr int CPR = C::CPR;
     constexpr int NS = BN / 2;   // S accumulator registers per thread
@@ -520,7 +529,48 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     }
                 }
             }
-            mbar_arrive_cp_async(bar_q + 8 * qb);
+            if constexpr (QCONV) {
+                // bf16 Q -> f16 in place (the chunks this thread copied), row
+                // by row: a row whose largest finite |q| is >= 2^15 is scaled
+                // by 2^-qs, the power of two that brings it below 2^16 (f16's
+                // range), and the consumers multiply that row's logit scale by
+                // 2^qs; other rows convert exactly (|q| >= 2^-14; smaller values
+                // round to f16 subnormals). Non-finite q stay non-finite and do
+                // not count. The CPR lanes of a row are CPR consecutive lanes.
+                asm volatile("cp.async.wait_all;\n" ::: "memory");
+                constexpr int QRS = 128 / CPR;
+                const int ch = (int)ptv % CPR;
+                u8* const qt = smem + C::Q_OFF + qb * C::Q_BYTES;
+                u8* const qsr = smem + C::QX_OFF + qb * BM;
+#pragma unroll 2
+                for (int row = (int)ptv / CPR; row < BM; row += QRS) {
+                    uint4* a = reinterpret_cast<uint4*>(qt + swz(row, ch, C::Q_ATOM));
+                    const uint4 u = *a;
+                    const u32 w4[4] = {u.x, u.y, u.z, u.w};
+                    u32 mx = 0;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const u32 lo = w4[e] & 0x7FFFu, hi = (w4[e] >> 16) & 0x7FFFu;
+                        mx = max(mx, lo < 0x7F80u ? lo : 0u);
+                        mx = max(mx, hi < 0x7F80u ? hi : 0u);
+                    }
+#pragma unroll
+                    for (int o = CPR / 2; o >= 1; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                    const int e = (int)(mx >> 7);  // biased exponent of the row's largest finite |q|
+                    const int qs = e >= 142 ? e - 141 : 0;
+                    const float f = __int_as_float((127 - qs) << 23);  // 2^-qs (qs <= 113)
+                    u32 h[4];
+#pragma unroll
+                    for (int k = 0; k < 4; ++k)
+                        h[k] = pack2<1>(__uint_as_float(w4[k] << 16) * f, __uint_as_float(w4[k] & 0xffff0000u) * f);
+                    *a = make_uint4(h[0], h[1], h[2], h[3]);
+                    if (ch == 0) qsr[row] = (u8)qs;
+                }
+                fence_proxy_async();
+                mbar_arrive(bar_q + 8 * qb);
+            } else {
+                mbar_arrive_cp_async(bar_q + 8 * qb);
+            }
 
             if (tma) {
                 // One warp: lane j looks up the page of box j of a tile (one
@@ -745,10 +795,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         for (int j = 0; j < NB; ++j) {
                             const int i = (c0 + j) / CA, a = (c0 + j) % CA;
                             u32 w[8];
-                            e4m3x4_cvt<QT>(u[j].x, w[0], w[1]);
-                            e4m3x4_cvt<QT>(u[j].y, w[2], w[3]);
-                            e4m3x4_cvt<QT>(u[j].z, w[4], w[5]);
-                            e4m3x4_cvt<QT>(u[j].w, w[6], w[7]);
+                            e4m3x4_cvt<MT>(u[j].x, w[0], w[1]);
+                            e4m3x4_cvt<MT>(u[j].y, w[2], w[3]);
+                            e4m3x4_cvt<MT>(u[j].z, w[4], w[5]);
+                            e4m3x4_cvt<MT>(u[j].w, w[6], w[7]);
                             // Chunk 2 c + 1 sits at the offset of chunk 2 c with bit 4 flipped.
                             const u32 d0 = dst_tile + dst_lane + (u32)(i * 16 * 128 + 2 * a * C::KV_ATOM);
                             *reinterpret_cast<uint4*>(smem + d0) = make_uint4(w[0], w[1], w[2], w[3]);
@@ -857,13 +907,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         float drow[2] = {0.f, 0.f};
         float alpha[2] = {0.f, 0.f};
 
-        // Ping-pong (schedule variant 1): the consumers take turns issuing their
+        // Ping-pong (schedule variant bit 0): the consumers take turns issuing their
         // GEMMs (named barriers 4 + c: "warpgroup c may issue"), so one's softmax
         // runs under the other's GEMMs. Both warpgroups (active or not) take
         // every turn; warpgroup 0 goes first and warpgroup 1 passes no turn after
         // its last. Off by default: on the H200 the free-running consumers were
         // 1-10% faster (docs/PERF.md).
-        const bool pingpong = p.variant == 1;
+        const bool pingpong = (p.variant & 1) != 0;
         auto turn_take = [&]() { named_sync_if(pingpong, 4 + cw, 256); };
         auto turn_pass = [&](bool last) { named_arrive_if(pingpong && !(cw == 1 && last), 5 - cw, 256); };
 
@@ -887,7 +937,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             for (int ks = 0; ks < D / 16; ++ks) {
                 const u32 qo = ((ks >> 2) * C::Q_ATOM + (ks & 3) * 32) >> 4;
                 const u32 ko = ((ks >> 2) * C::KV_ATOM + (ks & 3) * 32) >> 4;
-                mma_ss<QT, BN>(s, dsc(qd0 + qo), dsc(kd + ko), ks > 0 ? 1 : 0);
+                mma_ss<MT, BN>(s, dsc(qd0 + qo), dsc(kd + ko), ks > 0 ? 1 : 0);
             }
             wg_commit();
         };
@@ -896,7 +946,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             wg_fence();
             const u32 vd = v_lo0 + (u32)((st * C::KV_BYTES) >> 4);
 #pragma unroll
-            for (int kk = 0; kk < KSTEPS; ++kk) mma_rs<QT, D>(o, pa[kk], dsc(vd + ((kk * 16 * 128) >> 4)), 1);
+            for (int kk = 0; kk < KSTEPS; ++kk) mma_rs<MT, D>(o, pa[kk], dsc(vd + ((kk * 16 * 128) >> 4)), 1);
             wg_commit();
         };
         // Whether tile t needs no element mask for this warpgroup's rows.
@@ -913,8 +963,15 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // the scores are scaled first. mrow is in scaled (log2) units. The ex2
         // are volatile so that they stay ahead of the wait for P V (they are the
         // work that overlaps the tensor cores).
+        // Logit scale of this thread's row hr: scale_log2, for a converted
+        // bf16 Q (QCONV) times 2^qs of the row (set after the Q wait).
         const float c = p.scale_log2;
         const bool cpos = c > 0.f;
+        float cq[2] = {c, c};
+        auto crow = [&](int hr) {
+            if constexpr (QCONV) return cq[hr];
+            return c;
+        };
         float dsum[2] = {0.f, 0.f};
         auto softmax = [&](int t, bool full, const u32 (&vmw)[VMW]) {
             if constexpr ((XV & 1) != 0) {
@@ -958,7 +1015,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             } else {
 #pragma unroll
                 for (int i = 0; i < NS; ++i) {
-                    s[i] = s[i] == PAC_NEG_INF ? PAC_NEG_INF : s[i] * c;  // masked stays -inf
+                    s[i] = s[i] == PAC_NEG_INF ? PAC_NEG_INF : s[i] * crow((i >> 1) & 1);  // masked stays -inf
                     float& m = mp[(i >> 1) & 1][((i >> 2) & 3) | ((i & 1) << 2)];
                     m = fmaxf(m, s[i]);
                 }
@@ -969,15 +1026,23 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 for (int w = 4; w >= 1; w >>= 1)
 #pragma unroll
                     for (int k = 0; k < w; ++k) mp[hr][k] = fmaxf(mp[hr][k], mp[hr][k + w]);
-                mx[hr] = cpos ? mp[hr][0] * c : mp[hr][0];  // -inf stays -inf
+                // Rounded up, so that every 2^(s c - m) is at most 1 (an FFMA
+                // keeps the exact product s c: with m rounded to nearest the
+                // max's own exponent is +-ulp(m) / 2, which overflows once
+                // |m| >= 2^31). Its weight is then 2^-e, 0 <= e <= ulp(m), the
+                // same factor for every key of the row and tile; it flushes to
+                // zero only for |m| >= 2^30 in log2 units, logits far beyond
+                // any model's (docs/DESIGN.md, "numeric range").
+                mx[hr] = cpos ? __fmul_ru(mp[hr][0], crow(hr)) : mp[hr][0];  // -inf stays -inf
             }
             row_max_update(mx, mrow, alpha);
-            const float cs = cpos ? c : 1.f;  // scores still raw (cpos) or already scaled
+            // Scores still raw (cpos) or already scaled.
+            const float cs[2] = {cpos ? crow(0) : 1.f, cpos ? crow(1) : 1.f};
             float sp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
             for (int i = 0; i < NS; ++i) {
                 const int hr = (i >> 1) & 1;
-                s[i] = ex2f(fmaf(s[i], cs, -mx[hr]));
+                s[i] = ex2f(fmaf(s[i], cs[hr], -mx[hr]));
                 sp[hr][(i >> 2) & 3] += s[i];
             }
 #pragma unroll
@@ -1000,7 +1065,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int i = 8 * kk + 2 * e;
-                    pa[kk][e] = pack2<QT>(s[i], s[i + 1]);
+                    pa[kk][e] = pack2<MT>(s[i], s[i + 1]);
                 }
             }
             drow[0] = drow[0] * alpha[0] + dsum[0];
@@ -1034,8 +1099,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll 1
                 for (int r = r_beg[q] - k0 + ct / CPR; r < r_end[q] - k0; r += RPP) {
                     const uint4 u = *reinterpret_cast<const uint4*>(v + col + r * 128);
-                    bad = bad || nonfinite2<QT>(u.x) || nonfinite2<QT>(u.y) || nonfinite2<QT>(u.z) ||
-                          nonfinite2<QT>(u.w);
+                    bad = bad || nonfinite2<MT>(u.x) || nonfinite2<MT>(u.y) || nonfinite2<MT>(u.z) ||
+                          nonfinite2<MT>(u.w);
                 }
             }
             return named_or(2 + cw, 128, bad);
@@ -1043,13 +1108,20 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // O += P V for stage st on CUDA cores (tiles with masked keys and non-finite V).
         auto pv_slow = [&](int st) {
             const u8* v = smem + C::V_OFF + st * C::KV_BYTES;
-            pv_scalar<QT, BN, D>(
+            pv_scalar<MT, BN, D>(
                 pa, lane, [&](int j, int e) -> float& { return o[4 * j + e]; },
                 [&](int key, int ch) { return v + swz(key, ch, C::KV_ATOM); });
         };
 
         if (ntiles > 0) {
             mbar_wait(bar_q + 8 * qb, (u32)((nq / QBUF) & 1));
+            if constexpr (QCONV) {
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const int row = wrow0 + 16 * warp + gr + 8 * hr;
+                    cq[hr] *= __int_as_float((127 + (int)smem[C::QX_OFF + qb * BM + row]) << 23);
+                }
+            }
             u32 vmw[VMW];
             // ---- tile 0 ----
             mbar_wait(bar_fk + 8 * kslot(0), kpar(0));

@@ -24,8 +24,12 @@
 //! `wgmma` for `Q·Kᵀ` (both operands in shared memory) and `P·V` (P from
 //! registers), the softmax of tile `t` overlapped with `P·V` of tile `t − 1`
 //! ([`ContextPath::Wgmma`]). e4m3 K/V are gathered into a staging ring
-//! and converted by the producer to the Q dtype (exact) into the same
-//! 16-bit rings ([`context_sm90_staging_steps`]). Elsewhere the compute_90
+//! and converted by the producer to f16 (exact: one instruction per two
+//! values) into the same 16-bit rings ([`context_sm90_staging_steps`]); both
+//! GEMMs then run in f16: a bf16 Q tile is converted to f16 once per work
+//! item (exact for |q| in [2^-14, 2^15); a row whose largest finite |q| is
+//! larger is scaled by a power of two, folded into that row's logit scale)
+//! and P is packed to f16. Elsewhere the compute_90
 //! kernel runs ([`ContextPath::Mma`]):
 //! `paged_attention_context_{q}_kv_{kv}_d{D}`, FlashAttention-2
 //! structure on `mma.sync.m16n8k16`: CTA = (KV head, request, q tile of
@@ -259,7 +263,8 @@ pub fn context_sm90_staging_steps(head_dim: usize, kv: KvDtype) -> usize {
 /// masks of the keys (4 u32: one word per producer warp), the mbarriers
 /// (full + empty per Q buffer and per ring slot, two work-item slots full +
 /// empty), one f32 per consumer thread, four i32 (two work-item slots, the
-/// prefetched work counter, a spare), and
+/// prefetched work counter, a spare), for e4m3 KV one byte per Q row and
+/// buffer (the row's shift of its conversion to f16), and
 /// 1024 bytes of slack to align the swizzled tiles.
 pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
     let bn = context_sm90_tile_keys(head_dim);
@@ -268,8 +273,21 @@ pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
     let q = qbuf * CONTEXT_SM90_BLOCK_ROWS * head_dim * 2;
     let kv = bn * head_dim * 2;
     let staging = context_sm90_staging_steps(head_dim, kv_dtype) * 2 * bn * head_dim;
+    // e4m3: each Q row's shift (one byte per row and Q buffer), see the kernel's Q conversion.
+    let q_conv = if kv_dtype == KvDtype::E4m3 {
+        qbuf * CONTEXT_SM90_BLOCK_ROWS
+    } else {
+        0
+    };
     let bars = 2 * qbuf + 2 * kst + 2 * vst + 4;
-    q + (kst + vst) * kv + staging + kst * 4 * 4 + bars * 8 + CONTEXT_SM90_PIN_BYTES + 16 + 1024
+    q + (kst + vst) * kv
+        + staging
+        + kst * 4 * 4
+        + bars * 8
+        + CONTEXT_SM90_PIN_BYTES
+        + 16
+        + q_conv
+        + 1024
 }
 
 /// Shared memory of the sm_90a kernel's per-thread pin word (one f32 per
@@ -416,10 +434,11 @@ kernel_rt::abi_struct! {
         pub scale_log2: f32 = "float",
         /// `bmm2_scale`.
         pub bmm2_scale: f32 = "float",
-        /// Schedule variant of the sm_90a kernel, for A/B benchmarks only (0 =
-        /// default: persistent grid; 1 = one CTA per item, the consumers
-        /// ping-pong their GEMM issue on named barriers; 2 = one CTA per item);
-        /// the compute_90 kernel ignores it.
+        /// Schedule variant of the sm_90a kernel, for A/B benchmarks only: 0 =
+        /// default (persistent grid where [`context_sm90_persistent`]); bit 0
+        /// (1): the consumers ping-pong their GEMM issue on named barriers;
+        /// bit 1 (2): one CTA per work item. Same results, other timing; the
+        /// compute_90 kernel ignores it.
         pub variant: i32 = "i32",
         /// sm_90a K/V loads: keys per TMA box ([`context_sm90_tma_rows`]), 0 =
         /// the cp.async row gather.
@@ -675,12 +694,12 @@ pub fn context_sm90_merge_entry_name(q: HalfDtype, head_dim: usize) -> String {
 }
 
 /// CTAs of an sm_90a launch of `items` work items: one per item, or, for the
-/// persistent grid (schedule variant 0 at [`context_sm90_persistent`] head
-/// dims), at most `ctas` (the SM count: one CTA per SM fits; at least 1).
+/// persistent grid (schedule variants without bit 1 at
+/// [`context_sm90_persistent`] head dims), at most `ctas` (the SM count: one CTA per SM fits; at least 1).
 /// With fewer CTAs than items, CTA `c` starts with item `c` and takes the
 /// following items, in order, from a device counter ([`ContextParams::work`]).
 pub fn context_sm90_grid(items: u32, head_dim: usize, variant: i32, ctas: usize) -> u32 {
-    if variant == 0 && context_sm90_persistent(head_dim) {
+    if variant & 2 == 0 && context_sm90_persistent(head_dim) {
         items.min(ctas.max(1) as u32)
     } else {
         items

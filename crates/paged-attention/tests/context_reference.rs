@@ -295,6 +295,7 @@ fn context_sm90_plan_fits() {
                 + bars
                 + 256 * 4
                 + 16
+                + if kv == KvDtype::E4m3 { qbuf * 128 } else { 0 }
                 + 1024
         );
         for (max_q, g) in [(1, 1), (128, 1), (129, 1), (33, 4), (5000, 16)] {
@@ -304,19 +305,21 @@ fn context_sm90_plan_fits() {
             // One CTA per (q tile, KV head, request), or at most `ctas`.
             assert_eq!(cfg.grid_dim, (tiles as u32 * 2 * 3, 1, 1));
             // The launcher's grid: persistent (at most one CTA per SM) only
-            // for variant 0 at the persistent head dims.
+            // for variants without bit 1 at the persistent head dims.
             let items = tiles as u32 * 6;
             let want = if context_sm90_persistent(d) {
                 items.min(132)
             } else {
                 items
             };
-            assert_eq!(context_sm90_grid(items, d, 0, 132), want);
+            for variant in [0, 1] {
+                assert_eq!(context_sm90_grid(items, d, variant, 132), want);
+            }
             assert_eq!(
                 context_sm90_grid(items, d, 0, 0),
                 if context_sm90_persistent(d) { 1 } else { items }
             );
-            for variant in [1, 2] {
+            for variant in [2, 3] {
                 assert_eq!(context_sm90_grid(items, d, variant, 132), items);
             }
             assert_eq!(cfg.block_dim.0, CONTEXT_SM90_THREADS);
