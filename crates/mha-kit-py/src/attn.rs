@@ -343,14 +343,18 @@ pub unsafe fn run_cpu(c: &AttnCall) -> Result<(u32, u32), ArgError> {
     let [t, hq, d] = c.q.dims::<3>();
     let (bs, m) = (c.page_table.shape[0], c.page_table.shape[1]);
     let result = {
-        // SAFETY (all reads): the caller's contract; the slices live only in
+        // SAFETY: the caller's contract; the slices live only in
         // this block, before `out` is written.
+        // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
         let q = unsafe { host::slice::<u16>(&c.q)? };
         let kv = |x: &Tensor| -> Result<HostKv<'_>, ArgError> {
             // SAFETY: as above.
             let data = match c.kv_dtype {
+                // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
                 KvDtype::Bf16 => KvData::Bf16(unsafe { host::slice::<u16>(x)? }),
+                // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
                 KvDtype::F16 => KvData::F16(unsafe { host::slice::<u16>(x)? }),
+                // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
                 KvDtype::E4m3 => KvData::E4m3(unsafe { host::slice::<u8>(x)? }),
             };
             Ok(HostKv {
@@ -362,12 +366,15 @@ pub unsafe fn run_cpu(c: &AttnCall) -> Result<(u32, u32), ArgError> {
         let (k, v) = (kv(&c.k)?, kv(&c.v)?);
         // SAFETY: as above.
         let page_table = unsafe { host::slice::<i32>(&c.page_table)? };
+        // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
         let seq_lens = unsafe { host::slice::<i32>(&c.seq_lens)? };
         let cu = match &c.cu_q {
+            // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
             Some(cu) => unsafe { host::slice::<i32>(cu)? },
             None => &[],
         };
         let sinks = match &c.sinks {
+            // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
             Some(s) => Some(unsafe { host::slice::<f32>(s)? }),
             None => None,
         };

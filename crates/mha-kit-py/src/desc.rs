@@ -216,11 +216,15 @@ impl Tensor {
         }
     }
 
-    /// Fails unless the last dim is contiguous (any stride for extent ≤ 1).
+    /// Fails unless the last dim is contiguous (any stride for extent ≤ 1;
+    /// an empty tensor passes).
     ///
     /// # Errors
     /// [`ArgError`].
     pub fn require_last_contiguous(&self) -> Result<(), ArgError> {
+        if self.numel() == 0 {
+            return Ok(());
+        }
         match (self.shape.last(), self.strides.last()) {
             (Some(&n), Some(&s)) if n > 1 && s != 1 => {
                 Err(self.err("the last dim must be contiguous (stride 1)"))
@@ -230,11 +234,14 @@ impl Tensor {
     }
 
     /// Fails unless the tensor is row-major contiguous (dims of extent ≤ 1
-    /// may carry any stride).
+    /// may carry any stride; an empty tensor passes).
     ///
     /// # Errors
     /// [`ArgError`].
     pub fn require_contiguous(&self) -> Result<(), ArgError> {
+        if self.numel() == 0 {
+            return Ok(());
+        }
         let mut want = 1usize;
         for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
             if n > 1 && s != want {

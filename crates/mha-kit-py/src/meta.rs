@@ -124,16 +124,21 @@ pub fn validate_page_table(
 pub unsafe fn page_table_cpu(c: &PageTableCall) -> Result<(u32, u32), ArgError> {
     let [rows, width] = c.req_to_token.dims::<2>();
     let [bs, m] = c.page_table.dims::<2>();
-    // SAFETY (all): the caller's contract.
+    // SAFETY: the caller's contract.
     let r2t = unsafe { host::gather::<i32>(&c.req_to_token)? };
+    // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
     let rpi = unsafe { host::gather::<i64>(&c.req_pool_indices)? };
+    // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
     let lens = unsafe { host::gather::<i32>(&c.cache_seqlens)? };
+    // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
     let mut pt = unsafe { host::gather::<i32>(&c.page_table)? };
     let map = match &c.swa {
+        // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
         Some((map, _)) => Some(unsafe { host::gather::<i64>(map)? }),
         None => None,
     };
     let mut swa = match &c.swa {
+        // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
         Some((_, t)) => Some(unsafe { host::gather::<i32>(t)? }),
         None => None,
     };
@@ -156,8 +161,10 @@ pub unsafe fn page_table_cpu(c: &PageTableCall) -> Result<(u32, u32), ArgError> 
         m,
         swa.as_mut().map(|s| (&mut s[..], m)),
     );
+    // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
     unsafe { host::scatter(&c.page_table, &pt)? };
     if let (Some((_, t)), Some(s)) = (&c.swa, &swa) {
+        // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
         unsafe { host::scatter(t, s)? };
     }
     Ok((err.count, err.flags))
@@ -386,8 +393,9 @@ pub unsafe fn graph_cpu(c: &GraphCall) -> Result<(u32, u32), ArgError> {
     if bs == 0 {
         return Ok((0, 0));
     }
-    // SAFETY (all): the caller's contract.
+    // SAFETY: the caller's contract.
     let g = |t: &Tensor| unsafe { host::gather::<i32>(t) };
+    // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
     let g64 = |t: &Tensor| unsafe { host::gather::<i64>(t) };
     let r2t = g(&c.req_to_token)?;
     let rpi = g64(&c.req_pool_indices)?;
@@ -421,6 +429,7 @@ pub unsafe fn graph_cpu(c: &GraphCall) -> Result<(u32, u32), ArgError> {
         swa_out_cache_loc: c.swa_out_cache_loc.as_ref().map(g64).transpose()?,
     };
     let err = graph_metadata::reference::update_graph_metadata(&input, &mut out);
+    // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
     unsafe {
         host::scatter(&c.cache_seqlens, &out.cache_seqlens)?;
         host::scatter(&c.cu_seqlens_k, &out.cu_seqlens_k)?;
@@ -587,11 +596,15 @@ pub fn validate_kv_write(
 /// As [`page_table_cpu`].
 pub unsafe fn kv_write_cpu(c: &KvWriteCall) -> Result<(u32, u32), ArgError> {
     let [n, hkv, d] = c.k.dims::<3>();
-    // SAFETY (all): the caller's contract.
+    // SAFETY: the caller's contract.
     let k = unsafe { host::gather::<u16>(&c.k)? };
+    // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
     let v = unsafe { host::gather::<u16>(&c.v)? };
+    // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
     let loc = unsafe { host::gather::<i64>(&c.cache_loc)? };
+    // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
     let mut kc = unsafe { host::gather::<u8>(&c.k_cache)? };
+    // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
     let mut vc = unsafe { host::gather::<u8>(&c.v_cache)? };
     let slots = c.k_cache.shape[0];
     let w = fp8_kv::reference::HostWrite {
@@ -623,6 +636,7 @@ pub unsafe fn kv_write_cpu(c: &KvWriteCall) -> Result<(u32, u32), ArgError> {
         &mut cache(&mut kc),
         &mut cache(&mut vc),
     );
+    // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
     unsafe {
         host::scatter(&c.k_cache, &kc)?;
         host::scatter(&c.v_cache, &vc)?;

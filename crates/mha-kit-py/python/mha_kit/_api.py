@@ -32,10 +32,15 @@ def _compiling():
     return comp is not None and comp.is_compiling()
 
 
-def _ops():
-    from . import _torch_ops
+# torch.ops.mha_kit, set by _torch_ops when torch is importable (a global,
+# so that torch.compile traces no import).
+_TORCH_OPS = None
 
-    return _torch_ops.ops()
+
+def _ops():
+    if _TORCH_OPS is None:
+        raise RuntimeError("mha_kit: torch.compile needs the torch custom ops (import torch first)")
+    return _TORCH_OPS
 
 
 def _split_kv(kv_cache, name="kv_cache"):

@@ -102,3 +102,6 @@ def _kv_write_fake(*args) -> None:
 def ops():
     """``torch.ops.mha_kit`` (the ops above)."""
     return torch.ops.mha_kit
+
+
+_api._TORCH_OPS = torch.ops.mha_kit
