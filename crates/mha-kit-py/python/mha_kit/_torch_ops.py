@@ -105,3 +105,4 @@ def ops():
 
 
 _api._TORCH_OPS = torch.ops.mha_kit
+_api._compiling = torch.compiler.is_compiling
