@@ -52,6 +52,18 @@ for t in "$here"/tests/*; do
   echo "$name: $line"
   [ "$f" -gt 0 ] && grep -E '^(test .* FAILED|---- )' "$logs/$name.log" | head -n 20
 done
+# The Python package's GPU tests, when python3 has torch.
+if [ -x "$here/python/run_python.sh" ] && python3 -c "import torch" 2>/dev/null; then
+  bash "$here/python/run_python.sh" "$logs" >"$logs/python.log" 2>&1
+  rc=$?
+  line=$(grep -E '^=+ .*(passed|failed|skipped).* =+$' "$logs/python.log" | tail -n 1)
+  p=$(printf '%s' "$line" | sed -nE 's/.* ([0-9]+) passed.*/\1/p')
+  f=$(printf '%s' "$line" | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
+  echo "python mha_kit: ${line:-no pytest summary} (exit $rc)"
+  passed=$((passed + ${p:-0}))
+  failed=$((failed + ${f:-0}))
+  if [ "$rc" -ne 0 ] && [ -z "$f" ]; then failed=$((failed + 1)); tail -n 20 "$logs/python.log"; fi
+fi
 if [ "${MHA_KIT_SKIP_BENCH:-0}" != 1 ]; then
   # Peer scripts (torch's cuDNN SDPA on the same shapes), when python3 has torch.
   for py in "$here"/peers/*.py; do
@@ -202,6 +214,8 @@ pub fn build(root: &Path, out: &Path) -> Result<()> {
             }
         }
     }
+    let pydir = crate::python::bundle(root, &out)?;
+    eprintln!("  {}", pydir.display());
     let run = out.join("run.sh");
     std::fs::write(&run, RUN_SH)?;
     #[cfg(unix)]

@@ -9,18 +9,23 @@
 //! - `ptx-report`: `ptxas -arch=sm_90 -v` (`sm_90a` for `*_sm90` kernels) on every committed PTX; a table of
 //!   registers, shared memory, stack frame and spills; fails on any spill.
 //! - `gpu-bundle [--out DIR]`: release GPU test and bench binaries plus
-//!   `run.sh`, for a GPU host with a driver but no Rust.
+//!   `run.sh`, for a GPU host with a driver but no Rust; `python/` holds the
+//!   `mha_kit` wheel (abi3, manylinux_2_28), its GPU pytest and
+//!   `run_python.sh`.
 //! - `abi [--check]`: generate each kernel crate's C header
 //!   (`crates/<crate>/kernels/<crate>_abi.cuh`: params structs with
 //!   `static_assert`s on size and every offset, error-flag `#define`s) from
 //!   the Rust definitions (`kernel_rt::abi`); `--check` renders in memory and
 //!   fails naming each committed header that differs.
 //! - `ci`: fmt, clippy, ABI headers, ptx and cubin freshness, ptx-report (one
-//!   ptxas pass for both) and the README's test command.
+//!   ptxas pass for both), the README's test command, and the Python
+//!   package: its wheel built with maturin in `target/py-venv`, installed,
+//!   and its CPU pytest (`crates/mha-kit-py/tests`).
 
 mod abi;
 mod bundle;
 mod ptx;
+mod python;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -142,6 +147,7 @@ fn ci(root: &Path) -> Result<()> {
     let cmd = readme_test_command(root)?;
     eprintln!("README test command: {cmd}");
     run(root, "bash", &["-c", &cmd])?;
+    python::ci(root)?;
     eprintln!("xtask ci: all checks passed");
     Ok(())
 }

@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kernel_rt::cudarc::driver::sys::CUdevice_attribute;
-use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use kernel_rt::cudarc::driver::{
+    CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use kernel_rt::{
     grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
 };
@@ -424,8 +426,23 @@ impl KvWriteKernel {
         args: &mut KvWriteArgs<'_, u16>,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
+        self.set_kv_buffer_on(self.gpu.stream(), args, errors)
+    }
+
+    /// [`KvWriteKernel::set_kv_buffer`] on `stream` instead of the GPU's own
+    /// stream (e.g. an engine's stream from [`Gpu::borrowed_stream`]).
+    ///
+    /// # Errors
+    /// As [`KvWriteKernel::set_kv_buffer`]; [`KernelError::Unsupported`]
+    /// when the stream belongs to another context.
+    pub fn set_kv_buffer_on(
+        &self,
+        stream: &CudaStream,
+        args: &mut KvWriteArgs<'_, u16>,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
         let params = validate(args)?;
-        self.launch(&self.set_kv, args, params, false, errors)
+        self.launch(stream, &self.set_kv, args, params, false, errors)
     }
 
     /// Fused FP8 quantize + write (spec §3, D7): for an e4m3 cache, writes
@@ -440,6 +457,24 @@ impl KvWriteKernel {
     /// resolved for another cache dtype; [`KernelError::Driver`] on launch failure.
     pub fn fused_fp8_set_kv_buffer(
         &self,
+        args: &mut KvWriteArgs<'_, u8>,
+        dtype: KvDtype,
+        scales: &KvScales,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
+        self.fused_fp8_set_kv_buffer_on(self.gpu.stream(), args, dtype, scales, errors)
+    }
+
+    /// [`KvWriteKernel::fused_fp8_set_kv_buffer`] on `stream` instead of the
+    /// GPU's own stream (e.g. an engine's stream from
+    /// [`Gpu::borrowed_stream`]).
+    ///
+    /// # Errors
+    /// As [`KvWriteKernel::fused_fp8_set_kv_buffer`];
+    /// [`KernelError::Unsupported`] when the stream belongs to another context.
+    pub fn fused_fp8_set_kv_buffer_on(
+        &self,
+        stream: &CudaStream,
         args: &mut KvWriteArgs<'_, u8>,
         dtype: KvDtype,
         scales: &KvScales,
@@ -461,21 +496,22 @@ impl KvWriteKernel {
             KvDtype::Bf16 => &self.fp8_bf16,
             KvDtype::F16 => &self.fp8_f16,
         };
-        self.launch(func, args, params, true, errors)
+        self.launch(stream, func, args, params, true, errors)
     }
 
     fn launch<C>(
         &self,
+        stream: &CudaStream,
         func: &CudaFunction,
         args: &mut KvWriteArgs<'_, C>,
         mut params: KvWriteParams,
         fp8: bool,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
+        self.gpu.require_stream(stream)?;
         if params.num_tokens == 0 {
             return Ok(());
         }
-        let stream = self.gpu.stream();
         params.k = args.k.device_ptr(stream);
         params.v = args.v.device_ptr(stream);
         params.cache_loc = args.cache_loc.device_ptr(stream);

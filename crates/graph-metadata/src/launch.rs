@@ -3,7 +3,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use kernel_rt::cudarc::driver::{
+    CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use kernel_rt::{
     grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
 };
@@ -497,6 +499,23 @@ impl GraphMetadataKernel {
         args: &mut GraphMetadataArgs<'_>,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
+        self.launch_on(self.gpu.stream(), args, errors)
+    }
+
+    /// [`GraphMetadataKernel::launch`] on `stream` instead of the GPU's own
+    /// stream (e.g. an engine's stream from [`Gpu::borrowed_stream`]), in
+    /// that stream's order and CUDA-graph capture.
+    ///
+    /// # Errors
+    /// As [`GraphMetadataKernel::launch`]; [`KernelError::Unsupported`] when
+    /// the stream belongs to another context.
+    pub fn launch_on(
+        &self,
+        stream: &CudaStream,
+        args: &mut GraphMetadataArgs<'_>,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
+        self.gpu.require_stream(stream)?;
         let mut params = validate(args)?;
         if params.bs == 0 {
             return Ok(());
@@ -508,7 +527,6 @@ impl GraphMetadataKernel {
         )?;
         params.page_chunks = plan.page_chunks as i32;
         params.swa_blocks = plan.swa_blocks as i32;
-        let stream = self.gpu.stream();
         params.req_pool_indices = args.req_pool_indices.device_ptr(stream);
         params.seq_lens = args.seq_lens.device_ptr(stream);
         params.req_to_token = args.req_to_token.device_ptr(stream);

@@ -325,6 +325,86 @@ impl Gpu {
         lock(&self.modules).get(name).map(|(_, src)| *src)
     }
 
+    /// Wraps a stream that another library created in this device's
+    /// context (e.g. torch's current stream, `torch.cuda.current_stream()
+    /// .cuda_stream`), so that launchers can issue work on it with their
+    /// `launch_on` methods: the engine's stream order, and its CUDA-graph
+    /// capture, then cover mha-kit's kernels. The wrapper never destroys the
+    /// stream. The null handle (the legacy default stream) and `2` (the
+    /// per-thread default stream) are accepted as they are.
+    ///
+    /// Other handles are checked with `cuStreamGetCtx`: a stream of another
+    /// context (another device, or a non-primary context) is an error, never
+    /// a launch into the wrong context. Torch and mha-kit both use the
+    /// device's primary context.
+    ///
+    /// # Safety
+    /// `cu_stream` must be a live stream handle (or 0 / 2) and stay alive as
+    /// long as the returned wrapper, or work launched through it, is in use.
+    /// Ordering between that stream and [`Gpu::stream`] is the caller's: a
+    /// buffer written on one and read on the other needs an event or a sync.
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] when the stream belongs to another
+    /// context; [`KernelError::Driver`] when the driver rejects the handle.
+    pub unsafe fn borrowed_stream(&self, cu_stream: u64) -> Result<Arc<CudaStream>> {
+        let raw = cu_stream as usize as cudarc::driver::sys::CUstream;
+        if cu_stream > 2 {
+            self.ctx.bind_to_thread()?;
+            let mut owner: cudarc::driver::sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: `raw` is a live stream handle (the caller's contract);
+            // the driver writes one context handle into `owner`.
+            unsafe { cudarc::driver::sys::cuStreamGetCtx(raw, &mut owner) }.result()?;
+            if owner != self.ctx.cu_ctx() {
+                return Err(KernelError::unsupported(
+                    "stream",
+                    format!(
+                        "stream {cu_stream:#x} belongs to another CUDA context than device {}'s \
+                         primary context",
+                        self.ctx.ordinal()
+                    ),
+                ));
+            }
+        }
+        // SAFETY: the handle is live and of this context (checked above, or
+        // one of the two default-stream handles valid in every context); the
+        // caller keeps it alive and orders it against other streams.
+        Ok(unsafe { self.ctx.wrap_borrowed_stream(raw) })
+    }
+
+    /// Fails unless `stream` belongs to this handle's context: what every
+    /// `launch_on` checks before it launches.
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] naming `stream`.
+    pub fn require_stream(&self, stream: &CudaStream) -> Result<()> {
+        if stream.context().cu_ctx() == self.ctx.cu_ctx() {
+            Ok(())
+        } else {
+            Err(KernelError::unsupported(
+                "stream",
+                format!(
+                    "the stream belongs to device {}, the launcher to device {}",
+                    stream.context().ordinal(),
+                    self.ctx.ordinal()
+                ),
+            ))
+        }
+    }
+
+    /// Whether `stream` is capturing a CUDA graph now (`cuStreamIsCapturing`).
+    ///
+    /// # Errors
+    /// [`KernelError::Driver`] when the driver rejects the stream.
+    pub fn is_capturing(&self, stream: &CudaStream) -> Result<bool> {
+        let mut status = cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: `stream` wraps a live handle (cudarc's invariant) and the
+        // driver writes one status value.
+        unsafe { cudarc::driver::sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) }
+            .result()?;
+        Ok(status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     /// Blocks the host until all work on [`Gpu::stream`] is done.
     ///
     /// # Errors

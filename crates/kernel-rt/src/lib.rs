@@ -12,6 +12,11 @@
 //! - [`Strided`] / [`StridedMut`]: host-validated strided views of device
 //!   buffers (`[bs, max_num_pages]` tables, `[slots, num_kv_heads, head_dim]`
 //!   caches);
+//! - [`ExternalBuffer`]: device memory owned by another library (an
+//!   engine's torch tensors) under the same views, never freed here; with
+//!   [`Gpu::borrowed_stream`] (the engine's stream, checked to be of this
+//!   context) every launcher's `launch_on` runs on engine memory, in the
+//!   engine's stream order and CUDA-graph capture;
 //! - [`DeviceErrors`]: the device error word kernels count bad indices in;
 //! - [`timing`]: CUDA-event timing (median of N, criterion `iter_custom`);
 //! - [`testing`]: the libtest-mimic GPU test harness (ignored without a GPU);
@@ -29,6 +34,7 @@
 pub mod abi;
 mod error;
 mod errword;
+mod external;
 mod gpu;
 pub mod ptxhash;
 mod tensor;
@@ -39,6 +45,7 @@ pub mod tma;
 pub use cudarc;
 pub use error::{KernelError, Result};
 pub use errword::{DeviceErrors, ErrorReport, ERROR_WORD_LEN};
+pub use external::{span_elems, ExternalBuffer};
 pub use gpu::{
     gpu_available, gpu_status, Cubin, CubinArch, Gpu, GpuStatus, ModuleLoad, ModuleSource,
     PtxModule, DEVICE_ENV, MODULE_LOAD_ENV,

@@ -3,7 +3,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use kernel_rt::cudarc::driver::{
+    CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use kernel_rt::{
     grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
     MAX_GRID_YZ,
@@ -222,12 +224,29 @@ impl PageTableKernel {
     /// # Errors
     /// As [`validate`]; [`KernelError::Driver`] when the launch fails.
     pub fn launch(&self, args: &mut PageTableArgs<'_>, errors: &mut DeviceErrors) -> Result<()> {
+        self.launch_on(self.gpu.stream(), args, errors)
+    }
+
+    /// [`PageTableKernel::launch`] on `stream` instead of the GPU's own
+    /// stream (e.g. an engine's stream from [`Gpu::borrowed_stream`]), in
+    /// that stream's order and CUDA-graph capture; the buffers and `errors`
+    /// must be ready in that stream's order.
+    ///
+    /// # Errors
+    /// As [`PageTableKernel::launch`]; [`KernelError::Unsupported`] when the
+    /// stream belongs to another context.
+    pub fn launch_on(
+        &self,
+        stream: &CudaStream,
+        args: &mut PageTableArgs<'_>,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
+        self.gpu.require_stream(stream)?;
         let mut params = validate(args)?;
         if params.bs == 0 {
             return Ok(());
         }
         let cfg = launch_config(params.bs as usize, params.max_num_pages as usize)?;
-        let stream = self.gpu.stream();
         params.req_to_token = args.req_to_token.device_ptr(stream);
         params.req_pool_indices = args.req_pool_indices.device_ptr(stream);
         params.cache_seqlens = args.cache_seqlens.device_ptr(stream);

@@ -48,7 +48,7 @@ use std::sync::Arc;
 
 use kernel_rt::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use kernel_rt::cudarc::driver::{
-    CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use kernel_rt::tma::TensorMap;
 use kernel_rt::{
@@ -1067,13 +1067,33 @@ impl ContextKernel {
     /// As [`validate_context`]; [`KernelError::Stride`] for misaligned base
     /// pointers; [`KernelError::Driver`] when the launch fails.
     pub fn launch(&self, args: &mut ContextArgs<'_>, errors: &mut DeviceErrors) -> Result<()> {
+        self.launch_on(self.gpu.stream(), args, errors)
+    }
+
+    /// [`ContextKernel::launch`] on `stream` instead of the GPU's own stream
+    /// (e.g. an engine's stream from [`Gpu::borrowed_stream`]), in that
+    /// stream's order and CUDA-graph capture. The launcher's own work
+    /// counters and split workspace (zeroed on [`Gpu::stream`] at
+    /// construction: synchronise that stream once before the first
+    /// `launch_on`) are shared by all its launches, so launches on several
+    /// streams must not overlap in time.
+    ///
+    /// # Errors
+    /// As [`ContextKernel::launch`]; [`KernelError::Unsupported`] when the
+    /// stream belongs to another context.
+    pub fn launch_on(
+        &self,
+        stream: &CudaStream,
+        args: &mut ContextArgs<'_>,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
+        self.gpu.require_stream(stream)?;
         let plan = validate_context_for(args, self.sm90)?;
         let mut p = plan.params;
         p.variant = self.variant;
         if p.bs == 0 {
             return Ok(());
         }
-        let stream = self.gpu.stream();
         [p.q, p.out, p.k_cache, p.v_cache] = base_ptrs(stream, &args.q, &mut args.out, &args.kv)?;
         p.page_table = args.page_table.device_ptr(stream);
         p.cache_seqlens = args.cache_seqlens.device_ptr(stream);

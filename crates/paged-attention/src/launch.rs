@@ -1005,12 +1005,29 @@ impl PagedAttentionKernel {
     /// As [`validate`]; [`KernelError::Stride`] for misaligned base pointers;
     /// [`KernelError::Driver`] when a launch fails.
     pub fn launch(&self, args: &mut DecodeArgs<'_>, errors: &mut DeviceErrors) -> Result<()> {
+        self.launch_on(self.gpu.stream(), args, errors)
+    }
+
+    /// [`PagedAttentionKernel::launch`] on `stream` instead of the GPU's own
+    /// stream (e.g. an engine's stream from [`Gpu::borrowed_stream`]), in
+    /// that stream's order and CUDA-graph capture. The workspace counters
+    /// follow the same rule (zero before, zero after), in that stream's order.
+    ///
+    /// # Errors
+    /// As [`PagedAttentionKernel::launch`]; [`KernelError::Unsupported`] when
+    /// the stream belongs to another context.
+    pub fn launch_on(
+        &self,
+        stream: &CudaStream,
+        args: &mut DecodeArgs<'_>,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
+        self.gpu.require_stream(stream)?;
         let plan = validate_path(args, self.num_sms, self.path)?;
         let mut p = plan.params;
         if p.bs == 0 {
             return Ok(());
         }
-        let stream = self.gpu.stream();
         [p.q, p.out, p.k_cache, p.v_cache] = base_ptrs(stream, &args.q, &mut args.out, &args.kv)?;
         p.page_table = args.page_table.device_ptr(stream);
         p.cache_seqlens = args.cache_seqlens.device_ptr(stream);

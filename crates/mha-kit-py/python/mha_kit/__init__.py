@@ -1,0 +1,142 @@
+"""mha_kit: paged-KV attention for LLM serving engines, from Python.
+
+Drop-in functions with the signatures of the FlashInfer calls SGLang's
+TRT-LLM MHA backend makes, over mha-kit's CUDA kernels (cubins for sm_90,
+PTX elsewhere; no JIT, no CUDA toolkit at run time, only the driver):
+
+- :func:`trtllm_batch_decode_with_kv_cache`: decode, uniform and ragged
+  speculative verify (window, sinks, GQA, FP8 KV);
+- :func:`trtllm_batch_context_with_kv_cache`: prefill / chunked prefill;
+- :func:`build_trtllm_mha_page_table`, :func:`update_trtllm_mha_graph_metadata`,
+  :func:`fused_fp8_set_kv_buffer`: the seed backend's helpers.
+
+CUDA tensors run on torch's current stream with no allocation, copy or sync
+inside a call (CUDA-graph capturable after a first eager call per kernel
+family, or :func:`init`); host tensors (torch CPU tensors, numpy arrays —
+``ml_dtypes`` gives numpy bfloat16 / float8_e4m3fn) run the kernel crates'
+float64 CPU references, in place. With torch importable the functions are
+also ``torch.library`` custom ops (``torch.ops.mha_kit.*``) with fake
+implementations, used under ``torch.compile``.
+
+Bad input raises :class:`InvalidArgument` (a ``ValueError`` naming the
+argument, its shape, strides and dtype); device problems raise
+:class:`DeviceError` (a ``RuntimeError``).
+"""
+
+from . import _native
+from ._api import (
+    Q_MODE_CUMSUM,
+    Q_MODE_NONE,
+    Q_MODE_RAGGED_VERIFY,
+    Q_MODE_STRIDED,
+    build_trtllm_mha_page_table,
+    fused_fp8_set_kv_buffer,
+    trtllm_batch_context_with_kv_cache,
+    trtllm_batch_decode_with_kv_cache,
+    update_trtllm_mha_graph_metadata,
+)
+
+InvalidArgument = _native.InvalidArgument
+DeviceError = _native.DeviceError
+#: Bytes at the end of a decode ``workspace_buffer`` that hold split counters.
+WORKSPACE_COUNTER_BYTES = _native.WORKSPACE_COUNTER_BYTES
+#: Head dims with a kernel.
+HEAD_DIMS = tuple(_native.HEAD_DIMS)
+
+try:  # the custom ops need torch; the package works without it (CPU path on numpy)
+    import torch as _torch  # noqa: F401
+
+    from . import _torch_ops  # noqa: F401
+
+    HAS_TORCH_OPS = True
+except ImportError:
+    HAS_TORCH_OPS = False
+
+
+def _device_index(device):
+    if device is None:
+        import torch
+
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    if index is None and str(device).startswith("cuda:"):
+        index = int(str(device).split(":", 1)[1])
+    if index is None:
+        import torch
+
+        return torch.cuda.current_device()
+    return index
+
+
+def gpu_available():
+    """Whether a CUDA GPU can be used (never raises; no torch needed)."""
+    return _native.gpu_missing() is None
+
+
+def gpu_missing():
+    """``None`` when a GPU can be used, else the reason (a string)."""
+    return _native.gpu_missing()
+
+
+def init(device=None):
+    """Opens the CUDA device and loads every kernel module now.
+
+    Call it (or each function once) before capturing a CUDA graph: a kernel
+    family's first call loads its module and is refused during capture.
+
+    Args:
+        device: ``int``, ``torch.device`` or ``None`` (torch's current device).
+
+    Raises:
+        DeviceError: no GPU, or a module does not load.
+    """
+    import torch
+
+    index = _device_index(device)
+    stream = torch.cuda.current_stream(index).cuda_stream
+    _native.init(index, stream)
+
+
+def device_errors(device=None, reset=False):
+    """The device error words: ``{family: (count, flags)}``.
+
+    Kernels count device data they had to skip or clamp (bad page ids,
+    request indices, row offsets, slots) instead of reading out of bounds.
+    Families: ``attention``, ``page_table``, ``graph_metadata``, ``kv_write``
+    (flag bits: the kernel crates' ``ErrorFlags``). Synchronises the device.
+
+    Args:
+        device: ``int``, ``torch.device`` or ``None``.
+        reset: zero the words after reading.
+    """
+    return _native.device_errors(_device_index(device), reset)
+
+
+def module_sources(device=None):
+    """``{module: "cubin sm_90" | "cubin sm_90a" | "ptx"}`` for the modules loaded so far."""
+    return _native.module_sources(_device_index(device))
+
+
+__all__ = [
+    "DeviceError",
+    "HAS_TORCH_OPS",
+    "HEAD_DIMS",
+    "InvalidArgument",
+    "Q_MODE_CUMSUM",
+    "Q_MODE_NONE",
+    "Q_MODE_RAGGED_VERIFY",
+    "Q_MODE_STRIDED",
+    "WORKSPACE_COUNTER_BYTES",
+    "build_trtllm_mha_page_table",
+    "device_errors",
+    "fused_fp8_set_kv_buffer",
+    "gpu_available",
+    "gpu_missing",
+    "init",
+    "module_sources",
+    "trtllm_batch_context_with_kv_cache",
+    "trtllm_batch_decode_with_kv_cache",
+    "update_trtllm_mha_graph_metadata",
+]

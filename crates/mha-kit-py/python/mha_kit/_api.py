@@ -1,0 +1,530 @@
+"""The public functions: FlashInfer's / the seed's signatures over mha-kit.
+
+Each function takes the engine's tensors as they are (torch tensors on a CUDA
+device, or torch CPU tensors / numpy arrays for the CPU path), checks them,
+and either launches mha-kit's kernels on torch's current stream (CUDA) or
+runs the kernel crates' f64 CPU references in place (host memory). Inside a
+call: no allocation, no copy, no synchronisation (``out=None`` allocates the
+output *before* the call, as FlashInfer does; pass ``out`` to avoid it).
+
+Under ``torch.compile`` the calls go through the ``torch.library`` custom ops
+``mha_kit::*`` (see ``_torch_ops``), which have fake implementations; in
+eager mode (and under CUDA-graph capture) they call the native module
+directly, saving the dispatcher's overhead.
+"""
+
+import sys
+
+from . import _native
+from ._tensor import InvalidArgument, describe, maybe, permute, select, head, scalar, stream_of
+
+Q_MODE_NONE = _native.Q_MODE_NONE
+Q_MODE_CUMSUM = _native.Q_MODE_CUMSUM
+Q_MODE_STRIDED = _native.Q_MODE_STRIDED
+Q_MODE_RAGGED_VERIFY = _native.Q_MODE_RAGGED_VERIFY
+
+
+def _compiling():
+    """Whether torch.compile is tracing (replaced by ``torch.compiler.is_compiling``
+    when the torch ops are registered, which dynamo evaluates to True)."""
+    return False
+
+
+# torch.ops.mha_kit, set by _torch_ops when torch is importable (a global,
+# so that torch.compile traces no import).
+_TORCH_OPS = None
+
+
+def _ops():
+    if _TORCH_OPS is None:
+        raise RuntimeError("mha_kit: torch.compile needs the torch custom ops (import torch first)")
+    return _TORCH_OPS
+
+
+def _split_kv(kv_cache, name="kv_cache"):
+    """``(k, v)`` from a pair, or from one ``[num_pages, 1 | 2, ...]`` tensor."""
+    if isinstance(kv_cache, (tuple, list)):
+        if len(kv_cache) != 2:
+            raise InvalidArgument(f"argument `{name}`: expected (k_cache, v_cache), got {len(kv_cache)} items")
+        return kv_cache[0], kv_cache[1]
+    shape = tuple(kv_cache.shape)
+    if len(shape) != 5 or shape[1] not in (1, 2):
+        raise InvalidArgument(
+            f"argument `{name}`: a single tensor must be [num_pages, 1 or 2, ...] (5 dims), "
+            f"got shape {list(shape)}"
+        )
+    if shape[1] == 1:
+        return kv_cache[:, 0], kv_cache[:, 0]
+    return kv_cache[:, 0], kv_cache[:, 1]
+
+
+def _kv_descs(k_cache, v_cache, kv_layout):
+    k = describe(k_cache, "k_cache")
+    v = describe(v_cache, "v_cache")
+    if kv_layout == "NHD":
+        if len(k[2]) == 4:
+            k = permute(k, (0, 2, 1, 3))
+        if len(v[2]) == 4:
+            v = permute(v, (0, 2, 1, 3))
+    elif kv_layout != "HND":
+        raise InvalidArgument(f"argument `kv_layout`: {kv_layout!r} (expected 'HND' or 'NHD')")
+    return k, v
+
+
+def _sinks(sinks):
+    if isinstance(sinks, (list, tuple)):
+        if len(sinks) != 1:
+            raise InvalidArgument(f"argument `sinks`: expected one tensor, got a list of {len(sinks)}")
+        return sinks[0]
+    return sinks
+
+
+def _out(query, out, out_dtype):
+    if out_dtype is not None and out_dtype != query.dtype:
+        raise InvalidArgument(
+            f"argument `out_dtype`: {out_dtype} (only the query's dtype {query.dtype} is supported)"
+        )
+    if out is None:
+        if sys.modules.get("torch") is not None and hasattr(query, "new_empty"):
+            return query.new_empty(query.shape)
+        import numpy as np
+
+        return np.empty_like(query)
+    return out
+
+
+def _unsupported(**kw):
+    for name, (value, ok) in kw.items():
+        if value != ok:
+            raise InvalidArgument(f"argument `{name}`: {value!r} is not supported (only {ok!r})")
+
+
+def _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
+                 max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
+                 max_q_len, cum_seq_lens_q, kv_layout):
+    q = describe(query, "query")
+    k, v = _kv_descs(k_cache, v_cache, kv_layout)
+    return _native.decode(
+        q, k, v,
+        describe(workspace_buffer, "workspace_buffer", True),
+        describe(block_tables, "block_tables"),
+        describe(seq_lens, "seq_lens"),
+        describe(out, "out", True),
+        int(max_seq_len), float(bmm1_scale), float(bmm2_scale), int(window_left),
+        maybe(sinks, "sinks"),
+        None if q_len_per_req is None else int(q_len_per_req),
+        None if max_q_len is None else int(max_q_len),
+        maybe(cum_seq_lens_q, "cum_seq_lens_q"),
+        stream_of(q),
+    )
+
+
+def trtllm_batch_decode_with_kv_cache(
+    query,
+    kv_cache,
+    workspace_buffer,
+    block_tables,
+    seq_lens,
+    max_seq_len,
+    bmm1_scale=1.0,
+    bmm2_scale=1.0,
+    window_left=-1,
+    out=None,
+    out_dtype=None,
+    o_sf_scale=None,
+    o_sf_vec_size=None,
+    sinks=None,
+    kv_layout="HND",
+    enable_pdl=None,
+    backend="auto",
+    q_len_per_req=1,
+    o_scale=1.0,
+    mask=None,
+    max_q_len=None,
+    cum_seq_lens_q=None,
+):
+    """Decode / speculative verify attention over a paged KV cache.
+
+    FlashInfer's signature (``flashinfer.decode``); for request ``i`` with
+    ``n_i`` query rows and KV length ``L_i = seq_lens[i]``, row ``j`` sits at
+    position ``x = L_i - n_i + j`` and attends causally to keys
+    ``max(0, x - window_left) ..= x`` (all of ``0 ..= x`` when
+    ``window_left = -1``); query head ``h`` reads KV head ``h // (Hq // Hkv)``.
+
+    Args:
+        query: ``[num_tokens, Hq, D]`` bfloat16 / float16; ``D`` 64, 128 or
+            256; last dim contiguous.
+        kv_cache: ``(k_cache, v_cache)``, each ``[num_pages, Hkv, P, D]``
+            (``kv_layout="HND"``) or ``[num_pages, P, Hkv, D]`` (``"NHD"``),
+            any strides with a contiguous last dim; or one tensor
+            ``[num_pages, 2, ...]``. dtype: the query's, or float8_e4m3fn /
+            uint8 (e4m3 bytes; the FP8 scales go into ``bmm1_scale`` /
+            ``bmm2_scale``). ``Hq / Hkv`` must be an integer ≤ 16.
+        workspace_buffer: scratch for split-KV partials, any dtype,
+            contiguous, 16-byte aligned, **zeroed before its first use**;
+            its last 256 KiB hold split counters that every call leaves zero
+            (share it only with calls that do the same). A few MiB suffice;
+            128 MiB (FlashInfer's usual size) lets full batches split.
+        block_tables: ``[bs, max_num_pages]`` int32 page ids.
+        seq_lens: ``[bs]`` int32 KV lengths, new tokens included.
+        max_seq_len: upper bound on ``seq_lens`` (sizes the splits), ≥ 1.
+        bmm1_scale: logit scale in natural-log units (``sm_scale · k_scale``);
+            a float (or a one-element host tensor).
+        bmm2_scale: output scale (``v_scale``).
+        window_left: ``-1`` (no window) or ``W ≥ 0``.
+        out: ``[num_tokens, Hq, D]`` output of the query's dtype; allocated
+            when ``None``. Rows of requests that are skipped (bad
+            ``cum_seq_lens_q``) are left untouched.
+        out_dtype: ``None`` or the query's dtype.
+        sinks: ``[Hq]`` float32 sink logits (or a one-element list of it).
+        kv_layout: ``"HND"`` (default, as FlashInfer) or ``"NHD"``.
+        q_len_per_req: rows per request, 1–16 (``num_tokens = bs · q_len_per_req``);
+            ``None`` for ragged rows given by ``cum_seq_lens_q``.
+        max_q_len: ragged rows: the bound on rows per request, 1–16.
+        cum_seq_lens_q: ragged rows: ``[bs + 1]`` int32 row offsets.
+        o_sf_scale, o_sf_vec_size, o_scale, mask, enable_pdl, backend:
+            accepted for compatibility; only ``None`` / ``1.0`` / ``None``
+            (the causal rule) are supported; ``enable_pdl`` and ``backend``
+            are ignored (one implementation).
+
+    Returns:
+        ``out``.
+
+    Raises:
+        mha_kit.InvalidArgument: bad input; the message names the argument
+            with its shape, strides and dtype.
+        mha_kit.DeviceError: no GPU for CUDA tensors, a module that does not
+            load, a driver failure, or a family's first call during CUDA-graph
+            capture (warm up first, or ``mha_kit.init()``).
+
+    On CUDA the call is asynchronous on torch's current stream; device data
+    that the host cannot check (page ids, lengths, row offsets) is
+    range-checked by the kernel and counted (``mha_kit.device_errors()``).
+    """
+    _unsupported(o_sf_scale=(o_sf_scale, None), o_sf_vec_size=(o_sf_vec_size, None),
+                 o_scale=(o_scale, 1.0), mask=(mask, None))
+    if backend not in ("auto", "xqa", "trtllm-gen"):
+        raise InvalidArgument(f"argument `backend`: {backend!r} (auto, xqa or trtllm-gen)")
+    k_cache, v_cache = _split_kv(kv_cache)
+    out = _out(query, out, out_dtype)
+    args = (query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
+            int(max_seq_len), scalar(bmm1_scale, "bmm1_scale"), scalar(bmm2_scale, "bmm2_scale"),
+            int(window_left), _sinks(sinks), q_len_per_req, max_q_len, cum_seq_lens_q, kv_layout)
+    if _compiling():
+        _ops().trtllm_batch_decode(*args)
+    else:
+        _decode_impl(*args)
+    return out
+
+
+def _context_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
+                  max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size, cum_seq_lens_q,
+                  cum_seq_lens_kv, window_left, sinks, kv_layout):
+    q = describe(query, "query")
+    k, v = _kv_descs(k_cache, v_cache, kv_layout)
+    return _native.context(
+        q, k, v,
+        describe(workspace_buffer, "workspace_buffer", True),
+        describe(block_tables, "block_tables"),
+        describe(seq_lens, "seq_lens"),
+        describe(out, "out", True),
+        int(max_q_len), int(max_kv_len), float(bmm1_scale), float(bmm2_scale), int(batch_size),
+        describe(cum_seq_lens_q, "cum_seq_lens_q"),
+        maybe(cum_seq_lens_kv, "cum_seq_lens_kv"),
+        int(window_left),
+        maybe(sinks, "sinks"),
+        stream_of(q),
+    )
+
+
+def trtllm_batch_context_with_kv_cache(
+    query,
+    kv_cache,
+    workspace_buffer,
+    block_tables,
+    seq_lens,
+    max_q_len,
+    max_kv_len,
+    bmm1_scale,
+    bmm2_scale,
+    batch_size,
+    cum_seq_lens_q,
+    cum_seq_lens_kv,
+    window_left=-1,
+    out=None,
+    out_dtype=None,
+    o_sf_scale=None,
+    o_sf_vec_size=None,
+    kv_layout="HND",
+    enable_pdl=None,
+    sinks=None,
+    kv_cache_sf=None,
+    skip_softmax_threshold_scale_factor=None,
+    uses_shared_paged_kv_idx=True,
+    causal=True,
+    lse=None,
+    return_lse=False,
+    multi_ctas_kv_counter_buffer=None,
+    use_fp16_softmax=None,
+    uses_spcompress=None,
+    backend="trtllm-gen",
+    window_right=-1,
+    variable_window_token_starts=None,
+    variable_window_token_ends=None,
+):
+    """Context (prefill / chunked prefill / extend) attention over a paged KV cache.
+
+    FlashInfer's signature (``flashinfer.prefill``). Request ``i`` owns query
+    rows ``cum_seq_lens_q[i] .. cum_seq_lens_q[i+1]`` (``n_i`` of them, at most
+    ``max_q_len``) and ``L_i = seq_lens[i]`` keys (its cached prefix plus the
+    new tokens); row ``j`` sits at ``x = L_i - n_i + j`` and sees keys
+    ``max(0, x - window_left) ..= x``, causally.
+
+    Args:
+        query: ``[total_q, Hq, D]`` bfloat16 / float16 (D 64, 128, 256).
+        kv_cache: as in :func:`trtllm_batch_decode_with_kv_cache`; dtype the
+            query's or e4m3.
+        workspace_buffer: accepted for compatibility (the context kernel keeps
+            its own split workspace, allocated once per device).
+        block_tables: ``[batch_size, max_num_pages]`` int32.
+        seq_lens: ``[batch_size]`` int32 KV lengths.
+        max_q_len: bound on rows per request, 1..2^24.
+        max_kv_len: bound on ``seq_lens``, ≥ 1.
+        bmm1_scale, bmm2_scale: as for decode (floats).
+        batch_size: ``len(seq_lens)``.
+        cum_seq_lens_q: ``[batch_size + 1]`` int32 row offsets.
+        cum_seq_lens_kv: ``[batch_size + 1]`` int32 (shape-checked, not read).
+        window_left: ``-1`` or ``W ≥ 0``.
+        out: ``[total_q, Hq, D]`` of the query's dtype, or ``None``.
+        sinks: ``[Hq]`` float32.
+        causal: must be ``True``; the other FlashInfer options (LSE, FP4
+            output, KV scale factors, right windows, …) must keep their
+            defaults.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        mha_kit.InvalidArgument, mha_kit.DeviceError: as for decode.
+    """
+    _unsupported(o_sf_scale=(o_sf_scale, None), o_sf_vec_size=(o_sf_vec_size, None),
+                 kv_cache_sf=(kv_cache_sf, None),
+                 skip_softmax_threshold_scale_factor=(skip_softmax_threshold_scale_factor, None),
+                 uses_shared_paged_kv_idx=(uses_shared_paged_kv_idx, True), causal=(causal, True),
+                 lse=(lse, None), return_lse=(return_lse, False),
+                 multi_ctas_kv_counter_buffer=(multi_ctas_kv_counter_buffer, None),
+                 uses_spcompress=(uses_spcompress, None), window_right=(window_right, -1),
+                 variable_window_token_starts=(variable_window_token_starts, None),
+                 variable_window_token_ends=(variable_window_token_ends, None))
+    k_cache, v_cache = _split_kv(kv_cache)
+    out = _out(query, out, out_dtype)
+    args = (query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
+            int(max_q_len), int(max_kv_len), scalar(bmm1_scale, "bmm1_scale"),
+            scalar(bmm2_scale, "bmm2_scale"), int(batch_size), cum_seq_lens_q, cum_seq_lens_kv,
+            int(window_left), _sinks(sinks), kv_layout)
+    if _compiling():
+        _ops().trtllm_batch_context(*args)
+    else:
+        _context_impl(*args)
+    return out
+
+
+def _page_table_impl(req_to_token, req_pool_indices, cache_seqlens, page_table, page_size,
+                     swa_page_table, full_to_swa):
+    pt = describe(page_table, "page_table", True)
+    return _native.build_page_table(
+        describe(req_to_token, "req_to_token"),
+        describe(req_pool_indices, "req_pool_indices"),
+        describe(cache_seqlens, "cache_seqlens"),
+        pt, int(page_size),
+        maybe(swa_page_table, "swa_page_table", True),
+        maybe(full_to_swa, "full_to_swa"),
+        stream_of(pt),
+    )
+
+
+def build_trtllm_mha_page_table(req_to_token, req_pool_indices, cache_seqlens, page_table,
+                                page_size, swa_page_table=None, full_to_swa=None):
+    """Fills ``page_table`` (and ``swa_page_table``) from ``req_to_token``, in place.
+
+    The seed's helper: for row ``i`` with ``n = ceil(cache_seqlens[i] / P)``
+    and ``r = req_pool_indices[i]``, ``page_table[i, p] = req_to_token[r, p·P] // P``
+    for ``p < n`` (entries past ``n`` untouched); with SWA,
+    ``swa_page_table[i, p] = full_to_swa[req_to_token[r, p·P]] // P``.
+
+    Args:
+        req_to_token: ``[R, W]`` int32 slots, last dim contiguous.
+        req_pool_indices: ``[bs]`` int64.
+        cache_seqlens: ``[bs]`` int32 KV lengths (tokens).
+        page_table: ``[bs, M]`` int32, written (live prefixes).
+        page_size: ``P ≥ 1`` tokens per page (any value, not only divisors of 4096).
+        swa_page_table: ``[bs, M]`` int32, written; with ``full_to_swa``.
+        full_to_swa: ``[N_map]`` int64 full→SWA slot map; with ``swa_page_table``.
+
+    Rows needing more than ``M`` pages are clamped, bad request indices
+    skipped, bad slots mapped to page 0 (SWA: −1 for a negative slot); each
+    event is counted in the device error word, never read out of bounds.
+
+    Raises:
+        mha_kit.InvalidArgument, mha_kit.DeviceError.
+    """
+    args = (req_to_token, req_pool_indices, cache_seqlens, page_table, int(page_size),
+            swa_page_table, full_to_swa)
+    if _compiling():
+        _ops().build_page_table(*args)
+    else:
+        _page_table_impl(*args)
+
+
+def _graph_impl(req_pool_indices, seq_lens, req_to_token, cache_seqlens, cu_seqlens_k,
+                page_table, bs, seqlen_offset, max_seq_pages, page_size, swa_mapping,
+                swa_page_table, out_cache_loc, swa_out_cache_loc, cu_seqlens_q, qlens,
+                q_stride, q_mode):
+    pt = describe(page_table, "page_table", True)
+    if len(pt[2]) != 2:
+        raise InvalidArgument(f"argument `page_table`: expected [bs, M] (2 dims), shape {list(pt[2])}")
+    pt = head(head(pt, bs, "page_table"), max_seq_pages, "page_table", dim=1)
+    spt = maybe(swa_page_table, "swa_page_table", True)
+    if spt is not None:
+        spt = head(head(spt, bs, "swa_page_table"), max_seq_pages, "swa_page_table", dim=1)
+    cu_q = maybe(cu_seqlens_q, "cu_seqlens_q", True)
+    ql = maybe(qlens, "qlens")
+    return _native.update_graph_metadata(
+        head(describe(req_pool_indices, "req_pool_indices"), bs, "req_pool_indices"),
+        head(describe(seq_lens, "seq_lens"), bs, "seq_lens"),
+        describe(req_to_token, "req_to_token"),
+        head(describe(cache_seqlens, "cache_seqlens", True), bs, "cache_seqlens"),
+        head(describe(cu_seqlens_k, "cu_seqlens_k", True), bs + 1, "cu_seqlens_k"),
+        pt, int(seqlen_offset), int(page_size),
+        maybe(swa_mapping, "swa_mapping"),
+        spt,
+        maybe(out_cache_loc, "out_cache_loc"),
+        maybe(swa_out_cache_loc, "swa_out_cache_loc", True),
+        None if cu_q is None else head(cu_q, bs + 1, "cu_seqlens_q"),
+        None if ql is None else head(ql, bs, "qlens"),
+        int(q_stride), int(q_mode),
+        stream_of(pt),
+    )
+
+
+def update_trtllm_mha_graph_metadata(
+    *,
+    req_pool_indices,
+    seq_lens,
+    req_to_token,
+    cache_seqlens,
+    cu_seqlens_k,
+    page_table,
+    bs,
+    seqlen_offset,
+    max_seq_pages,
+    page_size,
+    swa_mapping=None,
+    swa_page_table=None,
+    out_cache_loc=None,
+    swa_out_cache_loc=None,
+    cu_seqlens_q=None,
+    qlens=None,
+    q_stride=0,
+    q_mode=Q_MODE_NONE,
+):
+    """One fused launch that rewrites a CUDA-graph bucket's metadata (the seed's helper).
+
+    For ``i < bs``: ``cache_seqlens[i] = seq_lens[i] + offset``,
+    ``cu_seqlens_k = [0, cumsum(cache_seqlens)]``, the page tables' live
+    prefixes from ``req_to_token`` (as :func:`build_trtllm_mha_page_table`,
+    clamped to ``max_seq_pages``), with ``swa_mapping`` the SWA page table and
+    ``swa_out_cache_loc[j] = swa_mapping[out_cache_loc[j]]`` (0 past
+    ``out_cache_loc``). Inputs and outputs longer than ``bs`` rows are used
+    through their first ``bs`` (``bs + 1``) entries, as in the seed.
+
+    Modes (``seqlen_offset``, ``q_mode``, ``q_stride``), as the seed's backend
+    calls them:
+
+    - ``(0, Q_MODE_NONE)`` decode, ``(s + 1, Q_MODE_NONE)`` draft decode step
+      ``s``: ``cu_seqlens_q`` untouched;
+    - ``(0, Q_MODE_STRIDED, n)`` draft extend v2 and ``(n, Q_MODE_STRIDED, n)``
+      target verify: ``cu_seqlens_q[i] = i · n``;
+    - ``(0, Q_MODE_RAGGED_VERIFY, N)`` (mha-kit): ragged verify,
+      ``cache_seqlens = seq_lens + qlens`` and ``cu_seqlens_q = [0, cumsum(qlens)]``
+      with ``qlens`` clamped into ``[0, N]``;
+    - ``Q_MODE_CUMSUM`` and other combinations raise ``InvalidArgument``.
+
+    Unlike the seed, entry 0 of ``cu_seqlens_k`` / ``cu_seqlens_q`` is written
+    (0), so the buffers need no zeroing.
+
+    Args:
+        req_pool_indices, seq_lens: ``[≥ bs]`` int64.
+        req_to_token: ``[R, W]`` int32.
+        cache_seqlens: ``[≥ bs]`` int32 (written).
+        cu_seqlens_k: ``[≥ bs + 1]`` int32 (written).
+        page_table: ``[≥ bs, ≥ max_seq_pages]`` int32 (written).
+        bs: rows (0 does nothing).
+        seqlen_offset, q_stride, q_mode: the mode, above.
+        max_seq_pages: page-table columns written per row.
+        page_size: ``P ≥ 1``.
+        swa_mapping: ``[N_map]`` int64 full→SWA slot map.
+        swa_page_table: ``[≥ bs, ≥ max_seq_pages]`` int32 (written).
+        out_cache_loc: ``[n_out]`` int64.
+        swa_out_cache_loc: ``[n_swa]`` int64 (written whole).
+        cu_seqlens_q: ``[≥ bs + 1]`` int32 (written by STRIDED / RAGGED_VERIFY).
+        qlens: ``[≥ bs]`` int32 (RAGGED_VERIFY).
+
+    Raises:
+        mha_kit.InvalidArgument, mha_kit.DeviceError.
+    """
+    bs = int(bs)
+    if bs == 0:
+        return
+    args = (req_pool_indices, seq_lens, req_to_token, cache_seqlens, cu_seqlens_k, page_table,
+            bs, int(seqlen_offset), int(max_seq_pages), int(page_size), swa_mapping,
+            swa_page_table, out_cache_loc, swa_out_cache_loc, cu_seqlens_q, qlens,
+            int(q_stride), int(q_mode))
+    if _compiling():
+        _ops().update_graph_metadata(*args)
+    else:
+        _graph_impl(*args)
+
+
+def _kv_write_impl(k, v, k_cache, v_cache, cache_loc, k_scale, v_scale, page_size):
+    kd = describe(k, "k")
+    return _native.fused_fp8_set_kv_buffer(
+        kd,
+        describe(v, "v"),
+        describe(k_cache, "k_cache", True),
+        describe(v_cache, "v_cache", True),
+        describe(cache_loc, "cache_loc"),
+        k_scale, v_scale, int(page_size),
+        stream_of(kd),
+    )
+
+
+def fused_fp8_set_kv_buffer(k, v, k_cache, v_cache, cache_loc, k_scale=None, v_scale=None,
+                            page_size=16):
+    """Quantizes K/V rows to FP8 e4m3 and writes them into a paged cache (the seed's helper).
+
+    For token ``t`` with ``loc = cache_loc[t]``: ``K[loc, h, d] =
+    e4m3_satfinite(f32(k[t, h, d]) · f32(1 / k_scale))`` (round to nearest
+    even, ±448 saturation, NaN → 0x7F), V likewise; slots outside the cache
+    are skipped and counted.
+
+    Args:
+        k, v: ``[T, Hkv, D]`` (any strides, contiguous last dim) or
+            ``[T, Hkv·D]``, bfloat16 / float16.
+        k_cache, v_cache: ``[S, Hkv, D]`` or ``[S / P, P, Hkv, D]``,
+            float8_e4m3fn or uint8, ``S`` a multiple of ``page_size``.
+        cache_loc: ``[T]`` int64 slots.
+        k_scale, v_scale: floats (or one-element host tensors), ``None`` =
+            1.0; each resolved on its own (mha-kit D8: ≤ 0, NaN, ±∞ → 1.0;
+            the seed ignores both when one is missing).
+        page_size: ``P ≥ 1``.
+
+    Raises:
+        mha_kit.InvalidArgument, mha_kit.DeviceError.
+    """
+    args = (k, v, k_cache, v_cache, cache_loc, scalar(k_scale, "k_scale"),
+            scalar(v_scale, "v_scale"), int(page_size))
+    if _compiling():
+        _ops().fused_fp8_set_kv_buffer(*args)
+    else:
+        _kv_write_impl(*args)

@@ -1,0 +1,184 @@
+"""Zero-copy tensor descriptions for the native module.
+
+Why not DLPack or ``__cuda_array_interface__``: both hand over a tensor
+together with a stream contract (``__dlpack__(stream=...)`` makes the
+consumer's stream wait on the producer's, which records events and, under
+CUDA-graph capture, touches streams outside the capture), and building the
+capsule or the interface dict costs several microseconds per tensor. mha_kit's
+calls always run on torch's *current* stream, which is passed explicitly, so
+the only thing the native side needs is the memory: ``data_ptr()``, the
+dtype, the shape and the strides, read straight from the tensor (a few
+hundred nanoseconds) and checked in Rust (rank, dtype, shape, strides,
+alignment, device) before anything is launched.
+
+A description is the tuple ``(data_ptr, dtype, shape, strides, device)``:
+dtype one of ``bf16 f16 f32 i32 i64 u8 e4m3``, strides in elements,
+device ``-1`` for host memory (the CPU path) or the CUDA ordinal.
+"""
+
+import sys
+
+from . import _native
+
+InvalidArgument = _native.InvalidArgument
+
+_NUMPY_DTYPES = {
+    "bfloat16": "bf16",
+    "float16": "f16",
+    "float32": "f32",
+    "int32": "i32",
+    "int64": "i64",
+    "uint8": "u8",
+    "float8_e4m3fn": "e4m3",
+}
+
+_torch_dtypes = None
+
+
+def _torch_dtype_map(torch):
+    global _torch_dtypes
+    if _torch_dtypes is None:
+        m = {
+            torch.bfloat16: "bf16",
+            torch.float16: "f16",
+            torch.float32: "f32",
+            torch.int32: "i32",
+            torch.int64: "i64",
+            torch.uint8: "u8",
+        }
+        if hasattr(torch, "float8_e4m3fn"):
+            m[torch.float8_e4m3fn] = "e4m3"
+        _torch_dtypes = m
+    return _torch_dtypes
+
+
+def is_torch(x):
+    """Whether ``x`` is a torch tensor (without importing torch)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def describe(x, name, writable=False):
+    """The description of tensor ``x`` (argument ``name``).
+
+    Raises:
+        InvalidArgument: ``x`` is not a torch tensor or numpy array, or has an
+            unsupported dtype or device, or is a read-only array that the
+            call writes (``writable``).
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        dt = _torch_dtype_map(torch).get(x.dtype)
+        if dt is None:
+            raise InvalidArgument(
+                f"argument `{name}`: dtype {x.dtype} is not supported "
+                f"(shape {list(x.shape)})"
+            )
+        dev = x.device
+        if dev.type == "cuda":
+            ordinal = dev.index if dev.index is not None else torch.cuda.current_device()
+        elif dev.type == "cpu":
+            ordinal = -1
+        else:
+            raise InvalidArgument(
+                f"argument `{name}`: device {dev} is not supported (cuda or cpu; "
+                f"shape {list(x.shape)}, dtype {x.dtype})"
+            )
+        return (x.data_ptr(), dt, tuple(x.shape), tuple(x.stride()), ordinal)
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(x, np.ndarray):
+        dt = _NUMPY_DTYPES.get(x.dtype.name)
+        if dt is None:
+            raise InvalidArgument(
+                f"argument `{name}`: dtype {x.dtype} is not supported (shape {list(x.shape)})"
+            )
+        if writable and not x.flags.writeable:
+            raise InvalidArgument(
+                f"argument `{name}`: the array is read-only, the call writes it "
+                f"(shape {list(x.shape)}, dtype {x.dtype})"
+            )
+        size = x.dtype.itemsize
+        if any(s % size for s in x.strides):
+            raise InvalidArgument(
+                f"argument `{name}`: strides {x.strides} (bytes) are not multiples of the "
+                f"element size (shape {list(x.shape)}, dtype {x.dtype})"
+            )
+        strides = tuple(s // size for s in x.strides)
+        return (x.__array_interface__["data"][0], dt, tuple(x.shape), strides, -1)
+    raise InvalidArgument(
+        f"argument `{name}`: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
+    )
+
+
+def maybe(x, name, writable=False):
+    """``describe`` for an optional tensor (``None`` stays ``None``)."""
+    return None if x is None else describe(x, name, writable)
+
+
+def select(desc, dim, index, name):
+    """The description of ``x.select(dim, index)`` (no tensor is made)."""
+    ptr, dt, shape, strides, dev = desc
+    if not 0 <= index < shape[dim]:
+        raise InvalidArgument(f"argument `{name}`: index {index} out of dim {dim} of {list(shape)}")
+    item = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "i64": 8, "u8": 1, "e4m3": 1}[dt]
+    return (
+        ptr + index * strides[dim] * item,
+        dt,
+        shape[:dim] + shape[dim + 1:],
+        strides[:dim] + strides[dim + 1:],
+        dev,
+    )
+
+
+def permute(desc, perm):
+    """The description of ``x.permute(perm)``."""
+    ptr, dt, shape, strides, dev = desc
+    return (ptr, dt, tuple(shape[i] for i in perm), tuple(strides[i] for i in perm), dev)
+
+
+def head(desc, n, name, dim=0):
+    """The description of ``x[:n]`` along ``dim`` (``x`` must have ≥ n there)."""
+    ptr, dt, shape, strides, dev = desc
+    if len(shape) <= dim or shape[dim] < n:
+        raise InvalidArgument(
+            f"argument `{name}`: needs at least {n} entries in dim {dim}, has shape {list(shape)}"
+        )
+    return (ptr, dt, shape[:dim] + (n,) + shape[dim + 1:], strides, dev)
+
+
+def stream_of(desc):
+    """torch's current stream handle on the description's CUDA device (0 on the host)."""
+    dev = desc[4]
+    if dev < 0:
+        return 0
+    torch = sys.modules["torch"]
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(dev)
+    return torch.cuda.current_stream(dev).cuda_stream
+
+
+def scalar(x, name):
+    """A Python float from a float, int or one-element host tensor/array.
+
+    A CUDA tensor is refused: reading it would synchronise the stream.
+    """
+    if x is None:
+        return None
+    if isinstance(x, (float, int)):
+        return float(x)
+    if is_torch(x):
+        if x.is_cuda:
+            raise InvalidArgument(
+                f"argument `{name}`: a CUDA tensor scale (shape {list(x.shape)}, dtype {x.dtype}) "
+                "would need a device→host copy (a sync) per call; resolve it once to a Python float"
+            )
+        if x.numel() != 1:
+            raise InvalidArgument(f"argument `{name}`: expected one element, shape {list(x.shape)}")
+        return float(x.reshape(-1)[0].item())
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(x, (np.ndarray, np.generic)):
+        if np.size(x) != 1:
+            raise InvalidArgument(f"argument `{name}`: expected one element, shape {list(np.shape(x))}")
+        return float(np.asarray(x, dtype=np.float64).reshape(-1)[0])
+    raise InvalidArgument(f"argument `{name}`: expected a float, got {type(x).__name__}")

@@ -1,0 +1,422 @@
+//! `trtllm_batch_decode_with_kv_cache` / `trtllm_batch_context_with_kv_cache`:
+//! validation shared by both paths (the launchers' shape rules, with the
+//! public argument names) and the CPU path (paged-attention's f64 reference).
+
+use paged_attention::reference::{self, HostInputs, HostKv, HostLayout, KvData};
+use paged_attention::{HalfDtype, KvDtype, HEAD_DIMS, MAX_GROUP};
+
+use crate::desc::{Dtype, Tensor};
+use crate::error::ArgError;
+use crate::host;
+
+/// Largest uniform `q_len_per_req` / ragged `max_q_len` of the decode kernel.
+pub const MAX_DECODE_Q_LEN: usize = 16;
+/// Largest `max_q_len` of the context kernel (paged-attention's bound).
+pub const MAX_CONTEXT_Q_LEN: usize = 1 << 24;
+/// `max_seq_len` must stay below this (the kernels' window cap).
+pub const MAX_SEQ_LEN: usize = 1 << 30;
+
+/// Launcher argument names → public names (for the launchers' errors).
+pub const NAMES: &[(&str, &str)] = &[
+    ("q", "query"),
+    ("out", "out"),
+    ("k_cache", "k_cache"),
+    ("v_cache", "v_cache"),
+    ("page_table", "block_tables"),
+    ("cache_seqlens", "seq_lens"),
+    ("cu_seqlens_q", "cum_seq_lens_q"),
+    ("cu_seqlens_k", "cum_seq_lens_kv"),
+    ("sinks", "sinks"),
+    ("workspace", "workspace_buffer"),
+    ("max_q_len", "max_q_len"),
+    ("q_len_per_req", "q_len_per_req"),
+    ("max_seq_len", "max_seq_len"),
+    ("bmm1_scale", "bmm1_scale"),
+    ("bmm2_scale", "bmm2_scale"),
+    ("page_size", "k_cache"),
+    ("bs", "seq_lens"),
+];
+
+/// How query rows map to requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `q_len_per_req` rows per request (decode, uniform verify).
+    Uniform(usize),
+    /// `cum_seq_lens_q` rows, at most `max_q_len` per request (ragged verify,
+    /// context).
+    Ragged(usize),
+}
+
+/// One validated attention call (both entry points).
+#[derive(Debug, Clone)]
+pub struct AttnCall {
+    /// `[T, Hq, D]` bf16/f16.
+    pub q: Tensor,
+    /// `[T, Hq, D]`, the dtype of `q`.
+    pub out: Tensor,
+    /// K cache as the HND-indexed view `[num_pages, Hkv, P, D]`.
+    pub k: Tensor,
+    /// V cache, as `k`.
+    pub v: Tensor,
+    /// `[bs, M]` i32.
+    pub page_table: Tensor,
+    /// `[bs]` i32.
+    pub seq_lens: Tensor,
+    /// `[bs + 1]` i32 (ragged / context).
+    pub cu_q: Option<Tensor>,
+    /// `[bs + 1]` i32 (context; shape-checked only).
+    pub cu_k: Option<Tensor>,
+    /// Row grouping.
+    pub layout: Layout,
+    /// `[Hq]` f32.
+    pub sinks: Option<Tensor>,
+    /// The caller's workspace (decode splits).
+    pub workspace: Tensor,
+    /// Dtype of `q` / `out`.
+    pub q_dtype: HalfDtype,
+    /// Dtype of the K/V caches.
+    pub kv_dtype: KvDtype,
+    /// Logit scale.
+    pub bmm1: f32,
+    /// Output scale.
+    pub bmm2: f32,
+    /// `W`, `None` = no window.
+    pub window: Option<u32>,
+    /// Upper bound on `seq_lens`.
+    pub max_seq_len: usize,
+}
+
+/// The arguments of either entry point, described.
+#[derive(Debug)]
+pub struct AttnInputs {
+    /// `query`.
+    pub q: Tensor,
+    /// `k_cache` (already permuted to HND by the Python layer when the
+    /// layout is NHD).
+    pub k: Tensor,
+    /// `v_cache`, as `k`.
+    pub v: Tensor,
+    /// `workspace_buffer`.
+    pub workspace: Tensor,
+    /// `block_tables`.
+    pub page_table: Tensor,
+    /// `seq_lens`.
+    pub seq_lens: Tensor,
+    /// `out`.
+    pub out: Tensor,
+    /// `cum_seq_lens_q`.
+    pub cu_q: Option<Tensor>,
+    /// `cum_seq_lens_kv` (context only).
+    pub cu_k: Option<Tensor>,
+    /// `sinks`.
+    pub sinks: Option<Tensor>,
+    /// `q_len_per_req` (decode; `None` = ragged).
+    pub q_len_per_req: Option<usize>,
+    /// `max_q_len`.
+    pub max_q_len: Option<usize>,
+    /// `max_seq_len` (decode) / `max_kv_len` (context).
+    pub max_seq_len: usize,
+    /// `batch_size` (context).
+    pub batch_size: Option<usize>,
+    /// `bmm1_scale`.
+    pub bmm1: f64,
+    /// `bmm2_scale`.
+    pub bmm2: f64,
+    /// `window_left`.
+    pub window_left: i64,
+}
+
+fn half(t: &Tensor) -> Result<HalfDtype, ArgError> {
+    match t.dtype {
+        Dtype::Bf16 => Ok(HalfDtype::Bf16),
+        Dtype::F16 => Ok(HalfDtype::F16),
+        _ => Err(t.err(
+            "dtype must be bfloat16 or float16 (an FP8 query is not supported: pass the \
+             model-dtype query)",
+        )),
+    }
+}
+
+fn kv_dtype(t: &Tensor) -> Result<KvDtype, ArgError> {
+    match t.dtype {
+        Dtype::Bf16 => Ok(KvDtype::Bf16),
+        Dtype::F16 => Ok(KvDtype::F16),
+        Dtype::E4m3 | Dtype::U8 => Ok(KvDtype::E4m3),
+        _ => Err(t.err("dtype must be bfloat16, float16, float8_e4m3fn or uint8 (e4m3 bytes)")),
+    }
+}
+
+fn vector(t: &Tensor, dtype: Dtype, len: usize, what: &str) -> Result<(), ArgError> {
+    t.require_dtype(&[dtype])?;
+    t.require_shape(&[len], what)?;
+    t.require_contiguous()
+}
+
+/// Validates a call: `context` selects the context kernel's rules.
+///
+/// # Errors
+/// [`ArgError`] naming the argument (shape, strides, dtype in the message).
+pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
+    a.q.require_rank(3, "[num_tokens, num_qo_heads, head_dim]")?;
+    let q_dtype = half(&a.q)?;
+    let [t, hq, d] = a.q.dims::<3>();
+    a.q.require_last_contiguous()?;
+    if !HEAD_DIMS.contains(&d) {
+        return Err(a
+            .q
+            .err(format!("head_dim {d} is not supported (64, 128, 256)")));
+    }
+    a.out
+        .require_rank(3, "[num_tokens, num_qo_heads, head_dim]")?;
+    if a.out.dtype != a.q.dtype {
+        return Err(a.out.err(format!(
+            "dtype must be the query's ({}): the kernels write the query dtype",
+            a.q.dtype.name()
+        )));
+    }
+    a.out.require_shape(&[t, hq, d], "as query")?;
+    a.out.require_last_contiguous()?;
+    for kv in [&a.k, &a.v] {
+        kv.require_rank(4, "[num_pages, num_kv_heads, page_size, head_dim] (HND)")?;
+        kv.require_last_contiguous()?;
+    }
+    let kv_dt = kv_dtype(&a.k)?;
+    if kv_dtype(&a.v)? != kv_dt {
+        return Err(a
+            .v
+            .err(format!("dtype must be k_cache's ({})", a.k.dtype.name())));
+    }
+    let [pages, hkv, p, kd] = a.k.dims::<4>();
+    if kd != d || pages == 0 || hkv == 0 || p == 0 {
+        return Err(a.k.err(format!(
+            "expected [num_pages ≥ 1, num_kv_heads ≥ 1, page_size ≥ 1, head_dim = {d}] (HND \
+             index order)"
+        )));
+    }
+    if a.v.shape != a.k.shape {
+        return Err(a.v.err(format!("shape must be k_cache's {:?}", a.k.shape)));
+    }
+    if hq == 0 || hq % hkv != 0 || hq / hkv > MAX_GROUP {
+        return Err(a.q.err(format!(
+            "num_qo_heads {hq} must be a multiple of num_kv_heads {hkv} with a group of at most \
+             {MAX_GROUP}"
+        )));
+    }
+    if context && !paged_attention::context_supported(q_dtype, kv_dt, d) {
+        return Err(a
+            .k
+            .err("dtype must be the query's or float8_e4m3fn (context kernel)"));
+    }
+    a.page_table
+        .require_rank(2, "[batch_size, max_num_pages]")?;
+    a.page_table.require_dtype(&[Dtype::I32])?;
+    a.page_table.require_last_contiguous()?;
+    let [bs, m] = a.page_table.dims::<2>();
+    if m == 0 {
+        return Err(a.page_table.err("max_num_pages (dim 1) must be ≥ 1"));
+    }
+    vector(&a.seq_lens, Dtype::I32, bs, "[batch_size]")?;
+    if let Some(s) = &a.sinks {
+        vector(s, Dtype::F32, hq, "[num_qo_heads]")?;
+    }
+    let (bmm1, bmm2) = (a.bmm1 as f32, a.bmm2 as f32);
+    if !bmm1.is_finite() {
+        return Err(ArgError::new(
+            "bmm1_scale",
+            format!("{} is not finite in f32", a.bmm1),
+        ));
+    }
+    if !bmm2.is_finite() {
+        return Err(ArgError::new(
+            "bmm2_scale",
+            format!("{} is not finite in f32", a.bmm2),
+        ));
+    }
+    let window = match a.window_left {
+        -1 => None,
+        w if w >= 0 => Some(u32::try_from(w).unwrap_or(u32::MAX)),
+        w => {
+            return Err(ArgError::new(
+                "window_left",
+                format!("{w} (must be -1 or ≥ 0)"),
+            ))
+        }
+    };
+    if a.max_seq_len == 0 || a.max_seq_len >= MAX_SEQ_LEN {
+        let name = if context { "max_kv_len" } else { "max_seq_len" };
+        return Err(ArgError::new(
+            name,
+            format!("{} (supported 1..2^30)", a.max_seq_len),
+        ));
+    }
+    let ragged = |max_q: Option<usize>, bound: usize| -> Result<Layout, ArgError> {
+        let max_q = max_q.ok_or_else(|| {
+            ArgError::new("max_q_len", "required with cum_seq_lens_q (ragged rows)")
+        })?;
+        if !(1..=bound).contains(&max_q) {
+            return Err(ArgError::new(
+                "max_q_len",
+                format!("{max_q} (supported 1..={bound})"),
+            ));
+        }
+        let cu = a.cu_q.as_ref().ok_or_else(|| {
+            ArgError::new(
+                "cum_seq_lens_q",
+                "required for ragged rows (q_len_per_req=None)",
+            )
+        })?;
+        vector(cu, Dtype::I32, bs + 1, "[batch_size + 1]")?;
+        Ok(Layout::Ragged(max_q))
+    };
+    let layout = if context {
+        if let Some(b) = a.batch_size {
+            if b != bs {
+                return Err(ArgError::new(
+                    "batch_size",
+                    format!("{b}, but block_tables / seq_lens have {bs} rows"),
+                ));
+            }
+        }
+        if let Some(k) = &a.cu_k {
+            vector(k, Dtype::I32, bs + 1, "[batch_size + 1]")?;
+        }
+        ragged(a.max_q_len, MAX_CONTEXT_Q_LEN)?
+    } else {
+        match a.q_len_per_req {
+            Some(n) => {
+                if a.cu_q.is_some() {
+                    return Err(ArgError::new(
+                        "cum_seq_lens_q",
+                        format!(
+                            "given with q_len_per_req={n}: pass q_len_per_req=None for ragged rows"
+                        ),
+                    ));
+                }
+                if !(1..=MAX_DECODE_Q_LEN).contains(&n) {
+                    return Err(ArgError::new(
+                        "q_len_per_req",
+                        format!("{n} (supported 1..={MAX_DECODE_Q_LEN})"),
+                    ));
+                }
+                if t != bs * n {
+                    return Err(a.q.err(format!(
+                        "num_tokens must be batch_size · q_len_per_req = {bs} · {n}"
+                    )));
+                }
+                Layout::Uniform(n)
+            }
+            None => ragged(a.max_q_len, MAX_DECODE_Q_LEN)?,
+        }
+    };
+    Ok(AttnCall {
+        q: a.q,
+        out: a.out,
+        k: a.k,
+        v: a.v,
+        page_table: a.page_table,
+        seq_lens: a.seq_lens,
+        cu_q: a.cu_q,
+        cu_k: a.cu_k,
+        layout,
+        sinks: a.sinks,
+        workspace: a.workspace,
+        q_dtype,
+        kv_dtype: kv_dt,
+        bmm1,
+        bmm2,
+        window,
+        max_seq_len: a.max_seq_len,
+    })
+}
+
+/// The CPU path: the f64 reference on the host tensors, rounded to the
+/// output dtype into the rows of processed requests (other rows untouched).
+/// Returns the error word the GPU would hold (`count`, `flags`).
+///
+/// # Safety
+/// Every tensor of `c` must describe live host memory as its description
+/// says (the Python layer's contract); `out` must not overlap an input.
+///
+/// # Errors
+/// [`ArgError`] for a misaligned or non-host tensor.
+pub unsafe fn run_cpu(c: &AttnCall) -> Result<(u32, u32), ArgError> {
+    let [t, hq, d] = c.q.dims::<3>();
+    let (bs, m) = (c.page_table.shape[0], c.page_table.shape[1]);
+    let result = {
+        // SAFETY: the caller's contract; the slices live only in
+        // this block, before `out` is written.
+        // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
+        let q = unsafe { host::slice::<u16>(&c.q)? };
+        let kv = |x: &Tensor| -> Result<HostKv<'_>, ArgError> {
+            // SAFETY: as above.
+            let data = match c.kv_dtype {
+                // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
+                KvDtype::Bf16 => KvData::Bf16(unsafe { host::slice::<u16>(x)? }),
+                // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
+                KvDtype::F16 => KvData::F16(unsafe { host::slice::<u16>(x)? }),
+                // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
+                KvDtype::E4m3 => KvData::E4m3(unsafe { host::slice::<u8>(x)? }),
+            };
+            Ok(HostKv {
+                data,
+                shape: x.dims::<4>(),
+                strides: x.stride_dims::<4>(),
+            })
+        };
+        let (k, v) = (kv(&c.k)?, kv(&c.v)?);
+        // SAFETY: as above.
+        let page_table = unsafe { host::slice::<i32>(&c.page_table)? };
+        // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
+        let seq_lens = unsafe { host::slice::<i32>(&c.seq_lens)? };
+        let cu = match &c.cu_q {
+            // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
+            Some(cu) => unsafe { host::slice::<i32>(cu)? },
+            None => &[],
+        };
+        let sinks = match &c.sinks {
+            // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
+            Some(s) => Some(unsafe { host::slice::<f32>(s)? }),
+            None => None,
+        };
+        let input = HostInputs {
+            q,
+            q_dtype: c.q_dtype,
+            q_shape: [t, hq, d],
+            q_strides: c.q.stride_dims::<3>(),
+            k,
+            v,
+            page_table,
+            max_num_pages: m,
+            page_table_stride: if bs > 1 { c.page_table.strides[0] } else { m },
+            cache_seqlens: seq_lens,
+            layout: match c.layout {
+                Layout::Uniform(n) => HostLayout::Uniform { q_len_per_req: n },
+                Layout::Ragged(max_q_len) => HostLayout::Ragged {
+                    cu_seqlens_q: cu,
+                    max_q_len,
+                },
+            },
+            bmm1_scale: c.bmm1,
+            bmm2_scale: c.bmm2,
+            window_left: c.window,
+            sinks,
+        };
+        if bs == 0 {
+            return Ok((0, 0));
+        }
+        reference::attention(&input)
+    };
+    // Rows of processed requests get the rounded result; the others keep
+    // their bytes: read them, overwrite the written rows, write back.
+    // SAFETY: the caller's contract (live, writable, unaliased host memory).
+    let mut out = unsafe { host::gather::<u16>(&c.out)? };
+    let row = hq * d;
+    for (i, _) in result.written.iter().enumerate().filter(|(_, &w)| w) {
+        for j in 0..row {
+            out[i * row + j] = c.q_dtype.from_f64(result.out[i * row + j]);
+        }
+    }
+    // SAFETY: as above.
+    unsafe { host::scatter::<u16>(&c.out, &out)? };
+    Ok((result.errors.count, result.errors.flags))
+}

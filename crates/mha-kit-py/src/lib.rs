@@ -1,0 +1,419 @@
+//! # mha-kit-py
+//!
+//! The native half of the Python package `mha_kit` (module `mha_kit._native`,
+//! PyO3, abi3 for CPython ≥ 3.9, built by maturin): the FlashInfer-shaped
+//! calls of the seed's TRT-LLM MHA backend over mha-kit's kernel crates.
+//!
+//! The Python layer (`python/mha_kit`) describes each tensor as
+//! `(data_ptr, dtype, shape, strides, device)` ([`desc::RawTensor`]) and
+//! passes torch's current stream handle. Here every call is validated once
+//! for both paths ([`attn`], [`meta`]: the launchers' rules, errors naming the
+//! public argument with its shape, strides and dtype), then runs
+//!
+//! - on CUDA tensors: the launchers' `launch_on` on the engine's memory
+//!   ([`kernel_rt::ExternalBuffer`], zero copy) and stream ([`cuda`]); no
+//!   allocation, no copy, no synchronisation after a family's first call;
+//! - on host tensors: the kernel crates' CPU references ([`attn::run_cpu`],
+//!   [`meta`]), in place, so every function's semantics runs without a GPU.
+//!
+//! Errors become `mha_kit.InvalidArgument` (a `ValueError`) or
+//! `mha_kit.DeviceError` (a `RuntimeError`); a panic (a bug) is caught and
+//! raised as `DeviceError` too, never an abort.
+
+pub mod attn;
+pub mod cuda;
+pub mod desc;
+pub mod error;
+pub mod host;
+pub mod meta;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::desc::{common_device, Device, RawTensor, Tensor};
+use crate::error::{CallError, CallResult};
+
+pyo3::create_exception!(
+    _native,
+    InvalidArgument,
+    pyo3::exceptions::PyValueError,
+    "Bad input to an mha_kit function: the message names the argument, its shape, strides and dtype."
+);
+pyo3::create_exception!(
+    _native,
+    DeviceError,
+    pyo3::exceptions::PyRuntimeError,
+    "No GPU, a kernel module that does not load, or a CUDA driver failure."
+);
+
+fn to_py(e: CallError) -> PyErr {
+    match e {
+        CallError::Arg(a) => InvalidArgument::new_err(a.to_string()),
+        CallError::Device(s) => DeviceError::new_err(s),
+    }
+}
+
+/// Runs `f`, turning its error and any panic into a Python exception.
+fn guard<T>(f: impl FnOnce() -> CallResult<T>) -> PyResult<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(to_py),
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(DeviceError::new_err(format!(
+                "mha_kit internal error (please report): {msg}"
+            )))
+        }
+    }
+}
+
+fn t(arg: &'static str, raw: RawTensor) -> CallResult<Tensor> {
+    Ok(Tensor::from_raw(arg, raw)?)
+}
+
+fn opt(arg: &'static str, raw: Option<RawTensor>) -> CallResult<Option<Tensor>> {
+    Ok(Tensor::opt(arg, raw)?)
+}
+
+/// `(count, flags)` of the call's device error word on the CPU path; `None`
+/// on the GPU (read it with `device_errors`).
+type ErrWord = Option<(u32, u32)>;
+
+/// `trtllm_batch_decode_with_kv_cache` (the Python layer has unpacked the
+/// KV cache and permuted NHD to the HND index order).
+#[pyfunction]
+#[pyo3(signature = (query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
+    max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req, max_q_len,
+    cum_seq_lens_q, stream))]
+#[allow(clippy::too_many_arguments)]
+fn decode(
+    query: RawTensor,
+    k_cache: RawTensor,
+    v_cache: RawTensor,
+    workspace_buffer: RawTensor,
+    block_tables: RawTensor,
+    seq_lens: RawTensor,
+    out: RawTensor,
+    max_seq_len: usize,
+    bmm1_scale: f64,
+    bmm2_scale: f64,
+    window_left: i64,
+    sinks: Option<RawTensor>,
+    q_len_per_req: Option<usize>,
+    max_q_len: Option<usize>,
+    cum_seq_lens_q: Option<RawTensor>,
+    stream: u64,
+) -> PyResult<ErrWord> {
+    guard(|| {
+        let c = attn::validate(
+            attn::AttnInputs {
+                q: t("query", query)?,
+                k: t("k_cache", k_cache)?,
+                v: t("v_cache", v_cache)?,
+                workspace: t("workspace_buffer", workspace_buffer)?,
+                page_table: t("block_tables", block_tables)?,
+                seq_lens: t("seq_lens", seq_lens)?,
+                out: t("out", out)?,
+                cu_q: opt("cum_seq_lens_q", cum_seq_lens_q)?,
+                cu_k: None,
+                sinks: opt("sinks", sinks)?,
+                q_len_per_req,
+                max_q_len,
+                max_seq_len,
+                batch_size: None,
+                bmm1: bmm1_scale,
+                bmm2: bmm2_scale,
+                window_left,
+            },
+            false,
+        )?;
+        match common_device(&cuda_attn_tensors(&c))? {
+            // SAFETY: host tensors described by the Python layer, alive for the call.
+            Device::Cpu => Ok(Some(unsafe { attn::run_cpu(&c) }?)),
+            Device::Cuda(n) => cuda::decode(&c, n, stream).map(|()| None),
+        }
+    })
+}
+
+fn cuda_attn_tensors(c: &attn::AttnCall) -> Vec<&Tensor> {
+    let mut v = vec![
+        &c.q,
+        &c.out,
+        &c.k,
+        &c.v,
+        &c.page_table,
+        &c.seq_lens,
+        &c.workspace,
+    ];
+    v.extend(c.cu_q.iter().chain(&c.cu_k).chain(&c.sinks));
+    v
+}
+
+/// `trtllm_batch_context_with_kv_cache` (KV unpacked and in HND index order).
+#[pyfunction]
+#[pyo3(signature = (query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
+    max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size, cum_seq_lens_q, cum_seq_lens_kv,
+    window_left, sinks, stream))]
+#[allow(clippy::too_many_arguments)]
+fn context(
+    query: RawTensor,
+    k_cache: RawTensor,
+    v_cache: RawTensor,
+    workspace_buffer: RawTensor,
+    block_tables: RawTensor,
+    seq_lens: RawTensor,
+    out: RawTensor,
+    max_q_len: usize,
+    max_kv_len: usize,
+    bmm1_scale: f64,
+    bmm2_scale: f64,
+    batch_size: usize,
+    cum_seq_lens_q: RawTensor,
+    cum_seq_lens_kv: Option<RawTensor>,
+    window_left: i64,
+    sinks: Option<RawTensor>,
+    stream: u64,
+) -> PyResult<ErrWord> {
+    guard(|| {
+        let c = attn::validate(
+            attn::AttnInputs {
+                q: t("query", query)?,
+                k: t("k_cache", k_cache)?,
+                v: t("v_cache", v_cache)?,
+                workspace: t("workspace_buffer", workspace_buffer)?,
+                page_table: t("block_tables", block_tables)?,
+                seq_lens: t("seq_lens", seq_lens)?,
+                out: t("out", out)?,
+                cu_q: Some(t("cum_seq_lens_q", cum_seq_lens_q)?),
+                cu_k: opt("cum_seq_lens_kv", cum_seq_lens_kv)?,
+                sinks: opt("sinks", sinks)?,
+                q_len_per_req: None,
+                max_q_len: Some(max_q_len),
+                max_seq_len: max_kv_len,
+                batch_size: Some(batch_size),
+                bmm1: bmm1_scale,
+                bmm2: bmm2_scale,
+                window_left,
+            },
+            true,
+        )?;
+        match common_device(&cuda_attn_tensors(&c))? {
+            // SAFETY: host tensors described by the Python layer, alive for the call.
+            Device::Cpu => Ok(Some(unsafe { attn::run_cpu(&c) }?)),
+            Device::Cuda(n) => cuda::context(&c, n, stream).map(|()| None),
+        }
+    })
+}
+
+/// `build_trtllm_mha_page_table`.
+#[pyfunction]
+#[pyo3(signature = (req_to_token, req_pool_indices, cache_seqlens, page_table, page_size,
+    swa_page_table, full_to_swa, stream))]
+#[allow(clippy::too_many_arguments)]
+fn build_page_table(
+    req_to_token: RawTensor,
+    req_pool_indices: RawTensor,
+    cache_seqlens: RawTensor,
+    page_table: RawTensor,
+    page_size: usize,
+    swa_page_table: Option<RawTensor>,
+    full_to_swa: Option<RawTensor>,
+    stream: u64,
+) -> PyResult<ErrWord> {
+    guard(|| {
+        let c = meta::validate_page_table(
+            t("req_to_token", req_to_token)?,
+            t("req_pool_indices", req_pool_indices)?,
+            t("cache_seqlens", cache_seqlens)?,
+            t("page_table", page_table)?,
+            page_size,
+            opt("swa_page_table", swa_page_table)?,
+            opt("full_to_swa", full_to_swa)?,
+        )?;
+        let mut ts = vec![
+            &c.req_to_token,
+            &c.req_pool_indices,
+            &c.cache_seqlens,
+            &c.page_table,
+        ];
+        if let Some((m, s)) = &c.swa {
+            ts.extend([m, s]);
+        }
+        match common_device(&ts)? {
+            // SAFETY: host tensors described by the Python layer, alive for the call.
+            Device::Cpu => Ok(Some(unsafe { meta::page_table_cpu(&c) }?)),
+            Device::Cuda(n) => cuda::page_table(&c, n, stream).map(|()| None),
+        }
+    })
+}
+
+/// `update_trtllm_mha_graph_metadata` (views already cut to `bs` rows).
+#[pyfunction]
+#[pyo3(signature = (req_pool_indices, seq_lens, req_to_token, cache_seqlens, cu_seqlens_k,
+    page_table, seqlen_offset, page_size, swa_mapping, swa_page_table, out_cache_loc,
+    swa_out_cache_loc, cu_seqlens_q, qlens, q_stride, q_mode, stream))]
+#[allow(clippy::too_many_arguments)]
+fn update_graph_metadata(
+    req_pool_indices: RawTensor,
+    seq_lens: RawTensor,
+    req_to_token: RawTensor,
+    cache_seqlens: RawTensor,
+    cu_seqlens_k: RawTensor,
+    page_table: RawTensor,
+    seqlen_offset: i64,
+    page_size: usize,
+    swa_mapping: Option<RawTensor>,
+    swa_page_table: Option<RawTensor>,
+    out_cache_loc: Option<RawTensor>,
+    swa_out_cache_loc: Option<RawTensor>,
+    cu_seqlens_q: Option<RawTensor>,
+    qlens: Option<RawTensor>,
+    q_stride: i64,
+    q_mode: i64,
+    stream: u64,
+) -> PyResult<ErrWord> {
+    guard(|| {
+        let (mode, writes_cu_q) = meta::graph_mode(seqlen_offset, q_mode, q_stride)?;
+        let c = meta::validate_graph(
+            mode,
+            writes_cu_q,
+            t("req_pool_indices", req_pool_indices)?,
+            t("seq_lens", seq_lens)?,
+            t("req_to_token", req_to_token)?,
+            t("cache_seqlens", cache_seqlens)?,
+            t("cu_seqlens_k", cu_seqlens_k)?,
+            t("page_table", page_table)?,
+            page_size,
+            opt("swa_mapping", swa_mapping)?,
+            opt("swa_page_table", swa_page_table)?,
+            opt("out_cache_loc", out_cache_loc)?,
+            opt("swa_out_cache_loc", swa_out_cache_loc)?,
+            opt("cu_seqlens_q", cu_seqlens_q)?,
+            opt("qlens", qlens)?,
+        )?;
+        let mut ts = vec![
+            &c.req_pool_indices,
+            &c.seq_lens,
+            &c.req_to_token,
+            &c.cache_seqlens,
+            &c.cu_seqlens_k,
+            &c.page_table,
+        ];
+        ts.extend(
+            c.cu_seqlens_q
+                .iter()
+                .chain(&c.qlens)
+                .chain(&c.swa_mapping)
+                .chain(&c.swa_page_table)
+                .chain(&c.out_cache_loc)
+                .chain(&c.swa_out_cache_loc),
+        );
+        match common_device(&ts)? {
+            // SAFETY: host tensors described by the Python layer, alive for the call.
+            Device::Cpu => Ok(Some(unsafe { meta::graph_cpu(&c) }?)),
+            Device::Cuda(n) => cuda::graph(&c, n, stream).map(|()| None),
+        }
+    })
+}
+
+/// `fused_fp8_set_kv_buffer` (`k_scale` / `v_scale` as floats or `None`).
+#[pyfunction]
+#[pyo3(signature = (k, v, k_cache, v_cache, cache_loc, k_scale, v_scale, page_size, stream))]
+#[allow(clippy::too_many_arguments)]
+fn fused_fp8_set_kv_buffer(
+    k: RawTensor,
+    v: RawTensor,
+    k_cache: RawTensor,
+    v_cache: RawTensor,
+    cache_loc: RawTensor,
+    k_scale: Option<f64>,
+    v_scale: Option<f64>,
+    page_size: usize,
+    stream: u64,
+) -> PyResult<ErrWord> {
+    guard(|| {
+        let c = meta::validate_kv_write(
+            t("k", k)?,
+            t("v", v)?,
+            t("k_cache", k_cache)?,
+            t("v_cache", v_cache)?,
+            t("cache_loc", cache_loc)?,
+            k_scale,
+            v_scale,
+            page_size,
+        )?;
+        match common_device(&[&c.k, &c.v, &c.k_cache, &c.v_cache, &c.cache_loc])? {
+            // SAFETY: host tensors described by the Python layer, alive for the call.
+            Device::Cpu => Ok(Some(unsafe { meta::kv_write_cpu(&c) }?)),
+            Device::Cuda(n) => cuda::kv_write(&c, n, stream).map(|()| None),
+        }
+    })
+}
+
+/// Opens CUDA device `device` and loads every kernel module now (outside any
+/// graph capture); `stream` is torch's current stream of that device.
+#[pyfunction]
+fn init(device: usize, stream: u64) -> PyResult<()> {
+    guard(|| cuda::device(device)?.init_all(stream))
+}
+
+/// Each family's device error word on `device` as `{family: (count, flags)}`,
+/// zeroed afterwards with `reset`. Synchronises the device.
+#[pyfunction]
+#[pyo3(signature = (device, reset=false))]
+fn device_errors<'py>(py: Python<'py>, device: usize, reset: bool) -> PyResult<Bound<'py, PyDict>> {
+    let words = guard(|| cuda::device(device)?.read_errors(reset))?;
+    let d = PyDict::new(py);
+    for (name, w) in cuda::FAMILIES.iter().zip(words) {
+        d.set_item(*name, (w.count, w.flags))?;
+    }
+    Ok(d)
+}
+
+/// `{module: "cubin sm_90" | "cubin sm_90a" | "ptx"}` for the modules loaded
+/// on `device` so far.
+#[pyfunction]
+fn module_sources<'py>(py: Python<'py>, device: usize) -> PyResult<Bound<'py, PyDict>> {
+    let list = guard(|| Ok(cuda::device(device)?.module_sources()))?;
+    let d = PyDict::new(py);
+    for (m, s) in list {
+        d.set_item(m, s)?;
+    }
+    Ok(d)
+}
+
+/// `None` when a CUDA GPU can be used, else why not (never raises).
+#[pyfunction]
+fn gpu_missing() -> Option<String> {
+    match kernel_rt::gpu_status() {
+        kernel_rt::GpuStatus::Available { .. } => None,
+        kernel_rt::GpuStatus::Missing(why) => Some(why.clone()),
+    }
+}
+
+/// The native module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("InvalidArgument", m.py().get_type::<InvalidArgument>())?;
+    m.add("DeviceError", m.py().get_type::<DeviceError>())?;
+    m.add("WORKSPACE_COUNTER_BYTES", cuda::COUNTER_ELEMS * 4)?;
+    m.add("Q_MODE_NONE", meta::q_mode::NONE)?;
+    m.add("Q_MODE_CUMSUM", meta::q_mode::CUMSUM)?;
+    m.add("Q_MODE_STRIDED", meta::q_mode::STRIDED)?;
+    m.add("Q_MODE_RAGGED_VERIFY", meta::q_mode::RAGGED_VERIFY)?;
+    m.add("MAX_DECODE_Q_LEN", attn::MAX_DECODE_Q_LEN)?;
+    m.add("HEAD_DIMS", paged_attention::HEAD_DIMS.to_vec())?;
+    m.add_function(wrap_pyfunction!(decode, m)?)?;
+    m.add_function(wrap_pyfunction!(context, m)?)?;
+    m.add_function(wrap_pyfunction!(build_page_table, m)?)?;
+    m.add_function(wrap_pyfunction!(update_graph_metadata, m)?)?;
+    m.add_function(wrap_pyfunction!(fused_fp8_set_kv_buffer, m)?)?;
+    m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(device_errors, m)?)?;
+    m.add_function(wrap_pyfunction!(module_sources, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_missing, m)?)?;
+    Ok(())
+}

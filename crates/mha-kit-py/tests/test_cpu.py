@@ -1,0 +1,441 @@
+"""CPU tests of mha_kit (run in CI, no GPU): the package imports, validates
+its arguments and runs every function's CPU path (the kernel crates' f64
+references) against the independent numpy float64 definitions of
+``reference.py`` on random ragged batches and edge cases."""
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+
+import mha_kit
+from mha_kit import _api
+
+import reference as ref
+
+needs_ml_dtypes = pytest.mark.skipif(ref.ml_dtypes is None, reason="ml_dtypes not installed")
+
+TOL = {np.float16: 2.0**-10, "bf16": 2.0**-7}
+
+
+def _dtype(name):
+    if name == "bf16":
+        if ref.BF16 is None:
+            pytest.skip("ml_dtypes not installed (numpy bfloat16)")
+        return ref.BF16
+    return np.float16
+
+
+def _close(got, want, dtype_name, what):
+    tol = TOL["bf16" if dtype_name == "bf16" else np.float16]
+    got = got.astype(np.float64)
+    err = np.abs(got - want)
+    bound = tol * np.abs(want) + 1e-6
+    worst = np.unravel_index(np.argmax(err - bound), err.shape) if err.size else None
+    assert err.size == 0 or np.all(err <= bound), (
+        f"{what}: worst at {worst}: got {got[worst]}, want {want[worst]}"
+    )
+
+
+def _ws():
+    return np.zeros(1 << 16, dtype=np.uint8)
+
+
+def test_imports_without_torch_or_gpu():
+    assert mha_kit.trtllm_batch_decode_with_kv_cache
+    assert isinstance(mha_kit.gpu_available(), bool)
+    assert mha_kit.HEAD_DIMS == (64, 128, 256)
+    assert issubclass(mha_kit.InvalidArgument, ValueError)
+    assert issubclass(mha_kit.DeviceError, RuntimeError)
+    if not mha_kit.gpu_available():
+        assert isinstance(mha_kit.gpu_missing(), str)
+
+
+DECODE_CASES = [
+    # name, bs, hq, hkv, d, p, q_len, dtype, kv, window, sinks, layout
+    ("mha-decode", 3, 4, 4, 64, 16, 1, "f16", "same", -1, False, "HND"),
+    ("gqa-8-nhd", 4, 16, 2, 64, 16, 1, "bf16", "same", -1, False, "NHD"),
+    ("one-kv-head", 2, 8, 1, 128, 8, 1, "f16", "same", -1, False, "HND"),
+    ("window-sinks", 3, 8, 2, 64, 4, 1, "bf16", "same", 5, True, "NHD"),
+    ("window-longer-than-seq", 2, 4, 2, 64, 16, 1, "f16", "same", 1000, False, "HND"),
+    ("window-zero", 2, 4, 2, 64, 16, 1, "f16", "same", 0, True, "HND"),
+    ("verify-q3", 3, 8, 4, 64, 16, 3, "bf16", "same", -1, False, "NHD"),
+    ("verify-q4-window", 2, 4, 1, 128, 16, 4, "f16", "same", 7, True, "HND"),
+    ("fp8-kv", 3, 8, 2, 64, 16, 1, "bf16", "e4m3", -1, False, "NHD"),
+    ("fp8-kv-verify", 2, 8, 8, 128, 32, 2, "f16", "e4m3", 9, True, "HND"),
+    ("d256", 2, 2, 1, 256, 16, 1, "f16", "same", -1, False, "HND"),
+    ("group-16", 2, 16, 1, 64, 16, 2, "bf16", "same", -1, False, "HND"),
+]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=[c[0] for c in DECODE_CASES])
+def test_decode_matches_float64_reference(case):
+    name, bs, hq, hkv, d, p, n, dt, kv, window, sinks, layout = case
+    dtype = _dtype(dt)
+    if kv == "e4m3" and ref.E4M3 is None:
+        pytest.skip("ml_dtypes not installed")
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    c = ref.random_case(rng, bs=bs, hq=hq, hkv=hkv, d=d, p=p, q_lens=[n] * bs, dtype=dtype,
+                        kv_dtype=("e4m3" if kv == "e4m3" else dtype), window_left=window,
+                        sinks=sinks, layout=layout)
+    scale = 1 / math.sqrt(d)
+    bmm2 = 1.0 if kv != "e4m3" else 0.75
+    out = mha_kit.trtllm_batch_decode_with_kv_cache(
+        c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], c["max_seq_len"],
+        bmm1_scale=scale, bmm2_scale=bmm2, window_left=window, sinks=c["sinks"],
+        kv_layout=layout, q_len_per_req=n)
+    want, written = ref.attention(c["q"], ref.hnd(c["k"], layout), ref.hnd(c["v"], layout),
+                                  c["block_tables"], c["seq_lens"], c["rows"], scale, bmm2,
+                                  window, c["sinks"])
+    assert written.all()
+    _close(out, want, dt, name)
+
+
+def test_decode_page_boundaries_and_short_sequences():
+    rng = np.random.default_rng(7)
+    p = 8
+    lens = [1, p, p + 1, 2 * p, 2 * p - 1, 3 * p]
+    c = ref.random_case(rng, bs=len(lens), hq=4, hkv=2, d=64, p=p, q_lens=[1] * len(lens),
+                        dtype=np.float16, kv_dtype=np.float16, lens=lens)
+    out = mha_kit.trtllm_batch_decode_with_kv_cache(
+        c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], 64, bmm1_scale=0.125)
+    want, _ = ref.attention(c["q"], c["k"], c["v"], c["block_tables"], c["seq_lens"], c["rows"],
+                            0.125, 1.0, -1, None)
+    _close(out, want, "f16", "page boundaries")
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+def test_ragged_verify_with_empty_and_short_requests(dt):
+    dtype = _dtype(dt)
+    rng = np.random.default_rng(11)
+    q_lens = [3, 0, 1, 4, 2]
+    # Request 4 has fewer keys than rows: its first row sees no key (zeros).
+    lens = [20, 5, 17, 33, 1]
+    c = ref.random_case(rng, bs=5, hq=8, hkv=2, d=64, p=16, q_lens=q_lens, dtype=dtype,
+                        kv_dtype=dtype, lens=lens, sinks=True, window_left=6)
+    out = np.full_like(c["q"], 7)
+    mha_kit.trtllm_batch_decode_with_kv_cache(
+        c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], 64,
+        bmm1_scale=0.2, window_left=6, sinks=c["sinks"], out=out, q_len_per_req=None,
+        max_q_len=4, cum_seq_lens_q=c["cu"])
+    want, written = ref.attention(c["q"], c["k"], c["v"], c["block_tables"], c["seq_lens"],
+                                  c["rows"], 0.2, 1.0, 6, c["sinks"])
+    assert written.all()
+    _close(out, want, dt, "ragged verify")
+    assert np.all(out[int(c["cu"][4])] == 0)  # no visible key: zeros (D13)
+
+
+def test_ragged_request_longer_than_max_q_len_is_skipped_and_counted():
+    rng = np.random.default_rng(3)
+    c = ref.random_case(rng, bs=2, hq=4, hkv=4, d=64, p=16, q_lens=[2, 3], dtype=np.float16,
+                        kv_dtype=np.float16)
+    out = np.full_like(c["q"], 5)
+    k, v = _api._kv_descs(c["k"], c["v"], "HND")
+    word = _api._decode_impl(c["q"], c["k"], c["v"], _ws(), c["block_tables"], c["seq_lens"],
+                             out, 64, 0.125, 1.0, -1, None, None, 2, c["cu"], "HND")
+    assert word == (1, 2)  # one request skipped, Q_LEN_TOO_LONG
+    assert np.all(out[2:] == 5)  # its rows untouched
+    want, _ = ref.attention(c["q"], c["k"], c["v"], c["block_tables"], c["seq_lens"],
+                            c["rows"][:1], 0.125, 1.0, -1, None)
+    _close(out[:2], want[:2], "f16", "first request")
+
+
+def test_bad_page_ids_are_masked_and_counted():
+    rng = np.random.default_rng(5)
+    c = ref.random_case(rng, bs=2, hq=4, hkv=4, d=64, p=4, q_lens=[1, 1], dtype=np.float16,
+                        kv_dtype=np.float16, lens=[10, 3])
+    bt = c["block_tables"].copy()
+    bt[0, 1] = 10_000  # needed page out of the pool
+    out = np.zeros_like(c["q"])
+    word = _api._decode_impl(c["q"], c["k"], c["v"], _ws(), bt, c["seq_lens"], out, 64, 0.125,
+                             1.0, -1, None, 1, None, None, "HND")
+    assert word == (1, 8)  # BAD_PAGE once
+
+
+def test_empty_batch_changes_nothing():
+    q = np.zeros((0, 4, 64), np.float16)
+    k = np.zeros((2, 4, 16, 64), np.float16)
+    out = mha_kit.trtllm_batch_decode_with_kv_cache(
+        q, (k, k), _ws(), np.zeros((0, 1), np.int32), np.zeros(0, np.int32), 16)
+    assert out.shape == (0, 4, 64)
+    pt = np.full((0, 4), 9, np.int32)
+    mha_kit.build_trtllm_mha_page_table(np.zeros((2, 8), np.int32), np.zeros(0, np.int64),
+                                        np.zeros(0, np.int32), pt, 4)
+    mha_kit.update_trtllm_mha_graph_metadata(
+        req_pool_indices=np.zeros(4, np.int64), seq_lens=np.zeros(4, np.int64),
+        req_to_token=np.zeros((2, 8), np.int32), cache_seqlens=np.zeros(4, np.int32),
+        cu_seqlens_k=np.zeros(5, np.int32), page_table=np.zeros((4, 2), np.int32), bs=0,
+        seqlen_offset=0, max_seq_pages=2, page_size=4)
+
+
+def test_single_kv_tensor_with_k_and_v_dim():
+    rng = np.random.default_rng(9)
+    c = ref.random_case(rng, bs=2, hq=4, hkv=2, d=64, p=16, q_lens=[1, 1], dtype=np.float16,
+                        kv_dtype=np.float16)
+    kv = np.stack([c["k"], c["v"]], axis=1)  # [pages, 2, Hkv, P, D]
+    out = mha_kit.trtllm_batch_decode_with_kv_cache(c["q"], kv, _ws(), c["block_tables"],
+                                                    c["seq_lens"], 64, bmm1_scale=0.1)
+    want, _ = ref.attention(c["q"], c["k"], c["v"], c["block_tables"], c["seq_lens"], c["rows"],
+                            0.1, 1.0, -1, None)
+    _close(out, want, "f16", "stacked kv")
+
+
+CONTEXT_CASES = [
+    ("prefill", "f16", "same", -1, False, "HND", 64),
+    ("chunked-prefix-nhd", "bf16", "same", -1, True, "NHD", 64),
+    ("window", "f16", "same", 9, False, "NHD", 128),
+    ("fp8", "bf16", "e4m3", -1, False, "HND", 64),
+]
+
+
+@pytest.mark.parametrize("case", CONTEXT_CASES, ids=[c[0] for c in CONTEXT_CASES])
+def test_context_matches_float64_reference(case):
+    name, dt, kv, window, sinks, layout, d = case
+    dtype = _dtype(dt)
+    if kv == "e4m3" and ref.E4M3 is None:
+        pytest.skip("ml_dtypes not installed")
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    q_lens = [5, 1, 17, 0, 9]
+    prefix = [0, 30, 3, 8, 16] if "prefix" in name else [0, 0, 0, 4, 0]
+    lens = [n + pfx for n, pfx in zip(q_lens, prefix)]
+    c = ref.random_case(rng, bs=5, hq=8, hkv=2, d=d, p=8, q_lens=q_lens, dtype=dtype,
+                        kv_dtype=("e4m3" if kv == "e4m3" else dtype), lens=lens, sinks=sinks,
+                        window_left=window, layout=layout)
+    cu_k = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    out = mha_kit.trtllm_batch_context_with_kv_cache(
+        c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], max(q_lens),
+        c["max_seq_len"], 0.125, 1.0, 5, c["cu"], cu_k, window_left=window,
+        sinks=c["sinks"], kv_layout=layout)
+    want, _ = ref.attention(c["q"], ref.hnd(c["k"], layout), ref.hnd(c["v"], layout),
+                            c["block_tables"], c["seq_lens"], c["rows"], 0.125, 1.0, window,
+                            c["sinks"])
+    _close(out, want, dt, name)
+
+
+def _pool(rng, rows, width, p, pages):
+    """req_to_token rows made of whole scattered pages (the allocator's invariant)."""
+    r2t = np.zeros((rows, width), np.int32)
+    perm = rng.permutation(np.arange(1, pages))
+    per_row = width // p
+    for r in range(rows):
+        for j in range(per_row):
+            page = perm[(r * per_row + j) % len(perm)]
+            r2t[r, j * p:(j + 1) * p] = page * p + np.arange(p)
+    return r2t
+
+
+@pytest.mark.parametrize("swa", [False, True])
+def test_page_table_matches_reference_and_keeps_tails(swa):
+    rng = np.random.default_rng(13)
+    p, m = 4, 6
+    r2t = _pool(rng, rows=5, width=m * p, p=p, pages=64)
+    rpi = np.array([3, 1, 4, 0], np.int64)
+    lens = np.array([1, 4, 5, 24], np.int32)  # page boundaries, a full row
+    pt = np.full((4, m), -7, np.int32)
+    spt = np.full((4, m), -7, np.int32) if swa else None
+    f2s = None
+    if swa:
+        f2s = np.zeros(64 * p + 1, np.int64)
+        mapped = rng.permutation(np.arange(1, 64))[:40]
+        for i, f in enumerate(mapped):
+            f2s[f * p:(f + 1) * p] = (i + 1) * p + np.arange(p)
+        f2s[-1] = -1
+    want_pt, want_spt = ref.page_table(r2t, rpi, lens, pt, p, f2s, spt)
+    mha_kit.build_trtllm_mha_page_table(r2t, rpi, lens, pt, p, swa_page_table=spt,
+                                        full_to_swa=f2s)
+    assert np.array_equal(pt, want_pt)
+    if swa:
+        assert np.array_equal(spt, want_spt)
+    assert np.all(pt[0, 1:] == -7)  # tail untouched
+
+
+GRAPH_MODES = [
+    # name, seqlen_offset, q_mode, q_stride
+    ("decode", 0, mha_kit.Q_MODE_NONE, 0),
+    ("draft-decode-step-2", 3, mha_kit.Q_MODE_NONE, 0),
+    ("target-verify-4", 4, mha_kit.Q_MODE_STRIDED, 4),
+    ("draft-extend-3", 0, mha_kit.Q_MODE_STRIDED, 3),
+    ("ragged-verify", 0, mha_kit.Q_MODE_RAGGED_VERIFY, 4),
+]
+
+
+@pytest.mark.parametrize("mode", GRAPH_MODES, ids=[m[0] for m in GRAPH_MODES])
+def test_graph_metadata_matches_reference(mode):
+    name, offset, q_mode, q_stride = mode
+    rng = np.random.default_rng(17)
+    p, m, bs, max_bs = 4, 8, 3, 5
+    r2t = _pool(rng, rows=6, width=m * p, p=p, pages=80)
+    rpi = np.array([2, 5, 1, 0, 0], np.int64)  # bucket buffers longer than bs
+    seq = np.array([7, 1, 12, 1, 1], np.int64)
+    qlens = np.array([2, 4, 0, 1, 1], np.int32)
+    cache = np.full(max_bs, -1, np.int32)
+    cu_k = np.full(max_bs + 1, -1, np.int32)
+    cu_q = np.full(max_bs + 1, -1, np.int32)
+    pt = np.full((max_bs, m), -9, np.int32)
+    f2s = np.zeros(80 * p + 1, np.int64)
+    for f in range(1, 80):
+        f2s[f * p:(f + 1) * p] = (80 - f) * p + np.arange(p)
+    f2s[-1] = -1
+    spt = np.full((max_bs, m), -9, np.int32)
+    loc = np.array([5, 9, 33, 40], np.int64)
+    sloc = np.full(6, -3, np.int64)
+    mha_kit.update_trtllm_mha_graph_metadata(
+        req_pool_indices=rpi, seq_lens=seq, req_to_token=r2t, cache_seqlens=cache,
+        cu_seqlens_k=cu_k, page_table=pt, bs=bs, seqlen_offset=offset, max_seq_pages=m,
+        page_size=p, swa_mapping=f2s, swa_page_table=spt, out_cache_loc=loc,
+        swa_out_cache_loc=sloc, cu_seqlens_q=cu_q, qlens=qlens, q_stride=q_stride,
+        q_mode=q_mode)
+    ragged = q_mode == mha_kit.Q_MODE_RAGGED_VERIFY
+    want_cache = seq[:bs] + (qlens[:bs] if ragged else offset)
+    assert np.array_equal(cache[:bs], want_cache) and np.all(cache[bs:] == -1)
+    assert np.array_equal(cu_k[:bs + 1], np.concatenate([[0], np.cumsum(want_cache)]))
+    if q_mode == mha_kit.Q_MODE_NONE:
+        assert np.all(cu_q == -1)
+    elif ragged:
+        assert np.array_equal(cu_q[:bs + 1], np.concatenate([[0], np.cumsum(qlens[:bs])]))
+    else:
+        assert np.array_equal(cu_q[:bs + 1], np.arange(bs + 1) * q_stride)
+    want_pt, want_spt = ref.page_table(r2t, rpi[:bs], want_cache, pt[:bs], p, f2s, spt[:bs])
+    assert np.array_equal(pt[:bs], want_pt) and np.all(pt[bs:] == -9)
+    assert np.array_equal(spt[:bs], want_spt)
+    assert np.array_equal(sloc, np.concatenate([f2s[loc], [0, 0]]))
+
+
+def test_graph_metadata_refuses_cumsum_naming_the_mode():
+    with pytest.raises(mha_kit.InvalidArgument, match="q_mode"):
+        mha_kit.update_trtllm_mha_graph_metadata(
+            req_pool_indices=np.zeros(1, np.int64), seq_lens=np.ones(1, np.int64),
+            req_to_token=np.zeros((1, 4), np.int32), cache_seqlens=np.zeros(1, np.int32),
+            cu_seqlens_k=np.zeros(2, np.int32), page_table=np.zeros((1, 1), np.int32), bs=1,
+            seqlen_offset=0, max_seq_pages=1, page_size=4, q_mode=mha_kit.Q_MODE_CUMSUM,
+            qlens=np.ones(1, np.int32), cu_seqlens_q=np.zeros(2, np.int32))
+
+
+@needs_ml_dtypes
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_fused_fp8_write_is_bit_exact(dt, paged):
+    dtype = _dtype(dt)
+    rng = np.random.default_rng(19)
+    t, hkv, d, p, slots = 7, 2, 64, 4, 32
+    k = (rng.standard_normal((t, hkv, d)) * 300).astype(dtype)
+    v = (rng.standard_normal((t, hkv, d)) * 0.01).astype(dtype)
+    k[0, 0, :3] = [np.inf, -np.inf, np.nan]
+    kc = np.zeros((slots, hkv, d), np.uint8)
+    vc = np.zeros((slots, hkv, d), np.uint8)
+    loc = np.array([3, 0, 31, 8, 9, 17, 20], np.int64)
+    kcv = kc.reshape(slots // p, p, hkv, d) if paged else kc
+    vcv = vc.reshape(slots // p, p, hkv, d) if paged else vc
+    mha_kit.fused_fp8_set_kv_buffer(k.reshape(t, hkv * d), v, kcv, vcv, loc, k_scale=0.5,
+                                    v_scale=None, page_size=p)
+    want_k = ref.e4m3_satfinite(k.astype(np.float32), np.float32(1) / np.float32(0.5))
+    want_v = ref.e4m3_satfinite(v.astype(np.float32), 1.0)
+    assert np.array_equal(kc[loc], want_k)
+    assert np.array_equal(vc[loc], want_v)
+    untouched = np.setdiff1d(np.arange(slots), loc)
+    assert np.all(kc[untouched] == 0)
+
+
+def test_fp8_write_skips_out_of_pool_slots():
+    k = np.ones((2, 1, 64), np.float16)
+    kc = np.zeros((8, 1, 64), np.uint8)
+    word = _api._kv_write_impl(k, k, kc, kc.copy(), np.array([-1, 8], np.int64), None, None, 4)
+    assert word == (2, 3) and np.all(kc == 0)
+
+
+# ---- argument validation: every error names the argument, shape and dtype ----
+
+
+def _decode_args(**over):
+    rng = np.random.default_rng(1)
+    c = ref.random_case(rng, bs=2, hq=4, hkv=2, d=64, p=16, q_lens=[1, 1], dtype=np.float16,
+                        kv_dtype=np.float16)
+    a = dict(query=c["q"], kv_cache=(c["k"], c["v"]), workspace_buffer=_ws(),
+             block_tables=c["block_tables"], seq_lens=c["seq_lens"], max_seq_len=64)
+    a.update(over)
+    return a
+
+
+BAD_DECODE = [
+    ("query", dict(query=np.zeros((2, 4, 96), np.float16)), ["query", "[2, 4, 96]", "float16"]),
+    ("query", dict(query=np.zeros((2, 4, 64), np.float32)), ["query", "float32"]),
+    ("query", dict(query=np.zeros((2, 64), np.float16)), ["query", "[2, 64]"]),
+    ("query", dict(query=np.zeros((2, 64, 4), np.float16).transpose(0, 2, 1)), ["query", "contiguous"]),
+    ("query", dict(query=np.zeros((3, 4, 64), np.float16)), ["query", "batch_size"]),
+    ("query", dict(query=np.zeros((2, 40, 64), np.float16)), ["query", "group"]),
+    ("block_tables", dict(block_tables=np.zeros((2, 4), np.int64)), ["block_tables", "int64"]),
+    ("seq_lens", dict(seq_lens=np.zeros(3, np.int32)), ["seq_lens", "[3]"]),
+    ("sinks", dict(sinks=np.zeros(3, np.float32)), ["sinks", "[3]"]),
+    ("out", dict(out=np.zeros((2, 4, 64), np.float32)), ["out", "float32"]),
+    ("window_left", dict(window_left=-2), ["window_left"]),
+    ("bmm1_scale", dict(bmm1_scale=float("inf")), ["bmm1_scale"]),
+    ("q_len_per_req", dict(q_len_per_req=17), ["q_len_per_req"]),
+    ("cum_seq_lens_q", dict(cum_seq_lens_q=np.zeros(3, np.int32)), ["cum_seq_lens_q", "q_len_per_req=None"]),
+    ("max_q_len", dict(q_len_per_req=None, cum_seq_lens_q=np.zeros(3, np.int32)), ["max_q_len"]),
+    ("kv_layout", dict(kv_layout="NDH"), ["kv_layout"]),
+    ("mask", dict(mask=np.zeros(1)), ["mask"]),
+    ("block_tables", dict(block_tables=[[1, 2]]), ["block_tables", "list"]),
+    ("max_seq_len", dict(max_seq_len=0), ["max_seq_len"]),
+    ("k_cache", dict(kv_cache=(np.zeros((4, 2, 16, 32), np.float16),) * 2), ["k_cache", "[4, 2, 16, 32]"]),
+]
+
+
+@pytest.mark.parametrize("arg,over,needles", BAD_DECODE, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD_DECODE)])
+def test_decode_rejects_bad_arguments_naming_them(arg, over, needles):
+    with pytest.raises(mha_kit.InvalidArgument) as e:
+        mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(**over))
+    msg = str(e.value)
+    assert f"`{arg}`" in msg, msg
+    for n in needles:
+        assert n in msg, msg
+
+
+def test_read_only_output_and_negative_strides_are_rejected():
+    a = _decode_args()
+    out = np.zeros((2, 4, 64), np.float16)
+    out.setflags(write=False)
+    with pytest.raises(mha_kit.InvalidArgument, match="read-only"):
+        mha_kit.trtllm_batch_decode_with_kv_cache(**a, out=out)
+    with pytest.raises(mha_kit.InvalidArgument, match="negative"):
+        mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(query=a["query"][::-1]))
+
+
+def test_context_rejects_mixed_kv_dtype_and_bad_batch_size():
+    rng = np.random.default_rng(2)
+    c = ref.random_case(rng, bs=2, hq=4, hkv=2, d=64, p=16, q_lens=[2, 3], dtype=np.float16,
+                        kv_dtype=np.float16)
+    args = [c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], 3, 64, 0.1, 1.0,
+            2, c["cu"], None]
+    bad = list(args)
+    bad[9] = 3
+    with pytest.raises(mha_kit.InvalidArgument, match="batch_size"):
+        mha_kit.trtllm_batch_context_with_kv_cache(*bad)
+    if ref.BF16 is not None:
+        bad = list(args)
+        bad[1] = (c["k"].astype(ref.BF16), c["v"].astype(ref.BF16))
+        with pytest.raises(mha_kit.InvalidArgument, match="k_cache"):
+            mha_kit.trtllm_batch_context_with_kv_cache(*bad)
+    with pytest.raises(mha_kit.InvalidArgument, match="causal"):
+        mha_kit.trtllm_batch_context_with_kv_cache(*args, causal=False)
+
+
+def test_helpers_reject_bad_dtypes_and_half_swa_pairs():
+    r2t = np.zeros((2, 8), np.int32)
+    pt = np.zeros((1, 2), np.int32)
+    with pytest.raises(mha_kit.InvalidArgument, match=r"`req_pool_indices`.*int32"):
+        mha_kit.build_trtllm_mha_page_table(r2t, np.zeros(1, np.int32), np.ones(1, np.int32), pt, 4)
+    with pytest.raises(mha_kit.InvalidArgument, match="swa_page_table"):
+        mha_kit.build_trtllm_mha_page_table(r2t, np.zeros(1, np.int64), np.ones(1, np.int32), pt,
+                                            4, swa_page_table=pt.copy())
+    with pytest.raises(mha_kit.InvalidArgument, match="page_size"):
+        mha_kit.build_trtllm_mha_page_table(r2t, np.zeros(1, np.int64), np.ones(1, np.int32), pt, 0)
+    k = np.ones((2, 1, 64), np.float16)
+    with pytest.raises(mha_kit.InvalidArgument, match="k_cache"):
+        mha_kit.fused_fp8_set_kv_buffer(k, k, np.zeros((6, 1, 64), np.uint8),
+                                        np.zeros((6, 1, 64), np.uint8), np.zeros(2, np.int64),
+                                        page_size=4)
+    with pytest.raises(mha_kit.InvalidArgument, match="cache_loc"):
+        mha_kit.fused_fp8_set_kv_buffer(k, k, np.zeros((8, 1, 64), np.uint8),
+                                        np.zeros((8, 1, 64), np.uint8), np.zeros(2, np.int32),
+                                        page_size=4)
