@@ -107,6 +107,8 @@ MHA_KIT_DEVICE void kv_write(const KvWriteParams& p) {
         const u16* __restrict__ src = (is_v ? p.v : p.k) +
             ((i64)h * (is_v ? p.v_head_stride : p.k_head_stride) + (i64)chunk * WIDTH);
         const i64 dst_slot = is_v ? p.v_cache_slot_stride : p.k_cache_slot_stride;
+        const i64 dst_page = is_v ? p.v_cache_page_stride : p.k_cache_page_stride;
+        const i64 P = p.page_size;  // 0: slot-linear cache
         const i64 dst_off =
             (i64)h * (is_v ? p.v_cache_head_stride : p.k_cache_head_stride) + (i64)chunk * WIDTH;
         void* const dst = is_v ? p.v_cache : p.k_cache;
@@ -150,7 +152,9 @@ MHA_KIT_DEVICE void kv_write(const KvWriteParams& p) {
                     }
                     continue;
                 }
-                const i64 d = s * dst_slot + dst_off;  // element offset, 64-bit
+                // Element offset, 64-bit: page s / P, token s % P of a paged
+                // view; s * slot stride of a slot-linear one.
+                const i64 d = (P > 0 ? (s / P) * dst_page + (s % P) * dst_slot : s * dst_slot) + dst_off;
                 if (MODE == 0) {
                     u16* out = static_cast<u16*>(dst) + d;
                     if (VEC) {
