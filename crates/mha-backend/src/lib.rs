@@ -96,6 +96,7 @@ mod backend;
 mod batch;
 mod config;
 mod cuda;
+mod engine;
 mod error;
 mod executor;
 mod graph;
@@ -111,6 +112,10 @@ pub use config::{
     MAX_GROUP, WORKSPACE_ENV,
 };
 pub use cuda::CudaExecutor;
+pub use engine::{
+    EngineBatch, EngineKvCache, EngineLayer, EngineShape, EngineSwaMap, KvLayout, Mem, MemMut,
+    View, ViewMut,
+};
 pub use error::{BackendError, Result};
 pub use executor::{
     CpuExecutor, Device, DeviceMetadata, Executor, ExecutorKind, KvLoc, KvSnapshot, LayerPlan,
