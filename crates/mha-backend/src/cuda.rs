@@ -1011,7 +1011,7 @@ fn attend_part(
         .map(|s| Strided::contiguous("sinks", s.slice(0..hq), [hq]))
         .transpose()?;
     // The one scale resolver (D8), as the CPU executor.
-    let (bmm1, bmm2) = plan.scales.bmm_scales(cx.q_scale, plan.sm_scale);
+    let (bmm1, bmm2) = crate::executor::bmm_scales(plan, cx.q_scale);
     if mode == AttnMode::Extend {
         let mut args = ContextArgs {
             q,

@@ -488,6 +488,19 @@ impl CpuExecutor {
     }
 }
 
+/// `(bmm1, bmm2)` of a layer with query scale `q_scale`: the D8 resolver
+/// (`(q_scale · k_scale) · sm_scale, v_scale` for e4m3 caches), and
+/// `(q_scale · sm_scale, 1)` for 16-bit caches (where the resolver ignores
+/// `q_scale`, which upstream only sets for an e4m3 query); `q_scale = 1`
+/// gives exactly the owning path's scales.
+pub(crate) fn bmm_scales(plan: &LayerPlan, q_scale: f32) -> (f32, f32) {
+    match plan.scales.cache_dtype() {
+        KvCacheDtype::Fp8E4m3 => plan.scales.bmm_scales(q_scale, plan.sm_scale),
+        _ if q_scale == 1.0 => plan.scales.bmm_scales(1.0, plan.sm_scale),
+        _ => (q_scale * plan.sm_scale, 1.0),
+    }
+}
+
 /// The reference's query layout of a pass.
 fn host_layout(meta: &ForwardMetadata) -> HostLayout<'_> {
     match meta.mode {
@@ -754,7 +767,7 @@ impl Executor for CpuExecutor {
                 &meta.page_table
             };
             let layout = host_layout(meta);
-            let (bmm1, bmm2) = plan.scales.bmm_scales(io.q_scale, plan.sm_scale);
+            let (bmm1, bmm2) = bmm_scales(plan, io.q_scale);
             let input = attn::HostInputs {
                 q: io.q.host()?,
                 q_dtype: self.model_dtype,
