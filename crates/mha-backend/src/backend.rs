@@ -557,6 +557,83 @@ impl MhaBackend {
         Ok(())
     }
 
+    /// Engine memory: captures one whole engine step as a CUDA graph (CUDA
+    /// executor): the fused metadata launch reading the engine's views of
+    /// `batch` (ragged verify included: its metadata is in the graph too,
+    /// computed from the device `verify_lens`), then for every layer, in
+    /// order, the K/V write and attention over `layers[l]` (one entry per
+    /// layer). The graph bakes in every buffer address: a replay
+    /// ([`MhaBackend::replay_engine_graph`]) reads whatever the engine has
+    /// written into those same buffers (its static graph-runner tensors,
+    /// padding rows included: request row 0, `seq_len ≥ 1`, a dummy slot),
+    /// so they must outlive the graph. The bucket is `batch`'s mode, `bs`
+    /// and `num_tokens` (ragged: `q_len = max_q_len`).
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`] (CPU executor, extend-like mode,
+    /// bucket shape); as [`MhaBackend::init_forward_metadata_engine`] and
+    /// [`MhaBackend::forward_engine`] for the views; driver errors.
+    pub fn capture_engine_graph(
+        &mut self,
+        batch: &EngineBatch<'_>,
+        layers: &mut [EngineLayer<'_>],
+        save_kv: bool,
+    ) -> Result<GraphKey> {
+        let kind = GraphKind::of(batch.mode).ok_or_else(|| {
+            BackendError::GraphUnsupported(format!(
+                "{:?} has no graph metadata: run it eagerly",
+                batch.mode
+            ))
+        })?;
+        let mut guard = self.core();
+        let core = &mut *guard;
+        if core.executor.kind() == ExecutorKind::Cpu {
+            return Err(crate::executor::graphs_unsupported(ExecutorKind::Cpu));
+        }
+        batch.check(core.pools.swa_mapping().is_some())?;
+        let key = GraphKey::new(
+            kind,
+            batch.batch_size,
+            batch.num_tokens,
+            Some(batch.max_q_len.max(1)),
+        )?;
+        if layers.len() != core.plans.len() {
+            return Err(batch_err(
+                "layers",
+                format!(
+                    "{} given, the backend has {} layers",
+                    layers.len(),
+                    core.plans.len()
+                ),
+            ));
+        }
+        let shape = EngineShape {
+            mode: batch.mode,
+            bs: batch.batch_size,
+            num_tokens: batch.num_tokens,
+            max_q: key.q_len,
+            decode_tail: 0,
+            host: None,
+        };
+        for (plan, io) in core.plans.iter().zip(layers.iter()) {
+            check_engine_layer(plan, io, shape.num_tokens, &core.config, save_kv)?;
+        }
+        core.executor
+            .capture_engine_graph(key, &core.plans, &shape, batch, layers, save_kv)?;
+        Ok(key)
+    }
+
+    /// Engine memory: replays the engine graph of `key`
+    /// ([`MhaBackend::capture_engine_graph`]): one graph launch on the
+    /// backend's stream, no host work, no synchronisation.
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`] when no such graph was captured
+    /// (or the CPU executor); driver errors.
+    pub fn replay_engine_graph(&mut self, key: GraphKey) -> Result<()> {
+        self.core().executor.replay_engine_graph(key)
+    }
+
     /// Installs a [`PartTimer`] (or removes the installed one with `None`)
     /// and returns the one installed before (timing by part, off by
     /// default; [`crate::part_timing`]). While a timer is installed, each

@@ -1411,6 +1411,53 @@ impl Executor for CudaExecutor {
         )
     }
 
+    fn capture_engine_graph(
+        &mut self,
+        key: GraphKey,
+        plans: &[LayerPlan],
+        shape: &EngineShape,
+        batch: &EngineBatch<'_>,
+        layers: &mut [EngineLayer<'_>],
+        save_kv: bool,
+    ) -> Result<()> {
+        engine_bufs(&mut self.engine, shape)?;
+        let stream = self.gpu.stream().clone();
+        self.engine_graphs.remove(&key);
+        stream.synchronize().map_err(kerr)?;
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(kerr)?;
+        // Nothing runs during capture: the first split launch of the
+        // recorded sequence zeroes its counters.
+        self.ws_zero = None;
+        let recorded = (|| -> Result<()> {
+            self.engine_metadata(batch, shape)?;
+            for (plan, io) in plans.iter().zip(layers.iter_mut()) {
+                self.engine_forward(plan, shape, batch, io, save_kv)?;
+            }
+            Ok(())
+        })();
+        let ended = stream.end_capture(CUgraphInstantiate_flags(0));
+        self.ws_zero = None;
+        recorded?;
+        let graph = ended
+            .map_err(kerr)?
+            .ok_or_else(|| BackendError::GraphUnsupported("capture produced no graph".into()))?;
+        graph.upload().map_err(kerr)?;
+        self.engine_graphs.insert(key, SendGraph(graph));
+        Ok(())
+    }
+
+    fn replay_engine_graph(&mut self, key: GraphKey) -> Result<()> {
+        let g = self.engine_graphs.get(&key).ok_or_else(|| {
+            BackendError::GraphUnsupported(format!("no engine graph captured for {key:?}"))
+        })?;
+        g.0.launch().map_err(kerr)?;
+        // The replay's split launches leave their own counter ranges zero.
+        self.ws_zero = None;
+        Ok(())
+    }
+
     fn engine_forward(
         &mut self,
         plan: &LayerPlan,

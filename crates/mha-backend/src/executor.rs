@@ -434,6 +434,34 @@ pub trait Executor: Send + std::fmt::Debug {
         save_kv: bool,
     ) -> Result<ErrorReport>;
 
+    /// Engine path: captures one whole engine step as a CUDA graph (the
+    /// metadata launch from the engine's views, then every layer's write
+    /// and attention over `layers`), stored under `key`.
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`] on an executor without graphs.
+    fn capture_engine_graph(
+        &mut self,
+        key: GraphKey,
+        plans: &[LayerPlan],
+        shape: &EngineShape,
+        batch: &EngineBatch<'_>,
+        layers: &mut [EngineLayer<'_>],
+        save_kv: bool,
+    ) -> Result<()> {
+        let _ = (key, plans, shape, batch, layers, save_kv);
+        Err(graphs_unsupported(self.kind()))
+    }
+
+    /// Engine path: replays the engine graph of `key` (no host work but the launch).
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`]; driver errors.
+    fn replay_engine_graph(&mut self, key: GraphKey) -> Result<()> {
+        let _ = key;
+        Err(graphs_unsupported(self.kind()))
+    }
+
     /// Attention of `q` (`[meta.num_tokens, Hq, D]`) over the layer's paged
     /// cache with `meta`'s tables; returns `[num_tokens, Hq·D]` in the model dtype.
     ///

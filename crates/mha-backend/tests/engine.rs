@@ -154,7 +154,6 @@ fn run_engine(
             q_scale: 1.0,
         };
         eng.forward_engine(l, &mut layer, &b, true)?;
-        drop(layer);
         let mut dense = Vec::with_capacity(n * hq * d);
         for t in 0..n {
             dense.extend_from_slice(&out[t * row..t * row + hq * d]);
@@ -208,12 +207,12 @@ fn same_caches(owning: &MhaBackend, mem: &EngineMem) {
         let snap = owning.read_kv_cache(l).unwrap();
         match (snap, c) {
             (KvSnapshot::Half { k, v }, Caches::Half(ek, ev)) => {
-                assert!(geo.to_slot_major(ek) == k, "layer {l}: K caches differ");
-                assert!(geo.to_slot_major(ev) == v, "layer {l}: V caches differ");
+                assert!(geo.slot_major(ek) == k, "layer {l}: K caches differ");
+                assert!(geo.slot_major(ev) == v, "layer {l}: V caches differ");
             }
             (KvSnapshot::Fp8 { k, v }, Caches::Fp8(ek, ev)) => {
-                assert!(geo.to_slot_major(ek) == k, "layer {l}: K caches differ");
-                assert!(geo.to_slot_major(ev) == v, "layer {l}: V caches differ");
+                assert!(geo.slot_major(ek) == k, "layer {l}: K caches differ");
+                assert!(geo.slot_major(ev) == v, "layer {l}: V caches differ");
             }
             _ => panic!("layer {l}: cache dtypes differ"),
         }
@@ -385,7 +384,6 @@ impl OwnPages {
                 q_scale,
             };
             eng.forward_engine(l, &mut layer, &b, true).unwrap();
-            drop(layer);
             outs.push(out);
         }
         outs

@@ -56,7 +56,7 @@ impl Geo {
     }
 
     /// The cache as `[slots, Hkv, D]` (the owning path's snapshot order).
-    pub fn to_slot_major<T: Copy>(&self, buf: &[T]) -> Vec<T> {
+    pub fn slot_major<T: Copy>(&self, buf: &[T]) -> Vec<T> {
         let mut out = Vec::with_capacity(self.pages * self.p * self.hkv * self.d);
         for s in 0..self.pages * self.p {
             for h in 0..self.hkv {
