@@ -135,7 +135,9 @@ pub struct KvWriteArgs<'a, C> {
 /// NHD memory (`[num_pages, P, Hkv, D]`) has strides `(P·Hkv·D, D, Hkv·D,
 /// 1)`, HND memory (`[num_pages, Hkv, P, D]`) `(Hkv·P·D, P·D, D, 1)`, and a
 /// page stride may exceed the page (padded pages). Slot `s` is page `s / P`,
-/// token `s % P`; `S = num_pages · P`.
+/// token `s % P`; `S = num_pages · P`. The kernels keep 2 tokens per
+/// thread in flight on this path (4 on the slot-linear one: the page
+/// arithmetic would spill otherwise).
 #[derive(Debug)]
 pub struct PagedKvWriteArgs<'a, C> {
     /// `[n, Hkv, D]` new K rows (bf16/f16 bits); any token and head stride,
