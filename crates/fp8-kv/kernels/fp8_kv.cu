@@ -86,8 +86,14 @@ MHA_KIT_DEVICE void store16_stream(void* p, uint4 v) {
 // keeps KV_UNROLL tokens' bytes in flight. Within a token, chunk c in
 // [0, 2*Hkv*chunks_per_head) is (K or V, head, chunk); lane l handles chunks
 // l, l + threads_per_token, ... (one pass when the token fits the block).
-template <int MODE, bool VEC>
+//
+// PAGED: the cache is a paged view (p.page_size > 0): slot s sits at page
+// s / P, token s % P. That path keeps 2 tokens in flight instead of
+// KV_UNROLL (the page arithmetic's registers would spill under the
+// 64-register launch bounds); the slot-linear path is unchanged.
+template <int MODE, bool VEC, bool PAGED>
 MHA_KIT_DEVICE void kv_write(const KvWriteParams& p) {
+    constexpr int U = PAGED ? 2 : KV_UNROLL;
     constexpr i32 WIDTH = VEC ? (MODE == 0 ? 8 : 16) : 1;
     constexpr bool F16 = MODE == 2;
     const i32 tpt = p.threads_per_token;
@@ -107,24 +113,26 @@ MHA_KIT_DEVICE void kv_write(const KvWriteParams& p) {
         const u16* __restrict__ src = (is_v ? p.v : p.k) +
             ((i64)h * (is_v ? p.v_head_stride : p.k_head_stride) + (i64)chunk * WIDTH);
         const i64 dst_slot = is_v ? p.v_cache_slot_stride : p.k_cache_slot_stride;
+        const i64 dst_page = PAGED ? (is_v ? p.v_cache_page_stride : p.k_cache_page_stride) : 0;
+        const i64 P = PAGED ? p.page_size : 1;
         const i64 dst_off =
             (i64)h * (is_v ? p.v_cache_head_stride : p.k_cache_head_stride) + (i64)chunk * WIDTH;
         void* const dst = is_v ? p.v_cache : p.k_cache;
         const float inv = is_v ? p.inv_v_scale : p.inv_k_scale;
-        for (i64 t0 = first; t0 < n; t0 += KV_UNROLL * rows) {
-            i64 loc[KV_UNROLL];
-            uint4 a[KV_UNROLL];
-            uint4 b[KV_UNROLL];
+        for (i64 t0 = first; t0 < n; t0 += U * rows) {
+            i64 loc[U];
+            uint4 a[U];
+            uint4 b[U];
             // Loads first, all independent: slot and input rows of every
             // token of the batch (a token with a bad slot is still in [0, n),
             // so its input is readable; it is just not written).
 #pragma unroll
-            for (int i = 0; i < KV_UNROLL; ++i) {
+            for (int i = 0; i < U; ++i) {
                 const i64 t = t0 + i * rows;
                 loc[i] = t < n ? mha_kit::load_ro(cache_loc + t) : -1;
             }
 #pragma unroll
-            for (int i = 0; i < KV_UNROLL; ++i) {
+            for (int i = 0; i < U; ++i) {
                 const i64 t = t0 + i * rows;
                 a[i] = make_uint4(0u, 0u, 0u, 0u);
                 b[i] = make_uint4(0u, 0u, 0u, 0u);
@@ -139,7 +147,7 @@ MHA_KIT_DEVICE void kv_write(const KvWriteParams& p) {
                 }
             }
 #pragma unroll
-            for (int i = 0; i < KV_UNROLL; ++i) {
+            for (int i = 0; i < U; ++i) {
                 const i64 t = t0 + i * rows;
                 if (t >= n) break;
                 const i64 s = loc[i];
@@ -150,7 +158,15 @@ MHA_KIT_DEVICE void kv_write(const KvWriteParams& p) {
                     }
                     continue;
                 }
-                const i64 d = s * dst_slot + dst_off;  // element offset, 64-bit
+                // Element offset, 64-bit: page s / P, token s % P of a paged
+                // view; s * slot stride of a slot-linear one.
+                i64 d;
+                if (PAGED) {
+                    const i64 page = s / P;
+                    d = page * dst_page + (s - page * P) * dst_slot + dst_off;
+                } else {
+                    d = s * dst_slot + dst_off;
+                }
                 if (MODE == 0) {
                     u16* out = static_cast<u16*>(dst) + d;
                     if (VEC) {
@@ -176,27 +192,45 @@ MHA_KIT_DEVICE void kv_write(const KvWriteParams& p) {
 
 // K and V rows of n tokens copied (bit for bit) to their slots; one launch.
 extern "C" __global__ void __launch_bounds__(256, 4) fp8_kv_set_kv_buffer(const KvWriteParams p) {
-    if (p.vectorized) {
-        kv_write<0, true>(p);
+    if (p.page_size > 0) {
+        if (p.vectorized) {
+            kv_write<0, true, true>(p);
+        } else {
+            kv_write<0, false, true>(p);
+        }
+    } else if (p.vectorized) {
+        kv_write<0, true, false>(p);
     } else {
-        kv_write<0, false>(p);
+        kv_write<0, false, false>(p);
     }
 }
 
 // Fused FP8 write from bf16 K/V; one launch for K and V.
 extern "C" __global__ void __launch_bounds__(256, 4) fp8_kv_fused_fp8_write_bf16(const KvWriteParams p) {
-    if (p.vectorized) {
-        kv_write<1, true>(p);
+    if (p.page_size > 0) {
+        if (p.vectorized) {
+            kv_write<1, true, true>(p);
+        } else {
+            kv_write<1, false, true>(p);
+        }
+    } else if (p.vectorized) {
+        kv_write<1, true, false>(p);
     } else {
-        kv_write<1, false>(p);
+        kv_write<1, false, false>(p);
     }
 }
 
 // Fused FP8 write from f16 K/V; one launch for K and V.
 extern "C" __global__ void __launch_bounds__(256, 4) fp8_kv_fused_fp8_write_f16(const KvWriteParams p) {
-    if (p.vectorized) {
-        kv_write<2, true>(p);
+    if (p.page_size > 0) {
+        if (p.vectorized) {
+            kv_write<2, true, true>(p);
+        } else {
+            kv_write<2, false, true>(p);
+        }
+    } else if (p.vectorized) {
+        kv_write<2, true, false>(p);
     } else {
-        kv_write<2, false>(p);
+        kv_write<2, false, false>(p);
     }
 }

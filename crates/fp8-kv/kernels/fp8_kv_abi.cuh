@@ -8,7 +8,7 @@
 #define KV_NEGATIVE_SLOT     1u  // `cache_loc[t] < 0`: the token is skipped, K and V (counted once per token).
 #define KV_SLOT_OUTSIDE_POOL 2u  // `cache_loc[t] ≥ S`: the token is skipped, K and V (counted once per token).
 
-// fp8_kv::KvWriteParams (160 bytes).
+// fp8_kv::KvWriteParams (184 bytes).
 struct KvWriteParams {
     const u16* k;             // `[n, Hkv, D]`.
     const u16* v;             // `[n, Hkv, D]`.
@@ -20,12 +20,19 @@ struct KvWriteParams {
     i64 k_head_stride;        // Head stride of `k`, elements.
     i64 v_token_stride;       // Token stride of `v`, elements.
     i64 v_head_stride;        // Head stride of `v`, elements.
-    i64 k_cache_slot_stride;  // Slot stride of `k_cache`, elements.
+    // Slot stride of `k_cache` (token stride within a page for paged
+    // views), elements.
+    i64 k_cache_slot_stride;
     i64 k_cache_head_stride;  // Head stride of `k_cache`, elements.
-    i64 v_cache_slot_stride;  // Slot stride of `v_cache`, elements.
+    // Slot stride of `v_cache` (token stride within a page for paged
+    // views), elements.
+    i64 v_cache_slot_stride;
     i64 v_cache_head_stride;  // Head stride of `v_cache`, elements.
     i64 num_tokens;           // `n`, tokens.
     i64 slots;                // `S`, slots of the pool.
+    i64 page_size;            // `P` of a paged cache view, or 0: slot-linear cache (`s · slot_stride`).
+    i64 k_cache_page_stride;  // Page stride of `k_cache` (paged views), elements.
+    i64 v_cache_page_stride;  // Page stride of `v_cache` (paged views), elements.
     float inv_k_scale;        // `f32(1 / k_scale)`; 1.0 for `set_kv_buffer`.
     float inv_v_scale;        // `f32(1 / v_scale)`; 1.0 for `set_kv_buffer`.
     i32 num_kv_heads;         // `Hkv`.
@@ -35,7 +42,7 @@ struct KvWriteParams {
     i32 tokens_per_block;     // Token rows per block, `blockDim.y` ([`WriteGeometry`]).
     i32 vectorized;           // 1: 16-byte accesses; 0: one element per access.
 };
-static_assert(sizeof(KvWriteParams) == 160, "KvWriteParams: size differs from Rust");
+static_assert(sizeof(KvWriteParams) == 184, "KvWriteParams: size differs from Rust");
 static_assert(alignof(KvWriteParams) == 8, "KvWriteParams: alignment differs from Rust");
 static_assert(sizeof(KvWriteParams::k) == 8 && alignof(decltype(KvWriteParams::k)) == 8, "KvWriteParams::k (offset 0): size or alignment differs from Rust");
 static_assert(sizeof(KvWriteParams::v) == 8 && alignof(decltype(KvWriteParams::v)) == 8, "KvWriteParams::v (offset 8): size or alignment differs from Rust");
@@ -53,11 +60,14 @@ static_assert(sizeof(KvWriteParams::v_cache_slot_stride) == 8 && alignof(decltyp
 static_assert(sizeof(KvWriteParams::v_cache_head_stride) == 8 && alignof(decltype(KvWriteParams::v_cache_head_stride)) == 8, "KvWriteParams::v_cache_head_stride (offset 104): size or alignment differs from Rust");
 static_assert(sizeof(KvWriteParams::num_tokens) == 8 && alignof(decltype(KvWriteParams::num_tokens)) == 8, "KvWriteParams::num_tokens (offset 112): size or alignment differs from Rust");
 static_assert(sizeof(KvWriteParams::slots) == 8 && alignof(decltype(KvWriteParams::slots)) == 8, "KvWriteParams::slots (offset 120): size or alignment differs from Rust");
-static_assert(sizeof(KvWriteParams::inv_k_scale) == 4 && alignof(decltype(KvWriteParams::inv_k_scale)) == 4, "KvWriteParams::inv_k_scale (offset 128): size or alignment differs from Rust");
-static_assert(sizeof(KvWriteParams::inv_v_scale) == 4 && alignof(decltype(KvWriteParams::inv_v_scale)) == 4, "KvWriteParams::inv_v_scale (offset 132): size or alignment differs from Rust");
-static_assert(sizeof(KvWriteParams::num_kv_heads) == 4 && alignof(decltype(KvWriteParams::num_kv_heads)) == 4, "KvWriteParams::num_kv_heads (offset 136): size or alignment differs from Rust");
-static_assert(sizeof(KvWriteParams::head_dim) == 4 && alignof(decltype(KvWriteParams::head_dim)) == 4, "KvWriteParams::head_dim (offset 140): size or alignment differs from Rust");
-static_assert(sizeof(KvWriteParams::chunks_per_head) == 4 && alignof(decltype(KvWriteParams::chunks_per_head)) == 4, "KvWriteParams::chunks_per_head (offset 144): size or alignment differs from Rust");
-static_assert(sizeof(KvWriteParams::threads_per_token) == 4 && alignof(decltype(KvWriteParams::threads_per_token)) == 4, "KvWriteParams::threads_per_token (offset 148): size or alignment differs from Rust");
-static_assert(sizeof(KvWriteParams::tokens_per_block) == 4 && alignof(decltype(KvWriteParams::tokens_per_block)) == 4, "KvWriteParams::tokens_per_block (offset 152): size or alignment differs from Rust");
-static_assert(sizeof(KvWriteParams::vectorized) == 4 && alignof(decltype(KvWriteParams::vectorized)) == 4, "KvWriteParams::vectorized (offset 156): size or alignment differs from Rust");
+static_assert(sizeof(KvWriteParams::page_size) == 8 && alignof(decltype(KvWriteParams::page_size)) == 8, "KvWriteParams::page_size (offset 128): size or alignment differs from Rust");
+static_assert(sizeof(KvWriteParams::k_cache_page_stride) == 8 && alignof(decltype(KvWriteParams::k_cache_page_stride)) == 8, "KvWriteParams::k_cache_page_stride (offset 136): size or alignment differs from Rust");
+static_assert(sizeof(KvWriteParams::v_cache_page_stride) == 8 && alignof(decltype(KvWriteParams::v_cache_page_stride)) == 8, "KvWriteParams::v_cache_page_stride (offset 144): size or alignment differs from Rust");
+static_assert(sizeof(KvWriteParams::inv_k_scale) == 4 && alignof(decltype(KvWriteParams::inv_k_scale)) == 4, "KvWriteParams::inv_k_scale (offset 152): size or alignment differs from Rust");
+static_assert(sizeof(KvWriteParams::inv_v_scale) == 4 && alignof(decltype(KvWriteParams::inv_v_scale)) == 4, "KvWriteParams::inv_v_scale (offset 156): size or alignment differs from Rust");
+static_assert(sizeof(KvWriteParams::num_kv_heads) == 4 && alignof(decltype(KvWriteParams::num_kv_heads)) == 4, "KvWriteParams::num_kv_heads (offset 160): size or alignment differs from Rust");
+static_assert(sizeof(KvWriteParams::head_dim) == 4 && alignof(decltype(KvWriteParams::head_dim)) == 4, "KvWriteParams::head_dim (offset 164): size or alignment differs from Rust");
+static_assert(sizeof(KvWriteParams::chunks_per_head) == 4 && alignof(decltype(KvWriteParams::chunks_per_head)) == 4, "KvWriteParams::chunks_per_head (offset 168): size or alignment differs from Rust");
+static_assert(sizeof(KvWriteParams::threads_per_token) == 4 && alignof(decltype(KvWriteParams::threads_per_token)) == 4, "KvWriteParams::threads_per_token (offset 172): size or alignment differs from Rust");
+static_assert(sizeof(KvWriteParams::tokens_per_block) == 4 && alignof(decltype(KvWriteParams::tokens_per_block)) == 4, "KvWriteParams::tokens_per_block (offset 176): size or alignment differs from Rust");
+static_assert(sizeof(KvWriteParams::vectorized) == 4 && alignof(decltype(KvWriteParams::vectorized)) == 4, "KvWriteParams::vectorized (offset 180): size or alignment differs from Rust");

@@ -64,11 +64,13 @@ kernel_rt::abi_struct! {
         pub v_token_stride: i64 = "i64",
         /// Head stride of `v`, elements.
         pub v_head_stride: i64 = "i64",
-        /// Slot stride of `k_cache`, elements.
+        /// Slot stride of `k_cache` (token stride within a page for paged
+        /// views), elements.
         pub k_cache_slot_stride: i64 = "i64",
         /// Head stride of `k_cache`, elements.
         pub k_cache_head_stride: i64 = "i64",
-        /// Slot stride of `v_cache`, elements.
+        /// Slot stride of `v_cache` (token stride within a page for paged
+        /// views), elements.
         pub v_cache_slot_stride: i64 = "i64",
         /// Head stride of `v_cache`, elements.
         pub v_cache_head_stride: i64 = "i64",
@@ -76,6 +78,12 @@ kernel_rt::abi_struct! {
         pub num_tokens: i64 = "i64",
         /// `S`, slots of the pool.
         pub slots: i64 = "i64",
+        /// `P` of a paged cache view, or 0: slot-linear cache (`s · slot_stride`).
+        pub page_size: i64 = "i64",
+        /// Page stride of `k_cache` (paged views), elements.
+        pub k_cache_page_stride: i64 = "i64",
+        /// Page stride of `v_cache` (paged views), elements.
+        pub v_cache_page_stride: i64 = "i64",
         /// `f32(1 / k_scale)`; 1.0 for `set_kv_buffer`.
         pub inv_k_scale: f32 = "float",
         /// `f32(1 / v_scale)`; 1.0 for `set_kv_buffer`.
@@ -120,6 +128,31 @@ pub struct KvWriteArgs<'a, C> {
     pub v_cache: StridedMut<'a, C, 3>,
     /// `P ≥ 1`, tokens per page (slot `s` = page `s / P`, offset `s % P`).
     pub page_size: usize,
+}
+
+/// Arguments of one KV write into **paged** cache views (engine-owned
+/// caches in any page layout): as [`KvWriteArgs`], but each cache is a
+/// `[num_pages, Hkv, P, D]` view (the index order of paged-attention's
+/// `KvCache`) with any page, head and token strides, last dim contiguous:
+/// NHD memory (`[num_pages, P, Hkv, D]`) has strides `(P·Hkv·D, D, Hkv·D,
+/// 1)`, HND memory (`[num_pages, Hkv, P, D]`) `(Hkv·P·D, P·D, D, 1)`, and a
+/// page stride may exceed the page (padded pages). Slot `s` is page `s / P`,
+/// token `s % P`; `S = num_pages · P`. The kernels keep 2 tokens per
+/// thread in flight on this path (4 on the slot-linear one: the page
+/// arithmetic would spill otherwise).
+#[derive(Debug)]
+pub struct PagedKvWriteArgs<'a, C> {
+    /// `[n, Hkv, D]` new K rows (bf16/f16 bits); any token and head stride,
+    /// last dim contiguous.
+    pub k: Strided<'a, u16, 3>,
+    /// `[n, Hkv, D]` new V rows, as `k`.
+    pub v: Strided<'a, u16, 3>,
+    /// `[n]` i64 slots, contiguous. Slots outside `[0, S)` are skipped and counted.
+    pub cache_loc: Strided<'a, i64, 1>,
+    /// `[num_pages, Hkv, P, D]` K cache view of the layer.
+    pub k_cache: StridedMut<'a, C, 4>,
+    /// `[num_pages, Hkv, P, D]` V cache view, same shape as `k_cache`.
+    pub v_cache: StridedMut<'a, C, 4>,
 }
 
 /// How one launch splits the work: every token's K and V rows are
@@ -355,6 +388,117 @@ pub fn validate<C>(args: &KvWriteArgs<'_, C>) -> Result<KvWriteParams> {
     })
 }
 
+/// Validates paged `args` ([`PagedKvWriteArgs`]) and returns the kernel
+/// parameters (pointers, scales and geometry left for the launch).
+///
+/// # Errors
+/// [`KernelError::Shape`], [`KernelError::Stride`] or
+/// [`KernelError::Unsupported`] naming the argument.
+pub fn validate_paged<C>(args: &PagedKvWriteArgs<'_, C>) -> Result<KvWriteParams> {
+    let [n, heads, dim] = args.k.shape();
+    let [pages, cache_heads, p, cache_dim] = args.k_cache.shape();
+    if heads == 0 || dim == 0 {
+        return Err(KernelError::unsupported(
+            "k",
+            "num_kv_heads and head_dim must be ≥ 1",
+        ));
+    }
+    if args.v.shape() != [n, heads, dim] {
+        return Err(KernelError::shape(
+            "v",
+            format!("[n={n}, Hkv={heads}, D={dim}] (as k)"),
+            format!("{:?}", args.v.shape()),
+        ));
+    }
+    if args.cache_loc.shape() != [n] {
+        return Err(KernelError::shape(
+            "cache_loc",
+            format!("[n={n}]"),
+            format!("{:?}", args.cache_loc.shape()),
+        ));
+    }
+    if n > 1 && args.cache_loc.strides()[0] != 1 {
+        return Err(KernelError::Stride {
+            arg: "cache_loc",
+            detail: format!(
+                "must be contiguous, got stride {}",
+                args.cache_loc.strides()[0]
+            ),
+        });
+    }
+    if cache_heads != heads || cache_dim != dim || p == 0 {
+        return Err(KernelError::shape(
+            "k_cache",
+            format!("[num_pages, Hkv={heads}, P ≥ 1, D={dim}]"),
+            format!("{:?}", args.k_cache.shape()),
+        ));
+    }
+    if args.v_cache.shape() != args.k_cache.shape() {
+        return Err(KernelError::shape(
+            "v_cache",
+            format!("{:?} (as k_cache)", args.k_cache.shape()),
+            format!("{:?}", args.v_cache.shape()),
+        ));
+    }
+    require_last_contiguous("k", args.k.shape(), args.k.strides())?;
+    require_last_contiguous("v", args.v.shape(), args.v.strides())?;
+    args.k_cache.require_last_contiguous()?;
+    args.v_cache.require_last_contiguous()?;
+    launch_config(1, heads, dim, 1, 1)?;
+    let slots = pages.checked_mul(p).ok_or_else(|| {
+        KernelError::unsupported("k_cache", "num_pages · page_size overflows usize")
+    })?;
+    let [kt, kh, _] = args.k.strides();
+    let [vt, vh, _] = args.v.strides();
+    let [kcp, kch, kct, _] = args.k_cache.strides();
+    let [vcp, vch, vct, _] = args.v_cache.strides();
+    Ok(KvWriteParams {
+        k_token_stride: to_i64("k", kt)?,
+        k_head_stride: to_i64("k", kh)?,
+        v_token_stride: to_i64("v", vt)?,
+        v_head_stride: to_i64("v", vh)?,
+        k_cache_slot_stride: to_i64("k_cache", kct)?,
+        k_cache_head_stride: to_i64("k_cache", kch)?,
+        v_cache_slot_stride: to_i64("v_cache", vct)?,
+        v_cache_head_stride: to_i64("v_cache", vch)?,
+        num_tokens: to_i64("cache_loc", n)?,
+        slots: to_i64("k_cache", slots)?,
+        page_size: to_i64("k_cache", p)?,
+        k_cache_page_stride: to_i64("k_cache", kcp)?,
+        v_cache_page_stride: to_i64("v_cache", vcp)?,
+        inv_k_scale: 1.0,
+        inv_v_scale: 1.0,
+        num_kv_heads: to_i32("num_kv_heads", heads)?,
+        head_dim: to_i32("head_dim", dim)?,
+        ..Default::default()
+    })
+}
+
+fn check_fp8_scales(scales: &KvScales) -> Result<()> {
+    if scales.cache_dtype() != KvCacheDtype::Fp8E4m3 {
+        return Err(KernelError::unsupported(
+            "scales",
+            format!(
+                "resolved for a {:?} cache, the write is to an e4m3 cache",
+                scales.cache_dtype()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Device views of one write, whatever the cache view's rank: base
+/// addresses and the `(extent, stride)` pairs [`vectorizable`] checks.
+struct WriteViews {
+    k: u64,
+    v: u64,
+    cache_loc: u64,
+    k_cache: u64,
+    v_cache: u64,
+    /// Alignment facts of every view (a 4-D cache gives two entries).
+    align: Vec<ViewAlignment>,
+}
+
 /// The KV-write launcher: the three kernel functions are resolved once, at
 /// construction; launches are stream-ordered on the GPU's stream and
 /// graph-capturable (no host sync, no allocation, no copy).
@@ -480,15 +624,7 @@ impl KvWriteKernel {
         scales: &KvScales,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
-        if scales.cache_dtype() != KvCacheDtype::Fp8E4m3 {
-            return Err(KernelError::unsupported(
-                "scales",
-                format!(
-                    "resolved for a {:?} cache, the write is to an e4m3 cache",
-                    scales.cache_dtype()
-                ),
-            ));
-        }
+        check_fp8_scales(scales)?;
         let mut params = validate(args)?;
         params.inv_k_scale = scales.inv_k_scale();
         params.inv_v_scale = scales.inv_v_scale();
@@ -499,11 +635,132 @@ impl KvWriteKernel {
         self.launch(stream, func, args, params, true, errors)
     }
 
+    /// `set_kv_buffer` into paged bf16/f16 cache views
+    /// ([`PagedKvWriteArgs`]: NHD, HND or any strides the views take),
+    /// otherwise exactly [`Self::set_kv_buffer`]. Asynchronous.
+    ///
+    /// # Errors
+    /// As [`validate_paged`]; [`KernelError::Driver`] when the launch fails.
+    pub fn set_kv_buffer_paged(
+        &self,
+        args: &mut PagedKvWriteArgs<'_, u16>,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
+        let params = validate_paged(args)?;
+        let views = self.paged_views(args);
+        self.launch_views(self.gpu.stream(), &self.set_kv, views, params, false, errors)
+    }
+
+    /// The fused FP8 write into paged e4m3 cache views
+    /// ([`PagedKvWriteArgs`]), otherwise exactly
+    /// [`Self::fused_fp8_set_kv_buffer`]. Asynchronous.
+    ///
+    /// # Errors
+    /// As [`validate_paged`] and [`Self::fused_fp8_set_kv_buffer`].
+    pub fn fused_fp8_set_kv_buffer_paged(
+        &self,
+        args: &mut PagedKvWriteArgs<'_, u8>,
+        dtype: KvDtype,
+        scales: &KvScales,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
+        check_fp8_scales(scales)?;
+        let mut params = validate_paged(args)?;
+        params.inv_k_scale = scales.inv_k_scale();
+        params.inv_v_scale = scales.inv_v_scale();
+        let func = match dtype {
+            KvDtype::Bf16 => &self.fp8_bf16,
+            KvDtype::F16 => &self.fp8_f16,
+        };
+        let views = self.paged_views(args);
+        self.launch_views(self.gpu.stream(), func, views, params, true, errors)
+    }
+
+    fn paged_views<C>(&self, args: &mut PagedKvWriteArgs<'_, C>) -> WriteViews {
+        let stream = self.gpu.stream();
+        let [n, heads, _] = args.k.shape();
+        let [pages, _, p, _] = args.k_cache.shape();
+        let out_elem = std::mem::size_of::<C>();
+        let (k, v) = (args.k.device_ptr(stream), args.v.device_ptr(stream));
+        let (kc, vc) = (
+            args.k_cache.device_ptr_mut(stream),
+            args.v_cache.device_ptr_mut(stream),
+        );
+        let rows = |addr, s: [usize; 3]| ViewAlignment {
+            addr,
+            elem_bytes: 2,
+            outer: [(n, s[0]), (heads, s[1])],
+        };
+        let cache = |addr, s: [usize; 4]| {
+            [
+                ViewAlignment {
+                    addr,
+                    elem_bytes: out_elem,
+                    outer: [(pages, s[0]), (heads, s[1])],
+                },
+                ViewAlignment {
+                    addr,
+                    elem_bytes: out_elem,
+                    outer: [(p, s[2]), (1, 0)],
+                },
+            ]
+        };
+        let mut align = vec![rows(k, args.k.strides()), rows(v, args.v.strides())];
+        align.extend(cache(kc, args.k_cache.strides()));
+        align.extend(cache(vc, args.v_cache.strides()));
+        WriteViews {
+            k,
+            v,
+            cache_loc: args.cache_loc.device_ptr(stream),
+            k_cache: kc,
+            v_cache: vc,
+            align,
+        }
+    }
+
     fn launch<C>(
         &self,
         stream: &CudaStream,
         func: &CudaFunction,
         args: &mut KvWriteArgs<'_, C>,
+        params: KvWriteParams,
+        fp8: bool,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
+        let [n, heads, _] = args.k.shape();
+        let slots = args.k_cache.shape()[0];
+        let out_elem = std::mem::size_of::<C>();
+        let view = |addr: u64, elem_bytes: usize, s: [usize; 3], e0: usize| ViewAlignment {
+            addr,
+            elem_bytes,
+            outer: [(e0, s[0]), (heads, s[1])],
+        };
+        let (k, v) = (args.k.device_ptr(stream), args.v.device_ptr(stream));
+        let (kc, vc) = (
+            args.k_cache.device_ptr_mut(stream),
+            args.v_cache.device_ptr_mut(stream),
+        );
+        let views = WriteViews {
+            k,
+            v,
+            cache_loc: args.cache_loc.device_ptr(stream),
+            k_cache: kc,
+            v_cache: vc,
+            align: vec![
+                view(k, 2, args.k.strides(), n),
+                view(v, 2, args.v.strides(), n),
+                view(kc, out_elem, args.k_cache.strides(), slots),
+                view(vc, out_elem, args.v_cache.strides(), slots),
+            ],
+        };
+        self.launch_views(stream, func, views, params, fp8, errors)
+    }
+
+    fn launch_views(
+        &self,
+        stream: &CudaStream,
+        func: &CudaFunction,
+        views: WriteViews,
         mut params: KvWriteParams,
         fp8: bool,
         errors: &mut DeviceErrors,
@@ -512,30 +769,16 @@ impl KvWriteKernel {
         if params.num_tokens == 0 {
             return Ok(());
         }
-        params.k = args.k.device_ptr(stream);
-        params.v = args.v.device_ptr(stream);
-        params.cache_loc = args.cache_loc.device_ptr(stream);
-        params.k_cache = args.k_cache.device_ptr_mut(stream);
-        params.v_cache = args.v_cache.device_ptr_mut(stream);
+        params.k = views.k;
+        params.v = views.v;
+        params.cache_loc = views.cache_loc;
+        params.k_cache = views.k_cache;
+        params.v_cache = views.v_cache;
         params.errors = errors.device_ptr();
-        let [n, heads, dim] = args.k.shape();
-        let slots = args.k_cache.shape()[0];
-        let out_elem = std::mem::size_of::<C>();
-        let view = |addr: u64, elem_bytes: usize, s: [usize; 3], e0: usize| ViewAlignment {
-            addr,
-            elem_bytes,
-            outer: [(e0, s[0]), (heads, s[1])],
-        };
-        let vec = vectorizable(
-            dim,
-            fp8,
-            &[
-                view(params.k, 2, args.k.strides(), n),
-                view(params.v, 2, args.v.strides(), n),
-                view(params.k_cache, out_elem, args.k_cache.strides(), slots),
-                view(params.v_cache, out_elem, args.v_cache.strides(), slots),
-            ],
-        );
+        let n = params.num_tokens as usize;
+        let heads = params.num_kv_heads as usize;
+        let dim = params.head_dim as usize;
+        let vec = vectorizable(dim, fp8, &views.align);
         let (cfg, geo) = launch_config(n, heads, dim, chunk_elems(fp8, vec), self.sms)?;
         params.chunks_per_head = to_i32("head_dim", geo.chunks_per_head)?;
         params.threads_per_token = to_i32("head_dim", geo.threads_per_token)?;
@@ -543,12 +786,15 @@ impl KvWriteKernel {
         params.vectorized = i32::from(vec);
         let mut builder = stream.launch_builder(func);
         builder.arg(&params);
-        // SAFETY: `validate` checked every shape and stride, and the
-        // Strided/StridedMut constructors checked that every index inside
-        // [n, Hkv, D] and [S, Hkv, D] lies in its buffer; the kernel writes
-        // only slots in [0, S) (others are skipped and counted) and reads only
-        // tokens in [0, n); 16-byte accesses are used only when `vectorizable`
-        // proved every address aligned; the params layout is pinned by a test.
+        // SAFETY: `validate` / `validate_paged` checked every shape and
+        // stride, and the Strided/StridedMut constructors checked that every
+        // index inside [n, Hkv, D] and the cache view ([S, Hkv, D] or
+        // [num_pages, Hkv, P, D], S = num_pages·P) lies in its buffer; the
+        // kernel writes only slots in [0, S) (others are skipped and
+        // counted), at page s / P, token s % P for a paged view, and reads
+        // only tokens in [0, n); 16-byte accesses are used only when
+        // `vectorizable` proved every address and stride aligned; the params
+        // layout is pinned by a test.
         unsafe { builder.launch(cfg) }?;
         self.launches.fetch_add(1, Ordering::Relaxed);
         Ok(())

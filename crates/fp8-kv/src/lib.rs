@@ -26,6 +26,14 @@
 //! `head_dim` and every pointer and stride allow it (8 elements for the copy,
 //! 16 for the FP8 write), one element otherwise.
 //!
+//! Engine-owned caches in a page layout ([`PagedKvWriteArgs`]: a
+//! `[num_pages, Hkv, P, D]` view with any page / head / token strides, so
+//! NHD `[num_pages, P, Hkv, D]`, HND `[num_pages, Hkv, P, D]` and padded
+//! pages alike) are written by the same kernels: slot `s` lands at page
+//! `s / P`, token `s % P` ([`KvWriteKernel::set_kv_buffer_paged`],
+//! [`KvWriteKernel::fused_fp8_set_kv_buffer_paged`]; references
+//! [`reference::set_kv_buffer_paged`], [`reference::fused_fp8_set_kv_buffer_paged`]).
+//!
 //! A slot outside `[0, S)` (negative or `≥ S`) is never written: the token is
 //! skipped (K and V) and counted once in the device error word
 //! ([`kernel_rt::DeviceErrors`], flags [`ErrorFlags`]; spec §3 decision,
@@ -48,9 +56,9 @@ pub mod reference;
 mod scales;
 
 pub use launch::{
-    chunk_elems, launch_config, validate, vectorizable, KvDtype, KvWriteArgs, KvWriteKernel,
-    KvWriteParams, ViewAlignment, WriteGeometry, BLOCK_THREADS, RESIDENT_THREADS_PER_SM,
-    TOKENS_IN_FLIGHT,
+    chunk_elems, launch_config, validate, validate_paged, vectorizable, KvDtype, KvWriteArgs,
+    KvWriteKernel, KvWriteParams, PagedKvWriteArgs, ViewAlignment, WriteGeometry, BLOCK_THREADS,
+    RESIDENT_THREADS_PER_SM, TOKENS_IN_FLIGHT,
 };
 pub use scales::{resolve_scale, KvCacheDtype, KvScales, ScaleInput};
 

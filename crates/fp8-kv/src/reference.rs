@@ -32,6 +32,32 @@ pub struct HostCache<'a, C> {
     pub head_stride: usize,
 }
 
+/// One layer's K or V cache as a paged view `[num_pages, Hkv, P, D]` on
+/// the host (any page / head / token strides: NHD, HND, padded pages).
+#[derive(Debug)]
+pub struct HostPagedCache<'a, C> {
+    /// Backing elements; slot `s` = page `s / P`, token `s % P`, and element
+    /// `(s, h, d)` is at `(s / P)·page_stride + h·head_stride + (s % P)·token_stride + d`.
+    pub data: &'a mut [C],
+    /// Pages: valid slots are `[0, num_pages · P)`.
+    pub num_pages: usize,
+    /// `P ≥ 1`.
+    pub page_size: usize,
+    /// Elements between pages.
+    pub page_stride: usize,
+    /// Elements between heads.
+    pub head_stride: usize,
+    /// Elements between the tokens of a page.
+    pub token_stride: usize,
+}
+
+impl<C> HostPagedCache<'_, C> {
+    fn offset(&self, slot: usize, h: usize) -> usize {
+        let p = self.page_size;
+        (slot / p) * self.page_stride + h * self.head_stride + (slot % p) * self.token_stride
+    }
+}
+
 /// Shapes and slots of one write.
 #[derive(Debug, Clone, Copy)]
 pub struct HostWrite<'a> {
@@ -69,17 +95,35 @@ fn for_each_valid(cache_loc: &[i64], slots: usize, mut f: impl FnMut(usize, usiz
 fn write_rows<C>(
     w: &HostWrite<'_>,
     t: usize,
-    slot: usize,
     rows: &HostRows<'_>,
-    cache: &mut HostCache<'_, C>,
+    data: &mut [C],
+    dst_of: impl Fn(usize) -> usize,
     f: impl Fn(u16) -> C,
 ) {
     for h in 0..w.num_kv_heads {
         let src = t * rows.token_stride + h * rows.head_stride;
-        let dst = slot * cache.slot_stride + h * cache.head_stride;
+        let dst = dst_of(h);
         for d in 0..w.head_dim {
-            cache.data[dst + d] = f(rows.data[src + d]);
+            data[dst + d] = f(rows.data[src + d]);
         }
+    }
+}
+
+fn linear<C>(cache: &HostCache<'_, C>, slot: usize) -> impl Fn(usize) -> usize {
+    let (s, hs) = (slot * cache.slot_stride, cache.head_stride);
+    move |h| s + h * hs
+}
+
+fn paged<C>(cache: &HostPagedCache<'_, C>, slot: usize) -> impl Fn(usize) -> usize {
+    let base = cache.offset(slot, 0);
+    let hs = cache.head_stride;
+    move |h| base + h * hs
+}
+
+fn widen_of(dtype: KvDtype) -> fn(u16) -> f32 {
+    match dtype {
+        KvDtype::Bf16 => bf16_bits_to_f32,
+        KvDtype::F16 => f16_bits_to_f32,
     }
 }
 
@@ -95,8 +139,9 @@ pub fn set_kv_buffer(
     v_cache: &mut HostCache<'_, u16>,
 ) -> ErrorReport {
     for_each_valid(w.cache_loc, k_cache.slots, |t, slot| {
-        write_rows(w, t, slot, &w.k, k_cache, |x| x);
-        write_rows(w, t, slot, &w.v, v_cache, |x| x);
+        let (dk, dv) = (linear(k_cache, slot), linear(v_cache, slot));
+        write_rows(w, t, &w.k, k_cache.data, dk, |x| x);
+        write_rows(w, t, &w.v, v_cache.data, dv, |x| x);
     })
 }
 
@@ -113,13 +158,52 @@ pub fn fused_fp8_set_kv_buffer(
     k_cache: &mut HostCache<'_, u8>,
     v_cache: &mut HostCache<'_, u8>,
 ) -> ErrorReport {
-    let widen = match dtype {
-        KvDtype::Bf16 => bf16_bits_to_f32,
-        KvDtype::F16 => f16_bits_to_f32,
-    };
+    let widen = widen_of(dtype);
     let (inv_k, inv_v) = (scales.inv_k_scale(), scales.inv_v_scale());
     for_each_valid(w.cache_loc, k_cache.slots, |t, slot| {
-        write_rows(w, t, slot, &w.k, k_cache, |x| quantize(widen(x), inv_k));
-        write_rows(w, t, slot, &w.v, v_cache, |x| quantize(widen(x), inv_v));
+        let (dk, dv) = (linear(k_cache, slot), linear(v_cache, slot));
+        write_rows(w, t, &w.k, k_cache.data, dk, |x| quantize(widen(x), inv_k));
+        write_rows(w, t, &w.v, v_cache.data, dv, |x| quantize(widen(x), inv_v));
+    })
+}
+
+/// [`set_kv_buffer`] into paged cache views ([`HostPagedCache`]): slot `s`
+/// lands at page `s / P`, token `s % P`; slots outside `[0, num_pages · P)`
+/// skipped and counted. Returns the error word the GPU holds afterwards.
+///
+/// # Panics
+/// When a buffer is too small for its shape and strides (a test-setup bug).
+pub fn set_kv_buffer_paged(
+    w: &HostWrite<'_>,
+    k_cache: &mut HostPagedCache<'_, u16>,
+    v_cache: &mut HostPagedCache<'_, u16>,
+) -> ErrorReport {
+    let slots = k_cache.num_pages * k_cache.page_size;
+    for_each_valid(w.cache_loc, slots, |t, slot| {
+        let (dk, dv) = (paged(k_cache, slot), paged(v_cache, slot));
+        write_rows(w, t, &w.k, k_cache.data, dk, |x| x);
+        write_rows(w, t, &w.v, v_cache.data, dv, |x| x);
+    })
+}
+
+/// [`fused_fp8_set_kv_buffer`] into paged e4m3 cache views
+/// ([`HostPagedCache`]). Returns the error word the GPU holds afterwards.
+///
+/// # Panics
+/// When a buffer is too small for its shape and strides (a test-setup bug).
+pub fn fused_fp8_set_kv_buffer_paged(
+    w: &HostWrite<'_>,
+    dtype: KvDtype,
+    scales: &KvScales,
+    k_cache: &mut HostPagedCache<'_, u8>,
+    v_cache: &mut HostPagedCache<'_, u8>,
+) -> ErrorReport {
+    let widen = widen_of(dtype);
+    let (inv_k, inv_v) = (scales.inv_k_scale(), scales.inv_v_scale());
+    let slots = k_cache.num_pages * k_cache.page_size;
+    for_each_valid(w.cache_loc, slots, |t, slot| {
+        let (dk, dv) = (paged(k_cache, slot), paged(v_cache, slot));
+        write_rows(w, t, &w.k, k_cache.data, dk, |x| quantize(widen(x), inv_k));
+        write_rows(w, t, &w.v, v_cache.data, dv, |x| quantize(widen(x), inv_v));
     })
 }

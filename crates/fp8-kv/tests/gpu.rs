@@ -966,8 +966,187 @@ fn empty_write(gpu: &Arc<Gpu>) -> Result<(), String> {
     Ok(())
 }
 
+/// Paged cache views (NHD, HND, padded pages; 16-byte and 1-element
+/// paths; bf16 copy and both FP8 writes): the paged kernel == the paged
+/// reference, caches poisoned, error word included (bad slots mixed in).
+fn paged_layouts(gpu: &Arc<Gpu>) -> Result<(), String> {
+    use fp8_kv::reference::{fused_fp8_set_kv_buffer_paged, set_kv_buffer_paged, HostPagedCache};
+    use fp8_kv::PagedKvWriteArgs;
+    let kernel = KvWriteKernel::new(gpu).or_fail("load")?;
+    let s = gpu.stream();
+    let scales = KvScales::from_values(KvCacheDtype::Fp8E4m3, Some(0.5), Some(2.0));
+    // (pages, P, Hkv, D, layout 0 = NHD / 1 = HND / 2 = padded NHD, odd input offset)
+    let cases = [
+        (5usize, 16usize, 2usize, 64usize, 0u8, false),
+        (5, 16, 2, 64, 1, false),
+        (7, 4, 3, 128, 2, false),
+        (3, 1, 1, 64, 1, false),
+        (4, 8, 2, 24, 1, true),
+    ];
+    let mut seed = 0x1234_5678u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for (ci, &(pages, p, hkv, d, layout, odd)) in cases.iter().enumerate() {
+        let pad = if layout == 2 { 32 } else { 0 };
+        // [pages, Hkv, P, D] index order.
+        let strides: [usize; 4] = match layout {
+            1 => [hkv * p * d, p * d, d, 1],
+            _ => [p * hkv * d + pad, d, hkv * d, 1],
+        };
+        let len = (pages - 1) * strides[0] + (hkv - 1) * strides[1] + (p - 1) * strides[2] + d;
+        let slots = pages * p;
+        let n = 2 * slots / 3 + 1;
+        let mut loc: Vec<i64> = (0..n).map(|_| (next() % slots as u64) as i64).collect();
+        loc[0] = slots as i64; // outside the pool
+        if n > 2 {
+            loc[2] = -1;
+        }
+        let off = usize::from(odd);
+        let rows: Vec<u16> = (0..off + n * hkv * d)
+            .map(|_| bf(((next() % 2001) as f32 - 1000.0) / 250.0))
+            .collect();
+        let (k_in, v_in) = (
+            upload(gpu, &rows).or_fail("htod")?,
+            upload(gpu, &rows).or_fail("htod")?,
+        );
+        let d_loc = upload(gpu, &loc).or_fail("htod")?;
+        let w = HostWrite {
+            cache_loc: &loc,
+            num_kv_heads: hkv,
+            head_dim: d,
+            k: HostRows {
+                data: &rows[off..],
+                token_stride: hkv * d,
+                head_stride: d,
+            },
+            v: HostRows {
+                data: &rows[off..],
+                token_stride: hkv * d,
+                head_stride: d,
+            },
+        };
+        for mode in [Mode::Copy, Mode::Fp8Bf16, Mode::Fp8F16] {
+            fn host<C>(
+                data: &mut [C],
+                pages: usize,
+                p: usize,
+                strides: [usize; 4],
+            ) -> HostPagedCache<'_, C> {
+                HostPagedCache {
+                    data,
+                    num_pages: pages,
+                    page_size: p,
+                    page_stride: strides[0],
+                    head_stride: strides[1],
+                    token_stride: strides[2],
+                }
+            }
+            let mut errors = DeviceErrors::new(gpu).or_fail("alloc")?;
+            let shape = [pages, hkv, p, d];
+            fn view<'a>(
+                t: &'a CudaSlice<u16>,
+                off: usize,
+                n: usize,
+                hkv: usize,
+                d: usize,
+            ) -> Result<Strided<'a, u16, 3>, KernelError> {
+                Strided::new(
+                    "k",
+                    t.slice(off..off + n * hkv * d),
+                    [n, hkv, d],
+                    [hkv * d, d, 1],
+                )
+            }
+            let cl = Strided::of("cache_loc", &d_loc, [n]).or_fail("view")?;
+            let (got_k, got_v, want_k, want_v, want_err) = if mode == Mode::Copy {
+                let (mut wk, mut wv) = (vec![POISON16; len], vec![POISON16; len]);
+                let e = set_kv_buffer_paged(
+                    &w,
+                    &mut host(&mut wk, pages, p, strides),
+                    &mut host(&mut wv, pages, p, strides),
+                );
+                let mut kc = upload(gpu, &vec![POISON16; len]).or_fail("htod")?;
+                let mut vc = upload(gpu, &vec![POISON16; len]).or_fail("htod")?;
+                let mut args = PagedKvWriteArgs {
+                    k: view(&k_in, off, n, hkv, d).or_fail("view")?,
+                    v: view(&v_in, off, n, hkv, d).or_fail("view")?,
+                    cache_loc: cl,
+                    k_cache: StridedMut::new("k_cache", kc.slice_mut(0..len), shape, strides)
+                        .or_fail("view")?,
+                    v_cache: StridedMut::new("v_cache", vc.slice_mut(0..len), shape, strides)
+                        .or_fail("view")?,
+                };
+                kernel
+                    .set_kv_buffer_paged(&mut args, &mut errors)
+                    .or_fail("launch")?;
+                let gk: Vec<u8> = s
+                    .clone_dtoh(&kc)
+                    .or_fail("dtoh")?
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect();
+                let gv: Vec<u8> = s
+                    .clone_dtoh(&vc)
+                    .or_fail("dtoh")?
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect();
+                let b = |v: Vec<u16>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+                (gk, gv, b(wk), b(wv), e)
+            } else {
+                let dt = if mode == Mode::Fp8F16 {
+                    KvDtype::F16
+                } else {
+                    KvDtype::Bf16
+                };
+                let (mut wk, mut wv) = (vec![POISON8; len], vec![POISON8; len]);
+                let e = fused_fp8_set_kv_buffer_paged(
+                    &w,
+                    dt,
+                    &scales,
+                    &mut host(&mut wk, pages, p, strides),
+                    &mut host(&mut wv, pages, p, strides),
+                );
+                let mut kc = upload(gpu, &vec![POISON8; len]).or_fail("htod")?;
+                let mut vc = upload(gpu, &vec![POISON8; len]).or_fail("htod")?;
+                let mut args = PagedKvWriteArgs {
+                    k: view(&k_in, off, n, hkv, d).or_fail("view")?,
+                    v: view(&v_in, off, n, hkv, d).or_fail("view")?,
+                    cache_loc: cl,
+                    k_cache: StridedMut::new("k_cache", kc.slice_mut(0..len), shape, strides)
+                        .or_fail("view")?,
+                    v_cache: StridedMut::new("v_cache", vc.slice_mut(0..len), shape, strides)
+                        .or_fail("view")?,
+                };
+                kernel
+                    .fused_fp8_set_kv_buffer_paged(&mut args, dt, &scales, &mut errors)
+                    .or_fail("launch")?;
+                (
+                    s.clone_dtoh(&kc).or_fail("dtoh")?,
+                    s.clone_dtoh(&vc).or_fail("dtoh")?,
+                    wk,
+                    wv,
+                    e,
+                )
+            };
+            let got_err = errors.read().or_fail("errors")?;
+            if got_k != want_k || got_v != want_v || got_err != want_err || want_err.is_clean() {
+                return Err(format!(
+                    "case {ci} {mode:?}: caches or errors differ ({got_err:?} vs {want_err:?})"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let trials = vec![
+        gpu_trial("paged_views_nhd_hnd_padded_match_reference", paged_layouts),
         gpu_trial("gpu_matches_reference_proptest", |gpu| {
             let kernel = KvWriteKernel::new(gpu).or_fail("load")?;
             let small = KvWriteKernel::new(gpu).or_fail("load")?.with_sm_count(1);

@@ -476,25 +476,150 @@ fn nearest_code(x: f32) -> u8 {
     best | sign
 }
 
+/// Paged views: an NHD view (page stride `P·Hkv·D`, token stride `Hkv·D`)
+/// writes exactly what the slot-linear cache gets; an HND view and a
+/// padded-page view write the same rows, permuted / shifted; bad slots are
+/// counted as for the linear cache.
+#[test]
+fn paged_views_equal_the_linear_cache_permuted() {
+    use fp8_kv::reference::{fused_fp8_set_kv_buffer_paged, set_kv_buffer_paged, HostPagedCache};
+    let (pages, p, hkv, d) = (4usize, 4usize, 2usize, 3usize);
+    let slots = pages * p;
+    let loc: Vec<i64> = vec![5, 0, 15, -1, 16, 9, 2];
+    let n = loc.len();
+    let rows: Vec<u16> = (0..n * hkv * d)
+        .map(|i| bf(i as f32 * 0.37 - 4.0))
+        .collect();
+    let hr = HostRows {
+        data: &rows,
+        token_stride: hkv * d,
+        head_stride: d,
+    };
+    let w = HostWrite {
+        cache_loc: &loc,
+        num_kv_heads: hkv,
+        head_dim: d,
+        k: hr,
+        v: hr,
+    };
+    let row = hkv * d;
+    let lin = |data: &mut [u16]| -> ErrorReport {
+        let mut v = vec![0u16; slots * row];
+        set_kv_buffer(
+            &w,
+            &mut HostCache {
+                data,
+                slots,
+                slot_stride: row,
+                head_stride: d,
+            },
+            &mut HostCache {
+                data: &mut v,
+                slots,
+                slot_stride: row,
+                head_stride: d,
+            },
+        )
+    };
+    let mut want = vec![0u16; slots * row];
+    let want_err = lin(&mut want);
+    assert_eq!(want_err.count, 2);
+    // (page, head, token) strides: NHD, HND, padded NHD.
+    for (st, pad) in [
+        ([p * row, d, row], 0usize),
+        ([hkv * p * d, p * d, d], 0),
+        ([p * row + 5, d, row], 5),
+    ] {
+        let len = pages * st[0] + pad;
+        let (mut k, mut v) = (vec![0u16; len], vec![0u16; len]);
+        let mk = |data| HostPagedCache {
+            data,
+            num_pages: pages,
+            page_size: p,
+            page_stride: st[0],
+            head_stride: st[1],
+            token_stride: st[2],
+        };
+        let e = set_kv_buffer_paged(&w, &mut mk(&mut k), &mut mk(&mut v));
+        assert_eq!(e, want_err);
+        for s in 0..slots {
+            for h in 0..hkv {
+                for x in 0..d {
+                    let at = (s / p) * st[0] + h * st[1] + (s % p) * st[2] + x;
+                    assert_eq!(k[at], want[s * row + h * d + x], "strides {st:?} slot {s}");
+                    assert_eq!(v[at], k[at]);
+                }
+            }
+        }
+        // The FP8 write lands at the same places.
+        let scales = fp8_scales(Some(0.5), None);
+        let (mut k8, mut v8) = (vec![0u8; len], vec![0u8; len]);
+        let mk8 = |data| HostPagedCache {
+            data,
+            num_pages: pages,
+            page_size: p,
+            page_stride: st[0],
+            head_stride: st[1],
+            token_stride: st[2],
+        };
+        let e = fused_fp8_set_kv_buffer_paged(
+            &w,
+            KvDtype::Bf16,
+            &scales,
+            &mut mk8(&mut k8),
+            &mut mk8(&mut v8),
+        );
+        assert_eq!(e, want_err);
+        let (mut lk, mut lv) = (vec![0u8; slots * row], vec![0u8; slots * row]);
+        fused_fp8_set_kv_buffer(
+            &w,
+            KvDtype::Bf16,
+            &scales,
+            &mut HostCache {
+                data: &mut lk,
+                slots,
+                slot_stride: row,
+                head_stride: d,
+            },
+            &mut HostCache {
+                data: &mut lv,
+                slots,
+                slot_stride: row,
+                head_stride: d,
+            },
+        );
+        for s in 0..slots {
+            for h in 0..hkv {
+                for x in 0..d {
+                    let at = (s / p) * st[0] + h * st[1] + (s % p) * st[2] + x;
+                    assert_eq!(k8[at], lk[s * row + h * d + x]);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn params_layout_matches_cuda() {
     use std::mem::{offset_of, size_of};
-    assert_eq!(size_of::<KvWriteParams>(), 160);
+    assert_eq!(size_of::<KvWriteParams>(), 184);
     assert_eq!(offset_of!(KvWriteParams, errors), 40);
     assert_eq!(offset_of!(KvWriteParams, k_token_stride), 48);
     assert_eq!(offset_of!(KvWriteParams, v_cache_head_stride), 104);
     assert_eq!(offset_of!(KvWriteParams, num_tokens), 112);
     assert_eq!(offset_of!(KvWriteParams, slots), 120);
-    assert_eq!(offset_of!(KvWriteParams, inv_k_scale), 128);
-    assert_eq!(offset_of!(KvWriteParams, inv_v_scale), 132);
-    assert_eq!(offset_of!(KvWriteParams, num_kv_heads), 136);
-    assert_eq!(offset_of!(KvWriteParams, threads_per_token), 148);
-    assert_eq!(offset_of!(KvWriteParams, tokens_per_block), 152);
-    assert_eq!(offset_of!(KvWriteParams, vectorized), 156);
+    assert_eq!(offset_of!(KvWriteParams, page_size), 128);
+    assert_eq!(offset_of!(KvWriteParams, v_cache_page_stride), 144);
+    assert_eq!(offset_of!(KvWriteParams, inv_k_scale), 152);
+    assert_eq!(offset_of!(KvWriteParams, inv_v_scale), 156);
+    assert_eq!(offset_of!(KvWriteParams, num_kv_heads), 160);
+    assert_eq!(offset_of!(KvWriteParams, threads_per_token), 172);
+    assert_eq!(offset_of!(KvWriteParams, tokens_per_block), 176);
+    assert_eq!(offset_of!(KvWriteParams, vectorized), 180);
     for name in KERNEL_NAMES {
         assert!(
-            PTX.ptx.contains(&format!("{name}_param_0[160]")),
-            "{name} takes one 160-byte param"
+            PTX.ptx.contains(&format!("{name}_param_0[184]")),
+            "{name} takes one 184-byte param"
         );
     }
 }

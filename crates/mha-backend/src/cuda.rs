@@ -33,6 +33,7 @@ use paged_attention::{
 };
 
 use crate::batch::{AttnMode, ForwardBatch};
+use crate::engine::{EngineBatch, EngineLayer, EngineShape};
 use crate::error::{BackendError, Result};
 use crate::executor::{
     DeviceMetadata, Executor, ExecutorKind, KvLoc, KvSnapshot, LayerPlan, Tensor, TensorRef,
@@ -125,11 +126,21 @@ struct Maps {
     scatter_errors: DeviceErrors,
     /// `[n, 2]` i64 `(position, slot)` entries on the device.
     entries: CudaSlice<i64>,
-    /// Two pinned staging buffers of entries, used in turn, each with the
+    /// Pinned staging buffers of entries, used in turn, each with the
     /// event recorded after the copy that reads it.
-    staging: [Option<(PinnedHostSlice<i64>, CudaEvent)>; 2],
+    staging: [Option<(PinnedHostSlice<i64>, CudaEvent)>; STAGING_BUFFERS],
     next_staging: usize,
+    /// Applies changed full pages to the device SWA maps.
+    swa_update: Option<swa_pool::SwaUpdateKernel>,
+    /// `SwaMapping::version` the device SWA maps hold (`None` = never synced).
+    swa_version: Option<u64>,
+    /// SWA pool pages, the dummy page included.
+    swa_pages: usize,
 }
+
+/// Pinned staging buffers of [`Maps`] (a sync may stage twice: the
+/// `req_to_token` entries and the SWA page entries).
+const STAGING_BUFFERS: usize = 4;
 
 impl Maps {
     fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, pools: &Pools) -> Result<Self> {
@@ -160,9 +171,107 @@ impl Maps {
             scatter: page_table::ScatterKernel::new(gpu)?,
             scatter_errors: DeviceErrors::new(gpu)?,
             entries: zeros(stream, 2)?,
-            staging: [None, None],
+            staging: [None, None, None, None],
             next_staging: 0,
+            swa_update: match pools.swa_mapping() {
+                Some(_) => Some(swa_pool::SwaUpdateKernel::new(gpu)?),
+                None => None,
+            },
+            swa_version: None,
+            swa_pages: pools.swa_slots().unwrap_or(0) / pools.page_size().max(1),
         })
+    }
+
+    /// Copies `n` i64 values, written by `fill` into pinned memory, to the
+    /// front of `entries` (asynchronous: no stream sync).
+    fn stage(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        n: usize,
+        fill: impl FnOnce(&mut [i64]),
+    ) -> Result<()> {
+        let k = self.next_staging;
+        self.next_staging = (k + 1) % STAGING_BUFFERS;
+        // The buffer's previous copy (STAGING_BUFFERS stagings ago) must
+        // have finished before the host overwrites it.
+        if let Some((_, ev)) = &self.staging[k] {
+            ev.synchronize().map_err(kerr)?;
+        }
+        let (mut host, ev) = match self.staging[k].take() {
+            Some((h, e)) if h.len() >= n => (h, e),
+            old => {
+                let want = n.max(old.as_ref().map_or(0, |(h, _)| h.len() * 3 / 2));
+                // SAFETY: page-locked memory of `want` i64 the host fills
+                // before the copy is enqueued; kernel-rt turns cudarc's event
+                // tracking off, so reuse is guarded by this buffer's own
+                // event (above).
+                let h = unsafe {
+                    stream
+                        .context()
+                        .alloc_pinned_with_flags::<i64>(want, 0)
+                        .map_err(kerr)?
+                };
+                (h, stream.context().new_event(None).map_err(kerr)?)
+            }
+        };
+        if self.entries.len() < n {
+            self.entries = zeros(stream, n.max(self.entries.len() * 3 / 2))?;
+        }
+        let dst = host.as_mut_slice().map_err(kerr)?;
+        fill(&mut dst[..n]);
+        // The source is page-locked, so the driver copies asynchronously
+        // (no stream sync, unlike a pageable source).
+        let copied = stream
+            .memcpy_htod(&dst[..n], &mut self.entries.slice_mut(0..n))
+            .and_then(|()| ev.record(stream));
+        if copied.is_err() {
+            // The copy may be queued: never free its source before the
+            // stream has drained (cudarc's own event tracking is off).
+            let _ = stream.synchronize();
+        }
+        self.staging[k] = Some((host, ev));
+        copied.map_err(kerr)
+    }
+
+    /// Applies the changed full pages `pages` of `m` to the device SWA
+    /// slot and page maps: `(page, swa_page)` entries from pinned memory,
+    /// one swa-pool update launch (no stream sync).
+    fn update_swa(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        m: &swa_pool::SwaMapping,
+        pages: &[usize],
+    ) -> Result<()> {
+        if pages.is_empty() {
+            return Ok(());
+        }
+        let e = m.update_entries(pages);
+        let n = e.len();
+        self.stage(stream, n, |dst| dst.copy_from_slice(&e))?;
+        let (Some(kernel), Some(map), Some(pm)) = (
+            self.swa_update.as_ref(),
+            self.swa_map.as_mut(),
+            self.page_map.as_mut(),
+        ) else {
+            return Ok(());
+        };
+        let mut args = swa_pool::SwaUpdateArgs {
+            full_to_swa: StridedMut::contiguous(
+                "full_to_swa",
+                map.slice_mut(0..self.swa_map_len),
+                [self.swa_map_len],
+            )?,
+            page_map: Some(StridedMut::contiguous(
+                "page_map",
+                pm.slice_mut(0..self.page_map_len),
+                [self.page_map_len],
+            )?),
+            entries: Strided::contiguous("entries", self.entries.slice(0..n), [n / 2, 2])?,
+            page_size: m.page_size(),
+            num_swa_pages: self.swa_pages,
+        };
+        kernel.launch(&mut args, &mut self.scatter_errors)?;
+        Ok(())
     }
 
     /// Uploads the changed entries `spans` (from [`Pools::dirty_spans`]) as
@@ -178,57 +287,19 @@ impl Maps {
         if n == 0 {
             return Ok(());
         }
-        let k = self.next_staging;
-        self.next_staging ^= 1;
-        // The buffer's previous copy (two syncs ago) must have finished
-        // before the host overwrites it.
-        if let Some((_, ev)) = &self.staging[k] {
-            ev.synchronize().map_err(kerr)?;
-        }
-        let (mut host, ev) = match self.staging[k].take() {
-            Some((h, e)) if h.len() >= 2 * n => (h, e),
-            old => {
-                let want = (2 * n).max(old.as_ref().map_or(0, |(h, _)| h.len() * 3 / 2));
-                // SAFETY: page-locked memory of `want` i64 the host fills
-                // before the copy is enqueued; kernel-rt turns cudarc's event
-                // tracking off, so reuse is guarded by this buffer's own
-                // event (above).
-                let h = unsafe {
-                    stream
-                        .context()
-                        .alloc_pinned_with_flags::<i64>(want, 0)
-                        .map_err(kerr)?
-                };
-                (h, stream.context().new_event(None).map_err(kerr)?)
-            }
-        };
-        if self.entries.len() < 2 * n {
-            self.entries = zeros(stream, (2 * n).max(self.entries.len() * 3 / 2))?;
-        }
         let w = self.width;
         let table = pools.req_to_token();
-        let dst = host.as_mut_slice().map_err(kerr)?;
-        let mut i = 0;
-        for (row, cols) in spans {
-            for c in cols.clone() {
-                let pos = row * w + c;
-                dst[2 * i] = pos as i64;
-                dst[2 * i + 1] = i64::from(table[pos]);
-                i += 1;
+        self.stage(stream, 2 * n, |dst| {
+            let mut i = 0;
+            for (row, cols) in spans {
+                for c in cols.clone() {
+                    let pos = row * w + c;
+                    dst[2 * i] = pos as i64;
+                    dst[2 * i + 1] = i64::from(table[pos]);
+                    i += 1;
+                }
             }
-        }
-        // The source is page-locked, so the driver copies asynchronously
-        // (no stream sync, unlike a pageable source).
-        let copied = stream
-            .memcpy_htod(&dst[..2 * n], &mut self.entries.slice_mut(0..2 * n))
-            .and_then(|()| ev.record(stream));
-        if copied.is_err() {
-            // The copy may be queued: never free its source before the
-            // stream has drained (cudarc's own event tracking is off).
-            let _ = stream.synchronize();
-        }
-        self.staging[k] = Some((host, ev));
-        copied.map_err(kerr)?;
+        })?;
         let mut args = page_table::ScatterArgs {
             req_to_token: StridedMut::contiguous(
                 "req_to_token",
@@ -243,8 +314,8 @@ impl Maps {
 
     /// Uploads what changed since the last sync: the changed
     /// `req_to_token` entries ([`Self::scatter_spans`]; the whole table on
-    /// the first sync), and the SWA slot and page maps, whole, when the
-    /// SWA map changed.
+    /// the first sync), and the SWA slot and page maps' changed pages
+    /// ([`Self::update_swa`]; whole on the first sync).
     fn sync(&mut self, stream: &Arc<CudaStream>, pools: &Pools) -> Result<()> {
         let now = pools.generation();
         let (rows, swa) = match self.generation {
@@ -266,13 +337,21 @@ impl Maps {
             }
         }
         if swa {
-            if let (Some(m), Some(d), Some(pd)) = (
-                pools.swa_mapping(),
-                self.swa_map.as_mut(),
-                self.page_map.as_mut(),
-            ) {
-                upload(stream, m.map(), d)?;
-                upload(stream, &m.page_map(), pd)?;
+            if let Some(m) = pools.swa_mapping() {
+                // Entry-wise from the map's change log (pinned, no stream
+                // sync); whole, from pageable memory, only on the first sync
+                // or when the log no longer reaches back.
+                match self.swa_version.and_then(|v| m.changed_pages_since(v)) {
+                    Some(pages) => self.update_swa(stream, m, &pages)?,
+                    None => {
+                        if let (Some(d), Some(pd)) = (self.swa_map.as_mut(), self.page_map.as_mut())
+                        {
+                            upload(stream, m.map(), d)?;
+                            upload(stream, &m.page_map(), pd)?;
+                        }
+                    }
+                }
+                self.swa_version = Some(m.version());
             }
         }
         self.generation = Some(now);
@@ -407,7 +486,62 @@ fn meta_mode(mode: AttnMode, max_q: usize) -> Result<(GraphMode, bool)> {
     })
 }
 
-/// One fused metadata launch over `b` (first `bs` rows, `n_tokens` tokens).
+/// The inputs of one fused metadata launch (the executor's own buffers or
+/// an engine's views): `[bs]` request rows and lengths, `[n]` write slots,
+/// `[bs]` ragged lengths, `req_to_token`, the SWA maps.
+struct MetaIn<'a> {
+    rpi: Strided<'a, i64, 1>,
+    seq: Strided<'a, i64, 1>,
+    out_loc: Strided<'a, i64, 1>,
+    qlens: Option<Strided<'a, i32, 1>>,
+    r2t: Strided<'a, i32, 2>,
+    pool_slots: Option<usize>,
+    swa_map: Option<Strided<'a, i64, 1>>,
+    page_map: Option<Strided<'a, i32, 1>>,
+}
+
+impl<'a> MetaIn<'a> {
+    /// The executor's device pool tables (`req_to_token`, SWA maps); the
+    /// batch vectors are placeholders the caller replaces.
+    fn own_tables(maps: &'a Maps) -> Result<Self> {
+        let empty = |arg| Strided::contiguous(arg, maps.entries.slice(0..0), [0]);
+        Ok(Self {
+            rpi: empty("req_pool_indices")?,
+            seq: empty("seq_lens")?,
+            out_loc: empty("out_cache_loc")?,
+            qlens: None,
+            r2t: Strided::new(
+                "req_to_token",
+                maps.r2t.slice(0..maps.rows * maps.width),
+                [maps.rows, maps.width],
+                [maps.width, 1],
+            )?,
+            pool_slots: Some(maps.pool_slots),
+            swa_map: maps
+                .swa_map
+                .as_ref()
+                .map(|m| {
+                    Strided::contiguous(
+                        "swa_mapping",
+                        m.slice(0..maps.swa_map_len),
+                        [maps.swa_map_len],
+                    )
+                })
+                .transpose()?,
+            page_map: match &maps.page_map {
+                Some(pm) if maps.page_map_len > 0 => Some(Strided::contiguous(
+                    "full_page_to_swa_page",
+                    pm.slice(0..maps.page_map_len),
+                    [maps.page_map_len],
+                )?),
+                _ => None,
+            },
+        })
+    }
+}
+
+/// One fused metadata launch over `b` (first `bs` rows, `n_tokens` tokens),
+/// from the executor's own inputs.
 #[allow(clippy::too_many_arguments)]
 fn launch_metadata(
     kernel: &GraphMetadataKernel,
@@ -423,39 +557,115 @@ fn launch_metadata(
     if bs == 0 {
         return Ok(());
     }
-    let m = b.m;
     let ragged = matches!(mode, GraphMode::RaggedVerify { .. });
-    let swa = match (&maps.swa_map, b.swa_pt.as_mut()) {
+    let MetaBufs {
+        m,
+        rpi,
+        seq,
+        qlens,
+        out_loc,
+        cache,
+        cu_k,
+        cu_q,
+        pt,
+        swa_pt,
+        swa_out,
+        ..
+    } = b;
+    let input = MetaIn {
+        rpi: Strided::contiguous("req_pool_indices", rpi.slice(0..bs), [bs])?,
+        seq: Strided::contiguous("seq_lens", seq.slice(0..bs), [bs])?,
+        out_loc: Strided::contiguous("out_cache_loc", out_loc.slice(0..n_tokens), [n_tokens])?,
+        qlens: if ragged {
+            Some(Strided::contiguous("qlens", qlens.slice(0..bs), [bs])?)
+        } else {
+            None
+        },
+        ..MetaIn::own_tables(maps)?
+    };
+    let out = MetaOut {
+        m: *m,
+        cache,
+        cu_k,
+        cu_q,
+        pt,
+        swa_pt: swa_pt.as_mut(),
+        swa_out: swa_out.as_mut(),
+    };
+    launch_metadata_on(
+        kernel, input, out, mode, write_cu_q, bs, n_tokens, page_size, errors,
+    )
+}
+
+/// The outputs of one fused metadata launch.
+struct MetaOut<'a> {
+    m: usize,
+    cache: &'a mut CudaSlice<i32>,
+    cu_k: &'a mut CudaSlice<i32>,
+    cu_q: &'a mut CudaSlice<i32>,
+    pt: &'a mut CudaSlice<i32>,
+    swa_pt: Option<&'a mut CudaSlice<i32>>,
+    swa_out: Option<&'a mut CudaSlice<i64>>,
+}
+
+impl<'a> MetaOut<'a> {
+    fn of(b: &'a mut MetaBufs) -> Self {
+        Self {
+            m: b.m,
+            cache: &mut b.cache,
+            cu_k: &mut b.cu_k,
+            cu_q: &mut b.cu_q,
+            pt: &mut b.pt,
+            swa_pt: b.swa_pt.as_mut(),
+            swa_out: b.swa_out.as_mut(),
+        }
+    }
+}
+
+/// One fused metadata launch from `input` into `out` (first `bs` rows,
+/// `n_tokens` tokens).
+#[allow(clippy::too_many_arguments)]
+fn launch_metadata_on(
+    kernel: &GraphMetadataKernel,
+    input: MetaIn<'_>,
+    out: MetaOut<'_>,
+    mode: GraphMode,
+    write_cu_q: bool,
+    bs: usize,
+    n_tokens: usize,
+    page_size: usize,
+    errors: &mut DeviceErrors,
+) -> Result<()> {
+    if bs == 0 {
+        return Ok(());
+    }
+    let m = out.m;
+    let MetaIn {
+        rpi,
+        seq,
+        out_loc,
+        qlens,
+        r2t,
+        pool_slots,
+        swa_map,
+        page_map,
+    } = input;
+    let swa = match (swa_map, out.swa_pt) {
         (Some(map), Some(swa_pt)) => Some(SwaArgs {
-            swa_mapping: Strided::contiguous(
-                "swa_mapping",
-                map.slice(0..maps.swa_map_len),
-                [maps.swa_map_len],
-            )?,
+            swa_mapping: map,
             swa_page_table: Some(StridedMut::new(
                 "swa_page_table",
                 swa_pt.slice_mut(0..bs * m),
                 [bs, m],
                 [m, 1],
             )?),
-            full_page_to_swa_page: match &maps.page_map {
-                Some(pm) if maps.page_map_len > 0 => Some(Strided::contiguous(
-                    "full_page_to_swa_page",
-                    pm.slice(0..maps.page_map_len),
-                    [maps.page_map_len],
-                )?),
-                _ => None,
-            },
-            write_locs: match b.swa_out.as_mut() {
-                Some(out) if n_tokens > 0 => Some(SwaWriteLocs {
-                    out_cache_loc: Some(Strided::contiguous(
-                        "out_cache_loc",
-                        b.out_loc.slice(0..n_tokens),
-                        [n_tokens],
-                    )?),
+            full_page_to_swa_page: page_map,
+            write_locs: match out.swa_out {
+                Some(o) if n_tokens > 0 => Some(SwaWriteLocs {
+                    out_cache_loc: Some(out_loc),
                     swa_out_cache_loc: StridedMut::contiguous(
                         "swa_out_cache_loc",
-                        out.slice_mut(0..n_tokens),
+                        o.slice_mut(0..n_tokens),
                         [n_tokens],
                     )?,
                 }),
@@ -466,37 +676,28 @@ fn launch_metadata(
     };
     let mut args = GraphMetadataArgs {
         mode,
-        req_pool_indices: Strided::contiguous("req_pool_indices", b.rpi.slice(0..bs), [bs])?,
-        seq_lens: Strided::contiguous("seq_lens", b.seq.slice(0..bs), [bs])?,
-        req_to_token: Strided::new(
-            "req_to_token",
-            maps.r2t.slice(0..maps.rows * maps.width),
-            [maps.rows, maps.width],
-            [maps.width, 1],
-        )?,
+        req_pool_indices: rpi,
+        seq_lens: seq,
+        req_to_token: r2t,
         page_size,
-        pool_slots: Some(maps.pool_slots),
-        cache_seqlens: StridedMut::contiguous("cache_seqlens", b.cache.slice_mut(0..bs), [bs])?,
+        pool_slots,
+        cache_seqlens: StridedMut::contiguous("cache_seqlens", out.cache.slice_mut(0..bs), [bs])?,
         cu_seqlens_k: StridedMut::contiguous(
             "cu_seqlens_k",
-            b.cu_k.slice_mut(0..bs + 1),
+            out.cu_k.slice_mut(0..bs + 1),
             [bs + 1],
         )?,
         cu_seqlens_q: if write_cu_q {
             Some(StridedMut::contiguous(
                 "cu_seqlens_q",
-                b.cu_q.slice_mut(0..bs + 1),
+                out.cu_q.slice_mut(0..bs + 1),
                 [bs + 1],
             )?)
         } else {
             None
         },
-        qlens: if ragged {
-            Some(Strided::contiguous("qlens", b.qlens.slice(0..bs), [bs])?)
-        } else {
-            None
-        },
-        page_table: StridedMut::new("page_table", b.pt.slice_mut(0..bs * m), [bs, m], [m, 1])?,
+        qlens,
+        page_table: StridedMut::new("page_table", out.pt.slice_mut(0..bs * m), [bs, m], [m, 1])?,
         swa,
     };
     kernel.launch(&mut args, errors)?;
@@ -508,7 +709,7 @@ struct AttnCx<'a> {
     stream: &'a Arc<CudaStream>,
     decode: &'a PagedAttentionKernel,
     context: &'a ContextKernel,
-    workspace: &'a mut CudaSlice<f32>,
+    workspace: CudaViewMut<'a, f32>,
     /// Workspace range `[start, end)` known to hold zero split counters.
     ws_zero: &'a mut Option<(usize, usize)>,
     errors: &'a mut DeviceErrors,
@@ -522,6 +723,11 @@ struct AttnCx<'a> {
     /// Records spans around the launches when installed (eager passes
     /// only: `None` while a graph is captured).
     timer: Option<&'a mut PartTimer>,
+    /// `q_scale` of `bmm1 = q_scale · k_scale · sm_scale` (1 on the owning path).
+    q_scale: f32,
+    /// The workspace is an engine's: zero the split counters before every
+    /// split launch (nothing is known about their state).
+    foreign_workspace: bool,
 }
 
 impl AttnCx<'_> {
@@ -571,6 +777,107 @@ impl PassShape {
     }
 }
 
+/// The metadata tensors attention reads: the page tables, `cache_seqlens`,
+/// `cu_seqlens_k`, `cu_seqlens_q` (`[bs, M]`, `[bs]`, `[bs + 1]` ×2).
+struct Tables<'a> {
+    pt: CudaView<'a, i32>,
+    swa_pt: Option<CudaView<'a, i32>>,
+    cache: CudaView<'a, i32>,
+    cu_k: CudaView<'a, i32>,
+    cu_q: CudaView<'a, i32>,
+    m: usize,
+}
+
+impl<'a> Tables<'a> {
+    /// The tables of `b`; `cu_q` replaces `b`'s `cu_seqlens_q` (an engine's own).
+    fn of(b: &'a MetaBufs, cu_q: Option<CudaView<'a, i32>>) -> Self {
+        Self {
+            pt: b.pt.slice(0..b.pt.len()),
+            swa_pt: b.swa_pt.as_ref().map(|t| t.slice(0..t.len())),
+            cache: b.cache.slice(0..b.cache.len()),
+            cu_k: b.cu_k.slice(0..b.cu_k.len()),
+            cu_q: cu_q.unwrap_or_else(|| b.cu_q.slice(0..b.cu_q.len())),
+            m: b.m,
+        }
+    }
+}
+
+/// The K/V caches a layer's attention reads: the executor's own or an
+/// engine's views.
+#[derive(Clone, Copy)]
+enum KvSrc<'a> {
+    Own(&'a DevCache),
+    Engine(&'a crate::engine::EngineKvCache<'a>),
+}
+
+impl KvSrc<'_> {
+    fn views(&self, plan: &LayerPlan, page_size: usize, dtype: HalfDtype) -> Result<KvCache<'_>> {
+        match *self {
+            Self::Own(c) => kv_views(plan, c, page_size, dtype),
+            Self::Engine(crate::engine::EngineKvCache::Half { k, v }) => Ok(KvCache::Half {
+                dtype,
+                k: k.strided()?,
+                v: v.strided()?,
+            }),
+            Self::Engine(crate::engine::EngineKvCache::E4m3 { k, v }) => Ok(KvCache::E4m3 {
+                k: k.strided()?,
+                v: v.strided()?,
+            }),
+        }
+    }
+}
+
+/// A `[rows, Hq, D]` query or output tensor: device elements and strides.
+struct Rows<V> {
+    view: V,
+    strides: [usize; 3],
+}
+
+impl<'a> Rows<CudaView<'a, u16>> {
+    fn contiguous(view: CudaView<'a, u16>, hq: usize, d: usize) -> Self {
+        Self {
+            view,
+            strides: [hq * d, d, 1],
+        }
+    }
+
+    /// Rows `[row0, row0 + rows)` as a checked view.
+    fn part(&self, row0: usize, rows: usize, hq: usize, d: usize) -> Result<Strided<'_, u16, 3>> {
+        let off = (row0 * self.strides[0]).min(self.view.len());
+        Ok(Strided::new(
+            "q",
+            self.view.slice(off..),
+            [rows, hq, d],
+            self.strides,
+        )?)
+    }
+}
+
+impl<'a> Rows<CudaViewMut<'a, u16>> {
+    fn contiguous_mut(view: CudaViewMut<'a, u16>, hq: usize, d: usize) -> Self {
+        Self {
+            view,
+            strides: [hq * d, d, 1],
+        }
+    }
+
+    fn part_mut(
+        &mut self,
+        row0: usize,
+        rows: usize,
+        hq: usize,
+        d: usize,
+    ) -> Result<StridedMut<'_, u16, 3>> {
+        let off = (row0 * self.strides[0]).min(self.view.len());
+        Ok(StridedMut::new(
+            "out",
+            self.view.slice_mut(off..),
+            [rows, hq, d],
+            self.strides,
+        )?)
+    }
+}
+
 fn kv_views<'a>(
     plan: &LayerPlan,
     cache: &'a DevCache,
@@ -603,12 +910,12 @@ fn kv_views<'a>(
 fn run_attention(
     cx: &mut AttnCx<'_>,
     plan: &LayerPlan,
-    cache: &DevCache,
+    cache: KvSrc<'_>,
     sinks: Option<&CudaSlice<f32>>,
-    b: &MetaBufs,
+    b: &Tables<'_>,
     shape: PassShape,
-    q: CudaView<'_, u16>,
-    mut out: CudaViewMut<'_, u16>,
+    q: Rows<CudaView<'_, u16>>,
+    mut out: Rows<CudaViewMut<'_, u16>>,
 ) -> Result<()> {
     let PassShape { mode, bs, rows, .. } = shape;
     if bs == 0 || rows == 0 {
@@ -665,14 +972,14 @@ fn one_token_tail(cu_seqlens_q: &[i32]) -> usize {
 fn attend_part(
     cx: &mut AttnCx<'_>,
     plan: &LayerPlan,
-    cache: &DevCache,
+    cache: KvSrc<'_>,
     sinks: Option<&CudaSlice<f32>>,
-    b: &MetaBufs,
+    b: &Tables<'_>,
     shape: PassShape,
     part: Part,
     from: Option<usize>,
-    q: &CudaView<'_, u16>,
-    out: &mut CudaViewMut<'_, u16>,
+    q: &Rows<CudaView<'_, u16>>,
+    out: &mut Rows<CudaViewMut<'_, u16>>,
 ) -> Result<Option<usize>> {
     let Part {
         req0,
@@ -697,15 +1004,14 @@ fn attend_part(
         [m, 1],
     )?;
     let cache_seqlens = Strided::contiguous("cache_seqlens", b.cache.slice(req0..req0 + bs), [bs])?;
-    let (lo, hi) = (row0 * hq * d, (row0 + rows) * hq * d);
-    let q = Strided::contiguous("q", q.slice(lo..hi), [rows, hq, d])?;
-    let out = StridedMut::contiguous("out", out.slice_mut(lo..hi), [rows, hq, d])?;
-    let kv = kv_views(plan, cache, cx.page_size, cx.model_dtype)?;
+    let q = q.part(row0, rows, hq, d)?;
+    let out = out.part_mut(row0, rows, hq, d)?;
+    let kv = cache.views(plan, cx.page_size, cx.model_dtype)?;
     let sinks = sinks
         .map(|s| Strided::contiguous("sinks", s.slice(0..hq), [hq]))
         .transpose()?;
     // The one scale resolver (D8), as the CPU executor.
-    let (bmm1, bmm2) = plan.scales.bmm_scales(1.0, plan.sm_scale);
+    let (bmm1, bmm2) = crate::executor::bmm_scales(plan, cx.q_scale);
     if mode == AttnMode::Extend {
         let mut args = ContextArgs {
             q,
@@ -788,7 +1094,7 @@ fn attend_part(
         let p = &lp.params;
         let items = (p.bs as usize) * (p.num_kv_heads as usize) * (p.row_tiles as usize);
         let region = (elems - items, elems);
-        if *cx.ws_zero != Some(region) {
+        if cx.foreign_workspace || *cx.ws_zero != Some(region) {
             cx.stream
                 .memset_zeros(&mut cx.workspace.slice_mut(region.0..region.1))
                 .map_err(kerr)?;
@@ -799,7 +1105,9 @@ fn attend_part(
             [elems],
         )?);
         cx.decode.launch(&mut args, cx.errors)?;
-        *cx.ws_zero = Some(region);
+        if !cx.foreign_workspace {
+            *cx.ws_zero = Some(region);
+        }
     } else {
         cx.decode.launch(&mut args, cx.errors)?;
     }
@@ -945,6 +1253,10 @@ pub struct CudaExecutor {
     graph: Option<GraphState>,
     /// Timing by part of eager launches ([`crate::part_timing`]), when installed.
     part_timer: Option<PartTimer>,
+    /// Metadata outputs of engine passes ([`Executor::reserve_engine`]).
+    engine: Option<MetaBufs>,
+    /// Graphs captured over engine memory.
+    engine_graphs: HashMap<GraphKey, SendGraph>,
 }
 
 impl CudaExecutor {
@@ -1014,6 +1326,8 @@ impl CudaExecutor {
             },
             graph: None,
             part_timer: None,
+            engine: None,
+            engine_graphs: HashMap::new(),
             gpu: gpu.clone(),
         })
     }
@@ -1057,6 +1371,146 @@ fn ragged_lens(cu: &[i32]) -> Vec<i32> {
 impl Executor for CudaExecutor {
     fn kind(&self) -> ExecutorKind {
         ExecutorKind::Cuda(self.ordinal)
+    }
+
+    fn reserve_engine(&mut self, max_bs: usize, max_num_tokens: usize) -> Result<()> {
+        let fits = self
+            .engine
+            .as_ref()
+            .is_some_and(|b| b.cap_bs >= max_bs && b.cap_tokens >= max_num_tokens);
+        if fits {
+            return Ok(());
+        }
+        let stream = self.gpu.stream().clone();
+        // Engine graphs bake the old buffers' addresses in.
+        stream.synchronize().map_err(kerr)?;
+        self.engine_graphs.clear();
+        let swa = self.eager.swa_pt.is_some();
+        self.engine = Some(MetaBufs::new(
+            &stream,
+            max_bs.max(1),
+            max_num_tokens.max(1),
+            self.max_num_pages.max(1),
+            swa,
+        )?);
+        Ok(())
+    }
+
+    fn engine_metadata(&mut self, batch: &EngineBatch<'_>, shape: &EngineShape) -> Result<()> {
+        if shape.bs == 0 {
+            return Ok(());
+        }
+        let bufs = engine_bufs(&mut self.engine, shape)?;
+        launch_engine_metadata(
+            &self.meta_kernel,
+            batch,
+            bufs,
+            shape,
+            self.page_size,
+            &mut self.meta_errors,
+        )
+    }
+
+    fn capture_engine_graph(
+        &mut self,
+        key: GraphKey,
+        plans: &[LayerPlan],
+        shape: &EngineShape,
+        batch: &EngineBatch<'_>,
+        layers: &mut [EngineLayer<'_>],
+        save_kv: bool,
+    ) -> Result<()> {
+        engine_bufs(&mut self.engine, shape)?;
+        let stream = self.gpu.stream().clone();
+        self.engine_graphs.remove(&key);
+        stream.synchronize().map_err(kerr)?;
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(kerr)?;
+        // Nothing runs during capture: the first split launch of the
+        // recorded sequence zeroes its counters.
+        self.ws_zero = None;
+        let recorded = (|| -> Result<()> {
+            self.engine_metadata(batch, shape)?;
+            for (plan, io) in plans.iter().zip(layers.iter_mut()) {
+                self.engine_forward(plan, shape, batch, io, save_kv)?;
+            }
+            Ok(())
+        })();
+        let ended = stream.end_capture(CUgraphInstantiate_flags(0));
+        self.ws_zero = None;
+        recorded?;
+        let graph = ended
+            .map_err(kerr)?
+            .ok_or_else(|| BackendError::GraphUnsupported("capture produced no graph".into()))?;
+        graph.upload().map_err(kerr)?;
+        self.engine_graphs.insert(key, SendGraph(graph));
+        Ok(())
+    }
+
+    fn replay_engine_graph(&mut self, key: GraphKey) -> Result<()> {
+        let g = self.engine_graphs.get(&key).ok_or_else(|| {
+            BackendError::GraphUnsupported(format!("no engine graph captured for {key:?}"))
+        })?;
+        g.0.launch().map_err(kerr)?;
+        // The replay's split launches leave their own counter ranges zero.
+        self.ws_zero = None;
+        Ok(())
+    }
+
+    fn engine_forward(
+        &mut self,
+        plan: &LayerPlan,
+        shape: &EngineShape,
+        batch: &EngineBatch<'_>,
+        io: &mut EngineLayer<'_>,
+        save_kv: bool,
+    ) -> Result<ErrorReport> {
+        if shape.bs == 0 && shape.num_tokens == 0 {
+            return Ok(ErrorReport::default());
+        }
+        let Self {
+            gpu,
+            kv_write,
+            write_errors,
+            decode,
+            context,
+            workspace,
+            ws_zero,
+            attn_errors,
+            sinks,
+            engine,
+            model_dtype,
+            page_size,
+            context_len,
+            decode_split,
+            ..
+        } = self;
+        let bufs = engine_bufs(engine, shape)?;
+        engine_layer(
+            &mut EngineCx {
+                stream: gpu.stream(),
+                kv_write,
+                write_errors,
+                decode,
+                context,
+                workspace,
+                ws_zero,
+                attn_errors,
+                model_dtype: *model_dtype,
+                page_size: *page_size,
+                context_len: *context_len,
+                decode_split: *decode_split,
+            },
+            plan,
+            sinks[plan.layer].as_ref(),
+            bufs,
+            shape,
+            batch,
+            io,
+            save_kv,
+        )?;
+        Ok(ErrorReport::default())
     }
 
     fn write_kv(
@@ -1242,7 +1696,7 @@ impl Executor for CudaExecutor {
             stream,
             decode,
             context,
-            workspace,
+            workspace: workspace.as_view_mut(),
             ws_zero,
             errors: attn_errors,
             model_dtype: *model_dtype,
@@ -1250,16 +1704,19 @@ impl Executor for CudaExecutor {
             max_seq_len: *context_len,
             decode_split: *decode_split,
             timer: part_timer.as_mut(),
+            q_scale: 1.0,
+            foreign_workspace: false,
         };
+        let (hq, d) = (plan.num_q_heads, plan.head_dim);
         run_attention(
             &mut cx,
             plan,
-            &caches[plan.layer],
+            KvSrc::Own(&caches[plan.layer]),
             sinks[plan.layer].as_ref(),
-            eager,
+            &Tables::of(eager, None),
             prepared.shape,
-            qview,
-            out.slice_mut(0..elems),
+            Rows::contiguous(qview, hq, d),
+            Rows::contiguous_mut(out.slice_mut(0..elems), hq, d),
         )?;
         Ok((Tensor::Device(out), ErrorReport::default()))
     }
@@ -1558,6 +2015,192 @@ fn no_graph_state() -> BackendError {
     BackendError::GraphUnsupported("no CUDA-graph state: call init_cuda_graph_state first".into())
 }
 
+/// The reserved engine metadata buffers, if they hold `shape`.
+fn engine_bufs<'a>(
+    engine: &'a mut Option<MetaBufs>,
+    shape: &EngineShape,
+) -> Result<&'a mut MetaBufs> {
+    let b = engine.as_mut().ok_or_else(|| {
+        crate::error::batch_err(
+            "batch_size",
+            "engine passes on the CUDA executor need reserve_engine_metadata first (no allocation inside a pass)",
+        )
+    })?;
+    if b.cap_bs < shape.bs || b.cap_tokens < shape.num_tokens {
+        return Err(crate::error::batch_err(
+            "batch_size",
+            format!(
+                "{} requests / {} tokens exceed the reserved engine metadata ({} / {}): call reserve_engine_metadata",
+                shape.bs, shape.num_tokens, b.cap_bs, b.cap_tokens
+            ),
+        ));
+    }
+    Ok(b)
+}
+
+/// The fused metadata launch of an engine pass, from the engine's views.
+fn launch_engine_metadata(
+    kernel: &GraphMetadataKernel,
+    batch: &EngineBatch<'_>,
+    bufs: &mut MetaBufs,
+    shape: &EngineShape,
+    page_size: usize,
+    errors: &mut DeviceErrors,
+) -> Result<()> {
+    let (gmode, write_cu_q) = meta_mode(shape.mode, shape.max_q)?;
+    let ragged = shape.mode == AttnMode::RaggedVerify;
+    let input = MetaIn {
+        rpi: batch.req_pool_indices.strided()?,
+        seq: batch.seq_lens.strided()?,
+        out_loc: batch.out_cache_loc.strided()?,
+        qlens: match (&batch.verify_lens, ragged) {
+            (Some(v), true) => Some(v.strided()?),
+            _ => None,
+        },
+        r2t: batch.req_to_token.strided()?,
+        pool_slots: None,
+        swa_map: batch
+            .swa
+            .as_ref()
+            .map(|m| m.full_to_swa.strided())
+            .transpose()?,
+        page_map: match batch.swa.as_ref().and_then(|m| m.page_map.as_ref()) {
+            Some(pm) => Some(pm.strided()?),
+            None => None,
+        },
+    };
+    launch_metadata_on(
+        kernel,
+        input,
+        MetaOut::of(bufs),
+        gmode,
+        write_cu_q,
+        shape.bs,
+        shape.num_tokens,
+        page_size,
+        errors,
+    )
+}
+
+/// The launchers and state one engine layer needs.
+struct EngineCx<'a> {
+    stream: &'a Arc<CudaStream>,
+    kv_write: &'a KvWriteKernel,
+    write_errors: &'a mut DeviceErrors,
+    decode: &'a PagedAttentionKernel,
+    context: &'a ContextKernel,
+    workspace: &'a mut CudaSlice<f32>,
+    ws_zero: &'a mut Option<(usize, usize)>,
+    attn_errors: &'a mut DeviceErrors,
+    model_dtype: HalfDtype,
+    page_size: usize,
+    context_len: usize,
+    decode_split: SplitMode,
+}
+
+/// One engine layer: the paged K/V write into the engine's caches (at the
+/// engine's `out_cache_loc`, or the SWA slots the metadata launch wrote),
+/// then attention from the engine's `q` into its `out`.
+#[allow(clippy::too_many_arguments)]
+fn engine_layer(
+    cx: &mut EngineCx<'_>,
+    plan: &LayerPlan,
+    sinks: Option<&CudaSlice<f32>>,
+    bufs: &MetaBufs,
+    shape: &EngineShape,
+    batch: &EngineBatch<'_>,
+    io: &mut EngineLayer<'_>,
+    save_kv: bool,
+) -> Result<()> {
+    let n = shape.num_tokens;
+    let (hq, d) = (plan.num_q_heads, plan.head_dim);
+    if let (true, Some(k), Some(v), true) = (save_kv, &io.k, &io.v, n > 0) {
+        let cache_loc = match (&bufs.swa_out, plan.is_swa) {
+            (Some(s), true) => Strided::contiguous("cache_loc", s.slice(0..n), [n])?,
+            _ => batch.out_cache_loc.strided()?,
+        };
+        let (k, v) = (k.strided()?, v.strided()?);
+        match &mut io.kv_cache {
+            crate::engine::EngineKvCache::Half { k: kc, v: vc } => {
+                let mut args = fp8_kv::PagedKvWriteArgs {
+                    k,
+                    v,
+                    cache_loc,
+                    k_cache: kc.strided_mut()?,
+                    v_cache: vc.strided_mut()?,
+                };
+                cx.kv_write
+                    .set_kv_buffer_paged(&mut args, cx.write_errors)?;
+            }
+            crate::engine::EngineKvCache::E4m3 { k: kc, v: vc } => {
+                let mut args = fp8_kv::PagedKvWriteArgs {
+                    k,
+                    v,
+                    cache_loc,
+                    k_cache: kc.strided_mut()?,
+                    v_cache: vc.strided_mut()?,
+                };
+                let dtype = match cx.model_dtype {
+                    HalfDtype::Bf16 => fp8_kv::KvDtype::Bf16,
+                    HalfDtype::F16 => fp8_kv::KvDtype::F16,
+                };
+                cx.kv_write.fused_fp8_set_kv_buffer_paged(
+                    &mut args,
+                    dtype,
+                    &plan.scales,
+                    cx.write_errors,
+                )?;
+            }
+        }
+    }
+    if shape.bs == 0 || n == 0 {
+        return Ok(());
+    }
+    let cu_q = match (&batch.cu_seqlens_q, shape.mode) {
+        (Some(c), AttnMode::Extend) => Some(c.device_view()?),
+        _ => None,
+    };
+    let tables = Tables::of(bufs, cu_q);
+    let q = Rows {
+        view: io.q.device_view()?,
+        strides: io.q.strides(),
+    };
+    let out_strides = io.out.strides();
+    let out = Rows {
+        view: io.out.device_view_mut()?,
+        strides: out_strides,
+    };
+    let (workspace, foreign) = match io.workspace.as_mut() {
+        Some(w) => (w.device_view_mut()?, true),
+        None => (cx.workspace.as_view_mut(), false),
+    };
+    let mut acx = AttnCx {
+        stream: cx.stream,
+        decode: cx.decode,
+        context: cx.context,
+        workspace,
+        ws_zero: cx.ws_zero,
+        errors: cx.attn_errors,
+        model_dtype: cx.model_dtype,
+        page_size: cx.page_size,
+        max_seq_len: cx.context_len,
+        decode_split: cx.decode_split,
+        timer: None,
+        q_scale: io.q_scale,
+        foreign_workspace: foreign,
+    };
+    let kv = KvSrc::Engine(&io.kv_cache);
+    let pass = PassShape {
+        mode: shape.mode,
+        bs: shape.bs,
+        rows: n,
+        max_q: shape.max_q,
+        decode_tail: shape.decode_tail,
+    };
+    let _ = (hq, d);
+    run_attention(&mut acx, plan, kv, sinks, &tables, pass, q, out)
+}
+
 /// `batch` padded to the bucket `key` (D3; ragged lengths per backend.md §5).
 pub(crate) fn pad_for(batch: &ForwardBatch, key: GraphKey) -> Result<ForwardBatch> {
     let mut b = batch.clone();
@@ -1652,7 +2295,7 @@ impl CudaExecutor {
                 stream,
                 decode,
                 context,
-                workspace,
+                workspace: workspace.as_view_mut(),
                 ws_zero,
                 errors: attn_errors,
                 model_dtype: *model_dtype,
@@ -1661,17 +2304,20 @@ impl CudaExecutor {
                 decode_split: *decode_split,
                 // Never inside a capture (see crate::part_timing).
                 timer: None,
+                q_scale: 1.0,
+                foreign_workspace: false,
             };
             let out_len = io.out.len();
+            let (hq, d) = (plan.num_q_heads, plan.head_dim);
             run_attention(
                 &mut cx,
                 plan,
-                &caches[l],
+                KvSrc::Own(&caches[l]),
                 sinks[l].as_ref(),
-                &g.bufs,
+                &Tables::of(&g.bufs, None),
                 shape,
-                io.q.slice(0..io.q.len()),
-                io.out.slice_mut(0..out_len),
+                Rows::contiguous(io.q.slice(0..io.q.len()), hq, d),
+                Rows::contiguous_mut(io.out.slice_mut(0..out_len), hq, d),
             )?;
         }
         Ok(())

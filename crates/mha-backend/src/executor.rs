@@ -13,6 +13,7 @@ use paged_attention::reference::{self as attn, HostKv, HostLayout, KvData};
 use paged_attention::HalfDtype;
 
 use crate::batch::{AttnMode, ForwardBatch};
+use crate::engine::{EngineBatch, EngineKvCache, EngineLayer, EngineShape};
 use crate::error::{BackendError, Result};
 use crate::graph::GraphKey;
 use crate::metadata::ForwardMetadata;
@@ -396,6 +397,71 @@ pub trait Executor: Send + std::fmt::Debug {
         Err(graphs_unsupported(self.kind()))
     }
 
+    /// Engine path: reserves the device metadata buffers of engine passes
+    /// of up to `max_bs` requests and `max_num_tokens` tokens (a device
+    /// executor never allocates inside an engine pass). A no-op on the CPU.
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] (allocation).
+    fn reserve_engine(&mut self, max_bs: usize, max_num_tokens: usize) -> Result<()> {
+        let _ = (max_bs, max_num_tokens);
+        Ok(())
+    }
+
+    /// Engine path: builds the device metadata of `batch` from the engine's
+    /// views (one fused launch; no host copy). A no-op on the CPU executor
+    /// (the backend built `shape.host`).
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] (placement, capacity, driver).
+    fn engine_metadata(&mut self, batch: &EngineBatch<'_>, shape: &EngineShape) -> Result<()> {
+        let _ = (batch, shape);
+        Ok(())
+    }
+
+    /// Engine path: one layer's K/V write (when `save_kv` and `io.k` /
+    /// `io.v` are given) into `io.kv_cache` and attention into `io.out`.
+    /// Shapes were checked by the backend.
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] (placement, strides, driver).
+    fn engine_forward(
+        &mut self,
+        plan: &LayerPlan,
+        shape: &EngineShape,
+        batch: &EngineBatch<'_>,
+        io: &mut EngineLayer<'_>,
+        save_kv: bool,
+    ) -> Result<ErrorReport>;
+
+    /// Engine path: captures one whole engine step as a CUDA graph (the
+    /// metadata launch from the engine's views, then every layer's write
+    /// and attention over `layers`), stored under `key`.
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`] on an executor without graphs.
+    fn capture_engine_graph(
+        &mut self,
+        key: GraphKey,
+        plans: &[LayerPlan],
+        shape: &EngineShape,
+        batch: &EngineBatch<'_>,
+        layers: &mut [EngineLayer<'_>],
+        save_kv: bool,
+    ) -> Result<()> {
+        let _ = (key, plans, shape, batch, layers, save_kv);
+        Err(graphs_unsupported(self.kind()))
+    }
+
+    /// Engine path: replays the engine graph of `key` (no host work but the launch).
+    ///
+    /// # Errors
+    /// [`BackendError::GraphUnsupported`]; driver errors.
+    fn replay_engine_graph(&mut self, key: GraphKey) -> Result<()> {
+        let _ = key;
+        Err(graphs_unsupported(self.kind()))
+    }
+
     /// Attention of `q` (`[meta.num_tokens, Hq, D]`) over the layer's paged
     /// cache with `meta`'s tables; returns `[num_tokens, Hq·D]` in the model dtype.
     ///
@@ -447,6 +513,35 @@ impl CpuExecutor {
             model_dtype,
             layers,
         }
+    }
+}
+
+/// `(bmm1, bmm2)` of a layer with query scale `q_scale`: the D8 resolver
+/// (`(q_scale · k_scale) · sm_scale, v_scale` for e4m3 caches), and
+/// `(q_scale · sm_scale, 1)` for 16-bit caches (where the resolver ignores
+/// `q_scale`, which upstream only sets for an e4m3 query); `q_scale = 1`
+/// gives exactly the owning path's scales.
+pub(crate) fn bmm_scales(plan: &LayerPlan, q_scale: f32) -> (f32, f32) {
+    match plan.scales.cache_dtype() {
+        KvCacheDtype::Fp8E4m3 => plan.scales.bmm_scales(q_scale, plan.sm_scale),
+        _ if q_scale == 1.0 => plan.scales.bmm_scales(1.0, plan.sm_scale),
+        _ => (q_scale * plan.sm_scale, 1.0),
+    }
+}
+
+/// The reference's query layout of a pass.
+fn host_layout(meta: &ForwardMetadata) -> HostLayout<'_> {
+    match meta.mode {
+        AttnMode::Decode | AttnMode::DraftDecode { .. } => HostLayout::Uniform { q_len_per_req: 1 },
+        AttnMode::TargetVerify { q_len } | AttnMode::DraftExtendV2 { q_len } => {
+            HostLayout::Uniform {
+                q_len_per_req: q_len,
+            }
+        }
+        AttnMode::RaggedVerify | AttnMode::Extend => HostLayout::Ragged {
+            cu_seqlens_q: &meta.cu_seqlens_q,
+            max_q_len: meta.max_seq_len_q,
+        },
     }
 }
 
@@ -550,20 +645,7 @@ impl Executor for CpuExecutor {
         } else {
             &meta.page_table
         };
-        let layout = match meta.mode {
-            AttnMode::Decode | AttnMode::DraftDecode { .. } => {
-                HostLayout::Uniform { q_len_per_req: 1 }
-            }
-            AttnMode::TargetVerify { q_len } | AttnMode::DraftExtendV2 { q_len } => {
-                HostLayout::Uniform {
-                    q_len_per_req: q_len,
-                }
-            }
-            AttnMode::RaggedVerify | AttnMode::Extend => HostLayout::Ragged {
-                cu_seqlens_q: &meta.cu_seqlens_q,
-                max_q_len: meta.max_seq_len_q,
-            },
-        };
+        let layout = host_layout(meta);
         let (bmm1, bmm2) = plan.scales.bmm_scales(1.0, plan.sm_scale);
         let input = attn::HostInputs {
             q,
@@ -594,6 +676,169 @@ impl Executor for CpuExecutor {
         let dt = self.model_dtype;
         let out = r.out.iter().map(|&x| dt.from_f64(x)).collect();
         Ok((Tensor::Host(out), r.errors))
+    }
+
+    fn engine_forward(
+        &mut self,
+        plan: &LayerPlan,
+        shape: &EngineShape,
+        batch: &EngineBatch<'_>,
+        io: &mut EngineLayer<'_>,
+        save_kv: bool,
+    ) -> Result<ErrorReport> {
+        let _ = batch;
+        let meta = shape
+            .host
+            .as_ref()
+            .ok_or_else(|| BackendError::Metadata("no host metadata of the engine pass".into()))?;
+        let mut errors = ErrorReport::default();
+        let (hq, hkv, d) = (plan.num_q_heads, plan.num_kv_heads, plan.head_dim);
+        let [pages, _, page_size, _] = io.kv_cache.shape();
+        if let (true, Some(k), Some(v)) = (save_kv, &io.k, &io.v) {
+            let loc: &[i64] = match (&meta.swa_out_cache_loc, plan.is_swa) {
+                (Some(s), true) => s,
+                _ => &meta.source_out_cache_loc,
+            };
+            fn rows<'a>(
+                t: &'a crate::engine::View<'_, u16, 3>,
+                d: usize,
+            ) -> Result<fp8_kv::reference::HostRows<'a>> {
+                let [_, _, sd] = t.strides();
+                if d > 1 && sd != 1 {
+                    return Err(KernelError::Stride {
+                        arg: t.arg(),
+                        detail: "last dim must be contiguous".into(),
+                    }
+                    .into());
+                }
+                Ok(fp8_kv::reference::HostRows {
+                    data: t.host()?,
+                    token_stride: t.strides()[0],
+                    head_stride: t.strides()[1],
+                })
+            }
+            let w = fp8_kv::reference::HostWrite {
+                cache_loc: loc,
+                num_kv_heads: hkv,
+                head_dim: d,
+                k: rows(k, d)?,
+                v: rows(v, d)?,
+            };
+            fn paged<'a, C>(
+                view: &'a mut crate::engine::ViewMut<'_, C, 4>,
+            ) -> Result<fp8_kv::reference::HostPagedCache<'a, C>> {
+                let [pages, _, p, _] = view.shape();
+                let [ps, hs, ts, _] = view.strides();
+                Ok(fp8_kv::reference::HostPagedCache {
+                    data: view.host_mut()?,
+                    num_pages: pages,
+                    page_size: p,
+                    page_stride: ps,
+                    head_stride: hs,
+                    token_stride: ts,
+                })
+            }
+            errors.merge(match &mut io.kv_cache {
+                EngineKvCache::Half { k, v } => {
+                    fp8_kv::reference::set_kv_buffer_paged(&w, &mut paged(k)?, &mut paged(v)?)
+                }
+                EngineKvCache::E4m3 { k, v } => {
+                    let dtype = match self.model_dtype {
+                        HalfDtype::Bf16 => fp8_kv::KvDtype::Bf16,
+                        HalfDtype::F16 => fp8_kv::KvDtype::F16,
+                    };
+                    fp8_kv::reference::fused_fp8_set_kv_buffer_paged(
+                        &w,
+                        dtype,
+                        &plan.scales,
+                        &mut paged(k)?,
+                        &mut paged(v)?,
+                    )
+                }
+            });
+        }
+        let rows = meta.num_tokens;
+        let mut out = vec![0u16; rows * hq * d];
+        if rows > 0 && meta.batch_size > 0 {
+            let (kd, vd, kshape, kstr, vstr) = match &io.kv_cache {
+                EngineKvCache::Half { k, v } => {
+                    let (kh, vh) = (k.host()?, v.host()?);
+                    match self.model_dtype {
+                        HalfDtype::Bf16 => (
+                            KvData::Bf16(kh),
+                            KvData::Bf16(vh),
+                            k.shape(),
+                            k.strides(),
+                            v.strides(),
+                        ),
+                        HalfDtype::F16 => (
+                            KvData::F16(kh),
+                            KvData::F16(vh),
+                            k.shape(),
+                            k.strides(),
+                            v.strides(),
+                        ),
+                    }
+                }
+                EngineKvCache::E4m3 { k, v } => (
+                    KvData::E4m3(k.host()?),
+                    KvData::E4m3(v.host()?),
+                    k.shape(),
+                    k.strides(),
+                    v.strides(),
+                ),
+            };
+            let _ = (pages, page_size);
+            let table = if plan.is_swa {
+                meta.swa_page_table.as_deref().unwrap_or(&meta.page_table)
+            } else {
+                &meta.page_table
+            };
+            let layout = host_layout(meta);
+            let (bmm1, bmm2) = bmm_scales(plan, io.q_scale);
+            let input = attn::HostInputs {
+                q: io.q.host()?,
+                q_dtype: self.model_dtype,
+                q_shape: [rows, hq, d],
+                q_strides: io.q.strides(),
+                k: HostKv {
+                    data: kd,
+                    shape: kshape,
+                    strides: kstr,
+                },
+                v: HostKv {
+                    data: vd,
+                    shape: kshape,
+                    strides: vstr,
+                },
+                page_table: table,
+                max_num_pages: meta.max_num_pages,
+                page_table_stride: meta.max_num_pages,
+                cache_seqlens: &meta.cache_seqlens,
+                layout,
+                bmm1_scale: bmm1,
+                bmm2_scale: bmm2,
+                window_left: plan.window_left,
+                sinks: plan.sinks.as_deref(),
+            };
+            let r = attn::attention(&input);
+            errors.merge(r.errors);
+            let dt = self.model_dtype;
+            for (o, &x) in out.iter_mut().zip(&r.out) {
+                *o = dt.from_f64(x);
+            }
+        }
+        // Into the engine's output, at its strides (every row, as the owning path).
+        let [so, sh, sd] = io.out.strides();
+        let dst = io.out.host_mut()?;
+        for t in 0..rows {
+            for h in 0..hq {
+                for x in 0..d {
+                    dst[t * so + h * sh + x * sd] = out[(t * hq + h) * d + x];
+                }
+            }
+        }
+        Ok(errors)
     }
 
     fn read_kv(&self, plan: &LayerPlan) -> Result<KvSnapshot> {

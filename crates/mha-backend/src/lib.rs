@@ -29,12 +29,64 @@
 //!   `req_to_token` and the SWA maps on the device (`req_to_token` kept
 //!   current by uploading only the changed entries — [`Pools::dirty_spans`]
 //!   — from pinned memory and scattering them with page-table's
-//!   `ScatterKernel`, so no stream sync; the SWA maps re-uploaded whole
-//!   when they change), builds the metadata with the
+//!   `ScatterKernel`, so no stream sync; the SWA slot and page maps kept
+//!   current the same way, from the map's change log
+//!   ([`swa_pool::SwaMapping::changed_pages_since`]) and swa-pool's
+//!   `SwaUpdateKernel`: one `(full_page, swa_page)` entry per changed page),
+//!   builds the metadata with the
 //!   fused graph-metadata kernel (one launch per pass in every mode), writes
 //!   K/V with fp8-kv and runs paged-attention's decode or context kernel.
 //!   `Device::Cuda(n)` builds it (no GPU: a typed error, never a CPU
 //!   fallback); `Device::Auto` builds it when a GPU is present.
+//! - Engine memory ([`EngineBatch`], [`EngineLayer`], [`View`] /
+//!   [`ViewMut`] over [`Mem`] / [`MemMut`]): the same passes over buffers
+//!   the serving engine owns — its `req_to_token` (any row stride),
+//!   `req_pool_indices`, `seq_lens`, `out_cache_loc`, `cu_seqlens_q` /
+//!   `verify_lens` and SWA maps, per-layer K/V caches as
+//!   `[num_pages, Hkv, P, D]` views of NHD or HND memory ([`KvLayout`],
+//!   any strides the kernels take), outputs and optionally the workspace.
+//!   [`MhaBackend::reserve_engine_metadata`] once, then per pass
+//!   [`MhaBackend::init_forward_metadata_engine`] and per layer
+//!   [`MhaBackend::forward_engine`]; [`MhaBackend::capture_engine_graph`] /
+//!   [`MhaBackend::replay_engine_graph`] for CUDA graphs. The backend's
+//!   [`Pools`] are not used on this path (page allocation is the engine's:
+//!   requests may share prefix pages). On the CUDA executor nothing is
+//!   copied to the host, synchronised or allocated inside a pass; on the
+//!   CPU executor the views are host memory and the results equal the
+//!   owning path's bit for bit.
+//!
+//!   ```no_run
+//!   # use mha_backend::*;
+//!   # fn step(b: &mut MhaBackend, gpu: &kernel_rt::Gpu, r2t: &kernel_rt::cudarc::driver::CudaSlice<i32>,
+//!   #   rpi: &kernel_rt::cudarc::driver::CudaSlice<i64>, seq: &kernel_rt::cudarc::driver::CudaSlice<i64>,
+//!   #   loc: &kernel_rt::cudarc::driver::CudaSlice<i64>, q: &kernel_rt::cudarc::driver::CudaSlice<u16>,
+//!   #   k_cache: &mut kernel_rt::cudarc::driver::CudaSlice<u16>, v_cache: &mut kernel_rt::cudarc::driver::CudaSlice<u16>,
+//!   #   out: &mut kernel_rt::cudarc::driver::CudaSlice<u16>) -> Result<()> {
+//!   // A decode step of 8 requests, 32/8/128 heads, P = 16, 4096 pages (NHD).
+//!   let batch = EngineBatch {
+//!       mode: AttnMode::Decode, batch_size: 8, num_tokens: 8, max_q_len: 1,
+//!       req_to_token: View::contiguous("req_to_token", Mem::Device(r2t.slice(..)), [257, 4096])?,
+//!       req_pool_indices: View::contiguous("req_pool_indices", Mem::Device(rpi.slice(..)), [8])?,
+//!       seq_lens: View::contiguous("seq_lens", Mem::Device(seq.slice(..)), [8])?,
+//!       out_cache_loc: View::contiguous("out_cache_loc", Mem::Device(loc.slice(..)), [8])?,
+//!       cu_seqlens_q: None, verify_lens: None, swa: None, decode_tail: 0,
+//!   };
+//!   b.reserve_engine_metadata(256, 8192)?; // once
+//!   b.init_forward_metadata_engine(&batch)?;
+//!   let (shape, strides) = ([4096, 16, 8, 128], [16 * 8 * 128, 8 * 128, 128, 1]);
+//!   let mut layer = EngineLayer {
+//!       q: View::contiguous("q", Mem::Device(q.slice(..)), [8, 32, 128])?,
+//!       k: None, v: None, // the engine wrote K/V itself, or pass them to be written
+//!       kv_cache: EngineKvCache::Half {
+//!           k: ViewMut::kv_cache("k_cache", MemMut::Device(k_cache.as_view_mut()), KvLayout::Nhd, shape, strides)?,
+//!           v: ViewMut::kv_cache("v_cache", MemMut::Device(v_cache.as_view_mut()), KvLayout::Nhd, shape, strides)?,
+//!       },
+//!       out: ViewMut::contiguous("out", MemMut::Device(out.as_view_mut()), [8, 32, 128])?,
+//!       workspace: None, q_scale: 1.0,
+//!   };
+//!   b.forward_engine(0, &mut layer, &batch, true)?; // stream-ordered, no sync
+//!   # let _ = gpu; Ok(()) }
+//!   ```
 //! - CUDA graphs ([`MhaBackend::init_cuda_graph_state`],
 //!   [`MhaBackend::capture_cuda_graph`], [`MhaBackend::replay_cuda_graph`],
 //!   [`GraphKey`] / [`GraphKind`]): one graph per bucket and mode holding a
@@ -96,6 +148,7 @@ mod backend;
 mod batch;
 mod config;
 mod cuda;
+mod engine;
 mod error;
 mod executor;
 mod graph;
@@ -111,6 +164,10 @@ pub use config::{
     MAX_GROUP, WORKSPACE_ENV,
 };
 pub use cuda::CudaExecutor;
+pub use engine::{
+    EngineBatch, EngineKvCache, EngineLayer, EngineShape, EngineSwaMap, KvLayout, Mem, MemMut,
+    View, ViewMut,
+};
 pub use error::{BackendError, Result};
 pub use executor::{
     CpuExecutor, Device, DeviceMetadata, Executor, ExecutorKind, KvLoc, KvSnapshot, LayerPlan,

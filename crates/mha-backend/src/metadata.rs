@@ -165,6 +165,35 @@ pub(crate) fn resolve_mode(batch: &ForwardBatch, step_id: u32) -> Result<AttnMod
     Ok(AttnMode::Extend)
 }
 
+/// The host tables a metadata build reads: `req_to_token` `[rows, width]`
+/// (row stride `stride`), `P`, the full→SWA map and the pool's slot count
+/// (page-table's D9 check; `None` = unchecked).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tables<'a> {
+    pub req_to_token: &'a [i32],
+    pub rows: usize,
+    pub width: usize,
+    pub stride: usize,
+    pub page_size: usize,
+    pub full_to_swa: Option<&'a [i64]>,
+    pub pool_slots: Option<usize>,
+}
+
+impl<'a> Tables<'a> {
+    /// The tables of the backend's own pools.
+    pub(crate) fn of(pools: &'a Pools) -> Self {
+        Self {
+            req_to_token: pools.req_to_token(),
+            rows: pools.req_to_token_rows(),
+            width: pools.req_to_token_width(),
+            stride: pools.req_to_token_width(),
+            page_size: pools.page_size(),
+            full_to_swa: pools.swa_mapping().map(|s| s.map()),
+            pool_slots: Some(pools.full_slots()),
+        }
+    }
+}
+
 /// Builds the eager metadata of `batch` (backend.md §3) against `pools`.
 pub(crate) fn build(
     batch: &ForwardBatch,
@@ -172,10 +201,20 @@ pub(crate) fn build(
     max_num_pages: usize,
     step_id: u32,
 ) -> Result<ForwardMetadata> {
+    build_on(batch, &Tables::of(pools), max_num_pages, step_id)
+}
+
+/// Builds the eager metadata of `batch` (backend.md §3) against `tables`.
+pub(crate) fn build_on(
+    batch: &ForwardBatch,
+    pools: &Tables<'_>,
+    max_num_pages: usize,
+    step_id: u32,
+) -> Result<ForwardMetadata> {
     batch.check_lengths()?;
     let bs = batch.batch_size;
     let mode = resolve_mode(batch, step_id)?;
-    let rows = pools.req_to_token_rows() as i64;
+    let rows = pools.rows as i64;
     for (i, &r) in batch.req_pool_indices.iter().enumerate() {
         if !(0..rows).contains(&r) {
             return Err(batch_err(
@@ -284,7 +323,7 @@ pub(crate) fn build(
             ),
         ));
     }
-    let context = pools.req_to_token_width();
+    let context = pools.width;
     for (i, &c) in cache_seqlens.iter().enumerate() {
         if c as usize > context {
             return Err(batch_err(
@@ -296,20 +335,20 @@ pub(crate) fn build(
 
     // Page tables: the eager builder (page-table reference) over the live map.
     let m = max_num_pages;
-    let map = pools.swa_mapping().map(|s| s.map());
+    let map = pools.full_to_swa;
     let mut page_table = vec![0i32; bs * m];
     let mut swa_page_table = map.map(|_| vec![0i32; bs * m]);
     let input = page_table::reference::HostInputs {
-        req_to_token: pools.req_to_token(),
-        req_to_token_rows: pools.req_to_token_rows(),
-        req_to_token_width: pools.req_to_token_width(),
-        req_to_token_stride: pools.req_to_token_width(),
+        req_to_token: pools.req_to_token,
+        req_to_token_rows: pools.rows,
+        req_to_token_width: pools.width,
+        req_to_token_stride: pools.stride,
         req_pool_indices: &batch.req_pool_indices,
         cache_seqlens: &cache_seqlens,
-        page_size: pools.page_size(),
+        page_size: pools.page_size,
         max_num_pages: m,
         full_to_swa: map,
-        pool_slots: Some(pools.full_slots()),
+        pool_slots: pools.pool_slots,
     };
     let mut errors = page_table::reference::build_page_table(
         &input,

@@ -126,3 +126,26 @@ extern "C" __global__ void __launch_bounds__(256) swa_pool_translate_pages(const
         dst[page] = swa_page;
     }
 }
+
+// ---- map update: apply (full_page, swa_page) entries ----
+// Spec: swa-pool.md has no update kernel; the crate docs (src/lib.rs,
+// "Updating the map on the device") define it.
+
+// One thread per map element (entry e, offset o), grid-stride; 1-D grid.
+extern "C" __global__ void __launch_bounds__(256) swa_pool_update_pages(const SwaUpdateParams p) {
+    const i64 P = p.page_size;
+    const i64 total = p.n * P;
+    const i64 step = (i64)gridDim.x * blockDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
+        const i64 e = i / P;
+        const i64 o = i - e * P;
+        const longlong2 ent = reinterpret_cast<const longlong2*>(p.entries)[e];
+        const i64 page = ent.x, swa = ent.y;
+        if (page < 0 || page >= p.num_full_pages || swa < 0 || swa >= p.num_swa_pages) {
+            if (o == 0) mha_kit::report_error(p.errors, SWA_BAD_UPDATE);
+            continue;
+        }
+        p.full_to_swa[page * P + o] = swa == 0 ? 0 : swa * P + o;
+        if (o == 0 && p.page_map != nullptr) p.page_map[page] = (i32)swa;
+    }
+}

@@ -5,13 +5,14 @@
 #include "mha_kit/common.cuh"
 
 // Flag bits of the device error word: swa_pool::ErrorFlags (`SWA_*`).
-#define SWA_OUTSIDE_MAP        1u  // A read index at or past `N_map − 1` (a location or a sampled slot outside the map): written as the dummy slot / page 0 (once per entry).
-#define SWA_BELOW_SENTINEL     2u  // A token location below −1: written as 0 (once per entry).
-#define SWA_NEGATIVE_SLOT      4u  // Page table: a negative sampled slot: SWA page −1 (once per entry).
-#define SWA_BAD_REQUEST_INDEX  8u  // `req_pool_indices[i]` outside `[0, R)`: the row is skipped (once per row).
-#define SWA_NEGATIVE_SEQLEN   16u  // `cache_seqlens[i] < 0`: the row has no live page (once per row).
-#define SWA_ROW_CLAMPED       32u  // `ceil(L / P) > max_num_pages`: the row is clamped (once per row).
-#define SWA_ROW_PAST_WIDTH    64u  // A live page would read position `p·P ≥ W`: clamped to `ceil(W / P)` (once per row).
+#define SWA_OUTSIDE_MAP         1u  // A read index at or past `N_map − 1` (a location or a sampled slot outside the map): written as the dummy slot / page 0 (once per entry).
+#define SWA_BELOW_SENTINEL      2u  // A token location below −1: written as 0 (once per entry).
+#define SWA_NEGATIVE_SLOT       4u  // Page table: a negative sampled slot: SWA page −1 (once per entry).
+#define SWA_BAD_REQUEST_INDEX   8u  // `req_pool_indices[i]` outside `[0, R)`: the row is skipped (once per row).
+#define SWA_NEGATIVE_SEQLEN    16u  // `cache_seqlens[i] < 0`: the row has no live page (once per row).
+#define SWA_ROW_CLAMPED        32u  // `ceil(L / P) > max_num_pages`: the row is clamped (once per row).
+#define SWA_ROW_PAST_WIDTH     64u  // A live page would read position `p·P ≥ W`: clamped to `ceil(W / P)` (once per row).
+#define SWA_BAD_UPDATE        128u  // Map update: an entry whose full page or SWA page is out of range is skipped (once per entry).
 
 // swa_pool::SwaLocParams (56 bytes).
 struct SwaLocParams {
@@ -68,3 +69,25 @@ static_assert(sizeof(SwaPageParams::bs) == 4 && alignof(decltype(SwaPageParams::
 static_assert(sizeof(SwaPageParams::max_num_pages) == 4 && alignof(decltype(SwaPageParams::max_num_pages)) == 4, "SwaPageParams::max_num_pages (offset 92): size or alignment differs from Rust");
 static_assert(sizeof(SwaPageParams::page_size) == 4 && alignof(decltype(SwaPageParams::page_size)) == 4, "SwaPageParams::page_size (offset 96): size or alignment differs from Rust");
 static_assert(sizeof(SwaPageParams::reserved) == 4 && alignof(decltype(SwaPageParams::reserved)) == 4, "SwaPageParams::reserved (offset 100): size or alignment differs from Rust");
+
+// swa_pool::SwaUpdateParams (64 bytes).
+struct SwaUpdateParams {
+    i64* full_to_swa;    // `[N_map]` full→SWA slot map.
+    i32* page_map;       // `[N_map / P]` full page → SWA page map, or 0.
+    const i64* entries;  // `[n, 2]` `(full_page, swa_page)` entries.
+    u32* errors;         // `[2]` error word.
+    i64 n;               // Entries.
+    i64 num_full_pages;  // Full pages the map covers, `(N_map − 1) / P` (the dummy page 0 included).
+    i64 num_swa_pages;   // SWA pages, the dummy page 0 included (`swa_page < num_swa_pages`).
+    i64 page_size;       // `P`.
+};
+static_assert(sizeof(SwaUpdateParams) == 64, "SwaUpdateParams: size differs from Rust");
+static_assert(alignof(SwaUpdateParams) == 8, "SwaUpdateParams: alignment differs from Rust");
+static_assert(sizeof(SwaUpdateParams::full_to_swa) == 8 && alignof(decltype(SwaUpdateParams::full_to_swa)) == 8, "SwaUpdateParams::full_to_swa (offset 0): size or alignment differs from Rust");
+static_assert(sizeof(SwaUpdateParams::page_map) == 8 && alignof(decltype(SwaUpdateParams::page_map)) == 8, "SwaUpdateParams::page_map (offset 8): size or alignment differs from Rust");
+static_assert(sizeof(SwaUpdateParams::entries) == 8 && alignof(decltype(SwaUpdateParams::entries)) == 8, "SwaUpdateParams::entries (offset 16): size or alignment differs from Rust");
+static_assert(sizeof(SwaUpdateParams::errors) == 8 && alignof(decltype(SwaUpdateParams::errors)) == 8, "SwaUpdateParams::errors (offset 24): size or alignment differs from Rust");
+static_assert(sizeof(SwaUpdateParams::n) == 8 && alignof(decltype(SwaUpdateParams::n)) == 8, "SwaUpdateParams::n (offset 32): size or alignment differs from Rust");
+static_assert(sizeof(SwaUpdateParams::num_full_pages) == 8 && alignof(decltype(SwaUpdateParams::num_full_pages)) == 8, "SwaUpdateParams::num_full_pages (offset 40): size or alignment differs from Rust");
+static_assert(sizeof(SwaUpdateParams::num_swa_pages) == 8 && alignof(decltype(SwaUpdateParams::num_swa_pages)) == 8, "SwaUpdateParams::num_swa_pages (offset 48): size or alignment differs from Rust");
+static_assert(sizeof(SwaUpdateParams::page_size) == 8 && alignof(decltype(SwaUpdateParams::page_size)) == 8, "SwaUpdateParams::page_size (offset 56): size or alignment differs from Rust");

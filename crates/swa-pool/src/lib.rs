@@ -34,11 +34,26 @@
 //!
 //! - [`SwaLocKernel`] / [`SwaLocArgs`]: token-location translation;
 //! - [`SwaPageKernel`] / [`SwaPageArgs`]: page-id translation of a row set;
+//! - [`SwaUpdateKernel`] / [`SwaUpdateArgs`]: the device maps updated
+//!   from the changed full pages;
 //! - [`reference`](mod@reference): the CPU definitions the GPU must match bit for bit.
+//!
+//! ## Updating the map on the device
+//!
+//! The map changes a whole full page at a time (allocation, freeing,
+//! eviction), so a device copy is kept current from `(full_page F,
+//! swa_page S)` entries, the current mapping of each page changed since the
+//! last update ([`SwaMapping::changed_pages_since`] lists them): one launch
+//! writes `full_to_swa[F·P + o] = S·P + o` (0 when `S = 0`) and, when given,
+//! `page_map[F] = S`, so a device user uploads `16·k` bytes from pinned
+//! memory for `k` changed pages instead of the whole map from pageable
+//! memory (which synchronises the stream). Out-of-range pages are skipped
+//! and counted ([`ErrorFlags::BAD_UPDATE`]).
 
 mod launch;
 mod mapping;
 pub mod reference;
+mod update;
 
 pub use launch::{
     loc_launch_config, page_launch_config, validate_loc, validate_pages, SwaLocArgs, SwaLocKernel,
@@ -46,6 +61,10 @@ pub use launch::{
     MAX_LOC_BLOCKS,
 };
 pub use mapping::{EvictionPolicy, LayersMapping, SwaError, SwaMapping};
+pub use update::{
+    update_launch_config, validate_update, SwaUpdateArgs, SwaUpdateKernel, SwaUpdateParams,
+    UPDATE_BLOCK_THREADS,
+};
 
 /// The embedded PTX of this family (`cargo xtask ptx-build`).
 pub const PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
@@ -68,11 +87,19 @@ pub const ABI: kernel_rt::abi::Header = kernel_rt::abi::Header {
         c_prefix: "SWA_",
         flags: ErrorFlags::ABI,
     }],
-    structs: &[launch::SwaLocParams::ABI, launch::SwaPageParams::ABI],
+    structs: &[
+        launch::SwaLocParams::ABI,
+        launch::SwaPageParams::ABI,
+        update::SwaUpdateParams::ABI,
+    ],
 };
 
 /// Kernel entry point names used by the launchers (pinned by a CPU test).
-pub const KERNEL_NAMES: &[&str] = &["swa_pool_translate_loc", "swa_pool_translate_pages"];
+pub const KERNEL_NAMES: &[&str] = &[
+    "swa_pool_translate_loc",
+    "swa_pool_translate_pages",
+    "swa_pool_update_pages",
+];
 
 /// Flag bits of the swa-pool family in the device error word
 /// (generated for C as `SWA_*` into `kernels/swa_pool_abi.cuh`).
@@ -96,6 +123,9 @@ kernel_rt::abi_flags! {
         pub const ROW_CLAMPED: Self = Self(32);
         /// A live page would read position `p·P ≥ W`: clamped to `ceil(W / P)` (once per row).
         pub const ROW_PAST_WIDTH: Self = Self(64);
+        /// Map update: an entry whose full page or SWA page is out of range
+        /// is skipped (once per entry).
+        pub const BAD_UPDATE: Self = Self(128);
     }
 }
 

@@ -101,7 +101,17 @@ pub struct SwaMapping {
     swa_page_of: Vec<usize>,
     /// Free SWA pages, allocated from the front, returned to the back.
     free: VecDeque<usize>,
+    /// Change counter: bumped by every page (un)mapping.
+    version: u64,
+    /// `(version, full page)` of each change after `log_floor`, by version.
+    log: Vec<(u64, usize)>,
+    /// The log holds every change made after this version.
+    log_floor: u64,
 }
+
+/// Most entries the change log keeps before it is dropped (a consumer then
+/// re-reads the whole map): twice the pages, at least this many.
+const MIN_LOG_CAP: usize = 1024;
 
 impl SwaMapping {
     /// An empty map for a full pool of `size` slots and an SWA pool of
@@ -132,7 +142,55 @@ impl SwaMapping {
             map,
             swa_page_of: vec![0; size / page_size + 1],
             free: (1..=size_swa / page_size).collect(),
+            version: 0,
+            log: Vec::new(),
+            log_floor: 0,
         })
+    }
+
+    /// Change counter of the map: bumped once per full page mapped or
+    /// unmapped (and by [`Self::clear`]). A device copy records the version
+    /// it holds and asks [`Self::changed_pages_since`] what to update.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The full pages whose mapping changed after version `since`, sorted,
+    /// each once (their current SWA page is [`Self::swa_page_of`], `None` =
+    /// unmapped); `None` when the change log no longer reaches back to
+    /// `since` (after [`Self::clear`], or when more than `max(1024, 2 ·
+    /// pages)` changes piled up): the caller then re-reads the whole map.
+    pub fn changed_pages_since(&self, since: u64) -> Option<Vec<usize>> {
+        if since < self.log_floor {
+            return None;
+        }
+        let i = self.log.partition_point(|&(v, _)| v <= since);
+        let mut pages: Vec<usize> = self.log[i..].iter().map(|&(_, p)| p).collect();
+        pages.sort_unstable();
+        pages.dedup();
+        Some(pages)
+    }
+
+    /// The current mapping of `pages` as the `(full_page, swa_page)` pairs
+    /// [`crate::SwaUpdateKernel`] takes, flattened (`[2·k]` i64; SWA page 0 =
+    /// unmapped).
+    pub fn update_entries(&self, pages: &[usize]) -> Vec<i64> {
+        pages
+            .iter()
+            .flat_map(|&p| {
+                let s = self.swa_page_of.get(p).copied().unwrap_or(0);
+                [p as i64, s as i64]
+            })
+            .collect()
+    }
+
+    fn log_change(&mut self, page: usize) {
+        self.version += 1;
+        self.log.push((self.version, page));
+        if self.log.len() > MIN_LOG_CAP.max(2 * self.swa_page_of.len()) {
+            self.log.clear();
+            self.log_floor = self.version;
+        }
     }
 
     /// Full pool slots `size` (without the `P` padding slots).
@@ -204,6 +262,7 @@ impl SwaMapping {
     fn map_page(&mut self, page: usize, swa_page: usize) {
         let p = self.page_size;
         self.swa_page_of[page] = swa_page;
+        self.log_change(page);
         for o in 0..p {
             self.map[page * p + o] = (swa_page * p + o) as i64;
         }
@@ -217,6 +276,7 @@ impl SwaMapping {
         let p = self.page_size;
         self.map[page * p..(page + 1) * p].fill(0);
         self.free.push_back(swa);
+        self.log_change(page);
         true
     }
 
@@ -397,6 +457,9 @@ impl SwaMapping {
         self.map[len - 1] = -1;
         self.swa_page_of.fill(0);
         self.free = (1..=self.size_swa / self.page_size).collect();
+        self.version += 1;
+        self.log.clear();
+        self.log_floor = self.version;
     }
 
     /// Uploads the map to a new device buffer `[size + P + 1]` i64 on `gpu`'s

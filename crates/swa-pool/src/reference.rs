@@ -140,3 +140,39 @@ pub fn translate_pages(
     }
     err
 }
+
+/// The map update ([`crate::SwaUpdateKernel`]): for each `(F, S)` pair of
+/// `entries` (`[n, 2]` flattened) with `F < (full_to_swa.len() − 1) / P`
+/// and `S < num_swa_pages`, sets `full_to_swa[F·P + o] = S·P + o` for `o <
+/// P` (0 when `S = 0`) and `page_map[F] = S`; other entries are skipped and
+/// counted once ([`ErrorFlags::BAD_UPDATE`]). Returns the error word the
+/// GPU would hold (from zero).
+///
+/// # Panics
+/// When `page_size == 0` or `entries` has an odd length (a test-setup bug).
+pub fn update_pages(
+    full_to_swa: &mut [i64],
+    mut page_map: Option<&mut [i32]>,
+    page_size: usize,
+    num_swa_pages: usize,
+    entries: &[i64],
+) -> ErrorReport {
+    assert!(page_size > 0 && entries.len() % 2 == 0, "bad update setup");
+    let p = page_size as i64;
+    let pages = (full_to_swa.len() as i64 - 1).max(0) / p;
+    let mut err = ErrorReport::default();
+    for e in entries.chunks_exact(2) {
+        let (page, swa) = (e[0], e[1]);
+        if page < 0 || page >= pages || swa < 0 || swa >= num_swa_pages as i64 {
+            report(&mut err, ErrorFlags::BAD_UPDATE);
+            continue;
+        }
+        for o in 0..p {
+            full_to_swa[(page * p + o) as usize] = if swa == 0 { 0 } else { swa * p + o };
+        }
+        if let Some(m) = page_map.as_deref_mut() {
+            m[page as usize] = swa as i32;
+        }
+    }
+    err
+}

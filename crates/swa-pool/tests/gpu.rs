@@ -9,8 +9,11 @@ use kernel_rt::testing::{gpu_trial, run_trials, upload, OrFail};
 use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use swa_pool::reference::{translate_locs, translate_pages, PageInputs};
-use swa_pool::{EvictionPolicy, SwaLocArgs, SwaLocKernel, SwaMapping, SwaPageArgs, SwaPageKernel};
+use swa_pool::reference::{translate_locs, translate_pages, update_pages, PageInputs};
+use swa_pool::{
+    EvictionPolicy, SwaLocArgs, SwaLocKernel, SwaMapping, SwaPageArgs, SwaPageKernel,
+    SwaUpdateArgs, SwaUpdateKernel,
+};
 
 const POISON32: i32 = -0x5A5A_5A5A;
 const POISON64: i64 = -0x5A5A_5A5A_5A5A_5A5A;
@@ -585,6 +588,77 @@ fn main() {
             let mut small = s.alloc_zeros::<i64>(3).or_fail("alloc")?;
             if m.upload_into(gpu, &mut small).is_ok() {
                 return Err("upload_into a [3] buffer was accepted".into());
+            }
+            Ok(())
+        }),
+        gpu_trial("page_updates_keep_the_device_maps_exact", |gpu| {
+            // Random alloc / free / evict sequences; after each, the changed
+            // pages (plus a few out-of-range entries) go through the update
+            // kernel; device slot map and page map == host, error word == reference.
+            let uk = SwaUpdateKernel::new(gpu).or_fail("load")?;
+            let s = gpu.stream();
+            for (seed, p) in [(1u64, 1usize), (2, 4), (3, 16), (4, 5)] {
+                // xorshift64: no rand dependency in this crate.
+                let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut next = move || {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x
+                };
+                let pages = 40;
+                let mut m = SwaMapping::new(pages * p, 24 * p, p).or_fail("map")?;
+                let mut dev = m.upload(gpu).or_fail("upload")?;
+                let mut dev_pm = s.clone_htod(&m.page_map()).or_fail("htod")?;
+                let mut synced = m.version();
+                let mut want_err = ErrorReport::default();
+                let mut errors = DeviceErrors::new(gpu).or_fail("alloc")?;
+                for step in 0..200 {
+                    let slot = (p + (next() as usize) % (pages * p)) as i64;
+                    let _ = if next() % 10 < 6 {
+                        m.alloc_slots(&[slot]).map(|_| ())
+                    } else {
+                        m.free_slots(&[slot]).map(|_| ())
+                    };
+                    let changed = m.changed_pages_since(synced).ok_or("log lost")?;
+                    let mut e = m.update_entries(&changed);
+                    if step % 17 == 0 {
+                        e.extend([pages as i64 + 1, 1, 1, 99, -3, 0]);
+                    }
+                    synced = m.version();
+                    if e.is_empty() {
+                        continue;
+                    }
+                    let mut ref_map = s.clone_dtoh(&dev).or_fail("dtoh")?;
+                    let mut ref_pm = s.clone_dtoh(&dev_pm).or_fail("dtoh")?;
+                    want_err.merge(update_pages(&mut ref_map, Some(&mut ref_pm), p, 25, &e));
+                    let ent = s.clone_htod(&e).or_fail("htod")?;
+                    let (n_map, n_pm) = (dev.len(), dev_pm.len());
+                    let mut args = SwaUpdateArgs {
+                        full_to_swa: StridedMut::of("full_to_swa", &mut dev, [n_map])
+                            .or_fail("view")?,
+                        page_map: Some(
+                            StridedMut::of("page_map", &mut dev_pm, [n_pm]).or_fail("view")?,
+                        ),
+                        entries: Strided::of("entries", &ent, [e.len() / 2, 2]).or_fail("view")?,
+                        page_size: p,
+                        num_swa_pages: 25,
+                    };
+                    uk.launch(&mut args, &mut errors).or_fail("launch")?;
+                    let got = s.clone_dtoh(&dev).or_fail("dtoh")?;
+                    let got_pm = s.clone_dtoh(&dev_pm).or_fail("dtoh")?;
+                    if got != m.map()
+                        || got != ref_map
+                        || got_pm != m.page_map()
+                        || got_pm != ref_pm
+                    {
+                        return Err(format!("P {p} step {step}: device maps differ from host"));
+                    }
+                }
+                let e = errors.read().or_fail("read")?;
+                if e != want_err || want_err.is_clean() {
+                    return Err(format!("P {p}: errors {e:?}, want {want_err:?}"));
+                }
             }
             Ok(())
         }),

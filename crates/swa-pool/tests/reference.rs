@@ -5,11 +5,13 @@
 
 use kernel_rt::ErrorReport;
 use proptest::prelude::*;
-use swa_pool::reference::{translate_locs, translate_one, translate_pages, PageInputs};
+use swa_pool::reference::{
+    translate_locs, translate_one, translate_pages, update_pages, PageInputs,
+};
 use swa_pool::{
     loc_launch_config, page_launch_config, ErrorFlags, EvictionPolicy, LayersMapping, SwaError,
-    SwaLocParams, SwaMapping, SwaPageParams, BLOCK_THREADS, KERNEL_NAMES, LOC_UNROLL,
-    MAX_LOC_BLOCKS, PTX,
+    SwaLocParams, SwaMapping, SwaPageParams, SwaUpdateParams, BLOCK_THREADS, KERNEL_NAMES,
+    LOC_UNROLL, MAX_LOC_BLOCKS, PTX,
 };
 
 const POISON: i32 = -0x5A5A_5A5A;
@@ -422,6 +424,33 @@ fn params_layout_matches_cuda() {
     assert_eq!(offset_of!(SwaPageParams, page_size), 96);
     assert!(PTX.ptx.contains("swa_pool_translate_loc_param_0[56]"));
     assert!(PTX.ptx.contains("swa_pool_translate_pages_param_0[104]"));
+    assert_eq!(size_of::<SwaUpdateParams>(), 64);
+    assert_eq!(offset_of!(SwaUpdateParams, errors), 24);
+    assert_eq!(offset_of!(SwaUpdateParams, n), 32);
+    assert_eq!(offset_of!(SwaUpdateParams, page_size), 56);
+    assert!(PTX.ptx.contains("swa_pool_update_pages_param_0[64]"));
+}
+
+/// Out-of-range update entries are skipped and counted once each; the
+/// sentinel and other pages stay untouched.
+#[test]
+fn bad_update_entries_are_counted_never_written() {
+    let mut m = SwaMapping::new(8, 8, 4).unwrap();
+    m.alloc_pages(&[1, 2]).unwrap();
+    let mut map = m.map().to_vec();
+    let mut pm = m.page_map();
+    let before = (map.clone(), pm.clone());
+    // Page 3 is past the 3 full pages; SWA page 3 is past the 3 SWA pages; -1.
+    let err = update_pages(&mut map, Some(&mut pm), 4, 3, &[3, 1, 1, 3, -1, 0, 2, -2]);
+    assert_eq!(err.count, 4);
+    assert_eq!(err.flags, ErrorFlags::BAD_UPDATE.bits());
+    assert_eq!((map.clone(), pm.clone()), before);
+    // A valid entry: page 2 → SWA page 0 (unmapped) zeroes its slots.
+    let err = update_pages(&mut map, Some(&mut pm), 4, 3, &[2, 0]);
+    assert!(err.is_clean());
+    assert_eq!(&map[8..12], &[0, 0, 0, 0]);
+    assert_eq!(pm[2], 0);
+    assert_eq!(*map.last().unwrap(), -1);
 }
 
 #[test]
@@ -530,6 +559,51 @@ proptest! {
             prop_assert!(err.is_clean());
             prop_assert_eq!(out[0], -1);
             prop_assert_eq!(&out[1..], &m.map()[..slots as usize]);
+        }
+    }
+
+    /// A mirror of the slot map and of the page map kept current by
+    /// `changed_pages_since` + `update_pages` (what a device copy does)
+    /// equals the host maps after every operation; when the log does not
+    /// reach back (clear), the mirror re-reads the whole map.
+    #[test]
+    fn page_updates_keep_a_mirror_exact(
+        p in prop_oneof![Just(1usize), Just(4), Just(16), 1usize..=9],
+        pages in 1usize..=10,
+        swa_pages in 0usize..=8,
+        seed_ops in proptest::collection::vec(op(200), 1..30),
+        sync_every in 1usize..4,
+    ) {
+        let mut m = SwaMapping::new(pages * p, swa_pages * p, p).unwrap();
+        let slots = (pages * p + p) as i64;
+        let mut mirror = m.map().to_vec();
+        let mut page_mirror = m.page_map();
+        let mut synced = m.version();
+        for (i, o) in seed_ops.into_iter().enumerate() {
+            let clamp = |l: &[i64]| l.iter().map(|&s| if s >= 0 { s % (slots + 2) } else { s }).collect::<Vec<_>>();
+            let _ = match &o {
+                Op::Alloc(l) => m.alloc_slots(&clamp(l)).map(|_| ()),
+                Op::Free(l) => m.free_slots(&clamp(l)).map(|_| ()),
+                Op::Tail(l, k) => m.alloc_tail(&clamp(l), *k).map(|_| ()),
+                Op::Clear => { m.clear(); Ok(()) }
+            };
+            if i % sync_every != 0 {
+                continue;
+            }
+            match m.changed_pages_since(synced) {
+                Some(changed) => {
+                    let e = m.update_entries(&changed);
+                    let err = update_pages(&mut mirror, Some(&mut page_mirror), p, swa_pages + 1, &e);
+                    prop_assert!(err.is_clean());
+                }
+                None => {
+                    mirror = m.map().to_vec();
+                    page_mirror = m.page_map();
+                }
+            }
+            synced = m.version();
+            prop_assert_eq!(&mirror, m.map());
+            prop_assert_eq!(&page_mirror, &m.page_map());
         }
     }
 
