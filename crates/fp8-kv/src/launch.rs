@@ -648,7 +648,14 @@ impl KvWriteKernel {
     ) -> Result<()> {
         let params = validate_paged(args)?;
         let views = self.paged_views(args);
-        self.launch_views(self.gpu.stream(), &self.set_kv, views, params, false, errors)
+        self.launch_views(
+            self.gpu.stream(),
+            &self.set_kv,
+            views,
+            params,
+            false,
+            errors,
+        )
     }
 
     /// The fused FP8 write into paged e4m3 cache views

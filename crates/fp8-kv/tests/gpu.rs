@@ -1000,7 +1000,14 @@ fn paged_layouts(gpu: &Arc<Gpu>) -> Result<(), String> {
         let len = (pages - 1) * strides[0] + (hkv - 1) * strides[1] + (p - 1) * strides[2] + d;
         let slots = pages * p;
         let n = 2 * slots / 3 + 1;
-        let mut loc: Vec<i64> = (0..n).map(|_| (next() % slots as u64) as i64).collect();
+        // Distinct slots (a batch never writes one slot twice; with a
+        // repeated slot the order of the two writes is unspecified): the
+        // first n of a random permutation.
+        let mut perm: Vec<i64> = (0..slots as i64).collect();
+        for i in (1..slots).rev() {
+            perm.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        let mut loc: Vec<i64> = perm[..n].to_vec();
         loc[0] = slots as i64; // outside the pool
         if n > 2 {
             loc[2] = -1;

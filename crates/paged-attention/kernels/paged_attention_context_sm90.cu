@@ -28,9 +28,10 @@
 //    pages are zero-filled and masked (TMA: whole pages are read, keys past
 //    the range masked). e4m3 K/V (F8; setmaxnreg 72 / 216 at D 64 / 128):
 //    the same gather lands 8-bit tiles in a staging ring; each producer
-//    thread converts the chunks it copied to the Q dtype into the 16-bit
-//    ring slot (fence.proxy.async, then the full barrier), so the
-//    consumers run unchanged.
+//    thread converts the chunks it copied to f16 into the 16-bit ring slot
+//    (fence.proxy.async, then the full barrier); both GEMMs then run in f16
+//    (a bf16 Q tile converted once per item with a power-of-two shift per
+//    row, see QCONV).
 //  * two consumers (warpgroups 1-2, setmaxnreg 224), 64 rows each: S = Q K^T
 //    with wgmma (both operands in shared memory, 128-byte swizzle), online
 //    softmax in f32 registers (exp2, scale_log2 = bmm1_scale log2 e), O += P
