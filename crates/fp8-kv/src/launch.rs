@@ -294,6 +294,46 @@ fn require_last_contiguous(
     Ok(())
 }
 
+/// The input checks every write shares: `k` `[n, Hkv, D]` with `Hkv, D ≥ 1`,
+/// `v` of the same shape, `cache_loc` `[n]` contiguous.
+fn check_inputs(
+    k: &Strided<'_, u16, 3>,
+    v: &Strided<'_, u16, 3>,
+    cache_loc: &Strided<'_, i64, 1>,
+) -> Result<()> {
+    let [n, heads, dim] = k.shape();
+    if heads == 0 || dim == 0 {
+        return Err(KernelError::unsupported(
+            "k",
+            "num_kv_heads and head_dim must be ≥ 1",
+        ));
+    }
+    if v.shape() != [n, heads, dim] {
+        return Err(KernelError::shape(
+            "v",
+            format!("[n={n}, Hkv={heads}, D={dim}] (as k)"),
+            format!("{:?}", v.shape()),
+        ));
+    }
+    if cache_loc.shape() != [n] {
+        return Err(KernelError::shape(
+            "cache_loc",
+            format!("[n={n}]"),
+            format!("{:?}", cache_loc.shape()),
+        ));
+    }
+    if n > 1 && cache_loc.strides()[0] != 1 {
+        return Err(KernelError::Stride {
+            arg: "cache_loc",
+            detail: format!(
+                "must be contiguous, got stride {}",
+                cache_loc.strides()[0]
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Validates `args` and returns the kernel parameters (pointers, scales and
 /// geometry left for the launch to fill). Every rejection happens here,
 /// before any launch.
@@ -303,35 +343,7 @@ fn require_last_contiguous(
 /// [`KernelError::Unsupported`] naming the argument.
 pub fn validate<C>(args: &KvWriteArgs<'_, C>) -> Result<KvWriteParams> {
     let [n, heads, dim] = args.k.shape();
-    if heads == 0 || dim == 0 {
-        return Err(KernelError::unsupported(
-            "k",
-            "num_kv_heads and head_dim must be ≥ 1",
-        ));
-    }
-    if args.v.shape() != [n, heads, dim] {
-        return Err(KernelError::shape(
-            "v",
-            format!("[n={n}, Hkv={heads}, D={dim}] (as k)"),
-            format!("{:?}", args.v.shape()),
-        ));
-    }
-    if args.cache_loc.shape() != [n] {
-        return Err(KernelError::shape(
-            "cache_loc",
-            format!("[n={n}]"),
-            format!("{:?}", args.cache_loc.shape()),
-        ));
-    }
-    if n > 1 && args.cache_loc.strides()[0] != 1 {
-        return Err(KernelError::Stride {
-            arg: "cache_loc",
-            detail: format!(
-                "must be contiguous, got stride {}",
-                args.cache_loc.strides()[0]
-            ),
-        });
-    }
+    check_inputs(&args.k, &args.v, &args.cache_loc)?;
     let [slots, cache_heads, cache_dim] = args.k_cache.shape();
     if cache_heads != heads || cache_dim != dim {
         return Err(KernelError::shape(
@@ -397,35 +409,7 @@ pub fn validate<C>(args: &KvWriteArgs<'_, C>) -> Result<KvWriteParams> {
 pub fn validate_paged<C>(args: &PagedKvWriteArgs<'_, C>) -> Result<KvWriteParams> {
     let [n, heads, dim] = args.k.shape();
     let [pages, cache_heads, p, cache_dim] = args.k_cache.shape();
-    if heads == 0 || dim == 0 {
-        return Err(KernelError::unsupported(
-            "k",
-            "num_kv_heads and head_dim must be ≥ 1",
-        ));
-    }
-    if args.v.shape() != [n, heads, dim] {
-        return Err(KernelError::shape(
-            "v",
-            format!("[n={n}, Hkv={heads}, D={dim}] (as k)"),
-            format!("{:?}", args.v.shape()),
-        ));
-    }
-    if args.cache_loc.shape() != [n] {
-        return Err(KernelError::shape(
-            "cache_loc",
-            format!("[n={n}]"),
-            format!("{:?}", args.cache_loc.shape()),
-        ));
-    }
-    if n > 1 && args.cache_loc.strides()[0] != 1 {
-        return Err(KernelError::Stride {
-            arg: "cache_loc",
-            detail: format!(
-                "must be contiguous, got stride {}",
-                args.cache_loc.strides()[0]
-            ),
-        });
-    }
+    check_inputs(&args.k, &args.v, &args.cache_loc)?;
     if cache_heads != heads || cache_dim != dim || p == 0 {
         return Err(KernelError::shape(
             "k_cache",
