@@ -325,10 +325,7 @@ fn check_inputs(
     if n > 1 && cache_loc.strides()[0] != 1 {
         return Err(KernelError::Stride {
             arg: "cache_loc",
-            detail: format!(
-                "must be contiguous, got stride {}",
-                cache_loc.strides()[0]
-            ),
+            detail: format!("must be contiguous, got stride {}", cache_loc.strides()[0]),
         });
     }
     Ok(())

@@ -5,31 +5,24 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, De
 
 use crate::{KernelError, Result};
 
-/// Checks that every index inside `shape` maps, through `strides`, into a
-/// buffer of `len` elements. Returns the number of elements the view spans.
-fn check_bounds<const N: usize>(
+/// Checks that every index inside `shape` maps, through `strides` (in
+/// elements), into a buffer of `len` elements. Returns the number of
+/// elements the view spans ([`crate::span_elems`]; 0 when a dim is empty).
+/// Every strided view of the workspace (device or host) is checked by it.
+///
+/// # Errors
+/// [`KernelError::Capacity`] when an index falls outside the buffer,
+/// [`KernelError::Stride`] when the offsets overflow `usize` (both naming `arg`).
+pub fn check_view_bounds<const N: usize>(
     arg: &'static str,
     len: usize,
     shape: &[usize; N],
     strides: &[usize; N],
 ) -> Result<usize> {
-    if shape.contains(&0) {
-        return Ok(0);
-    }
-    let mut max_offset: usize = 0;
-    for (&n, &s) in shape.iter().zip(strides) {
-        let term = (n - 1).checked_mul(s).ok_or_else(|| KernelError::Stride {
-            arg,
-            detail: format!("shape {shape:?} with strides {strides:?} overflows usize"),
-        })?;
-        max_offset = max_offset
-            .checked_add(term)
-            .ok_or_else(|| KernelError::Stride {
-                arg,
-                detail: format!("shape {shape:?} with strides {strides:?} overflows usize"),
-            })?;
-    }
-    let needed = max_offset + 1;
+    let needed = crate::span_elems(shape, strides).ok_or_else(|| KernelError::Stride {
+        arg,
+        detail: format!("shape {shape:?} with strides {strides:?} overflows usize"),
+    })?;
     if needed > len {
         return Err(KernelError::Capacity {
             arg,
@@ -134,7 +127,7 @@ impl<'a, T, const N: usize> Strided<'a, T, N> {
         shape: [usize; N],
         strides: [usize; N],
     ) -> Result<Self> {
-        check_bounds(arg, data.len(), &shape, &strides)?;
+        check_view_bounds(arg, data.len(), &shape, &strides)?;
         Ok(Self {
             arg,
             data,
@@ -241,7 +234,7 @@ impl<'a, T, const N: usize> StridedMut<'a, T, N> {
         shape: [usize; N],
         strides: [usize; N],
     ) -> Result<Self> {
-        check_bounds(arg, data.len(), &shape, &strides)?;
+        check_view_bounds(arg, data.len(), &shape, &strides)?;
         check_no_overlap(arg, &shape, &strides)?;
         Ok(Self {
             arg,
@@ -317,9 +310,9 @@ mod tests {
 
     #[test]
     fn bounds_accept_exact_fit_and_reject_one_past() {
-        assert_eq!(check_bounds("t", 12, &[3, 4], &[4, 1]).unwrap(), 12);
+        assert_eq!(check_view_bounds("t", 12, &[3, 4], &[4, 1]).unwrap(), 12);
         assert!(matches!(
-            check_bounds("t", 11, &[3, 4], &[4, 1]),
+            check_view_bounds("t", 11, &[3, 4], &[4, 1]),
             Err(KernelError::Capacity {
                 needed: 12,
                 available: 11,
@@ -327,19 +320,19 @@ mod tests {
             })
         ));
         // Padded rows: row stride 6 on a [3, 4] view needs 2*6 + 3 + 1 elements.
-        assert_eq!(check_bounds("t", 16, &[3, 4], &[6, 1]).unwrap(), 16);
-        assert!(check_bounds("t", 15, &[3, 4], &[6, 1]).is_err());
+        assert_eq!(check_view_bounds("t", 16, &[3, 4], &[6, 1]).unwrap(), 16);
+        assert!(check_view_bounds("t", 15, &[3, 4], &[6, 1]).is_err());
     }
 
     #[test]
     fn empty_views_need_nothing() {
-        assert_eq!(check_bounds("t", 0, &[0, 4], &[4, 1]).unwrap(), 0);
+        assert_eq!(check_view_bounds("t", 0, &[0, 4], &[4, 1]).unwrap(), 0);
     }
 
     #[test]
     fn overflow_is_an_error_not_a_panic() {
         assert!(matches!(
-            check_bounds("t", 10, &[usize::MAX, 2], &[usize::MAX, 1]),
+            check_view_bounds("t", 10, &[usize::MAX, 2], &[usize::MAX, 1]),
             Err(KernelError::Stride { .. })
         ));
     }

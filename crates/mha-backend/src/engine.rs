@@ -58,36 +58,6 @@ fn row_major<const N: usize>(shape: &[usize; N]) -> [usize; N] {
     s
 }
 
-/// Elements a view spans (0 for an empty shape), or the error naming `arg`.
-fn span<const N: usize>(
-    arg: &'static str,
-    len: usize,
-    shape: &[usize; N],
-    strides: &[usize; N],
-) -> Result<usize, KernelError> {
-    if shape.contains(&0) {
-        return Ok(0);
-    }
-    let mut max = 0usize;
-    for (&n, &s) in shape.iter().zip(strides) {
-        max = (n - 1)
-            .checked_mul(s)
-            .and_then(|t| max.checked_add(t))
-            .ok_or_else(|| KernelError::Stride {
-                arg,
-                detail: format!("shape {shape:?} with strides {strides:?} overflows usize"),
-            })?;
-    }
-    if max + 1 > len {
-        return Err(KernelError::Capacity {
-            arg,
-            needed: max + 1,
-            available: len,
-        });
-    }
-    Ok(max + 1)
-}
-
 /// A read-only strided view `[shape]` (element strides) of an engine
 /// buffer, checked at construction: every index inside `shape` lies in the
 /// buffer. `arg` names the view in every error.
@@ -111,7 +81,7 @@ impl<'a, T, const N: usize> View<'a, T, N> {
         shape: [usize; N],
         strides: [usize; N],
     ) -> Result<Self> {
-        span(arg, mem.len(), &shape, &strides)?;
+        kernel_rt::check_view_bounds(arg, mem.len(), &shape, &strides)?;
         Ok(Self {
             arg,
             mem,
@@ -257,7 +227,7 @@ impl<'a, T, const N: usize> ViewMut<'a, T, N> {
         shape: [usize; N],
         strides: [usize; N],
     ) -> Result<Self> {
-        span(arg, mem.len(), &shape, &strides)?;
+        kernel_rt::check_view_bounds(arg, mem.len(), &shape, &strides)?;
         no_overlap(arg, &shape, &strides)?;
         Ok(Self {
             arg,
