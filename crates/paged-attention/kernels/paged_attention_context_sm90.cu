@@ -114,7 +114,7 @@ struct Cfg {
     // i32 [4]: two work-item slots, thread 0's prefetched counter value, a
     // spare (8-byte multiple).
     static constexpr int ITEM_OFF = PIN_OFF + 256 * 4;
-    // e4m3 K/V: u8 [QBUF][BM], each Q row's shift qs (see `q_to_f16`).
+    // e4m3 K/V: u8 [QBUF][BM], each Q row's shift qs (see the bf16 Q conversion, QCONV).
     static constexpr int QX_OFF = ITEM_OFF + 4 * 4;
     static constexpr int QX_BYTES = F8 ? QBUF * BM : 0;
     static constexpr int BYTES = QX_OFF + QX_BYTES;
@@ -913,7 +913,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // runs under the other's GEMMs. Both warpgroups (active or not) take
         // every turn; warpgroup 0 goes first and warpgroup 1 passes no turn after
         // its last. Off by default: on the H200 the free-running consumers were
-        // 1-10% faster (docs/PERF.md).
+        // as fast or faster (docs/PERF.md, sessions 3 and 5).
         const bool pingpong = (p.variant & 1) != 0;
         auto turn_take = [&]() { named_sync_if(pingpong, 4 + cw, 256); };
         auto turn_pass = [&](bool last) { named_arrive_if(pingpong && !(cw == 1 && last), 5 - cw, 256); };
