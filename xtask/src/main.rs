@@ -18,7 +18,8 @@
 //!   the Rust definitions (`kernel_rt::abi`); `--check` renders in memory and
 //!   fails naming each committed header that differs.
 //! - `ci`: fmt, clippy, ABI headers, ptx and cubin freshness, ptx-report (one
-//!   ptxas pass for both), the README's test command, and the Python
+//!   ptxas pass for both), the README's main-job command (built, then
+//!   `--help`), its test command, and the Python
 //!   package: its wheel built with maturin in `target/py-venv`, installed,
 //!   and its CPU pytest (`crates/mha-kit-py/tests`).
 
@@ -113,11 +114,16 @@ pub fn run(root: &Path, program: &str, args: &[&str]) -> Result<()> {
 /// The README's test command: the first line of the code block that follows
 /// the marker `<!-- ci:test-command -->`.
 fn readme_test_command(root: &Path) -> Result<String> {
+    readme_command(root, "ci:test-command")
+}
+
+/// The command in the first code block after `<!-- {marker} -->` in README.md.
+fn readme_command(root: &Path, marker: &str) -> Result<String> {
     let readme = std::fs::read_to_string(root.join("README.md")).context("reading README.md")?;
     let after = readme
-        .split_once("<!-- ci:test-command -->")
+        .split_once(&format!("<!-- {marker} -->"))
         .map(|(_, a)| a)
-        .context("README.md has no `<!-- ci:test-command -->` marker")?;
+        .with_context(|| format!("README.md has no `<!-- {marker} -->` marker"))?;
     after
         .lines()
         .map(str::trim)
@@ -125,7 +131,7 @@ fn readme_test_command(root: &Path) -> Result<String> {
         .nth(1)
         .filter(|l| !l.is_empty() && !l.starts_with("```"))
         .map(str::to_string)
-        .context("no command in the code block after the ci:test-command marker")
+        .with_context(|| format!("no command in the code block after the {marker} marker"))
 }
 
 fn ci(root: &Path) -> Result<()> {
@@ -144,6 +150,17 @@ fn ci(root: &Path) -> Result<()> {
     )?;
     abi::run(root, true)?;
     ptx::check_and_report(root)?;
+    // The README's main-job command must start (a release build of the
+    // replay, then its --help): `cargo run -p mha-replay` once stopped
+    // working when the crate gained a second binary.
+    let main_cmd = readme_command(root, "ci:main-command")?;
+    let help = if main_cmd.contains(" -- ") {
+        format!("{main_cmd} --help")
+    } else {
+        format!("{main_cmd} -- --help")
+    };
+    eprintln!("README main-job command, with --help: {help}");
+    run(root, "bash", &["-c", &format!("{help} > /dev/null")])?;
     let cmd = readme_test_command(root)?;
     eprintln!("README test command: {cmd}");
     run(root, "bash", &["-c", &cmd])?;
