@@ -1,5 +1,5 @@
-//! CPU reference: the plain definition of `shared/spec/page-table.md` §3, with
-//! mha-kit's handling of out-of-domain device data (DECISIONS.md D9, D11).
+//! CPU reference: the plain definition of SEMANTICS.md §page-table.3, with
+//! mha-kit's handling of out-of-domain device data (DESIGN.md D9, D11).
 //! The GPU kernel must match it bit for bit, error word included.
 
 use kernel_rt::ErrorReport;

@@ -1,5 +1,5 @@
 // mha-kit kernel family: full -> SWA index translation (hybrid full / SWA KV pool).
-// Semantics: shared/spec/swa-pool.md §2-§4, page-table.md §3-§6, DECISIONS.md D9, D11.
+// Semantics: SEMANTICS.md §swa-pool.2-4, SEMANTICS.md §page-table.3-6, DESIGN.md D9, D11.
 // Params structs and error flags: swa_pool_abi.cuh, generated from the Rust
 // definitions (src/launch.rs, src/lib.rs) by `cargo xtask abi`.
 //
