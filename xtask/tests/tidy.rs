@@ -1,6 +1,7 @@
 //! Tidy: every documentation reference in the repository resolves inside it.
 //!
-//! - `<name>.md §…` names a Markdown file of the repository;
+//! - every `<name>.md` (with or without a `§` section) names a Markdown file of
+//!   the repository;
 //! - `§<family>.<n>` (a section of `docs/SEMANTICS.md`, also as the end of a
 //!   range `§<family>.<n>–<m>`) and a bare `§<family>` have their heading there;
 //! - every decision id `D<n>` has a row in the Decisions table of `docs/DESIGN.md`;
@@ -156,7 +157,10 @@ fn doc_references_resolve_inside_the_repository() {
                     bad.push(format!("{at}: path outside the repository `{o}`"));
                 }
             }
-            for (i, _) in line.match_indices(".md §") {
+            for (i, _) in line.match_indices(".md") {
+                if line[i + 3..].starts_with(is_word) {
+                    continue;
+                }
                 let start = line[..i]
                     .rfind(|c: char| !(is_word(c) || c == '-'))
                     .map_or(0, |j| j + 1);

@@ -116,7 +116,7 @@ pub struct SwaWriteLocs<'a> {
     pub swa_out_cache_loc: StridedMut<'a, i64, 1>,
 }
 
-/// The SWA half of a launch, for hybrid models (swa-pool.md).
+/// The SWA half of a launch, for hybrid models (SEMANTICS.md §swa-pool).
 #[derive(Debug)]
 pub struct SwaArgs<'a> {
     /// `[N_map]` i64 full→SWA slot map, `N_map = size_full + P + 1`, last

@@ -93,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(256, 8) page_table_build(const Page
 }
 
 // ---- req_to_token update: scatter (position, slot) entries ----
-// Spec: page-table.md has no update kernel; mha-kit's crate docs (src/lib.rs,
+// SEMANTICS.md §page-table has no update kernel; mha-kit's crate docs (src/lib.rs,
 // "Updating req_to_token") define it.
 
 

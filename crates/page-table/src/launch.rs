@@ -75,7 +75,7 @@ unsafe impl DeviceRepr for PageTableParams {}
 /// Both or neither, by construction (SEMANTICS.md §page-table.4).
 #[derive(Debug)]
 pub struct SwaTables<'a> {
-    /// `[N_map]` i64, `N_map = size_full + P + 1`, last element −1 (swa-pool.md).
+    /// `[N_map]` i64, `N_map = size_full + P + 1`, last element −1 (SEMANTICS.md §swa-pool.2).
     pub full_to_swa: Strided<'a, i64, 1>,
     /// `[bs, M]` i32, last dim contiguous; live prefixes written.
     pub swa_page_table: StridedMut<'a, i32, 2>,

@@ -128,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(256) swa_pool_translate_pages(const
 }
 
 // ---- map update: apply (full_page, swa_page) entries ----
-// Spec: swa-pool.md has no update kernel; the crate docs (src/lib.rs,
+// SEMANTICS.md §swa-pool has no update kernel; the crate docs (src/lib.rs,
 // "Updating the map on the device") define it.
 
 // One thread per map element (entry e, offset o), grid-stride; 1-D grid.
