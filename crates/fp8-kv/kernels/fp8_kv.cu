@@ -1,7 +1,7 @@
 // mha-kit kernel family: KV-cache writes. `set_kv_buffer` (bf16/f16 rows into
 // a same-dtype cache) and the fused FP8 write (quantize k·(1/k_scale),
 // v·(1/v_scale) to e4m3, saturating, round-to-nearest-even, every NaN -> 0x7F).
-// Semantics: shared/spec/fp8-kv.md §1-§4 and DECISIONS.md D7, D8.
+// Semantics: SEMANTICS.md §fp8-kv.1-4 and DESIGN.md D7, D8.
 // Params struct and error flags: fp8_kv_abi.cuh, generated from the Rust
 // definitions (src/launch.rs, src/lib.rs) by `cargo xtask abi`.
 #include "mha_kit/common.cuh"

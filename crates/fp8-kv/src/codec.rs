@@ -1,5 +1,5 @@
-//! Host e4m3 (`float8_e4m3fn`) codec, bit-exact with the device (spec §4,
-//! DECISIONS.md D7).
+//! Host e4m3 (`float8_e4m3fn`) codec, bit-exact with the device (SEMANTICS.md §fp8-kv.4,
+//! DESIGN.md D7).
 //!
 //! Two encoders exist upstream; mha-kit writes only with the saturating one:
 //!
@@ -24,7 +24,7 @@ pub const E4M3_MAX_VALUE: f32 = 448.0;
 
 /// Saturating e4m3 encoding of `x`: round to nearest even, finite overflow and
 /// ±∞ → ±448, every NaN → [`E4M3_NAN`] (`0x7F`). The rule of every mha-kit
-/// FP8 write (spec §3 `e4m3_rn_satfinite`).
+/// FP8 write (SEMANTICS.md §fp8-kv.3 `e4m3_rn_satfinite`).
 pub fn e4m3_encode_satfinite(x: f32) -> u8 {
     if x.is_nan() {
         E4M3_NAN
@@ -33,10 +33,10 @@ pub fn e4m3_encode_satfinite(x: f32) -> u8 {
     }
 }
 
-/// PyTorch's non-saturating cast to `float8_e4m3fn` (spec §4, "framework
+/// PyTorch's non-saturating cast to `float8_e4m3fn` (SEMANTICS.md §fp8-kv.4, "framework
 /// cast"): as [`e4m3_encode_satfinite`] for `|x| ≤ 464`; `|x| > 464`, ±∞ and
 /// NaN give NaN, `0x7F` with `x`'s sign bit. mha-kit never writes with it;
-/// it exists to state upstream's generic path in tests (spec §6, edge cases
+/// it exists to state upstream's generic path in tests (SEMANTICS.md §fp8-kv.6, edge cases
 /// 28, 29).
 pub fn e4m3_encode_framework(x: f32) -> u8 {
     let sign = if x.is_sign_negative() { 0x80 } else { 0 };
@@ -62,7 +62,7 @@ pub fn f16_bits_to_f32(bits: u16) -> f32 {
     half::f16::from_bits(bits).to_f32()
 }
 
-/// The fused write's quantization of one element (spec §3): widen, multiply by
+/// The fused write's quantization of one element (SEMANTICS.md §fp8-kv.3): widen, multiply by
 /// the f32 reciprocal `inv_scale` (one f32 rounding), encode saturating.
 pub fn quantize(x: f32, inv_scale: f32) -> u8 {
     e4m3_encode_satfinite(x * inv_scale)

@@ -537,7 +537,7 @@ impl KvWriteKernel {
         self.launches.load(Ordering::Relaxed)
     }
 
-    /// `set_kv_buffer` for a bf16/f16 cache (spec §2, same dtype): copies
+    /// `set_kv_buffer` for a bf16/f16 cache (SEMANTICS.md §fp8-kv.2, same dtype): copies
     /// `k[t]`, `v[t]` (`[Hkv, D]` rows) to slot `cache_loc[t]` of `k_cache`,
     /// `v_cache`, bit for bit, K and V in one launch; `n == 0` launches
     /// nothing. Checkpoint scales do not apply (D8). A slot outside `[0, S)`
@@ -570,7 +570,7 @@ impl KvWriteKernel {
         self.launch(stream, &self.set_kv, args, params, false, errors)
     }
 
-    /// Fused FP8 quantize + write (spec §3, D7): for an e4m3 cache, writes
+    /// Fused FP8 quantize + write (SEMANTICS.md §fp8-kv.3, D7): for an e4m3 cache, writes
     /// `e4m3_satfinite(f32(k[t,h,d]) · f32(1/k_scale))` (and V with
     /// `v_scale`) at slot `cache_loc[t]`, K and V in one launch; `n == 0`
     /// launches nothing. `dtype` says how to read `k`/`v`; `scales` is the

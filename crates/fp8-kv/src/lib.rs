@@ -2,9 +2,9 @@
 //!
 //! mha-kit kernel family: **KV-cache writes** into one layer's K and V
 //! buffers, and the **K/V scale rules** shared by the write and by attention
-//! (spec `shared/spec/fp8-kv.md`, DECISIONS.md D7, D8).
+//! (`SEMANTICS.md` §fp8-kv, DESIGN.md D7, D8).
 //!
-//! ## Layout (spec §1)
+//! ## Layout (SEMANTICS.md §fp8-kv.1)
 //! Per layer, K and V caches are `[S, Hkv, D]` ("NHD", slot-major), `S` a
 //! multiple of the page size `P`: slot `s` is page `s / P`, offset `s % P`,
 //! and element `(s, h, d)` sits at offset `s·slot_stride + h·head_stride + d`
@@ -36,10 +36,10 @@
 //!
 //! A slot outside `[0, S)` (negative or `≥ S`) is never written: the token is
 //! skipped (K and V) and counted once in the device error word
-//! ([`kernel_rt::DeviceErrors`], flags [`ErrorFlags`]; spec §3 decision,
+//! ([`kernel_rt::DeviceErrors`], flags [`ErrorFlags`]; SEMANTICS.md §fp8-kv.3 decision,
 //! edge case 34). Duplicate slots in one call: last writer unspecified.
 //!
-//! ## Scales ([`KvScales`], DECISIONS.md D8)
+//! ## Scales ([`KvScales`], DESIGN.md D8)
 //! One `(k_scale, v_scale)` f32 pair per layer, resolved once at setup from a
 //! float or a one-element device tensor (read once, then never per step);
 //! missing, `≤ 0`, NaN or `+∞` → 1.0 (`+∞`: mha-kit's choice, its reciprocal would zero the cache); caches that are not e4m3 ignore checkpoint

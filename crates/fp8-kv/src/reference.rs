@@ -1,5 +1,5 @@
-//! CPU reference: the plain definition of `shared/spec/fp8-kv.md` §2 (same
-//! dtype copy) and §3 (fused FP8 write), with mha-kit's rules (D7, D8) and its
+//! CPU reference: the plain definition of SEMANTICS.md §fp8-kv.2 (same
+//! dtype copy) and §fp8-kv.3 (fused FP8 write), with mha-kit's rules (D7, D8) and its
 //! handling of slots outside the pool (skipped, counted). The GPU kernels
 //! must match it bit for bit, error word included.
 

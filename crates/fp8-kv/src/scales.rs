@@ -1,4 +1,4 @@
-//! The K/V scale rules, in one place (spec §5, DECISIONS.md D8).
+//! The K/V scale rules, in one place (SEMANTICS.md §fp8-kv.5, DESIGN.md D8).
 //!
 //! One [`KvScales`] per layer, resolved once at setup and then used both by
 //! the fused FP8 write (its f32 reciprocals) and by attention
@@ -8,7 +8,7 @@
 use kernel_rt::cudarc::driver::CudaView;
 use kernel_rt::{Gpu, KernelError, Result};
 
-/// dtype of a layer's KV cache (spec §1).
+/// dtype of a layer's KV cache (SEMANTICS.md §fp8-kv.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvCacheDtype {
     /// bf16 cache (stored as `u16` bits); checkpoint scales are ignored.
@@ -31,7 +31,7 @@ pub enum ScaleInput<'a> {
     Tensor(CudaView<'a, f32>),
 }
 
-/// The rule for one scale (spec §5 `scalar_scale` step 4, D8): a missing,
+/// The rule for one scale (SEMANTICS.md §fp8-kv.5 `scalar_scale` step 4, D8): a missing,
 /// non-positive or NaN scale is 1.0. mha-kit also maps `+∞` to 1.0 (the spec
 /// is silent): its reciprocal 0 would silently write an all-zero cache.
 pub fn resolve_scale(value: Option<f32>) -> f32 {
@@ -139,7 +139,7 @@ impl KvScales {
         1.0 / self.v_scale
     }
 
-    /// `(bmm1_scale, bmm2_scale)` for attention (spec §5 `bmm_scales`):
+    /// `(bmm1_scale, bmm2_scale)` for attention (SEMANTICS.md §fp8-kv.5 `bmm_scales`):
     /// e4m3 cache → `((q_scale · k_scale) · sm_scale, v_scale)` in f32;
     /// other caches → `(sm_scale, 1.0)`. `sm_scale` is the layer's softmax
     /// scale (normally `1/sqrt(D)`); mha-kit passes `q_scale = 1.0` (D4).

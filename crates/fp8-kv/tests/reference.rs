@@ -1,5 +1,5 @@
 //! CPU tests of the fp8-kv family: the issue's named examples, the spec's
-//! worked examples (fp8-kv.md §6, edge cases 28–34), the scale rules, the
+//! worked examples (SEMANTICS.md §fp8-kv.6, edge cases 28–34), the scale rules, the
 //! host codec against a brute-force nearest-value search (proptest), the
 //! reference write's properties, the launch geometry, the params layout and
 //! the PTX entry names. Run everywhere, CI included.
@@ -118,7 +118,7 @@ fn issue_example_reciprocal_not_division() {
     assert_eq!(kc, vec![0x0D]);
 }
 
-/// fp8-kv.md §6: fused code for every row, generic (bf16 division, then the
+/// SEMANTICS.md §fp8-kv.6: fused code for every row, generic (bf16 division, then the
 /// framework cast) for comparison.
 #[test]
 fn spec_worked_examples_fused_vs_generic() {
@@ -232,7 +232,7 @@ fn nan_of_either_sign_is_0x7f() {
     }
 }
 
-/// Edge cases 31 and 32 (DECISIONS.md D8 wins over upstream).
+/// Edge cases 31 and 32 (DESIGN.md D8 wins over upstream).
 #[test]
 fn edge_31_32_scale_resolution() {
     // 31: only k_scale given → v = 1.0, both sides use the pair.

@@ -1,8 +1,8 @@
 // mha-kit kernel family graph-metadata: ONE launch that rebuilds every
 // per-replay metadata buffer of a CUDA-graph bucket (cache_seqlens,
 // cu_seqlens_k, cu_seqlens_q, page table, SWA page table, SWA write
-// locations). Semantics: shared/spec/graph-metadata.md §2-§5 with
-// DECISIONS.md D1, D2, D9, D11. Params struct and per-entry rules live in
+// locations). Semantics: SEMANTICS.md §graph-metadata.2-5 with
+// DESIGN.md D1, D2, D9, D11. Params struct and per-entry rules live in
 // graph_metadata.cuh (shared with the bench-only unfused baseline); the page
 // loop here restates full_page / swa_page / swa_page_paged in 32-bit
 // arithmetic (same values, same error events) because it is the hot path.
@@ -243,7 +243,7 @@ MHA_KIT_DEVICE void scan_rows(const GraphMetadataParams& p) {
             ev_flags |= GM_SUM_OVERFLOW;
         }
     }
-    // 32-bit sums (spec §5): keep the low 32 bits (overflow counted above).
+    // 32-bit sums (SEMANTICS.md §graph-metadata.5): keep the low 32 bits (overflow counted above).
     u32 run32 = (u32)(u64)run;
     for (u32 i = begin; i < end; ++i) {
         bool bad;

@@ -1,6 +1,6 @@
 // mha-kit kernel family graph-metadata: shared device definitions.
-// Semantics: shared/spec/graph-metadata.md §2, page-table.md §3-§6,
-// DECISIONS.md D1, D2, D9, D11.
+// Semantics: SEMANTICS.md §graph-metadata.2, SEMANTICS.md §page-table.3-6,
+// DESIGN.md D1, D2, D9, D11.
 // Included by graph_metadata.cu (the fused launch) and by
 // graph_metadata_unfused.cu (bench-only baseline), so both compute every
 // entry with the same code.
@@ -108,7 +108,7 @@ MHA_KIT_DEVICE i32 swa_page_paged(const GraphMetadataParams& p, i64 slot) {
     return v < 0 ? -1 : v;
 }
 
-// SWA write location of token j (spec §2.6): translated real tokens, -1 for a
+// SWA write location of token j (SEMANTICS.md §graph-metadata.2, item 6): translated real tokens, -1 for a
 // negative location, 0 (counted) for one at or past N_map - 1, 0 for the tail.
 MHA_KIT_DEVICE i64 swa_out_loc(const GraphMetadataParams& p, i64 j) {
     const i64 n_real = p.out_cache_loc == nullptr ? 0 : (p.n_out < p.n_swa ? p.n_out : p.n_swa);
@@ -184,7 +184,7 @@ MHA_KIT_DEVICE void scan_rows(const GraphMetadataParams& p) {
     for (i64 i = begin; i < end; ++i) {
         bool bad;
         run += cache_len(p, i, &bad);
-        // 32-bit sums (spec §5): keep the low 32 bits, count the overflow.
+        // 32-bit sums (SEMANTICS.md §graph-metadata.5): keep the low 32 bits, count the overflow.
         p.cu_seqlens_k[i + 1] = (i32)(u32)(u64)run;
     }
     if (threadIdx.x == 0) {

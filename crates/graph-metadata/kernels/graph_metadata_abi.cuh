@@ -6,7 +6,7 @@
 
 // Flag bits of the device error word: graph_metadata::ErrorFlags (`GM_*`).
 #define GM_SEQLEN_OUT_OF_RANGE   1u  // `seq_lens[i] + offset` outside `[0, i32::MAX]`: `cache_seqlens[i]` is clamped into that range (once per row).
-#define GM_SUM_OVERFLOW          2u  // `Σ cache_seqlens > i32::MAX`: `cu_seqlens_k` keeps the low 32 bits of each sum (spec §5: sums are 32-bit) (once per launch).
+#define GM_SUM_OVERFLOW          2u  // `Σ cache_seqlens > i32::MAX`: `cu_seqlens_k` keeps the low 32 bits of each sum (SEMANTICS.md §graph-metadata.5: sums are 32-bit) (once per launch).
 #define GM_BAD_REQUEST_INDEX     4u  // `req_pool_indices[i]` outside `[0, R)`: the row's page-table entries are skipped (once per row).
 #define GM_ROW_CLAMPED           8u  // `ceil(L / P) > M`: the row is clamped to the table width (once per row, D11).
 #define GM_ROW_PAST_WIDTH       16u  // A live page would read position `p·P ≥ W` of its `req_to_token` row: clamped to `ceil(W / P)` pages (once per row).
@@ -14,7 +14,7 @@
 #define GM_SLOT_OUTSIDE_POOL    64u  // A sampled slot at or past `pool_slots`: full page 0 (once per entry, D9).
 #define GM_SLOT_OUTSIDE_MAP    128u  // A sampled slot at or past `N_map − 1` (page-map path: `slot / P` at or past the page map's length): SWA page 0 (once per entry, D9).
 #define GM_LOC_OUTSIDE_MAP     256u  // `out_cache_loc[j]` at or past `N_map − 1`: SWA location 0 (once per token).
-#define GM_QLEN_OUT_OF_RANGE   512u  // Ragged verify: `qlens[i]` outside `[0, max_q_len]`, clamped into it (once per row; backend.md §5 decision).
+#define GM_QLEN_OUT_OF_RANGE   512u  // Ragged verify: `qlens[i]` outside `[0, max_q_len]`, clamped into it (once per row; SEMANTICS.md §backend.5 decision).
 
 // graph_metadata::GraphMetadataParams (232 bytes).
 struct GraphMetadataParams {

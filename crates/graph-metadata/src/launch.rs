@@ -105,7 +105,7 @@ kernel_rt::abi_struct! {
 unsafe impl DeviceRepr for GraphMetadataParams {}
 
 /// SWA write locations: `swa_out_cache_loc[j] = swa_mapping[out_cache_loc[j]]`
-/// for the real tokens, 0 for the rest (spec §2.6).
+/// for the real tokens, 0 for the rest (SEMANTICS.md §graph-metadata.2, item 6).
 #[derive(Debug)]
 pub struct SwaWriteLocs<'a> {
     /// `[n_out]` i64 full-pool write slots of this pass (contiguous); absent =
@@ -116,7 +116,7 @@ pub struct SwaWriteLocs<'a> {
     pub swa_out_cache_loc: StridedMut<'a, i64, 1>,
 }
 
-/// The SWA half of a launch, for hybrid models (swa-pool.md).
+/// The SWA half of a launch, for hybrid models (SEMANTICS.md §swa-pool).
 #[derive(Debug)]
 pub struct SwaArgs<'a> {
     /// `[N_map]` i64 full→SWA slot map, `N_map = size_full + P + 1`, last
@@ -136,11 +136,11 @@ pub struct SwaArgs<'a> {
     /// `swa_mapping[slot] / P`.
     ///
     /// **Precondition** for the two to agree: `swa_mapping` is page-granular
-    /// (swa-pool.md §2: every full page `F` is unmapped — all entries 0 — or
+    /// (SEMANTICS.md §swa-pool.2: every full page `F` is unmapped — all entries 0 — or
     /// `swa_mapping[F·P + o] = S·P + o` for all `o`), this map holds
     /// `S` (or 0) for each `F`, and `num_full_pages · P = N_map − 1`. The
     /// paired SWA allocator (`SwaMapping`) guarantees all three; with
-    /// `req_to_token` page-contiguous (page-table.md §2) the entry is then
+    /// `req_to_token` page-contiguous (SEMANTICS.md §page-table.2) the entry is then
     /// the SWA page of every token of the live page. The kernel does not
     /// check the precondition. Requires `swa_page_table`.
     pub full_page_to_swa_page: Option<Strided<'a, i32, 1>>,
@@ -153,7 +153,7 @@ pub struct SwaArgs<'a> {
 /// `cache_seqlens`; every other per-row view must agree with it.
 #[derive(Debug)]
 pub struct GraphMetadataArgs<'a> {
-    /// Forward mode: offset and query stride (spec §3).
+    /// Forward mode: offset and query stride (SEMANTICS.md §graph-metadata.3).
     pub mode: GraphMode,
     /// `[bs]` i64 (contiguous): row of `req_to_token` per batch row; padding
     /// rows hold [`crate::PAD_REQUEST_INDEX`].
@@ -481,7 +481,7 @@ impl GraphMetadataKernel {
         self.launches.load(Ordering::Relaxed)
     }
 
-    /// Rewrites all metadata of the bucket in **one** launch (spec §2);
+    /// Rewrites all metadata of the bucket in **one** launch (SEMANTICS.md §graph-metadata.2);
     /// `bs == 0` launches nothing. Asynchronous: the buffers must stay alive
     /// until the stream is synchronised (for a captured launch: as long as
     /// the graph is replayed — its pointers are baked in). Bad device data is
@@ -489,7 +489,7 @@ impl GraphMetadataKernel {
     /// written out of bounds.
     ///
     /// Runs on sm_90 (compute_90 PTX; newer GPUs JIT it). Spec:
-    /// graph-metadata.md §2–§5, DECISIONS.md D1–D3, D9, D11.
+    /// SEMANTICS.md §graph-metadata.2–5, DESIGN.md D1–D3, D9, D11.
     ///
     /// # Errors
     /// As [`validate`] and [`launch_config`]; [`KernelError::Driver`] when

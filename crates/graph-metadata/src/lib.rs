@@ -5,7 +5,7 @@
 //! padding rows), for every graph forward mode. It is recorded inside the
 //! captured graph, so each replay re-reads the live contents of its input
 //! buffers; it does no host synchronisation, no allocation and no copy.
-//! Spec: `shared/spec/graph-metadata.md`, `backend.md` §4, DECISIONS.md D1–D3.
+//! Spec: `SEMANTICS.md` §graph-metadata, SEMANTICS.md §backend.4, DESIGN.md D1–D3.
 //!
 //! For `i` in `0..bs`, with `offset` and `q_stride` from [`GraphMode`]:
 //!
@@ -52,7 +52,7 @@
 //!
 //! **Precondition** (not checked by the kernel): the slot map is
 //! page-granular — each full page `F` is unmapped (all its entries 0) or
-//! `swa_mapping[F·P + o] = S·P + o` for every offset `o` (swa-pool.md §2) —
+//! `swa_mapping[F·P + o] = S·P + o` for every offset `o` (SEMANTICS.md §swa-pool.2) —
 //! the page map holds that `S` (0 when unmapped) at `F`, and
 //! `num_full_pages · P = N_map − 1`. Then both paths give the same table,
 //! entry for entry and event for event ([`reference::page_map_from_slot_map`]
@@ -61,7 +61,7 @@
 //! [`reference::update_graph_metadata_with_page_map`]).
 //! The paired allocator (swa-pool's `SwaMapping`, whose `page_map()` gives
 //! this map) maintains page granularity, and the paged allocator keeps
-//! `req_to_token` page-contiguous (page-table.md §2), so the entry is the
+//! `req_to_token` page-contiguous (SEMANTICS.md §page-table.2), so the entry is the
 //! SWA page of every token of the live page. Without the page map the
 //! slot-map path runs unchanged. `swa_out_cache_loc` always translates
 //! through the slot map (per token, a few hundred gathers).
@@ -75,7 +75,7 @@
 //! - [`GraphMode`]: the forward mode (offset and query stride);
 //! - [`prepare_replay`]: the host-side padding of a batch to its bucket;
 //!   [`pad_ragged_verify_lens`]: the padding of ragged verify lengths
-//!   (backend.md §5), whose metadata the same kernel writes eagerly;
+//!   (SEMANTICS.md §backend.5), whose metadata the same kernel writes eagerly;
 //! - [`reference`](mod@reference): the CPU definition the GPU must match bit for bit.
 
 mod launch;
@@ -155,7 +155,7 @@ kernel_rt::abi_flags! {
         /// clamped into that range (once per row).
         pub const SEQLEN_OUT_OF_RANGE: Self = Self(1);
         /// `Σ cache_seqlens > i32::MAX`: `cu_seqlens_k` keeps the low 32 bits of
-        /// each sum (spec §5: sums are 32-bit) (once per launch).
+        /// each sum (SEMANTICS.md §graph-metadata.5: sums are 32-bit) (once per launch).
         pub const SUM_OVERFLOW: Self = Self(2);
         /// `req_pool_indices[i]` outside `[0, R)`: the row's page-table entries
         /// are skipped (once per row).
@@ -175,7 +175,7 @@ kernel_rt::abi_flags! {
         /// `out_cache_loc[j]` at or past `N_map − 1`: SWA location 0 (once per token).
         pub const LOC_OUTSIDE_MAP: Self = Self(256);
         /// Ragged verify: `qlens[i]` outside `[0, max_q_len]`, clamped into it
-        /// (once per row; backend.md §5 decision).
+        /// (once per row; SEMANTICS.md §backend.5 decision).
         pub const QLEN_OUT_OF_RANGE: Self = Self(512);
     }
 }

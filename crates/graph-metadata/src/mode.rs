@@ -1,5 +1,5 @@
 //! The graph forward modes and what each one asks of the fused kernel
-//! (spec graph-metadata.md §3, backend.md §4.2, DECISIONS.md D2).
+//! (SEMANTICS.md §graph-metadata.3, SEMANTICS.md §backend.4.2, DESIGN.md D2).
 
 use kernel_rt::{KernelError, Result};
 
@@ -35,11 +35,11 @@ pub enum GraphMode {
         q_len: u32,
     },
     /// TARGET_VERIFY with a ragged layout, written eagerly before every
-    /// capture and replay (the kernel is not recorded in the graph; spec §3,
-    /// backend.md §5): per-row query lengths `qlens` (padded to the bucket by
+    /// capture and replay (the kernel is not recorded in the graph; SEMANTICS.md §graph-metadata.3,
+    /// SEMANTICS.md §backend.5): per-row query lengths `qlens` (padded to the bucket by
     /// [`crate::pad_ragged_verify_lens`]), `cache_seqlens = seq_lens + qlens`,
     /// `cu_seqlens_q = [0, cumsum(qlens)]`. Offset 0. A length outside
-    /// `[0, max_q_len]` is clamped on the device and counted (backend.md §5
+    /// `[0, max_q_len]` is clamped on the device and counted (SEMANTICS.md §backend.5
     /// decision).
     RaggedVerify {
         /// The attention kernel's `max_q_len` (the draft-token count `N`), `≥ 1`.

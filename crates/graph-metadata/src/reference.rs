@@ -1,4 +1,4 @@
-//! CPU reference: the plain definition of `shared/spec/graph-metadata.md` §2
+//! CPU reference: the plain definition of SEMANTICS.md §graph-metadata.2
 //! with mha-kit's decisions (D1, D2, D9, D11) and its handling of
 //! out-of-domain device data. The GPU kernel must match it bit for bit, the
 //! error word included. Outputs are updated in place, so a caller that keeps
@@ -107,7 +107,7 @@ fn cache_len(seq_len: i64, offset: i64) -> (i32, bool) {
     (c as i32, c != v)
 }
 
-/// The SWA page of a slot map entry `s2` (page-table.md §3, D9): −1 when
+/// The SWA page of a slot map entry `s2` (SEMANTICS.md §page-table.3, D9): −1 when
 /// negative, else the low 32 bits of `s2 / P`.
 fn swa_page_of_entry(s2: i64, p: i64) -> i32 {
     if s2 < 0 {
@@ -128,7 +128,7 @@ fn swa_page_of_entry(s2: i64, p: i64) -> i32 {
 /// empty map, `N_map − 1` not a multiple of `P`, or a full page whose
 /// entries do not all give the same SWA page (or give one below −1, from an
 /// entry past `i32::MAX · P`). A page-granular map
-/// (swa-pool.md §2: each page unmapped or `map[F·P + o] = S·P + o`) always
+/// (SEMANTICS.md §swa-pool.2: each page unmapped or `map[F·P + o] = S·P + o`) always
 /// gives `Some`.
 pub fn page_map_from_slot_map(swa_mapping: &[i64], page_size: usize) -> Option<Vec<i32>> {
     let slots = swa_mapping.len().checked_sub(1)?;
@@ -245,7 +245,7 @@ pub fn update_graph_metadata_with_page_map(
         }
     }
 
-    // Page tables: live prefix only (page-table.md §3, D9, D11).
+    // Page tables: live prefix only (SEMANTICS.md §page-table.3, D9, D11).
     let p = input.page_size as i64;
     let m = out.max_num_pages as i64;
     let map = input.swa_mapping;
@@ -300,7 +300,7 @@ pub fn update_graph_metadata_with_page_map(
         }
     }
 
-    // SWA write locations: real tokens translated, the rest 0 (spec §2.6).
+    // SWA write locations: real tokens translated, the rest 0 (SEMANTICS.md §graph-metadata.2, item 6).
     if let (Some(map), Some(dst)) = (map, out.swa_out_cache_loc.as_mut()) {
         let src = input.out_cache_loc.unwrap_or(&[]);
         for (j, d) in dst.iter_mut().enumerate() {

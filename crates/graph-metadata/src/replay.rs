@@ -1,5 +1,5 @@
 //! Host-side replay preparation: pads a batch of real rows to its bucket
-//! (spec graph-metadata.md §4, DECISIONS.md D3).
+//! (SEMANTICS.md §graph-metadata.4, DESIGN.md D3).
 
 use kernel_rt::{KernelError, Result};
 
@@ -76,7 +76,7 @@ pub fn prepare_replay(
 
 /// Ragged verify: pads `real_bs = verify_lens.len()` per-request query
 /// lengths to `bs` rows so they sum to the graph's token bucket
-/// `graph_num_tokens` (backend.md §5 step 1, full-coverage variant):
+/// `graph_num_tokens` (SEMANTICS.md §backend.5 step 1, full-coverage variant):
 /// `leftover = graph_num_tokens − Σ verify_lens` is spread over the padding
 /// rows (row `k` gets `leftover / pads + (k < leftover % pads)`), or added to
 /// the last real row when there is no padding row. Pure.
@@ -134,7 +134,7 @@ pub fn pad_ragged_verify_lens(
 }
 
 /// Checks padded ragged-verify lengths against the attention kernel's
-/// `max_q_len` (backend.md §5 decision: validate on the host when the
+/// `max_q_len` (SEMANTICS.md §backend.5 decision: validate on the host when the
 /// lengths are known; the kernel clamps and counts otherwise).
 ///
 /// # Errors

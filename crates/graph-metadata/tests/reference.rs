@@ -100,7 +100,7 @@ fn must_pass_swa_write_locations() {
     );
 }
 
-// ---- edge-cases.md 7–13 -----------------------------------------------------
+// ---- edge cases 7–13 (SEMANTICS.md §edge-cases) -----------------------------------------------------
 
 #[test]
 fn edge_7_normal_decode_padded_bucket() {
@@ -218,7 +218,7 @@ fn edge_13_empty_batch_writes_nothing() {
     assert!(err.is_clean());
 }
 
-/// graph-metadata.md §6 "width clamp": M 4, seq_len 17 over slots 100..123.
+/// SEMANTICS.md §graph-metadata.6 "width clamp": M 4, seq_len 17 over slots 100..123.
 #[test]
 fn width_clamp_drops_the_fifth_page_and_counts() {
     let c = Case::new(
@@ -242,7 +242,7 @@ fn width_clamp_drops_the_fifth_page_and_counts() {
 
 // ---- SWA page map (the optional fast path of the SWA page table) -------------
 
-/// The spec's map (page-granular, swa-pool.md §6) as a page map: full pages
+/// The spec's map (page-granular, SEMANTICS.md §swa-pool.6) as a page map: full pages
 /// 3→1, 2→2, 10→3, 5→4, 9→5, the rest (7 evicted) 0; 13 pages of 4 slots.
 #[test]
 fn page_map_of_the_spec_map() {
@@ -352,7 +352,7 @@ fn entry_zero_of_prefix_sums_is_written() {
     assert_eq!(out.cu_seqlens_q.unwrap()[0], 0);
 }
 
-// ---- edge-cases.md 17–18: ragged verify -------------------------------------
+// ---- edge cases 17–18 (SEMANTICS.md §edge-cases): ragged verify -------------------------------------
 
 #[test]
 fn edge_17_ragged_padding_to_the_bucket() {
@@ -551,7 +551,7 @@ fn empty_batch_has_no_geometry() {
     assert!(launch_config(0, 8, 8).is_err());
 }
 
-/// Independent restatement of spec §2 for the property test.
+/// Independent restatement of SEMANTICS.md §graph-metadata.2 for the property test.
 fn expected_cache_len(c: &Case, i: usize) -> (i64, i64) {
     let q = match c.mode {
         GraphMode::RaggedVerify { max_q_len } => {

@@ -1,4 +1,4 @@
-//! `MhaBackend` (backend.md §1–§3, §7) and `MultiStepDraftBackend` (§8).
+//! `MhaBackend` (SEMANTICS.md §backend.1–3, §backend.7) and `MultiStepDraftBackend` (§backend.8).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -127,7 +127,7 @@ pub struct MhaBackend {
 }
 
 impl MhaBackend {
-    /// Builds the backend (backend.md §1) on the executor chosen by `device`.
+    /// Builds the backend (SEMANTICS.md §backend.1) on the executor chosen by `device`.
     ///
     /// # Errors
     /// [`BackendError::TopkUnsupported`], [`BackendError::Config`] for an
@@ -163,7 +163,7 @@ impl MhaBackend {
         self.core().config.clone()
     }
 
-    /// Workspace bytes (backend.md §6); the CPU executor allocates none.
+    /// Workspace bytes (SEMANTICS.md §backend.6); the CPU executor allocates none.
     pub fn workspace_bytes(&self) -> usize {
         self.core().workspace_bytes
     }
@@ -272,7 +272,7 @@ impl MhaBackend {
         self.metadata.as_ref()
     }
 
-    /// Builds the eager metadata of `batch` for every mode (backend.md §3):
+    /// Builds the eager metadata of `batch` for every mode (SEMANTICS.md §backend.3):
     /// `cache_seqlens`, `cu_seqlens_q/k`, `max_seq_len_q`, the page tables
     /// (+ SWA table) from the live `req_to_token`, and `swa_out_cache_loc`;
     /// stores it as the current metadata and returns it. An empty / IDLE
@@ -298,7 +298,7 @@ impl MhaBackend {
         Ok(self.metadata.insert(meta))
     }
 
-    /// One attention layer of the pass (backend.md §7):
+    /// One attention layer of the pass (SEMANTICS.md §backend.7):
     /// 1. if `save_kv` and `k`/`v` are given, writes them (`[num_tokens,
     ///    Hkv, D]`, model dtype) into the layer's own pool at
     ///    `out_cache_loc` (its SWA translation for SWA layers): bit copy for
@@ -430,7 +430,7 @@ impl MhaBackend {
     }
 
     /// Engine memory: builds the metadata of the pass `batch` describes
-    /// (backend.md §3, every mode) from the engine's own buffers —
+    /// (SEMANTICS.md §backend.3, every mode) from the engine's own buffers —
     /// `req_to_token`, `req_pool_indices`, `seq_lens`, `out_cache_loc`,
     /// `cu_seqlens_q` / `verify_lens`, the SWA maps — and makes it current
     /// for [`MhaBackend::forward_engine`]. The backend's [`Pools`] are not
@@ -507,7 +507,7 @@ impl MhaBackend {
     }
 
     /// Engine memory: one attention layer of the current engine pass
-    /// (backend.md §7) on the engine's buffers: writes `io.k` / `io.v`
+    /// (SEMANTICS.md §backend.7) on the engine's buffers: writes `io.k` / `io.v`
     /// (when given and `save_kv`) into `io.kv_cache` at `out_cache_loc` —
     /// its SWA translation on SWA layers — (bit copy for 16-bit caches, the
     /// fused FP8 write with the layer's scales for e4m3), then attention of
@@ -652,7 +652,7 @@ impl MhaBackend {
         self.core().executor.set_part_timer(timer)
     }
 
-    /// Allocates the CUDA-graph state (backend.md §4.1) for buckets of up to
+    /// Allocates the CUDA-graph state (SEMANTICS.md §backend.4.1) for buckets of up to
     /// `max_bs` rows and `max_num_tokens` tokens: one set of metadata
     /// buffers, static per-layer `q`/`k`/`v`/output buffers. Drops every
     /// captured graph.
@@ -666,7 +666,7 @@ impl MhaBackend {
             .init_graph_state(max_bs, max_num_tokens)
     }
 
-    /// Captures a whole step for a bucket (backend.md §4.2–§4.3): the fused
+    /// Captures a whole step for a bucket (SEMANTICS.md §backend.4.2–4.3): the fused
     /// metadata launch, then every layer's K/V write (from the static
     /// inputs, [`MhaBackend::write_graph_inputs`]) and attention (into the
     /// static outputs). A [`GraphKind::DraftDecode`] step id is the
@@ -704,7 +704,7 @@ impl MhaBackend {
     /// batch's graph kind with the fewest rows (then tokens) that holds it
     /// (uniform modes: the same rows per request; ragged verify: padding
     /// rows within `max_q_len`, so capture ragged buckets with `bs =
-    /// num_tokens` as upstream does, backend.md §5).
+    /// num_tokens` as upstream does, SEMANTICS.md §backend.5).
     ///
     /// # Errors
     /// [`BackendError::GraphUnsupported`] for extend-like modes or when no
@@ -714,7 +714,7 @@ impl MhaBackend {
         let mode = metadata::resolve_mode(batch, self.step_id)?;
         let kind = GraphKind::of(mode).ok_or_else(|| {
             BackendError::GraphUnsupported(format!(
-                "{:?} has no graph metadata (backend.md §9): run it eagerly",
+                "{:?} has no graph metadata (SEMANTICS.md §backend.9): run it eagerly",
                 batch.forward_mode
             ))
         })?;
@@ -733,7 +733,7 @@ impl MhaBackend {
             .collect();
         keys.sort_by_key(|k| (k.bs, k.num_tokens));
         // Ragged verify: the padded lengths must stay within max_q_len
-        // (backend.md §5 decision); buckets with bs = num_tokens always fit
+        // (SEMANTICS.md §backend.5 decision); buckets with bs = num_tokens always fit
         // when every real row has ≥ 1 token.
         keys.into_iter()
             .find(|k| kind != GraphKind::RaggedVerify || crate::cuda::pad_for(batch, *k).is_ok())
@@ -771,7 +771,7 @@ impl MhaBackend {
 
     /// Replays the captured step for `batch` (replay preparation, D3:
     /// padding rows get request row 0, `seq_len` 1, slot 0; ragged verify
-    /// lengths padded and their metadata written eagerly, backend.md §5):
+    /// lengths padded and their metadata written eagerly, SEMANTICS.md §backend.5):
     /// uploads the padded inputs and the changed pool tables, launches the
     /// graph. No host synchronisation. Outputs land in the static output
     /// buffers ([`MhaBackend::read_graph_output`]). Returns the bucket used.
@@ -947,7 +947,7 @@ fn check_engine_layer(
     Ok(())
 }
 
-/// The multi-step draft backend (backend.md §8): `S − 1` step backends with
+/// The multi-step draft backend (SEMANTICS.md §backend.8): `S − 1` step backends with
 /// step ids `0..S−1`, sharing one set of pools, KV caches and workspace.
 /// Step `i` attends over `seq_lens + i + 1`.
 #[derive(Debug)]
@@ -989,7 +989,7 @@ impl MultiStepDraftBackend {
         self.steps.get_mut(i)
     }
 
-    /// Runs §3 for every step on the same draft-decode batch (mode
+    /// Runs §backend.3 for every step on the same draft-decode batch (mode
     /// DECODE/IDLE with draft spec_info; each step uses its own step id).
     ///
     /// # Errors

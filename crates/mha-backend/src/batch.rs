@@ -1,5 +1,5 @@
-//! Forward modes and the forward batch (spec README "Forward modes",
-//! backend.md §3, §5, §10).
+//! Forward modes and the forward batch (SEMANTICS.md §modes.1,
+//! SEMANTICS.md §backend.3, §backend.5, §backend.10).
 
 use crate::error::{batch_err, Result};
 
@@ -210,10 +210,10 @@ impl ForwardBatch {
     }
 
     /// Pads the batch to a CUDA-graph bucket of `bs` rows and `num_tokens`
-    /// tokens (graph-metadata.md §4, DECISIONS.md D3): padding rows get
+    /// tokens (SEMANTICS.md §graph-metadata.4, DESIGN.md D3): padding rows get
     /// request row 0 and `seq_len` 1, padding tokens slot 0; a ragged verify
-    /// layout is padded to cover the bucket (backend.md §5 step 1) and
-    /// checked against `max_q_len` (§5 decision). Eager metadata of the
+    /// layout is padded to cover the bucket (SEMANTICS.md §backend.5 step 1) and
+    /// checked against `max_q_len` (§backend.5 decision). Eager metadata of the
     /// padded batch equals what a graph replay of that bucket computes.
     ///
     /// # Errors
@@ -284,9 +284,9 @@ impl ForwardBatch {
     }
 }
 
-/// The branch a batch takes (backend.md §3, README branch order:
+/// The branch a batch takes (SEMANTICS.md §backend.3, SEMANTICS.md §modes.1:
 /// decode-or-idle → target verify → draft extend v2 → everything else is an
-/// extend), with the draft step made explicit (backend.md §10).
+/// extend), with the draft step made explicit (SEMANTICS.md §backend.10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AttnMode {
     /// DECODE / IDLE without spec_info: one row per request, offset 0.

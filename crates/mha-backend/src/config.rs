@@ -1,11 +1,11 @@
-//! Backend configuration (backend.md §1, §6; DECISIONS.md D8, D12, D14).
+//! Backend configuration (SEMANTICS.md §backend.1, §backend.6; DESIGN.md D8, D12, D14).
 
 use fp8_kv::{KvCacheDtype, KvScales};
 use paged_attention::{HalfDtype, SplitMode};
 
 use crate::error::{config_err, BackendError, Result};
 
-/// Default workspace size: 512 MiB = 536,870,912 bytes (backend.md §6).
+/// Default workspace size: 512 MiB = 536,870,912 bytes (SEMANTICS.md §backend.6).
 pub const DEFAULT_WORKSPACE_BYTES: usize = 512 << 20;
 /// Environment variable overriding the workspace size, in bytes.
 pub const WORKSPACE_ENV: &str = "MHA_KIT_WORKSPACE_BYTES";
@@ -35,7 +35,7 @@ pub const MAX_GROUP: usize = paged_attention::MAX_GROUP;
 /// the CPU executor enforces it too.
 pub const MAX_DECODE_Q_LEN: usize = 16;
 
-/// One attention layer's shape and parameters (backend.md §7).
+/// One attention layer's shape and parameters (SEMANTICS.md §backend.7).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerConfig {
     /// `Hq`: query heads of this rank.
@@ -48,7 +48,7 @@ pub struct LayerConfig {
     /// window; `Some(0)` = the own key only (D12). In a hybrid model the
     /// layers with a window are the SWA layers.
     pub window_left: Option<u32>,
-    /// `[Hq]` f32 sink logits (attention.md §6), or none.
+    /// `[Hq]` f32 sink logits (SEMANTICS.md §attention.6), or none.
     pub sinks: Option<Vec<f32>>,
     /// Checkpoint K scale (used only with an e4m3 cache; missing, `≤ 0` or
     /// NaN → 1.0, D8).
@@ -121,7 +121,7 @@ pub struct SpecConfig {
     pub topk: usize,
 }
 
-/// Everything the backend needs at construction (backend.md §1).
+/// Everything the backend needs at construction (SEMANTICS.md §backend.1).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BackendConfig {
     /// One entry per attention layer, in layer-id order.
@@ -196,7 +196,7 @@ impl BackendConfig {
         KvScales::from_values(self.kv_dtype, layer.k_scale, layer.v_scale)
     }
 
-    /// Workspace bytes by the rule of backend.md §6 (with mha-kit's variable):
+    /// Workspace bytes by the rule of SEMANTICS.md §backend.6 (with mha-kit's variable):
     /// the config value, else `MHA_KIT_WORKSPACE_BYTES`, else 512 MiB.
     ///
     /// # Errors

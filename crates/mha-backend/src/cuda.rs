@@ -4,7 +4,7 @@
 //! mode; extend-like modes add one copy of `cu_seqlens_q`), K/V writes by
 //! fp8-kv, attention by paged-attention's decode kernel (decode, verify,
 //! draft extend) or context kernel (extend, mixed), and CUDA graphs of whole
-//! steps (backend.md §4–§7).
+//! steps (SEMANTICS.md §backend.4–7).
 //!
 //! Everything is stream-ordered on the [`Gpu`]'s stream. Calls return
 //! without synchronising; device error events go to the executor's error
@@ -1192,7 +1192,7 @@ struct LayerIo {
     out: CudaSlice<u16>,
 }
 
-/// CUDA-graph state (backend.md §4.1): one set of metadata buffers shared
+/// CUDA-graph state (SEMANTICS.md §backend.4.1): one set of metadata buffers shared
 /// by every bucket and mode (each replay rewrites what its layers read,
 /// stream-ordered), static per-layer inputs / outputs, the captured graphs.
 #[derive(Debug)]
@@ -1843,7 +1843,7 @@ impl Executor for CudaExecutor {
         let mode = key.graph_mode();
         let ragged = key.kind == GraphKind::RaggedVerify;
         if ragged {
-            // backend.md §5: written eagerly, outside the graph.
+            // SEMANTICS.md §backend.5: written eagerly, outside the graph.
             launch_metadata(
                 &self.meta_kernel,
                 &self.maps,
@@ -2201,7 +2201,7 @@ fn engine_layer(
     run_attention(&mut acx, plan, kv, sinks, &tables, pass, q, out)
 }
 
-/// `batch` padded to the bucket `key` (D3; ragged lengths per backend.md §5).
+/// `batch` padded to the bucket `key` (D3; ragged lengths per SEMANTICS.md §backend.5).
 pub(crate) fn pad_for(batch: &ForwardBatch, key: GraphKey) -> Result<ForwardBatch> {
     let mut b = batch.clone();
     if key.kind == GraphKind::RaggedVerify && b.verify_lens().is_none() {

@@ -419,7 +419,7 @@ impl EngineKvCache<'_> {
     }
 }
 
-/// The full→SWA maps of a hybrid model's engine (swa-pool.md §2): the slot
+/// The full→SWA maps of a hybrid model's engine (SEMANTICS.md §swa-pool.2): the slot
 /// map `[size + P + 1]` i64 (0 = unmapped, last entry −1) and, optionally,
 /// its page-level form `[(size + P) / P]` i32 ([`swa_pool::SwaMapping::page_map`];
 /// the device page-table build then reads `P` times fewer bytes). The
@@ -437,7 +437,7 @@ pub struct EngineSwaMap<'a> {
 /// per-request tensor is a view of engine memory, read by the kernels (CUDA
 /// executor) with no copy to the host and no stream synchronisation.
 ///
-/// Mode rules (backend.md §3): `mode` is the branch the engine already
+/// Mode rules (SEMANTICS.md §backend.3): `mode` is the branch the engine already
 /// resolved ([`AttnMode`]); `seq_lens` are the scheduler's KV lengths as in
 /// [`crate::ForwardBatch`] (the attention length is `seq_lens + offset` by
 /// the mode's rule). Device data the host cannot check (request rows,

@@ -1,4 +1,4 @@
-//! The backend's one error type (DECISIONS.md D15: every unsupported value is
+//! The backend's one error type (DESIGN.md D15: every unsupported value is
 //! a typed error before any work is done).
 
 use kernel_rt::KernelError;
@@ -17,8 +17,8 @@ pub enum BackendError {
         detail: String,
     },
     /// Speculative `topk > 1` (EAGLE draft trees): only linear draft chains
-    /// are supported (DECISIONS.md D14, backend.md §9).
-    #[error("speculative topk = {0} is not supported: only topk <= 1 (linear draft chains) is (DECISIONS.md D14)")]
+    /// are supported (DESIGN.md D14, SEMANTICS.md §backend.9).
+    #[error("speculative topk = {0} is not supported: only topk <= 1 (linear draft chains) is (DESIGN.md D14)")]
     TopkUnsupported(usize),
     /// A device string that is not `auto`, `cpu` or `cuda:N`.
     #[error("invalid device `{0}`: expected auto, cpu or cuda:N")]
@@ -74,7 +74,7 @@ pub enum BackendError {
     Metadata(String),
     /// A CUDA-graph operation that cannot run: graphs on the CPU executor,
     /// no graph state, a mode without graph metadata (EXTEND, MIXED, …,
-    /// backend.md §9), no captured bucket for a batch, or a bucket shape
+    /// SEMANTICS.md §backend.9), no captured bucket for a batch, or a bucket shape
     /// that does not fit. Never a silent fallback to eager.
     #[error("CUDA graph: {0}")]
     GraphUnsupported(String),

@@ -317,7 +317,7 @@ pub trait Executor: Send + std::fmt::Debug {
         }
     }
 
-    /// Allocates the CUDA-graph buffers (backend.md §4.1) for buckets of up
+    /// Allocates the CUDA-graph buffers (SEMANTICS.md §backend.4.1) for buckets of up
     /// to `max_bs` rows and `max_num_tokens` tokens; drops every captured graph.
     ///
     /// # Errors

@@ -1,11 +1,11 @@
-//! CUDA-graph buckets (backend.md §4, graph-metadata.md §3–§4).
+//! CUDA-graph buckets (SEMANTICS.md §backend.4, SEMANTICS.md §graph-metadata.3–4).
 
 use graph_metadata::GraphMode;
 
 use crate::batch::AttnMode;
 use crate::error::{BackendError, Result};
 
-/// The graph forward modes (backend.md §4.2); every other mode (EXTEND,
+/// The graph forward modes (SEMANTICS.md §backend.4.2); every other mode (EXTEND,
 /// MIXED, …) has no graph metadata and is refused
 /// ([`BackendError::GraphUnsupported`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -20,7 +20,7 @@ pub enum GraphKind {
     /// Uniform TARGET_VERIFY: `num_tokens / bs` rows per request (D2).
     TargetVerify,
     /// Ragged TARGET_VERIFY: metadata written eagerly before every replay
-    /// (backend.md §5), `max_q_len = N` (the configured draft-token count).
+    /// (SEMANTICS.md §backend.5), `max_q_len = N` (the configured draft-token count).
     RaggedVerify,
     /// DRAFT_EXTEND_V2: `num_tokens / bs` rows per request.
     DraftExtendV2,

@@ -3,8 +3,8 @@
 //! The mha-kit paged-attention backend: what a serving engine plugs in.
 //! Given a [`ForwardBatch`] it builds the forward metadata once per pass and,
 //! for every attention layer, writes the layer's new K/V and runs attention,
-//! in every forward mode. Spec: `shared/spec/backend.md` (state machine,
-//! modes, workspace, errors), `DECISIONS.md`, and the kernel families' files.
+//! in every forward mode. Spec: `SEMANTICS.md` §backend (state machine,
+//! modes, workspace, errors), `DESIGN.md`, and the kernel families' files.
 //!
 //! ## Pieces
 //! - [`BackendConfig`] / [`LayerConfig`] / [`SpecConfig`]: per-layer shape
@@ -19,9 +19,9 @@
 //!   allocation is all-or-nothing and exhaustion is an error, never an overwrite.
 //! - [`ForwardBatch`] / [`ForwardMode`] / [`SpecInfo`]: the scheduler's batch.
 //! - [`MhaBackend`]: [`MhaBackend::init_forward_metadata`] (every mode,
-//!   eager, backend.md §3) and [`MhaBackend::forward`] (KV write + attention,
-//!   §7). [`MultiStepDraftBackend`]: `num_steps − 1` step backends sharing
-//!   one state (§8).
+//!   eager, SEMANTICS.md §backend.3) and [`MhaBackend::forward`] (KV write + attention,
+//!   §backend.7). [`MultiStepDraftBackend`]: `num_steps − 1` step backends sharing
+//!   one state (§backend.8).
 //! - Executors ([`Device`], [`Executor`]): the CPU executor runs the kernel
 //!   families' CPU references (page-table and swa-pool for metadata,
 //!   fp8-kv for K/V writes, paged-attention's f64 reference for attention,
@@ -92,7 +92,7 @@
 //!   [`GraphKey`] / [`GraphKind`]): one graph per bucket and mode holding a
 //!   whole step (fused metadata launch, then every layer's K/V write and
 //!   attention over static per-layer inputs / outputs); replay pads the
-//!   batch (D3), writes ragged-verify metadata eagerly (backend.md §5) and
+//!   batch (D3), writes ragged-verify metadata eagerly (SEMANTICS.md §backend.5) and
 //!   launches without a host sync. CUDA executor only
 //!   ([`BackendError::GraphUnsupported`] otherwise).
 //! - Attention time by part ([`part_timing`], off by default): with a
@@ -101,7 +101,7 @@
 //!   and decode launches (no synchronisation); [`PartTimer::read`] gives
 //!   [`PartTimes`] (seconds per part, the context kernel's causal FLOPs).
 //!
-//! ## Per-mode metadata (backend.md §3)
+//! ## Per-mode metadata (SEMANTICS.md §backend.3)
 //!
 //! | mode | `cache_seqlens` | `cu_seqlens_q` | `max_seq_len_q` | kernel rule |
 //! |---|---|---|---|---|
@@ -113,7 +113,7 @@
 //! | EXTEND / MIXED / other | `seq` | `[0, cumsum(extend)]` | `max(extend)` | context |
 //!
 //! `cu_seqlens_k = [0, cumsum(cache_seqlens)]` in every mode. Row `j` of
-//! request `i` sits at position `cache_seqlens[i] − n_i + j` (attention.md §2).
+//! request `i` sits at position `cache_seqlens[i] − n_i + j` (SEMANTICS.md §attention.2).
 //!
 //! ## Split-KV of decode batches (decision, not in the spec)
 //!
@@ -141,7 +141,7 @@
 //! eager, a precaution from an engine read-back race since fixed there.
 //!
 //! [`ForwardBatch::pad_to_bucket`] gives the replay padding (D3) and the
-//! ragged-verify padding (backend.md §5), so eager metadata of a padded
+//! ragged-verify padding (SEMANTICS.md §backend.5), so eager metadata of a padded
 //! batch is what a replay computes (the GPU tests check it bit for bit).
 
 mod backend;

@@ -1,4 +1,4 @@
-//! Eager forward metadata (backend.md §2–§3), built on the host with the
+//! Eager forward metadata (SEMANTICS.md §backend.2–3), built on the host with the
 //! page-table and swa-pool CPU references.
 
 use kernel_rt::ErrorReport;
@@ -8,7 +8,7 @@ use crate::config::MAX_DECODE_Q_LEN;
 use crate::error::{batch_err, Result};
 use crate::pools::Pools;
 
-/// Metadata of one forward pass (backend.md §2), host copies.
+/// Metadata of one forward pass (SEMANTICS.md §backend.2), host copies.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForwardMetadata {
     /// The branch the batch takes.
@@ -157,7 +157,7 @@ pub(crate) fn resolve_mode(batch: &ForwardBatch, step_id: u32) -> Result<AttnMod
         if e.iter().any(|&x| x != q) || (bs > 0 && q < 1) {
             return Err(batch_err(
                 "extend_seq_lens",
-                "DRAFT_EXTEND_V2 needs the same extend length (≥ 1) for every request (backend.md §3)",
+                "DRAFT_EXTEND_V2 needs the same extend length (≥ 1) for every request (SEMANTICS.md §backend.3)",
             ));
         }
         return Ok(AttnMode::DraftExtendV2 { q_len: q as usize });
@@ -194,7 +194,7 @@ impl<'a> Tables<'a> {
     }
 }
 
-/// Builds the eager metadata of `batch` (backend.md §3) against `pools`.
+/// Builds the eager metadata of `batch` (SEMANTICS.md §backend.3) against `pools`.
 pub(crate) fn build(
     batch: &ForwardBatch,
     pools: &Pools,
@@ -204,7 +204,7 @@ pub(crate) fn build(
     build_on(batch, &Tables::of(pools), max_num_pages, step_id)
 }
 
-/// Builds the eager metadata of `batch` (backend.md §3) against `tables`.
+/// Builds the eager metadata of `batch` (SEMANTICS.md §backend.3) against `tables`.
 pub(crate) fn build_on(
     batch: &ForwardBatch,
     pools: &Tables<'_>,

@@ -1,4 +1,4 @@
-//! Host side of the KV pools (fp8-kv.md §1, swa-pool.md §1–§2, §5): the
+//! Host side of the KV pools (SEMANTICS.md §fp8-kv.1, SEMANTICS.md §swa-pool.1–2, §swa-pool.5): the
 //! request-to-token pool, the full-pool page allocator and the hybrid SWA
 //! map. The K/V bytes themselves live in the executor.
 //!
@@ -368,7 +368,7 @@ impl Pools {
     }
 
     /// Returns to the SWA pool the pages of request `req` that slid out of
-    /// every SWA layer's window (swa-pool.md §5, chunk-cache policy):
+    /// every SWA layer's window (SEMANTICS.md §swa-pool.5, chunk-cache policy):
     /// positions below `pre_len − window`, floored to whole pages, where
     /// `pre_len` is the tokens already attended to and `window` the largest
     /// `window_left` of the SWA layers. Returns the SWA pages freed. Without

@@ -1,5 +1,5 @@
 //! CPU-executor tests: every mode on small random batches against a direct
-//! computation, edge cases 14–19 (spec edge-cases.md), empty / IDLE
+//! computation, edge cases 14–19 (SEMANTICS.md §edge-cases), empty / IDLE
 //! batches, pool exhaustion, config errors, multi-step draft.
 
 use std::collections::BTreeMap;
@@ -154,7 +154,7 @@ impl Sim {
         );
     }
 
-    /// attention.md §2 written out directly over the model's history.
+    /// SEMANTICS.md §attention.2 written out directly over the model's history.
     fn direct(&self, layer: usize, parts: &[Part], q: &[u16]) -> Vec<f64> {
         let l = &self.config.layers[layer];
         let (hq, hkv, d) = (l.num_q_heads, l.num_kv_heads, l.head_dim);

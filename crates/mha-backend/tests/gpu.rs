@@ -452,7 +452,7 @@ fn graph_vs_eager(config: BackendConfig, mode: Mode, seed: u64, steps: u32) -> R
         .init_cuda_graph_state(max_bs * n, max_bs * n)
         .or_fail("graph state")?;
     if kind == GraphKind::RaggedVerify {
-        // Upstream's ragged keying: bs = num_tokens (backend.md §5).
+        // Upstream's ragged keying: bs = num_tokens (SEMANTICS.md §backend.5).
         let mut t = 1;
         while t <= max_bs * n {
             w.backends[1]

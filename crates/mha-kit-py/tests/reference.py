@@ -26,7 +26,7 @@ def to_f64(x):
 
 
 def attention(q, k_hnd, v_hnd, block_tables, seq_lens, rows, bmm1, bmm2, window_left, sinks):
-    """Paged attention (attention.md §2).
+    """Paged attention (SEMANTICS.md §attention.2).
 
     q: [T, Hq, D]; k_hnd / v_hnd: [pages, Hkv, P, D] (values); rows: per
     request (first row, n rows). Returns out [T, Hq, D] float64 and the mask
@@ -66,7 +66,7 @@ def attention(q, k_hnd, v_hnd, block_tables, seq_lens, rows, bmm1, bmm2, window_
 
 def page_table(req_to_token, req_pool_indices, cache_seqlens, page_table, page_size,
                full_to_swa=None, swa_page_table=None):
-    """The page table (page-table.md §3) into copies of the outputs (valid input)."""
+    """The page table (SEMANTICS.md §page-table.3) into copies of the outputs (valid input)."""
     pt = page_table.copy()
     spt = None if swa_page_table is None else swa_page_table.copy()
     for i, (r, length) in enumerate(zip(req_pool_indices, cache_seqlens)):
@@ -81,7 +81,7 @@ def page_table(req_to_token, req_pool_indices, cache_seqlens, page_table, page_s
 
 
 def e4m3_satfinite(x, inv_scale):
-    """Bytes of the fused FP8 write (fp8-kv.md §3): f32 product, RNE, ±448, NaN → 0x7F."""
+    """Bytes of the fused FP8 write (SEMANTICS.md §fp8-kv.3): f32 product, RNE, ±448, NaN → 0x7F."""
     y = (np.asarray(x, dtype=np.float32) * np.float32(inv_scale)).astype(np.float32)
     nan = np.isnan(y)
     y = np.clip(np.where(nan, 0, y), -448.0, 448.0)

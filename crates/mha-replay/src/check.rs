@@ -8,7 +8,7 @@
 //! (its `G = Hq / Hkv` query heads) are compared, so checks stay cheap on
 //! the host.
 //!
-//! Tolerances (attention.md §10): bf16/f16 KV `atol = rtol = 1e-2`; FP8 KV
+//! Tolerances (SEMANTICS.md §attention.10): bf16/f16 KV `atol = rtol = 1e-2`; FP8 KV
 //! `atol 7e-2, rtol 4e-2`; doubled for multi-row (verify / extend)
 //! requests. An element is a mismatch when `|got − ref| > atol + rtol·|ref|`
 //! or `got` is not finite.
@@ -136,7 +136,7 @@ impl Checker {
         // row t holding position pos_lo + t.
         let first_x = p.kv_len - p.n + rows[0];
         let x_max = p.kv_len - p.n + rows[rows.len() - 1];
-        // First key position row x sees (attention.md §2: keys [x − W, x]).
+        // First key position row x sees (SEMANTICS.md §attention.2: keys [x − W, x]).
         let lo_of = |x: usize| match l.window_left {
             Some(w) => x.saturating_sub(w as usize),
             None => 0,
@@ -237,7 +237,7 @@ impl Checker {
     }
 }
 
-/// Attention of one query row in f64 (attention.md §2–§4, the plain
+/// Attention of one query row in f64 (SEMANTICS.md §attention.2–4, the plain
 /// formula): for each of the `group` heads in `q` (`[group, d]`),
 /// `out_h = bmm2 · Σ_t w_t v_t / (Σ_t w_t + e^(sink_h − m))` with
 /// `w_t = e^(bmm1 · q_h·k_t − m)` over key positions `keys` of `k`, `v`

@@ -127,7 +127,7 @@ pub fn bucket_shape(
             Some((b, b * (tokens / bs)))
         }
         GraphKind::RaggedVerify => {
-            // Upstream's ragged keying (backend.md §5): bs = num_tokens.
+            // Upstream's ragged keying (SEMANTICS.md §backend.5): bs = num_tokens.
             let t = bucket(tokens.max(bs), max_bs * n.max(1))?;
             // Large ragged buckets are correct (whole conv trace, spec 3,
             // every bucket replayed: 0 mismatches on the H200) but slower

@@ -1,4 +1,4 @@
-//! Builds the page table of page-table.md §7 (P = 4, with a full→SWA map) on
+//! Builds the page table of SEMANTICS.md §page-table.7 (P = 4, with a full→SWA map) on
 //! the GPU when one is present, and with the CPU reference otherwise, and
 //! prints both tables.
 //!

@@ -1,5 +1,5 @@
 // mha-kit kernel family: page table (+ SWA page table) from req_to_token.
-// Semantics: shared/spec/page-table.md §3-§6 and DECISIONS.md D9, D11.
+// Semantics: SEMANTICS.md §page-table.3-6 and DESIGN.md D9, D11.
 // Params structs and error flags: page_table_abi.cuh, generated from the Rust
 // definitions (src/launch.rs, src/scatter.rs, src/lib.rs) by `cargo xtask abi`.
 #include "mha_kit/common.cuh"
@@ -93,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(256, 8) page_table_build(const Page
 }
 
 // ---- req_to_token update: scatter (position, slot) entries ----
-// Spec: page-table.md has no update kernel; mha-kit's crate docs (src/lib.rs,
+// SEMANTICS.md §page-table has no update kernel; mha-kit's crate docs (src/lib.rs,
 // "Updating req_to_token") define it.
 
 

@@ -72,10 +72,10 @@ kernel_rt::abi_struct! {
 unsafe impl DeviceRepr for PageTableParams {}
 
 /// The SWA half of a launch: the full→SWA slot map and the table it fills.
-/// Both or neither, by construction (spec §4.5).
+/// Both or neither, by construction (SEMANTICS.md §page-table.4).
 #[derive(Debug)]
 pub struct SwaTables<'a> {
-    /// `[N_map]` i64, `N_map = size_full + P + 1`, last element −1 (swa-pool.md).
+    /// `[N_map]` i64, `N_map = size_full + P + 1`, last element −1 (SEMANTICS.md §swa-pool.2).
     pub full_to_swa: Strided<'a, i64, 1>,
     /// `[bs, M]` i32, last dim contiguous; live prefixes written.
     pub swa_page_table: StridedMut<'a, i32, 2>,
@@ -98,7 +98,7 @@ pub struct PageTableArgs<'a> {
     /// SWA map and table, for hybrid models.
     pub swa: Option<SwaTables<'a>>,
     /// Number of slots in the full pool (`size + P`); when given, a slot at or
-    /// past it writes page 0 and is counted (DECISIONS.md D9).
+    /// past it writes page 0 and is counted (DESIGN.md D9).
     pub pool_slots: Option<usize>,
 }
 
@@ -219,7 +219,7 @@ impl PageTableKernel {
     /// alive until the stream is synchronised. Bad device data is counted in
     /// `errors` (flags [`crate::ErrorFlags`]), never read or written out of bounds.
     ///
-    /// Runs on sm_90 (compute_90 PTX; newer GPUs JIT it). Spec: page-table.md §3–§6.
+    /// Runs on sm_90 (compute_90 PTX; newer GPUs JIT it). Spec: SEMANTICS.md §page-table.3–6.
     ///
     /// # Errors
     /// As [`validate`]; [`KernelError::Driver`] when the launch fails.

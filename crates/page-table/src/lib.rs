@@ -5,7 +5,7 @@
 //! the **SWA page table** when a full→SWA slot map is given.
 //!
 //! For every batch row `i` with `L = cache_seqlens[i]`, `n = ceil(L / P)` and
-//! `r = req_pool_indices[i]` (spec `shared/spec/page-table.md` §3):
+//! `r = req_pool_indices[i]` (SEMANTICS.md §page-table.3):
 //!
 //! ```text
 //! page_table[i, p]     = req_to_token[r, p * P] / P                 for p < n
@@ -13,14 +13,14 @@
 //! ```
 //!
 //! Only each row's live prefix is written; entries `p ≥ n` keep what the
-//! buffer held. Any page size `P ≥ 1` works (DECISIONS.md D16; upstream
+//! buffer held. Any page size `P ≥ 1` works (DESIGN.md D16; upstream
 //! restricts `P` to divisors of 4096 and the server to 16/32/64).
 //!
 //! Device data the host cannot see is checked in the kernel and counted in the
 //! device error word ([`kernel_rt::DeviceErrors`]; flag bits [`ErrorFlags`]):
 //! a request index outside `[0, R)` skips the row; a row needing more than
 //! `max_num_pages` pages, or pages past the row's `W` tokens, is clamped
-//! (DECISIONS.md D11); a negative slot gives page 0 in the full table and −1 in
+//! (DESIGN.md D11); a negative slot gives page 0 in the full table and −1 in
 //! the SWA table, a slot past the pool gives page 0, a slot past the SWA map
 //! gives SWA page 0 (D9). Nothing is ever read or written out of bounds.
 //!

@@ -1,5 +1,5 @@
-//! CPU reference: the plain definition of `shared/spec/page-table.md` §3, with
-//! mha-kit's handling of out-of-domain device data (DECISIONS.md D9, D11).
+//! CPU reference: the plain definition of SEMANTICS.md §page-table.3, with
+//! mha-kit's handling of out-of-domain device data (DESIGN.md D9, D11).
 //! The GPU kernel must match it bit for bit, error word included.
 
 use kernel_rt::ErrorReport;
@@ -25,7 +25,7 @@ pub struct HostInputs<'a> {
     pub page_size: usize,
     /// `M`: width of the page tables, in pages.
     pub max_num_pages: usize,
-    /// `[N_map]` full→SWA slot map (swa-pool.md), if the SWA table is built.
+    /// `[N_map]` full→SWA slot map (SEMANTICS.md §swa-pool.2), if the SWA table is built.
     pub full_to_swa: Option<&'a [i64]>,
     /// Slots in the full pool; a slot at or past it is counted (D9).
     pub pool_slots: Option<usize>,

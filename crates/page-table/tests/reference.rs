@@ -110,7 +110,7 @@ fn spec_rows() -> Vec<Vec<i32>> {
     ]
 }
 
-/// SWA map of edge-cases.md: full page 3→1, 2→2, 10→3, 5→4, 9→5, 7 evicted;
+/// SWA map of SEMANTICS.md §edge-cases: full page 3→1, 2→2, 10→3, 5→4, 9→5, 7 evicted;
 /// size 48, length 53, last element −1.
 fn spec_map() -> Vec<i64> {
     let mut map = vec![0i64; 53];
@@ -123,7 +123,7 @@ fn spec_map() -> Vec<i64> {
     map
 }
 
-/// page-table.md §7 and edge-cases.md 1, 5.
+/// SEMANTICS.md §page-table.7 and edge cases 1, 5 (SEMANTICS.md §edge-cases).
 #[test]
 fn spec_worked_example_with_swa() {
     let map = spec_map();
@@ -154,7 +154,7 @@ fn spec_worked_example_with_swa() {
     }
 }
 
-/// edge-cases.md 2 (P = 1 copies the slots) and 3 (P = 16 boundary).
+/// edge cases 2 (SEMANTICS.md §edge-cases) (P = 1 copies the slots) and 3 (P = 16 boundary).
 #[test]
 fn page_size_one_and_sixteen() {
     let (t, _, _) = run(&[vec![5, 9, 2, 7]], &[0], &[4], 1, 4, None);
@@ -166,7 +166,7 @@ fn page_size_one_and_sixteen() {
     assert_eq!(t, vec![2, 3]);
 }
 
-/// edge-cases.md 4 and 6: zero length untouched; a row longer than M clamps.
+/// edge cases 4 (SEMANTICS.md §edge-cases) and 6: zero length untouched; a row longer than M clamps.
 #[test]
 fn zero_length_and_row_past_table_width() {
     let (t, _, err) = run(&spec_rows(), &[2], &[0], 4, 4, None);
@@ -184,7 +184,7 @@ fn zero_length_and_row_past_table_width() {
     );
 }
 
-/// DECISIONS.md D9: negative slot → 0 (full) / −1 (SWA); out-of-map → SWA 0;
+/// DESIGN.md D9: negative slot → 0 (full) / −1 (SWA); out-of-map → SWA 0;
 /// bad request index → row skipped; all counted.
 #[test]
 fn out_of_domain_device_data_is_counted() {

@@ -1,6 +1,6 @@
 // mha-kit kernel family: paged-KV attention, decode and multi-token verify.
-// Semantics: shared/spec/attention.md §2-§7, fp8-kv.md §4, DECISIONS.md D4-D6,
-// D10, D12, D13. Design: shared/design/ATTENTION-KERNELS.md. Two kernels:
+// Semantics: SEMANTICS.md §attention.2-7, SEMANTICS.md §fp8-kv.4, DESIGN.md D4-D6,
+// D10, D12, D13. Two kernels:
 // paged_attention_decode_* (CUDA cores, every D/dtype; described here) and
 // paged_attention_mma_* (tensor cores, D 64/128; see "tensor-core path" below).
 //

@@ -1,7 +1,7 @@
 // mha-kit kernel family: paged-KV attention, context / prefill / chunked
-// prefill ("extend"). Semantics: shared/spec/attention.md §2-§7 (context call
-// §4.2), fp8-kv.md §4, DECISIONS.md D4, D10, D12, D13. Design:
-// shared/design/ATTENTION-KERNELS.md §2, §5 (the compute_90 FA2 structure).
+// prefill ("extend"). Semantics: SEMANTICS.md §attention.2-7 (context call
+// §attention.4.2), SEMANTICS.md §fp8-kv.4, DESIGN.md D4, D10, D12, D13. Design (the
+// compute_90 FA2 structure) below.
 //
 // Work item = CTA (KV head h, request b, q tile). The rows of request b for the
 // G query heads sharing h are packed token-major (r -> token j = r / G, head

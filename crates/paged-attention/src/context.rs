@@ -1,5 +1,5 @@
 //! Context / prefill / chunked-prefill ("extend") attention over a paged KV
-//! cache (spec `attention.md` §2–§7, context call §4.2; DECISIONS.md D4, D10,
+//! cache (SEMANTICS.md §attention.2–7, context call §attention.4.2; DESIGN.md D4, D10,
 //! D12, D13, D15).
 //!
 //! Ragged query rows `q [total_q_tokens, Hq, D]` grouped by `cu_seqlens_q

@@ -170,7 +170,7 @@ impl KvCache<'_> {
     }
 }
 
-/// How query rows are grouped into requests (attention.md §4.1).
+/// How query rows are grouped into requests (SEMANTICS.md §attention.4.1).
 #[derive(Debug)]
 pub enum QueryLayout<'a> {
     /// `n = q_len_per_req` rows per request (1 = decode), `num_tokens = bs·n`.

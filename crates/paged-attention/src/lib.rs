@@ -3,7 +3,7 @@
 //! mha-kit kernel family: attention of new query rows against a **paged KV
 //! cache**, for decode (one row per request) and speculative **verify**
 //! (uniform `q_len_per_req` 1..=16, or ragged `cu_seqlens_q` + `max_q_len`).
-//! Spec: `shared/spec/attention.md` §2–§7, `fp8-kv.md` §1/§4, DECISIONS.md
+//! Spec: SEMANTICS.md §attention.2–7, SEMANTICS.md §fp8-kv.1, §fp8-kv.4, DESIGN.md
 //! D4–D6, D10, D12, D13.
 //!
 //! For request `i` with `n_i` rows and KV length `L_i`, row `j` sits at

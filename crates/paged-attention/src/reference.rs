@@ -1,10 +1,10 @@
-//! The CPU definition of paged attention (spec `attention.md` §2), in f64,
+//! The CPU definition of paged attention (SEMANTICS.md §attention.2), in f64,
 //! from the *stored* values of Q, K and V. Shared by the decode/verify kernel
 //! and the future context kernel: rows are given per request, and row `j` of
 //! request `i` sits at position `cache_seqlens[i] − n_i + j`.
 //!
 //! It also returns the [`ErrorReport`] the GPU's device error word must hold
-//! (flag bits [`crate::ErrorFlags`]; DECISIONS.md D10, D13), and each row's
+//! (flag bits [`crate::ErrorFlags`]; DESIGN.md D10, D13), and each row's
 //! natural-log log-sum-exp ([`RefOutput::lse`]), the second half of the
 //! row's partial state when the keys are split ([`crate::merge`]).
 //! [`attention_at`] runs the same definition over a shard of the keys
@@ -57,7 +57,7 @@ pub enum KvData<'a> {
     Bf16(&'a [u16]),
     /// f16 bits.
     F16(&'a [u16]),
-    /// e4m3 (`float8_e4m3fn`) bytes, decoded per fp8-kv.md §4.
+    /// e4m3 (`float8_e4m3fn`) bytes, decoded per SEMANTICS.md §fp8-kv.4.
     E4m3(&'a [u8]),
 }
 
@@ -97,7 +97,7 @@ impl HostKv<'_> {
     }
 }
 
-/// How query rows are grouped into requests (attention.md §4.1).
+/// How query rows are grouped into requests (SEMANTICS.md §attention.4.1).
 #[derive(Debug, Clone, Copy)]
 pub enum HostLayout<'a> {
     /// Every request has `q_len_per_req` rows; request `i` owns rows
@@ -258,7 +258,7 @@ pub struct RefOutput {
     pub errors: ErrorReport,
 }
 
-/// Visible keys of a row at position `x` (attention.md §2), before the
+/// Visible keys of a row at position `x` (SEMANTICS.md §attention.2), before the
 /// page check: `max(0, x − W) ..= x`, empty when `x < 0`.
 pub fn visible_range(x: i64, window_left: Option<u32>) -> std::ops::Range<i64> {
     if x < 0 {
@@ -380,7 +380,7 @@ impl KeyPositions<'_> {
     }
 }
 
-/// Paged attention, exactly as attention.md §2, in f64, with the row
+/// Paged attention, exactly as SEMANTICS.md §attention.2, in f64, with the row
 /// log-sum-exp ([`RefOutput::lse`]). The unsharded case of [`attention_at`].
 ///
 /// Per request: rows `j < n` at `x = L − n + j`; keys in [`visible_range`]

@@ -1,5 +1,5 @@
 //! CPU tests of the context (prefill / chunked prefill) call: the issue's
-//! "Must pass" examples and edge-cases.md 14, 15, 20–27 on the f64 reference
+//! "Must pass" examples and edge cases 14, 15, 20–27 (SEMANTICS.md §edge-cases) on the f64 reference
 //! (ragged layout), context launch geometry, params layout, PTX entry names,
 //! freshness and the register/smem budgets, and the random-case generator's
 //! invariants.
@@ -102,7 +102,7 @@ fn edge_15_mixed_batch() {
     }
 }
 
-/// Edge cases 20, 21, 25, 26 (attention.md §11) in the ragged layout.
+/// Edge cases 20, 21, 25, 26 (SEMANTICS.md §attention.11) in the ragged layout.
 #[test]
 fn edge_20_to_26_worked_examples() {
     let c = to_ragged(worked_example(2, 2, Some(2), None, 1.0));

@@ -295,7 +295,7 @@ fn lse_counts_the_visible_keys() {
     }
 }
 
-/// attention.md §11 data (GQA 2 over 1 KV head, two rows at positions 3
+/// SEMANTICS.md §attention.11 data (GQA 2 over 1 KV head, two rows at positions 3
 /// and 4), with and without a window and sinks, against a direct sum.
 #[test]
 fn lse_of_the_worked_example() {

@@ -1,5 +1,5 @@
 //! CPU tests of the paged-attention family: the "Must pass" examples
-//! and edge-cases.md 20–27 on the f64 reference, reference properties
+//! and edge cases 20–27 (SEMANTICS.md §edge-cases) on the f64 reference, reference properties
 //! (proptest), launch geometry, params layout, PTX entry names and freshness.
 
 #![allow(clippy::needless_range_loop)]
@@ -117,7 +117,7 @@ fn must_pass_long_mean() {
     assert_eq!(half::bf16::from_f64(r.out[0]).to_f64(), 3.0);
 }
 
-/// attention.md §11 and edge-cases.md 20, 21, 25, 26.
+/// SEMANTICS.md §attention.11 and edge cases 20, 21, 25, 26 (SEMANTICS.md §edge-cases).
 #[test]
 fn spec_worked_example() {
     let check = |c: &Case, row: usize, h0: [f64; 2], h1: Option<[f64; 2]>| {
@@ -164,7 +164,7 @@ fn spec_worked_example() {
     );
 }
 
-/// edge-cases.md 22 (W = 0 → self only) and 24 (fewer keys than rows → zeros).
+/// edge cases 22 (SEMANTICS.md §edge-cases) (W = 0 → self only) and 24 (fewer keys than rows → zeros).
 #[test]
 fn self_only_window_and_empty_rows() {
     let mut c = uniform_weights_case(KvDtype::Bf16, 1, 1, 4, &[5], Some(2), 2, |_, t| t as f64);

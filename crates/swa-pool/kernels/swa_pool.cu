@@ -1,5 +1,5 @@
 // mha-kit kernel family: full -> SWA index translation (hybrid full / SWA KV pool).
-// Semantics: shared/spec/swa-pool.md §2-§4, page-table.md §3-§6, DECISIONS.md D9, D11.
+// Semantics: SEMANTICS.md §swa-pool.2-4, SEMANTICS.md §page-table.3-6, DESIGN.md D9, D11.
 // Params structs and error flags: swa_pool_abi.cuh, generated from the Rust
 // definitions (src/launch.rs, src/lib.rs) by `cargo xtask abi`.
 //
@@ -128,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(256) swa_pool_translate_pages(const
 }
 
 // ---- map update: apply (full_page, swa_page) entries ----
-// Spec: swa-pool.md has no update kernel; the crate docs (src/lib.rs,
+// SEMANTICS.md §swa-pool has no update kernel; the crate docs (src/lib.rs,
 // "Updating the map on the device") define it.
 
 // One thread per map element (entry e, offset o), grid-stride; 1-D grid.

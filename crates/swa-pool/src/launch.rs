@@ -101,7 +101,7 @@ pub struct SwaLocArgs<'a> {
     /// `[n]` i64 full-pool token locations, contiguous (−1 allowed: the sentinel).
     pub out_cache_loc: Strided<'a, i64, 1>,
     /// `[N_map]` i64 full→SWA slot map, contiguous, `N_map = size + P + 1 ≥ 1`,
-    /// last element −1 (swa-pool.md §2; [`crate::SwaMapping::upload`]).
+    /// last element −1 (SEMANTICS.md §swa-pool.2; [`crate::SwaMapping::upload`]).
     pub full_to_swa: Strided<'a, i64, 1>,
     /// `[out_len]` i64 output, contiguous, `out_len ≥ n`: SWA locations for
     /// `i < n`, 0 for the tail (the fixed-size graph buffer's zero tail).
@@ -236,7 +236,7 @@ pub fn validate_pages(args: &SwaPageArgs<'_>) -> Result<SwaPageParams> {
     })
 }
 
-/// Token-location translation launcher (swa-pool.md §3): the kernel function
+/// Token-location translation launcher (SEMANTICS.md §swa-pool.3): the kernel function
 /// is resolved once, at construction; launches are stream-ordered on the
 /// GPU's stream and graph-capturable (no host sync, no allocation, no copy).
 #[derive(Debug)]
@@ -270,7 +270,7 @@ impl SwaLocKernel {
     /// counted in `errors` (flags [`crate::ErrorFlags`]), never read through.
     /// Asynchronous: the buffers must stay alive until the stream is synchronised.
     ///
-    /// Runs on sm_90 (compute_90 PTX; newer GPUs JIT it). Spec: swa-pool.md §3.
+    /// Runs on sm_90 (compute_90 PTX; newer GPUs JIT it). Spec: SEMANTICS.md §swa-pool.3.
     ///
     /// # Errors
     /// As [`validate_loc`]; [`KernelError::Driver`] when the launch fails.
@@ -297,7 +297,7 @@ impl SwaLocKernel {
     }
 }
 
-/// Page-id translation launcher (swa-pool.md §4, page-table.md §3): the
+/// Page-id translation launcher (SEMANTICS.md §swa-pool.4, SEMANTICS.md §page-table.3): the
 /// kernel function is resolved once, at construction; launches are
 /// stream-ordered and graph-capturable.
 #[derive(Debug)]
@@ -332,8 +332,8 @@ impl SwaPageKernel {
     /// [`crate::ErrorFlags`]), never read or written out of bounds.
     /// Asynchronous: the buffers must stay alive until the stream is synchronised.
     ///
-    /// Runs on sm_90 (compute_90 PTX; newer GPUs JIT it). Spec: swa-pool.md §4,
-    /// page-table.md §3–§6, DECISIONS.md D9, D11.
+    /// Runs on sm_90 (compute_90 PTX; newer GPUs JIT it). Spec: SEMANTICS.md §swa-pool.4,
+    /// SEMANTICS.md §page-table.3–6, DESIGN.md D9, D11.
     ///
     /// # Errors
     /// As [`validate_pages`]; [`KernelError::Driver`] when the launch fails.

@@ -1,7 +1,7 @@
 //! # swa-pool
 //!
 //! mha-kit kernel family for hybrid models whose sliding-window (SWA) layers
-//! keep their KV in a second, smaller pool (spec `shared/spec/swa-pool.md`).
+//! keep their KV in a second, smaller pool (`SEMANTICS.md` §swa-pool).
 //! The scheduler, `req_to_token` and `out_cache_loc` speak only the *full*
 //! index space; SWA layers need every location translated through the
 //! full→SWA slot map `full_to_swa` (`[size + P + 1]` i64, 0 = unmapped, last
@@ -11,8 +11,8 @@
 //! allocation, no copy):
 //!
 //! ```text
-//! swa_loc[i]            = full_to_swa[out_cache_loc[i]]            (§3; −1 stays −1)
-//! swa_page_table[i, p]  = full_to_swa[req_to_token[r, p·P]] / P     (§4, page-table.md §3)
+//! swa_loc[i]            = full_to_swa[out_cache_loc[i]]            (§swa-pool.3; −1 stays −1)
+//! swa_page_table[i, p]  = full_to_swa[req_to_token[r, p·P]] / P     (§swa-pool.4, SEMANTICS.md §page-table.3)
 //! ```
 //!
 //! The page translation gathers by the full **token slot** of the page's first
@@ -21,14 +21,14 @@
 //! location is the sentinel and gives −1 (at every page size, `P = 1`
 //! included); any other location outside the map is written as the dummy slot
 //! 0 and counted in the device error word ([`kernel_rt::DeviceErrors`], flag
-//! bits [`ErrorFlags`]). Page-table rows follow page-table.md §4 and
-//! DECISIONS.md D9/D11 (bad request index skipped, rows clamped to `M`, a
+//! bits [`ErrorFlags`]). Page-table rows follow SEMANTICS.md §page-table.4 and
+//! DESIGN.md D9/D11 (bad request index skipped, rows clamped to `M`, a
 //! negative slot gives SWA page −1, an out-of-map slot gives SWA page 0; each
 //! counted).
 //!
 //! Host side ([`SwaMapping`], [`LayersMapping`]): the map itself with
 //! page-granular allocation and freeing of SWA slots for full slots,
-//! eviction of out-of-window pages back to the dummy page (§5), and one-call
+//! eviction of out-of-window pages back to the dummy page (§swa-pool.5), and one-call
 //! upload to the device. Exhaustion, out-of-range slots and double mapping
 //! are typed errors ([`SwaError`]); the map is never overwritten.
 //!

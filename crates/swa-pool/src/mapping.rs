@@ -1,4 +1,4 @@
-//! Host side of the hybrid full / SWA pool (swa-pool.md §1, §2, §5): the
+//! Host side of the hybrid full / SWA pool (SEMANTICS.md §swa-pool.1, §swa-pool.2, §swa-pool.5): the
 //! full→SWA slot map with page-granular allocation, freeing and eviction, and
 //! the layer routing table.
 
@@ -67,7 +67,7 @@ pub enum SwaError {
     Kernel(#[from] KernelError),
 }
 
-/// How the out-of-window threshold is computed (swa-pool.md §5).
+/// How the out-of-window threshold is computed (SEMANTICS.md §swa-pool.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EvictionPolicy {
     /// Chunk cache (no prefix tree): `threshold = pre_len − window`.
@@ -80,7 +80,7 @@ pub enum EvictionPolicy {
     },
 }
 
-/// The full→SWA slot map of a hybrid pool (swa-pool.md §2) and the SWA
+/// The full→SWA slot map of a hybrid pool (SEMANTICS.md §swa-pool.2) and the SWA
 /// pool's page allocator.
 ///
 /// - `map()`: `[size + P + 1]` i64; entry `f < size + P` is the SWA slot that
@@ -314,8 +314,8 @@ impl SwaMapping {
         Ok(fresh)
     }
 
-    /// Allocates SWA slots for newly allocated full token slots (swa-pool.md
-    /// §2): a slot whose full page has no SWA page yet gets one (the whole
+    /// Allocates SWA slots for newly allocated full token slots (SEMANTICS.md
+    /// §swa-pool.2): a slot whose full page has no SWA page yet gets one (the whole
     /// page is mapped, offsets preserved); a slot of an already mapped page
     /// keeps that page's mapping (the paired allocators extend a partly
     /// filled page). Returns the SWA slot of each input slot.
@@ -341,7 +341,7 @@ impl SwaMapping {
         Ok(full_slots.iter().map(|&s| self.map[s as usize]).collect())
     }
 
-    /// Tail-only allocation (disaggregated decode, swa-pool.md §2): only the
+    /// Tail-only allocation (disaggregated decode, SEMANTICS.md §swa-pool.2): only the
     /// last `k` of `full_slots` get SWA slots (page-granular, as
     /// [`Self::alloc_slots`]); every other page of `full_slots` ends unmapped
     /// (all 0; an SWA page it held is returned). Returns the SWA slot of each
@@ -383,7 +383,7 @@ impl SwaMapping {
         Ok(full_slots.iter().map(|&s| self.map[s as usize]).collect())
     }
 
-    /// Frees the SWA slots of `full_slots` (swa-pool.md §2): each slot is
+    /// Frees the SWA slots of `full_slots` (SEMANTICS.md §swa-pool.2): each slot is
     /// widened to its whole full page; a mapped page's SWA page is returned
     /// to the free list and its entries written 0; unmapped pages are left
     /// as they are. Returns the number of SWA pages freed.
@@ -400,7 +400,7 @@ impl SwaMapping {
     }
 
     /// Returns the SWA slots of a request's tokens that slid out of the
-    /// window (swa-pool.md §5). `row` is the request's `req_to_token` row
+    /// window (SEMANTICS.md §swa-pool.5). `row` is the request's `req_to_token` row
     /// (full slots by position), `pre_len` its cached tokens, `evicted` the
     /// position below which its SWA slots are already freed (0 at first).
     ///
@@ -491,7 +491,7 @@ impl SwaMapping {
     }
 }
 
-/// Routing of global layer ids to the two sub-pools (swa-pool.md §1): full
+/// Routing of global layer ids to the two sub-pools (SEMANTICS.md §swa-pool.1): full
 /// layers are numbered `0..` in the order of the full-layer list, SWA layers
 /// likewise.
 #[derive(Debug, Clone, Default)]

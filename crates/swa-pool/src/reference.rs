@@ -1,6 +1,6 @@
-//! CPU reference: the plain definitions of `shared/spec/swa-pool.md` §3–§4
-//! (and page-table.md §3), with mha-kit's handling of out-of-domain device
-//! data (DECISIONS.md D9, D11). The GPU kernels must match them bit for bit,
+//! CPU reference: the plain definitions of SEMANTICS.md §swa-pool.3–4
+//! (and SEMANTICS.md §page-table.3), with mha-kit's handling of out-of-domain device
+//! data (DESIGN.md D9, D11). The GPU kernels must match them bit for bit,
 //! error word included.
 
 use kernel_rt::ErrorReport;

@@ -62,7 +62,7 @@ fn sentinel_survives_every_page_size() {
     }
 }
 
-/// SWA map of edge-cases.md: full page 3→1, 2→2, 10→3, 5→4, 9→5, 7 evicted;
+/// SWA map of SEMANTICS.md §edge-cases: full page 3→1, 2→2, 10→3, 5→4, 9→5, 7 evicted;
 /// size 48, length 53, built through `SwaMapping`.
 fn spec_mapping() -> SwaMapping {
     let mut m = SwaMapping::new(48, 24, 4).unwrap();
@@ -88,7 +88,7 @@ fn spec_map() -> Vec<i64> {
     map
 }
 
-/// swa-pool.md §6: `translate([9, 23, 29, −1])` = `[9, 19, 0, −1]`, page ids 1 and 0.
+/// SEMANTICS.md §swa-pool.6: `translate([9, 23, 29, −1])` = `[9, 19, 0, −1]`, page ids 1 and 0.
 #[test]
 fn spec_worked_example() {
     let map = spec_map();
@@ -141,8 +141,8 @@ fn pages(
     (table, err)
 }
 
-/// edge-cases.md 5: `rpi = [1, 2]`, `cache_seqlens = [10, 4]` → SWA `[1,0,2]`, `[4]`;
-/// plus the other rows of page-table.md §7.
+/// edge cases 5 (SEMANTICS.md §edge-cases): `rpi = [1, 2]`, `cache_seqlens = [10, 4]` → SWA `[1,0,2]`, `[4]`;
+/// plus the other rows of SEMANTICS.md §page-table.7.
 #[test]
 fn edge_case_5_swa_page_table_with_evicted_page() {
     let map = spec_map();
@@ -181,7 +181,7 @@ fn page_translation_gathers_by_token_slot() {
     assert!(err.is_clean());
 }
 
-/// edge-cases.md 12: `[−1, 23, 29]` → eager `[−1, 19, 0]`; into a length-5
+/// edge cases 12 (SEMANTICS.md §edge-cases): `[−1, 23, 29]` → eager `[−1, 19, 0]`; into a length-5
 /// buffer → `[−1, 19, 0, 0, 0]` (zero tail).
 #[test]
 fn edge_case_12_sentinel_and_short_input() {
@@ -497,7 +497,7 @@ fn op(slots: i64) -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The map's invariants (swa-pool.md §2) hold after every operation.
+/// The map's invariants (SEMANTICS.md §swa-pool.2) hold after every operation.
 fn check_invariants(m: &SwaMapping) -> Result<(), TestCaseError> {
     let p = m.page_size();
     let map = m.map();

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 /// What outputs are poisoned with before a launch.
 pub const POISON: i32 = -0x5A5A_5A5A;
 
-/// `req_to_token` of edge-cases.md (P = 4): row 0 all zeros (padding row),
+/// `req_to_token` of SEMANTICS.md §edge-cases (P = 4): row 0 all zeros (padding row),
 /// row 1 = pages 3, 7, 2, 10; row 2 = pages 5, 9 (then zeros). Width 16.
 pub fn spec_rows() -> Vec<Vec<i32>> {
     vec![
@@ -26,7 +26,7 @@ pub fn spec_rows() -> Vec<Vec<i32>> {
     ]
 }
 
-/// SWA map of edge-cases.md: full page 3→1, 2→2, 10→3, 5→4, 9→5, 7 evicted;
+/// SWA map of SEMANTICS.md §edge-cases: full page 3→1, 2→2, 10→3, 5→4, 9→5, 7 evicted;
 /// size 48, length 53, last element −1.
 pub fn spec_map() -> Vec<i64> {
     let mut map = vec![0i64; 53];
@@ -106,7 +106,7 @@ impl Case {
         }
     }
 
-    /// The same case with its slot map made page-granular (swa-pool.md §2,
+    /// The same case with its slot map made page-granular (SEMANTICS.md §swa-pool.2,
     /// what the paired allocator maintains): `N_map − 1` rounded down to a
     /// multiple of `P`; full page `F` maps to SWA page `S = min(map[F·P] /
     /// P, i32::MAX)` when that entry is positive (`map[F·P + o] = S·P + o`), else is unmapped
@@ -377,7 +377,7 @@ pub fn case_with_page_map() -> impl Strategy<Value = Case> {
     })
 }
 
-// ---- named cases (issue 4 "Must pass", edge-cases.md), shared with tests/gpu.rs ----
+// ---- named cases (issue 4 "Must pass", SEMANTICS.md §edge-cases), shared with tests/gpu.rs ----
 
 /// P = 4 rows 1..=3 with pages, row 0 all zeros, row 7 (stale) non-zero.
 pub fn padded_decode_rows() -> Vec<Vec<i32>> {

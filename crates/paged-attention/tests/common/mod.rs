@@ -238,7 +238,7 @@ pub fn uniform_weights_case(
     c
 }
 
-/// attention.md §11 data: Hkv 1, Hq 2, D `d` (≥ 2; dims past 2 are zero),
+/// SEMANTICS.md §attention.11 data: Hkv 1, Hq 2, D `d` (≥ 2; dims past 2 are zero),
 /// P 2, L 5, bmm1 1/√2, pages 0,1,2 in order.
 pub fn worked_example(
     d: usize,
