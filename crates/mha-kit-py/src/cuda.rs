@@ -236,6 +236,11 @@ impl<T> Buf<T> {
             .map_err(|e| from_kernel(e, &[], &[t]))
     }
 
+    /// [`Buf::new`] of an optional tensor.
+    fn opt(t: Option<&Tensor>, stream: &Arc<CudaStream>) -> CallResult<Option<Self>> {
+        t.map(|t| Self::new(t, stream)).transpose()
+    }
+
     fn view<const N: usize>(&self, t: &Tensor) -> CallResult<Strided<'_, T, N>> {
         Strided::new(t.arg, self.0.view(), t.dims::<N>(), t.stride_dims::<N>())
             .map_err(|e| from_kernel(e, &[], &[t]))
@@ -334,16 +339,8 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
     let kv = KvBufs::new(c, &stream)?;
     let pt = Buf::<i32>::new(&c.page_table, &stream)?;
     let sl = Buf::<i32>::new(&c.seq_lens, &stream)?;
-    let cu = c
-        .cu_q
-        .as_ref()
-        .map(|t| Buf::<i32>::new(t, &stream))
-        .transpose()?;
-    let sinks = c
-        .sinks
-        .as_ref()
-        .map(|t| Buf::<f32>::new(t, &stream))
-        .transpose()?;
+    let cu = Buf::<i32>::opt(c.cu_q.as_ref(), &stream)?;
+    let sinks = Buf::<f32>::opt(c.sinks.as_ref(), &stream)?;
     let layout = match (c.layout, &cu, &c.cu_q) {
         (Layout::Uniform(n), _, _) => QueryLayout::Uniform { q_len_per_req: n },
         (Layout::Ragged(max_q_len), Some(b), Some(t)) => QueryLayout::Ragged {
@@ -449,16 +446,8 @@ pub fn context(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
         .as_ref()
         .ok_or_else(|| ArgError::new("cum_seq_lens_q", "missing"))?;
     let cu = Buf::<i32>::new(cu_t, &stream)?;
-    let cuk = c
-        .cu_k
-        .as_ref()
-        .map(|t| Buf::<i32>::new(t, &stream))
-        .transpose()?;
-    let sinks = c
-        .sinks
-        .as_ref()
-        .map(|t| Buf::<f32>::new(t, &stream))
-        .transpose()?;
+    let cuk = Buf::<i32>::opt(c.cu_k.as_ref(), &stream)?;
+    let sinks = Buf::<f32>::opt(c.sinks.as_ref(), &stream)?;
     let Layout::Ragged(max_q_len) = c.layout else {
         return Err(ArgError::new("max_q_len", "missing").into());
     };
@@ -570,36 +559,12 @@ pub fn graph(c: &GraphCall, ordinal: usize, handle: u64) -> CallResult<()> {
     let mut cs = Buf::<i32>::new(&c.cache_seqlens, s)?;
     let mut cuk = Buf::<i32>::new(&c.cu_seqlens_k, s)?;
     let mut pt = Buf::<i32>::new(&c.page_table, s)?;
-    let mut cuq = c
-        .cu_seqlens_q
-        .as_ref()
-        .map(|t| Buf::<i32>::new(t, s))
-        .transpose()?;
-    let ql = c
-        .qlens
-        .as_ref()
-        .map(|t| Buf::<i32>::new(t, s))
-        .transpose()?;
-    let map = c
-        .swa_mapping
-        .as_ref()
-        .map(|t| Buf::<i64>::new(t, s))
-        .transpose()?;
-    let mut spt = c
-        .swa_page_table
-        .as_ref()
-        .map(|t| Buf::<i32>::new(t, s))
-        .transpose()?;
-    let loc = c
-        .out_cache_loc
-        .as_ref()
-        .map(|t| Buf::<i64>::new(t, s))
-        .transpose()?;
-    let mut sloc = c
-        .swa_out_cache_loc
-        .as_ref()
-        .map(|t| Buf::<i64>::new(t, s))
-        .transpose()?;
+    let mut cuq = Buf::<i32>::opt(c.cu_seqlens_q.as_ref(), s)?;
+    let ql = Buf::<i32>::opt(c.qlens.as_ref(), s)?;
+    let map = Buf::<i64>::opt(c.swa_mapping.as_ref(), s)?;
+    let mut spt = Buf::<i32>::opt(c.swa_page_table.as_ref(), s)?;
+    let loc = Buf::<i64>::opt(c.out_cache_loc.as_ref(), s)?;
+    let mut sloc = Buf::<i64>::opt(c.swa_out_cache_loc.as_ref(), s)?;
     let swa = match (&map, &c.swa_mapping) {
         (Some(mb), Some(mt)) => Some(SwaArgs {
             swa_mapping: mb.view(mt)?,
