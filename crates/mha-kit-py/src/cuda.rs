@@ -418,9 +418,10 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
         args.workspace = Some(b.view_mut(t)?);
     }
     let mut errs = lock(&dev.errors);
-    kernel
-        .launch_on(&stream, &mut args, &mut errs[Family::Attention as usize])
-        .map_err(ke)
+    let t0 = crate::probe::start();
+    let r = kernel.launch_on(&stream, &mut args, &mut errs[Family::Attention as usize]);
+    crate::probe::end_launch(t0);
+    r.map_err(ke)
 }
 
 /// Context / chunked prefill on the GPU (the launcher's own split workspace;
@@ -473,9 +474,10 @@ pub fn context(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
         },
     };
     let mut errs = lock(&dev.errors);
-    kernel
-        .launch_on(&stream, &mut args, &mut errs[Family::Attention as usize])
-        .map_err(ke)
+    let t0 = crate::probe::start();
+    let r = kernel.launch_on(&stream, &mut args, &mut errs[Family::Attention as usize]);
+    crate::probe::end_launch(t0);
+    r.map_err(ke)
 }
 
 /// The page-table build on the GPU.

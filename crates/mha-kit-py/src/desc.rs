@@ -8,6 +8,15 @@
 //! host memory, `n ≥ 0` CUDA device `n`). Nothing is copied: the GPU path
 //! wraps the address as a [`kernel_rt::ExternalBuffer`], the CPU path reads
 //! and writes the host memory in place.
+//!
+//! The dtype travels as its code ([`Dtype::from_code`], a small int, what the Python
+//! layer sends: no string conversion per call) or, equally accepted, its
+//! name; the description arrives as a [`Desc`], read straight out of the
+//! tuples (one type check per tuple, items by index) rather than through
+//! PyO3's generic sequence conversion.
+
+use pyo3::types::{PyAnyMethods, PyTuple, PyTupleMethods};
+use pyo3::{Borrowed, FromPyObject, PyAny, PyErr};
 
 use crate::error::ArgError;
 
@@ -41,6 +50,20 @@ impl Dtype {
             "i64" => Self::I64,
             "u8" => Self::U8,
             "e4m3" => Self::E4m3,
+            _ => return None,
+        })
+    }
+
+    /// The dtype of code `c` (the Python layer's `_tensor.CODES` order).
+    pub fn from_code(c: u64) -> Option<Self> {
+        Some(match c {
+            0 => Self::Bf16,
+            1 => Self::F16,
+            2 => Self::F32,
+            3 => Self::I32,
+            4 => Self::I64,
+            5 => Self::U8,
+            6 => Self::E4m3,
             _ => return None,
         })
     }
@@ -87,8 +110,78 @@ impl std::fmt::Display for Device {
     }
 }
 
-/// The tuple Python passes: `(data_ptr, dtype, shape, strides, device)`.
+/// A description with the dtype by name (the Rust tests' form; Python sends
+/// dtype codes, [`Dtype::from_code`], which [`Desc`] reads as well).
 pub type RawTensor = (u64, String, Vec<usize>, Vec<i64>, i64);
+
+/// A description as PyO3 hands it over: [`RawTensor`]'s fields, the dtype
+/// already resolved (`Err` keeps an unknown code or name for the message);
+/// [`Tensor::from_desc`] checks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desc {
+    /// Address of element `[0, …, 0]`.
+    pub ptr: u64,
+    /// The dtype, or what was sent instead.
+    pub dtype: Result<Dtype, String>,
+    /// Extents.
+    pub shape: Vec<usize>,
+    /// Strides in elements, as sent.
+    pub strides: Vec<i64>,
+    /// `-1` host, `n ≥ 0` CUDA device `n`.
+    pub device: i64,
+}
+
+impl From<RawTensor> for Desc {
+    fn from((ptr, dtype, shape, strides, device): RawTensor) -> Self {
+        Self {
+            ptr,
+            dtype: Dtype::parse(&dtype).ok_or(dtype),
+            shape,
+            strides,
+            device,
+        }
+    }
+}
+
+fn ints<'py, T: for<'a> FromPyObject<'a, 'py, Error = PyErr>>(
+    t: &pyo3::Bound<'py, PyAny>,
+) -> Result<Vec<T>, PyErr> {
+    match t.cast::<PyTuple>() {
+        // A tuple (torch.Size is one): items by index.
+        Ok(t) => t.iter_borrowed().map(|x| x.extract::<T>()).collect(),
+        Err(_) => t.extract(),
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Desc {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> Result<Self, PyErr> {
+        let t = obj.cast::<PyTuple>()?;
+        if t.len() != 5 {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "a tensor description has 5 items (data_ptr, dtype, shape, strides, device), \
+                 got {}",
+                t.len()
+            )));
+        }
+        let dt = t.get_borrowed_item(1)?;
+        let dtype = match dt.extract::<u64>() {
+            Ok(c) => Dtype::from_code(c).ok_or_else(|| c.to_string()),
+            Err(_) => {
+                let name: String = dt.extract()?;
+                Dtype::parse(&name).ok_or(name)
+            }
+        };
+        Ok(Self {
+            ptr: t.get_borrowed_item(0)?.extract()?,
+            dtype,
+            shape: ints(&t.get_item(2)?)?,
+            strides: ints(&t.get_item(3)?)?,
+            device: t.get_borrowed_item(4)?.extract()?,
+        })
+    }
+}
 
 /// A described tensor: address, dtype, shape and element strides.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,9 +221,22 @@ impl Tensor {
     /// [`ArgError`] for an unknown dtype, a rank mismatch of shape and
     /// strides, or a negative stride.
     pub fn from_raw(arg: &'static str, raw: RawTensor) -> Result<Self, ArgError> {
-        let (ptr, dtype, shape, strides, device) = raw;
-        let dt = Dtype::parse(&dtype)
-            .ok_or_else(|| ArgError::new(arg, format!("unsupported dtype `{dtype}`")))?;
+        Self::from_desc(arg, raw.into())
+    }
+
+    /// Checks a description ([`Tensor::from_raw`]'s rules).
+    ///
+    /// # Errors
+    /// As [`Tensor::from_raw`].
+    pub fn from_desc(arg: &'static str, d: Desc) -> Result<Self, ArgError> {
+        let Desc {
+            ptr,
+            dtype,
+            shape,
+            strides,
+            device,
+        } = d;
+        let dt = dtype.map_err(|d| ArgError::new(arg, format!("unsupported dtype `{d}`")))?;
         if shape.len() != strides.len() {
             return Err(ArgError::new(
                 arg,
@@ -157,8 +263,8 @@ impl Tensor {
     ///
     /// # Errors
     /// As [`Tensor::from_raw`].
-    pub fn opt(arg: &'static str, raw: Option<RawTensor>) -> Result<Option<Self>, ArgError> {
-        raw.map(|r| Self::from_raw(arg, r)).transpose()
+    pub fn opt(arg: &'static str, raw: Option<Desc>) -> Result<Option<Self>, ArgError> {
+        raw.map(|r| Self::from_desc(arg, r)).transpose()
     }
 
     /// Elements (product of the shape).
@@ -311,6 +417,11 @@ mod tests {
         assert!(e.to_string().contains("negative"), "{e}");
         let c = Tensor::from_raw("x", (0, "i32".into(), vec![2], vec![1], 3)).unwrap();
         assert_eq!(c.device, Device::Cuda(3));
+        for code in 0..7 {
+            let d = Dtype::from_code(code).unwrap();
+            assert_eq!(Dtype::parse(&format!("{d:?}").to_lowercase()), Some(d));
+        }
+        assert_eq!(Dtype::from_code(7), None);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! calls of the seed's TRT-LLM MHA backend over mha-kit's kernel crates.
 //!
 //! The Python layer (`python/mha_kit`) describes each tensor as
-//! `(data_ptr, dtype, shape, strides, device)` ([`desc::RawTensor`]) and
+//! `(data_ptr, dtype, shape, strides, device)` ([`desc::Desc`]) and
 //! passes torch's current stream handle. Here every call is validated once
 //! for both paths ([`attn`], [`meta`]: the launchers' rules, errors naming the
 //! public argument with its shape, strides and dtype), then runs
@@ -26,11 +26,12 @@ pub mod desc;
 pub mod error;
 pub mod host;
 pub mod meta;
+pub mod probe;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::desc::{common_device, Device, RawTensor, Tensor};
+use crate::desc::{common_device, Desc, Device, Tensor};
 use crate::error::{CallError, CallResult};
 
 pyo3::create_exception!(
@@ -55,7 +56,10 @@ fn to_py(e: CallError) -> PyErr {
 
 /// Runs `f`, turning its error and any panic into a Python exception.
 fn guard<T>(f: impl FnOnce() -> CallResult<T>) -> PyResult<T> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+    let t0 = probe::start();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    probe::end_call(t0);
+    match r {
         Ok(r) => r.map_err(to_py),
         Err(p) => {
             let msg = p
@@ -70,11 +74,11 @@ fn guard<T>(f: impl FnOnce() -> CallResult<T>) -> PyResult<T> {
     }
 }
 
-fn t(arg: &'static str, raw: RawTensor) -> CallResult<Tensor> {
-    Ok(Tensor::from_raw(arg, raw)?)
+fn t(arg: &'static str, raw: Desc) -> CallResult<Tensor> {
+    Ok(Tensor::from_desc(arg, raw)?)
 }
 
-fn opt(arg: &'static str, raw: Option<RawTensor>) -> CallResult<Option<Tensor>> {
+fn opt(arg: &'static str, raw: Option<Desc>) -> CallResult<Option<Tensor>> {
     Ok(Tensor::opt(arg, raw)?)
 }
 
@@ -90,21 +94,21 @@ type ErrWord = Option<(u32, u32)>;
     cum_seq_lens_q, stream))]
 #[allow(clippy::too_many_arguments)]
 fn decode(
-    query: RawTensor,
-    k_cache: RawTensor,
-    v_cache: RawTensor,
-    workspace_buffer: RawTensor,
-    block_tables: RawTensor,
-    seq_lens: RawTensor,
-    out: RawTensor,
+    query: Desc,
+    k_cache: Desc,
+    v_cache: Desc,
+    workspace_buffer: Desc,
+    block_tables: Desc,
+    seq_lens: Desc,
+    out: Desc,
     max_seq_len: usize,
     bmm1_scale: f64,
     bmm2_scale: f64,
     window_left: i64,
-    sinks: Option<RawTensor>,
+    sinks: Option<Desc>,
     q_len_per_req: Option<usize>,
     max_q_len: Option<usize>,
-    cum_seq_lens_q: Option<RawTensor>,
+    cum_seq_lens_q: Option<Desc>,
     stream: u64,
 ) -> PyResult<ErrWord> {
     guard(|| {
@@ -133,6 +137,7 @@ fn decode(
         match common_device(&cuda_attn_tensors(&c))? {
             // SAFETY: host tensors described by the Python layer, alive for the call.
             Device::Cpu => Ok(Some(unsafe { attn::run_cpu(&c) }?)),
+            Device::Cuda(_) if probe::stubbed() => Ok(None),
             Device::Cuda(n) => cuda::decode(&c, n, stream).map(|()| None),
         }
     })
@@ -159,22 +164,22 @@ fn cuda_attn_tensors(c: &attn::AttnCall) -> Vec<&Tensor> {
     window_left, sinks, stream))]
 #[allow(clippy::too_many_arguments)]
 fn context(
-    query: RawTensor,
-    k_cache: RawTensor,
-    v_cache: RawTensor,
-    workspace_buffer: RawTensor,
-    block_tables: RawTensor,
-    seq_lens: RawTensor,
-    out: RawTensor,
+    query: Desc,
+    k_cache: Desc,
+    v_cache: Desc,
+    workspace_buffer: Desc,
+    block_tables: Desc,
+    seq_lens: Desc,
+    out: Desc,
     max_q_len: usize,
     max_kv_len: usize,
     bmm1_scale: f64,
     bmm2_scale: f64,
     batch_size: usize,
-    cum_seq_lens_q: RawTensor,
-    cum_seq_lens_kv: Option<RawTensor>,
+    cum_seq_lens_q: Desc,
+    cum_seq_lens_kv: Option<Desc>,
     window_left: i64,
-    sinks: Option<RawTensor>,
+    sinks: Option<Desc>,
     stream: u64,
 ) -> PyResult<ErrWord> {
     guard(|| {
@@ -203,6 +208,7 @@ fn context(
         match common_device(&cuda_attn_tensors(&c))? {
             // SAFETY: host tensors described by the Python layer, alive for the call.
             Device::Cpu => Ok(Some(unsafe { attn::run_cpu(&c) }?)),
+            Device::Cuda(_) if probe::stubbed() => Ok(None),
             Device::Cuda(n) => cuda::context(&c, n, stream).map(|()| None),
         }
     })
@@ -214,13 +220,13 @@ fn context(
     swa_page_table, full_to_swa, stream))]
 #[allow(clippy::too_many_arguments)]
 fn build_page_table(
-    req_to_token: RawTensor,
-    req_pool_indices: RawTensor,
-    cache_seqlens: RawTensor,
-    page_table: RawTensor,
+    req_to_token: Desc,
+    req_pool_indices: Desc,
+    cache_seqlens: Desc,
+    page_table: Desc,
     page_size: usize,
-    swa_page_table: Option<RawTensor>,
-    full_to_swa: Option<RawTensor>,
+    swa_page_table: Option<Desc>,
+    full_to_swa: Option<Desc>,
     stream: u64,
 ) -> PyResult<ErrWord> {
     guard(|| {
@@ -245,6 +251,7 @@ fn build_page_table(
         match common_device(&ts)? {
             // SAFETY: host tensors described by the Python layer, alive for the call.
             Device::Cpu => Ok(Some(unsafe { meta::page_table_cpu(&c) }?)),
+            Device::Cuda(_) if probe::stubbed() => Ok(None),
             Device::Cuda(n) => cuda::page_table(&c, n, stream).map(|()| None),
         }
     })
@@ -257,20 +264,20 @@ fn build_page_table(
     swa_out_cache_loc, cu_seqlens_q, qlens, q_stride, q_mode, stream))]
 #[allow(clippy::too_many_arguments)]
 fn update_graph_metadata(
-    req_pool_indices: RawTensor,
-    seq_lens: RawTensor,
-    req_to_token: RawTensor,
-    cache_seqlens: RawTensor,
-    cu_seqlens_k: RawTensor,
-    page_table: RawTensor,
+    req_pool_indices: Desc,
+    seq_lens: Desc,
+    req_to_token: Desc,
+    cache_seqlens: Desc,
+    cu_seqlens_k: Desc,
+    page_table: Desc,
     seqlen_offset: i64,
     page_size: usize,
-    swa_mapping: Option<RawTensor>,
-    swa_page_table: Option<RawTensor>,
-    out_cache_loc: Option<RawTensor>,
-    swa_out_cache_loc: Option<RawTensor>,
-    cu_seqlens_q: Option<RawTensor>,
-    qlens: Option<RawTensor>,
+    swa_mapping: Option<Desc>,
+    swa_page_table: Option<Desc>,
+    out_cache_loc: Option<Desc>,
+    swa_out_cache_loc: Option<Desc>,
+    cu_seqlens_q: Option<Desc>,
+    qlens: Option<Desc>,
     q_stride: i64,
     q_mode: i64,
     stream: u64,
@@ -314,6 +321,7 @@ fn update_graph_metadata(
         match common_device(&ts)? {
             // SAFETY: host tensors described by the Python layer, alive for the call.
             Device::Cpu => Ok(Some(unsafe { meta::graph_cpu(&c) }?)),
+            Device::Cuda(_) if probe::stubbed() => Ok(None),
             Device::Cuda(n) => cuda::graph(&c, n, stream).map(|()| None),
         }
     })
@@ -324,11 +332,11 @@ fn update_graph_metadata(
 #[pyo3(signature = (k, v, k_cache, v_cache, cache_loc, k_scale, v_scale, page_size, stream))]
 #[allow(clippy::too_many_arguments)]
 fn fused_fp8_set_kv_buffer(
-    k: RawTensor,
-    v: RawTensor,
-    k_cache: RawTensor,
-    v_cache: RawTensor,
-    cache_loc: RawTensor,
+    k: Desc,
+    v: Desc,
+    k_cache: Desc,
+    v_cache: Desc,
+    cache_loc: Desc,
     k_scale: Option<f64>,
     v_scale: Option<f64>,
     page_size: usize,
@@ -348,6 +356,7 @@ fn fused_fp8_set_kv_buffer(
         match common_device(&[&c.k, &c.v, &c.k_cache, &c.v_cache, &c.cache_loc])? {
             // SAFETY: host tensors described by the Python layer, alive for the call.
             Device::Cpu => Ok(Some(unsafe { meta::kv_write_cpu(&c) }?)),
+            Device::Cuda(_) if probe::stubbed() => Ok(None),
             Device::Cuda(n) => cuda::kv_write(&c, n, stream).map(|()| None),
         }
     })
@@ -394,6 +403,22 @@ fn gpu_missing() -> Option<String> {
     }
 }
 
+/// Test / benchmark only: with `on`, CUDA-tensor calls return after
+/// validation, before any device is touched ([`probe::stubbed`]).
+#[pyfunction]
+fn _stub_launches(on: bool) {
+    probe::set_stub(on);
+}
+
+/// Host-time probes ([`probe`]): `enable` turns them on or off (`None`
+/// leaves them), `reset` zeroes them; returns `(calls, native_ns, launches,
+/// launch_ns)` as they were before.
+#[pyfunction]
+#[pyo3(signature = (enable=None, reset=false))]
+fn _timing(enable: Option<bool>, reset: bool) -> (u64, u64, u64, u64) {
+    probe::timing(enable, reset)
+}
+
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -415,5 +440,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device_errors, m)?)?;
     m.add_function(wrap_pyfunction!(module_sources, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_missing, m)?)?;
+    m.add_function(wrap_pyfunction!(_stub_launches, m)?)?;
+    m.add_function(wrap_pyfunction!(_timing, m)?)?;
     Ok(())
 }

@@ -439,3 +439,43 @@ def test_helpers_reject_bad_dtypes_and_half_swa_pairs():
         mha_kit.fused_fp8_set_kv_buffer(k, k, np.zeros((8, 1, 64), np.uint8),
                                         np.zeros((8, 1, 64), np.uint8), np.zeros(2, np.int32),
                                         page_size=4)
+
+
+def test_native_descriptions_stub_and_probes():
+    """The native boundary takes dtype codes or names and any tuple (torch.Size
+    is a tuple subclass); the launch stub stops CUDA-described calls after
+    validation (the CPU benchmark's path); the probes count native calls."""
+    from mha_kit import _native, _tensor
+
+    class Size(tuple):
+        pass
+
+    def d(shape, code, dev=0, ptr=1 << 20):
+        st, acc = [], 1
+        for n in reversed(shape):
+            st.append(acc)
+            acc *= n
+        return (ptr, code, Size(shape), tuple(reversed(st)), dev)
+
+    bf16, i32, u8 = _tensor.BF16, _tensor.I32, "u8"
+    args = (d((4, 32, 128), bf16), d((64, 8, 16, 128), bf16), d((64, 8, 16, 128), "bf16"),
+            d((16 << 20,), u8), d((4, 16), i32), d((4,), i32), d((4, 32, 128), bf16),
+            256, 0.1, 1.0, -1, None, 1, None, None, 0)
+    _native._stub_launches(True)
+    try:
+        _native._timing(True, True)
+        assert _native.decode(*args) is None
+        bad = list(args)
+        bad[5] = d((4,), _tensor.I64)
+        with pytest.raises(mha_kit.InvalidArgument, match="seq_lens.*int64"):
+            _native.decode(*bad)
+        bad[5] = d((4,), 99)
+        with pytest.raises(mha_kit.InvalidArgument, match="seq_lens.*unsupported dtype"):
+            _native.decode(*bad)
+        calls, _, launches, _ = _native._timing(False, True)
+        assert (calls, launches) == (3, 0)
+    finally:
+        _native._stub_launches(False)
+    if not mha_kit.gpu_available():
+        with pytest.raises(mha_kit.DeviceError):
+            _native.decode(*args)

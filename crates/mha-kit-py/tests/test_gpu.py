@@ -263,8 +263,27 @@ for _ in range(200):
     mha_kit.trtllm_batch_decode_with_kv_cache(q, (kc, kc), ws, bt, sl, 256, bmm1_scale=0.1)
 t2 = time.perf_counter()
 torch.cuda.synchronize()
+out = torch.empty_like(q)
+t3 = time.perf_counter()
+for _ in range(200):
+    mha_kit.trtllm_batch_decode_with_kv_cache(q, (kc, kc), ws, bt, sl, 256, bmm1_scale=0.1, out=out)
+t4 = time.perf_counter()
+torch.cuda.synchronize()
+# The same calls with the native probes on: the time inside the native
+# function (after PyO3's argument conversion) and in the launcher alone.
+mha_kit._native._timing(True, True)
+for _ in range(200):
+    mha_kit.trtllm_batch_decode_with_kv_cache(q, (kc, kc), ws, bt, sl, 256, bmm1_scale=0.1)
+calls, native_ns, launches, launch_ns = mha_kit._native._timing(False, True)
+torch.cuda.synchronize()
+host = (t2 - t1) / 200 * 1e6
+launcher = launch_ns / max(launches, 1) / 1e3
 print(f"first_call_s {t1 - t0:.4f}")
-print(f"host_us_per_call {(t2 - t1) / 200 * 1e6:.2f}")
+print(f"host_us_per_call {host:.2f}")
+print(f"host_us_per_call_out_given {(t4 - t3) / 200 * 1e6:.2f}")
+print(f"native_us_per_call {native_ns / max(calls, 1) / 1e3:.2f}")
+print(f"launcher_us_per_call {launcher:.2f}")
+print(f"beyond_launcher_us_per_call {host - launcher:.2f}")
 print("sources", mha_kit.module_sources())
 """
     env = dict(os.environ, CUDA_CACHE_DISABLE="1")

@@ -15,7 +15,7 @@ directly, saving the dispatcher's overhead.
 
 import sys
 
-from . import _native
+from . import _native, _tensor
 from ._tensor import InvalidArgument, describe, maybe, permute, select, head, scalar, stream_of
 
 Q_MODE_NONE = _native.Q_MODE_NONE
@@ -93,6 +93,9 @@ def _out(query, out, out_dtype):
     return out
 
 
+_BACKENDS = ("auto", "xqa", "trtllm-gen")
+
+
 def _unsupported(**kw):
     for name, (value, ok) in kw.items():
         if value != ok:
@@ -102,8 +105,14 @@ def _unsupported(**kw):
 def _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                  max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
                  max_q_len, cum_seq_lens_q, kv_layout):
+    # The eager hot path (issue 15): one describe per tensor, no helper
+    # calls for absent optionals, the layout handled only when it is NHD.
     q = describe(query, "query")
-    k, v = _kv_descs(k_cache, v_cache, kv_layout)
+    if kv_layout == "HND":
+        k = describe(k_cache, "k_cache")
+        v = describe(v_cache, "v_cache")
+    else:
+        k, v = _kv_descs(k_cache, v_cache, kv_layout)
     return _native.decode(
         q, k, v,
         describe(workspace_buffer, "workspace_buffer", True),
@@ -111,10 +120,10 @@ def _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_le
         describe(seq_lens, "seq_lens"),
         describe(out, "out", True),
         int(max_seq_len), float(bmm1_scale), float(bmm2_scale), int(window_left),
-        maybe(sinks, "sinks"),
+        None if sinks is None else describe(sinks, "sinks"),
         None if q_len_per_req is None else int(q_len_per_req),
         None if max_q_len is None else int(max_q_len),
-        maybe(cum_seq_lens_q, "cum_seq_lens_q"),
+        None if cum_seq_lens_q is None else describe(cum_seq_lens_q, "cum_seq_lens_q"),
         stream_of(q),
     )
 
@@ -201,19 +210,36 @@ def trtllm_batch_decode_with_kv_cache(
     that the host cannot check (page ids, lengths, row offsets) is
     range-checked by the kernel and counted (``mha_kit.device_errors()``).
     """
-    _unsupported(o_sf_scale=(o_sf_scale, None), o_sf_vec_size=(o_sf_vec_size, None),
-                 o_scale=(o_scale, 1.0), mask=(mask, None))
-    if backend not in ("auto", "xqa", "trtllm-gen"):
+    # Hot path (issue 15): the common case is tested inline; anything else
+    # takes the general helpers, which raise the same errors as before.
+    if o_sf_scale is not None or o_sf_vec_size is not None or o_scale != 1.0 or mask is not None:
+        _unsupported(o_sf_scale=(o_sf_scale, None), o_sf_vec_size=(o_sf_vec_size, None),
+                     o_scale=(o_scale, 1.0), mask=(mask, None))
+    if backend not in _BACKENDS:
         raise InvalidArgument(f"argument `backend`: {backend!r} (auto, xqa or trtllm-gen)")
-    k_cache, v_cache = _split_kv(kv_cache)
-    out = _out(query, out, out_dtype)
-    args = (query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
-            int(max_seq_len), scalar(bmm1_scale, "bmm1_scale"), scalar(bmm2_scale, "bmm2_scale"),
-            int(window_left), _sinks(sinks), q_len_per_req, max_q_len, cum_seq_lens_q, kv_layout)
-    if _compiling():
-        _ops().trtllm_batch_decode(*args)
+    if type(kv_cache) is tuple and len(kv_cache) == 2:
+        k_cache, v_cache = kv_cache
     else:
-        _decode_impl(*args)
+        k_cache, v_cache = _split_kv(kv_cache)
+    if out is None and out_dtype is None and type(query) is _tensor._TENSOR:
+        out = query.new_empty(query.shape)
+    else:
+        out = _out(query, out, out_dtype)
+    if type(bmm1_scale) is not float:
+        bmm1_scale = scalar(bmm1_scale, "bmm1_scale")
+    if type(bmm2_scale) is not float:
+        bmm2_scale = scalar(bmm2_scale, "bmm2_scale")
+    if sinks is not None:
+        sinks = _sinks(sinks)
+    if _compiling():
+        _ops().trtllm_batch_decode(query, k_cache, v_cache, workspace_buffer, block_tables,
+                                   seq_lens, out, int(max_seq_len), bmm1_scale, bmm2_scale,
+                                   int(window_left), sinks, q_len_per_req, max_q_len,
+                                   cum_seq_lens_q, kv_layout)
+    else:
+        _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
+                     max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
+                     max_q_len, cum_seq_lens_q, kv_layout)
     return out
 
 

@@ -12,8 +12,16 @@ hundred nanoseconds) and checked in Rust (rank, dtype, shape, strides,
 alignment, device) before anything is launched.
 
 A description is the tuple ``(data_ptr, dtype, shape, strides, device)``:
-dtype one of ``bf16 f16 f32 i32 i64 u8 e4m3``, strides in elements,
-device ``-1`` for host memory (the CPU path) or the CUDA ordinal.
+dtype the code (index in ``CODES``) of one of ``bf16 f16 f32 i32 i64 u8
+e4m3``, strides in elements, device ``-1`` for host memory (the CPU path) or
+the CUDA ordinal.
+
+Hot path (issue 15: a decode call's host time): a CUDA tensor of exactly
+``torch.Tensor`` with a supported dtype is described with six reads
+(``dtype``, ``is_cuda``, ``data_ptr()``, ``shape``, ``stride()``,
+``get_device()``), no ``torch.device`` object and no tuple copies
+(``torch.Size`` is a tuple); everything else, and every error, goes through
+the general path.
 """
 
 import sys
@@ -22,33 +30,45 @@ from . import _native
 
 InvalidArgument = _native.InvalidArgument
 
+#: The dtype names, in code order (``desc::Dtype::from_code`` in Rust).
+CODES = ("bf16", "f16", "f32", "i32", "i64", "u8", "e4m3")
+#: Bytes per element, by code.
+ITEMSIZE = (2, 2, 4, 4, 8, 1, 1)
+BF16, F16, F32, I32, I64, U8, E4M3 = range(7)
+
 _NUMPY_DTYPES = {
-    "bfloat16": "bf16",
-    "float16": "f16",
-    "float32": "f32",
-    "int32": "i32",
-    "int64": "i64",
-    "uint8": "u8",
-    "float8_e4m3fn": "e4m3",
+    "bfloat16": BF16,
+    "float16": F16,
+    "float32": F32,
+    "int32": I32,
+    "int64": I64,
+    "uint8": U8,
+    "float8_e4m3fn": E4M3,
 }
 
 _torch_dtypes = None
+# ``torch.Tensor`` once torch has been seen (the hot path's exact type check).
+_TENSOR = None
+# torch dtype -> code, for the hot path (filled with _TENSOR).
+_TORCH_CODES = {}
 
 
 def _torch_dtype_map(torch):
-    global _torch_dtypes
+    global _torch_dtypes, _TENSOR
     if _torch_dtypes is None:
         m = {
-            torch.bfloat16: "bf16",
-            torch.float16: "f16",
-            torch.float32: "f32",
-            torch.int32: "i32",
-            torch.int64: "i64",
-            torch.uint8: "u8",
+            torch.bfloat16: BF16,
+            torch.float16: F16,
+            torch.float32: F32,
+            torch.int32: I32,
+            torch.int64: I64,
+            torch.uint8: U8,
         }
         if hasattr(torch, "float8_e4m3fn"):
-            m[torch.float8_e4m3fn] = "e4m3"
+            m[torch.float8_e4m3fn] = E4M3
         _torch_dtypes = m
+        _TORCH_CODES.update(m)
+        _TENSOR = torch.Tensor
     return _torch_dtypes
 
 
@@ -66,6 +86,15 @@ def describe(x, name, writable=False):
             unsupported dtype or device, or is a read-only array that the
             call writes (``writable``).
     """
+    if type(x) is _TENSOR:
+        dt = _TORCH_CODES.get(x.dtype)
+        if dt is not None and x.is_cuda:
+            return (x.data_ptr(), dt, x.shape, x.stride(), x.get_device())
+    return _describe(x, name, writable)
+
+
+def _describe(x, name, writable):
+    """``describe``'s general path (host tensors, subclasses, every error)."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         dt = _torch_dtype_map(torch).get(x.dtype)
@@ -120,7 +149,7 @@ def select(desc, dim, index, name):
     ptr, dt, shape, strides, dev = desc
     if not 0 <= index < shape[dim]:
         raise InvalidArgument(f"argument `{name}`: index {index} out of dim {dim} of {list(shape)}")
-    item = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "i64": 8, "u8": 1, "e4m3": 1}[dt]
+    item = ITEMSIZE[dt]
     return (
         ptr + index * strides[dim] * item,
         dt,
@@ -146,14 +175,25 @@ def head(desc, n, name, dim=0):
     return (ptr, dt, shape[:dim] + (n,) + shape[dim + 1:], strides, dev)
 
 
+_raw_stream = None
+
+
 def stream_of(desc):
     """torch's current stream handle on the description's CUDA device (0 on the host)."""
     dev = desc[4]
     if dev < 0:
         return 0
+    if _raw_stream is not None:
+        return _raw_stream(dev)
+    return _stream_slow(dev)
+
+
+def _stream_slow(dev):
+    global _raw_stream
     torch = sys.modules["torch"]
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
+        _raw_stream = raw
         return raw(dev)
     return torch.cuda.current_stream(dev).cuda_stream
 

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _api
+from . import _api, _tensor
 
 _NS = "mha_kit"
 
@@ -106,3 +106,5 @@ def ops():
 
 _api._TORCH_OPS = torch.ops.mha_kit
 _api._compiling = torch.compiler.is_compiling
+# The describe hot path's torch.Tensor / dtype table, from the first call on.
+_tensor._torch_dtype_map(torch)
