@@ -6,7 +6,9 @@
 //! over the pool (P 16) unless the case says "contiguous" (one page of
 //! `L` tokens per request). Prints a line and exits 0 without a GPU.
 //! `MHA_KIT_BENCH_CASES=a|b|…` runs only the cases whose name contains one of
-//! the `|`-separated substrings.
+//! the `|`-separated substrings. `MHA_KIT_BENCH_TRACE=1` also runs the
+//! sm_90a trace entry on the D 128 bf16 cases and prints where a work item's
+//! cycles go (per phase, by KV tiles per item; see `trace_report`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +17,10 @@ use criterion::Criterion;
 use kernel_rt::cudarc::driver::CudaSlice;
 use kernel_rt::timing::{median_us, time_iters};
 use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
-use paged_attention::{ContextArgs, ContextKernel, ContextKvLoad, ContextPath, HalfDtype, KvCache};
+use paged_attention::{
+    ContextArgs, ContextKernel, ContextKvLoad, ContextPath, HalfDtype, KvCache,
+    CONTEXT_SM90_TRACE_CTAS, CONTEXT_SM90_TRACE_EVENTS, CONTEXT_SM90_TRACE_ITEMS,
+};
 
 struct Shape {
     name: String,
@@ -248,6 +253,137 @@ fn launch(
     kernel.launch(&mut args, errors)
 }
 
+/// Mean SM cycles per work item in each phase of the trace entry's stamps
+/// (`ContextKernel::trace`), by the item's KV tiles (1..=4, then ≥ 5), for
+/// the producer and the two consumers; the first item of each CTA and role
+/// (start-up) is left out.
+fn trace_report(words: &[u32]) -> String {
+    const EV: usize = CONTEXT_SM90_TRACE_EVENTS;
+    const NI: usize = CONTEXT_SM90_TRACE_ITEMS;
+    let at =
+        |cta: usize, n: usize, role: usize, ev: usize| words[((cta * NI + n) * 3 + role) * EV + ev];
+    fn d(a: u32, b: u32) -> f64 {
+        b.wrapping_sub(a) as f64
+    }
+    // Stamps of tile 1 exist on items of two tiles or more (NaN: not counted).
+    fn two(c: &dyn Fn(usize, usize) -> u32, v: f64) -> f64 {
+        if c(1, 12) >= 2 {
+            v
+        } else {
+            f64::NAN
+        }
+    }
+    // (role, phase name, value of item n of a CTA)
+    type Phase = (
+        usize,
+        &'static str,
+        fn(&dyn Fn(usize, usize) -> u32, &dyn Fn(usize, usize) -> u32) -> f64,
+    );
+    let phases: Vec<Phase> = vec![
+        (0, "producer: item to item", |c, p| d(p(0, 0), c(0, 0))),
+        (0, "consumer 0 − producer: item taken", |c, _| {
+            d(c(0, 0), c(1, 0))
+        }),
+        (1, "consumer 0: gap since the last epilogue", |c, p| {
+            d(p(1, 9), c(1, 0))
+        }),
+        (1, "consumer 0: item geometry", |c, _| d(c(1, 0), c(1, 1))),
+        (1, "consumer 0: wait for Q", |c, _| d(c(1, 1), c(1, 2))),
+        (1, "consumer 0: wait for K 0", |c, _| d(c(1, 2), c(1, 3))),
+        (1, "consumer 0: S 0", |c, _| d(c(1, 3), c(1, 4))),
+        (1, "consumer 0: softmax 0", |c, _| d(c(1, 4), c(1, 5))),
+        (1, "consumer 0: tiles 1..", |c, _| d(c(1, 5), c(1, 6))),
+        (1, "consumer 0:   tile 1: wait for K", |c, _| {
+            two(c, d(c(1, 5), c(1, 10)))
+        }),
+        (1, "consumer 0:   tile 1: wait for V 0", |c, _| {
+            two(c, d(c(1, 10), c(1, 11)))
+        }),
+        (1, "consumer 0:   tile 1: V 0 scan", |c, _| {
+            two(c, d(c(1, 11), c(1, 14)))
+        }),
+        (1, "consumer 0: wait for the last V", |c, _| {
+            d(c(1, 6), c(1, 7))
+        }),
+        (1, "consumer 0: last V scan", |c, _| d(c(1, 7), c(1, 15))),
+        (1, "consumer 0: last P V", |c, _| d(c(1, 15), c(1, 8))),
+        (1, "consumer 0: epilogue", |c, _| d(c(1, 8), c(1, 9))),
+        (1, "consumer 0: item total (gap included)", |c, p| {
+            d(p(1, 9), c(1, 9))
+        }),
+        (2, "consumer 1: item total (gap included)", |c, p| {
+            d(p(2, 9), c(2, 9))
+        }),
+        (2, "consumer 1 − consumer 0: epilogue done", |c, _| {
+            c(2, 9) as f64 - c(1, 9) as f64
+        }),
+    ];
+    let buckets = ["1", "2", "3", "4", "≥ 5", "all"];
+    let mut sums = vec![[0f64; 6]; phases.len()];
+    let mut valid = vec![[0usize; 6]; phases.len()];
+    let mut counts = [0usize; 6];
+    let mut span = 0f64;
+    let mut span_items = 0usize;
+    for cta in 0..CONTEXT_SM90_TRACE_CTAS {
+        let taken = |role: usize| at(cta, NI - 1, role, EV - 1) as usize;
+        // Items whose stamps all three roles kept.
+        let n_items = taken(0).min(taken(1)).min(taken(2)).min(NI - 1);
+        if n_items >= 2 {
+            span += d(at(cta, 1, 1, 9), at(cta, n_items - 1, 1, 9));
+            span_items += n_items - 2;
+        }
+        for n in 1..n_items {
+            let nt = at(cta, n, 1, 12) as usize;
+            if nt == 0 || at(cta, n, 2, 12) as usize != nt || at(cta, n - 1, 1, 12) == 0 {
+                continue;
+            }
+            let cur = |role: usize, ev: usize| at(cta, n, role, ev);
+            let prev = |role: usize, ev: usize| at(cta, n - 1, role, ev);
+            let b = nt.min(5) - 1;
+            counts[b] += 1;
+            counts[5] += 1;
+            for (i, (_, _, f)) in phases.iter().enumerate() {
+                let v = f(&cur, &prev);
+                if v.is_nan() {
+                    continue;
+                }
+                sums[i][b] += v;
+                sums[i][5] += v;
+                valid[i][b] += 1;
+                valid[i][5] += 1;
+            }
+        }
+    }
+    let mut out = String::from("| phase (mean SM cycles per item) | ");
+    out += &buckets.map(|b| format!("{b} tiles")).join(" | ");
+    out += " |\n|---|";
+    out += &"---:|".repeat(buckets.len());
+    out += "\n| items traced | ";
+    out += &counts.map(|c| c.to_string()).join(" | ");
+    out += " |\n";
+    for (i, (_, name, _)) in phases.iter().enumerate() {
+        out += &format!("| {name} | ");
+        let cells: Vec<String> = (0..6)
+            .map(|b| {
+                if valid[i][b] == 0 {
+                    String::new()
+                } else {
+                    format!("{:.0}", sums[i][b] / valid[i][b] as f64)
+                }
+            })
+            .collect();
+        out += &cells.join(" | ");
+        out += " |\n";
+    }
+    if span_items > 0 {
+        out += &format!(
+            "\nconsumer 0, items 2.. of each CTA: {:.0} cycles per item over {span_items} items\n",
+            span / span_items as f64
+        );
+    }
+    out
+}
+
 fn main() {
     if let GpuStatus::Missing(why) = gpu_status() {
         println!("context bench: no GPU ({why}); nothing measured");
@@ -312,6 +448,8 @@ fn main() {
             "sm90a wgmma"
         }
     };
+    let trace = std::env::var_os("MHA_KIT_BENCH_TRACE").is_some();
+    let mut traces = Vec::new();
     // MHA_KIT_BENCH_CASES=a|b runs only the matching cases (profiling).
     let only = std::env::var("MHA_KIT_BENCH_CASES").ok();
     for (i, c) in cases().into_iter().enumerate() {
@@ -358,7 +496,25 @@ fn main() {
                 label(k)
             ));
         }
+        if trace
+            && c.d == 128
+            && !c.fp8
+            && kernel.uses_sm90()
+            && (c.name.starts_with("FA3") || c.name.starts_with("bs "))
+        {
+            let mut tracer = ContextKernel::new(&gpu).expect("load");
+            tracer.set_experiment(8).expect("trace entry");
+            tracer.set_kv_splits(Some(1));
+            for _ in 0..3 {
+                launch(&tracer, &c, &mut p, &mut errors).expect("trace launch");
+            }
+            let words = tracer.trace().expect("trace");
+            traces.push(format!("### {}\n\n{}", c.name, trace_report(&words)));
+        }
         drop(p);
+    }
+    for t in &traces {
+        println!("\n{t}");
     }
     let rep = errors.read().expect("errors");
     println!(

@@ -341,7 +341,26 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
 
 // XV: timing experiments that leave one stage out (wrong results; only the
 // bench's `_x{XV}` entries set it): 1 no softmax math, 2 no wgmma, 4 no
-// global K/V reads (zero-filled copies). F8: e4m3 K/V pools.
+// global K/V reads (zero-filled copies); 8 trace: correct results, and
+// thread 0 of each warpgroup writes %clock stamps of its item's phases to
+// p.partial (see `TR_*`; the launcher points p.partial at its workspace).
+// F8: e4m3 K/V pools.
+// Trace layout (XV & 8): u32 [TR_CTAS][TR_ITEMS][3 roles: producer,
+// consumer 0, consumer 1][TR_EV], the n-th item a role took in a CTA. Events:
+// producer 0 item taken (its other stamps made its registers spill);
+// consumers 0 item taken, 1 geometry, 2 Q landed, 3 K 0 landed, 4 S 0 done,
+// 5 softmax 0 done, 6 tile loop done, 7 last V landed, 8 last P V done,
+// 9 epilogue done, 10 tile 1's K landed, 11 V 0 landed, 12 ntiles, 13
+// item, 14 V 0 scanned, 15 the last V scanned. Slot [cta][TR_ITEMS - 1][role]
+// [TR_EV - 1] holds the number of items the role took (stamps of later
+// items are not kept).
+constexpr int TR_CTAS = 132, TR_ITEMS = 48, TR_EV = 16;
+MHA_KIT_DEVICE u32 clk32() {
+    u32 c;
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(c));
+    return c;
+}
+
 template <int QT, int D, int XV = 0, bool F8 = false>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v) {
     using C = Cfg<D, F8>;
@@ -434,6 +453,27 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // K/V by TMA boxes of tma_rows keys (one producer thread arrives, the
     // copies complete the transaction count) or by the cp.async row gather.
     const bool tma = !F8 && p.tma_rows > 0;  // e4m3 always gathers
+    constexpr bool TR = (XV & 8) != 0;
+    // Trace stamp ev of this role's current item (thread 0 of a warpgroup);
+    // `done`: the role's item count, at its exit.
+    auto mark = [&](int role, int ev, u32 v) {
+        if constexpr (TR) {
+            const int n = n_items - 1;
+            if (blockIdx.x < TR_CTAS && n < TR_ITEMS - 1 && (tid & 127) == 0)
+                reinterpret_cast<u32*>(p.partial)[((blockIdx.x * TR_ITEMS + n) * 3 + role) * TR_EV + ev] = v;
+        }
+    };
+    auto done = [&](int role) {
+        if constexpr (TR) {
+            if (blockIdx.x < TR_CTAS && (tid & 127) == 0)
+                reinterpret_cast<u32*>(p.partial)[((blockIdx.x * TR_ITEMS + TR_ITEMS - 1) * 3 + role) * TR_EV + TR_EV - 1] =
+                    (u32)(n_items - 1);
+        }
+    };
+    auto tnow = [&]() -> u32 {
+        if constexpr (TR) return clk32();
+        return 0u;
+    };
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < QBUF; ++s) {
@@ -470,7 +510,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         constexpr int NP = BN / 16;
         for (;;) {
             const int it = next_item();
-            if (it >= items) break;
+            if (it >= items) {
+                done(0);
+                break;
+            }
+            mark(0, 0, tnow());
             // The lane's roles, derived per item from an opaque thread index:
             // kept live across the item loop, they would not fit the
             // producer's registers.
@@ -876,8 +920,16 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const u32 pin_addr = base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
     for (;;) {
         const int it = next_item();
-        if (it >= items) break;
+        if (it >= items) {
+            done(1 + cw);
+            break;
+        }
+        const int role = 1 + cw;
+        mark(role, 0, tnow());
         const Item I = item_geom<BN>(p, it, false);
+        mark(role, 1, tnow());
+        mark(role, 12, (u32)I.ntiles);
+        mark(role, 13, (u32)it);
         if (I.skip) continue;
         const int h = I.h, rows = I.rows, ntiles = I.ntiles;
         const Geom& g = I.g;
@@ -1116,6 +1168,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 
         if (ntiles > 0) {
             mbar_wait(bar_q + 8 * qb, (u32)((nq / QBUF) & 1));
+            mark(role, 2, tnow());
             if constexpr (QCONV) {
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
@@ -1128,6 +1181,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             mbar_wait(bar_fk + 8 * kslot(0), kpar(0));
 #pragma unroll
             for (int w = 0; w < VMW; ++w) vmw[w] = vm_s[kslot(0) * VMW + w];
+            mark(role, 3, tnow());
             bool prev_full = tile_full(0, vmw);
             named_arrive_if(pingpong && cw == 1, 4, 256);  // warpgroup 0 issues first
             turn_take();
@@ -1136,6 +1190,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 turn_pass(false);
                 wg_wait<0>();
                 fence_regs(s);
+                mark(role, 4, tnow());
             } else {
                 turn_pass(false);
             }
@@ -1146,6 +1201,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             if (active) {
                 softmax(0, prev_full, vmw);
                 rescale_pack();
+                mark(role, 5, tnow());
             }
             // ---- tiles 1 .. ntiles - 1: S_t overlaps P_{t-1} V_{t-1} ----
 #pragma unroll 1
@@ -1153,13 +1209,17 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 const int st = kslot(t);      // K ring slot of tile t
                 const int sp = vslot(t - 1);  // V ring slot of tile t - 1
                 mbar_wait(bar_fk + 8 * st, kpar(t));
+                if (t == 1) mark(role, 10, tnow());
 #pragma unroll
                 for (int w = 0; w < VMW; ++w) vmw[w] = vm_s[st * VMW + w];
                 const bool full = tile_full(t, vmw);
                 mbar_wait(bar_fv + 8 * sp, vpar(t - 1));
+                if (t == 1) mark(role, 11, tnow());
+                const bool slow = active && !prev_full && v_nonfinite(sp, t - 1);
+                if (t == 1) mark(role, 14, tnow());
                 // The two paths never merge while a wgmma is in flight (ptxas
                 // would serialize every wgmma of the kernel otherwise).
-                if (active && !prev_full && v_nonfinite(sp, t - 1)) {
+                if (slow) {
                     turn_take();
                     qk(st);
                     turn_pass(false);
@@ -1195,9 +1255,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 prev_full = full;
             }
             // ---- last P V ----
+            mark(role, 6, tnow());
             const int sl = vslot(ntiles - 1);
             mbar_wait(bar_fv + 8 * sl, vpar(ntiles - 1));
-            if (active && !prev_full && v_nonfinite(sl, ntiles - 1)) {
+            mark(role, 7, tnow());
+            const bool slow = active && !prev_full && v_nonfinite(sl, ntiles - 1);
+            mark(role, 15, tnow());
+            if (slow) {
                 turn_take();
                 turn_pass(true);
                 pv_slow(sl);
@@ -1213,6 +1277,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 turn_pass(true);
             }
             mbar_arrive(bar_ev + 8 * sl);
+            mark(role, 8, tnow());
         }
         // ---- epilogue: each thread writes its two rows' columns ----
 #pragma unroll
@@ -1249,6 +1314,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 *reinterpret_cast<u32*>(dst + 8 * n) = pack2<QT>(o[4 * n + 2 * hr] * scale, o[4 * n + 2 * hr + 1] * scale);
             }
         }
+        mark(role, 9, tnow());
         if (ntiles > 0) {
             T0 += ntiles;
             ++nq;
@@ -1365,3 +1431,4 @@ PAS_XENTRY(1)
 PAS_XENTRY(4)
 PAS_XENTRY(5)
 PAS_XENTRY(6)
+PAS_XENTRY(8)

@@ -654,6 +654,15 @@ pub fn context_sm90_launch_config(
     ))
 }
 
+/// Trace entry (`ContextKernel::set_experiment(8)`): CTAs, items per CTA and
+/// events per (item, role) it records, mirrored from `TR_*` in
+/// kernels/paged_attention_context_sm90.cu.
+pub const CONTEXT_SM90_TRACE_CTAS: usize = 132;
+/// See [`CONTEXT_SM90_TRACE_CTAS`].
+pub const CONTEXT_SM90_TRACE_ITEMS: usize = 48;
+/// See [`CONTEXT_SM90_TRACE_CTAS`].
+pub const CONTEXT_SM90_TRACE_EVENTS: usize = 16;
+
 /// KV chunks per work item of an sm_90a launch (split KV) and KV tiles per
 /// chunk, for `items` work items of at most `tiles` KV tiles each on a GPU
 /// of `sm_count` SMs with workspace for `capacity` chunks: split only when
@@ -1034,6 +1043,9 @@ impl ContextKernel {
     /// `…_bf16_kv_bf16_d128_x{xv}` that leaves stages out, bits 1 softmax
     /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6) for D 128 bf16
     /// launches; 0 = off. Results are wrong by design: benchmarks only.
+    /// `xv = 8` is the trace entry instead: correct results, and each CTA
+    /// below [`CONTEXT_SM90_TRACE_CTAS`] records `%clock` stamps of its
+    /// items' phases (read them with [`ContextKernel::trace`]).
     ///
     /// # Errors
     /// [`KernelError::Load`] when the entry does not exist.
@@ -1047,6 +1059,25 @@ impl ContextKernel {
         }
         self.experiment = xv;
         Ok(())
+    }
+
+    /// The stamps of the last trace launch (`set_experiment(8)`, no split
+    /// KV), u32 `[CONTEXT_SM90_TRACE_CTAS][CONTEXT_SM90_TRACE_ITEMS][3 roles:
+    /// producer, consumer 0, consumer 1][CONTEXT_SM90_TRACE_EVENTS]` in SM
+    /// clock cycles (events: `TR_*` in the kernel source); slots of items a
+    /// CTA did not take hold what the workspace held before. Synchronizes
+    /// the stream.
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] without the sm_90a kernel; driver errors.
+    pub fn trace(&self) -> Result<Vec<u32>> {
+        let ws = self
+            .partial
+            .as_ref()
+            .ok_or_else(|| KernelError::unsupported("trace", "needs the sm_90a kernel"))?;
+        let n = CONTEXT_SM90_TRACE_CTAS * CONTEXT_SM90_TRACE_ITEMS * 3 * CONTEXT_SM90_TRACE_EVENTS;
+        let words: Vec<f32> = self.gpu.stream().clone_dtoh(&ws.slice(0..n))?;
+        Ok(words.into_iter().map(f32::to_bits).collect())
     }
 
     /// Whether launches run the sm_90a kernel (every supported dtype).
@@ -1127,6 +1158,13 @@ impl ContextKernel {
         }
         let mut config = plan.config;
         let d = args.q.shape()[2];
+        if self.experiment & 8 != 0 {
+            // The trace entry's stamps (overwritten below when KV is split).
+            if let Some(ws) = &self.partial {
+                let (ptr, _sync) = ws.device_ptr(stream);
+                p.partial = ptr;
+            }
+        }
         let items = config.grid_dim.0;
         if let (true, true, Some(ws)) = (plan.sm90, d != 256, &self.partial) {
             // Split KV when the items do not fill the GPU: the keys of a
