@@ -302,6 +302,21 @@ fn trace_report(words: &[u32]) -> String {
         (1, "consumer 0:   tile 1: V 0 scan", |c, _| {
             two(c, d(c(1, 11), c(1, 14)))
         }),
+        (1, "consumer 0:   fast tiles: issue S, P V", |c, _| {
+            c(1, 16) as f64
+        }),
+        (1, "consumer 0:   fast tiles: wait for S", |c, _| {
+            c(1, 17) as f64
+        }),
+        (1, "consumer 0:   fast tiles: softmax", |c, _| {
+            c(1, 18) as f64
+        }),
+        (1, "consumer 0:   fast tiles: wait for P V", |c, _| {
+            c(1, 19) as f64
+        }),
+        (1, "consumer 0:   fast tiles: rescale, pack", |c, _| {
+            c(1, 20) as f64
+        }),
         (1, "consumer 0: wait for the last V", |c, _| {
             d(c(1, 6), c(1, 7))
         }),

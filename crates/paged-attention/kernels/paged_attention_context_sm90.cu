@@ -88,6 +88,12 @@ struct Cfg {
     // the consumers finish the current one), one at D 256 (one item per CTA).
     // e4m3 at D 128: one, so that the staging ring fits.
     static constexpr int QBUF = PERSISTENT && !(F8 && D == 128) ? 2 : 1;
+    // The epilogue stages each warpgroup's output rows in its rows of the
+    // item's Q buffer and writes them as whole 16-byte chunks (coalesced
+    // rows); the Q buffer is then released after the epilogue, not after the
+    // item's last S. Not with one Q buffer on the persistent grid (e4m3 at
+    // D 128): the next item's Q would wait for this item's epilogue.
+    static constexpr bool STAGE_O = QBUF == 2 || !PERSISTENT;
     static constexpr int Q_OFF = 0;
     static constexpr int K_OFF = Q_OFF + QBUF * Q_BYTES;  // KST slots
     // Ring depths: K tiles are needed one iteration before V tiles (S_t
@@ -351,10 +357,12 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
 // consumers 0 item taken, 1 geometry, 2 Q landed, 3 K 0 landed, 4 S 0 done,
 // 5 softmax 0 done, 6 tile loop done, 7 last V landed, 8 last P V done,
 // 9 epilogue done, 10 tile 1's K landed, 11 V 0 landed, 12 ntiles, 13
-// item, 14 V 0 scanned, 15 the last V scanned. Slot [cta][TR_ITEMS - 1][role]
+// item, 14 V 0 scanned, 15 the last V scanned, 16-20 cycles of the fast
+// tiles 1.. in: issuing S and P V, waiting for S, softmax, waiting for P V,
+// rescale and pack. Slot [cta][TR_ITEMS - 1][role]
 // [TR_EV - 1] holds the number of items the role took (stamps of later
 // items are not kept).
-constexpr int TR_CTAS = 132, TR_ITEMS = 48, TR_EV = 16;
+constexpr int TR_CTAS = 132, TR_ITEMS = 48, TR_EV = 24;
 MHA_KIT_DEVICE u32 clk32() {
     u32 c;
     asm volatile("mov.u32 %0, %%clock;" : "=r"(c));
@@ -930,6 +938,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         mark(role, 1, tnow());
         mark(role, 12, (u32)I.ntiles);
         mark(role, 13, (u32)it);
+        // Trace: cycles of the fast tiles 1.. in issue, S wait, softmax, P V wait, rescale.
+        u32 tr_acc[5] = {0u, 0u, 0u, 0u, 0u};
         if (I.skip) continue;
         const int h = I.h, rows = I.rows, ntiles = I.ntiles;
         const Geom& g = I.g;
@@ -1033,7 +1043,21 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             }
             const i32 k0 = (t_first + t) * BN;
             float mx[2] = {PAC_NEG_INF, PAC_NEG_INF};
-            if (!full) {
+            bool vall = true;  // every key of the tile valid (warpgroup-uniform)
+#pragma unroll
+            for (int w = 0; w < VMW; ++w) vall = vall && vmw[w] == 0xffffffffu;
+            if (!(F8 && D == 128) && !full && vall && p.window_left < 0) {
+                // Causal edge only: key 8 j + 2 qd + e is seen by row hr when
+                // 8 j + e <= xr[hr] - k0 - 2 qd (one compare and select a
+                // score). Not in the e4m3 D 128 entry, whose 216 consumer
+                // registers it overflows.
+                const i32 lim[2] = {xr[0] - k0 - 2 * qd, xr[1] - k0 - 2 * qd};
+#pragma unroll
+                for (int i = 0; i < NS; ++i) {
+                    const int tk = 8 * (i >> 2) + (i & 1);
+                    s[i] = tk <= lim[(i >> 1) & 1] ? s[i] : PAC_NEG_INF;
+                }
+            } else if (!full) {
                 // This thread's key 8 j + 2 qd + e has its valid bit in word
                 // 2 (j & 1) + (qd >> 1), bit 16 (qd & 1) + 8 e + (j >> 1)
                 // (layout: key_row_of_lane).
@@ -1143,20 +1167,27 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             const bool split = a <= b;
             const i32 r_end[2] = {split ? min(hi, a) : hi, hi};
             const i32 r_beg[2] = {lo, split ? max(lo, b + 1) : hi};
+            // Every pass loads (branch-free; rows outside both ranges count
+            // nothing): a 16-bit value is non-finite when its exponent field
+            // is all ones, i.e. when (w & E) + (lowest bit of E) sets bit 15.
             constexpr int RPP = 128 / CPR;  // key rows per pass
+            constexpr u32 E2 = MT == 0 ? 0x7F807F80u : 0x7C007C00u;
+            constexpr u32 INC2 = MT == 0 ? 0x00800080u : 0x04000400u;
             const int ch = ct % CPR;
             const u32 col = (u32)((ch >> 3) * C::KV_ATOM + (ch & 7) * 16);
-            bool bad = false;
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-#pragma unroll 1
-                for (int r = r_beg[q] - k0 + ct / CPR; r < r_end[q] - k0; r += RPP) {
-                    const uint4 u = *reinterpret_cast<const uint4*>(v + col + r * 128);
-                    bad = bad || nonfinite2<MT>(u.x) || nonfinite2<MT>(u.y) || nonfinite2<MT>(u.z) ||
-                          nonfinite2<MT>(u.w);
-                }
+            const int r0t = ct / CPR;
+            const i32 b0 = r_beg[0] - k0, e0 = r_end[0] - k0, b1 = r_beg[1] - k0, e1 = r_end[1] - k0;
+            u32 acc = 0;
+            constexpr int SCAN_UNROLL = F8 && D == 128 ? 2 : 4;  // loads in flight (e4m3 D 128: registers)
+#pragma unroll SCAN_UNROLL
+            for (int i = 0; i < BN / RPP; ++i) {
+                const int r = r0t + i * RPP;
+                const uint4 u = *reinterpret_cast<const uint4*>(v + col + r * 128);
+                const u32 t = (((u.x & E2) + INC2) | ((u.y & E2) + INC2)) | (((u.z & E2) + INC2) | ((u.w & E2) + INC2));
+                const bool in = (r >= b0 && r < e0) || (r >= b1 && r < e1);
+                acc |= in ? t : 0u;
             }
-            return named_or(2 + cw, 128, bad);
+            return named_or(2 + cw, 128, (acc & 0x80008000u) != 0u);
         };
         // O += P V for stage st on CUDA cores (tiles with masked keys and non-finite V).
         auto pv_slow = [&](int st) {
@@ -1195,9 +1226,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 turn_pass(false);
             }
             mbar_arrive(bar_ek + 8 * kslot(0));
-            // Q is free for the next item after this warpgroup's last S (an
-            // idle warpgroup reads no Q).
-            mbar_arrive_if(!active || ntiles == 1, bar_qe + 8 * qb);
+            // Without STAGE_O, Q is free for the next item after this
+            // warpgroup's last S (an idle warpgroup reads no Q); with it, after
+            // the epilogue.
+            mbar_arrive_if(!C::STAGE_O && (!active || ntiles == 1), bar_qe + 8 * qb);
             if (active) {
                 softmax(0, prev_full, vmw);
                 rescale_pack();
@@ -1226,26 +1258,38 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     wg_wait<0>();
                     fence_regs(s);
                     mbar_arrive(bar_ek + 8 * st);
-                    mbar_arrive_if(t == ntiles - 1, bar_qe + 8 * qb);
+                    mbar_arrive_if(!C::STAGE_O && t == ntiles - 1, bar_qe + 8 * qb);
                     softmax(t, full, vmw);
                     pv_slow(sp);
                     mbar_arrive(bar_ev + 8 * sp);
                     rescale_pack();
                 } else if (active) {
                     turn_take();
+                    const u32 a0 = tnow();
                     qk(st);
                     pv(sp);
                     turn_pass(false);
+                    const u32 a1 = tnow();
                     wg_wait<1>();
                     fence_regs(s);
+                    const u32 a2 = tnow();
                     mbar_arrive(bar_ek + 8 * st);
-                    mbar_arrive_if(t == ntiles - 1, bar_qe + 8 * qb);
+                    mbar_arrive_if(!C::STAGE_O && t == ntiles - 1, bar_qe + 8 * qb);
                     softmax(t, full, vmw);
+                    const u32 a3 = tnow();
                     wg_wait<0>();
                     fence_regs(o);
                     fence_regs(pa);
+                    const u32 a4 = tnow();
                     mbar_arrive(bar_ev + 8 * sp);
                     rescale_pack();
+                    if constexpr (TR) {
+                        tr_acc[0] += a1 - a0;
+                        tr_acc[1] += a2 - a1;
+                        tr_acc[2] += a3 - a2;
+                        tr_acc[3] += a4 - a3;
+                        tr_acc[4] += tnow() - a4;
+                    }
                 } else {
                     turn_take();
                     turn_pass(false);
@@ -1279,7 +1323,61 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             mbar_arrive(bar_ev + 8 * sl);
             mark(role, 8, tnow());
         }
-        // ---- epilogue: each thread writes its two rows' columns ----
+        // ---- epilogue ----
+        if (C::STAGE_O && ntiles > 0 && p.kv_splits == 1) {
+            // Each thread scales its two rows' columns into this warpgroup's
+            // rows of the Q buffer (the operand layout, conflict-free), then
+            // the warpgroup writes whole rows: thread ct copies 16-byte chunk
+            // ct % CPR of rows ct / CPR + ORS i (128 / CPR consecutive lanes
+            // per row: contiguous row segments). Rows past `rows` are not
+            // written. The Q buffer is released once its rows are read.
+            const u32 ob = base + C::Q_OFF + qb * C::Q_BYTES;
+            if (active) {
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    float den = drow[hr];
+                    den += __shfl_xor_sync(0xffffffffu, den, 1);
+                    den += __shfl_xor_sync(0xffffffffu, den, 2);
+                    const int row = wrow0 + 16 * warp + gr + 8 * hr;
+                    const int qh = h * G + (r0 + row) % G;
+                    const float scale = row < rows ? out_scale(den, mrow[hr], p.sinks, qh, p.bmm2_scale) : 0.f;
+#pragma unroll
+                    for (int n = 0; n < D / 8; ++n) {
+                        const u32 v = pack2<QT>(o[4 * n + 2 * hr] * scale, o[4 * n + 2 * hr + 1] * scale);
+                        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(ob + swz(row, n, C::Q_ATOM) + 4u * (u32)qd), "r"(v)
+                                     : "memory");
+                    }
+                }
+                named_sync_if(true, 6 + cw, 128);
+                constexpr int ORS = 128 / CPR;  // rows per pass
+                const int ch = ct % CPR;
+                int rr = ct / CPR;  // row of the warpgroup's 64
+                int rg = r0 + wrow0 + rr;
+                int j = rg / G;
+                int gq = rg - j * G;
+                const int sj = ORS / G, sg = ORS - (ORS / G) * G;
+#pragma unroll
+                for (int i = 0; i < 64 / ORS; ++i, rr += ORS) {
+                    if (wrow0 + rr < rows) {
+                        uint4 v;
+                        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                                     : "r"(ob + swz(wrow0 + rr, ch, C::Q_ATOM))
+                                     : "memory");
+                        u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)(h * G + gq) * p.o_stride_head +
+                                   ch * 8;
+                        *reinterpret_cast<uint4*>(dst) = v;
+                    }
+                    j += sj;
+                    gq += sg;
+                    if (gq >= G) {
+                        gq -= G;
+                        ++j;
+                    }
+                }
+            }
+            mbar_arrive(bar_qe + 8 * qb);
+        } else {
 #pragma unroll
         for (int hr = 0; hr < 2 && active; ++hr) {
             float den = drow[hr];
@@ -1314,7 +1412,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 *reinterpret_cast<u32*>(dst + 8 * n) = pack2<QT>(o[4 * n + 2 * hr] * scale, o[4 * n + 2 * hr + 1] * scale);
             }
         }
+        if (C::STAGE_O && ntiles > 0) mbar_arrive(bar_qe + 8 * qb);  // split KV: the partial rows were written
+        }
         mark(role, 9, tnow());
+#pragma unroll
+        for (int k = 0; k < 5; ++k) mark(role, 16 + k, tr_acc[k]);
         if (ntiles > 0) {
             T0 += ntiles;
             ++nq;

@@ -661,7 +661,7 @@ pub const CONTEXT_SM90_TRACE_CTAS: usize = 132;
 /// See [`CONTEXT_SM90_TRACE_CTAS`].
 pub const CONTEXT_SM90_TRACE_ITEMS: usize = 48;
 /// See [`CONTEXT_SM90_TRACE_CTAS`].
-pub const CONTEXT_SM90_TRACE_EVENTS: usize = 16;
+pub const CONTEXT_SM90_TRACE_EVENTS: usize = 24;
 
 /// KV chunks per work item of an sm_90a launch (split KV) and KV tiles per
 /// chunk, for `items` work items of at most `tiles` KV tiles each on a GPU
