@@ -112,16 +112,19 @@ struct Cfg {
     static constexpr int STG_OFF = V_OFF + VST * KV_BYTES;
     static constexpr int VM_OFF = STG_OFF + SST * 2 * F8_BYTES;
     static constexpr int BAR_OFF = VM_OFF + KST * VMW * 4;
-    // Q full/empty; K full/empty; V full/empty; work-item slots full/empty.
-    static constexpr int NBAR = 2 * QBUF + 2 * KST + 2 * VST + 4;
+    // Q full/empty; K full/empty; V full/empty; work-item slots full/empty;
+    // work-item geometry published.
+    static constexpr int NBAR = 2 * QBUF + 2 * KST + 2 * VST + 6;
     // One f32 per consumer thread: the per-tile store that keeps the
     // exponentials ahead of the wait for P V (see `softmax`).
     static constexpr int PIN_OFF = BAR_OFF + NBAR * 8;
     // i32 [4]: two work-item slots, thread 0's prefetched counter value, a
-    // spare (8-byte multiple).
+    // spare (8-byte multiple); then the two slots' geometry (`Item`,
+    // published by producer warp 0 for the consumers).
     static constexpr int ITEM_OFF = PIN_OFF + 256 * 4;
+    static constexpr int ITEM_GEOM_BYTES = 64;  // >= sizeof(Item), checked below
     // e4m3 K/V: u8 [QBUF][BM], each Q row's shift qs (see the bf16 Q conversion, QCONV).
-    static constexpr int QX_OFF = ITEM_OFF + 4 * 4;
+    static constexpr int QX_OFF = ITEM_OFF + 4 * 4 + 2 * ITEM_GEOM_BYTES;
     static constexpr int QX_BYTES = F8 ? QBUF * BM : 0;
     static constexpr int BYTES = QX_OFF + QX_BYTES;
     static constexpr int ALLOC = BYTES + 1024;  // slack: the base is rounded up to 1024
@@ -308,6 +311,8 @@ struct Item {
     int ntiles;
 };
 
+static_assert(sizeof(Item) <= Cfg<64>::ITEM_GEOM_BYTES && alignof(Item) <= 8, "published geometry");
+
 // Item `it` of the grid order (q tiles fastest, the heaviest first; then KV
 // splits; then KV heads; then requests), for KV tiles of BN keys.
 // Warp-cooperative (every lane of the warp calls it); `report`: this thread
@@ -401,6 +406,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const u32 bar_ev = bar_fv + 8 * VST;          // [VST] V consumed
     const u32 bar_if = bar_ev + 8 * VST;          // [2] work item published
     const u32 bar_ie = bar_if + 16;               // [2] work item read by all
+    const u32 bar_ig = bar_ie + 16;               // [2] work item's geometry published
     // The rings run on across a CTA's items: T0 counts the KV tiles of the
     // CTA's earlier items (per role, the same count), tile t of an item is
     // ring tile T0 + t; nq counts the items that loaded a Q tile (item nq
@@ -417,8 +423,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // L2; within it the heaviest q tiles first). CTA c starts with item c;
     // with fewer CTAs than items (persistent grid) thread 0 then takes the
     // next item from the counter p.work[0] and publishes it in a 2-slot
-    // shared ring (full: 1 arrival; empty: the other 383 threads); the last
-    // CTA to run out resets the counters for the next launch.
+    // shared ring (full: 1 arrival; empty: the other 383 threads, the
+    // consumers after their epilogue); the last CTA to run out resets the
+    // counters for the next launch. Producer warp 0 computes each item's
+    // geometry (dependent global loads) and publishes it in the slot too
+    // (bar_ig): the consumers read it there, so those loads leave their item
+    // start (the producer runs ahead of them).
     const int tid = threadIdx.x;
     const int G = p.group;
     const int items = p.q_tiles * p.kv_splits * p.num_kv_heads * p.bs;  // <= i32::MAX (launcher)
@@ -429,7 +439,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // trip then overlaps the current item); a CTA's last fetch comes before
     // its stop, so the reset below still sees every fetch done.
     u32* pending = reinterpret_cast<u32*>(item_s + 2);
-    auto next_item = [&]() -> int {
+    Item* item_geom_s = reinterpret_cast<Item*>(smem + C::ITEM_OFF + 16);
+    // consumer = true: the caller arrives on the slot's empty barrier itself
+    // (`release_item`), after it has read the item's published geometry.
+    auto next_item = [&](bool consumer) -> int {
         const int n = n_items++;
         if (!persistent) return n == 0 ? (int)blockIdx.x : items;
         const int slot = n & 1;
@@ -453,7 +466,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         } else {
             mbar_wait(bar_if + 8 * slot, par);
             it = item_s[slot];
-            mbar_arrive(bar_ie + 8 * slot);
+            if (!consumer) mbar_arrive(bar_ie + 8 * slot);
         }
         return it;
     };
@@ -492,6 +505,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         for (int s = 0; s < 2; ++s) {
             mbar_init(bar_if + 8 * s, 1);
             mbar_init(bar_ie + 8 * s, NTHREADS - 1);
+            mbar_init(bar_ig + 8 * s, 1);
         }
 #pragma unroll
         for (int s = 0; s < KST; ++s) {
@@ -517,7 +531,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // c8 < NP) and shares the row's address with the other seven lanes.
         constexpr int NP = BN / 16;
         for (;;) {
-            const int it = next_item();
+            const int it = next_item(false);
             if (it >= items) {
                 done(0);
                 break;
@@ -533,6 +547,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             const bool has_row = c8 < NP;
             const int krow = key_row_of_lane((int)ptv >> 5, (int)ptv & 31);
             const Item I = item_geom<BN>(p, it, pt == 0);
+            if (pt == 0) {
+                // Published for the consumers (they release the slot, bar_ie,
+                // after their epilogue).
+                item_geom_s[(n_items - 1) & 1] = I;
+                mbar_arrive(bar_ig + 8 * ((n_items - 1) & 1));
+            }
             if (I.skip) continue;
             const int h = I.h, b = I.b, rows = I.rows, ntiles = I.ntiles;
             const Geom& g = I.g;
@@ -927,20 +947,32 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const int wrow0 = 64 * cw;           // first tile row of this warpgroup
     const u32 pin_addr = base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
     for (;;) {
-        const int it = next_item();
+        const int it = next_item(true);
         if (it >= items) {
+            if (persistent) mbar_arrive(bar_ie + 8 * ((n_items - 1) & 1));
             done(1 + cw);
             break;
         }
         const int role = 1 + cw;
         mark(role, 0, tnow());
-        const Item I = item_geom<BN>(p, it, false);
+        // The item's geometry, published by producer warp 0 (which runs ahead
+        // of the consumers), read from shared memory where it is used; the
+        // slot is released after the epilogue.
+        const int islot = (n_items - 1) & 1;
+        mbar_wait(bar_ig + 8 * islot, (u32)(((n_items - 1) >> 1) & 1));
+        const Item& I = item_geom_s[islot];
+        auto release_item = [&]() {
+            if (persistent) mbar_arrive(bar_ie + 8 * islot);
+        };
         mark(role, 1, tnow());
         mark(role, 12, (u32)I.ntiles);
         mark(role, 13, (u32)it);
         // Trace: cycles of the fast tiles 1.. in issue, S wait, softmax, P V wait, rescale.
         u32 tr_acc[5] = {0u, 0u, 0u, 0u, 0u};
-        if (I.skip) continue;
+        if (I.skip) {
+            release_item();
+            continue;
+        }
         const int h = I.h, rows = I.rows, ntiles = I.ntiles;
         const Geom& g = I.g;
         const i32 r0 = I.r0, x_base = I.x_base, t_first = I.t_first;
@@ -1414,6 +1446,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         }
         if (C::STAGE_O && ntiles > 0) mbar_arrive(bar_qe + 8 * qb);  // split KV: the partial rows were written
         }
+        release_item();
         mark(role, 9, tnow());
 #pragma unroll
         for (int k = 0; k < 5; ++k) mark(role, 16 + k, tr_acc[k]);

@@ -262,8 +262,9 @@ pub fn context_sm90_staging_steps(head_dim: usize, kv: KvDtype) -> usize {
 /// ([`context_sm90_staging_steps`] × two `[BN, D]` byte tiles), per K slot the valid
 /// masks of the keys (4 u32: one word per producer warp), the mbarriers
 /// (full + empty per Q buffer and per ring slot, two work-item slots full +
-/// empty), one f32 per consumer thread, four i32 (two work-item slots, the
-/// prefetched work counter, a spare), for e4m3 KV one byte per Q row and
+/// empty + geometry published), one f32 per consumer thread, four i32 (two
+/// work-item slots, the prefetched work counter, a spare), the two slots'
+/// published geometry (64 bytes each), for e4m3 KV one byte per Q row and
 /// buffer (the row's shift of its conversion to f16), and
 /// 1024 bytes of slack to align the swizzled tiles.
 pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
@@ -279,13 +280,14 @@ pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
     } else {
         0
     };
-    let bars = 2 * qbuf + 2 * kst + 2 * vst + 4;
+    let bars = 2 * qbuf + 2 * kst + 2 * vst + 6;
     q + (kst + vst) * kv
         + staging
         + kst * 4 * 4
         + bars * 8
         + CONTEXT_SM90_PIN_BYTES
         + 16
+        + 2 * CONTEXT_SM90_ITEM_GEOM_BYTES
         + q_conv
         + 1024
 }
@@ -293,6 +295,10 @@ pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
 /// Shared memory of the sm_90a kernel's per-thread pin word (one f32 per
 /// consumer thread; see the kernel's softmax).
 const CONTEXT_SM90_PIN_BYTES: usize = 256 * 4;
+
+/// Shared memory of one work-item slot's published geometry (mirrors
+/// `Cfg::ITEM_GEOM_BYTES`).
+const CONTEXT_SM90_ITEM_GEOM_BYTES: usize = 64;
 
 /// Keys per TMA box of the sm_90a kernel's K/V loads for a page size, or
 /// `None` when the cp.async row gather runs: a page size that is a multiple
