@@ -424,7 +424,7 @@ fn main() {
     no_split.set_kv_splits(Some(1));
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
-        [1u32, 4, 5, 6]
+        [1u32, 4, 5, 6, 16]
             .into_iter()
             .map(|xv| {
                 let mut k = ContextKernel::new(&gpu).expect("load");
@@ -457,6 +457,7 @@ fn main() {
                 1 => "experiment: no softmax math",
                 4 => "experiment: no K/V reads",
                 5 => "experiment: no K/V reads, no softmax math",
+                16 => "experiment: K / V rings 2 / 3 (correct results)",
                 _ => "experiment: no K/V reads, no wgmma",
             }
         } else {
@@ -517,14 +518,18 @@ fn main() {
             && kernel.uses_sm90()
             && (c.name.starts_with("FA3") || c.name.starts_with("bs "))
         {
-            let mut tracer = ContextKernel::new(&gpu).expect("load");
-            tracer.set_experiment(8).expect("trace entry");
-            tracer.set_kv_splits(Some(1));
-            for _ in 0..3 {
-                launch(&tracer, &c, &mut p, &mut errors).expect("trace launch");
+            // 8: the default kernel traced; 24: with K / V rings 2 / 3.
+            for xv in [8u32, 24] {
+                let mut tracer = ContextKernel::new(&gpu).expect("load");
+                tracer.set_experiment(xv).expect("trace entry");
+                tracer.set_kv_splits(Some(1));
+                for _ in 0..3 {
+                    launch(&tracer, &c, &mut p, &mut errors).expect("trace launch");
+                }
+                let words = tracer.trace().expect("trace");
+                let what = if xv == 8 { "" } else { ", K / V rings 2 / 3" };
+                traces.push(format!("### {}{what}\n\n{}", c.name, trace_report(&words)));
             }
-            let words = tracer.trace().expect("trace");
-            traces.push(format!("### {}\n\n{}", c.name, trace_report(&words)));
         }
         drop(p);
     }

@@ -62,7 +62,9 @@ constexpr int NTHREADS = 384;  // producer + 2 consumers
 
 // F8: e4m3 K/V pools (Q and the operand tiles stay 16-bit; see the
 // producer's e4m3 gather).
-template <int D, bool F8 = false>
+// SWAP (timing experiment XV & 16, D 128 16-bit only): ring depths K 2 /
+// V 3 instead of 3 / 2 (same shared memory).
+template <int D, bool F8 = false, bool SWAP = false>
 struct Cfg {
     static constexpr int BN = D == 256 ? 64 : 128;  // keys per KV tile
     // Register split (128 x P + 256 x C <= 64512, the 168 x 384 of the
@@ -98,8 +100,9 @@ struct Cfg {
     static constexpr int K_OFF = Q_OFF + QBUF * Q_BYTES;  // KST slots
     // Ring depths: K tiles are needed one iteration before V tiles (S_t
     // before P_{t-1} V_{t-1}), so K gets the deeper ring where memory allows.
-    static constexpr int KST = D == 256 || (F8 && D == 128) ? 2 : 3;
-    static constexpr int VST = D == 64 ? 3 : 2;
+    static constexpr int KST = SWAP ? 2 : D == 256 || (F8 && D == 128) ? 2 : 3;
+    static constexpr int VST = SWAP ? 3 : D == 64 ? 3 : 2;
+    static_assert(!SWAP || (D == 128 && !F8), "ring swap: D 128 16-bit only");
     static constexpr int V_OFF = K_OFF + KST * KV_BYTES;
     // Valid-key masks, u32 [KST][4]: one word per producer warp (see `key_bit`).
     static constexpr int VMW = 4;
@@ -352,7 +355,8 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
 
 // XV: timing experiments that leave one stage out (wrong results; only the
 // bench's `_x{XV}` entries set it): 1 no softmax math, 2 no wgmma, 4 no
-// global K/V reads (zero-filled copies); 8 trace: correct results, and
+// global K/V reads (zero-filled copies); 16 K / V ring depths 2 / 3
+// instead of 3 / 2 (correct results); 8 trace: correct results, and
 // thread 0 of each warpgroup writes %clock stamps of its item's phases to
 // p.partial (see `TR_*`; the launcher points p.partial at its workspace).
 // F8: e4m3 K/V pools.
@@ -376,7 +380,7 @@ MHA_KIT_DEVICE u32 clk32() {
 
 template <int QT, int D, int XV = 0, bool F8 = false>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v) {
-    using C = Cfg<D, F8>;
+    using C = Cfg<D, F8, (XV & 16) != 0>;
     // Operand dtype of both GEMMs: the Q dtype, or f16 for e4m3 K/V (every
     // e4m3 value is an f16 value: one conversion instruction per two; a bf16
     // Q tile is converted to f16 once per item, each row scaled by 2^-qs
@@ -1567,3 +1571,5 @@ PAS_XENTRY(4)
 PAS_XENTRY(5)
 PAS_XENTRY(6)
 PAS_XENTRY(8)
+PAS_XENTRY(16)
+PAS_XENTRY(24)

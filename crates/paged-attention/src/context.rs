@@ -1047,7 +1047,9 @@ impl ContextKernel {
 
     /// Runs the sm_90a kernel's timing experiment `xv` (an entry
     /// `…_bf16_kv_bf16_d128_x{xv}` that leaves stages out, bits 1 softmax
-    /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6) for D 128 bf16
+    /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6; 16 = K / V
+    /// ring depths 2 / 3 instead of 3 / 2, correct results; 24 = 16 with
+    /// the trace) for D 128 bf16
     /// launches; 0 = off. Results are wrong by design: benchmarks only.
     /// `xv = 8` is the trace entry instead: correct results, and each CTA
     /// below [`CONTEXT_SM90_TRACE_CTAS`] records `%clock` stamps of its
