@@ -457,7 +457,7 @@ fn main() {
                 1 => "experiment: no softmax math",
                 4 => "experiment: no K/V reads",
                 5 => "experiment: no K/V reads, no softmax math",
-                16 => "experiment: K / V rings 2 / 3 (correct results)",
+                16 => "experiment: K / V rings 3 / 2 (correct results)",
                 _ => "experiment: no K/V reads, no wgmma",
             }
         } else {
@@ -518,7 +518,7 @@ fn main() {
             && kernel.uses_sm90()
             && (c.name.starts_with("FA3") || c.name.starts_with("bs "))
         {
-            // 8: the default kernel traced; 24: with K / V rings 2 / 3.
+            // 8: the default kernel traced; 24: with K / V rings 3 / 2.
             for xv in [8u32, 24] {
                 let mut tracer = ContextKernel::new(&gpu).expect("load");
                 tracer.set_experiment(xv).expect("trace entry");
@@ -527,7 +527,7 @@ fn main() {
                     launch(&tracer, &c, &mut p, &mut errors).expect("trace launch");
                 }
                 let words = tracer.trace().expect("trace");
-                let what = if xv == 8 { "" } else { ", K / V rings 2 / 3" };
+                let what = if xv == 8 { "" } else { ", K / V rings 3 / 2" };
                 traces.push(format!("### {}{what}\n\n{}", c.name, trace_report(&words)));
             }
         }

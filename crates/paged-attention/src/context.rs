@@ -220,13 +220,13 @@ pub fn context_sm90_tile_keys(head_dim: usize) -> usize {
 }
 
 /// K and V ring slots of the sm_90a kernel (mirrors `Cfg::KST`/`Cfg::VST`):
-/// D 64 → (3, 3), D 128 → (3, 2) ((2, 2) for e4m3 KV, whose staging ring
+/// D 64 → (3, 3), D 128 → (2, 3) ((2, 2) for e4m3 KV, whose staging ring
 /// takes the room), D 256 → (2, 2).
 pub fn context_sm90_stages(head_dim: usize, kv: KvDtype) -> (usize, usize) {
     match (head_dim, kv) {
         (256, _) | (128, KvDtype::E4m3) => (2, 2),
         (64, _) => (3, 3),
-        _ => (3, 2),
+        _ => (2, 3),
     }
 }
 
@@ -295,6 +295,11 @@ pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
 /// Shared memory of the sm_90a kernel's per-thread pin word (one f32 per
 /// consumer thread; see the kernel's softmax).
 const CONTEXT_SM90_PIN_BYTES: usize = 256 * 4;
+
+/// Extra shared memory given to the sm_90a experiment entries
+/// ([`ContextKernel::set_experiment`]): `_x16` runs the K / V ring split
+/// 3 / 2, whose valid-key masks take 16 bytes more than the default's.
+const CONTEXT_SM90_EXPERIMENT_SLACK: usize = 64;
 
 /// Shared memory of one work-item slot's published geometry (mirrors
 /// `Cfg::ITEM_GEOM_BYTES`).
@@ -1048,7 +1053,7 @@ impl ContextKernel {
     /// Runs the sm_90a kernel's timing experiment `xv` (an entry
     /// `…_bf16_kv_bf16_d128_x{xv}` that leaves stages out, bits 1 softmax
     /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6; 16 = K / V
-    /// ring depths 2 / 3 instead of 3 / 2, correct results; 24 = 16 with
+    /// ring depths 3 / 2 instead of 2 / 3, correct results; 24 = 16 with
     /// the trace) for D 128 bf16
     /// launches; 0 = off. Results are wrong by design: benchmarks only.
     /// `xv = 8` is the trace entry instead: correct results, and each CTA
@@ -1061,7 +1066,7 @@ impl ContextKernel {
         if xv != 0 {
             let bf16 = context_sm90_entry_name(HalfDtype::Bf16, KvDtype::Bf16, 128);
             let name = format!("{bf16}_x{xv}");
-            let smem = context_sm90_smem_bytes(128, KvDtype::Bf16);
+            let smem = context_sm90_smem_bytes(128, KvDtype::Bf16) + CONTEXT_SM90_EXPERIMENT_SLACK;
             let f = load_entry(&self.gpu, &CONTEXT_SM90_PTX, &name, smem)?;
             self.funcs.insert(name, f);
         }
@@ -1165,6 +1170,10 @@ impl ContextKernel {
             }
         }
         let mut config = plan.config;
+        if entry != plan.entry {
+            // An experiment entry (its ring split may take a few more bytes).
+            config.shared_mem_bytes += CONTEXT_SM90_EXPERIMENT_SLACK as u32;
+        }
         let d = args.q.shape()[2];
         if self.experiment & 8 != 0 {
             // The trace entry's stamps (overwritten below when KV is split).
