@@ -302,6 +302,21 @@ fn trace_report(words: &[u32]) -> String {
         (1, "consumer 0:   tile 1: V 0 scan", |c, _| {
             two(c, d(c(1, 11), c(1, 14)))
         }),
+        (1, "consumer 0:   fast tiles: issue S, P V", |c, _| {
+            c(1, 16) as f64
+        }),
+        (1, "consumer 0:   fast tiles: wait for S", |c, _| {
+            c(1, 17) as f64
+        }),
+        (1, "consumer 0:   fast tiles: softmax", |c, _| {
+            c(1, 18) as f64
+        }),
+        (1, "consumer 0:   fast tiles: wait for P V", |c, _| {
+            c(1, 19) as f64
+        }),
+        (1, "consumer 0:   fast tiles: rescale, pack", |c, _| {
+            c(1, 20) as f64
+        }),
         (1, "consumer 0: wait for the last V", |c, _| {
             d(c(1, 6), c(1, 7))
         }),
@@ -409,7 +424,7 @@ fn main() {
     no_split.set_kv_splits(Some(1));
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
-        [1u32, 4, 5, 6]
+        [1u32, 4, 5, 6, 16]
             .into_iter()
             .map(|xv| {
                 let mut k = ContextKernel::new(&gpu).expect("load");
@@ -442,6 +457,7 @@ fn main() {
                 1 => "experiment: no softmax math",
                 4 => "experiment: no K/V reads",
                 5 => "experiment: no K/V reads, no softmax math",
+                16 => "experiment: K / V rings 3 / 2 (correct results)",
                 _ => "experiment: no K/V reads, no wgmma",
             }
         } else {
@@ -502,14 +518,18 @@ fn main() {
             && kernel.uses_sm90()
             && (c.name.starts_with("FA3") || c.name.starts_with("bs "))
         {
-            let mut tracer = ContextKernel::new(&gpu).expect("load");
-            tracer.set_experiment(8).expect("trace entry");
-            tracer.set_kv_splits(Some(1));
-            for _ in 0..3 {
-                launch(&tracer, &c, &mut p, &mut errors).expect("trace launch");
+            // 8: the default kernel traced; 24: with K / V rings 3 / 2.
+            for xv in [8u32, 24] {
+                let mut tracer = ContextKernel::new(&gpu).expect("load");
+                tracer.set_experiment(xv).expect("trace entry");
+                tracer.set_kv_splits(Some(1));
+                for _ in 0..3 {
+                    launch(&tracer, &c, &mut p, &mut errors).expect("trace launch");
+                }
+                let words = tracer.trace().expect("trace");
+                let what = if xv == 8 { "" } else { ", K / V rings 3 / 2" };
+                traces.push(format!("### {}{what}\n\n{}", c.name, trace_report(&words)));
             }
-            let words = tracer.trace().expect("trace");
-            traces.push(format!("### {}\n\n{}", c.name, trace_report(&words)));
         }
         drop(p);
     }

@@ -62,7 +62,9 @@ constexpr int NTHREADS = 384;  // producer + 2 consumers
 
 // F8: e4m3 K/V pools (Q and the operand tiles stay 16-bit; see the
 // producer's e4m3 gather).
-template <int D, bool F8 = false>
+// SWAP (timing experiment XV & 16, D 128 16-bit only): ring depths K 3 /
+// V 2 instead of the default 2 / 3 (same shared memory).
+template <int D, bool F8 = false, bool SWAP = false>
 struct Cfg {
     static constexpr int BN = D == 256 ? 64 : 128;  // keys per KV tile
     // Register split (128 x P + 256 x C <= 64512, the 168 x 384 of the
@@ -88,12 +90,24 @@ struct Cfg {
     // the consumers finish the current one), one at D 256 (one item per CTA).
     // e4m3 at D 128: one, so that the staging ring fits.
     static constexpr int QBUF = PERSISTENT && !(F8 && D == 128) ? 2 : 1;
+    // The epilogue stages each warpgroup's output rows in its rows of the
+    // item's Q buffer and writes them as whole 16-byte chunks (coalesced
+    // rows); the Q buffer is then released after the epilogue, not after the
+    // item's last S. Not with one Q buffer on the persistent grid (e4m3 at
+    // D 128): the next item's Q would wait for this item's epilogue.
+    static constexpr bool STAGE_O = QBUF == 2 || !PERSISTENT;
     static constexpr int Q_OFF = 0;
     static constexpr int K_OFF = Q_OFF + QBUF * Q_BYTES;  // KST slots
-    // Ring depths: K tiles are needed one iteration before V tiles (S_t
-    // before P_{t-1} V_{t-1}), so K gets the deeper ring where memory allows.
-    static constexpr int KST = D == 256 || (F8 && D == 128) ? 2 : 3;
-    static constexpr int VST = D == 64 ? 3 : 2;
+    // Ring depths. The producer issues K_t and then V_{t-1}; V's slot frees
+    // one iteration after K's (P_{t-1} V_{t-1} runs beside S_t), so with
+    // V 2 deep V was issued only one iteration ahead of its use. At D 128
+    // 16-bit, K 2 / V 3 measured 504 vs 471 TFLOP/s at bs 8 x 4096 and 2-4%
+    // fewer cycles per item from 4 x 4096 up, ~1% more at bs 32 x 512
+    // (H200, session 6; the split of session 5 and before was K 3 / V 2).
+    static constexpr bool D128_16 = D == 128 && !F8;
+    static constexpr int KST = D128_16 ? (SWAP ? 3 : 2) : D == 256 || (F8 && D == 128) ? 2 : 3;
+    static constexpr int VST = D128_16 ? (SWAP ? 2 : 3) : D == 64 ? 3 : 2;
+    static_assert(!SWAP || (D == 128 && !F8), "ring swap: D 128 16-bit only");
     static constexpr int V_OFF = K_OFF + KST * KV_BYTES;
     // Valid-key masks, u32 [KST][4]: one word per producer warp (see `key_bit`).
     static constexpr int VMW = 4;
@@ -106,16 +120,19 @@ struct Cfg {
     static constexpr int STG_OFF = V_OFF + VST * KV_BYTES;
     static constexpr int VM_OFF = STG_OFF + SST * 2 * F8_BYTES;
     static constexpr int BAR_OFF = VM_OFF + KST * VMW * 4;
-    // Q full/empty; K full/empty; V full/empty; work-item slots full/empty.
-    static constexpr int NBAR = 2 * QBUF + 2 * KST + 2 * VST + 4;
+    // Q full/empty; K full/empty; V full/empty; work-item slots full/empty;
+    // work-item geometry published.
+    static constexpr int NBAR = 2 * QBUF + 2 * KST + 2 * VST + 6;
     // One f32 per consumer thread: the per-tile store that keeps the
     // exponentials ahead of the wait for P V (see `softmax`).
     static constexpr int PIN_OFF = BAR_OFF + NBAR * 8;
     // i32 [4]: two work-item slots, thread 0's prefetched counter value, a
-    // spare (8-byte multiple).
+    // spare (8-byte multiple); then the two slots' geometry (`Item`,
+    // published by producer warp 0 for the consumers).
     static constexpr int ITEM_OFF = PIN_OFF + 256 * 4;
+    static constexpr int ITEM_GEOM_BYTES = 64;  // >= sizeof(Item), checked below
     // e4m3 K/V: u8 [QBUF][BM], each Q row's shift qs (see the bf16 Q conversion, QCONV).
-    static constexpr int QX_OFF = ITEM_OFF + 4 * 4;
+    static constexpr int QX_OFF = ITEM_OFF + 4 * 4 + 2 * ITEM_GEOM_BYTES;
     static constexpr int QX_BYTES = F8 ? QBUF * BM : 0;
     static constexpr int BYTES = QX_OFF + QX_BYTES;
     static constexpr int ALLOC = BYTES + 1024;  // slack: the base is rounded up to 1024
@@ -302,6 +319,8 @@ struct Item {
     int ntiles;
 };
 
+static_assert(sizeof(Item) <= Cfg<64>::ITEM_GEOM_BYTES && alignof(Item) <= 8, "published geometry");
+
 // Item `it` of the grid order (q tiles fastest, the heaviest first; then KV
 // splits; then KV heads; then requests), for KV tiles of BN keys.
 // Warp-cooperative (every lane of the warp calls it); `report`: this thread
@@ -341,7 +360,8 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
 
 // XV: timing experiments that leave one stage out (wrong results; only the
 // bench's `_x{XV}` entries set it): 1 no softmax math, 2 no wgmma, 4 no
-// global K/V reads (zero-filled copies); 8 trace: correct results, and
+// global K/V reads (zero-filled copies); 16 K / V ring depths 3 / 2
+// instead of 2 / 3 (correct results); 8 trace: correct results, and
 // thread 0 of each warpgroup writes %clock stamps of its item's phases to
 // p.partial (see `TR_*`; the launcher points p.partial at its workspace).
 // F8: e4m3 K/V pools.
@@ -351,10 +371,12 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
 // consumers 0 item taken, 1 geometry, 2 Q landed, 3 K 0 landed, 4 S 0 done,
 // 5 softmax 0 done, 6 tile loop done, 7 last V landed, 8 last P V done,
 // 9 epilogue done, 10 tile 1's K landed, 11 V 0 landed, 12 ntiles, 13
-// item, 14 V 0 scanned, 15 the last V scanned. Slot [cta][TR_ITEMS - 1][role]
+// item, 14 V 0 scanned, 15 the last V scanned, 16-20 cycles of the fast
+// tiles 1.. in: issuing S and P V, waiting for S, softmax, waiting for P V,
+// rescale and pack. Slot [cta][TR_ITEMS - 1][role]
 // [TR_EV - 1] holds the number of items the role took (stamps of later
 // items are not kept).
-constexpr int TR_CTAS = 132, TR_ITEMS = 48, TR_EV = 16;
+constexpr int TR_CTAS = 132, TR_ITEMS = 48, TR_EV = 24;
 MHA_KIT_DEVICE u32 clk32() {
     u32 c;
     asm volatile("mov.u32 %0, %%clock;" : "=r"(c));
@@ -363,7 +385,7 @@ MHA_KIT_DEVICE u32 clk32() {
 
 template <int QT, int D, int XV = 0, bool F8 = false>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v) {
-    using C = Cfg<D, F8>;
+    using C = Cfg<D, F8, (XV & 16) != 0>;
     // Operand dtype of both GEMMs: the Q dtype, or f16 for e4m3 K/V (every
     // e4m3 value is an f16 value: one conversion instruction per two; a bf16
     // Q tile is converted to f16 once per item, each row scaled by 2^-qs
@@ -393,6 +415,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const u32 bar_ev = bar_fv + 8 * VST;          // [VST] V consumed
     const u32 bar_if = bar_ev + 8 * VST;          // [2] work item published
     const u32 bar_ie = bar_if + 16;               // [2] work item read by all
+    const u32 bar_ig = bar_ie + 16;               // [2] work item's geometry published
     // The rings run on across a CTA's items: T0 counts the KV tiles of the
     // CTA's earlier items (per role, the same count), tile t of an item is
     // ring tile T0 + t; nq counts the items that loaded a Q tile (item nq
@@ -409,8 +432,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // L2; within it the heaviest q tiles first). CTA c starts with item c;
     // with fewer CTAs than items (persistent grid) thread 0 then takes the
     // next item from the counter p.work[0] and publishes it in a 2-slot
-    // shared ring (full: 1 arrival; empty: the other 383 threads); the last
-    // CTA to run out resets the counters for the next launch.
+    // shared ring (full: 1 arrival; empty: the other 383 threads, the
+    // consumers after their epilogue); the last CTA to run out resets the
+    // counters for the next launch. Producer warp 0 computes each item's
+    // geometry (dependent global loads) and publishes it in the slot too
+    // (bar_ig): the consumers read it there, so those loads leave their item
+    // start (the producer runs ahead of them).
     const int tid = threadIdx.x;
     const int G = p.group;
     const int items = p.q_tiles * p.kv_splits * p.num_kv_heads * p.bs;  // <= i32::MAX (launcher)
@@ -421,7 +448,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // trip then overlaps the current item); a CTA's last fetch comes before
     // its stop, so the reset below still sees every fetch done.
     u32* pending = reinterpret_cast<u32*>(item_s + 2);
-    auto next_item = [&]() -> int {
+    Item* item_geom_s = reinterpret_cast<Item*>(smem + C::ITEM_OFF + 16);
+    // consumer = true: the caller arrives on the slot's empty barrier itself
+    // (`release_item`), after it has read the item's published geometry.
+    auto next_item = [&](bool consumer) -> int {
         const int n = n_items++;
         if (!persistent) return n == 0 ? (int)blockIdx.x : items;
         const int slot = n & 1;
@@ -445,7 +475,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         } else {
             mbar_wait(bar_if + 8 * slot, par);
             it = item_s[slot];
-            mbar_arrive(bar_ie + 8 * slot);
+            if (!consumer) mbar_arrive(bar_ie + 8 * slot);
         }
         return it;
     };
@@ -484,6 +514,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         for (int s = 0; s < 2; ++s) {
             mbar_init(bar_if + 8 * s, 1);
             mbar_init(bar_ie + 8 * s, NTHREADS - 1);
+            mbar_init(bar_ig + 8 * s, 1);
         }
 #pragma unroll
         for (int s = 0; s < KST; ++s) {
@@ -509,7 +540,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // c8 < NP) and shares the row's address with the other seven lanes.
         constexpr int NP = BN / 16;
         for (;;) {
-            const int it = next_item();
+            const int it = next_item(false);
             if (it >= items) {
                 done(0);
                 break;
@@ -525,6 +556,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             const bool has_row = c8 < NP;
             const int krow = key_row_of_lane((int)ptv >> 5, (int)ptv & 31);
             const Item I = item_geom<BN>(p, it, pt == 0);
+            if (pt == 0) {
+                // Published for the consumers (they release the slot, bar_ie,
+                // after their epilogue).
+                item_geom_s[(n_items - 1) & 1] = I;
+                mbar_arrive(bar_ig + 8 * ((n_items - 1) & 1));
+            }
             if (I.skip) continue;
             const int h = I.h, b = I.b, rows = I.rows, ntiles = I.ntiles;
             const Geom& g = I.g;
@@ -919,18 +956,32 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const int wrow0 = 64 * cw;           // first tile row of this warpgroup
     const u32 pin_addr = base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
     for (;;) {
-        const int it = next_item();
+        const int it = next_item(true);
         if (it >= items) {
+            if (persistent) mbar_arrive(bar_ie + 8 * ((n_items - 1) & 1));
             done(1 + cw);
             break;
         }
         const int role = 1 + cw;
         mark(role, 0, tnow());
-        const Item I = item_geom<BN>(p, it, false);
+        // The item's geometry, published by producer warp 0 (which runs ahead
+        // of the consumers), read from shared memory where it is used; the
+        // slot is released after the epilogue.
+        const int islot = (n_items - 1) & 1;
+        mbar_wait(bar_ig + 8 * islot, (u32)(((n_items - 1) >> 1) & 1));
+        const Item& I = item_geom_s[islot];
+        auto release_item = [&]() {
+            if (persistent) mbar_arrive(bar_ie + 8 * islot);
+        };
         mark(role, 1, tnow());
         mark(role, 12, (u32)I.ntiles);
         mark(role, 13, (u32)it);
-        if (I.skip) continue;
+        // Trace: cycles of the fast tiles 1.. in issue, S wait, softmax, P V wait, rescale.
+        u32 tr_acc[5] = {0u, 0u, 0u, 0u, 0u};
+        if (I.skip) {
+            release_item();
+            continue;
+        }
         const int h = I.h, rows = I.rows, ntiles = I.ntiles;
         const Geom& g = I.g;
         const i32 r0 = I.r0, x_base = I.x_base, t_first = I.t_first;
@@ -1033,7 +1084,21 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             }
             const i32 k0 = (t_first + t) * BN;
             float mx[2] = {PAC_NEG_INF, PAC_NEG_INF};
-            if (!full) {
+            bool vall = true;  // every key of the tile valid (warpgroup-uniform)
+#pragma unroll
+            for (int w = 0; w < VMW; ++w) vall = vall && vmw[w] == 0xffffffffu;
+            if (!(F8 && D == 128) && !full && vall && p.window_left < 0) {
+                // Causal edge only: key 8 j + 2 qd + e is seen by row hr when
+                // 8 j + e <= xr[hr] - k0 - 2 qd (one compare and select a
+                // score). Not in the e4m3 D 128 entry, whose 216 consumer
+                // registers it overflows.
+                const i32 lim[2] = {xr[0] - k0 - 2 * qd, xr[1] - k0 - 2 * qd};
+#pragma unroll
+                for (int i = 0; i < NS; ++i) {
+                    const int tk = 8 * (i >> 2) + (i & 1);
+                    s[i] = tk <= lim[(i >> 1) & 1] ? s[i] : PAC_NEG_INF;
+                }
+            } else if (!full) {
                 // This thread's key 8 j + 2 qd + e has its valid bit in word
                 // 2 (j & 1) + (qd >> 1), bit 16 (qd & 1) + 8 e + (j >> 1)
                 // (layout: key_row_of_lane).
@@ -1143,20 +1208,27 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             const bool split = a <= b;
             const i32 r_end[2] = {split ? min(hi, a) : hi, hi};
             const i32 r_beg[2] = {lo, split ? max(lo, b + 1) : hi};
+            // Every pass loads (branch-free; rows outside both ranges count
+            // nothing): a 16-bit value is non-finite when its exponent field
+            // is all ones, i.e. when (w & E) + (lowest bit of E) sets bit 15.
             constexpr int RPP = 128 / CPR;  // key rows per pass
+            constexpr u32 E2 = MT == 0 ? 0x7F807F80u : 0x7C007C00u;
+            constexpr u32 INC2 = MT == 0 ? 0x00800080u : 0x04000400u;
             const int ch = ct % CPR;
             const u32 col = (u32)((ch >> 3) * C::KV_ATOM + (ch & 7) * 16);
-            bool bad = false;
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-#pragma unroll 1
-                for (int r = r_beg[q] - k0 + ct / CPR; r < r_end[q] - k0; r += RPP) {
-                    const uint4 u = *reinterpret_cast<const uint4*>(v + col + r * 128);
-                    bad = bad || nonfinite2<MT>(u.x) || nonfinite2<MT>(u.y) || nonfinite2<MT>(u.z) ||
-                          nonfinite2<MT>(u.w);
-                }
+            const int r0t = ct / CPR;
+            const i32 b0 = r_beg[0] - k0, e0 = r_end[0] - k0, b1 = r_beg[1] - k0, e1 = r_end[1] - k0;
+            u32 acc = 0;
+            constexpr int SCAN_UNROLL = F8 && D == 128 ? 2 : 4;  // loads in flight (e4m3 D 128: registers)
+#pragma unroll SCAN_UNROLL
+            for (int i = 0; i < BN / RPP; ++i) {
+                const int r = r0t + i * RPP;
+                const uint4 u = *reinterpret_cast<const uint4*>(v + col + r * 128);
+                const u32 t = (((u.x & E2) + INC2) | ((u.y & E2) + INC2)) | (((u.z & E2) + INC2) | ((u.w & E2) + INC2));
+                const bool in = (r >= b0 && r < e0) || (r >= b1 && r < e1);
+                acc |= in ? t : 0u;
             }
-            return named_or(2 + cw, 128, bad);
+            return named_or(2 + cw, 128, (acc & 0x80008000u) != 0u);
         };
         // O += P V for stage st on CUDA cores (tiles with masked keys and non-finite V).
         auto pv_slow = [&](int st) {
@@ -1195,9 +1267,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 turn_pass(false);
             }
             mbar_arrive(bar_ek + 8 * kslot(0));
-            // Q is free for the next item after this warpgroup's last S (an
-            // idle warpgroup reads no Q).
-            mbar_arrive_if(!active || ntiles == 1, bar_qe + 8 * qb);
+            // Without STAGE_O, Q is free for the next item after this
+            // warpgroup's last S (an idle warpgroup reads no Q); with it, after
+            // the epilogue.
+            mbar_arrive_if(!C::STAGE_O && (!active || ntiles == 1), bar_qe + 8 * qb);
             if (active) {
                 softmax(0, prev_full, vmw);
                 rescale_pack();
@@ -1226,26 +1299,38 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     wg_wait<0>();
                     fence_regs(s);
                     mbar_arrive(bar_ek + 8 * st);
-                    mbar_arrive_if(t == ntiles - 1, bar_qe + 8 * qb);
+                    mbar_arrive_if(!C::STAGE_O && t == ntiles - 1, bar_qe + 8 * qb);
                     softmax(t, full, vmw);
                     pv_slow(sp);
                     mbar_arrive(bar_ev + 8 * sp);
                     rescale_pack();
                 } else if (active) {
                     turn_take();
+                    const u32 a0 = tnow();
                     qk(st);
                     pv(sp);
                     turn_pass(false);
+                    const u32 a1 = tnow();
                     wg_wait<1>();
                     fence_regs(s);
+                    const u32 a2 = tnow();
                     mbar_arrive(bar_ek + 8 * st);
-                    mbar_arrive_if(t == ntiles - 1, bar_qe + 8 * qb);
+                    mbar_arrive_if(!C::STAGE_O && t == ntiles - 1, bar_qe + 8 * qb);
                     softmax(t, full, vmw);
+                    const u32 a3 = tnow();
                     wg_wait<0>();
                     fence_regs(o);
                     fence_regs(pa);
+                    const u32 a4 = tnow();
                     mbar_arrive(bar_ev + 8 * sp);
                     rescale_pack();
+                    if constexpr (TR) {
+                        tr_acc[0] += a1 - a0;
+                        tr_acc[1] += a2 - a1;
+                        tr_acc[2] += a3 - a2;
+                        tr_acc[3] += a4 - a3;
+                        tr_acc[4] += tnow() - a4;
+                    }
                 } else {
                     turn_take();
                     turn_pass(false);
@@ -1279,7 +1364,61 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             mbar_arrive(bar_ev + 8 * sl);
             mark(role, 8, tnow());
         }
-        // ---- epilogue: each thread writes its two rows' columns ----
+        // ---- epilogue ----
+        if (C::STAGE_O && ntiles > 0 && p.kv_splits == 1) {
+            // Each thread scales its two rows' columns into this warpgroup's
+            // rows of the Q buffer (the operand layout, conflict-free), then
+            // the warpgroup writes whole rows: thread ct copies 16-byte chunk
+            // ct % CPR of rows ct / CPR + ORS i (128 / CPR consecutive lanes
+            // per row: contiguous row segments). Rows past `rows` are not
+            // written. The Q buffer is released once its rows are read.
+            const u32 ob = base + C::Q_OFF + qb * C::Q_BYTES;
+            if (active) {
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    float den = drow[hr];
+                    den += __shfl_xor_sync(0xffffffffu, den, 1);
+                    den += __shfl_xor_sync(0xffffffffu, den, 2);
+                    const int row = wrow0 + 16 * warp + gr + 8 * hr;
+                    const int qh = h * G + (r0 + row) % G;
+                    const float scale = row < rows ? out_scale(den, mrow[hr], p.sinks, qh, p.bmm2_scale) : 0.f;
+#pragma unroll
+                    for (int n = 0; n < D / 8; ++n) {
+                        const u32 v = pack2<QT>(o[4 * n + 2 * hr] * scale, o[4 * n + 2 * hr + 1] * scale);
+                        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(ob + swz(row, n, C::Q_ATOM) + 4u * (u32)qd), "r"(v)
+                                     : "memory");
+                    }
+                }
+                named_sync_if(true, 6 + cw, 128);
+                constexpr int ORS = 128 / CPR;  // rows per pass
+                const int ch = ct % CPR;
+                int rr = ct / CPR;  // row of the warpgroup's 64
+                int rg = r0 + wrow0 + rr;
+                int j = rg / G;
+                int gq = rg - j * G;
+                const int sj = ORS / G, sg = ORS - (ORS / G) * G;
+#pragma unroll
+                for (int i = 0; i < 64 / ORS; ++i, rr += ORS) {
+                    if (wrow0 + rr < rows) {
+                        uint4 v;
+                        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                                     : "r"(ob + swz(wrow0 + rr, ch, C::Q_ATOM))
+                                     : "memory");
+                        u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)(h * G + gq) * p.o_stride_head +
+                                   ch * 8;
+                        *reinterpret_cast<uint4*>(dst) = v;
+                    }
+                    j += sj;
+                    gq += sg;
+                    if (gq >= G) {
+                        gq -= G;
+                        ++j;
+                    }
+                }
+            }
+            mbar_arrive(bar_qe + 8 * qb);
+        } else {
 #pragma unroll
         for (int hr = 0; hr < 2 && active; ++hr) {
             float den = drow[hr];
@@ -1314,7 +1453,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 *reinterpret_cast<u32*>(dst + 8 * n) = pack2<QT>(o[4 * n + 2 * hr] * scale, o[4 * n + 2 * hr + 1] * scale);
             }
         }
+        if (C::STAGE_O && ntiles > 0) mbar_arrive(bar_qe + 8 * qb);  // split KV: the partial rows were written
+        }
+        release_item();
         mark(role, 9, tnow());
+#pragma unroll
+        for (int k = 0; k < 5; ++k) mark(role, 16 + k, tr_acc[k]);
         if (ntiles > 0) {
             T0 += ntiles;
             ++nq;
@@ -1432,3 +1576,5 @@ PAS_XENTRY(4)
 PAS_XENTRY(5)
 PAS_XENTRY(6)
 PAS_XENTRY(8)
+PAS_XENTRY(16)
+PAS_XENTRY(24)

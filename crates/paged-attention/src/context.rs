@@ -220,13 +220,13 @@ pub fn context_sm90_tile_keys(head_dim: usize) -> usize {
 }
 
 /// K and V ring slots of the sm_90a kernel (mirrors `Cfg::KST`/`Cfg::VST`):
-/// D 64 → (3, 3), D 128 → (3, 2) ((2, 2) for e4m3 KV, whose staging ring
+/// D 64 → (3, 3), D 128 → (2, 3) ((2, 2) for e4m3 KV, whose staging ring
 /// takes the room), D 256 → (2, 2).
 pub fn context_sm90_stages(head_dim: usize, kv: KvDtype) -> (usize, usize) {
     match (head_dim, kv) {
         (256, _) | (128, KvDtype::E4m3) => (2, 2),
         (64, _) => (3, 3),
-        _ => (3, 2),
+        _ => (2, 3),
     }
 }
 
@@ -262,8 +262,9 @@ pub fn context_sm90_staging_steps(head_dim: usize, kv: KvDtype) -> usize {
 /// ([`context_sm90_staging_steps`] × two `[BN, D]` byte tiles), per K slot the valid
 /// masks of the keys (4 u32: one word per producer warp), the mbarriers
 /// (full + empty per Q buffer and per ring slot, two work-item slots full +
-/// empty), one f32 per consumer thread, four i32 (two work-item slots, the
-/// prefetched work counter, a spare), for e4m3 KV one byte per Q row and
+/// empty + geometry published), one f32 per consumer thread, four i32 (two
+/// work-item slots, the prefetched work counter, a spare), the two slots'
+/// published geometry (64 bytes each), for e4m3 KV one byte per Q row and
 /// buffer (the row's shift of its conversion to f16), and
 /// 1024 bytes of slack to align the swizzled tiles.
 pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
@@ -279,13 +280,14 @@ pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
     } else {
         0
     };
-    let bars = 2 * qbuf + 2 * kst + 2 * vst + 4;
+    let bars = 2 * qbuf + 2 * kst + 2 * vst + 6;
     q + (kst + vst) * kv
         + staging
         + kst * 4 * 4
         + bars * 8
         + CONTEXT_SM90_PIN_BYTES
         + 16
+        + 2 * CONTEXT_SM90_ITEM_GEOM_BYTES
         + q_conv
         + 1024
 }
@@ -293,6 +295,15 @@ pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
 /// Shared memory of the sm_90a kernel's per-thread pin word (one f32 per
 /// consumer thread; see the kernel's softmax).
 const CONTEXT_SM90_PIN_BYTES: usize = 256 * 4;
+
+/// Extra shared memory given to the sm_90a experiment entries
+/// ([`ContextKernel::set_experiment`]): `_x16` runs the K / V ring split
+/// 3 / 2, whose valid-key masks take 16 bytes more than the default's.
+const CONTEXT_SM90_EXPERIMENT_SLACK: usize = 64;
+
+/// Shared memory of one work-item slot's published geometry (mirrors
+/// `Cfg::ITEM_GEOM_BYTES`).
+const CONTEXT_SM90_ITEM_GEOM_BYTES: usize = 64;
 
 /// Keys per TMA box of the sm_90a kernel's K/V loads for a page size, or
 /// `None` when the cp.async row gather runs: a page size that is a multiple
@@ -661,7 +672,7 @@ pub const CONTEXT_SM90_TRACE_CTAS: usize = 132;
 /// See [`CONTEXT_SM90_TRACE_CTAS`].
 pub const CONTEXT_SM90_TRACE_ITEMS: usize = 48;
 /// See [`CONTEXT_SM90_TRACE_CTAS`].
-pub const CONTEXT_SM90_TRACE_EVENTS: usize = 16;
+pub const CONTEXT_SM90_TRACE_EVENTS: usize = 24;
 
 /// KV chunks per work item of an sm_90a launch (split KV) and KV tiles per
 /// chunk, for `items` work items of at most `tiles` KV tiles each on a GPU
@@ -1041,7 +1052,9 @@ impl ContextKernel {
 
     /// Runs the sm_90a kernel's timing experiment `xv` (an entry
     /// `…_bf16_kv_bf16_d128_x{xv}` that leaves stages out, bits 1 softmax
-    /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6) for D 128 bf16
+    /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6; 16 = K / V
+    /// ring depths 3 / 2 instead of 2 / 3, correct results; 24 = 16 with
+    /// the trace) for D 128 bf16
     /// launches; 0 = off. Results are wrong by design: benchmarks only.
     /// `xv = 8` is the trace entry instead: correct results, and each CTA
     /// below [`CONTEXT_SM90_TRACE_CTAS`] records `%clock` stamps of its
@@ -1053,7 +1066,7 @@ impl ContextKernel {
         if xv != 0 {
             let bf16 = context_sm90_entry_name(HalfDtype::Bf16, KvDtype::Bf16, 128);
             let name = format!("{bf16}_x{xv}");
-            let smem = context_sm90_smem_bytes(128, KvDtype::Bf16);
+            let smem = context_sm90_smem_bytes(128, KvDtype::Bf16) + CONTEXT_SM90_EXPERIMENT_SLACK;
             let f = load_entry(&self.gpu, &CONTEXT_SM90_PTX, &name, smem)?;
             self.funcs.insert(name, f);
         }
@@ -1157,6 +1170,10 @@ impl ContextKernel {
             }
         }
         let mut config = plan.config;
+        if entry != plan.entry {
+            // An experiment entry (its ring split may take a few more bytes).
+            config.shared_mem_bytes += CONTEXT_SM90_EXPERIMENT_SLACK as u32;
+        }
         let d = args.q.shape()[2];
         if self.experiment & 8 != 0 {
             // The trace entry's stamps (overwritten below when KV is split).

@@ -285,7 +285,8 @@ fn context_sm90_plan_fits() {
                 _ => 2,
             }
         );
-        let bars = 8 * (2 * qbuf + 2 * kst + 2 * vst + 4);
+        // Q, K, V full + empty; work-item slots full + empty + geometry published.
+        let bars = 8 * (2 * qbuf + 2 * kst + 2 * vst + 6);
         assert_eq!(
             b,
             qbuf * 128 * d * 2
@@ -295,6 +296,7 @@ fn context_sm90_plan_fits() {
                 + bars
                 + 256 * 4
                 + 16
+                + 2 * 64
                 + if kv == KvDtype::E4m3 { qbuf * 128 } else { 0 }
                 + 1024
         );
