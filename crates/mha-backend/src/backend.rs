@@ -736,7 +736,7 @@ impl MhaBackend {
         // (SEMANTICS.md §backend.5 decision); buckets with bs = num_tokens always fit
         // when every real row has ≥ 1 token.
         keys.into_iter()
-            .find(|k| kind != GraphKind::RaggedVerify || crate::cuda::pad_for(batch, *k).is_ok())
+            .find(|k| kind != GraphKind::RaggedVerify || crate::batch::pad_for(batch, *k).is_ok())
             .ok_or_else(|| {
                 BackendError::GraphUnsupported(format!(
                     "no captured {kind:?} bucket holds {} rows / {tokens} tokens",
@@ -817,7 +817,7 @@ impl MhaBackend {
                 ));
             }
         }
-        let padded = crate::cuda::pad_for(batch, key)?;
+        let padded = crate::batch::pad_for(batch, key)?;
         core.executor.replay_graph(key, &padded, &core.pools)?;
         Ok(key)
     }
