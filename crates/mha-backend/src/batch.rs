@@ -2,6 +2,7 @@
 //! SEMANTICS.md §backend.3, §backend.5, §backend.10).
 
 use crate::error::{batch_err, Result};
+use crate::graph::{GraphKey, GraphKind};
 
 /// The upstream forward mode (integer enum, values in declaration order from 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -282,6 +283,17 @@ impl ForwardBatch {
         }
         Ok(())
     }
+}
+
+/// `batch` padded to the bucket `key` (D3; ragged lengths per SEMANTICS.md §backend.5).
+pub(crate) fn pad_for(batch: &ForwardBatch, key: GraphKey) -> Result<ForwardBatch> {
+    let mut b = batch.clone();
+    if key.kind == GraphKind::RaggedVerify && b.verify_lens().is_none() {
+        b.spec_info = Some(crate::SpecInfo::Verify {
+            verify_lens: Some(Vec::new()),
+        });
+    }
+    b.pad_to_bucket(key.bs, key.num_tokens, key.q_len as u32)
 }
 
 /// The branch a batch takes (SEMANTICS.md §backend.3, SEMANTICS.md §modes.1:

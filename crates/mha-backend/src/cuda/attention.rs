@@ -1,0 +1,451 @@
+//! Attention: the launch context (`AttnCx`), a pass's shape and tables,
+//! the K/V and query / output views, and the decode or context launch of
+//! each part of a pass (`run_attention`, `attend_part`).
+
+use std::sync::Arc;
+
+use kernel_rt::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+use kernel_rt::{DeviceErrors, KernelError, Strided, StridedMut};
+use paged_attention::{
+    ContextArgs, ContextKernel, DecodeArgs, HalfDtype, KvCache, PagedAttentionKernel, QueryLayout,
+    SplitMode,
+};
+
+use crate::batch::AttnMode;
+use crate::error::Result;
+use crate::executor::LayerPlan;
+use crate::part_timing::{AttnPart, PartTimer};
+
+use super::kerr;
+use super::metadata::MetaBufs;
+use super::mirrors::DevCache;
+
+/// The launchers and state every attention call needs.
+pub(super) struct AttnCx<'a> {
+    pub(super) stream: &'a Arc<CudaStream>,
+    pub(super) decode: &'a PagedAttentionKernel,
+    pub(super) context: &'a ContextKernel,
+    pub(super) workspace: CudaViewMut<'a, f32>,
+    /// Workspace range `[start, end)` known to hold zero split counters.
+    pub(super) ws_zero: &'a mut Option<(usize, usize)>,
+    pub(super) errors: &'a mut DeviceErrors,
+    pub(super) model_dtype: HalfDtype,
+    pub(super) page_size: usize,
+    /// `max_seq_len` of every decode launch: the context length, so eager
+    /// and graph launches of one shape split identically.
+    pub(super) max_seq_len: usize,
+    /// Split of decode launches that fill the GPU (Auto's choice is 1).
+    pub(super) decode_split: SplitMode,
+    /// Records spans around the launches when installed (eager passes
+    /// only: `None` while a graph is captured).
+    pub(super) timer: Option<&'a mut PartTimer>,
+    /// `q_scale` of `bmm1 = q_scale · k_scale · sm_scale` (1 on the owning path).
+    pub(super) q_scale: f32,
+    /// The workspace is an engine's: zero the split counters before every
+    /// split launch (nothing is known about their state).
+    pub(super) foreign_workspace: bool,
+}
+
+impl AttnCx<'_> {
+    /// The start event of a span about to be launched: `from` (the end of
+    /// the span just before, nothing enqueued since) or a new event; `None`
+    /// without a timer.
+    fn span_start(&mut self, from: Option<usize>) -> Result<Option<usize>> {
+        match (self.timer.as_deref_mut(), from) {
+            (None, _) => Ok(None),
+            (Some(_), Some(i)) => Ok(Some(i)),
+            (Some(t), None) => t.mark(self.stream).map(Some),
+        }
+    }
+
+    /// Ends the span of `part` begun at `start`; returns its end event.
+    fn span_end(&mut self, part: AttnPart, start: Option<usize>) -> Result<Option<usize>> {
+        match (self.timer.as_deref_mut(), start) {
+            (Some(t), Some(a)) => t.close(part, a, self.stream).map(Some),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// One pass's geometry for attention.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PassShape {
+    pub(super) mode: AttnMode,
+    pub(super) bs: usize,
+    pub(super) rows: usize,
+    pub(super) max_q: usize,
+    /// Extend / mixed only: how many requests at the end of the batch have
+    /// one new token (the decode rows of a mixed batch). They go to the
+    /// decode kernel, which reads each KV byte once for all G heads of a KV
+    /// head; the context kernel gets the requests before them.
+    pub(super) decode_tail: usize,
+}
+
+impl PassShape {
+    /// Requests at the end of the batch that an extend / mixed pass sends
+    /// to the decode kernel (0 in every other mode).
+    pub(super) fn tail(&self) -> usize {
+        if self.mode == AttnMode::Extend {
+            self.decode_tail.min(self.bs).min(self.rows)
+        } else {
+            0
+        }
+    }
+}
+
+/// The metadata tensors attention reads: the page tables, `cache_seqlens`,
+/// `cu_seqlens_k`, `cu_seqlens_q` (`[bs, M]`, `[bs]`, `[bs + 1]` ×2).
+pub(super) struct Tables<'a> {
+    pt: CudaView<'a, i32>,
+    swa_pt: Option<CudaView<'a, i32>>,
+    cache: CudaView<'a, i32>,
+    cu_k: CudaView<'a, i32>,
+    cu_q: CudaView<'a, i32>,
+    m: usize,
+}
+
+impl<'a> Tables<'a> {
+    /// The tables of `b`; `cu_q` replaces `b`'s `cu_seqlens_q` (an engine's own).
+    pub(super) fn of(b: &'a MetaBufs, cu_q: Option<CudaView<'a, i32>>) -> Self {
+        Self {
+            pt: b.pt.slice(0..b.pt.len()),
+            swa_pt: b.swa_pt.as_ref().map(|t| t.slice(0..t.len())),
+            cache: b.cache.slice(0..b.cache.len()),
+            cu_k: b.cu_k.slice(0..b.cu_k.len()),
+            cu_q: cu_q.unwrap_or_else(|| b.cu_q.slice(0..b.cu_q.len())),
+            m: b.m,
+        }
+    }
+}
+
+/// The K/V caches a layer's attention reads: the executor's own or an
+/// engine's views.
+#[derive(Clone, Copy)]
+pub(super) enum KvSrc<'a> {
+    Own(&'a DevCache),
+    Engine(&'a crate::engine::EngineKvCache<'a>),
+}
+
+impl KvSrc<'_> {
+    fn views(&self, plan: &LayerPlan, page_size: usize, dtype: HalfDtype) -> Result<KvCache<'_>> {
+        match *self {
+            Self::Own(c) => kv_views(plan, c, page_size, dtype),
+            Self::Engine(crate::engine::EngineKvCache::Half { k, v }) => Ok(KvCache::Half {
+                dtype,
+                k: k.strided()?,
+                v: v.strided()?,
+            }),
+            Self::Engine(crate::engine::EngineKvCache::E4m3 { k, v }) => Ok(KvCache::E4m3 {
+                k: k.strided()?,
+                v: v.strided()?,
+            }),
+        }
+    }
+}
+
+/// A `[rows, Hq, D]` query or output tensor: device elements and strides.
+pub(super) struct Rows<V> {
+    pub(super) view: V,
+    pub(super) strides: [usize; 3],
+}
+
+impl<'a> Rows<CudaView<'a, u16>> {
+    pub(super) fn contiguous(view: CudaView<'a, u16>, hq: usize, d: usize) -> Self {
+        Self {
+            view,
+            strides: [hq * d, d, 1],
+        }
+    }
+
+    /// Rows `[row0, row0 + rows)` as a checked view.
+    fn part(&self, row0: usize, rows: usize, hq: usize, d: usize) -> Result<Strided<'_, u16, 3>> {
+        let off = (row0 * self.strides[0]).min(self.view.len());
+        Ok(Strided::new(
+            "q",
+            self.view.slice(off..),
+            [rows, hq, d],
+            self.strides,
+        )?)
+    }
+}
+
+impl<'a> Rows<CudaViewMut<'a, u16>> {
+    pub(super) fn contiguous_mut(view: CudaViewMut<'a, u16>, hq: usize, d: usize) -> Self {
+        Self {
+            view,
+            strides: [hq * d, d, 1],
+        }
+    }
+
+    fn part_mut(
+        &mut self,
+        row0: usize,
+        rows: usize,
+        hq: usize,
+        d: usize,
+    ) -> Result<StridedMut<'_, u16, 3>> {
+        let off = (row0 * self.strides[0]).min(self.view.len());
+        Ok(StridedMut::new(
+            "out",
+            self.view.slice_mut(off..),
+            [rows, hq, d],
+            self.strides,
+        )?)
+    }
+}
+
+fn kv_views<'a>(
+    plan: &LayerPlan,
+    cache: &'a DevCache,
+    page_size: usize,
+    dtype: HalfDtype,
+) -> Result<KvCache<'a>> {
+    let (hkv, d, p) = (plan.num_kv_heads, plan.head_dim, page_size);
+    let pages = plan.slots / p;
+    let shape = [pages, hkv, p, d];
+    let strides = [p * hkv * d, d, hkv * d, 1];
+    let n = plan.slots * hkv * d;
+    Ok(match cache {
+        DevCache::Half(k, v) => KvCache::Half {
+            dtype,
+            k: Strided::new("k_cache", k.slice(0..n), shape, strides)?,
+            v: Strided::new("v_cache", v.slice(0..n), shape, strides)?,
+        },
+        DevCache::Fp8(k, v) => KvCache::E4m3 {
+            k: Strided::new("k_cache", k.slice(0..n), shape, strides)?,
+            v: Strided::new("v_cache", v.slice(0..n), shape, strides)?,
+        },
+    })
+}
+
+/// Attention of `q` (`[rows, Hq, D]`) into `out` over the layer's cache
+/// with the tables of `b`: decode kernel for every branch but extend; an
+/// extend / mixed pass sends its trailing one-token requests
+/// (`decode_tail`) to the decode kernel and the rest to the context kernel.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_attention(
+    cx: &mut AttnCx<'_>,
+    plan: &LayerPlan,
+    cache: KvSrc<'_>,
+    sinks: Option<&CudaSlice<f32>>,
+    b: &Tables<'_>,
+    shape: PassShape,
+    q: Rows<CudaView<'_, u16>>,
+    mut out: Rows<CudaViewMut<'_, u16>>,
+) -> Result<()> {
+    let PassShape { mode, bs, rows, .. } = shape;
+    if bs == 0 || rows == 0 {
+        return Ok(());
+    }
+    let tail = shape.tail();
+    let head = Part {
+        req0: 0,
+        bs: bs - tail,
+        row0: 0,
+        rows: rows - tail,
+        mode,
+    };
+    // The tail's span (if timed) starts where the head's ended.
+    let end = attend_part(cx, plan, cache, sinks, b, shape, head, None, &q, &mut out)?;
+    let tail = Part {
+        req0: bs - tail,
+        bs: tail,
+        row0: rows - tail,
+        rows: tail,
+        mode: AttnMode::Decode,
+    };
+    attend_part(cx, plan, cache, sinks, b, shape, tail, end, &q, &mut out)?;
+    Ok(())
+}
+
+/// Requests `[req0, req0 + bs)` of a pass, owning query rows
+/// `[row0, row0 + rows)`, run as `mode`.
+#[derive(Debug, Clone, Copy)]
+struct Part {
+    req0: usize,
+    bs: usize,
+    row0: usize,
+    rows: usize,
+    mode: AttnMode,
+}
+
+/// How many requests at the end of a batch have exactly one query row
+/// (`cu_seqlens_q [bs + 1]`).
+pub(super) fn one_token_tail(cu_seqlens_q: &[i32]) -> usize {
+    cu_seqlens_q
+        .windows(2)
+        .rev()
+        .take_while(|w| w[1] - w[0] == 1)
+        .count()
+}
+
+/// One attention launch over `part` (see [`run_attention`]). Ragged layouts
+/// (extend, ragged verify) read absolute `cu_seqlens_q`, so they only run
+/// from request 0. With a timer, the launch is one span (context or
+/// decode) starting at event `from` when given (the end of the span just
+/// before); returns the span's end event (`from` when nothing launched).
+#[allow(clippy::too_many_arguments)]
+fn attend_part(
+    cx: &mut AttnCx<'_>,
+    plan: &LayerPlan,
+    cache: KvSrc<'_>,
+    sinks: Option<&CudaSlice<f32>>,
+    b: &Tables<'_>,
+    shape: PassShape,
+    part: Part,
+    from: Option<usize>,
+    q: &Rows<CudaView<'_, u16>>,
+    out: &mut Rows<CudaViewMut<'_, u16>>,
+) -> Result<Option<usize>> {
+    let Part {
+        req0,
+        bs,
+        row0,
+        rows,
+        mode,
+    } = part;
+    if bs == 0 || rows == 0 {
+        return Ok(from);
+    }
+    let max_q = shape.max_q;
+    let (hq, d, m) = (plan.num_q_heads, plan.head_dim, b.m);
+    let table = match (&b.swa_pt, plan.is_swa) {
+        (Some(t), true) => t,
+        _ => &b.pt,
+    };
+    let page_table = Strided::new(
+        "page_table",
+        table.slice(req0 * m..(req0 + bs) * m),
+        [bs, m],
+        [m, 1],
+    )?;
+    let cache_seqlens = Strided::contiguous("cache_seqlens", b.cache.slice(req0..req0 + bs), [bs])?;
+    let q = q.part(row0, rows, hq, d)?;
+    let out = out.part_mut(row0, rows, hq, d)?;
+    let kv = cache.views(plan, cx.page_size, cx.model_dtype)?;
+    let sinks = sinks
+        .map(|s| Strided::contiguous("sinks", s.slice(0..hq), [hq]))
+        .transpose()?;
+    // The one scale resolver (D8), as the CPU executor.
+    let (bmm1, bmm2) = crate::executor::bmm_scales(plan, cx.q_scale);
+    if mode == AttnMode::Extend {
+        let mut args = ContextArgs {
+            q,
+            q_dtype: cx.model_dtype,
+            out,
+            kv,
+            page_table,
+            cache_seqlens,
+            cu_seqlens_q: Strided::contiguous("cu_seqlens_q", b.cu_q.slice(0..bs + 1), [bs + 1])?,
+            cu_seqlens_k: Some(Strided::contiguous(
+                "cu_seqlens_k",
+                b.cu_k.slice(0..bs + 1),
+                [bs + 1],
+            )?),
+            max_q_len: max_q.max(1),
+            bmm1_scale: bmm1,
+            bmm2_scale: bmm2,
+            window_left: plan.window_left,
+            sinks,
+        };
+        let start = cx.span_start(from)?;
+        cx.context.launch(&mut args, cx.errors)?;
+        return cx.span_end(AttnPart::Context, start);
+    }
+    let layout = match mode {
+        AttnMode::Decode | AttnMode::DraftDecode { .. } => {
+            QueryLayout::Uniform { q_len_per_req: 1 }
+        }
+        AttnMode::TargetVerify { q_len } | AttnMode::DraftExtendV2 { q_len } => {
+            QueryLayout::Uniform {
+                q_len_per_req: q_len,
+            }
+        }
+        _ => QueryLayout::Ragged {
+            cu_seqlens_q: Strided::contiguous("cu_seqlens_q", b.cu_q.slice(0..bs + 1), [bs + 1])?,
+            max_q_len: max_q.max(1),
+        },
+    };
+    let mut args = DecodeArgs {
+        q,
+        q_dtype: cx.model_dtype,
+        out,
+        kv,
+        page_table,
+        cache_seqlens,
+        layout,
+        max_seq_len: cx.max_seq_len.max(1),
+        bmm1_scale: bmm1,
+        bmm2_scale: bmm2,
+        window_left: plan.window_left,
+        sinks,
+        split: SplitMode::Auto,
+        workspace: None,
+    };
+    let mut lp = cx.decode.plan(&args)?;
+    // A launch Auto does not split fills the GPU: cut long requests into
+    // chunks (length-aware, batch-independent) unless the workspace is short.
+    if lp.params.max_splits == 1 && matches!(cx.decode_split, SplitMode::Chunked { .. }) {
+        args.split = cx.decode_split;
+        let chunked = cx.decode.plan(&args)?;
+        if chunked.workspace_elems <= cx.workspace.len() {
+            lp = chunked;
+        } else {
+            args.split = SplitMode::Auto;
+        }
+    }
+    let elems = lp.workspace_elems;
+    // The span covers the split-counter reset and the launch.
+    let start = cx.span_start(from)?;
+    if elems > 0 {
+        if elems > cx.workspace.len() {
+            return Err(kerr(KernelError::Capacity {
+                arg: "workspace",
+                needed: elems,
+                available: cx.workspace.len(),
+            }));
+        }
+        // The last `items` elements are the split counters: zero them unless
+        // the previous launch (same counter range) left them zero.
+        let p = &lp.params;
+        let items = (p.bs as usize) * (p.num_kv_heads as usize) * (p.row_tiles as usize);
+        let region = (elems - items, elems);
+        if cx.foreign_workspace || *cx.ws_zero != Some(region) {
+            cx.stream
+                .memset_zeros(&mut cx.workspace.slice_mut(region.0..region.1))
+                .map_err(kerr)?;
+        }
+        args.workspace = Some(StridedMut::contiguous(
+            "workspace",
+            cx.workspace.slice_mut(0..elems),
+            [elems],
+        )?);
+        cx.decode.launch(&mut args, cx.errors)?;
+        if !cx.foreign_workspace {
+            *cx.ws_zero = Some(region);
+        }
+    } else {
+        cx.decode.launch(&mut args, cx.errors)?;
+    }
+    cx.span_end(AttnPart::Decode, start)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_token_tail;
+
+    /// The decode rows of a mixed batch are its trailing one-token requests;
+    /// a one-token prefill chunk before a longer one stays with the context
+    /// kernel.
+    #[test]
+    fn one_token_tail_counts_trailing_single_rows() {
+        assert_eq!(one_token_tail(&[0]), 0);
+        assert_eq!(one_token_tail(&[0, 5]), 0);
+        assert_eq!(one_token_tail(&[0, 1]), 1);
+        assert_eq!(one_token_tail(&[0, 7, 8, 9, 10]), 3);
+        assert_eq!(one_token_tail(&[0, 1, 9, 10]), 1);
+        assert_eq!(one_token_tail(&[0, 1, 2, 3]), 3);
+        // Empty requests (length 0) end the tail.
+        assert_eq!(one_token_tail(&[0, 4, 5, 5]), 0);
+    }
+}

@@ -1,0 +1,192 @@
+//! The decode/verify launcher: kernel functions resolved once, launches
+//! stream-ordered and graph-capturable.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use kernel_rt::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use kernel_rt::cudarc::driver::{CudaFunction, CudaStream, PushKernelArg};
+use kernel_rt::{DeviceErrors, Gpu, KernelError, Result};
+
+use crate::{HalfDtype, KvDtype, HEAD_DIMS, PTX};
+
+use super::plan::{plan_path, validate_path};
+use super::views::{base_ptrs, stride_err};
+use super::{
+    entry_name, mma_entry_name, mma_smem_bytes, mma_variants, smem_bytes, DecodeArgs, KernelPath,
+    LaunchPlan, QueryLayout, ROWS_PER_CTA,
+};
+
+/// The decode/verify launcher: every kernel function is resolved once, at
+/// construction (with its dynamic shared memory limit raised); launches are
+/// stream-ordered and graph-capturable (no host sync, allocation or copy).
+#[derive(Debug)]
+pub struct PagedAttentionKernel {
+    gpu: Arc<Gpu>,
+    funcs: HashMap<String, CudaFunction>,
+    num_sms: usize,
+    path: KernelPath,
+    launches: AtomicU64,
+}
+
+impl PagedAttentionKernel {
+    /// Loads every entry point on `gpu`.
+    ///
+    /// # Errors
+    /// [`KernelError::Load`] when the PTX does not load; [`KernelError::Driver`].
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
+        Self::with_path(gpu, KernelPath::Auto)
+    }
+
+    /// [`PagedAttentionKernel::new`] with an explicit kernel choice.
+    ///
+    /// # Errors
+    /// As [`PagedAttentionKernel::new`].
+    pub fn with_path(gpu: &Arc<Gpu>, path: KernelPath) -> Result<Self> {
+        let mut funcs = HashMap::new();
+        for (q, kv, d) in mma_variants() {
+            let name = mma_entry_name(q, kv, d);
+            let f = gpu.function(&PTX, &name)?;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                mma_smem_bytes(d, kv) as i32,
+            )?;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )?;
+            funcs.insert(name, f);
+        }
+        for q in [HalfDtype::Bf16, HalfDtype::F16] {
+            for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
+                for d in HEAD_DIMS {
+                    let name = entry_name(q, kv, d);
+                    let f = gpu.function(&PTX, &name)?;
+                    f.set_attribute(
+                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem_bytes(d, kv) as i32,
+                    )?;
+                    funcs.insert(name, f);
+                }
+            }
+        }
+        let num_sms = gpu
+            .context()
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            .max(1) as usize;
+        Ok(Self {
+            gpu: gpu.clone(),
+            funcs,
+            num_sms,
+            path,
+            launches: AtomicU64::new(0),
+        })
+    }
+
+    /// SMs of the device (input of [`launch_config`](super::launch_config)).
+    pub fn num_sms(&self) -> usize {
+        self.num_sms
+    }
+
+    /// Kernel launches issued so far.
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
+    }
+
+    /// The plan [`PagedAttentionKernel::launch`] would use, to size the
+    /// workspace: everything is validated except the workspace's capacity
+    /// (`args.workspace` may be `None`; `LaunchPlan::workspace_elems` says
+    /// how many f32 it needs).
+    ///
+    /// # Errors
+    /// As [`validate`](super::validate), without the workspace [`KernelError::Capacity`].
+    pub fn plan(&self, args: &DecodeArgs<'_>) -> Result<LaunchPlan> {
+        plan_path(args, self.num_sms, self.path, false)
+    }
+
+    /// The kernel choice of this launcher.
+    pub fn path(&self) -> KernelPath {
+        self.path
+    }
+
+    /// Computes `out` (rows of requests only; other rows untouched); `bs = 0`
+    /// launches nothing. One launch (splits are merged by their last CTA;
+    /// the workspace counters must start at zero, see
+    /// [`workspace_elems`](super::workspace_elems)). Bad device data is
+    /// counted in `errors` ([`crate::ErrorFlags`]), never read through.
+    /// Asynchronous.
+    ///
+    /// # Errors
+    /// As [`validate`](super::validate); [`KernelError::Stride`] for
+    /// misaligned base pointers; [`KernelError::Driver`] when a launch fails.
+    pub fn launch(&self, args: &mut DecodeArgs<'_>, errors: &mut DeviceErrors) -> Result<()> {
+        self.launch_on(self.gpu.stream(), args, errors)
+    }
+
+    /// [`PagedAttentionKernel::launch`] on `stream` instead of the GPU's own
+    /// stream (e.g. an engine's stream from [`Gpu::borrowed_stream`]), in
+    /// that stream's order and CUDA-graph capture. The workspace counters
+    /// follow the same rule (zero before, zero after), in that stream's order.
+    ///
+    /// # Errors
+    /// As [`PagedAttentionKernel::launch`]; [`KernelError::Unsupported`] when
+    /// the stream belongs to another context.
+    pub fn launch_on(
+        &self,
+        stream: &CudaStream,
+        args: &mut DecodeArgs<'_>,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
+        self.gpu.require_stream(stream)?;
+        let plan = validate_path(args, self.num_sms, self.path)?;
+        let mut p = plan.params;
+        if p.bs == 0 {
+            return Ok(());
+        }
+        [p.q, p.out, p.k_cache, p.v_cache] = base_ptrs(stream, &args.q, &mut args.out, &args.kv)?;
+        p.page_table = args.page_table.device_ptr(stream);
+        p.cache_seqlens = args.cache_seqlens.device_ptr(stream);
+        if let QueryLayout::Ragged { cu_seqlens_q, .. } = &args.layout {
+            p.cu_seqlens_q = cu_seqlens_q.device_ptr(stream);
+        }
+        if let Some(s) = &args.sinks {
+            p.sinks = s.device_ptr(stream);
+        }
+        if plan.workspace_elems > 0 {
+            let ws = args
+                .workspace
+                .as_mut()
+                .ok_or(KernelError::Capacity {
+                    arg: "workspace",
+                    needed: plan.workspace_elems,
+                    available: 0,
+                })?
+                .device_ptr_mut(stream);
+            if ws % 16 != 0 {
+                return Err(stride_err(
+                    "workspace",
+                    format!("base address {ws:#x} is not 16-byte aligned"),
+                ));
+            }
+            let items = (p.bs * p.num_kv_heads * p.row_tiles) as usize;
+            let o_elems = items * p.max_splits as usize * ROWS_PER_CTA * plan.head_dim;
+            p.ws_o = ws;
+            p.ws_ml = ws + 4 * o_elems as u64;
+        }
+        p.errors = errors.device_ptr();
+        let func = self
+            .funcs
+            .get(&plan.entry)
+            .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {}", plan.entry)))?;
+        let mut builder = stream.launch_builder(func);
+        builder.arg(&p);
+        // SAFETY: `validate` checked every shape and stride against the
+        // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
+        // alignment, and the workspace size; device data (page ids, lengths,
+        // cu_seqlens_q) is range-checked in the kernel; the params layout is pinned.
+        unsafe { builder.launch(plan.config) }?;
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}

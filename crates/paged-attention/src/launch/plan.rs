@@ -1,0 +1,205 @@
+//! Validation of one decode / verify call and its launch plan (params,
+//! entry, geometry, workspace).
+
+use kernel_rt::{to_i32, KernelError, Result};
+
+use super::views::{
+    check_sinks_and_scales, check_vector, stride_err, validate_views, view_strides, ViewShapes,
+};
+use super::{
+    entry_name, launch_config, mma_entry_name, mma_smem_bytes, mma_supported, smem_bytes,
+    workspace_elems, DecodeArgs, KernelPath, LaunchPlan, PagedAttentionParams, QueryLayout,
+    SplitMode, MAX_Q_LEN, MMA_TILE_TOKENS, ROWS_PER_CTA, TILE_TOKENS, WINDOW_CAP,
+};
+
+/// Validates `args` for a GPU with `num_sms` SMs and derives the launch plan.
+/// Every rejection happens here, before any launch (D15).
+///
+/// # Errors
+/// [`KernelError::Shape`], [`KernelError::Stride`],
+/// [`KernelError::Unsupported`] or [`KernelError::Capacity`] (workspace)
+/// naming the argument.
+pub fn validate(args: &DecodeArgs<'_>, num_sms: usize) -> Result<LaunchPlan> {
+    validate_path(args, num_sms, KernelPath::Auto)
+}
+
+/// [`validate`] for an explicit [`KernelPath`].
+///
+/// # Errors
+/// As [`validate`].
+pub fn validate_path(
+    args: &DecodeArgs<'_>,
+    num_sms: usize,
+    path: KernelPath,
+) -> Result<LaunchPlan> {
+    plan_path(args, num_sms, path, true)
+}
+
+/// The launch plan; `check_workspace = false` skips only the workspace
+/// capacity check (so a caller can size the workspace from the plan).
+pub(super) fn plan_path(
+    args: &DecodeArgs<'_>,
+    num_sms: usize,
+    path: KernelPath,
+    check_workspace: bool,
+) -> Result<LaunchPlan> {
+    let ViewShapes {
+        num_tokens,
+        hq,
+        dim,
+        num_pages,
+        hkv,
+        page_size,
+        group,
+        bs,
+        m,
+    } = validate_views(
+        &args.q,
+        &args.out,
+        &args.kv,
+        &args.page_table,
+        &args.cache_seqlens,
+    )?;
+    let q_len = match &args.layout {
+        QueryLayout::Uniform { q_len_per_req } => {
+            if !(1..=MAX_Q_LEN).contains(q_len_per_req) {
+                return Err(KernelError::unsupported(
+                    "q_len_per_req",
+                    format!("{q_len_per_req} (supported 1..=16)"),
+                ));
+            }
+            if num_tokens != bs * q_len_per_req {
+                return Err(KernelError::shape(
+                    "q",
+                    format!("[bs·q_len_per_req = {}, Hq, D]", bs * q_len_per_req),
+                    format!("{:?}", args.q.shape()),
+                ));
+            }
+            *q_len_per_req
+        }
+        QueryLayout::Ragged {
+            cu_seqlens_q,
+            max_q_len,
+        } => {
+            if !(1..=MAX_Q_LEN).contains(max_q_len) {
+                return Err(KernelError::unsupported(
+                    "max_q_len",
+                    format!("{max_q_len} (supported 1..=16)"),
+                ));
+            }
+            check_vector("cu_seqlens_q", cu_seqlens_q, bs + 1)?;
+            *max_q_len
+        }
+    };
+    check_sinks_and_scales(args.sinks.as_ref(), hq, args.bmm1_scale, args.bmm2_scale)?;
+    if args.max_seq_len == 0 || args.max_seq_len >= WINDOW_CAP as usize {
+        return Err(KernelError::unsupported(
+            "max_seq_len",
+            format!("{} (supported 1..2^30)", args.max_seq_len),
+        ));
+    }
+    if let SplitMode::Fixed { chunk_tokens } | SplitMode::Chunked { chunk_tokens, .. } = args.split
+    {
+        if chunk_tokens == 0 || chunk_tokens >= WINDOW_CAP as usize {
+            return Err(KernelError::unsupported(
+                "split",
+                "chunk_tokens must be in 1..2^30",
+            ));
+        }
+    }
+    if let SplitMode::Chunked { max_splits, .. } = args.split {
+        if max_splits == 0 || max_splits > i32::MAX as usize {
+            return Err(KernelError::unsupported(
+                "split",
+                "max_splits must be in 1..2^31",
+            ));
+        }
+    }
+    let row_tiles = (q_len * group).div_ceil(ROWS_PER_CTA);
+    let use_mma = path == KernelPath::Auto && mma_supported(args.q_dtype, args.kv.dtype(), dim);
+    let (smem, entry, tile_tokens) = if use_mma {
+        (
+            mma_smem_bytes(dim, args.kv.dtype()),
+            mma_entry_name(args.q_dtype, args.kv.dtype(), dim),
+            MMA_TILE_TOKENS,
+        )
+    } else {
+        (
+            smem_bytes(dim, args.kv.dtype()),
+            entry_name(args.q_dtype, args.kv.dtype(), dim),
+            TILE_TOKENS,
+        )
+    };
+    let (max_splits, config) = launch_config(
+        bs,
+        hkv,
+        row_tiles,
+        args.max_seq_len,
+        args.split,
+        num_sms,
+        smem,
+    )?;
+    let workspace_elems = workspace_elems(bs, hkv, row_tiles, max_splits, dim);
+    if check_workspace && workspace_elems > 0 {
+        let have = args.workspace.as_ref().map_or(0, |w| w.shape()[0]);
+        if have < workspace_elems {
+            return Err(KernelError::Capacity {
+                arg: "workspace",
+                needed: workspace_elems,
+                available: have,
+            });
+        }
+        if let Some(w) = &args.workspace {
+            if w.strides()[0] != 1 {
+                return Err(stride_err("workspace", "must be contiguous".into()));
+            }
+        }
+    }
+    let window = args
+        .window_left
+        .filter(|&w| w < WINDOW_CAP)
+        .map_or(-1, |w| w as i32);
+    let st = view_strides(&args.q, &args.out, &args.kv, &args.page_table, bs, m)?;
+    let params = PagedAttentionParams {
+        q_stride_tok: st.q[0],
+        q_stride_head: st.q[1],
+        o_stride_tok: st.out[0],
+        o_stride_head: st.out[1],
+        k_stride_page: st.k[0],
+        k_stride_head: st.k[1],
+        k_stride_tok: st.k[2],
+        v_stride_page: st.v[0],
+        v_stride_head: st.v[1],
+        v_stride_tok: st.v[2],
+        page_table_stride: st.page_table,
+        bs: to_i32("bs", bs)?,
+        num_q_heads: to_i32("q", hq)?,
+        num_kv_heads: to_i32("k_cache", hkv)?,
+        group: to_i32("q", group)?,
+        page_size: to_i32("page_size", page_size)?,
+        max_num_pages: to_i32("page_table", m)?,
+        num_pages: to_i32("k_cache", num_pages)?,
+        num_tokens: to_i32("q", num_tokens)?,
+        q_len: to_i32("q_len", q_len)?,
+        row_tiles: to_i32("q_len", row_tiles)?,
+        max_splits: to_i32("max_splits", max_splits)?,
+        fixed_chunk: match args.split {
+            SplitMode::Auto => 0,
+            SplitMode::Fixed { chunk_tokens } | SplitMode::Chunked { chunk_tokens, .. } => {
+                to_i32("split", chunk_tokens)?
+            }
+        },
+        window_left: window,
+        scale_log2: args.bmm1_scale * std::f32::consts::LOG2_E,
+        bmm2_scale: args.bmm2_scale,
+        tile_tokens: tile_tokens as i32,
+        ..Default::default()
+    };
+    Ok(LaunchPlan {
+        params,
+        entry,
+        config,
+        workspace_elems,
+        head_dim: dim,
+    })
+}
