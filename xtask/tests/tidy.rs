@@ -1,4 +1,5 @@
-//! Tidy: every documentation reference in the repository resolves inside it.
+//! Tidy: every documentation reference in the repository resolves inside it,
+//! and no Rust source file under a `src/` directory is longer than 800 lines.
 //!
 //! - every `<name>.md` (with or without a `§` section) names a Markdown file of
 //!   the repository;
@@ -198,4 +199,28 @@ fn doc_references_resolve_inside_the_repository() {
         }
     }
     assert!(bad.is_empty(), "unresolved references:\n{}", bad.join("\n"));
+}
+
+/// Source files stay small enough to read as one job: every `.rs` file under
+/// a crate's (or xtask's) `src/` has at most 800 lines (split a file by
+/// responsibility into a module directory when it grows past that).
+#[test]
+fn source_files_are_at_most_800_lines() {
+    const MAX: usize = 800;
+    let root = repo_root();
+    let mut files = Vec::new();
+    walk(&root, &mut files);
+    let mut long = Vec::new();
+    for path in files {
+        let rel = path.strip_prefix(&root).unwrap_or(&path);
+        let in_src = rel.components().any(|c| c.as_os_str() == "src");
+        if !in_src || path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let n = fs::read_to_string(&path).map(|t| t.lines().count()).unwrap_or(0);
+        if n > MAX {
+            long.push(format!("{}: {n} lines", rel.display()));
+        }
+    }
+    assert!(long.is_empty(), "files over {MAX} lines:\n{}", long.join("\n"));
 }

@@ -1,0 +1,425 @@
+//! [`ContextKernel`]: the context-attention launcher (both kernels, the
+//! entry choice by arch, dtype and head_dim, split KV, the persistent grid's
+//! counters, experiment and trace entries).
+
+use super::*;
+use crate::context::sm90::CONTEXT_SM90_EXPERIMENT_SLACK;
+
+/// The context-attention launcher: every entry is resolved once, at
+/// construction (dynamic shared memory limit raised); launches are
+/// stream-ordered and graph-capturable (no host sync, allocation or copy).
+#[derive(Debug)]
+pub struct ContextKernel {
+    gpu: Arc<Gpu>,
+    funcs: std::collections::HashMap<String, CudaFunction>,
+    sm90: bool,
+    sm_count: usize,
+    max_ctas: Option<usize>,
+    /// The persistent grid's two work counters (zeroed once; each launch
+    /// leaves them zero), see [`ContextParams::work`].
+    work: CudaSlice<u32>,
+    /// Split-KV workspace ([`ContextParams::partial`]; sm_90a only, sized at
+    /// construction for two D-128 chunks per SM, so launches never allocate).
+    partial: Option<CudaSlice<f32>>,
+    /// Forced KV chunks per item (tests, benches); `None`: the launcher's rule.
+    kv_splits: Option<usize>,
+    kv_load: ContextKvLoad,
+    variant: i32,
+    experiment: u32,
+    launches: AtomicU64,
+    tma_launches: AtomicU64,
+}
+
+/// Resolves `entry` of `module` with its dynamic shared memory limit raised.
+fn load_entry(
+    gpu: &Gpu,
+    module: &kernel_rt::PtxModule,
+    entry: &str,
+    smem: usize,
+) -> Result<CudaFunction> {
+    let f = gpu.function(module, entry)?;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )?;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+        100,
+    )?;
+    Ok(f)
+}
+
+impl ContextKernel {
+    /// Loads every context entry on `gpu`, the kernel picked by
+    /// [`ContextPath::from_env`] (default [`ContextPath::Auto`]).
+    ///
+    /// # Errors
+    /// As [`ContextKernel::with_path`]; [`KernelError::Unsupported`] for a bad
+    /// [`CONTEXT_KERNEL_ENV`].
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
+        Self::with_path(gpu, ContextPath::from_env()?)
+    }
+
+    /// Loads the compute_90 entries and, when `path` selects it, the sm_90a
+    /// entries ([`ContextPath::Auto`] falls back to the compute_90 kernel
+    /// when the driver cannot load the sm_90a module).
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] for [`ContextPath::Wgmma`] on a device
+    /// whose compute capability is not 9.0; [`KernelError::Load`] when a PTX
+    /// module does not load; [`KernelError::Driver`].
+    pub fn with_path(gpu: &Arc<Gpu>, path: ContextPath) -> Result<Self> {
+        let cc = gpu.context().compute_capability()?;
+        let mut sm90 = match path {
+            ContextPath::Mma => false,
+            ContextPath::Auto => cc == (9, 0),
+            ContextPath::Wgmma if cc == (9, 0) => true,
+            ContextPath::Wgmma => {
+                return Err(KernelError::unsupported(
+                    CONTEXT_KERNEL_ENV,
+                    format!(
+                    "the wgmma context kernel needs compute capability 9.0, the device has {}.{}",
+                    cc.0, cc.1
+                ),
+                ))
+            }
+        };
+        let mut funcs = std::collections::HashMap::new();
+        for (q, kv, d) in context_variants() {
+            let name = context_entry_name(q, kv, d);
+            let f = load_entry(gpu, &CONTEXT_PTX, &name, context_smem_bytes(d, kv))?;
+            funcs.insert(name, f);
+        }
+        if sm90 {
+            let mut fast = std::collections::HashMap::new();
+            let loaded: Result<()> = context_variants()
+                .into_iter()
+                .filter(|&(q, kv, d)| context_sm90_supported(q, kv, d))
+                .try_for_each(|(q, kv, d)| {
+                    let name = context_sm90_entry_name(q, kv, d);
+                    let smem = context_sm90_smem_bytes(d, kv);
+                    let f = load_entry(gpu, &CONTEXT_SM90_PTX, &name, smem)?;
+                    fast.insert(name, f);
+                    Ok(())
+                });
+            let loaded = loaded.and_then(|()| {
+                for q in [HalfDtype::Bf16, HalfDtype::F16] {
+                    for d in [64, 128] {
+                        let name = context_sm90_merge_entry_name(q, d);
+                        fast.insert(name.clone(), gpu.function(&CONTEXT_SM90_PTX, &name)?);
+                    }
+                }
+                Ok(())
+            });
+            match loaded {
+                Ok(()) => funcs.extend(fast),
+                // Auto on a 9.0 device whose driver cannot load the sm_90a
+                // module (too old for PTX ISA 8.4): the compute_90 kernel
+                // serves every call; an explicit Wgmma request is an error.
+                Err(_) if path == ContextPath::Auto => sm90 = false,
+                Err(e) => return Err(e),
+            }
+        }
+        let sm_count = gpu
+            .context()
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            .max(1) as usize;
+        let work = gpu.stream().alloc_zeros::<u32>(2)?;
+        let partial = if sm90 {
+            Some(
+                gpu.stream()
+                    .alloc_zeros::<f32>(2 * sm_count * CONTEXT_SM90_BLOCK_ROWS * (128 + 2))?,
+            )
+        } else {
+            None
+        };
+        Ok(Self {
+            gpu: gpu.clone(),
+            funcs,
+            sm90,
+            sm_count,
+            work,
+            partial,
+            kv_splits: None,
+            max_ctas: None,
+            kv_load: ContextKvLoad::from_env()?,
+            variant: 0,
+            experiment: 0,
+            launches: AtomicU64::new(0),
+            tma_launches: AtomicU64::new(0),
+        })
+    }
+
+    /// Sets how the sm_90a kernel loads K/V ([`ContextKvLoad`]; the default
+    /// comes from [`CONTEXT_KV_LOAD_ENV`]). Same results, other timing.
+    pub fn set_kv_load(&mut self, kv_load: ContextKvLoad) {
+        self.kv_load = kv_load;
+    }
+
+    /// Caps the persistent grid of the sm_90a kernel (default: one CTA per
+    /// SM) so that each CTA walks many work items: tests run the item loop
+    /// with 1–8 CTAs. Same results.
+    pub fn set_max_ctas(&mut self, ctas: Option<usize>) {
+        self.max_ctas = ctas;
+    }
+
+    /// Forces the sm_90a kernel's KV chunks per work item (`Some(1)`: no
+    /// split; more chunks than the workspace holds are capped), `None`: the
+    /// launcher's rule ([`context_sm90_kv_splits`]). D 64 and 128 only.
+    /// Same results within the attention tolerance (the merge reorders the
+    /// f32 sums).
+    pub fn set_kv_splits(&mut self, splits: Option<usize>) {
+        self.kv_splits = splits;
+    }
+
+    /// sm_90a launches so far whose K/V loads ran as TMA boxes.
+    pub fn tma_launches(&self) -> u64 {
+        self.tma_launches.load(Ordering::Relaxed)
+    }
+
+    /// The K and V tensor maps of a launch and the params that select the
+    /// TMA loads, or `None` (the gather runs) when the page size, a view or
+    /// the driver does not allow them.
+    fn kv_maps(
+        &self,
+        args: &ContextArgs<'_>,
+        p: &ContextParams,
+    ) -> Option<(i32, i32, [TensorMap; 2])> {
+        if self.kv_load != ContextKvLoad::Tma || args.kv.dtype() == KvDtype::E4m3 {
+            return None;
+        }
+        let d = args.q.shape()[2];
+        let rows = context_sm90_tma_rows(p.page_size as usize, d)?;
+        let n = |x: i32| x as usize;
+        let layout = |st: [i64; 3]| {
+            kv_tma_layout(
+                st,
+                n(p.num_pages),
+                n(p.num_kv_heads),
+                n(p.page_size),
+                d,
+                rows,
+            )
+        };
+        let (lk, ck) = layout([p.k_stride_page, p.k_stride_head, p.k_stride_tok])?;
+        let (lv, cv) = layout([p.v_stride_page, p.v_stride_head, p.v_stride_tok])?;
+        if ck != cv {
+            return None;
+        }
+        let f16 = args.q_dtype == HalfDtype::F16;
+        let mk = lk.encode(p.k_cache, f16).ok()?;
+        let mv = lv.encode(p.v_cache, f16).ok()?;
+        Some((rows as i32, ck, [mk, mv]))
+    }
+
+    /// Sets the sm_90a kernel's schedule variant ([`ContextParams::variant`]:
+    /// 0 persistent (default), 1 ping-pong, 2 one CTA per work item;
+    /// benchmarks compare variants in one run). Same results, other timing.
+    pub fn set_variant(&mut self, variant: i32) {
+        self.variant = variant;
+    }
+
+    /// Runs the sm_90a kernel's timing experiment `xv` (an entry
+    /// `…_bf16_kv_bf16_d128_x{xv}` that leaves stages out, bits 1 softmax
+    /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6; 16 = K / V
+    /// ring depths 3 / 2 instead of 2 / 3, correct results; 24 = 16 with
+    /// the trace) for D 128 bf16
+    /// launches; 0 = off. Results are wrong by design: benchmarks only.
+    /// `xv = 8` is the trace entry instead: correct results, and each CTA
+    /// below [`CONTEXT_SM90_TRACE_CTAS`] records `%clock` stamps of its
+    /// items' phases (read them with [`ContextKernel::trace`]).
+    ///
+    /// # Errors
+    /// [`KernelError::Load`] when the entry does not exist.
+    pub fn set_experiment(&mut self, xv: u32) -> Result<()> {
+        if xv != 0 {
+            let bf16 = context_sm90_entry_name(HalfDtype::Bf16, KvDtype::Bf16, 128);
+            let name = format!("{bf16}_x{xv}");
+            let smem = context_sm90_smem_bytes(128, KvDtype::Bf16) + CONTEXT_SM90_EXPERIMENT_SLACK;
+            let f = load_entry(&self.gpu, &CONTEXT_SM90_PTX, &name, smem)?;
+            self.funcs.insert(name, f);
+        }
+        self.experiment = xv;
+        Ok(())
+    }
+
+    /// The stamps of the last trace launch (`set_experiment(8)`, no split
+    /// KV), u32 `[CONTEXT_SM90_TRACE_CTAS][CONTEXT_SM90_TRACE_ITEMS][3 roles:
+    /// producer, consumer 0, consumer 1][CONTEXT_SM90_TRACE_EVENTS]` in SM
+    /// clock cycles (events: `TR_*` in the kernel source); slots of items a
+    /// CTA did not take hold what the workspace held before. Synchronizes
+    /// the stream.
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] without the sm_90a kernel; driver errors.
+    pub fn trace(&self) -> Result<Vec<u32>> {
+        let ws = self
+            .partial
+            .as_ref()
+            .ok_or_else(|| KernelError::unsupported("trace", "needs the sm_90a kernel"))?;
+        let n = CONTEXT_SM90_TRACE_CTAS * CONTEXT_SM90_TRACE_ITEMS * 3 * CONTEXT_SM90_TRACE_EVENTS;
+        let words: Vec<f32> = self.gpu.stream().clone_dtoh(&ws.slice(0..n))?;
+        Ok(words.into_iter().map(f32::to_bits).collect())
+    }
+
+    /// Whether launches run the sm_90a kernel (every supported dtype).
+    pub fn uses_sm90(&self) -> bool {
+        self.sm90
+    }
+
+    /// Kernel launches issued so far.
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
+    }
+
+    /// Computes `out` (rows of processed requests only; other rows untouched);
+    /// `bs = 0` launches nothing. One launch. Bad device data is counted in
+    /// `errors` ([`crate::ErrorFlags`]), never read through. Asynchronous.
+    ///
+    /// # Errors
+    /// As [`validate_context`]; [`KernelError::Stride`] for misaligned base
+    /// pointers; [`KernelError::Driver`] when the launch fails.
+    pub fn launch(&self, args: &mut ContextArgs<'_>, errors: &mut DeviceErrors) -> Result<()> {
+        self.launch_on(self.gpu.stream(), args, errors)
+    }
+
+    /// [`ContextKernel::launch`] on `stream` instead of the GPU's own stream
+    /// (e.g. an engine's stream from [`Gpu::borrowed_stream`]), in that
+    /// stream's order and CUDA-graph capture. The launcher's own work
+    /// counters and split workspace (zeroed on [`Gpu::stream`] at
+    /// construction: synchronise that stream once before the first
+    /// `launch_on`) are shared by all its launches, so launches on several
+    /// streams must not overlap in time.
+    ///
+    /// # Errors
+    /// As [`ContextKernel::launch`]; [`KernelError::Unsupported`] when the
+    /// stream belongs to another context.
+    pub fn launch_on(
+        &self,
+        stream: &CudaStream,
+        args: &mut ContextArgs<'_>,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
+        self.gpu.require_stream(stream)?;
+        let plan = validate_context_for(args, self.sm90)?;
+        let mut p = plan.params;
+        p.variant = self.variant;
+        if p.bs == 0 {
+            return Ok(());
+        }
+        [p.q, p.out, p.k_cache, p.v_cache] = base_ptrs(stream, &args.q, &mut args.out, &args.kv)?;
+        p.page_table = args.page_table.device_ptr(stream);
+        p.cache_seqlens = args.cache_seqlens.device_ptr(stream);
+        p.cu_seqlens_q = args.cu_seqlens_q.device_ptr(stream);
+        if let Some(s) = &args.sinks {
+            p.sinks = s.device_ptr(stream);
+        }
+        p.errors = errors.device_ptr();
+        p.work = {
+            let (ptr, _sync) = self.work.device_ptr(stream);
+            ptr
+        };
+        let experiment_entry;
+        let entry: &str = if self.experiment != 0
+            && plan.entry == context_sm90_entry_name(HalfDtype::Bf16, KvDtype::Bf16, 128)
+        {
+            experiment_entry = format!("{}_x{}", plan.entry, self.experiment);
+            &experiment_entry
+        } else {
+            &plan.entry
+        };
+        let func = self
+            .funcs
+            .get(entry)
+            .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {entry}")))?;
+        let mut maps = [TensorMap::default(); 2];
+        if plan.sm90 {
+            if let Some((rows, code, m)) = self.kv_maps(args, &p) {
+                (p.tma_rows, p.tma_dims, maps) = (rows, code, m);
+            }
+        }
+        let mut config = plan.config;
+        if entry != plan.entry {
+            // An experiment entry (its ring split may take a few more bytes).
+            config.shared_mem_bytes += CONTEXT_SM90_EXPERIMENT_SLACK as u32;
+        }
+        let d = args.q.shape()[2];
+        if self.experiment & 8 != 0 {
+            // The trace entry's stamps (overwritten below when KV is split).
+            if let Some(ws) = &self.partial {
+                let (ptr, _sync) = ws.device_ptr(stream);
+                p.partial = ptr;
+            }
+        }
+        let items = config.grid_dim.0;
+        if let (true, true, Some(ws)) = (plan.sm90, d != 256, &self.partial) {
+            // Split KV when the items do not fill the GPU: the keys of a
+            // request are bounded by its page-table row (and the window).
+            let bn = context_sm90_tile_keys(d);
+            let capacity = ws.len() / (CONTEXT_SM90_BLOCK_ROWS * (d + 2));
+            let mut keys = p.max_num_pages as usize * p.page_size as usize;
+            if p.window_left >= 0 {
+                let tokens = CONTEXT_SM90_BLOCK_ROWS.div_ceil(p.group as usize);
+                keys = keys.min(p.window_left as usize + tokens + 1);
+            }
+            let tiles = keys.div_ceil(bn) + 1;
+            let n = items as usize;
+            let (splits, split_tiles) = match self.kv_splits {
+                Some(f) => kv_chunks(tiles, f.min(capacity / n.max(1)).max(1)),
+                None => context_sm90_kv_splits(n, tiles, self.sm_count, capacity),
+            };
+            if splits > 1 {
+                p.kv_splits = splits as i32;
+                p.split_tiles = split_tiles as i32;
+                let (ptr, _sync) = ws.device_ptr(stream);
+                p.partial = ptr;
+                config.grid_dim.0 = items * splits as u32;
+            }
+        }
+        if plan.sm90 {
+            let ctas = self.max_ctas.unwrap_or(self.sm_count).min(self.sm_count);
+            config.grid_dim.0 = context_sm90_grid(config.grid_dim.0, d, p.variant, ctas);
+        }
+        let mut builder = stream.launch_builder(func);
+        builder.arg(&p);
+        if plan.sm90 {
+            builder.arg(&maps[0]);
+            builder.arg(&maps[1]);
+        }
+        // SAFETY: `validate_context` checked every shape and stride against the
+        // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
+        // grid; base alignment is checked above; device data (page ids,
+        // lengths, cu_seqlens_q) is range-checked in the kernel; the params
+        // layout is pinned by a CPU test. The tensor maps span exactly the
+        // validated K/V views (TMA zero-fills boxes outside them); `work` is
+        // this launcher's own 2-word buffer, used by its launches in stream
+        // order only.
+        unsafe { builder.launch(config) }?;
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        if p.tma_rows > 0 {
+            self.tma_launches.fetch_add(1, Ordering::Relaxed);
+        }
+        if p.kv_splits > 1 {
+            let name = context_sm90_merge_entry_name(args.q_dtype, d);
+            let merge = self
+                .funcs
+                .get(&name)
+                .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {name}")))?;
+            let cfg = LaunchConfig {
+                grid_dim: (items, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = stream.launch_builder(merge);
+            b.arg(&p);
+            // SAFETY: the same validated params as the launch above, which
+            // wrote the partial rows the merge reads (stream order); the
+            // workspace holds `items · kv_splits` chunks (capacity checked
+            // when the split was chosen); rows are written only where the
+            // main kernel would write them.
+            unsafe { b.launch(cfg) }?;
+            self.launches.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,190 @@
+//! The sm_90a context kernel's plan on the host: the mirrors of its
+//! compile-time configuration (`Cfg` in `kernels/paged_attention_context_sm90.cu`),
+//! its shared memory and the TMA layout of its K/V boxes.
+
+use super::*;
+
+/// Query rows (packed (token, head) pairs) per CTA of the sm_90a kernel.
+pub const CONTEXT_SM90_BLOCK_ROWS: usize = 128;
+
+/// Threads per CTA of the sm_90a kernel (producer + 2 consumer warpgroups).
+pub const CONTEXT_SM90_THREADS: u32 = 384;
+
+/// Whether the sm_90a kernel covers `(q, kv, head_dim)`: KV of the Q dtype
+/// or e4m3, D 64/128/256 (the same cases as [`context_supported`]).
+pub fn context_sm90_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
+    context_supported(q, kv, head_dim)
+}
+
+/// Entry name of the sm_90a kernel for a Q dtype, KV dtype and head dim:
+/// `paged_attention_context_sm90_{q}_kv_{kv}_d{head_dim}`.
+pub fn context_sm90_entry_name(q: HalfDtype, kv: KvDtype, head_dim: usize) -> String {
+    format!(
+        "paged_attention_context_sm90_{}_kv_{}_d{head_dim}",
+        q.name(),
+        kv.name()
+    )
+}
+
+/// Whether the sm_90a kernel at `head_dim` runs a persistent grid (one CTA
+/// per SM taking work items from a counter) under schedule variant 0;
+/// mirrors `Cfg::PERSISTENT` in `paged_attention_context_sm90.cu`: D 64 and
+/// 128. At D 256 the kernel handles one work item per CTA and must be
+/// launched with one CTA per item ([`context_sm90_grid`]).
+pub fn context_sm90_persistent(head_dim: usize) -> bool {
+    head_dim != 256
+}
+
+/// Keys per KV tile of the sm_90a kernel: 64 at D 256, else 128.
+pub fn context_sm90_tile_keys(head_dim: usize) -> usize {
+    if head_dim == 256 {
+        64
+    } else {
+        128
+    }
+}
+
+/// K and V ring slots of the sm_90a kernel (mirrors `Cfg::KST`/`Cfg::VST`):
+/// D 64 → (3, 3), D 128 → (2, 3) ((2, 2) for e4m3 KV, whose staging ring
+/// takes the room), D 256 → (2, 2).
+pub fn context_sm90_stages(head_dim: usize, kv: KvDtype) -> (usize, usize) {
+    match (head_dim, kv) {
+        (256, _) | (128, KvDtype::E4m3) => (2, 2),
+        (64, _) => (3, 3),
+        _ => (2, 3),
+    }
+}
+
+/// Q buffers of the sm_90a kernel (mirrors `Cfg::QBUF`): two on the
+/// persistent grid ([`context_sm90_persistent`]: the next work item's Q
+/// loads while the consumers finish the current item), one otherwise and
+/// for e4m3 KV at D 128 (the staging ring takes the room).
+pub fn context_sm90_q_buffers(head_dim: usize, kv: KvDtype) -> usize {
+    if context_sm90_persistent(head_dim) && !(head_dim == 128 && kv == KvDtype::E4m3) {
+        2
+    } else {
+        1
+    }
+}
+
+/// Steps of the sm_90a kernel's e4m3 staging ring (mirrors `Cfg::SST`): each
+/// step holds one 8-bit K tile and one 8-bit V tile `[BN, D]` as gathered;
+/// the producer converts them into the 16-bit rings. Two steps (the copies
+/// of the next step in flight during a conversion) at D 64 / 128, one at
+/// D 256, none for 16-bit KV.
+pub fn context_sm90_staging_steps(head_dim: usize, kv: KvDtype) -> usize {
+    match (kv, head_dim) {
+        (KvDtype::E4m3, 256) => 1,
+        (KvDtype::E4m3, _) => 2,
+        _ => 0,
+    }
+}
+
+/// Dynamic shared memory of the sm_90a kernel (mirrors `Cfg` in
+/// `paged_attention_context_sm90.cu`): Q `[128, D]` per Q buffer
+/// ([`context_sm90_q_buffers`]), the K and V rings of
+/// `[BN, D]` 16-bit tiles ([`context_sm90_stages`]), the e4m3 staging ring
+/// ([`context_sm90_staging_steps`] × two `[BN, D]` byte tiles), per K slot the valid
+/// masks of the keys (4 u32: one word per producer warp), the mbarriers
+/// (full + empty per Q buffer and per ring slot, two work-item slots full +
+/// empty + geometry published), one f32 per consumer thread, four i32 (two
+/// work-item slots, the prefetched work counter, a spare), the two slots'
+/// published geometry (64 bytes each), for e4m3 KV one byte per Q row and
+/// buffer (the row's shift of its conversion to f16), and
+/// 1024 bytes of slack to align the swizzled tiles.
+pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
+    let bn = context_sm90_tile_keys(head_dim);
+    let (kst, vst) = context_sm90_stages(head_dim, kv_dtype);
+    let qbuf = context_sm90_q_buffers(head_dim, kv_dtype);
+    let q = qbuf * CONTEXT_SM90_BLOCK_ROWS * head_dim * 2;
+    let kv = bn * head_dim * 2;
+    let staging = context_sm90_staging_steps(head_dim, kv_dtype) * 2 * bn * head_dim;
+    // e4m3: each Q row's shift (one byte per row and Q buffer), see the kernel's Q conversion.
+    let q_conv = if kv_dtype == KvDtype::E4m3 {
+        qbuf * CONTEXT_SM90_BLOCK_ROWS
+    } else {
+        0
+    };
+    let bars = 2 * qbuf + 2 * kst + 2 * vst + 6;
+    q + (kst + vst) * kv
+        + staging
+        + kst * 4 * 4
+        + bars * 8
+        + CONTEXT_SM90_PIN_BYTES
+        + 16
+        + 2 * CONTEXT_SM90_ITEM_GEOM_BYTES
+        + q_conv
+        + 1024
+}
+
+/// Shared memory of the sm_90a kernel's per-thread pin word (one f32 per
+/// consumer thread; see the kernel's softmax).
+const CONTEXT_SM90_PIN_BYTES: usize = 256 * 4;
+
+/// Extra shared memory given to the sm_90a experiment entries
+/// ([`ContextKernel::set_experiment`]): `_x16` runs the K / V ring split
+/// 3 / 2, whose valid-key masks take 16 bytes more than the default's.
+pub(super) const CONTEXT_SM90_EXPERIMENT_SLACK: usize = 64;
+
+/// Shared memory of one work-item slot's published geometry (mirrors
+/// `Cfg::ITEM_GEOM_BYTES`).
+const CONTEXT_SM90_ITEM_GEOM_BYTES: usize = 64;
+
+/// Keys per TMA box of the sm_90a kernel's K/V loads for a page size, or
+/// `None` when the cp.async row gather runs: a page size that is a multiple
+/// of the tile's keys ([`context_sm90_tile_keys`]; one box per 64 columns
+/// and tile, at the token offset of the tile in its page), or a multiple of
+/// 8 that divides it (one box per page and 64 columns). Page sizes 1, 48 and
+/// 1600 (at D ≤ 128) gather rows.
+pub fn context_sm90_tma_rows(page_size: usize, head_dim: usize) -> Option<usize> {
+    let bn = context_sm90_tile_keys(head_dim);
+    if page_size % bn == 0 {
+        Some(bn)
+    } else if bn % page_size == 0 && page_size % 8 == 0 {
+        Some(page_size)
+    } else {
+        None
+    }
+}
+
+/// The 4-D tensor map layout of a K or V pool view for TMA boxes of `rows`
+/// keys, or `None` when the view does not fit one (then the gather runs):
+/// dim 0 = the `head_dim` contiguous elements, dims 1–3 = token in page,
+/// head, page in increasing stride order (a head dim of one head goes last);
+/// returns the layout and the coordinate-slot code of
+/// [`ContextParams::tma_dims`]. `strides` are the view's element strides
+/// `[page, head, token]` (0 for a dim of size 1).
+pub fn kv_tma_layout(
+    strides: [i64; 3],
+    num_pages: usize,
+    hkv: usize,
+    page_size: usize,
+    head_dim: usize,
+    rows: usize,
+) -> Option<(kernel_rt::tma::Tiled16<4>, i32)> {
+    let [sp, sh, st] = strides.map(|x| u64::try_from(x).ok());
+    let (sp, sh, st) = (sp?, sh?, st?);
+    // (stride bytes, size, box rows, which: 0 token, 1 head, 2 page)
+    let mut d = [
+        (st * 2, page_size as u64, rows.min(page_size) as u32, 0),
+        (sh * 2, hkv as u64, 1, 1),
+        (sp * 2, num_pages as u64, 1, 2),
+    ];
+    if hkv == 1 {
+        d[1].0 = u64::MAX;
+    }
+    d.sort_by_key(|x| x.0);
+    if hkv == 1 {
+        d[2].0 = d[1].0.max(16);
+    }
+    let mut code = 0i32;
+    for (slot, x) in d.iter().enumerate() {
+        code |= ((slot + 1) as i32) << (4 * x.3);
+    }
+    let layout = kernel_rt::tma::Tiled16 {
+        dims: [head_dim as u64, d[0].1, d[1].1, d[2].1],
+        strides_bytes: [d[0].0, d[1].0, d[2].0, 0],
+        box_dims: [64, d[0].2, d[1].2, d[2].2],
+    };
+    layout.rejection().is_none().then_some((layout, code))
+}
