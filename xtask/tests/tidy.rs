@@ -217,10 +217,16 @@ fn source_files_are_at_most_800_lines() {
         if !in_src || path.extension().is_none_or(|e| e != "rs") {
             continue;
         }
-        let n = fs::read_to_string(&path).map(|t| t.lines().count()).unwrap_or(0);
+        let n = fs::read_to_string(&path)
+            .map(|t| t.lines().count())
+            .unwrap_or(0);
         if n > MAX {
             long.push(format!("{}: {n} lines", rel.display()));
         }
     }
-    assert!(long.is_empty(), "files over {MAX} lines:\n{}", long.join("\n"));
+    assert!(
+        long.is_empty(),
+        "files over {MAX} lines:\n{}",
+        long.join("\n")
+    );
 }
