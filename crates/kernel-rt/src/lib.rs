@@ -50,7 +50,7 @@ pub use gpu::{
     gpu_available, gpu_status, Cubin, CubinArch, Gpu, GpuStatus, ModuleLoad, ModuleSource,
     PtxModule, DEVICE_ENV, MODULE_LOAD_ENV,
 };
-pub use tensor::{check_view_bounds, Strided, StridedMut};
+pub use tensor::{check_view_bounds, row_major, Strided, StridedMut};
 
 /// Path of the shared device headers (`crates/kernel-rt/include`), for the
 /// PTX build.

@@ -95,7 +95,9 @@ fn contiguous<const N: usize>(
     }
 }
 
-fn row_major<const N: usize>(shape: &[usize; N]) -> [usize; N] {
+/// Element strides of a contiguous row-major `[shape]` (last dim stride 1;
+/// saturating, so an overflowing shape is caught by the bounds check).
+pub fn row_major<const N: usize>(shape: &[usize; N]) -> [usize; N] {
     let mut strides = [1usize; N];
     for d in (0..N.saturating_sub(1)).rev() {
         strides[d] = strides[d + 1].saturating_mul(shape[d + 1]);

@@ -7,7 +7,7 @@
 //! [`crate::MhaBackend::forward_engine`]).
 
 use kernel_rt::cudarc::driver::{CudaView, CudaViewMut};
-use kernel_rt::{KernelError, Strided, StridedMut};
+use kernel_rt::{row_major, KernelError, Strided, StridedMut};
 
 use crate::batch::AttnMode;
 use crate::error::Result;
@@ -48,14 +48,6 @@ impl<T> MemMut<'_, T> {
             Self::Device(v) => v.len(),
         }
     }
-}
-
-fn row_major<const N: usize>(shape: &[usize; N]) -> [usize; N] {
-    let mut s = [1usize; N];
-    for d in (0..N.saturating_sub(1)).rev() {
-        s[d] = s[d + 1].saturating_mul(shape[d + 1]);
-    }
-    s
 }
 
 /// A read-only strided view `[shape]` (element strides) of an engine
