@@ -396,6 +396,74 @@ fn trace_report(words: &[u32]) -> String {
             span / span_items as f64
         );
     }
+    out + &tile_phase_report(&at)
+}
+
+/// Per fast tile of the loop (items of three tiles or more): each consumer's
+/// mean cycles in the five accumulated phases, and the phase offset of the
+/// two consumers (clock of tile 2's S issue, consumer 1 − consumer 0) in
+/// loop periods: near 0 they run in lockstep, near ½ alternate.
+fn tile_phase_report(at: &dyn Fn(usize, usize, usize, usize) -> u32) -> String {
+    const NI: usize = CONTEXT_SM90_TRACE_ITEMS;
+    const EV: usize = CONTEXT_SM90_TRACE_EVENTS;
+    let mut acc = [[0f64; 5]; 2];
+    let mut tiles = [0f64; 2];
+    let mut quarters = [0usize; 4];
+    let mut offsets = 0usize;
+    for cta in 0..CONTEXT_SM90_TRACE_CTAS {
+        let taken = |role: usize| at(cta, NI - 1, role, EV - 1) as usize;
+        let n_items = taken(1).min(taken(2)).min(NI - 1);
+        for n in 0..n_items {
+            let nt = at(cta, n, 1, 12) as usize;
+            if nt < 3 || at(cta, n, 2, 12) as usize != nt {
+                continue;
+            }
+            for c in 0..2 {
+                for (k, a) in acc[c].iter_mut().enumerate() {
+                    *a += at(cta, n, 1 + c, 16 + k) as f64;
+                }
+                tiles[c] += (nt - 1) as f64;
+            }
+            let loop_cycles = at(cta, n, 1, 6).wrapping_sub(at(cta, n, 1, 5)) as f64;
+            let period = loop_cycles / (nt - 1) as f64;
+            if period > 0.0 {
+                let delta = at(cta, n, 2, 21).wrapping_sub(at(cta, n, 1, 21)) as i32 as f64;
+                let frac = (delta / period).rem_euclid(1.0);
+                quarters[((frac * 4.0) as usize).min(3)] += 1;
+                offsets += 1;
+            }
+        }
+    }
+    if tiles[0] == 0.0 {
+        return String::new();
+    }
+    let names = [
+        "issue S, P V",
+        "wait for S",
+        "softmax",
+        "wait for P V",
+        "rescale, pack",
+    ];
+    let mut out = String::from(
+        "\n| per fast tile (items of ≥ 3 tiles) | consumer 0 | consumer 1 |\n|---|---:|---:|\n",
+    );
+    for (k, name) in names.iter().enumerate() {
+        out += &format!(
+            "| {name} | {:.0} | {:.0} |\n",
+            acc[0][k] / tiles[0],
+            acc[1][k] / tiles[1]
+        );
+    }
+    let sum = |c: usize| acc[c].iter().sum::<f64>() / tiles[c];
+    out += &format!("| sum | {:.0} | {:.0} |\n", sum(0), sum(1));
+    if offsets > 0 {
+        let pct = quarters.map(|q| format!("{:.0}%", 100.0 * q as f64 / offsets as f64));
+        out += &format!(
+            "\nconsumer 1 − consumer 0 at tile 2, in loop periods (mod 1), over {offsets} items: \
+             [0, ¼) {}, [¼, ½) {}, [½, ¾) {}, [¾, 1) {}\n",
+            pct[0], pct[1], pct[2], pct[3]
+        );
+    }
     out
 }
 
@@ -424,7 +492,7 @@ fn main() {
     no_split.set_kv_splits(Some(1));
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
-        [1u32, 4, 5, 6, 16]
+        [1u32, 4, 5, 6, 16, 32]
             .into_iter()
             .map(|xv| {
                 let mut k = ContextKernel::new(&gpu).expect("load");
@@ -458,6 +526,7 @@ fn main() {
                 4 => "experiment: no K/V reads",
                 5 => "experiment: no K/V reads, no softmax math",
                 16 => "experiment: K / V rings 3 / 2 (correct results)",
+                32 => "experiment: O rescaled under S (correct results)",
                 _ => "experiment: no K/V reads, no wgmma",
             }
         } else {
@@ -518,16 +587,22 @@ fn main() {
             && kernel.uses_sm90()
             && (c.name.starts_with("FA3") || c.name.starts_with("bs "))
         {
-            // 8: the default kernel traced; 24: with K / V rings 3 / 2.
-            for xv in [8u32, 24] {
+            // 8: the default kernel traced; 40: O rescaled under S; 8 with
+            // variant 1: ping-pong.
+            for (xv, variant) in [(8u32, 0i32), (40, 0), (8, 1)] {
                 let mut tracer = ContextKernel::new(&gpu).expect("load");
                 tracer.set_experiment(xv).expect("trace entry");
                 tracer.set_kv_splits(Some(1));
+                tracer.set_variant(variant);
                 for _ in 0..3 {
                     launch(&tracer, &c, &mut p, &mut errors).expect("trace launch");
                 }
                 let words = tracer.trace().expect("trace");
-                let what = if xv == 8 { "" } else { ", K / V rings 3 / 2" };
+                let what = match (xv, variant) {
+                    (8, 0) => "",
+                    (8, _) => ", ping-pong",
+                    _ => ", O rescaled under S",
+                };
                 traces.push(format!("### {}{what}\n\n{}", c.name, trace_report(&words)));
             }
         }

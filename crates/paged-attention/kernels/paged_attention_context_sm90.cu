@@ -361,7 +361,9 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
 // XV: timing experiments that leave one stage out (wrong results; only the
 // bench's `_x{XV}` entries set it): 1 no softmax math, 2 no wgmma, 4 no
 // global K/V reads (zero-filled copies); 16 K / V ring depths 3 / 2
-// instead of 2 / 3 (correct results); 8 trace: correct results, and
+// instead of 2 / 3 (correct results); 32 O rescaled under S instead of
+// after the wait for P V (correct results, see `rescale_o`); 8 trace:
+// correct results, and
 // thread 0 of each warpgroup writes %clock stamps of its item's phases to
 // p.partial (see `TR_*`; the launcher points p.partial at its workspace).
 // F8: e4m3 K/V pools.
@@ -373,7 +375,8 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
 // 9 epilogue done, 10 tile 1's K landed, 11 V 0 landed, 12 ntiles, 13
 // item, 14 V 0 scanned, 15 the last V scanned, 16-20 cycles of the fast
 // tiles 1.. in: issuing S and P V, waiting for S, softmax, waiting for P V,
-// rescale and pack. Slot [cta][TR_ITEMS - 1][role]
+// rescale and pack, 21 clock at tile 2's S issue (fast path; the phase of
+// the two consumers). Slot [cta][TR_ITEMS - 1][role]
 // [TR_EV - 1] holds the number of items the role took (stamps of later
 // items are not kept).
 constexpr int TR_CTAS = 132, TR_ITEMS = 48, TR_EV = 24;
@@ -484,6 +487,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // copies complete the transaction count) or by the cp.async row gather.
     const bool tma = !F8 && p.tma_rows > 0;  // e4m3 always gathers
     constexpr bool TR = (XV & 8) != 0;
+    // Where O is rescaled by a tile's alpha (see `rescale_o`): late, after
+    // the wait for P V (the default), or early, under S (experiment XV & 32).
+    constexpr bool EARLY = (XV & 32) != 0;
     // Trace stamp ev of this role's current item (thread 0 of a warpgroup);
     // `done`: the role's item count, at its exit.
     auto mark = [&](int role, int ev, u32 v) {
@@ -1171,13 +1177,33 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // so a store of a value that depends on all of them pins them here.
             asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(pin_addr), "f"(dsum[0] + dsum[1]) : "memory");
         };
-        // O *= alpha; P = 16-bit S; running row sums.
-        auto rescale_pack = [&]() {
-            // Most tiles leave every row max of the warp unchanged (alpha = 1).
-            if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+        // O *= alpha, alpha of the last softmax, before the P V that adds
+        // that tile. Late (default): after the wait for P V, skipped when no
+        // row max of the warp moved. EARLY (XV & 32, FA3's placement):
+        // between the issue of S_t and of P_{t-1} V_{t-1}, so that it runs
+        // while S_t is on the tensor cores; branch-free there (a branch
+        // between two wgmmas would serialize them).
+        auto rescale_o = [&]() {
+            if (EARLY || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+                float a[2] = {alpha[0], alpha[1]};
+                if constexpr (EARLY) {
+                    // ptxas hoists independent arithmetic above the S
+                    // wgmmas (seen in SASS); a factor made from a clock read
+                    // taken here keeps the multiplies after the S issue:
+                    // one = min(a float in [1, 2) built from the clock, 1) is
+                    // exactly 1, and ptxas cannot fold it.
+                    const u32 ck = clk32();
+                    const float one = fminf(__uint_as_float((ck & 0x007fffffu) | 0x3f800000u), 1.f);
+                    a[0] *= one;
+                    a[1] *= one;
+                }
 #pragma unroll
-                for (int i = 0; i < NO; ++i) o[i] *= alpha[(i >> 1) & 1];
+                for (int i = 0; i < NO; ++i) o[i] *= a[(i >> 1) & 1];
             }
+        };
+        // P = 16-bit S; running row sums (late placement: O *= alpha first).
+        auto rescale_pack = [&]() {
+            if constexpr (!EARLY) rescale_o();
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk) {
 #pragma unroll
@@ -1295,6 +1321,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 if (slow) {
                     turn_take();
                     qk(st);
+                    if constexpr (EARLY) rescale_o();  // alpha of tile t - 1, before its P V
                     turn_pass(false);
                     wg_wait<0>();
                     fence_regs(s);
@@ -1308,6 +1335,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     turn_take();
                     const u32 a0 = tnow();
                     qk(st);
+                    if constexpr (EARLY) rescale_o();  // alpha of tile t - 1, under S_t
                     pv(sp);
                     turn_pass(false);
                     const u32 a1 = tnow();
@@ -1325,6 +1353,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     mbar_arrive(bar_ev + 8 * sp);
                     rescale_pack();
                     if constexpr (TR) {
+                        if (t == 2) mark(role, 21, a0);
                         tr_acc[0] += a1 - a0;
                         tr_acc[1] += a2 - a1;
                         tr_acc[2] += a3 - a2;
@@ -1349,9 +1378,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             if (slow) {
                 turn_take();
                 turn_pass(true);
+                if constexpr (EARLY) rescale_o();
                 pv_slow(sl);
             } else if (active) {
                 turn_take();
+                if constexpr (EARLY) rescale_o();
                 pv(sl);
                 turn_pass(true);
                 wg_wait<0>();
@@ -1577,4 +1608,5 @@ PAS_XENTRY(5)
 PAS_XENTRY(6)
 PAS_XENTRY(8)
 PAS_XENTRY(16)
-PAS_XENTRY(24)
+PAS_XENTRY(32)
+PAS_XENTRY(40)

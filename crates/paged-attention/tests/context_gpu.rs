@@ -777,6 +777,45 @@ fn main() {
             println!("kv_split_equals_the_reference: {cases} cases, {n} merged");
             Ok(())
         }),
+        named("experiment_entries_with_correct_results", |gpu, k| {
+            // The bench's schedule experiments that keep results correct
+            // (16: K / V rings 3 / 2; 32: O rescaled under S; 8 and 40: the
+            // same traced) against the reference on D 128 bf16 cases, also
+            // under ping-pong; 32 equals the default bit for bit (the same
+            // products in the same order, only issued elsewhere).
+            let _ = k;
+            if gpu.context().compute_capability().or_fail("cc")? != (9, 0) {
+                println!("experiment_entries_with_correct_results: not sm_90, skipped");
+                return Ok(());
+            }
+            let base = ContextKernel::new(gpu).or_fail("load")?;
+            let cases = gpu_cases(60);
+            for xv in [16u32, 32, 8, 40] {
+                let mut x = ContextKernel::new(gpu).or_fail("load")?;
+                x.set_experiment(xv).or_fail("experiment entry")?;
+                x.set_kv_splits(Some(1));
+                for i in 0..u64::from(cases) {
+                    let r = context_random_case(0xE4_0000 + i, BUDGET / 2.0);
+                    let c = widen(&r, 128, KvDtype::Bf16, HalfDtype::Bf16);
+                    x.set_variant([0, 1][i as usize % 2]);
+                    let got = run_gpu(gpu, &x, &c).or_fail("experiment")?;
+                    let want = c.reference();
+                    compare(&c, &want, &got.out, &got.errors)
+                        .map_err(|e| format!("xv {xv} case {i}: {e}; {}", describe(&c)))?;
+                    if xv == 32 {
+                        let a = run_gpu(gpu, &base, &c).or_fail("default")?;
+                        if a.out != got.out {
+                            return Err(format!(
+                                "xv 32 case {i}: differs from the default; {}",
+                                describe(&c)
+                            ));
+                        }
+                    }
+                }
+            }
+            println!("experiment_entries_with_correct_results: 4 entries × {cases} cases");
+            Ok(())
+        }),
         named("d256_q4097_over_3000_prefix", |gpu, k| {
             let c = extend_case(KvDtype::Bf16, HalfDtype::Bf16, 256, 1, 16, 3000, 4097, 11);
             check(gpu, k, &c)

@@ -221,13 +221,14 @@ impl ContextKernel {
 
     /// Runs the sm_90a kernel's timing experiment `xv` (an entry
     /// `…_bf16_kv_bf16_d128_x{xv}` that leaves stages out, bits 1 softmax
-    /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6; 16 = K / V
-    /// ring depths 3 / 2 instead of 2 / 3, correct results; 24 = 16 with
-    /// the trace) for D 128 bf16
-    /// launches; 0 = off. Results are wrong by design: benchmarks only.
-    /// `xv = 8` is the trace entry instead: correct results, and each CTA
-    /// below [`CONTEXT_SM90_TRACE_CTAS`] records `%clock` stamps of its
-    /// items' phases (read them with [`ContextKernel::trace`]).
+    /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6; with correct
+    /// results: 16 = K / V ring depths 3 / 2 instead of 2 / 3, 32 = O
+    /// rescaled under S instead of after the wait for P V, 40 = 32 with the
+    /// trace) for D 128 bf16 launches; 0 = off. Results of 1-6 are wrong by
+    /// design: benchmarks only. `xv = 8` is the trace entry: correct
+    /// results, and each CTA below [`CONTEXT_SM90_TRACE_CTAS`] records
+    /// `%clock` stamps of its items' phases (read them with
+    /// [`ContextKernel::trace`]).
     ///
     /// # Errors
     /// [`KernelError::Load`] when the entry does not exist.
