@@ -148,7 +148,20 @@ pub struct BackendConfig {
     /// Allocatable pages of the SWA pool of a hybrid model, or `None` for no
     /// SWA pool. With a pool, the layers with a window keep their KV there.
     pub num_swa_pages: Option<usize>,
+    /// Decode context parallelism over `N` ranks by page interleave (page
+    /// `e` of a request on rank `e mod N`), simulated on this backend: the
+    /// passes of the decode kernel (decode, draft decode, target verify,
+    /// draft extend) compute each rank's partial output and log-sum-exp
+    /// over its pages, in global positions and without sinks, merge them
+    /// and join the sinks once ([`paged_attention::cp`]); extend / mixed
+    /// passes run unsplit. `1` = off, at most [`MAX_DECODE_CP_RANKS`]. CPU
+    /// executor only for now: the CUDA executor rejects `N > 1` (it needs
+    /// the decode kernel's LSE output and a merge kernel, issue 17).
+    pub decode_cp_ranks: usize,
 }
+
+/// Largest [`BackendConfig::decode_cp_ranks`].
+pub const MAX_DECODE_CP_RANKS: usize = 64;
 
 impl BackendConfig {
     /// A dense model: `num_layers` identical full-attention layers, bf16
@@ -173,6 +186,7 @@ impl BackendConfig {
             max_requests,
             num_pages,
             num_swa_pages: None,
+            decode_cp_ranks: 1,
         }
     }
 
@@ -291,6 +305,15 @@ impl BackendConfig {
                     "an SWA pool needs at least one layer with a window (SWA layer)",
                 ));
             }
+        }
+        if !(1..=MAX_DECODE_CP_RANKS).contains(&self.decode_cp_ranks) {
+            return Err(config_err(
+                "decode_cp_ranks",
+                format!(
+                    "{} is outside 1..={MAX_DECODE_CP_RANKS}",
+                    self.decode_cp_ranks
+                ),
+            ));
         }
         self.resolved_workspace_bytes()?;
         Ok(())

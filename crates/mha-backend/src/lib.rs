@@ -160,8 +160,8 @@ pub use backend::{MhaBackend, MultiStepDraftBackend};
 pub use batch::{AttnMode, ForwardBatch, ForwardMode, SpecInfo};
 pub use config::{
     resolve_decode_split, resolve_workspace_bytes, BackendConfig, LayerConfig, SpecConfig,
-    DECODE_SPLIT_ENV, DEFAULT_DECODE_SPLIT, DEFAULT_WORKSPACE_BYTES, HEAD_DIMS, MAX_DECODE_Q_LEN,
-    MAX_GROUP, WORKSPACE_ENV,
+    DECODE_SPLIT_ENV, DEFAULT_DECODE_SPLIT, DEFAULT_WORKSPACE_BYTES, HEAD_DIMS,
+    MAX_DECODE_CP_RANKS, MAX_DECODE_Q_LEN, MAX_GROUP, WORKSPACE_ENV,
 };
 pub use cuda::CudaExecutor;
 pub use engine::{

@@ -515,6 +515,25 @@ fn every_mode_fp8_random() {
     random_session(fp8_config(), 3, 120);
 }
 
+/// Decode context parallelism simulated over 2..=4 ranks (page
+/// interleave, P = 4): every mode against the unsplit oracle — windows and
+/// sinks on the hybrid model (sinks joined once after the merge), FP8.
+#[test]
+fn every_mode_decode_cp_random() {
+    for (i, (mut c, ranks)) in [
+        (dense_config(), 2),
+        (hybrid_config(), 3),
+        (fp8_config(), 4),
+        (hybrid_config(), 2),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        c.decode_cp_ranks = ranks;
+        random_session(c, 40 + i as u64, 100);
+    }
+}
+
 #[test]
 fn f16_model_page_size_1() {
     let mut c = dense_config();
@@ -863,7 +882,11 @@ fn config_errors_are_typed() {
             Err(BackendError::GraphUnsupported(_))
         ));
     }
-    let bad: [Mutation; 9] = [
+    let bad: [Mutation; 11] = [
+        ("decode_cp_ranks", |c| c.decode_cp_ranks = 0),
+        ("decode_cp_ranks", |c| {
+            c.decode_cp_ranks = mha_backend::MAX_DECODE_CP_RANKS + 1
+        }),
         ("layers", |c| c.layers[0].num_kv_heads = 3),
         ("layers", |c| c.layers[0].head_dim = 80),
         ("layers", |c| c.layers[0].sinks = Some(vec![0.0])),

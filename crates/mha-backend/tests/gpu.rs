@@ -774,6 +774,28 @@ fn main() {
             move |g: &Arc<Gpu>| part_timing(make(), g),
         ));
     }
+    trials.push(gpu_trial(
+        "decode_cp_is_refused_on_cuda",
+        |_g: &Arc<Gpu>| decode_cp_is_refused_on_cuda(),
+    ));
     let _ = HalfDtype::Bf16;
     run_trials(trials)
+}
+
+/// Simulated decode context parallelism runs on the CPU executor only: the
+/// CUDA executor refuses `decode_cp_ranks > 1` with a typed error naming
+/// the field (until the decode kernel returns its LSE), and `1` builds.
+fn decode_cp_is_refused_on_cuda() -> Result<(), String> {
+    let mut c = dense();
+    c.decode_cp_ranks = 2;
+    match MhaBackend::new(c, Device::Cuda(0)) {
+        Err(mha_backend::BackendError::Kernel(e)) if e.to_string().contains("decode_cp_ranks") => {}
+        other => {
+            return Err(format!(
+                "expected the decode_cp_ranks refusal, got {other:?}"
+            ))
+        }
+    }
+    MhaBackend::new(dense(), Device::Cuda(0)).or_fail("decode_cp_ranks = 1")?;
+    Ok(())
 }

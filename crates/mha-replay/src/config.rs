@@ -19,7 +19,7 @@ use std::str::FromStr;
 use clap::{Parser, ValueEnum};
 use mha_backend::{
     BackendConfig, BackendError, Device, HalfDtype, KvCacheDtype, LayerConfig, SpecConfig,
-    MAX_DECODE_Q_LEN,
+    MAX_DECODE_CP_RANKS, MAX_DECODE_Q_LEN,
 };
 
 use crate::error::{flag_err, ReplayError, Result};
@@ -103,6 +103,14 @@ pub struct Args {
     /// drawn from the seed); 0 = off. At most 15.
     #[arg(long, default_value_t = 0)]
     pub spec_steps: usize,
+    /// Decode context parallelism: N simulated ranks, each holding every
+    /// N-th KV page of a request (page interleave); every decode / verify /
+    /// draft pass computes each rank's partial output and log-sum-exp and
+    /// merges them (sinks joined once); extend / mixed passes run unsplit.
+    /// 1 = off. CPU executor only for now (the CUDA executor needs the
+    /// decode kernel's LSE output, issue 17).
+    #[arg(long, default_value_t = 1)]
+    pub dcp: usize,
     /// CUDA graphs for decode-like passes (`off`: eager launches only; not
     /// applicable on the CPU executor).
     #[arg(long, value_enum, default_value = "on")]
@@ -203,6 +211,8 @@ pub struct Setup {
     pub prefill_chunk: usize,
     /// Draft steps (0 = off).
     pub spec_steps: usize,
+    /// Simulated decode context-parallel ranks (`--dcp`, 1 = off).
+    pub dcp: usize,
     /// `--cuda-graphs on`.
     pub cuda_graphs: bool,
     /// `--split-timing on`.
@@ -323,6 +333,20 @@ impl Setup {
                 ),
             ));
         }
+        let dcp = positive("--dcp", args.dcp)?;
+        if dcp > MAX_DECODE_CP_RANKS {
+            return Err(flag_err(
+                "--dcp",
+                format!("{dcp} ranks; at most {MAX_DECODE_CP_RANKS}"),
+            ));
+        }
+        if dcp > 1 && !cpu {
+            return Err(flag_err(
+                "--dcp",
+                "decode context parallelism runs on the CPU executor only for now (the CUDA \
+                 executor needs the decode kernel's LSE output, issue 17); add --device cpu",
+            ));
+        }
         let check_fraction = args
             .check_fraction
             .unwrap_or(if cpu { 0.02 } else { 0.001 });
@@ -403,6 +427,7 @@ impl Setup {
             max_batch,
             prefill_chunk,
             spec_steps: args.spec_steps,
+            dcp,
             cuda_graphs: args.cuda_graphs == OnOff::On,
             split_timing: args.split_timing == OnOff::On,
             seed: args.seed,
@@ -475,6 +500,7 @@ impl Setup {
             max_requests: self.max_batch,
             num_pages: self.kv_pages,
             num_swa_pages: self.model.hybrid.then_some(self.kv_pages),
+            decode_cp_ranks: self.dcp,
         }
     }
 

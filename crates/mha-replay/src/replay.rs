@@ -406,6 +406,7 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
             max_batch: setup.max_batch,
             prefill_chunk: setup.prefill_chunk,
             spec_steps: setup.spec_steps,
+            decode_cp_ranks: setup.dcp,
             cuda_graphs: if info.graphs_applicable {
                 if setup.cuda_graphs { "on" } else { "off" }.into()
             } else {

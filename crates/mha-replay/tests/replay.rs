@@ -132,6 +132,51 @@ fn hybrid_swa_fp8_replay_is_exact() {
     assert_clean(&r);
 }
 
+/// `--dcp N`: decode / verify / draft passes computed by N simulated
+/// decode context-parallel ranks (page interleave) and merged — 0
+/// mismatches against the checker's unsplit recomputation, on the dense
+/// tiny model with speculation (verify, draft decode, draft extend) and on
+/// the hybrid gpt-oss model (window + sinks, FP8), and the same workload
+/// as the unsplit run.
+#[test]
+fn decode_context_parallel_replay_is_exact() {
+    for (ranks, extra) in [
+        ("2", &["--spec-steps", "2", "--max-output", "12"][..]),
+        (
+            "3",
+            &[
+                "--model",
+                "gpt-oss-20b",
+                "--layers",
+                "2",
+                "--kv-dtype",
+                "fp8",
+                "--max-context",
+                "150",
+                "--max-output",
+                "6",
+                "--page-size",
+                "7",
+                "--prefill-chunk",
+                "64",
+            ][..],
+        ),
+    ] {
+        let mut flags = vec!["--requests", "6", "--check-fraction", "0.5"];
+        flags.extend_from_slice(extra);
+        let one = replay(&flags);
+        flags.extend_from_slice(&["--dcp", ranks]);
+        let r = replay(&flags);
+        assert_eq!(r.config.decode_cp_ranks.to_string(), ranks);
+        assert_clean(&r);
+        assert_eq!(r.workload, one.workload, "{ranks} ranks: the same workload");
+        assert_eq!(
+            r.check.pairs, one.check.pairs,
+            "{ranks} ranks: the same checks"
+        );
+    }
+}
+
 fn bin(args: &[&str], dir: &std::path::Path) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_mha-replay"))
         .args(args)
@@ -167,6 +212,8 @@ fn binary_errors_name_the_flag_or_line() {
         (vec!["--trace", "/no/such/trace.csv"], "/no/such/trace.csv"),
         (vec!["--plot", "out.svg"], "--plot"),
         (vec!["--split-timing", "maybe"], "--split-timing"),
+        (vec!["--dcp", "0"], "--dcp"),
+        (vec!["--dcp", "65"], "--dcp"),
     ];
     if !kernel_rt::gpu_available() {
         // Without a GPU, `--device cuda:N` is a flag error (never a CPU

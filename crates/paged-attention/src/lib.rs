@@ -73,9 +73,12 @@
 //! - [`reference`](mod@reference): the f64 CPU definition the GPU is tested against
 //!   (output and row log-sum-exp, unsharded or over a shard of the keys);
 //! - [`merge`]: the f64 merge of partial `(O, LSE)` states and the sink rule
-//!   under sharding.
+//!   under sharding;
+//! - [`cp`]: decode context parallelism by page interleave — each rank's
+//!   page-table view and the whole split / merge path simulated in f64.
 
 pub mod context;
+pub mod cp;
 mod launch;
 pub mod merge;
 pub mod reference;

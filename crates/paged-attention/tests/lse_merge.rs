@@ -11,6 +11,7 @@
 mod common;
 
 use common::*;
+use paged_attention::cp;
 use paged_attention::merge::{apply_sinks, merge_states};
 use paged_attention::reference::{attention_at, Interleave, KeyPositions, RefOutput};
 use paged_attention::{HalfDtype, KvDtype};
@@ -748,4 +749,72 @@ proptest! {
             .and_then(|_| check_interleave(&c, ranks, Some(block)));
         prop_assert!(res.is_ok(), "seed {seed}: {}: {}", describe(&c), res.err().unwrap_or_default());
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// `cp::simulate` over 2..=5 ranks is exactly the merge of this file's
+    /// own page shards (`page_shard`; over 1 rank the unsplit reference
+    /// itself), equals the unsplit reference within 1e-9, and reports the
+    /// unsplit call's error events.
+    #[test]
+    fn cp_simulate_is_the_page_interleave_merge(seed in any::<u64>()) {
+        let c = small_case(seed);
+        let ranks = (seed % 5) as usize + 1;
+        let (kb, vb) = (c.k_bytes(), c.v_bytes());
+        let input = c.inputs(&kb, &vb);
+        let sim = cp::simulate(&input, ranks);
+        let want = c.reference();
+        let parts = check_interleave(&c, ranks, None);
+        prop_assert!(parts.is_ok(), "seed {seed}: {}", parts.err().unwrap_or_default());
+        let parts = parts.unwrap_or_default();
+        let (o, l) = merged(&c, &parts);
+        let same = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| x == y || (x.is_nan() && y.is_nan()));
+        // One rank is the unsplit call itself (sinks inside the softmax),
+        // more ranks the merge of the shards (sinks after it).
+        let (eo, el) = if ranks == 1 { (want.out.clone(), want.lse.clone()) } else { (o, l) };
+        prop_assert!(same(&sim.out, &eo) && same(&sim.lse, &el), "seed {seed}: {ranks} ranks: not the shards' merge; {}", describe(&c));
+        prop_assert_eq!(&sim.written, &want.written);
+        prop_assert_eq!(sim.errors, want.errors, "seed {}: {}", seed, describe(&c));
+        let got = (sim.out.clone(), sim.lse.clone());
+        let r = same_state(&c, &want, &[], &got);
+        prop_assert!(r.is_ok(), "seed {seed}: {}", r.err().unwrap_or_default());
+    }
+}
+
+/// Per-request check events are counted once under `cp::simulate`, not once
+/// per rank: a ragged batch with a negative length, a request longer than
+/// `max_q_len` and `cu_seqlens_q` going backwards, over 2..=4 ranks.
+#[test]
+fn cp_counts_request_checks_once() {
+    let c = widen_ragged(&one_request(40, 2, 2, 1, 4, 7));
+    let (kb, vb) = (c.k_bytes(), c.v_bytes());
+    let input = c.inputs(&kb, &vb);
+    let want = c.reference();
+    assert_eq!(want.errors.count, 3, "the case carries three check events");
+    for ranks in [2, 3, 4] {
+        let sim = cp::simulate(&input, ranks);
+        assert_eq!(sim.errors, want.errors, "{ranks} ranks");
+        assert_eq!(sim.written, want.written, "{ranks} ranks");
+    }
+}
+
+/// `c` (one request of `n` rows) as a ragged batch of four requests over
+/// the same pages: request 1 has a negative length and no rows, request 2
+/// `n + 1` rows (more than `max_q_len = n`), request 3 `cu_seqlens_q`
+/// going backwards.
+fn widen_ragged(c: &Case) -> Case {
+    let mut w = c.clone();
+    let n = c.num_tokens as i32;
+    w.uniform = None;
+    w.max_q_len = n as usize;
+    w.lens = vec![c.lens[0], -3, c.lens[0], c.lens[0]];
+    w.cu = vec![0, n, n, 2 * n + 1, 2 * n];
+    w.num_tokens = (2 * n + 1) as usize;
+    w.q = (0..w.num_tokens * c.hq * c.d)
+        .map(|i| c.q[i % c.q.len()])
+        .collect();
+    w.page_table = c.page_table.repeat(4);
+    w
 }

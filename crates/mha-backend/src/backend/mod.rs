@@ -85,11 +85,22 @@ impl Core {
             }),
         };
         let executor: Box<dyn Executor> = match gpu {
-            None => Box::new(CpuExecutor::new(
-                config.model_dtype,
-                config.kv_dtype,
-                &plans,
-            )),
+            None => Box::new(
+                CpuExecutor::new(config.model_dtype, config.kv_dtype, &plans)
+                    .with_decode_cp(config.decode_cp_ranks),
+            ),
+            Some(_) if config.decode_cp_ranks > 1 => {
+                return Err(kernel_rt::KernelError::unsupported(
+                    "decode_cp_ranks",
+                    format!(
+                        "decode context parallelism ({} ranks) runs on the CPU executor only: \
+                         the CUDA executor needs the decode kernel's LSE output and a merge \
+                         kernel (issue 17); use Device::Cpu",
+                        config.decode_cp_ranks
+                    ),
+                )
+                .into())
+            }
             Some(gpu) => Box::new(CudaExecutor::new(
                 &gpu,
                 config.model_dtype,

@@ -25,6 +25,8 @@ enum Store {
 pub struct CpuExecutor {
     model_dtype: HalfDtype,
     layers: Vec<Store>,
+    /// Simulated decode context-parallel ranks (1 = off).
+    decode_cp: usize,
 }
 
 impl CpuExecutor {
@@ -43,6 +45,28 @@ impl CpuExecutor {
         Self {
             model_dtype,
             layers,
+            decode_cp: 1,
+        }
+    }
+
+    /// Runs the decode-kernel passes (decode, draft decode, target verify,
+    /// draft extend) as `ranks` simulated decode context-parallel ranks
+    /// ([`paged_attention::cp::simulate`]: page interleave, partial states
+    /// merged, sinks joined once); extend / mixed passes stay unsplit.
+    /// `ranks ≤ 1` = off (the default).
+    #[must_use]
+    pub fn with_decode_cp(mut self, ranks: usize) -> Self {
+        self.decode_cp = ranks.max(1);
+        self
+    }
+
+    /// The reference attention of a pass: split over the simulated ranks
+    /// when the pass runs the decode kernel, else unsplit.
+    fn reference(&self, input: &attn::HostInputs<'_>, mode: AttnMode) -> attn::RefOutput {
+        if self.decode_cp > 1 && mode.uses_decode_kernel() {
+            paged_attention::cp::simulate(input, self.decode_cp)
+        } else {
+            attn::attention(input)
         }
     }
 }
@@ -190,7 +214,7 @@ impl Executor for CpuExecutor {
             window_left: plan.window_left,
             sinks: plan.sinks.as_deref(),
         };
-        let r = attn::attention(&input);
+        let r = self.reference(&input, meta.mode);
         let dt = self.model_dtype;
         let out = r.out.iter().map(|&x| dt.from_f64(x)).collect();
         Ok((Tensor::Host(out), r.errors))
@@ -339,7 +363,7 @@ impl Executor for CpuExecutor {
                 window_left: plan.window_left,
                 sinks: plan.sinks.as_deref(),
             };
-            let r = attn::attention(&input);
+            let r = self.reference(&input, meta.mode);
             errors.merge(r.errors);
             let dt = self.model_dtype;
             for (o, &x) in out.iter_mut().zip(&r.out) {

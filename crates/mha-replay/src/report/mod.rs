@@ -209,6 +209,8 @@ pub struct RunConfig {
     pub prefill_chunk: usize,
     /// Draft steps (0 = off).
     pub spec_steps: usize,
+    /// Simulated decode context-parallel ranks (`--dcp`; 1 = off).
+    pub decode_cp_ranks: usize,
     /// `on`, `off`, or not applicable.
     pub cuda_graphs: String,
     /// Attention split by part (`--split-timing`): `on: …`, `off …`, or

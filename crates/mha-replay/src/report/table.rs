@@ -126,8 +126,20 @@ impl Report {
         row(
             "scheduler",
             format!(
-                "page {} tokens, {} KV pages, max batch {}, prefill chunk {}, spec steps {}",
-                c.page_size, c.kv_pages, c.max_batch, c.prefill_chunk, c.spec_steps
+                "page {} tokens, {} KV pages, max batch {}, prefill chunk {}, spec steps {}{}",
+                c.page_size,
+                c.kv_pages,
+                c.max_batch,
+                c.prefill_chunk,
+                c.spec_steps,
+                if c.decode_cp_ranks > 1 {
+                    format!(
+                        ", decode context parallel over {} simulated ranks (page interleave)",
+                        c.decode_cp_ranks
+                    )
+                } else {
+                    String::new()
+                }
             ),
         );
         row(
