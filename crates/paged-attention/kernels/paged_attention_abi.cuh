@@ -201,3 +201,43 @@ static_assert(sizeof(ContextParams::work) == 8 && alignof(decltype(ContextParams
 static_assert(sizeof(ContextParams::partial) == 8 && alignof(decltype(ContextParams::partial)) == 8, "ContextParams::partial (offset 232): size or alignment differs from Rust");
 static_assert(sizeof(ContextParams::kv_splits) == 4 && alignof(decltype(ContextParams::kv_splits)) == 4, "ContextParams::kv_splits (offset 240): size or alignment differs from Rust");
 static_assert(sizeof(ContextParams::split_tiles) == 4 && alignof(decltype(ContextParams::split_tiles)) == 4, "ContextParams::split_tiles (offset 244): size or alignment differs from Rust");
+
+// paged_attention::MergeStatesParams (120 bytes).
+struct MergeStatesParams {
+    const u16* o_parts;      // part 0's `O` `[rows, H, D]`.
+    const float* lse_parts;  // `const f32*` part 0's `LSE` `[rows, H]`.
+    u16* out;                // merged `O` `[rows, H, D]`.
+    float* lse_out;          // `f32*` merged `LSE` `[rows, H]`, or 0.
+    const float* sinks;      // `const f32*` `[H]` sink logits, or 0.
+    i64 o_part_stride;       // Elements between parts of `O`.
+    i64 o_stride_tok;        // Elements between rows of a part's `O`.
+    i64 o_stride_head;       // Elements between heads of a part's `O`.
+    i64 lse_part_stride;     // Elements between parts of `LSE`.
+    i64 lse_stride_tok;      // Elements between rows of a part's `LSE` (heads contiguous).
+    i64 out_stride_tok;      // Elements between rows of the output.
+    i64 out_stride_head;     // Elements between heads of the output.
+    i64 lse_out_stride_tok;  // Elements between rows of the merged `LSE` (heads contiguous).
+    i32 parts;               // Parts `k ≥ 1`.
+    i32 rows;                // Rows.
+    i32 num_heads;           // Heads `H`.
+    i32 head_dim;            // `D` (even).
+};
+static_assert(sizeof(MergeStatesParams) == 120, "MergeStatesParams: size differs from Rust");
+static_assert(alignof(MergeStatesParams) == 8, "MergeStatesParams: alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::o_parts) == 8 && alignof(decltype(MergeStatesParams::o_parts)) == 8, "MergeStatesParams::o_parts (offset 0): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::lse_parts) == 8 && alignof(decltype(MergeStatesParams::lse_parts)) == 8, "MergeStatesParams::lse_parts (offset 8): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::out) == 8 && alignof(decltype(MergeStatesParams::out)) == 8, "MergeStatesParams::out (offset 16): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::lse_out) == 8 && alignof(decltype(MergeStatesParams::lse_out)) == 8, "MergeStatesParams::lse_out (offset 24): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::sinks) == 8 && alignof(decltype(MergeStatesParams::sinks)) == 8, "MergeStatesParams::sinks (offset 32): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::o_part_stride) == 8 && alignof(decltype(MergeStatesParams::o_part_stride)) == 8, "MergeStatesParams::o_part_stride (offset 40): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::o_stride_tok) == 8 && alignof(decltype(MergeStatesParams::o_stride_tok)) == 8, "MergeStatesParams::o_stride_tok (offset 48): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::o_stride_head) == 8 && alignof(decltype(MergeStatesParams::o_stride_head)) == 8, "MergeStatesParams::o_stride_head (offset 56): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::lse_part_stride) == 8 && alignof(decltype(MergeStatesParams::lse_part_stride)) == 8, "MergeStatesParams::lse_part_stride (offset 64): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::lse_stride_tok) == 8 && alignof(decltype(MergeStatesParams::lse_stride_tok)) == 8, "MergeStatesParams::lse_stride_tok (offset 72): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::out_stride_tok) == 8 && alignof(decltype(MergeStatesParams::out_stride_tok)) == 8, "MergeStatesParams::out_stride_tok (offset 80): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::out_stride_head) == 8 && alignof(decltype(MergeStatesParams::out_stride_head)) == 8, "MergeStatesParams::out_stride_head (offset 88): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::lse_out_stride_tok) == 8 && alignof(decltype(MergeStatesParams::lse_out_stride_tok)) == 8, "MergeStatesParams::lse_out_stride_tok (offset 96): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::parts) == 4 && alignof(decltype(MergeStatesParams::parts)) == 4, "MergeStatesParams::parts (offset 104): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::rows) == 4 && alignof(decltype(MergeStatesParams::rows)) == 4, "MergeStatesParams::rows (offset 108): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::num_heads) == 4 && alignof(decltype(MergeStatesParams::num_heads)) == 4, "MergeStatesParams::num_heads (offset 112): size or alignment differs from Rust");
+static_assert(sizeof(MergeStatesParams::head_dim) == 4 && alignof(decltype(MergeStatesParams::head_dim)) == 4, "MergeStatesParams::head_dim (offset 116): size or alignment differs from Rust");

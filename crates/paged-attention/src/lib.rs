@@ -75,12 +75,15 @@
 //! - [`merge`]: the f64 merge of partial `(O, LSE)` states and the sink rule
 //!   under sharding;
 //! - [`cp`]: decode context parallelism by page interleave — each rank's
-//!   page-table view and the whole split / merge path simulated in f64.
+//!   page-table view and the whole split / merge path simulated in f64;
+//! - [`merge_kernel`]: the merge-states kernel ([`MergeStatesKernel`]), the
+//!   device counterpart of [`merge`].
 
 pub mod context;
 pub mod cp;
 mod launch;
 pub mod merge;
+pub mod merge_kernel;
 pub mod reference;
 
 pub use context::{
@@ -100,6 +103,10 @@ pub use launch::{
     smem_bytes, validate, validate_path, workspace_elems, workspace_for, DecodeArgs, KernelPath,
     KvCache, LaunchPlan, PagedAttentionKernel, PagedAttentionParams, QueryLayout, SplitMode,
     BLOCK_THREADS, MAX_GROUP, MMA_HEAD_DIMS, MMA_TILE_TOKENS, ROWS_PER_CTA, TILE_TOKENS,
+};
+pub use merge_kernel::{
+    merge_entry_name, merge_plan, MergeStatesArgs, MergeStatesKernel, MergeStatesParams,
+    MERGE_MAX_PARTS, MERGE_PTX, MERGE_THREADS,
 };
 pub use reference::HalfDtype;
 
@@ -136,6 +143,7 @@ pub const ABI: kernel_rt::abi::Header = kernel_rt::abi::Header {
     structs: &[
         launch::PagedAttentionParams::ABI,
         context::ContextParams::ABI,
+        merge_kernel::MergeStatesParams::ABI,
     ],
 };
 
