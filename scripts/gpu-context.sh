@@ -12,6 +12,7 @@
 #   bench     the context bench (default, ping-pong, gather, compute_90,
 #             leave-one-stage-out experiments); BENCH_CASES filters it
 #   peers     torch's cuDNN SDPA on the same shapes (same call)
+#   merge     the merge-states kernel's GPU tests (issue 17)
 #   sanitize  compute-sanitizer memcheck + racecheck on small cases
 #   backend   the mha-backend GPU tests
 #   replay    the mha-replay GPU tests, then the main job on the code trace
@@ -74,6 +75,13 @@ stage_peers() {
   echo "== cuDNN peers"
   timeout 90 python3 peers/context_peers.py > "$OUT/peers.log" 2>&1; echo "rc=$?"
   grep -E '^(\||## )' "$OUT/peers.log"
+}
+stage_merge() {
+  echo "== merge-states kernel"
+  timeout 120 tests/paged-attention-merge_gpu --include-ignored > "$OUT/merge.log" 2>&1; echo "rc=$?"
+  summary "$OUT/merge.log"
+  MHA_KIT_GPU_CASES=20 timeout 120 compute-sanitizer --tool memcheck tests/paged-attention-merge_gpu --include-ignored \
+    > "$OUT/merge_memcheck.log" 2>&1; echo "memcheck rc=$?"; summary "$OUT/merge_memcheck.log"
 }
 stage_sanitize() {
   echo "== memcheck, racecheck (sm90a, small cases)"
