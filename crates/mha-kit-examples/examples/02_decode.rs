@@ -192,6 +192,7 @@ pub fn run(allow_gpu: bool) -> Result<String, Box<dyn Error>> {
                     sinks: None,
                     split: SplitMode::Auto,
                     workspace: Some(StridedMut::of("workspace", &mut d_ws, [ws_len])?),
+                    lse: None,
                 },
                 &mut errors,
             )?;

@@ -367,6 +367,7 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
         },
         split: SplitMode::Auto,
         workspace: None,
+        lse: None,
     };
     // Workspace geometry: f32 elements, counters at the end.
     let ws = &c.workspace;

@@ -378,6 +378,7 @@ fn launch(
             p.ws.slice_mut(0..ws_len),
             [ws_len],
         )?),
+        lse: None,
     };
     kernel.launch(&mut args, errors)
 }

@@ -33,6 +33,19 @@ MHA_KIT_DEVICE void row_max_update(float (&mx)[2], float (&mrow)[2], float (&alp
     }
 }
 
+// Natural-log log-sum-exp of a finished row (src/reference.rs, RefOutput::lse):
+// m is the running max in log2 units, den = sum 2^(s - m); the head's sink
+// logit joins once; -inf for a row that saw no key (den = 0), sinks or not.
+MHA_KIT_DEVICE float row_lse(float den, float m, const float* sinks, int qh) {
+    if (!(den > 0.f)) return den != den ? den : PAC_NEG_INF;
+    if (sinks != nullptr) {
+        const float sg = sinks[qh] * LOG2E;
+        const float m2 = fmaxf(m, sg);
+        return (m2 + __log2f(den * ex2(m - m2) + ex2(sg - m2))) * 0.6931471805599453f;
+    }
+    return (m + __log2f(den)) * 0.6931471805599453f;
+}
+
 // Output scale of a finished row: bmm2 / den, or with the head's sink logit
 // (natural log, joins the denominator once): bmm2 w / (den w + 2^(s' - m2)),
 // s' = sink log2 e, m2 = max(m, s'), w = 2^(m - m2). m is the row's running

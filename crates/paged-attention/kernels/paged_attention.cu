@@ -35,6 +35,7 @@ using pac::ldsm_x4;
 using pac::ldsm_x4_t;
 using pac::mma16816;
 using pac::pack2;
+using pac::row_lse;
 using pac::row_max_update;
 using pac::smem_u32;
 using pac::sum2;
@@ -308,6 +309,8 @@ MHA_KIT_DEVICE void merge_last(const PagedAttentionParams& p, const Geom& g, i64
         const u32 hi = f32_to_half<QT>(acc.z * scale) | ((u32)f32_to_half<QT>(acc.w * scale) << 16);
         u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + c4 * 4;
         *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+        if (p.lse != nullptr && c4 == 0)
+            p.lse[(i64)(g.row_start + j) * p.lse_stride_tok + qh] = row_lse(den, mx, p.sinks, qh);
     }
 }
 // Shared-memory layout (bytes); src/launch.rs `smem_bytes` mirrors it.
@@ -585,6 +588,8 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
             const int rg = r0 + rr;
             const int j = rg / p.group, qh = h * p.group + rg % p.group;
             const float m = m_s[rr], d = d_s[rr];
+            if (p.lse != nullptr && ch == 0)
+                p.lse[(i64)(g.row_start + j) * p.lse_stride_tok + qh] = row_lse(d, m, p.sinks, qh);
             float scale = 0.f;
             if (d > 0.f) {
                 if (p.sinks != nullptr) {
@@ -1119,6 +1124,8 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         const int rg = r0 + rr;
         const int j = rg / p.group, qh = h * p.group + rg % p.group;
         if (sp.nb == 1) {
+            if (p.lse != nullptr && ch == 0)
+                p.lse[(i64)(g.row_start + j) * p.lse_stride_tok + qh] = row_lse(den, mm, p.sinks, qh);
             float scale = 0.f;
             if (den > 0.f) {
                 if (p.sinks != nullptr) {

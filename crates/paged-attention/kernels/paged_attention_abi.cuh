@@ -16,7 +16,7 @@
 #define PAC_NEGATIVE_SEQLEN 4u  // `cache_seqlens[i] < 0`: read as 0 (once per request).
 #define PAC_BAD_PAGE        8u  // A needed page (one overlapping `[k_lo, L)`) lies past `max_num_pages` or its id is outside `[0, num_pages)`: its keys are masked (once per page, D10).
 
-// paged_attention::PagedAttentionParams (240 bytes).
+// paged_attention::PagedAttentionParams (256 bytes).
 struct PagedAttentionParams {
     const u16* q;              // `[num_tokens, Hq, D]`.
     u16* out;                  // `[num_tokens, Hq, D]`.
@@ -29,6 +29,8 @@ struct PagedAttentionParams {
     float* ws_o;               // `f32*` partial outputs or 0.
     float* ws_ml;              // `f32*` partial (m, d) or 0.
     u32* errors;               // `[2]` error word.
+    float* lse;                // `f32*` `[num_tokens, Hq]` row log-sum-exp (natural log), or 0.
+    i64 lse_stride_tok;        // Elements between LSE rows (heads contiguous).
     i64 q_stride_tok;          // Elements between query tokens.
     i64 q_stride_head;         // Elements between query heads.
     i64 o_stride_tok;          // Elements between output tokens.
@@ -59,7 +61,7 @@ struct PagedAttentionParams {
     // tensor-core): auto split chunks are multiples of it.
     i32 tile_tokens;
 };
-static_assert(sizeof(PagedAttentionParams) == 240, "PagedAttentionParams: size differs from Rust");
+static_assert(sizeof(PagedAttentionParams) == 256, "PagedAttentionParams: size differs from Rust");
 static_assert(alignof(PagedAttentionParams) == 8, "PagedAttentionParams: alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::q) == 8 && alignof(decltype(PagedAttentionParams::q)) == 8, "PagedAttentionParams::q (offset 0): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::out) == 8 && alignof(decltype(PagedAttentionParams::out)) == 8, "PagedAttentionParams::out (offset 8): size or alignment differs from Rust");
@@ -72,33 +74,35 @@ static_assert(sizeof(PagedAttentionParams::sinks) == 8 && alignof(decltype(Paged
 static_assert(sizeof(PagedAttentionParams::ws_o) == 8 && alignof(decltype(PagedAttentionParams::ws_o)) == 8, "PagedAttentionParams::ws_o (offset 64): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::ws_ml) == 8 && alignof(decltype(PagedAttentionParams::ws_ml)) == 8, "PagedAttentionParams::ws_ml (offset 72): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::errors) == 8 && alignof(decltype(PagedAttentionParams::errors)) == 8, "PagedAttentionParams::errors (offset 80): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::q_stride_tok) == 8 && alignof(decltype(PagedAttentionParams::q_stride_tok)) == 8, "PagedAttentionParams::q_stride_tok (offset 88): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::q_stride_head) == 8 && alignof(decltype(PagedAttentionParams::q_stride_head)) == 8, "PagedAttentionParams::q_stride_head (offset 96): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::o_stride_tok) == 8 && alignof(decltype(PagedAttentionParams::o_stride_tok)) == 8, "PagedAttentionParams::o_stride_tok (offset 104): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::o_stride_head) == 8 && alignof(decltype(PagedAttentionParams::o_stride_head)) == 8, "PagedAttentionParams::o_stride_head (offset 112): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::k_stride_page) == 8 && alignof(decltype(PagedAttentionParams::k_stride_page)) == 8, "PagedAttentionParams::k_stride_page (offset 120): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::k_stride_head) == 8 && alignof(decltype(PagedAttentionParams::k_stride_head)) == 8, "PagedAttentionParams::k_stride_head (offset 128): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::k_stride_tok) == 8 && alignof(decltype(PagedAttentionParams::k_stride_tok)) == 8, "PagedAttentionParams::k_stride_tok (offset 136): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::v_stride_page) == 8 && alignof(decltype(PagedAttentionParams::v_stride_page)) == 8, "PagedAttentionParams::v_stride_page (offset 144): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::v_stride_head) == 8 && alignof(decltype(PagedAttentionParams::v_stride_head)) == 8, "PagedAttentionParams::v_stride_head (offset 152): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::v_stride_tok) == 8 && alignof(decltype(PagedAttentionParams::v_stride_tok)) == 8, "PagedAttentionParams::v_stride_tok (offset 160): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::page_table_stride) == 8 && alignof(decltype(PagedAttentionParams::page_table_stride)) == 8, "PagedAttentionParams::page_table_stride (offset 168): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::bs) == 4 && alignof(decltype(PagedAttentionParams::bs)) == 4, "PagedAttentionParams::bs (offset 176): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::num_q_heads) == 4 && alignof(decltype(PagedAttentionParams::num_q_heads)) == 4, "PagedAttentionParams::num_q_heads (offset 180): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::num_kv_heads) == 4 && alignof(decltype(PagedAttentionParams::num_kv_heads)) == 4, "PagedAttentionParams::num_kv_heads (offset 184): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::group) == 4 && alignof(decltype(PagedAttentionParams::group)) == 4, "PagedAttentionParams::group (offset 188): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::page_size) == 4 && alignof(decltype(PagedAttentionParams::page_size)) == 4, "PagedAttentionParams::page_size (offset 192): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::max_num_pages) == 4 && alignof(decltype(PagedAttentionParams::max_num_pages)) == 4, "PagedAttentionParams::max_num_pages (offset 196): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::num_pages) == 4 && alignof(decltype(PagedAttentionParams::num_pages)) == 4, "PagedAttentionParams::num_pages (offset 200): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::num_tokens) == 4 && alignof(decltype(PagedAttentionParams::num_tokens)) == 4, "PagedAttentionParams::num_tokens (offset 204): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::q_len) == 4 && alignof(decltype(PagedAttentionParams::q_len)) == 4, "PagedAttentionParams::q_len (offset 208): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::row_tiles) == 4 && alignof(decltype(PagedAttentionParams::row_tiles)) == 4, "PagedAttentionParams::row_tiles (offset 212): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::max_splits) == 4 && alignof(decltype(PagedAttentionParams::max_splits)) == 4, "PagedAttentionParams::max_splits (offset 216): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::fixed_chunk) == 4 && alignof(decltype(PagedAttentionParams::fixed_chunk)) == 4, "PagedAttentionParams::fixed_chunk (offset 220): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::window_left) == 4 && alignof(decltype(PagedAttentionParams::window_left)) == 4, "PagedAttentionParams::window_left (offset 224): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::scale_log2) == 4 && alignof(decltype(PagedAttentionParams::scale_log2)) == 4, "PagedAttentionParams::scale_log2 (offset 228): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::bmm2_scale) == 4 && alignof(decltype(PagedAttentionParams::bmm2_scale)) == 4, "PagedAttentionParams::bmm2_scale (offset 232): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::tile_tokens) == 4 && alignof(decltype(PagedAttentionParams::tile_tokens)) == 4, "PagedAttentionParams::tile_tokens (offset 236): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::lse) == 8 && alignof(decltype(PagedAttentionParams::lse)) == 8, "PagedAttentionParams::lse (offset 88): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::lse_stride_tok) == 8 && alignof(decltype(PagedAttentionParams::lse_stride_tok)) == 8, "PagedAttentionParams::lse_stride_tok (offset 96): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::q_stride_tok) == 8 && alignof(decltype(PagedAttentionParams::q_stride_tok)) == 8, "PagedAttentionParams::q_stride_tok (offset 104): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::q_stride_head) == 8 && alignof(decltype(PagedAttentionParams::q_stride_head)) == 8, "PagedAttentionParams::q_stride_head (offset 112): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::o_stride_tok) == 8 && alignof(decltype(PagedAttentionParams::o_stride_tok)) == 8, "PagedAttentionParams::o_stride_tok (offset 120): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::o_stride_head) == 8 && alignof(decltype(PagedAttentionParams::o_stride_head)) == 8, "PagedAttentionParams::o_stride_head (offset 128): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::k_stride_page) == 8 && alignof(decltype(PagedAttentionParams::k_stride_page)) == 8, "PagedAttentionParams::k_stride_page (offset 136): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::k_stride_head) == 8 && alignof(decltype(PagedAttentionParams::k_stride_head)) == 8, "PagedAttentionParams::k_stride_head (offset 144): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::k_stride_tok) == 8 && alignof(decltype(PagedAttentionParams::k_stride_tok)) == 8, "PagedAttentionParams::k_stride_tok (offset 152): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::v_stride_page) == 8 && alignof(decltype(PagedAttentionParams::v_stride_page)) == 8, "PagedAttentionParams::v_stride_page (offset 160): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::v_stride_head) == 8 && alignof(decltype(PagedAttentionParams::v_stride_head)) == 8, "PagedAttentionParams::v_stride_head (offset 168): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::v_stride_tok) == 8 && alignof(decltype(PagedAttentionParams::v_stride_tok)) == 8, "PagedAttentionParams::v_stride_tok (offset 176): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::page_table_stride) == 8 && alignof(decltype(PagedAttentionParams::page_table_stride)) == 8, "PagedAttentionParams::page_table_stride (offset 184): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::bs) == 4 && alignof(decltype(PagedAttentionParams::bs)) == 4, "PagedAttentionParams::bs (offset 192): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::num_q_heads) == 4 && alignof(decltype(PagedAttentionParams::num_q_heads)) == 4, "PagedAttentionParams::num_q_heads (offset 196): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::num_kv_heads) == 4 && alignof(decltype(PagedAttentionParams::num_kv_heads)) == 4, "PagedAttentionParams::num_kv_heads (offset 200): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::group) == 4 && alignof(decltype(PagedAttentionParams::group)) == 4, "PagedAttentionParams::group (offset 204): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::page_size) == 4 && alignof(decltype(PagedAttentionParams::page_size)) == 4, "PagedAttentionParams::page_size (offset 208): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::max_num_pages) == 4 && alignof(decltype(PagedAttentionParams::max_num_pages)) == 4, "PagedAttentionParams::max_num_pages (offset 212): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::num_pages) == 4 && alignof(decltype(PagedAttentionParams::num_pages)) == 4, "PagedAttentionParams::num_pages (offset 216): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::num_tokens) == 4 && alignof(decltype(PagedAttentionParams::num_tokens)) == 4, "PagedAttentionParams::num_tokens (offset 220): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::q_len) == 4 && alignof(decltype(PagedAttentionParams::q_len)) == 4, "PagedAttentionParams::q_len (offset 224): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::row_tiles) == 4 && alignof(decltype(PagedAttentionParams::row_tiles)) == 4, "PagedAttentionParams::row_tiles (offset 228): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::max_splits) == 4 && alignof(decltype(PagedAttentionParams::max_splits)) == 4, "PagedAttentionParams::max_splits (offset 232): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::fixed_chunk) == 4 && alignof(decltype(PagedAttentionParams::fixed_chunk)) == 4, "PagedAttentionParams::fixed_chunk (offset 236): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::window_left) == 4 && alignof(decltype(PagedAttentionParams::window_left)) == 4, "PagedAttentionParams::window_left (offset 240): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::scale_log2) == 4 && alignof(decltype(PagedAttentionParams::scale_log2)) == 4, "PagedAttentionParams::scale_log2 (offset 244): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::bmm2_scale) == 4 && alignof(decltype(PagedAttentionParams::bmm2_scale)) == 4, "PagedAttentionParams::bmm2_scale (offset 248): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::tile_tokens) == 4 && alignof(decltype(PagedAttentionParams::tile_tokens)) == 4, "PagedAttentionParams::tile_tokens (offset 252): size or alignment differs from Rust");
 
 // paged_attention::ContextParams (248 bytes).
 struct ContextParams {

@@ -66,6 +66,10 @@ kernel_rt::abi_struct! {
         pub ws_ml: u64 = "float*",
         /// `u32*` `[2]` error word.
         pub errors: u64 = "u32*",
+        /// `f32*` `[num_tokens, Hq]` row log-sum-exp (natural log), or 0.
+        pub lse: u64 = "float*",
+        /// Elements between LSE rows (heads contiguous).
+        pub lse_stride_tok: i64 = "i64",
         /// Elements between query tokens.
         pub q_stride_tok: i64 = "i64",
         /// Elements between query heads.
@@ -279,6 +283,12 @@ pub struct DecodeArgs<'a> {
     pub sinks: Option<Strided<'a, f32, 1>>,
     /// Split policy.
     pub split: SplitMode,
+    /// `[num_tokens, Hq]` f32: each written row's natural-log log-sum-exp
+    /// of its logits (`bmm1_scale · q·k`) over the keys it sees, the sink
+    /// joined once; `−inf` for a row that sees no key
+    /// ([`crate::reference::RefOutput::lse`]); last dim contiguous. Rows the
+    /// launch does not write keep their values. `None` = not written.
+    pub lse: Option<StridedMut<'a, f32, 2>>,
     /// f32 scratch of at least [`LaunchPlan::workspace_elems`] elements when
     /// that is non-zero. Its last `bs·Hkv·row_tiles` elements are u32 split
     /// counters ([`workspace_elems`]): zero them once (e.g. `alloc_zeros`)

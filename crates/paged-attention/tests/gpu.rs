@@ -39,6 +39,8 @@ struct GpuOut {
     errors: ErrorReport,
     /// The workspace's split counters after the launch (must all be 0).
     counters: Vec<u32>,
+    /// `[num_tokens, Hq]` row LSE, when requested.
+    lse: Option<Vec<f32>>,
 }
 
 /// Split counters of a launch: the last `bs·Hkv·row_tiles` workspace elements.
@@ -67,6 +69,22 @@ fn run_gpu(
     split: SplitMode,
     max_seq_len: usize,
     ws: Option<&mut CudaSlice<f32>>,
+) -> Result<GpuOut, KernelError> {
+    run_gpu_with(gpu, kernel, c, split, max_seq_len, ws, false)
+}
+
+/// Bits an LSE element holds before the launch (rows the launch must not write keep them).
+const LSE_POISON: u32 = 0x7fa5_a5a5;
+
+/// [`run_gpu`], with the row LSE requested into a poisoned buffer when `want_lse`.
+fn run_gpu_with(
+    gpu: &Arc<Gpu>,
+    kernel: &PagedAttentionKernel,
+    c: &Case,
+    split: SplitMode,
+    max_seq_len: usize,
+    ws: Option<&mut CudaSlice<f32>>,
+    want_lse: bool,
 ) -> Result<GpuOut, KernelError> {
     let s = gpu.stream();
     let q = upload(gpu, &c.q)?;
@@ -119,6 +137,7 @@ fn run_gpu(
         },
     };
     let qshape = [c.num_tokens, c.hq, c.d];
+    let mut lse_buf = upload(gpu, &vec![f32::from_bits(LSE_POISON); c.num_tokens * c.hq])?;
     let mut args = DecodeArgs {
         q: Strided::contiguous("q", q.slice(0..c.q.len()), qshape)?,
         q_dtype: c.q_dtype,
@@ -155,6 +174,15 @@ fn run_gpu(
             ws.slice_mut(0..ws_len),
             [ws_len],
         )?),
+        lse: if want_lse {
+            Some(StridedMut::contiguous(
+                "lse",
+                lse_buf.slice_mut(0..c.num_tokens * c.hq),
+                [c.num_tokens, c.hq],
+            )?)
+        } else {
+            None
+        },
     };
     kernel.launch(&mut args, &mut errors)?;
     let mut out = s.clone_dtoh(&out)?;
@@ -165,11 +193,55 @@ fn run_gpu(
     } else {
         Vec::new()
     };
+    let lse = if want_lse {
+        let mut v = s.clone_dtoh(&lse_buf)?;
+        v.truncate(c.num_tokens * c.hq);
+        Some(v)
+    } else {
+        None
+    };
     Ok(GpuOut {
         out,
         errors: errors.read()?,
         counters,
+        lse,
     })
+}
+
+/// The GPU's row LSE against the reference's: written rows within 2e-3
+/// relative (`−inf` exactly where a row sees no key, NaN where the
+/// reference is NaN), rows the launch must not write still poisoned.
+fn compare_lse(
+    c: &Case,
+    want: &paged_attention::reference::RefOutput,
+    got: &[f32],
+) -> Result<(), String> {
+    for t in 0..c.num_tokens {
+        for h in 0..c.hq {
+            let g = got[t * c.hq + h];
+            if !want.written[t] {
+                if g.to_bits() != LSE_POISON {
+                    return Err(format!(
+                        "lse row {t} head {h}: not a row of the launch, written {g}"
+                    ));
+                }
+                continue;
+            }
+            let w = want.lse[t * c.hq + h];
+            let g = f64::from(g);
+            let ok = if w.is_nan() {
+                g.is_nan()
+            } else if w == f64::NEG_INFINITY {
+                g == f64::NEG_INFINITY
+            } else {
+                (g - w).abs() <= 2e-3 * w.abs().max(1.0)
+            };
+            if !ok {
+                return Err(format!("lse row {t} head {h}: got {g}, want {w}"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// GPU vs reference: per (row, head) relative L2 ≤ 1e-2 (zero rows exact),
@@ -182,7 +254,14 @@ fn check(
     max_seq_len: usize,
 ) -> Result<(), String> {
     let want = c.reference();
-    let got = run_gpu(gpu, kernel, c, split, max_seq_len, None).or_fail("launch")?;
+    // Half the cases also request the row LSE (the other half checks the
+    // launch without it, the production default).
+    let want_lse = (c.q.len() + c.lens.len()) % 2 == 0;
+    let got = run_gpu_with(gpu, kernel, c, split, max_seq_len, None, want_lse).or_fail("launch")?;
+    if let Some(l) = &got.lse {
+        compare_lse(c, &want, l)
+            .map_err(|e| format!("{e}; split {split:?}, case {}", describe(c)))?;
+    }
     if got.counters.iter().any(|&x| x != 0) {
         return Err(format!(
             "split counters not zero after the launch: {:?}; split {split:?}, case {}",

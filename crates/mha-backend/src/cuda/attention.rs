@@ -381,6 +381,7 @@ fn attend_part(
         sinks,
         split: SplitMode::Auto,
         workspace: None,
+        lse: None,
     };
     let mut lp = cx.decode.plan(&args)?;
     // A launch Auto does not split fills the GPU: cut long requests into

@@ -159,8 +159,24 @@ pub(super) fn plan_path(
         .window_left
         .filter(|&w| w < WINDOW_CAP)
         .map_or(-1, |w| w as i32);
+    let lse_stride_tok = match &args.lse {
+        None => 0,
+        Some(l) => {
+            if l.shape() != [num_tokens, hq] {
+                return Err(KernelError::shape(
+                    "lse",
+                    format!("[num_tokens={num_tokens}, Hq={hq}]"),
+                    format!("{:?}", l.shape()),
+                ));
+            }
+            l.require_last_contiguous()?;
+            i64::try_from(l.strides()[0])
+                .map_err(|_| stride_err("lse", "row stride exceeds i64".into()))?
+        }
+    };
     let st = view_strides(&args.q, &args.out, &args.kv, &args.page_table, bs, m)?;
     let params = PagedAttentionParams {
+        lse_stride_tok,
         q_stride_tok: st.q[0],
         q_stride_head: st.q[1],
         o_stride_tok: st.out[0],
