@@ -492,7 +492,7 @@ fn main() {
     no_split.set_kv_splits(Some(1));
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
-        [1u32, 4, 5, 6, 16, 32]
+        [1u32, 4, 5, 6, 16, 32, 64, 96]
             .into_iter()
             .map(|xv| {
                 let mut k = ContextKernel::new(&gpu).expect("load");
@@ -527,6 +527,8 @@ fn main() {
                 5 => "experiment: no K/V reads, no softmax math",
                 16 => "experiment: K / V rings 3 / 2 (correct results)",
                 32 => "experiment: O rescaled under S (correct results)",
+                64 => "experiment: ¼ of exp2 by polynomial (correct results)",
+                96 => "experiment: ¼ exp2 by polynomial + O rescaled under S",
                 _ => "experiment: no K/V reads, no wgmma",
             }
         } else {
@@ -551,6 +553,15 @@ fn main() {
         }
         if c.name.starts_with("FA3 grid D 128") && kernel.uses_sm90() {
             kernels.push(&per_item);
+        }
+        if c.name.starts_with("FA3 grid D 128") || c.name.starts_with("FA3 grid D 64") {
+            // The polynomial-exponential experiment (entries at D 64 and 128).
+            kernels.extend(
+                experiments
+                    .iter()
+                    .filter(|(xv, _)| *xv == 64)
+                    .map(|(_, e)| e),
+            );
         }
         if c.fp8 && kernel.uses_sm90() {
             kernels.push(&fallback);
@@ -587,9 +598,9 @@ fn main() {
             && kernel.uses_sm90()
             && (c.name.starts_with("FA3") || c.name.starts_with("bs "))
         {
-            // 8: the default kernel traced; 40: O rescaled under S; 8 with
-            // variant 1: ping-pong.
-            for (xv, variant) in [(8u32, 0i32), (40, 0), (8, 1)] {
+            // 8: the default kernel traced; 40: O rescaled under S; 72: a
+            // quarter of the exponentials by polynomial.
+            for (xv, variant) in [(8u32, 0i32), (40, 0), (72, 0)] {
                 let mut tracer = ContextKernel::new(&gpu).expect("load");
                 tracer.set_experiment(xv).expect("trace entry");
                 tracer.set_kv_splits(Some(1));
@@ -601,6 +612,7 @@ fn main() {
                 let what = match (xv, variant) {
                     (8, 0) => "",
                     (8, _) => ", ping-pong",
+                    (72, _) => ", ¼ of exp2 by polynomial",
                     _ => ", O rescaled under S",
                 };
                 traces.push(format!("### {}{what}\n\n{}", c.name, trace_report(&words)));

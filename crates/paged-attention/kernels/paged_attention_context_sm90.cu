@@ -181,6 +181,21 @@ MHA_KIT_DEVICE float ex2f(float x) {
     asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+// 2^x for x <= 0 on the FMA pipe (no MUFU): x = j + f, j = round(x) (the
+// 1.5 * 2^23 shift), f in [-1/2, 1/2], 2^f by a degree-3 minimax polynomial
+// (max relative error 1.0e-4 in f32, below the 16-bit rounding of P) and j
+// added to the exponent field. Results below 2^-126 are 0, as ex2.approx.ftz
+// gives (so x = -inf, a masked score, is exactly 0); NaN stays NaN (the
+// clamp is a compare-select, which keeps NaN, and NaN bits + anything << 23
+// from a NaN shift stay NaN).
+MHA_KIT_DEVICE float ex2_poly(float x) {
+    const float xc = x < -127.f ? -127.f : x;
+    const float t = xc + 12582912.f;
+    const float f = xc - (t - 12582912.f);
+    const float p = fmaf(fmaf(fmaf(0.05500855f, f, 0.24221028f), f, 0.6932829f), f, 1.f);
+    const u32 r = __float_as_uint(p) + (__float_as_uint(t) << 23);
+    return x <= -126.f ? 0.f : __uint_as_float(r);
+}
 // A CUtensorMap (driver-encoded, 128 bytes, 64-byte aligned), passed by value
 // as a __grid_constant__ kernel parameter.
 struct alignas(64) TmaMap {
@@ -362,7 +377,9 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
 // bench's `_x{XV}` entries set it): 1 no softmax math, 2 no wgmma, 4 no
 // global K/V reads (zero-filled copies); 16 K / V ring depths 3 / 2
 // instead of 2 / 3 (correct results); 32 O rescaled under S instead of
-// after the wait for P V (correct results, see `rescale_o`); 8 trace:
+// after the wait for P V (correct results, see `rescale_o`); 64 one
+// exponential in four by polynomial on the FMA pipe (results within the
+// 16-bit rounding of P, see `ex2_poly`); 8 trace:
 // correct results, and
 // thread 0 of each warpgroup writes %clock stamps of its item's phases to
 // p.partial (see `TR_*`; the launcher points p.partial at its workspace).
@@ -490,6 +507,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // Where O is rescaled by a tile's alpha (see `rescale_o`): late, after
     // the wait for P V (the default), or early, under S (experiment XV & 32).
     constexpr bool EARLY = (XV & 32) != 0;
+    // A quarter of the exponentials by polynomial on the FMA pipe instead
+    // of MUFU (timing experiment XV & 64, see `ex2_poly`).
+    constexpr bool POLY = (XV & 64) != 0;
     // Trace stamp ev of this role's current item (thread 0 of a warpgroup);
     // `done`: the role's item count, at its exit.
     auto mark = [&](int role, int ev, u32 v) {
@@ -1166,7 +1186,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll
             for (int i = 0; i < NS; ++i) {
                 const int hr = (i >> 1) & 1;
-                s[i] = ex2f(fmaf(s[i], cs[hr], -mx[hr]));
+                const float x = fmaf(s[i], cs[hr], -mx[hr]);
+                // POLY: one score in four on the FMA pipe (ex2_poly), the
+                // rest on MUFU, whose issue spacing paces the loop.
+                s[i] = POLY && (i & 3) == 3 ? ex2_poly(x) : ex2f(x);
                 sp[hr][(i >> 2) & 3] += s[i];
             }
 #pragma unroll
@@ -1610,3 +1633,13 @@ PAS_XENTRY(8)
 PAS_XENTRY(16)
 PAS_XENTRY(32)
 PAS_XENTRY(40)
+PAS_XENTRY(64)
+PAS_XENTRY(72)
+PAS_XENTRY(96)
+
+// The polynomial-exponential experiment at D 64 (softmax-bound there).
+extern "C" __global__ void __launch_bounds__(pas::NTHREADS, 1)
+    paged_attention_context_sm90_bf16_kv_bf16_d64_x64(const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,
+                                                      const __grid_constant__ pas::TmaMap tmap_v) {
+    pas::context_sm90_body<0, 64, 64>(p, tmap_k, tmap_v);
+}

@@ -779,8 +779,9 @@ fn main() {
         }),
         named("experiment_entries_with_correct_results", |gpu, k| {
             // The bench's schedule experiments that keep results correct
-            // (16: K / V rings 3 / 2; 32: O rescaled under S; 8 and 40: the
-            // same traced) against the reference on D 128 bf16 cases, also
+            // (16: K / V rings 3 / 2; 32: O rescaled under S; 64: a quarter
+            // of the exponentials by polynomial, also at D 64; 96: both; 8,
+            // 40 and 72: traced) against the reference on bf16 cases, also
             // under ping-pong; 32 equals the default bit for bit (the same
             // products in the same order, only issued elsewhere).
             let _ = k;
@@ -790,13 +791,22 @@ fn main() {
             }
             let base = ContextKernel::new(gpu).or_fail("load")?;
             let cases = gpu_cases(60);
-            for xv in [16u32, 32, 8, 40] {
+            for (xv, d) in [
+                (16u32, 128usize),
+                (32, 128),
+                (8, 128),
+                (40, 128),
+                (64, 128),
+                (64, 64),
+                (72, 128),
+                (96, 128),
+            ] {
                 let mut x = ContextKernel::new(gpu).or_fail("load")?;
                 x.set_experiment(xv).or_fail("experiment entry")?;
                 x.set_kv_splits(Some(1));
                 for i in 0..u64::from(cases) {
                     let r = context_random_case(0xE4_0000 + i, BUDGET / 2.0);
-                    let c = widen(&r, 128, KvDtype::Bf16, HalfDtype::Bf16);
+                    let c = widen(&r, d, KvDtype::Bf16, HalfDtype::Bf16);
                     x.set_variant([0, 1][i as usize % 2]);
                     let got = run_gpu(gpu, &x, &c).or_fail("experiment")?;
                     let want = c.reference();
@@ -813,7 +823,7 @@ fn main() {
                     }
                 }
             }
-            println!("experiment_entries_with_correct_results: 4 entries × {cases} cases");
+            println!("experiment_entries_with_correct_results: 8 entries × {cases} cases");
             Ok(())
         }),
         named("d256_q4097_over_3000_prefix", |gpu, k| {

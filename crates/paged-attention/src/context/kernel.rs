@@ -224,7 +224,9 @@ impl ContextKernel {
     /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6; with correct
     /// results: 16 = K / V ring depths 3 / 2 instead of 2 / 3, 32 = O
     /// rescaled under S instead of after the wait for P V, 40 = 32 with the
-    /// trace) for D 128 bf16 launches; 0 = off. Results of 1-6 are wrong by
+    /// trace, 64 = one exponential in four by polynomial on the FMA pipe
+    /// (within the 16-bit rounding of P; also at D 64), 72 = 64 traced,
+    /// 96 = 64 + 32) for D 128 bf16 launches; 0 = off. Results of 1-6 are wrong by
     /// design: benchmarks only. `xv = 8` is the trace entry: correct
     /// results, and each CTA below [`CONTEXT_SM90_TRACE_CTAS`] records
     /// `%clock` stamps of its items' phases (read them with
@@ -234,11 +236,20 @@ impl ContextKernel {
     /// [`KernelError::Load`] when the entry does not exist.
     pub fn set_experiment(&mut self, xv: u32) -> Result<()> {
         if xv != 0 {
-            let bf16 = context_sm90_entry_name(HalfDtype::Bf16, KvDtype::Bf16, 128);
-            let name = format!("{bf16}_x{xv}");
-            let smem = context_sm90_smem_bytes(128, KvDtype::Bf16) + CONTEXT_SM90_EXPERIMENT_SLACK;
-            let f = load_entry(&self.gpu, &CONTEXT_SM90_PTX, &name, smem)?;
-            self.funcs.insert(name, f);
+            // The D 128 entry always exists; a D 64 one for some experiments.
+            for d in [128usize, 64] {
+                let bf16 = context_sm90_entry_name(HalfDtype::Bf16, KvDtype::Bf16, d);
+                let name = format!("{bf16}_x{xv}");
+                let smem =
+                    context_sm90_smem_bytes(d, KvDtype::Bf16) + CONTEXT_SM90_EXPERIMENT_SLACK;
+                match load_entry(&self.gpu, &CONTEXT_SM90_PTX, &name, smem) {
+                    Ok(f) => {
+                        self.funcs.insert(name, f);
+                    }
+                    Err(e) if d == 128 => return Err(e),
+                    Err(_) => {}
+                }
+            }
         }
         self.experiment = xv;
         Ok(())
@@ -322,7 +333,9 @@ impl ContextKernel {
         };
         let experiment_entry;
         let entry: &str = if self.experiment != 0
-            && plan.entry == context_sm90_entry_name(HalfDtype::Bf16, KvDtype::Bf16, 128)
+            && self
+                .funcs
+                .contains_key(&format!("{}_x{}", plan.entry, self.experiment))
         {
             experiment_entry = format!("{}_x{}", plan.entry, self.experiment);
             &experiment_entry
