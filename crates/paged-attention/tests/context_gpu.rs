@@ -789,7 +789,11 @@ fn main() {
                 println!("experiment_entries_with_correct_results: not sm_90, skipped");
                 return Ok(());
             }
-            let base = ContextKernel::new(gpu).or_fail("load")?;
+            // Unsplit like the experiments (the launcher may split KV of a
+            // case that does not fill the GPU, which changes the order of
+            // the sums).
+            let mut base = ContextKernel::new(gpu).or_fail("load")?;
+            base.set_kv_splits(Some(1));
             let cases = gpu_cases(60);
             for (xv, d) in [
                 (16u32, 128usize),
