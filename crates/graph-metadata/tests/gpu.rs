@@ -20,8 +20,8 @@ use graph_metadata::{
 use kernel_rt::cudarc::driver::sys::{
     CUgraphInstantiate_flags, CUgraphNodeType, CUresult, CUstreamCaptureMode,
 };
-use kernel_rt::cudarc::driver::{sys, CudaGraph, CudaSlice, DeviceRepr};
-use kernel_rt::testing::{gpu_trial, run_trials, OrFail};
+use kernel_rt::cudarc::driver::{sys, CudaGraph, CudaSlice};
+use kernel_rt::testing::{gpu_trial, run_trials, upload, OrFail};
 use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -29,19 +29,6 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 
 const GPU_CASES: u32 = 2_500;
 const REPLAYS: usize = 200;
-
-/// Uploads `data`, padded to at least one element (a zero-byte allocation is
-/// not a valid device buffer); views take the first `data.len()` elements.
-fn upload<T: DeviceRepr + Copy + Default>(
-    gpu: &Arc<Gpu>,
-    data: &[T],
-) -> Result<CudaSlice<T>, KernelError> {
-    let mut v = data.to_vec();
-    if v.is_empty() {
-        v.push(T::default());
-    }
-    Ok(gpu.stream().clone_htod(&v)?)
-}
 
 /// The device buffers of one case (inputs and outputs).
 struct Dev {

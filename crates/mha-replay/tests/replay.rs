@@ -105,29 +105,30 @@ fn speculative_replay_is_exact() {
     assert_clean(&r);
 }
 
+/// The hybrid gpt-oss slice: 2 layers (one SWA), FP8 KV, prompts longer
+/// than the 127-token window, pages of 7 tokens.
+const HYBRID_FP8: &[&str] = &[
+    "--model",
+    "gpt-oss-20b",
+    "--layers",
+    "2",
+    "--kv-dtype",
+    "fp8",
+    "--max-context",
+    "150",
+    "--max-output",
+    "6",
+    "--page-size",
+    "7",
+    "--prefill-chunk",
+    "64",
+];
+
 #[test]
 fn hybrid_swa_fp8_replay_is_exact() {
-    // Prompts longer than the 127-token window, pages of 7 tokens.
-    let r = replay(&[
-        "--model",
-        "gpt-oss-20b",
-        "--layers",
-        "2",
-        "--kv-dtype",
-        "fp8",
-        "--requests",
-        "4",
-        "--max-context",
-        "150",
-        "--max-output",
-        "6",
-        "--page-size",
-        "7",
-        "--prefill-chunk",
-        "64",
-        "--check-fraction",
-        "0.5",
-    ]);
+    let mut flags = vec!["--requests", "4", "--check-fraction", "0.5"];
+    flags.extend_from_slice(HYBRID_FP8);
+    let r = replay(&flags);
     assert_eq!(r.config.swa_layers, 1);
     assert_clean(&r);
 }
@@ -142,25 +143,7 @@ fn hybrid_swa_fp8_replay_is_exact() {
 fn decode_context_parallel_replay_is_exact() {
     for (ranks, extra) in [
         ("2", &["--spec-steps", "2", "--max-output", "12"][..]),
-        (
-            "3",
-            &[
-                "--model",
-                "gpt-oss-20b",
-                "--layers",
-                "2",
-                "--kv-dtype",
-                "fp8",
-                "--max-context",
-                "150",
-                "--max-output",
-                "6",
-                "--page-size",
-                "7",
-                "--prefill-chunk",
-                "64",
-            ][..],
-        ),
+        ("3", HYBRID_FP8),
     ] {
         let mut flags = vec!["--requests", "6", "--check-fraction", "0.5"];
         flags.extend_from_slice(extra);

@@ -17,8 +17,7 @@ use std::sync::Arc;
 
 use common::*;
 use context_common::*;
-use kernel_rt::cudarc::driver::CudaSlice;
-use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, OrFail};
+use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, upload, OrFail};
 use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
 use paged_attention::{ContextArgs, ContextKernel, ContextKvLoad, HalfDtype, KvCache, KvDtype};
 use proptest::prelude::*;
@@ -28,17 +27,6 @@ use proptest::test_runner::{Config, TestRunner};
 const GPU_CASES: u32 = 500;
 /// f64 reference work per random case (row·key·head·dim products).
 const BUDGET: f64 = 1.2e7;
-
-fn upload<T: kernel_rt::cudarc::driver::DeviceRepr + Copy + Default>(
-    gpu: &Arc<Gpu>,
-    data: &[T],
-) -> Result<CudaSlice<T>, KernelError> {
-    let mut v = data.to_vec();
-    if v.is_empty() {
-        v.push(T::default());
-    }
-    Ok(gpu.stream().clone_htod(&v)?)
-}
 
 struct GpuOut {
     out: Vec<u16>,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use common::*;
 use kernel_rt::cudarc::driver::CudaSlice;
-use kernel_rt::testing::{gpu_trial, run_trials, OrFail};
+use kernel_rt::testing::{gpu_trial, run_trials, upload, OrFail};
 use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
 use paged_attention::{
     workspace_for, DecodeArgs, HalfDtype, KernelPath, KvCache, KvDtype, PagedAttentionKernel,
@@ -22,17 +22,6 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
 const GPU_CASES: u32 = 1_200;
-
-fn upload<T: kernel_rt::cudarc::driver::DeviceRepr + Copy + Default>(
-    gpu: &Arc<Gpu>,
-    data: &[T],
-) -> Result<CudaSlice<T>, KernelError> {
-    let mut v = data.to_vec();
-    if v.is_empty() {
-        v.push(T::default());
-    }
-    Ok(gpu.stream().clone_htod(&v)?)
-}
 
 struct GpuOut {
     out: Vec<u16>,

@@ -8,9 +8,8 @@
 
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::CudaSlice;
-use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, OrFail};
-use kernel_rt::{Gpu, KernelError, Strided, StridedMut};
+use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, upload, OrFail};
+use kernel_rt::{Gpu, Strided, StridedMut};
 use paged_attention::merge::{apply_sinks, merge_states};
 use paged_attention::{HalfDtype, MergeStatesArgs, MergeStatesKernel};
 use rand::{Rng, SeedableRng};
@@ -125,17 +124,6 @@ fn reference(c: &MergeCase) -> (Vec<f64>, Vec<f64>) {
         apply_sinks(&mut o, &mut l, s, d);
     }
     (o, l)
-}
-
-fn upload<T: kernel_rt::cudarc::driver::DeviceRepr + Copy + Default>(
-    gpu: &Arc<Gpu>,
-    data: &[T],
-) -> Result<CudaSlice<T>, KernelError> {
-    let mut v = data.to_vec();
-    if v.is_empty() {
-        v.push(T::default());
-    }
-    Ok(gpu.stream().clone_htod(&v)?)
 }
 
 /// Runs the kernel; returns the output `[rows, h, d]` bits (output strides
