@@ -20,7 +20,7 @@ use crate::error::{ReplayError, Result};
 pub fn all_modules() -> &'static [(&'static str, PtxModule)] {
     // A static, not an array built per call: each use of a `PtxModule`
     // constant may carry its own copy of the embedded PTX and cubin bytes.
-    static MODULES: [(&str, PtxModule); 10] = [
+    static MODULES: [(&str, PtxModule); 11] = [
         ("kernel-rt", kernel_rt::timing::PTX),
         ("page-table", page_table::PTX),
         ("swa-pool", swa_pool::PTX),
@@ -30,6 +30,7 @@ pub fn all_modules() -> &'static [(&'static str, PtxModule)] {
         ("paged-attention", paged_attention::PTX),
         ("paged-attention", paged_attention::CONTEXT_PTX),
         ("paged-attention", paged_attention::CONTEXT_SM90_PTX),
+        ("paged-attention", paged_attention::MERGE_PTX),
         ("mha-replay", crate::launch::PTX),
     ];
     &MODULES

@@ -818,3 +818,21 @@ fn widen_ragged(c: &Case) -> Case {
     w.page_table = c.page_table.repeat(4);
     w
 }
+
+/// The merge-states kernel's committed PTX is fresh (built from
+/// `kernels/merge_states.cu` by the pinned toolchain), holds both entries,
+/// and its cubin was assembled from it.
+#[test]
+fn committed_merge_ptx_is_fresh_and_complete() {
+    use paged_attention::{merge_entry_name, HalfDtype, MERGE_PTX};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let kernel = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/merge_states.cu");
+    kernel_rt::ptxhash::check_fresh(&root, &kernel, MERGE_PTX.ptx).unwrap();
+    for dt in [HalfDtype::Bf16, HalfDtype::F16] {
+        assert!(
+            MERGE_PTX.has_entry(&merge_entry_name(dt)),
+            "{dt:?} entry missing"
+        );
+    }
+    kernel_rt::ptxhash::check_cubin(&MERGE_PTX).unwrap();
+}
