@@ -374,17 +374,19 @@ fn window_ragged_seed_15297217940233036951() {
 #[test]
 fn params_layout_matches_cuda() {
     use std::mem::{offset_of, size_of};
-    assert_eq!(size_of::<PagedAttentionParams>(), 240);
+    assert_eq!(size_of::<PagedAttentionParams>(), 256);
     assert_eq!(offset_of!(PagedAttentionParams, errors), 80);
-    assert_eq!(offset_of!(PagedAttentionParams, q_stride_tok), 88);
-    assert_eq!(offset_of!(PagedAttentionParams, page_table_stride), 168);
-    assert_eq!(offset_of!(PagedAttentionParams, bs), 176);
-    assert_eq!(offset_of!(PagedAttentionParams, window_left), 224);
-    assert_eq!(offset_of!(PagedAttentionParams, scale_log2), 228);
-    assert_eq!(offset_of!(PagedAttentionParams, tile_tokens), 236);
+    assert_eq!(offset_of!(PagedAttentionParams, lse), 88);
+    assert_eq!(offset_of!(PagedAttentionParams, lse_stride_tok), 96);
+    assert_eq!(offset_of!(PagedAttentionParams, q_stride_tok), 104);
+    assert_eq!(offset_of!(PagedAttentionParams, page_table_stride), 184);
+    assert_eq!(offset_of!(PagedAttentionParams, bs), 192);
+    assert_eq!(offset_of!(PagedAttentionParams, window_left), 240);
+    assert_eq!(offset_of!(PagedAttentionParams, scale_log2), 244);
+    assert_eq!(offset_of!(PagedAttentionParams, tile_tokens), 252);
     assert!(PTX
         .ptx
-        .contains("paged_attention_decode_bf16_kv_bf16_d128_param_0[240]"));
+        .contains("paged_attention_decode_bf16_kv_bf16_d128_param_0[256]"));
 }
 
 #[test]
