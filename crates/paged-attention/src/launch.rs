@@ -18,7 +18,8 @@ mod views;
 pub use kernel::PagedAttentionKernel;
 pub use plan::{validate, validate_path};
 pub(crate) use views::{
-    base_ptrs, check_sinks_and_scales, check_vector, validate_views, view_strides, ViewShapes,
+    base_ptrs, check_sinks_and_scales, check_vector, stride_err, validate_views, view_strides,
+    ViewShapes,
 };
 
 /// Threads per CTA.

@@ -21,7 +21,9 @@ use std::sync::Arc;
 use kernel_rt::cudarc::driver::{
     CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
 };
-use kernel_rt::{Gpu, KernelError, Result, Strided, StridedMut};
+use kernel_rt::{to_i32, to_i64, Gpu, KernelError, Result, Strided, StridedMut};
+
+use crate::launch::stride_err;
 
 use crate::HalfDtype;
 
@@ -112,28 +114,13 @@ pub struct MergeStatesArgs<'a> {
     pub sinks: Option<Strided<'a, f32, 1>>,
 }
 
-fn stride_err(arg: &'static str, detail: impl Into<String>) -> KernelError {
-    KernelError::Stride {
-        arg,
-        detail: detail.into(),
-    }
-}
-
-fn i32_of(arg: &'static str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| KernelError::unsupported(arg, format!("{v} exceeds i32")))
-}
-
-fn i64_of(arg: &'static str, v: usize) -> Result<i64> {
-    i64::try_from(v).map_err(|_| stride_err(arg, format!("stride {v} exceeds i64")))
-}
-
 /// Checks `args` and builds the kernel params (pointers 0) and the grid.
 ///
 /// # Errors
 /// [`KernelError::Shape`] when the shapes disagree; [`KernelError::Stride`]
 /// for a non-contiguous last dim or an odd stride; [`KernelError::Unsupported`]
 /// for `k = 0`, more than [`MERGE_MAX_PARTS`] parts, an odd `D` or sizes
-/// past i32.
+/// past i32 (strides past i64).
 pub fn merge_plan(args: &MergeStatesArgs<'_>) -> Result<(MergeStatesParams, LaunchConfig)> {
     let [k, rows, h, d] = args.o_parts.shape();
     if k == 0 || k > MERGE_MAX_PARTS {
@@ -192,21 +179,21 @@ pub fn merge_plan(args: &MergeStatesArgs<'_>) -> Result<(MergeStatesParams, Laun
     }
     let sl = args.lse_parts.strides();
     let p = MergeStatesParams {
-        o_part_stride: i64_of("o_parts", so[0])?,
-        o_stride_tok: i64_of("o_parts", so[1])?,
-        o_stride_head: i64_of("o_parts", so[2])?,
-        lse_part_stride: i64_of("lse_parts", sl[0])?,
-        lse_stride_tok: i64_of("lse_parts", sl[1])?,
-        out_stride_tok: i64_of("out", sout[0])?,
-        out_stride_head: i64_of("out", sout[1])?,
+        o_part_stride: to_i64("o_parts", so[0])?,
+        o_stride_tok: to_i64("o_parts", so[1])?,
+        o_stride_head: to_i64("o_parts", so[2])?,
+        lse_part_stride: to_i64("lse_parts", sl[0])?,
+        lse_stride_tok: to_i64("lse_parts", sl[1])?,
+        out_stride_tok: to_i64("out", sout[0])?,
+        out_stride_head: to_i64("out", sout[1])?,
         lse_out_stride_tok: args
             .lse_out
             .as_ref()
-            .map_or(Ok(0), |l| i64_of("lse_out", l.strides()[0]))?,
-        parts: i32_of("o_parts", k)?,
-        rows: i32_of("o_parts", rows)?,
-        num_heads: i32_of("o_parts", h)?,
-        head_dim: i32_of("o_parts", d)?,
+            .map_or(Ok(0), |l| to_i64("lse_out", l.strides()[0]))?,
+        parts: to_i32("o_parts", k)?,
+        rows: to_i32("o_parts", rows)?,
+        num_heads: to_i32("o_parts", h)?,
+        head_dim: to_i32("o_parts", d)?,
         ..MergeStatesParams::default()
     };
     let pairs = rows

@@ -176,12 +176,6 @@ impl PagedAttentionKernel {
         }
         if let Some(l) = &mut args.lse {
             p.lse = l.device_ptr_mut(stream);
-            if p.lse % 4 != 0 {
-                return Err(stride_err(
-                    "lse",
-                    format!("base address {:#x} is not 4-byte aligned", p.lse),
-                ));
-            }
         }
         p.errors = errors.device_ptr();
         let func = self

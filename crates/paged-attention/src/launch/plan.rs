@@ -1,7 +1,7 @@
 //! Validation of one decode / verify call and its launch plan (params,
 //! entry, geometry, workspace).
 
-use kernel_rt::{to_i32, KernelError, Result};
+use kernel_rt::{to_i32, to_i64, KernelError, Result};
 
 use super::views::{
     check_sinks_and_scales, check_vector, stride_err, validate_views, view_strides, ViewShapes,
@@ -170,8 +170,7 @@ pub(super) fn plan_path(
                 ));
             }
             l.require_last_contiguous()?;
-            i64::try_from(l.strides()[0])
-                .map_err(|_| stride_err("lse", "row stride exceeds i64".into()))?
+            to_i64("lse", l.strides()[0])?
         }
     };
     let st = view_strides(&args.q, &args.out, &args.kv, &args.page_table, bs, m)?;
