@@ -35,6 +35,7 @@ using pac::ldsm_x4;
 using pac::ldsm_x4_t;
 using pac::mma16816;
 using pac::pack2;
+using pac::out_scale;
 using pac::row_lse;
 using pac::row_max_update;
 using pac::smem_u32;
@@ -294,17 +295,7 @@ MHA_KIT_DEVICE void merge_last(const PagedAttentionParams& p, const Geom& g, i64
         }
         const int rg = r0 + rr;
         const int j = rg / p.group, qh = h * p.group + rg % p.group;
-        float scale = 0.f;
-        if (den > 0.f) {
-            if (p.sinks != nullptr) {
-                const float sg = p.sinks[qh] * LOG2E;
-                const float m2 = fmaxf(mx, sg);
-                const float w = ex2(mx - m2);
-                scale = p.bmm2_scale * w / (den * w + ex2(sg - m2));
-            } else {
-                scale = p.bmm2_scale / den;
-            }
-        }
+        const float scale = out_scale(den, mx, p.sinks, qh, p.bmm2_scale);
         const u32 lo = f32_to_half<QT>(acc.x * scale) | ((u32)f32_to_half<QT>(acc.y * scale) << 16);
         const u32 hi = f32_to_half<QT>(acc.z * scale) | ((u32)f32_to_half<QT>(acc.w * scale) << 16);
         u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + c4 * 4;
@@ -590,17 +581,7 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
             const float m = m_s[rr], d = d_s[rr];
             if (p.lse != nullptr && ch == 0)
                 p.lse[(i64)(g.row_start + j) * p.lse_stride_tok + qh] = row_lse(d, m, p.sinks, qh);
-            float scale = 0.f;
-            if (d > 0.f) {
-                if (p.sinks != nullptr) {
-                    const float sg = p.sinks[qh] * LOG2E;
-                    const float mm = fmaxf(m, sg);
-                    const float w = ex2(m - mm);
-                    scale = p.bmm2_scale * w / (d * w + ex2(sg - mm));
-                } else {
-                    scale = p.bmm2_scale / d;
-                }
-            }
+            const float scale = out_scale(d, m, p.sinks, qh, p.bmm2_scale);
             u32 packed[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -1126,17 +1107,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         if (sp.nb == 1) {
             if (p.lse != nullptr && ch == 0)
                 p.lse[(i64)(g.row_start + j) * p.lse_stride_tok + qh] = row_lse(den, mm, p.sinks, qh);
-            float scale = 0.f;
-            if (den > 0.f) {
-                if (p.sinks != nullptr) {
-                    const float sg = p.sinks[qh] * LOG2E;
-                    const float m2 = fmaxf(mm, sg);
-                    const float w = ex2(mm - m2);
-                    scale = p.bmm2_scale * w / (den * w + ex2(sg - m2));
-                } else {
-                    scale = p.bmm2_scale / den;
-                }
-            }
+            const float scale = out_scale(den, mm, p.sinks, qh, p.bmm2_scale);
             u32 packed[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
