@@ -155,8 +155,9 @@ pub struct BackendConfig {
     /// over its pages, in global positions and without sinks, merge them
     /// and join the sinks once ([`paged_attention::cp`]); extend / mixed
     /// passes run unsplit. `1` = off, at most [`MAX_DECODE_CP_RANKS`]. CPU
-    /// executor only for now: the CUDA executor rejects `N > 1` (it needs
-    /// the decode kernel's LSE output and a merge kernel, issue 17).
+    /// executor only for now: the CUDA executor rejects `N > 1` (it lacks
+    /// rank page-table views and interleaved key positions in the decode
+    /// kernel, issue 17).
     pub decode_cp_ranks: usize,
 }
 

@@ -784,7 +784,7 @@ fn main() {
 
 /// Simulated decode context parallelism runs on the CPU executor only: the
 /// CUDA executor refuses `decode_cp_ranks > 1` with a typed error naming
-/// the field (until the decode kernel returns its LSE), and `1` builds.
+/// the field (until its decode path for ranks exists), and `1` builds.
 fn decode_cp_is_refused_on_cuda() -> Result<(), String> {
     let mut c = dense();
     c.decode_cp_ranks = 2;

@@ -19,7 +19,7 @@ use std::str::FromStr;
 use clap::{Parser, ValueEnum};
 use mha_backend::{
     BackendConfig, BackendError, Device, HalfDtype, KvCacheDtype, LayerConfig, SpecConfig,
-    MAX_DECODE_CP_RANKS, MAX_DECODE_Q_LEN,
+    MAX_DECODE_Q_LEN,
 };
 
 use crate::error::{flag_err, ReplayError, Result};
@@ -107,8 +107,9 @@ pub struct Args {
     /// N-th KV page of a request (page interleave); every decode / verify /
     /// draft pass computes each rank's partial output and log-sum-exp and
     /// merges them (sinks joined once); extend / mixed passes run unsplit.
-    /// 1 = off. CPU executor only for now (the CUDA executor needs the
-    /// decode kernel's LSE output, issue 17).
+    /// 1 = off. CPU executor only for now (the CUDA executor lacks rank
+    /// page-table views and interleaved key positions in the decode kernel,
+    /// issue 17).
     #[arg(long, default_value_t = 1)]
     pub dcp: usize,
     /// CUDA graphs for decode-like passes (`off`: eager launches only; not
@@ -333,18 +334,14 @@ impl Setup {
                 ),
             ));
         }
-        let dcp = positive("--dcp", args.dcp)?;
-        if dcp > MAX_DECODE_CP_RANKS {
-            return Err(flag_err(
-                "--dcp",
-                format!("{dcp} ranks; at most {MAX_DECODE_CP_RANKS}"),
-            ));
-        }
+        // Its range is the backend config's (checked in `validate`).
+        let dcp = args.dcp;
         if dcp > 1 && !cpu {
             return Err(flag_err(
                 "--dcp",
                 "decode context parallelism runs on the CPU executor only for now (the CUDA \
-                 executor needs the decode kernel's LSE output, issue 17); add --device cpu",
+                 executor lacks rank page-table views and interleaved key positions in the \
+                 decode kernel, issue 17); add --device cpu",
             ));
         }
         let check_fraction = args
@@ -552,6 +549,7 @@ impl Setup {
                         "max_requests" | "max_graph_bs" => "--max-batch",
                         "spec.num_steps" | "spec.num_draft_tokens" => "--spec-steps",
                         "kv_dtype" => "--kv-dtype",
+                        "decode_cp_ranks" => "--dcp",
                         _ => "--model",
                     };
                     flag_err(flag, e.to_string())

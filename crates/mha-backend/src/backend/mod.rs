@@ -94,8 +94,8 @@ impl Core {
                     "decode_cp_ranks",
                     format!(
                         "decode context parallelism ({} ranks) runs on the CPU executor only: \
-                         the CUDA executor needs the decode kernel's LSE output and a merge \
-                         kernel (issue 17); use Device::Cpu",
+                         the CUDA executor lacks rank page-table views and interleaved key \
+                         positions in the decode kernel (issue 17); use Device::Cpu",
                         config.decode_cp_ranks
                     ),
                 )
