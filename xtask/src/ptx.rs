@@ -64,6 +64,7 @@ fn ensure_toolchain(root: &Path) -> Result<PathBuf> {
             "install",
             "--quiet",
             "--disable-pip-version-check",
+            "--no-cache-dir",
             "--no-deps",
             "--target",
         ])

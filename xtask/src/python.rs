@@ -21,6 +21,17 @@ fn crate_dir(root: &Path) -> PathBuf {
     root.join("crates/mha-kit-py")
 }
 
+/// `python -m pip install`, quiet, without pip's wheel cache: the cache
+/// would hold a second copy of every download on a disk CI shares.
+const PIP_INSTALL: [&str; 6] = [
+    "-m",
+    "pip",
+    "install",
+    "-q",
+    "--disable-pip-version-check",
+    "--no-cache-dir",
+];
+
 /// The venv's python, created (and its packages installed) on first use.
 fn venv_python(root: &Path) -> Result<PathBuf> {
     let venv = root.join("target/py-venv");
@@ -30,7 +41,7 @@ fn venv_python(root: &Path) -> Result<PathBuf> {
         run(root, "python3", &["-m", "venv", &venv_s])?;
     }
     let py_s = py.to_string_lossy().into_owned();
-    let mut args = vec!["-m", "pip", "install", "-q", "--disable-pip-version-check"];
+    let mut args = PIP_INSTALL.to_vec();
     args.extend_from_slice(CI_PACKAGES);
     run(root, &py_s, &args)?;
     Ok(py)
@@ -52,14 +63,7 @@ fn build_wheel(root: &Path, py: &Path, out: &Path, portable: bool) -> Result<Pat
         run(
             root,
             &py_s,
-            &[
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                "ziglang",
-            ],
+            &[PIP_INSTALL.as_slice(), &["ziglang"]].concat(),
         )?;
         args.extend_from_slice(&["--zig", "--compatibility", "manylinux_2_28"]);
     }
@@ -101,15 +105,10 @@ pub fn ci(root: &Path) -> Result<()> {
         root,
         &py_s,
         &[
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            "--no-deps",
-            "--force-reinstall",
-            &wheel_s,
-        ],
+            PIP_INSTALL.as_slice(),
+            &["--no-deps", "--force-reinstall", &wheel_s],
+        ]
+        .concat(),
     )?;
     // Run from the tests folder so that `import mha_kit` is the installed wheel.
     let tests = crate_dir(root).join("tests");
