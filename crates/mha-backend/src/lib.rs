@@ -155,6 +155,7 @@ mod graph;
 mod metadata;
 pub mod part_timing;
 mod pools;
+mod shard;
 
 pub use backend::{MhaBackend, MultiStepDraftBackend};
 pub use batch::{AttnMode, ForwardBatch, ForwardMode, SpecInfo};
@@ -180,3 +181,4 @@ pub use paged_attention::HalfDtype;
 pub use paged_attention::SplitMode;
 pub use part_timing::{AttnPart, PartTimer, PartTimes};
 pub use pools::Pools;
+pub use shard::{HeadShard, MAX_TP_RANKS};

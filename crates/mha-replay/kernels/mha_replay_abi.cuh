@@ -4,24 +4,28 @@
 #pragma once
 #include "mha_kit/common.cuh"
 
-// mha_replay::GenParams (96 bytes).
+// mha_replay::GenParams (104 bytes).
 struct GenParams {
-    u64 q;             // `u16*` `[rows, Hq, D]` bf16 bits.
-    u64 k;             // `u16*` `[rows, Hkv, D]` bf16 bits.
-    u64 v;             // `u16*` `[rows, Hkv, D]` bf16 bits.
-    u64 row_req;       // `const u64*` `[rows]`: trace request id of each row.
-    u64 row_pos;       // `const u64*` `[rows]`: token position of each row.
-    u64 seed;          // `--seed`.
-    u64 model;         // [`ModelId`] as `u64` (0 target, 1 draft).
-    u64 layer;         // Layer id.
-    u64 salt;          // Q salt (the pass's sequence number); K/V use 0.
-    i64 rows;          // Rows.
-    i32 num_q_heads;   // `Hq`.
-    i32 num_kv_heads;  // `Hkv`.
-    i32 head_dim;      // `D`, a multiple of [`ELEMS_PER_THREAD`].
-    i32 reserved;      // Padding, 0.
+    u64 q;               // `u16*` `[rows, Hq, D]` bf16 bits.
+    u64 k;               // `u16*` `[rows, Hkv, D]` bf16 bits.
+    u64 v;               // `u16*` `[rows, Hkv, D]` bf16 bits.
+    u64 row_req;         // `const u64*` `[rows]`: trace request id of each row.
+    u64 row_pos;         // `const u64*` `[rows]`: token position of each row.
+    u64 seed;            // `--seed`.
+    u64 model;           // [`ModelId`] as `u64` (0 target, 1 draft).
+    u64 layer;           // Layer id.
+    u64 salt;            // Q salt (the pass's sequence number); K/V use 0.
+    i64 rows;            // Rows.
+    i32 num_q_heads;     // `Hq`.
+    i32 num_kv_heads;    // `Hkv`.
+    i32 head_dim;        // `D`, a multiple of [`ELEMS_PER_THREAD`].
+    // Global index of local Q head 0 (a tensor-parallel rank's first
+    // query head; 0 unsharded): the hash keys on the global head.
+    i32 q_head_offset;
+    i32 kv_head_offset;  // Global index of local K/V head 0 (as `q_head_offset`).
+    i32 reserved;        // Padding, 0.
 };
-static_assert(sizeof(GenParams) == 96, "GenParams: size differs from Rust");
+static_assert(sizeof(GenParams) == 104, "GenParams: size differs from Rust");
 static_assert(alignof(GenParams) == 8, "GenParams: alignment differs from Rust");
 static_assert(sizeof(GenParams::q) == 8 && alignof(decltype(GenParams::q)) == 8, "GenParams::q (offset 0): size or alignment differs from Rust");
 static_assert(sizeof(GenParams::k) == 8 && alignof(decltype(GenParams::k)) == 8, "GenParams::k (offset 8): size or alignment differs from Rust");
@@ -36,4 +40,6 @@ static_assert(sizeof(GenParams::rows) == 8 && alignof(decltype(GenParams::rows))
 static_assert(sizeof(GenParams::num_q_heads) == 4 && alignof(decltype(GenParams::num_q_heads)) == 4, "GenParams::num_q_heads (offset 80): size or alignment differs from Rust");
 static_assert(sizeof(GenParams::num_kv_heads) == 4 && alignof(decltype(GenParams::num_kv_heads)) == 4, "GenParams::num_kv_heads (offset 84): size or alignment differs from Rust");
 static_assert(sizeof(GenParams::head_dim) == 4 && alignof(decltype(GenParams::head_dim)) == 4, "GenParams::head_dim (offset 88): size or alignment differs from Rust");
-static_assert(sizeof(GenParams::reserved) == 4 && alignof(decltype(GenParams::reserved)) == 4, "GenParams::reserved (offset 92): size or alignment differs from Rust");
+static_assert(sizeof(GenParams::q_head_offset) == 4 && alignof(decltype(GenParams::q_head_offset)) == 4, "GenParams::q_head_offset (offset 92): size or alignment differs from Rust");
+static_assert(sizeof(GenParams::kv_head_offset) == 4 && alignof(decltype(GenParams::kv_head_offset)) == 4, "GenParams::kv_head_offset (offset 96): size or alignment differs from Rust");
+static_assert(sizeof(GenParams::reserved) == 4 && alignof(decltype(GenParams::reserved)) == 4, "GenParams::reserved (offset 100): size or alignment differs from Rust");

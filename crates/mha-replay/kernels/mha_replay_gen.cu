@@ -8,6 +8,7 @@
 //   s < Hq → Q head s; s < Hq + Hkv → K head s − Hq; else V head s − Hq − Hkv.
 // Element value (gen.rs):
 //   base = hash(seed; act, model, layer, req, pos, salt (Q only, else 0), head)
+//   (head = the global head: local head + q_head_offset / kv_head_offset)
 //   h    = mix64(base ^ d); sum = Σ_{i<4} (h >> 16i) & 0xFFFF
 //   n    = (sum / 65536 − 2) · 1.7320508          (f32, round to nearest)
 //   K outlier channel (hash(seed; 0x0C, model, layer, head, d) % 16 == 0):
@@ -37,17 +38,21 @@ MHA_KIT_DEVICE u16 bf16_bits_rne(float x) {
 
 // One 16-byte chunk (8 elements) of row `row`, head slot `s`, chunk `c`.
 MHA_KIT_DEVICE void gen_chunk(const GenParams& p, u64 seed_h, u64 row, u64 s, u64 c) {
-    u64 act, head, salt = 0;
+    // `head` indexes the output; `ghead` (head + the rank's first head) keys the hash.
+    u64 act, head, ghead, salt = 0;
     u16* out;
     u64 heads;
     if (s < (u64)p.num_q_heads) {
         act = 1; head = s; salt = p.salt; heads = (u64)p.num_q_heads;
+        ghead = head + (u64)p.q_head_offset;
         out = reinterpret_cast<u16*>(p.q);
     } else if (s < (u64)(p.num_q_heads + p.num_kv_heads)) {
         act = 2; head = s - p.num_q_heads; heads = (u64)p.num_kv_heads;
+        ghead = head + (u64)p.kv_head_offset;
         out = reinterpret_cast<u16*>(p.k);
     } else {
         act = 3; head = s - p.num_q_heads - p.num_kv_heads; heads = (u64)p.num_kv_heads;
+        ghead = head + (u64)p.kv_head_offset;
         out = reinterpret_cast<u16*>(p.v);
     }
     const u64 req = reinterpret_cast<const u64*>(p.row_req)[row];
@@ -59,13 +64,13 @@ MHA_KIT_DEVICE void gen_chunk(const GenParams& p, u64 seed_h, u64 row, u64 s, u6
     base = mix64(base ^ req);
     base = mix64(base ^ pos);
     base = mix64(base ^ salt);
-    base = mix64(base ^ head);
+    base = mix64(base ^ ghead);
     u64 ch_base = 0;
     if (act == 2) {
         ch_base = mix64(seed_h ^ 0x0Cull);
         ch_base = mix64(ch_base ^ p.model);
         ch_base = mix64(ch_base ^ p.layer);
-        ch_base = mix64(ch_base ^ head);
+        ch_base = mix64(ch_base ^ ghead);
     }
     u32 packed[4];
 #pragma unroll

@@ -580,7 +580,7 @@ mod tests {
             .run_pass(
                 &mut b,
                 &pass,
-                std::slice::from_ref(&layer),
+                &[mha_backend::HeadShard::whole(layer.clone())],
                 false,
                 &[(0, 0)],
             )

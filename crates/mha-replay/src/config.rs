@@ -18,8 +18,8 @@ use std::str::FromStr;
 
 use clap::{Parser, ValueEnum};
 use mha_backend::{
-    BackendConfig, BackendError, Device, HalfDtype, KvCacheDtype, LayerConfig, SpecConfig,
-    MAX_DECODE_Q_LEN,
+    BackendConfig, BackendError, Device, HalfDtype, HeadShard, KvCacheDtype, LayerConfig,
+    SpecConfig, MAX_DECODE_Q_LEN,
 };
 
 use crate::error::{flag_err, ReplayError, Result};
@@ -112,6 +112,14 @@ pub struct Args {
     /// issue 17).
     #[arg(long, default_value_t = 1)]
     pub dcp: usize,
+    /// Tensor parallelism: the heads of every layer sharded over N ranks
+    /// (rank r: query heads `[r·Hq/N, (r+1)·Hq/N)`, its KV heads, or one
+    /// replicated KV head when N > Hkv), each rank its own backend and
+    /// engine; the ranks' outputs are joined head-wise and checked as one.
+    /// The ranks are simulated: they run one after another on the one
+    /// executor (their times add up; the report lists each). 1 = off.
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
     /// CUDA graphs for decode-like passes (`off`: eager launches only; not
     /// applicable on the CPU executor).
     #[arg(long, value_enum, default_value = "on")]
@@ -214,6 +222,8 @@ pub struct Setup {
     pub spec_steps: usize,
     /// Simulated decode context-parallel ranks (`--dcp`, 1 = off).
     pub dcp: usize,
+    /// Simulated tensor-parallel ranks (`--tp`, 1 = off).
+    pub tp: usize,
     /// `--cuda-graphs on`.
     pub cuda_graphs: bool,
     /// `--split-timing on`.
@@ -234,6 +244,11 @@ pub struct Setup {
     pub json: Option<PathBuf>,
     /// Plot path.
     pub plot: Option<PathBuf>,
+}
+
+/// The rank-local layer configs of `shards`.
+fn shard_layers(shards: Vec<HeadShard>) -> Vec<LayerConfig> {
+    shards.into_iter().map(|s| s.layer).collect()
 }
 
 fn positive(flag: &'static str, v: usize) -> Result<usize> {
@@ -425,6 +440,7 @@ impl Setup {
             prefill_chunk,
             spec_steps: args.spec_steps,
             dcp,
+            tp: positive("--tp", args.tp)?,
             cuda_graphs: args.cuda_graphs == OnOff::On,
             split_timing: args.split_timing == OnOff::On,
             seed: args.seed,
@@ -483,6 +499,49 @@ impl Setup {
         })
     }
 
+    /// Rank `rank`'s share of `layers` (`--tp`; the whole layers at 1).
+    ///
+    /// # Errors
+    /// [`ReplayError::Flag`] naming `--tp` when a layer's heads do not shard
+    /// over the ranks ([`LayerConfig::shard_heads`]).
+    pub fn rank_layers(&self, layers: &[LayerConfig], rank: usize) -> Result<Vec<HeadShard>> {
+        layers
+            .iter()
+            .map(|l| {
+                l.shard_heads(rank, self.tp).map_err(|e| {
+                    flag_err(
+                        "--tp",
+                        format!(
+                            "{} ({}: {}/{}/{} heads)",
+                            e, self.model.name, l.num_q_heads, l.num_kv_heads, l.head_dim
+                        ),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Rank `rank`'s backend configuration: [`Self::target_config`] on the
+    /// rank's heads.
+    ///
+    /// # Errors
+    /// As [`Self::rank_layers`].
+    pub fn rank_target_config(&self, rank: usize) -> Result<BackendConfig> {
+        Ok(BackendConfig {
+            layers: shard_layers(self.rank_layers(&self.model.layers, rank)?),
+            ..self.target_config()
+        })
+    }
+
+    /// Rank `rank`'s draft backend configuration (with speculation).
+    ///
+    /// # Errors
+    /// As [`Self::rank_layers`].
+    pub fn rank_draft_config(&self, rank: usize) -> Result<Option<BackendConfig>> {
+        let layers = shard_layers(self.rank_layers(&self.draft_layers(), rank)?);
+        Ok(self.draft_config().map(|c| BackendConfig { layers, ..c }))
+    }
+
     /// The target model's backend configuration.
     pub fn target_config(&self) -> BackendConfig {
         BackendConfig {
@@ -522,7 +581,8 @@ impl Setup {
         })
     }
 
-    /// KV-cache bytes the executor holds (target + draft).
+    /// KV-cache bytes the executor holds (target + draft, every `--tp`
+    /// rank: a KV head replicated onto several ranks counts once per rank).
     pub fn kv_cache_bytes(&self) -> u64 {
         let slots = (self.kv_pages as u64 + 1) * self.page_size as u64;
         let elem = if self.kv_dtype == KvCacheDtype::Fp8E4m3 {
@@ -530,11 +590,15 @@ impl Setup {
         } else {
             2
         };
+        let replicas = |l: &LayerConfig| -> u64 {
+            // Ranks per KV head when there are more ranks than KV heads.
+            (self.tp / l.num_kv_heads.max(1)).max(1) as u64
+        };
         self.model
             .layers
             .iter()
             .chain(&self.draft_layers())
-            .map(|l| slots * (l.num_kv_heads * l.head_dim) as u64 * 2 * elem)
+            .map(|l| slots * (l.num_kv_heads * l.head_dim) as u64 * 2 * elem * replicas(l))
             .sum()
     }
 
@@ -561,6 +625,12 @@ impl Setup {
         self.target_config().validate().map_err(map)?;
         if let Some(c) = self.draft_config() {
             c.validate().map_err(map)?;
+        }
+        for rank in 0..self.tp {
+            self.rank_target_config(rank)?.validate().map_err(map)?;
+            if let Some(c) = self.rank_draft_config(rank)? {
+                c.validate().map_err(map)?;
+            }
         }
         if self.executor == ExecutorChoice::Cpu && self.kv_cache_bytes() > CPU_KV_LIMIT_BYTES {
             return Err(flag_err(

@@ -13,7 +13,7 @@
 
 use std::time::Instant;
 
-use mha_backend::{LayerConfig, MhaBackend, PartTimes, TensorRef};
+use mha_backend::{HeadShard, MhaBackend, PartTimes, TensorRef};
 
 use crate::error::{ReplayError, Result};
 use crate::gen::{Act, Generator};
@@ -81,6 +81,9 @@ pub trait Engine {
     /// Runs every layer of `pass` on `backend`: builds the metadata (unless
     /// `metadata_ready`), generates Q/K/V, writes K/V and runs attention;
     /// returns the rows of the `sample` pairs `(layer, part index)`.
+    /// `layers` are the backend's layers as heads of the whole model: the
+    /// whole layer ([`HeadShard::whole`]) or a tensor-parallel rank's share,
+    /// whose Q/K/V are the generator's values of the rank's global heads.
     ///
     /// # Errors
     /// Backend errors.
@@ -88,7 +91,7 @@ pub trait Engine {
         &mut self,
         backend: &mut MhaBackend,
         pass: &Pass,
-        layers: &[LayerConfig],
+        layers: &[HeadShard],
         metadata_ready: bool,
         sample: &[(usize, usize)],
     ) -> Result<PassOutput>;
@@ -105,7 +108,7 @@ pub trait Engine {
         &mut self,
         backend: &mut MhaBackend,
         pass: &Pass,
-        layers: &[LayerConfig],
+        layers: &[HeadShard],
         metadata_ready: bool,
         sample: &[(usize, usize)],
     ) -> Result<Vec<PassOutput>> {
@@ -166,7 +169,7 @@ impl Engine for CpuEngine {
         &mut self,
         backend: &mut MhaBackend,
         pass: &Pass,
-        layers: &[LayerConfig],
+        layers: &[HeadShard],
         metadata_ready: bool,
         sample: &[(usize, usize)],
     ) -> Result<PassOutput> {
@@ -177,9 +180,11 @@ impl Engine for CpuEngine {
             out.metadata_s = t.elapsed().as_secs_f64();
         }
         let rows = pass.rows();
-        for (li, l) in layers.iter().enumerate() {
+        for (li, shard) in layers.iter().enumerate() {
             let t = Instant::now();
+            let l = &shard.layer;
             let (qe, kve) = (l.q_row_elems(), l.kv_row_elems());
+            let (q0, kv0) = (shard.q_head_offset, shard.kv_head_offset);
             self.q.resize(rows * qe, 0);
             self.k.resize(rows * kve, 0);
             self.v.resize(rows * kve, 0);
@@ -197,6 +202,7 @@ impl Engine for CpuEngine {
                         pos,
                         pass.salt,
                         d,
+                        q0,
                         &mut self.q[r * qe..][..qe],
                     );
                     g.fill_row(
@@ -207,6 +213,7 @@ impl Engine for CpuEngine {
                         pos,
                         0,
                         d,
+                        kv0,
                         &mut self.k[r * kve..][..kve],
                     );
                     g.fill_row(
@@ -217,6 +224,7 @@ impl Engine for CpuEngine {
                         pos,
                         0,
                         d,
+                        kv0,
                         &mut self.v[r * kve..][..kve],
                     );
                 }

@@ -183,8 +183,10 @@ impl Generator {
         }
     }
 
-    /// Fills `out` (`heads · dim` bf16 bits) with one token's row
-    /// ([`Self::element`] of every head and channel).
+    /// Fills `out` (`heads · dim` bf16 bits) with heads `first_head ..
+    /// first_head + heads` of one token's row ([`Self::element`] of each of
+    /// those heads and every channel); `first_head` is a tensor-parallel
+    /// rank's first head, 0 for the whole row.
     #[allow(clippy::too_many_arguments)]
     pub fn fill_row(
         &self,
@@ -195,9 +197,11 @@ impl Generator {
         pos: usize,
         salt: u64,
         dim: usize,
+        first_head: usize,
         out: &mut [u16],
     ) {
-        for (head, row) in out.chunks_mut(dim).enumerate() {
+        for (i, row) in out.chunks_mut(dim).enumerate() {
+            let head = first_head + i;
             let offsets = if act == Act::K {
                 self.k_offsets(model, layer, head, dim)
             } else {
@@ -233,10 +237,10 @@ mod tests {
         let g = Generator::new(7);
         let mut a = vec![0u16; 8 * 128];
         let mut b = vec![0u16; 8 * 128];
-        g.fill_row(Act::K, ModelId::Target, 3, 11, 100, 0, 128, &mut a);
-        g.fill_row(Act::K, ModelId::Target, 3, 11, 100, 0, 128, &mut b);
+        g.fill_row(Act::K, ModelId::Target, 3, 11, 100, 0, 128, 0, &mut a);
+        g.fill_row(Act::K, ModelId::Target, 3, 11, 100, 0, 128, 0, &mut b);
         assert_eq!(a, b);
-        g.fill_row(Act::K, ModelId::Target, 3, 11, 101, 0, 128, &mut b);
+        g.fill_row(Act::K, ModelId::Target, 3, 11, 101, 0, 128, 0, &mut b);
         assert_ne!(a, b);
         let vals: Vec<f32> = a
             .iter()
@@ -245,7 +249,7 @@ mod tests {
         let big = vals.iter().filter(|x| x.abs() > 5.0).count();
         assert!((16..=160).contains(&big), "{big} outlier elements");
         let mut q = vec![0u16; 4096];
-        g.fill_row(Act::Q, ModelId::Target, 0, 0, 0, 5, 128, &mut q);
+        g.fill_row(Act::Q, ModelId::Target, 0, 0, 0, 5, 128, 0, &mut q);
         let v: Vec<f64> = q
             .iter()
             .map(|&x| half::bf16::from_bits(x).to_f64())

@@ -75,6 +75,11 @@ kernel_rt::abi_struct! {
         pub num_kv_heads: i32 = "i32",
         /// `D`, a multiple of [`ELEMS_PER_THREAD`].
         pub head_dim: i32 = "i32",
+        /// Global index of local Q head 0 (a tensor-parallel rank's first
+        /// query head; 0 unsharded): the hash keys on the global head.
+        pub q_head_offset: i32 = "i32",
+        /// Global index of local K/V head 0 (as `q_head_offset`).
+        pub kv_head_offset: i32 = "i32",
         /// Padding, 0.
         pub reserved: i32 = "i32",
     }
@@ -96,6 +101,11 @@ pub struct GenKey {
     pub layer: usize,
     /// Q salt (pass sequence number).
     pub salt: u64,
+    /// Global index of the first Q head generated (a tensor-parallel
+    /// rank's [`mha_backend::HeadShard::q_head_offset`]; 0 unsharded).
+    pub q_head_offset: usize,
+    /// Global index of the first K/V head generated (as `q_head_offset`).
+    pub kv_head_offset: usize,
 }
 
 /// Arguments of one launch (all device buffers on the launcher's GPU,
@@ -183,6 +193,8 @@ pub fn validate(args: &GenArgs<'_>) -> Result<GenParams> {
         num_q_heads: to_i32("num_q_heads", hq)?,
         num_kv_heads: to_i32("num_kv_heads", hkv)?,
         head_dim: to_i32("head_dim", d)?,
+        q_head_offset: to_i32("q_head_offset", args.key.q_head_offset)?,
+        kv_head_offset: to_i32("kv_head_offset", args.key.kv_head_offset)?,
         ..Default::default()
     })
 }
@@ -278,10 +290,17 @@ pub fn reference(
         let c = t % chunks;
         let s = (t / chunks) % slots;
         let row = t / (chunks * slots);
-        let (act, head, salt, out, heads) = if s < num_q_heads {
-            (Act::Q, s, key.salt, &mut q, num_q_heads)
+        let (act, head, salt, out, heads, first) = if s < num_q_heads {
+            (Act::Q, s, key.salt, &mut q, num_q_heads, key.q_head_offset)
         } else if s < num_q_heads + num_kv_heads {
-            (Act::K, s - num_q_heads, 0, &mut k, num_kv_heads)
+            (
+                Act::K,
+                s - num_q_heads,
+                0,
+                &mut k,
+                num_kv_heads,
+                key.kv_head_offset,
+            )
         } else {
             (
                 Act::V,
@@ -289,6 +308,7 @@ pub fn reference(
                 0,
                 &mut v,
                 num_kv_heads,
+                key.kv_head_offset,
             )
         };
         let (req, pos) = rows[row];
@@ -301,7 +321,7 @@ pub fn reference(
                 req as usize,
                 pos as usize,
                 salt,
-                head,
+                first + head,
                 d,
             );
             out[(row * heads + head) * head_dim + d] = half::bf16::from_f32(x).to_bits();

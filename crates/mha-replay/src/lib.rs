@@ -86,13 +86,31 @@ pub fn engine_for(setup: &Setup) -> Result<Box<dyn Engine>> {
     })
 }
 
+/// One engine per tensor-parallel rank (`setup.tp`; one without `--tp`),
+/// all on `setup`'s executor: [`engine_for`] `setup.tp` times.
+///
+/// # Errors
+/// As [`engine_for`].
+pub fn engines_for(setup: &Setup) -> Result<Vec<Box<dyn Engine>>> {
+    (0..setup.tp).map(|_| engine_for(setup)).collect()
+}
+
 /// Runs a replay end to end (no progress bar, no files): for tests and
 /// embedding.
 ///
 /// # Errors
-/// As [`Setup::from_args`] and [`replay::run`].
+/// As [`Setup::from_args`] and [`replay::run_ranks`].
 pub fn run_args(args: &Args) -> Result<Report> {
     let setup = Setup::from_args(args)?;
-    let mut engine = engine_for(&setup)?;
-    replay::run(&setup, engine.as_mut(), &indicatif::ProgressBar::hidden())
+    let mut engines = engines_for(&setup)?;
+    let mut refs = engine_refs(&mut engines);
+    replay::run_ranks(&setup, &mut refs, &indicatif::ProgressBar::hidden())
+}
+
+/// The engines of [`engines_for`] as the slice [`replay::run_ranks`] takes.
+pub fn engine_refs(engines: &mut [Box<dyn Engine>]) -> Vec<&mut (dyn Engine + '_)> {
+    engines
+        .iter_mut()
+        .map(|e| -> &mut (dyn Engine + '_) { e.as_mut() })
+        .collect()
 }

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use mha_replay::{engine_for, plot, replay, Args, ReplayError, Report, Setup};
+use mha_replay::{engine_refs, engines_for, plot, replay, Args, ReplayError, Report, Setup};
 
 fn write_json(path: &std::path::Path, report: &Report) -> Result<(), ReplayError> {
     let text = serde_json::to_string_pretty(report).map_err(|e| ReplayError::Output {
@@ -37,8 +37,8 @@ fn real_main() -> Result<Report, ReplayError> {
             })?;
         }
     }
-    let mut engine = engine_for(&setup)?;
-    let info = engine.info();
+    let mut engines = engines_for(&setup)?;
+    let info = engines[0].info();
     println!(
         "mha-replay: device {} ({} executor{})",
         info.executor,
@@ -86,7 +86,8 @@ fn real_main() -> Result<Report, ReplayError> {
     {
         bar.set_style(style.progress_chars("=> "));
     }
-    let report = replay::run(&setup, engine.as_mut(), &bar);
+    let mut refs = engine_refs(&mut engines);
+    let report = replay::run_ranks(&setup, &mut refs, &bar);
     bar.finish_and_clear();
     let report = report?;
     println!("\n{}", report.table());

@@ -21,7 +21,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use indicatif::ProgressBar;
-use mha_backend::{ForwardBatch, KvCacheDtype, LayerConfig, MhaBackend, MultiStepDraftBackend};
+use mha_backend::{
+    ForwardBatch, HeadShard, KvCacheDtype, LayerConfig, MhaBackend, MultiStepDraftBackend,
+};
 
 use crate::check::{default_check_workers, CheckPool, Checker};
 use crate::config::Setup;
@@ -29,7 +31,9 @@ use crate::engine::{Engine, PassOutput};
 use crate::error::{ReplayError, Result};
 use crate::gen::{unit_hash, Generator, ModelId};
 use crate::pass::{part_work, Part, Pass, PassKind};
-use crate::report::{DeviceErrorsReport, PassRecord, Recorder, Report, RunConfig, Workload};
+use crate::report::{
+    DeviceErrorsReport, PassRecord, RankReport, Recorder, Report, RunConfig, Workload,
+};
 use crate::sched::{KvPools, Scheduler};
 
 /// Probability that a draft token is accepted (given the previous one was).
@@ -47,74 +51,148 @@ enum Draft {
 
 impl Draft {
     fn main(&mut self) -> Result<&mut MhaBackend> {
+        self.step(0)
+    }
+
+    fn step(&mut self, s: usize) -> Result<&mut MhaBackend> {
         match self {
-            Self::Single(b) => Ok(b),
-            Self::Multi(m) => m.step_mut(0).ok_or_else(|| {
-                ReplayError::Internal("multi-step draft backend without step 0".into())
+            Self::Single(b) if s == 0 => Ok(b),
+            Self::Single(_) => Err(ReplayError::Internal(format!(
+                "draft decode step {s} without a multi-step draft backend"
+            ))),
+            Self::Multi(m) => m.step_mut(s).ok_or_else(|| {
+                ReplayError::Internal(format!("multi-step draft backend without step {s}"))
             }),
         }
     }
 }
 
-/// The target backend and, with speculation, the draft backend; pool
-/// operations are mirrored so both hold the same rows and slots.
+/// Which backend of a rank a pass runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Which {
+    Target,
+    /// The draft's main backend (extend passes, and step 0).
+    Draft,
+    /// Draft decode step `s` of the multi-step draft backend.
+    DraftStep(usize),
+}
+
+/// One tensor-parallel rank: the target backend and, with speculation,
+/// the draft backend, on the rank's heads.
 #[derive(Debug)]
-struct Models {
+struct Rank {
     target: MhaBackend,
     draft: Option<Draft>,
 }
 
-fn same<T: PartialEq + std::fmt::Debug>(a: T, b: T, what: &str) -> Result<T> {
-    if a == b {
-        Ok(a)
-    } else {
-        Err(ReplayError::Internal(format!(
-            "target and draft pools diverged on {what}: {a:?} vs {b:?}"
-        )))
+impl Rank {
+    fn pick(&mut self, which: Which) -> Result<&mut MhaBackend> {
+        match (which, &mut self.draft) {
+            (Which::Target, _) => Ok(&mut self.target),
+            (Which::Draft, Some(d)) => d.main(),
+            (Which::DraftStep(s), Some(d)) => d.step(s),
+            (_, None) => Err(ReplayError::Internal(
+                "a draft pass without a draft model".into(),
+            )),
+        }
+    }
+
+    /// The target and the draft's main backend (the ones holding pools).
+    fn pool_backends(&mut self) -> Result<Vec<&mut MhaBackend>> {
+        let mut v = vec![&mut self.target];
+        if let Some(d) = &mut self.draft {
+            v.push(d.main()?);
+        }
+        Ok(v)
+    }
+}
+
+/// Every rank's backends; pool operations are mirrored so all hold the
+/// same rows and slots (target and draft, every rank).
+#[derive(Debug)]
+struct Models {
+    ranks: Vec<Rank>,
+}
+
+impl Models {
+    /// Applies `f` to every pool-holding backend; all must return the same.
+    fn mirror<T: PartialEq + std::fmt::Debug>(
+        &mut self,
+        what: &str,
+        mut f: impl FnMut(&mut MhaBackend) -> mha_backend::Result<T>,
+    ) -> Result<T> {
+        let mut first: Option<T> = None;
+        for rank in &mut self.ranks {
+            for b in rank.pool_backends()? {
+                let got = f(b)?;
+                match &first {
+                    None => first = Some(got),
+                    Some(want) if *want == got => {}
+                    Some(want) => {
+                        return Err(ReplayError::Internal(format!(
+                        "the ranks' target and draft pools diverged on {what}: {want:?} vs {got:?}"
+                    )))
+                    }
+                }
+            }
+        }
+        first.ok_or_else(|| ReplayError::Internal("no rank".into()))
+    }
+
+    fn has_draft(&self) -> bool {
+        self.ranks.first().is_some_and(|r| r.draft.is_some())
+    }
+
+    /// Every rank's device errors, merged.
+    fn device_errors(&mut self) -> Result<kernel_rt::ErrorReport> {
+        let mut errs = kernel_rt::ErrorReport::default();
+        for rank in &mut self.ranks {
+            errs.merge(rank.target.device_errors());
+            if let Some(d) = &mut rank.draft {
+                errs.merge(d.main()?.device_errors());
+            }
+        }
+        Ok(errs)
     }
 }
 
 impl KvPools for Models {
     fn alloc_request(&mut self) -> Result<usize> {
-        let t = self.target.alloc_request()?;
-        match &mut self.draft {
-            Some(d) => same(t, d.main()?.alloc_request()?, "alloc_request"),
-            None => Ok(t),
-        }
+        self.mirror("alloc_request", |b| b.alloc_request())
     }
 
     fn alloc_tokens(&mut self, grow: &[(usize, usize)]) -> Result<Vec<i64>> {
-        let t = self.target.alloc_tokens(grow)?;
-        match &mut self.draft {
-            Some(d) => same(t, d.main()?.alloc_tokens(grow)?, "alloc_tokens"),
-            None => Ok(t),
-        }
+        self.mirror("alloc_tokens", |b| b.alloc_tokens(grow))
     }
 
     fn truncate(&mut self, row: usize, len: usize) -> Result<()> {
-        self.target.truncate_request(row, len)?;
-        if let Some(d) = &mut self.draft {
-            d.main()?.truncate_request(row, len)?;
-        }
-        Ok(())
+        self.mirror("truncate", |b| b.truncate_request(row, len))
     }
 
     fn free_request(&mut self, row: usize) -> Result<()> {
-        self.target.free_request(row)?;
-        if let Some(d) = &mut self.draft {
-            d.main()?.free_request(row)?;
-        }
-        Ok(())
+        self.mirror("free_request", |b| b.free_request(row))
     }
 
     fn free_pages(&self) -> usize {
-        self.target.with_pools(|p| p.free_pages())
+        self.ranks
+            .first()
+            .map_or(0, |r| r.target.with_pools(|p| p.free_pages()))
     }
 }
 
-/// Runs passes through the engine, checks samples, records.
-struct Runner<'a> {
-    engine: &'a mut dyn Engine,
+/// Per-rank totals (`--tp`).
+#[derive(Debug, Clone, Default)]
+struct RankTotals {
+    attention_s: f64,
+    metadata_s: f64,
+    kv_bytes: f64,
+    flops: f64,
+}
+
+/// Runs passes through the engines (one per rank), joins the ranks'
+/// outputs, checks samples, records.
+struct Runner<'a, 'e> {
+    engines: &'a mut [&'e mut dyn Engine],
     checks: CheckPool,
     rec: Recorder,
     seed: u64,
@@ -123,12 +201,17 @@ struct Runner<'a> {
     salt: u64,
     target_layers: Vec<LayerConfig>,
     draft_layers: Vec<LayerConfig>,
+    /// `[rank][model]`: the rank's share of the target's / draft's layers.
+    shards: Vec<[Vec<HeadShard>; 2]>,
     progress: &'a ProgressBar,
     /// Passes submitted whose outputs have not come back yet, oldest first.
     in_flight: std::collections::VecDeque<(Arc<Pass>, f64)>,
+    /// Per rank: outputs that came back, waiting for the other ranks'.
+    pending: Vec<std::collections::VecDeque<PassOutput>>,
+    ranks: Vec<RankTotals>,
 }
 
-impl Runner<'_> {
+impl Runner<'_, '_> {
     fn next_salt(&mut self) -> u64 {
         self.salt += 1;
         self.salt
@@ -136,7 +219,8 @@ impl Runner<'_> {
 
     fn exec(
         &mut self,
-        backend: &mut MhaBackend,
+        models: &mut Models,
+        which: Which,
         pass: &Pass,
         metadata_ready: bool,
         extra_metadata_s: f64,
@@ -156,12 +240,16 @@ impl Runner<'_> {
                 }
             }
         }
-        let outs = self
-            .engine
-            .submit_pass(backend, pass, layers, metadata_ready, &sample)?;
+        for (r, rank) in models.ranks.iter_mut().enumerate() {
+            let backend = rank.pick(which)?;
+            let shards = &self.shards[r][pass.model as usize];
+            let outs =
+                self.engines[r].submit_pass(backend, pass, shards, metadata_ready, &sample)?;
+            self.pending[r].extend(outs);
+        }
         self.in_flight
             .push_back((Arc::new(pass.clone()), extra_metadata_s));
-        self.record(outs)?;
+        self.collect()?;
         self.progress.set_message(format!(
             "{} bs {} · {} passes",
             pass.kind.name(),
@@ -171,57 +259,159 @@ impl Runner<'_> {
         Ok(())
     }
 
-    /// Records the outputs of completed passes (oldest in-flight first) and
-    /// hands their samples to the checkers.
+    /// Records every pass whose outputs came back from all ranks.
+    fn collect(&mut self) -> Result<()> {
+        while self.pending.iter().all(|q| !q.is_empty()) {
+            let outs: Vec<PassOutput> = self
+                .pending
+                .iter_mut()
+                .filter_map(std::collections::VecDeque::pop_front)
+                .collect();
+            self.record(outs)?;
+        }
+        Ok(())
+    }
+
+    /// Records the oldest in-flight pass from its ranks' outputs (rank
+    /// order) and hands its samples to the checkers.
     fn record(&mut self, outs: Vec<PassOutput>) -> Result<()> {
-        for out in outs {
-            let (pass, extra_metadata_s) = self.in_flight.pop_front().ok_or_else(|| {
-                ReplayError::Internal("engine returned a pass it was not given".into())
-            })?;
-            let layers = match pass.model {
-                ModelId::Target => &self.target_layers,
-                ModelId::Draft => &self.draft_layers,
-            };
-            let (mut kv_bytes, mut flops) = (0.0, 0.0);
-            for l in layers {
+        let (pass, extra_metadata_s) = self.in_flight.pop_front().ok_or_else(|| {
+            ReplayError::Internal("engine returned a pass it was not given".into())
+        })?;
+        let (mut kv_bytes, mut flops) = (0.0, 0.0);
+        for (r, out) in outs.iter().enumerate() {
+            let (mut b, mut f) = (0.0, 0.0);
+            for s in &self.shards[r][pass.model as usize] {
+                let l = &s.layer;
                 for p in &pass.parts {
-                    let (tokens, f) = part_work(p, l);
-                    kv_bytes += (tokens * l.num_kv_heads * l.head_dim * 2) as f64 * self.kv_elem;
-                    flops += f;
+                    let (tokens, pf) = part_work(p, l);
+                    b += (tokens * l.num_kv_heads * l.head_dim * 2) as f64 * self.kv_elem;
+                    f += pf;
                 }
             }
-            self.rec.generate_s += out.generate_s;
-            self.rec.passes.push(PassRecord {
-                kind: pass.kind,
-                batch_size: pass.batch_size(),
-                rows: pass.rows(),
-                metadata_s: out.metadata_s + extra_metadata_s,
-                attention_s: out.attention_s,
-                kv_bytes,
-                flops,
-                graph: out.graph,
-                parts: out.parts,
-            });
-            for s in out.sampled {
-                self.checks.submit(&pass, s.layer, s.part, s.rows)?;
-            }
+            let t = &mut self.ranks[r];
+            t.attention_s += out.attention_s;
+            t.metadata_s += out.metadata_s;
+            t.kv_bytes += b;
+            t.flops += f;
+            kv_bytes += b;
+            flops += f;
+        }
+        let out = join_ranks(outs, &pass, &self.shards)?;
+        self.rec.generate_s += out.generate_s;
+        self.rec.passes.push(PassRecord {
+            kind: pass.kind,
+            batch_size: pass.batch_size(),
+            rows: pass.rows(),
+            metadata_s: out.metadata_s + extra_metadata_s,
+            attention_s: out.attention_s,
+            kv_bytes,
+            flops,
+            graph: out.graph,
+            parts: out.parts,
+        });
+        for s in out.sampled {
+            self.checks.submit(&pass, s.layer, s.part, s.rows)?;
         }
         Ok(())
     }
 
     /// Waits for every pass in flight and records it.
     fn drain(&mut self) -> Result<()> {
-        let outs = self.engine.flush()?;
-        self.record(outs)?;
-        if self.in_flight.is_empty() {
+        for (r, e) in self.engines.iter_mut().enumerate() {
+            let outs = e.flush()?;
+            self.pending[r].extend(outs);
+        }
+        self.collect()?;
+        if self.in_flight.is_empty() && self.pending.iter().all(|q| q.is_empty()) {
             Ok(())
         } else {
             Err(ReplayError::Internal(format!(
-                "{} passes never came back from the engine",
+                "{} passes never came back from the engines",
                 self.in_flight.len()
             )))
         }
     }
+}
+
+/// One pass's output from its ranks' outputs (rank order): times add up
+/// (the ranks ran one after another), the graph flag holds when every rank
+/// replayed a graph, and each sampled `(layer, part)` gets its rows joined
+/// head-wise — row `j` is rank 0's heads of row `j`, then rank 1's, … —
+/// which is the unsharded row, since rank `r` holds the `r`-th block of
+/// query heads.
+///
+/// # Errors
+/// [`ReplayError::Internal`] when the ranks sampled different pairs or
+/// returned rows of the wrong length.
+fn join_ranks(
+    mut outs: Vec<PassOutput>,
+    pass: &Pass,
+    shards: &[[Vec<HeadShard>; 2]],
+) -> Result<PassOutput> {
+    if outs.len() == 1 {
+        return outs
+            .pop()
+            .ok_or_else(|| ReplayError::Internal("no rank".into()));
+    }
+    let mut it = outs.into_iter();
+    let mut joined = it
+        .next()
+        .ok_or_else(|| ReplayError::Internal("no rank".into()))?;
+    let rest: Vec<PassOutput> = it.collect();
+    for o in &rest {
+        joined.metadata_s += o.metadata_s;
+        joined.attention_s += o.attention_s;
+        joined.generate_s += o.generate_s;
+        joined.graph &= o.graph;
+        joined.parts = match (joined.parts, &o.parts) {
+            (Some(mut a), Some(b)) => {
+                a.add(b);
+                Some(a)
+            }
+            _ => None,
+        };
+    }
+    let m = pass.model as usize;
+    for (i, s) in joined.sampled.iter_mut().enumerate() {
+        let n = pass
+            .parts
+            .get(s.part)
+            .ok_or_else(|| ReplayError::Internal(format!("sampled part {} of a pass", s.part)))?
+            .n;
+        let widths: Vec<usize> = shards
+            .iter()
+            .map(|r| r[m][s.layer].layer.q_row_elems())
+            .collect();
+        let mut ranks: Vec<&[u16]> = vec![&s.rows];
+        for o in &rest {
+            let t = o
+                .sampled
+                .get(i)
+                .filter(|t| t.layer == s.layer && t.part == s.part);
+            let t = t.ok_or_else(|| {
+                ReplayError::Internal("the ranks sampled different (layer, part) pairs".into())
+            })?;
+            ranks.push(&t.rows);
+        }
+        if ranks
+            .iter()
+            .zip(&widths)
+            .any(|(rows, w)| rows.len() != n * w)
+        {
+            return Err(ReplayError::Internal(
+                "a rank returned sampled rows of the wrong length".into(),
+            ));
+        }
+        let mut rows = Vec::with_capacity(n * widths.iter().sum::<usize>());
+        for j in 0..n {
+            for (r, w) in ranks.iter().zip(&widths) {
+                rows.extend_from_slice(&r[j * w..(j + 1) * w]);
+            }
+        }
+        s.rows = rows;
+    }
+    Ok(joined)
 }
 
 /// Replays `setup` on `engine`; `progress` counts finished requests.
@@ -230,23 +420,54 @@ impl Runner<'_> {
 /// Backend errors, [`ReplayError::Internal`]. Mismatches are not errors:
 /// they are in the report ([`Report::passed`]).
 pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Result<Report> {
+    run_ranks(setup, &mut [engine], progress)
+}
+
+/// [`run`] with one engine per tensor-parallel rank (`setup.tp` of them,
+/// rank order): rank `r` runs its backends on its share of the heads
+/// ([`Setup::rank_layers`]) through `engines[r]`; each pass's outputs are
+/// joined head-wise and checked as one.
+///
+/// # Errors
+/// As [`run`]; [`ReplayError::Internal`] when `engines.len() != setup.tp`.
+pub fn run_ranks(
+    setup: &Setup,
+    engines: &mut [&mut dyn Engine],
+    progress: &ProgressBar,
+) -> Result<Report> {
     let wall = Instant::now();
-    let info = engine.info();
-    let ceiling = engine.copy_ceiling_gbps();
+    if engines.len() != setup.tp {
+        return Err(ReplayError::Internal(format!(
+            "{} engines for {} tensor-parallel ranks",
+            engines.len(),
+            setup.tp
+        )));
+    }
+    let info = engines[0].info();
+    let ceiling = engines[0].copy_ceiling_gbps();
     let gen = Generator::new(setup.seed);
     let device = setup.executor.device();
-    let target = MhaBackend::new(setup.target_config(), device)?;
-    let draft = match setup.draft_config() {
-        None => None,
-        Some(c) if setup.spec_steps == 1 => {
-            Some(Draft::Single(Box::new(MhaBackend::new(c, device)?)))
-        }
-        Some(c) => Some(Draft::Multi(MultiStepDraftBackend::new(c, device)?)),
-    };
-    let mut models = Models { target, draft };
+    let mut ranks = Vec::with_capacity(setup.tp);
+    let mut shards = Vec::with_capacity(setup.tp);
+    for r in 0..setup.tp {
+        let target = MhaBackend::new(setup.rank_target_config(r)?, device)?;
+        let draft = match setup.rank_draft_config(r)? {
+            None => None,
+            Some(c) if setup.spec_steps == 1 => {
+                Some(Draft::Single(Box::new(MhaBackend::new(c, device)?)))
+            }
+            Some(c) => Some(Draft::Multi(MultiStepDraftBackend::new(c, device)?)),
+        };
+        ranks.push(Rank { target, draft });
+        shards.push([
+            setup.rank_layers(&setup.model.layers, r)?,
+            setup.rank_layers(&setup.draft_layers(), r)?,
+        ]);
+    }
+    let mut models = Models { ranks };
     let mut sched = Scheduler::new(setup.sched_config(), setup.jobs.clone())?;
     let mut run = Runner {
-        engine,
+        engines,
         checks: CheckPool::new(
             Checker::new(
                 gen,
@@ -268,8 +489,11 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
         salt: 0,
         target_layers: setup.model.layers.clone(),
         draft_layers: setup.draft_layers(),
+        shards,
         progress,
         in_flight: std::collections::VecDeque::new(),
+        pending: vec![std::collections::VecDeque::new(); setup.tp],
+        ranks: vec![RankTotals::default(); setup.tp],
     };
     progress.set_length(setup.jobs.len() as u64);
     let n_spec = setup.spec_tokens();
@@ -334,15 +558,15 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
                 parts,
                 salt: run.next_salt(),
             };
-            run.exec(&mut models.target, &pass, false, 0.0)?;
-            if let Some(d) = &mut models.draft {
+            run.exec(&mut models, Which::Target, &pass, false, 0.0)?;
+            if models.has_draft() {
                 let dp = Pass {
                     kind: PassKind::DraftExtend,
                     model: ModelId::Draft,
                     salt: run.next_salt(),
                     ..pass
                 };
-                run.exec(d.main()?, &dp, false, 0.0)?;
+                run.exec(&mut models, Which::Draft, &dp, false, 0.0)?;
             }
             for c in &tick.prefill {
                 sched.prefilled(*c);
@@ -362,7 +586,9 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
         if setup.model.hybrid {
             for r in sched.running() {
                 if r.kv_len > 0 {
-                    models.target.evict_swa(r.row, r.kv_len)?;
+                    for rank in &mut models.ranks {
+                        rank.target.evict_swa(r.row, r.kv_len)?;
+                    }
                 }
             }
         }
@@ -372,15 +598,49 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
 
     run.drain()?;
     let Runner {
-        checks, mut rec, ..
+        checks,
+        mut rec,
+        ranks: rank_totals,
+        shards,
+        ..
     } = run;
     let (check, check_s) = checks.finish()?;
     rec.check_s = check_s;
     let (modes, by_batch_size, mut totals) = rec.summarise(ceiling);
     totals.wall_s = wall.elapsed().as_secs_f64();
-    let mut errs = models.target.device_errors();
-    if let Some(d) = &mut models.draft {
-        errs.merge(d.main()?.device_errors());
+    let errs = models.device_errors()?;
+    let mut rank_reports = Vec::new();
+    if setup.tp > 1 {
+        for (r, (t, rank)) in rank_totals.iter().zip(&mut models.ranks).enumerate() {
+            let s0 = &shards[r][0][0];
+            let mut e = rank.target.device_errors();
+            if let Some(d) = &mut rank.draft {
+                e.merge(d.main()?.device_errors());
+            }
+            rank_reports.push(RankReport {
+                rank: r,
+                q_heads: format!(
+                    "{}..{}",
+                    s0.q_head_offset,
+                    s0.q_head_offset + s0.layer.num_q_heads
+                ),
+                kv_heads: format!(
+                    "{}..{}",
+                    s0.kv_head_offset,
+                    s0.kv_head_offset + s0.layer.num_kv_heads
+                ),
+                attention_s: t.attention_s,
+                metadata_s: t.metadata_s,
+                kv_bytes_read: t.kv_bytes,
+                bandwidth_gbps: if t.attention_s > 0.0 {
+                    t.kv_bytes / t.attention_s / 1e9
+                } else {
+                    0.0
+                },
+                flops: t.flops,
+                device_errors: e.count,
+            });
+        }
     }
     let l0 = &setup.model.layers[0];
     let report = Report {
@@ -407,6 +667,7 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
             prefill_chunk: setup.prefill_chunk,
             spec_steps: setup.spec_steps,
             decode_cp_ranks: setup.dcp,
+            tp_ranks: setup.tp,
             cuda_graphs: if info.graphs_applicable {
                 if setup.cuda_graphs { "on" } else { "off" }.into()
             } else {
@@ -466,6 +727,7 @@ pub fn run(setup: &Setup, engine: &mut dyn Engine, progress: &ProgressBar) -> Re
             flags: errs.flags,
         },
         by_batch_size,
+        ranks: rank_reports,
     };
     Ok(report)
 }
@@ -476,7 +738,7 @@ fn speculate(
     setup: &Setup,
     sched: &mut Scheduler,
     models: &mut Models,
-    run: &mut Runner<'_>,
+    run: &mut Runner<'_, '_>,
     dec: &[usize],
 ) -> Result<u64> {
     let n = setup.spec_tokens();
@@ -490,11 +752,20 @@ fn speculate(
     let bs = dec.len();
 
     // 2. Draft decode steps 0..S−1 (S − 1 passes).
-    if let Some(Draft::Multi(m)) = &mut models.draft {
+    if s_steps >= 2 && models.has_draft() {
         let step_locs = |s: usize| (0..bs).map(|i| locs[i * n + s]).collect::<Vec<i64>>();
         let base = ForwardBatch::draft_decode(rows.clone(), seq.clone(), step_locs(0), None);
         let t = Instant::now();
-        m.init_forward_metadata(&base)?;
+        for rank in &mut models.ranks {
+            match &mut rank.draft {
+                Some(Draft::Multi(m)) => m.init_forward_metadata(&base)?,
+                _ => {
+                    return Err(ReplayError::Internal(
+                        "draft steps without a multi-step draft backend".into(),
+                    ))
+                }
+            }
+        }
         let meta_s = t.elapsed().as_secs_f64();
         for s in 0..s_steps - 1 {
             let batch = ForwardBatch {
@@ -516,10 +787,8 @@ fn speculate(
                 parts,
                 salt: run.next_salt(),
             };
-            let b = m.step_mut(s).ok_or_else(|| {
-                ReplayError::Internal(format!("multi-step draft backend without step {s}"))
-            })?;
-            run.exec(b, &pass, true, if s == 0 { meta_s } else { 0.0 })?;
+            let extra = if s == 0 { meta_s } else { 0.0 };
+            run.exec(models, Which::DraftStep(s), &pass, true, extra)?;
         }
     }
 
@@ -554,10 +823,10 @@ fn speculate(
         parts,
         salt: run.next_salt(),
     };
-    run.exec(&mut models.target, &pass, false, 0.0)?;
+    run.exec(models, Which::Target, &pass, false, 0.0)?;
 
     // 4. Draft extend over the N tokens.
-    if let Some(d) = &mut models.draft {
+    if models.has_draft() {
         let seq_n: Vec<i64> = lens.iter().map(|&l| (l + n) as i64).collect();
         let parts = (0..bs)
             .map(|i| Part {
@@ -574,7 +843,7 @@ fn speculate(
             parts,
             salt: run.next_salt(),
         };
-        run.exec(d.main()?, &pass, false, 0.0)?;
+        run.exec(models, Which::Draft, &pass, false, 0.0)?;
     }
 
     // 5. Acceptance and commit.

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 #[test]
 fn params_layout_matches_cuda() {
     use std::mem::{offset_of, size_of};
-    assert_eq!(size_of::<GenParams>(), 96);
+    assert_eq!(size_of::<GenParams>(), 104);
     assert_eq!(offset_of!(GenParams, q), 0);
     assert_eq!(offset_of!(GenParams, row_req), 24);
     assert_eq!(offset_of!(GenParams, row_pos), 32);
@@ -24,8 +24,10 @@ fn params_layout_matches_cuda() {
     assert_eq!(offset_of!(GenParams, num_q_heads), 80);
     assert_eq!(offset_of!(GenParams, num_kv_heads), 84);
     assert_eq!(offset_of!(GenParams, head_dim), 88);
-    assert_eq!(offset_of!(GenParams, reserved), 92);
-    assert!(PTX.ptx.contains("mha_replay_gen_qkv_param_0[96]"));
+    assert_eq!(offset_of!(GenParams, q_head_offset), 92);
+    assert_eq!(offset_of!(GenParams, kv_head_offset), 96);
+    assert_eq!(offset_of!(GenParams, reserved), 100);
+    assert!(PTX.ptx.contains("mha_replay_gen_qkv_param_0[104]"));
 }
 
 #[test]
@@ -68,58 +70,44 @@ fn ptx_bakes_in_the_same_constants() {
     }
 }
 
+/// The kernel's thread mapping (host mirror) equals the definition, for the
+/// whole row and for a tensor-parallel rank's heads (offsets into the row).
 #[test]
 fn host_mirror_equals_the_definition() {
     let g = Generator::new(0xDEAD_BEEF);
-    for (model, hq, hkv, d) in [
-        (ModelId::Target, 4, 1, 64),
-        (ModelId::Draft, 8, 2, 128),
-        (ModelId::Target, 2, 2, 256),
+    for (model, hq, hkv, d, q_off, kv_off) in [
+        (ModelId::Target, 4, 1, 64, 0, 0),
+        (ModelId::Draft, 8, 2, 128, 0, 0),
+        (ModelId::Target, 2, 2, 256, 0, 0),
+        (ModelId::Target, 4, 1, 128, 12, 3),
+        (ModelId::Draft, 2, 1, 64, 30, 7),
     ] {
         let key = GenKey {
             seed: 0xDEAD_BEEF,
             model,
             layer: 3,
             salt: 77,
+            q_head_offset: q_off,
+            kv_head_offset: kv_off,
         };
         let rows = [(5u64, 0u64), (5, 1), (1234, 99_999), (0, 7)];
         let (q, k, v) = reference(&g, key, &rows, hq, hkv, d);
         for (r, &(req, pos)) in rows.iter().enumerate() {
+            let (req, pos) = (req as usize, pos as usize);
             let mut want = vec![0u16; hq * d];
-            g.fill_row(
-                Act::Q,
-                model,
-                3,
-                req as usize,
-                pos as usize,
-                77,
-                d,
-                &mut want,
-            );
+            g.fill_row(Act::Q, model, 3, req, pos, 77, d, q_off, &mut want);
             assert_eq!(&q[r * hq * d..][..hq * d], &want[..]);
             let mut want = vec![0u16; hkv * d];
-            g.fill_row(
-                Act::K,
-                model,
-                3,
-                req as usize,
-                pos as usize,
-                0,
-                d,
-                &mut want,
-            );
+            g.fill_row(Act::K, model, 3, req, pos, 0, d, kv_off, &mut want);
             assert_eq!(&k[r * hkv * d..][..hkv * d], &want[..]);
-            g.fill_row(
-                Act::V,
-                model,
-                3,
-                req as usize,
-                pos as usize,
-                0,
-                d,
-                &mut want,
-            );
+            g.fill_row(Act::V, model, 3, req, pos, 0, d, kv_off, &mut want);
             assert_eq!(&v[r * hkv * d..][..hkv * d], &want[..]);
+            if q_off > 0 {
+                // A rank's heads are the same heads of the whole row.
+                let mut whole = vec![0u16; (q_off + hq) * d];
+                g.fill_row(Act::Q, model, 3, req, pos, 77, d, 0, &mut whole);
+                assert_eq!(&q[r * hq * d..][..hq * d], &whole[q_off * d..]);
+            }
         }
     }
 }

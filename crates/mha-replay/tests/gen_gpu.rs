@@ -1,6 +1,7 @@
 //! GPU tests of `mha_replay_gen_qkv`: device Q/K/V equal
 //! [`Generator::element`] rounded to bf16, bit for bit, for random seeds,
-//! models, layers, salts, shapes and rows (outputs poisoned before each
+//! models, layers, salts, shapes, head offsets (tensor-parallel ranks) and
+//! rows (outputs poisoned before each
 //! launch); rejected arguments launch nothing. Ignored without a GPU.
 
 use kernel_rt::cudarc::driver::CudaSlice;
@@ -25,6 +26,9 @@ struct Case {
     hq: usize,
     hkv: usize,
     d: usize,
+    /// Global index of local Q / KV head 0 (a tensor-parallel rank's share).
+    q_off: usize,
+    kv_off: usize,
     rows: Vec<(u64, u64)>,
 }
 
@@ -43,21 +47,26 @@ fn case() -> impl Strategy<Value = Case> {
         ],
         prop_oneof![Just(64usize), Just(128), Just(256)],
         proptest::collection::vec((0u64..20_000, 0u64..200_000), 1..10),
+        prop_oneof![Just(0usize), 0usize..8],
     )
-        .prop_map(|(seed, draft, layer, salt, (hq, hkv), d, rows)| Case {
-            seed,
-            model: if draft {
-                ModelId::Draft
-            } else {
-                ModelId::Target
+        .prop_map(
+            |(seed, draft, layer, salt, (hq, hkv), d, rows, rank)| Case {
+                seed,
+                model: if draft {
+                    ModelId::Draft
+                } else {
+                    ModelId::Target
+                },
+                layer,
+                salt,
+                hq,
+                hkv,
+                d,
+                q_off: rank * hq,
+                kv_off: rank * hkv,
+                rows,
             },
-            layer,
-            salt,
-            hq,
-            hkv,
-            d,
-            rows,
-        })
+        )
 }
 
 fn run_case(gpu: &std::sync::Arc<Gpu>, kernel: &GenKernel, c: &Case) -> Result<(), String> {
@@ -82,15 +91,17 @@ fn run_case(gpu: &std::sync::Arc<Gpu>, kernel: &GenKernel, c: &Case) -> Result<(
                 model: c.model,
                 layer: c.layer,
                 salt: c.salt,
+                q_head_offset: c.q_off,
+                kv_head_offset: c.kv_off,
             },
         };
         kernel.launch(&mut args).or_fail("launch")?;
     }
     let g = Generator::new(c.seed);
-    for (act, buf, heads, salt) in [
-        (Act::Q, &q, c.hq, c.salt),
-        (Act::K, &k, c.hkv, 0),
-        (Act::V, &v, c.hkv, 0),
+    for (act, buf, heads, salt, first) in [
+        (Act::Q, &q, c.hq, c.salt, c.q_off),
+        (Act::K, &k, c.hkv, 0, c.kv_off),
+        (Act::V, &v, c.hkv, 0, c.kv_off),
     ] {
         let got = s.clone_dtoh(buf).or_fail("copy back")?;
         for (r, &(req, p)) in c.rows.iter().enumerate() {
@@ -103,7 +114,7 @@ fn run_case(gpu: &std::sync::Arc<Gpu>, kernel: &GenKernel, c: &Case) -> Result<(
                         req as usize,
                         p as usize,
                         salt,
-                        h,
+                        first + h,
                         d,
                     ))
                     .to_bits();
@@ -158,6 +169,8 @@ fn main() {
                     hq: 32,
                     hkv: 8,
                     d: 128,
+                    q_off: 0,
+                    kv_off: 0,
                     rows,
                 },
             )
@@ -181,6 +194,8 @@ fn main() {
                     model: ModelId::Target,
                     layer: 0,
                     salt: 0,
+                    q_head_offset: 0,
+                    kv_head_offset: 0,
                 },
             };
             match kernel.launch(&mut args) {

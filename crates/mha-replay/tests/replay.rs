@@ -160,6 +160,189 @@ fn decode_context_parallel_replay_is_exact() {
     }
 }
 
+/// `--tp N`: every layer's heads sharded over N simulated ranks, each its
+/// own backend and engine, outputs joined head-wise — 0 mismatches, the
+/// same workload and checks as one rank, and a report line per rank that
+/// adds up to the totals. Tiny (4/1/64: the one KV head replicated on each
+/// rank) with speculation; gpt-oss (64/8, sinks sliced per rank, a window,
+/// FP8) over 4 ranks of 2 KV heads; with `--dcp` inside each rank.
+#[test]
+fn tensor_parallel_replay_is_exact() {
+    for (ranks, extra, kv) in [
+        (
+            2,
+            &["--spec-steps", "2", "--max-output", "12"][..],
+            ["0..1", "0..1"],
+        ),
+        (4, HYBRID_FP8, ["0..2", "6..8"]),
+        (2, &["--dcp", "2"][..], ["0..1", "0..1"]),
+    ] {
+        let mut flags = vec!["--requests", "6", "--check-fraction", "0.5"];
+        flags.extend_from_slice(extra);
+        let one = replay(&flags);
+        let n = ranks.to_string();
+        flags.extend_from_slice(&["--tp", &n]);
+        let r = replay(&flags);
+        assert_eq!(r.config.tp_ranks, ranks);
+        assert_clean(&r);
+        assert_eq!(r.workload, one.workload, "{ranks} ranks: the same workload");
+        assert_eq!(
+            r.check.pairs, one.check.pairs,
+            "{ranks} ranks: the same checks"
+        );
+        // Per-head arithmetic is unchanged, so the error is the same.
+        assert_eq!(r.check.max_abs_err, one.check.max_abs_err);
+        assert_eq!(r.ranks.len(), ranks);
+        assert_eq!(r.ranks[0].kv_heads, kv[0]);
+        assert_eq!(r.ranks[ranks - 1].kv_heads, kv[1]);
+        let q: Vec<&str> = r.ranks.iter().map(|x| x.q_heads.as_str()).collect();
+        let hq: usize = r.config.heads.split('/').next().unwrap().parse().unwrap();
+        let want: Vec<String> = (0..ranks)
+            .map(|i| format!("{}..{}", i * hq / ranks, (i + 1) * hq / ranks))
+            .collect();
+        assert_eq!(q, want);
+        let attn: f64 = r.ranks.iter().map(|x| x.attention_s).sum();
+        assert!((attn - r.totals.attention_s).abs() <= 1e-9 * attn.max(1.0));
+        let kv_read: f64 = r.ranks.iter().map(|x| x.kv_bytes_read).sum();
+        assert!((kv_read - r.totals.kv_bytes_read).abs() <= 1e-6 * kv_read.max(1.0));
+        assert!(r.ranks.iter().all(|x| x.device_errors == 0));
+        assert!(r.table().contains("| rank | Q heads |"));
+        assert!(one.ranks.is_empty());
+    }
+}
+
+/// An engine that keeps every sampled row it returns.
+struct Recording {
+    inner: mha_replay::engine::CpuEngine,
+    seen: Vec<mha_replay::engine::SampledRows>,
+}
+
+impl mha_replay::engine::Engine for Recording {
+    fn info(&self) -> mha_replay::engine::EngineInfo {
+        self.inner.info()
+    }
+    fn copy_ceiling_gbps(&mut self) -> f64 {
+        self.inner.copy_ceiling_gbps()
+    }
+    fn run_pass(
+        &mut self,
+        backend: &mut mha_backend::MhaBackend,
+        pass: &mha_replay::pass::Pass,
+        layers: &[mha_backend::HeadShard],
+        metadata_ready: bool,
+        sample: &[(usize, usize)],
+    ) -> mha_replay::Result<mha_replay::engine::PassOutput> {
+        let out = self
+            .inner
+            .run_pass(backend, pass, layers, metadata_ready, sample)?;
+        self.seen.extend(out.sampled.iter().cloned());
+        Ok(out)
+    }
+}
+
+/// Bit-identical per head: each `--tp 2` rank's sampled rows (gpt-oss,
+/// 32 query heads and 4 KV heads a rank) equal the same heads of the
+/// one-rank run's rows, element for element.
+#[test]
+fn tensor_parallel_ranks_are_bit_identical_per_head() {
+    let mut flags = vec![
+        "mha-replay",
+        "--device",
+        "cpu",
+        "--requests",
+        "4",
+        "--check-fraction",
+        "0.5",
+    ];
+    flags.extend_from_slice(HYBRID_FP8);
+    let run = |tp: usize| -> Vec<Vec<mha_replay::engine::SampledRows>> {
+        let mut f = flags.clone();
+        let n = tp.to_string();
+        f.extend_from_slice(&["--tp", &n]);
+        let setup = mha_replay::Setup::from_args(&Args::try_parse_from(&f).unwrap()).unwrap();
+        let mut engines: Vec<Recording> = (0..tp)
+            .map(|_| Recording {
+                inner: mha_replay::engine::CpuEngine::new(mha_replay::gen::Generator::new(
+                    setup.seed,
+                )),
+                seen: Vec::new(),
+            })
+            .collect();
+        let mut refs: Vec<&mut dyn mha_replay::engine::Engine> = engines
+            .iter_mut()
+            .map(|e| e as &mut dyn mha_replay::engine::Engine)
+            .collect();
+        let r = mha_replay::replay::run_ranks(&setup, &mut refs, &indicatif::ProgressBar::hidden())
+            .unwrap();
+        assert_clean(&r);
+        engines.into_iter().map(|e| e.seen).collect()
+    };
+    let whole = run(1).pop().unwrap();
+    let ranks = run(2);
+    let d = 64;
+    let width = 64 * d;
+    assert!(!whole.is_empty());
+    for (r, seen) in ranks.iter().enumerate() {
+        assert_eq!(seen.len(), whole.len());
+        let w = width / 2;
+        for (a, b) in whole.iter().zip(seen) {
+            assert_eq!((a.layer, a.part), (b.layer, b.part));
+            let n = a.rows.len() / width;
+            assert_eq!(b.rows.len(), n * w);
+            for j in 0..n {
+                assert_eq!(
+                    &a.rows[j * width + r * w..][..w],
+                    &b.rows[j * w..][..w],
+                    "rank {r}, layer {}, part {}, row {j}",
+                    a.layer,
+                    a.part
+                );
+            }
+        }
+    }
+}
+
+/// Outputs that come back one pass late from every rank's engine are
+/// joined with the right pass (the pipelined CUDA engine's behaviour).
+#[test]
+fn tensor_parallel_with_pipelined_engines() {
+    let args = Args::try_parse_from([
+        "mha-replay",
+        "--device",
+        "cpu",
+        "--requests",
+        "8",
+        "--check-fraction",
+        "0.3",
+        "--spec-steps",
+        "2",
+        "--tp",
+        "2",
+    ])
+    .unwrap();
+    let sync = run_args(&args).unwrap();
+    let setup = mha_replay::Setup::from_args(&args).unwrap();
+    let mut late: Vec<OneLate> = (0..2)
+        .map(|_| OneLate {
+            inner: mha_replay::engine::CpuEngine::new(mha_replay::gen::Generator::new(setup.seed)),
+            held: None,
+        })
+        .collect();
+    let mut refs: Vec<&mut dyn mha_replay::engine::Engine> = late
+        .iter_mut()
+        .map(|e| e as &mut dyn mha_replay::engine::Engine)
+        .collect();
+    let r = mha_replay::replay::run_ranks(&setup, &mut refs, &indicatif::ProgressBar::hidden())
+        .unwrap();
+    assert_clean(&r);
+    assert_eq!(r.check.pairs, sync.check.pairs);
+    assert_eq!(r.check.max_abs_err, sync.check.max_abs_err);
+    assert_eq!(r.workload, sync.workload);
+    // One engine for two ranks is refused, not run.
+    let mut one = mha_replay::engine::CpuEngine::new(mha_replay::gen::Generator::new(setup.seed));
+    assert!(mha_replay::replay::run(&setup, &mut one, &indicatif::ProgressBar::hidden()).is_err());
+}
+
 fn bin(args: &[&str], dir: &std::path::Path) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_mha-replay"))
         .args(args)
@@ -197,6 +380,9 @@ fn binary_errors_name_the_flag_or_line() {
         (vec!["--split-timing", "maybe"], "--split-timing"),
         (vec!["--dcp", "0"], "--dcp"),
         (vec!["--dcp", "65"], "--dcp"),
+        (vec!["--tp", "0"], "--tp"),
+        (vec!["--tp", "3"], "--tp"),
+        (vec!["--model", "gpt-oss-20b", "--tp", "128"], "--tp"),
     ];
     if !kernel_rt::gpu_available() {
         // Without a GPU, `--device cuda:N` is a flag error (never a CPU
@@ -265,7 +451,7 @@ impl mha_replay::engine::Engine for OneLate {
         &mut self,
         backend: &mut mha_backend::MhaBackend,
         pass: &mha_replay::pass::Pass,
-        layers: &[mha_backend::LayerConfig],
+        layers: &[mha_backend::HeadShard],
         metadata_ready: bool,
         sample: &[(usize, usize)],
     ) -> mha_replay::Result<mha_replay::engine::PassOutput> {
@@ -276,7 +462,7 @@ impl mha_replay::engine::Engine for OneLate {
         &mut self,
         backend: &mut mha_backend::MhaBackend,
         pass: &mha_replay::pass::Pass,
-        layers: &[mha_backend::LayerConfig],
+        layers: &[mha_backend::HeadShard],
         metadata_ready: bool,
         sample: &[(usize, usize)],
     ) -> mha_replay::Result<Vec<mha_replay::engine::PassOutput>> {

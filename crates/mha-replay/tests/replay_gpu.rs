@@ -5,8 +5,8 @@
 //! engine on the same flags; a speculative slice (draft decode, uniform and
 //! ragged verify, draft extend v2 through graphs) and a hybrid-SWA FP8
 //! slice; a llama3-8b speculative run with graphs (the pipelining
-//! regression); the attention split (`--split-timing on|off`). Ignored
-//! without a GPU.
+//! regression); the attention split (`--split-timing on|off`); `--tp 2`
+//! simulated on one GPU. Ignored without a GPU.
 
 use clap::Parser;
 use kernel_rt::testing::{gpu_trial, run_trials};
@@ -209,6 +209,48 @@ fn main() {
                 let what = format!("cuda hybrid fp8 graphs {g}");
                 clean(&r, &what)?;
                 same_counts(&cpu, &r, &what)?;
+            }
+            Ok(())
+        }),
+        gpu_trial("tensor_parallel_two_ranks_on_one_gpu", |gpu| {
+            // `--tp 2` simulated on one GPU: two engines and two backends
+            // (gpt-oss shapes: 32 query heads, 4 KV heads and the sinks of
+            // each rank), graphs on and off: 0 mismatches and the CPU run's
+            // counts; the max error is printed next to the unsharded run's.
+            let dev = format!("cuda:{}", gpu.context().ordinal());
+            let base = [
+                "--model",
+                "gpt-oss-20b",
+                "--layers",
+                "2",
+                "--spec-steps",
+                "2",
+                "--check-fraction",
+                "0.2",
+            ];
+            let cpu = replay("cpu", "12", &base)?;
+            clean(&cpu, "cpu tp 1")?;
+            for g in ["on", "off"] {
+                let mut one = base.to_vec();
+                one.extend_from_slice(&["--cuda-graphs", g]);
+                let whole = replay(&dev, "12", &one)?;
+                let mut two = one.clone();
+                two.extend_from_slice(&["--tp", "2"]);
+                let r = replay(&dev, "12", &two)?;
+                let what = format!("{dev} --tp 2 graphs {g}");
+                clean(&r, &what)?;
+                same_counts(&cpu, &r, &what)?;
+                graphs_used(&r, g == "on", &what)?;
+                if r.ranks.len() != 2 {
+                    return Err(format!("{what}: {} rank reports", r.ranks.len()));
+                }
+                // Not required equal: a rank's smaller launches may pick
+                // another split-KV count than the unsharded ones.
+                println!(
+                    "{what}: max err {:.3e} ({:.3e} unsharded)",
+                    r.check.max_abs_err, whole.check.max_abs_err
+                );
+                println!("{}", r.table());
             }
             Ok(())
         }),

@@ -62,7 +62,7 @@ use std::time::Instant;
 use kernel_rt::cudarc::driver::sys::CUevent_flags;
 use kernel_rt::cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 use kernel_rt::{Gpu, KernelError, Strided, StridedMut};
-use mha_backend::{GraphKey, LayerConfig, MhaBackend, PartTimer, PartTimes, Tensor, TensorRef};
+use mha_backend::{GraphKey, HeadShard, MhaBackend, PartTimer, PartTimes, Tensor, TensorRef};
 
 use crate::engine::{Engine, EngineInfo, PassOutput, SampledRows};
 use crate::error::{flag_err, ReplayError, Result};
@@ -241,13 +241,13 @@ impl CudaEngine {
     /// and the total elements.
     fn stage_layout(
         pass: &Pass,
-        layers: &[LayerConfig],
+        layers: &[HeadShard],
         sample: &[(usize, usize)],
     ) -> (Vec<Staged>, usize) {
         let mut staged = Vec::with_capacity(sample.len());
         let mut total = 0;
         for &(layer, part) in sample {
-            let len = pass.parts[part].n * layers[layer].q_row_elems();
+            let len = pass.parts[part].n * layers[layer].layer.q_row_elems();
             staged.push(Staged {
                 layer,
                 part,
@@ -368,10 +368,11 @@ impl CudaEngine {
         &mut self,
         model: ModelId,
         li: usize,
-        l: &LayerConfig,
+        shard: &HeadShard,
         rows: usize,
         salt: u64,
     ) -> Result<()> {
+        let l = &shard.layer;
         let (qe, kve) = (l.q_row_elems(), l.kv_row_elems());
         grow(&self.gpu, &mut self.q, rows * qe)?;
         grow(&self.gpu, &mut self.k, rows * kve)?;
@@ -393,6 +394,8 @@ impl CudaEngine {
                 model,
                 layer: li,
                 salt,
+                q_head_offset: shard.q_head_offset,
+                kv_head_offset: shard.kv_head_offset,
             },
         };
         self.kernel.launch(&mut args).map_err(kerr)
@@ -436,7 +439,7 @@ impl CudaEngine {
         &mut self,
         backend: &mut MhaBackend,
         pass: &Pass,
-        layers: &[LayerConfig],
+        layers: &[HeadShard],
         sample: &[(usize, usize)],
         slot: usize,
     ) -> Result<InFlight> {
@@ -449,7 +452,7 @@ impl CudaEngine {
         self.record(slot, 0)?;
         for (li, l) in layers.iter().enumerate() {
             self.generate(pass.model, li, l, rows, pass.salt)?;
-            let (qe, kve) = (l.q_row_elems(), l.kv_row_elems());
+            let (qe, kve) = (l.layer.q_row_elems(), l.layer.kv_row_elems());
             let (q, k, v) = (
                 self.q.slice(0..rows * qe),
                 self.k.slice(0..rows * kve),
@@ -494,7 +497,7 @@ impl CudaEngine {
         &mut self,
         backend: &mut MhaBackend,
         pass: &Pass,
-        layers: &[LayerConfig],
+        layers: &[HeadShard],
         metadata_ready: bool,
         sample: &[(usize, usize)],
         slot: usize,
@@ -549,7 +552,7 @@ impl CudaEngine {
         &mut self,
         backend: &mut MhaBackend,
         pass: &Pass,
-        layers: &[LayerConfig],
+        layers: &[HeadShard],
         rows: usize,
         samples: &[Staged],
         host_rows: &mut [Option<Vec<u16>>],
@@ -559,7 +562,7 @@ impl CudaEngine {
         for (li, l) in layers.iter().enumerate() {
             self.generate(pass.model, li, l, rows, pass.salt)?;
             self.record(slot, 2 * li + 1)?;
-            let (qe, kve) = (l.q_row_elems(), l.kv_row_elems());
+            let (qe, kve) = (l.layer.q_row_elems(), l.layer.kv_row_elems());
             let o = {
                 let (q, k, v) = (
                     self.q.slice(0..rows * qe),
@@ -603,7 +606,7 @@ impl CudaEngine {
         &mut self,
         backend: &mut MhaBackend,
         pass: &Pass,
-        layers: &[LayerConfig],
+        layers: &[HeadShard],
         metadata_ready: bool,
         sample: &[(usize, usize)],
     ) -> Result<Vec<PassOutput>> {
@@ -685,7 +688,7 @@ impl Engine for CudaEngine {
         &mut self,
         backend: &mut MhaBackend,
         pass: &Pass,
-        layers: &[LayerConfig],
+        layers: &[HeadShard],
         metadata_ready: bool,
         sample: &[(usize, usize)],
     ) -> Result<PassOutput> {
@@ -704,7 +707,7 @@ impl Engine for CudaEngine {
         &mut self,
         backend: &mut MhaBackend,
         pass: &Pass,
-        layers: &[LayerConfig],
+        layers: &[HeadShard],
         metadata_ready: bool,
         sample: &[(usize, usize)],
     ) -> Result<Vec<PassOutput>> {

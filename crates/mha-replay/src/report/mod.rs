@@ -211,6 +211,8 @@ pub struct RunConfig {
     pub spec_steps: usize,
     /// Simulated decode context-parallel ranks (`--dcp`; 1 = off).
     pub decode_cp_ranks: usize,
+    /// Simulated tensor-parallel ranks (`--tp`; 1 = off).
+    pub tp_ranks: usize,
     /// `on`, `off`, or not applicable.
     pub cuda_graphs: String,
     /// Attention split by part (`--split-timing`): `on: …`, `off …`, or
@@ -272,6 +274,31 @@ pub struct DeviceErrorsReport {
     pub flags: u32,
 }
 
+/// One tensor-parallel rank's figures (`--tp N`, N > 1): its heads (of
+/// layer 0) and its share of the run. The ranks run one after another on
+/// one executor, so the totals are the sums of these.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct RankReport {
+    /// Rank index.
+    pub rank: usize,
+    /// Global query heads of layer 0, `first..end`.
+    pub q_heads: String,
+    /// Global KV heads of layer 0, `first..end`.
+    pub kv_heads: String,
+    /// Seconds in KV write + attention.
+    pub attention_s: f64,
+    /// Seconds building metadata.
+    pub metadata_s: f64,
+    /// KV bytes read by the rank's attention.
+    pub kv_bytes_read: f64,
+    /// `kv_bytes_read / attention_s`, GB/s.
+    pub bandwidth_gbps: f64,
+    /// The rank's attention FLOPs.
+    pub flops: f64,
+    /// Device-error events of the rank's backends.
+    pub device_errors: u32,
+}
+
 /// The whole report.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Report {
@@ -289,6 +316,8 @@ pub struct Report {
     pub device_errors: DeviceErrorsReport,
     /// The target's passes by series (`decode`, `prefill`) and batch size.
     pub by_batch_size: Vec<BatchPoint>,
+    /// Per tensor-parallel rank (empty without `--tp`).
+    pub ranks: Vec<RankReport>,
 }
 
 /// Collects pass records.

@@ -142,6 +142,15 @@ impl Report {
                 }
             ),
         );
+        if c.tp_ranks > 1 {
+            row(
+                "tensor parallel",
+                format!(
+                    "heads sharded over {} simulated ranks, run one after another on {} (times add up)",
+                    c.tp_ranks, c.executor
+                ),
+            );
+        }
         row(
             "trace",
             format!("{}, {} requests", w.trace, w.trace_requests),
@@ -213,6 +222,26 @@ impl Report {
                     secs_h(p.kv_write_s),
                     secs_h(p.other_s),
                     tflops_h(p.context_tflops_per_s)
+                );
+            }
+        }
+        if !self.ranks.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n| rank | Q heads | KV heads | attention time | metadata | KV read | bandwidth | device errors |\n|---:|---|---|---:|---:|---:|---:|---:|"
+            );
+            for r in &self.ranks {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {:.3} s | {:.3} s | {} | {} | {} |",
+                    r.rank,
+                    r.q_heads,
+                    r.kv_heads,
+                    r.attention_s,
+                    r.metadata_s,
+                    bytes_h(r.kv_bytes_read),
+                    rate_h(r.bandwidth_gbps),
+                    r.device_errors
                 );
             }
         }
