@@ -157,7 +157,9 @@ pub mod part_timing;
 mod pools;
 mod shard;
 
-pub use backend::{MhaBackend, MultiStepDraftBackend};
+pub use backend::{
+    KvLocation, KvPageDescriptor, KvPageFormat, KvPages, MhaBackend, MultiStepDraftBackend,
+};
 pub use batch::{AttnMode, ForwardBatch, ForwardMode, SpecInfo};
 pub use config::{
     resolve_decode_split, resolve_workspace_bytes, BackendConfig, LayerConfig, SpecConfig,

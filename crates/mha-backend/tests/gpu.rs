@@ -6,9 +6,13 @@
 //! steps per mode (bit exact: same kernels, same shapes); empty batch and
 //! IDLE; exhaustion leaves pools and caches unchanged; timing by part
 //! (spans per launch, outputs unchanged, nothing recorded in graphs, the
-//! context FLOPs of the host formula, refused on the CPU executor).
+//! context FLOPs of the host formula, refused on the CPU executor); KV
+//! pages moved between two pools on the GPU decode bit for bit.
 
 use std::sync::Arc;
+
+#[path = "common/kv_pages.rs"]
+mod kv;
 
 use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, OrFail};
 use kernel_rt::Gpu;
@@ -774,6 +778,10 @@ fn main() {
             move |g: &Arc<Gpu>| part_timing(make(), g),
         ));
     }
+    trials.push(gpu_trial(
+        "kv_pages_two_pools_round_trip",
+        |_g: &Arc<Gpu>| kv::moved_pages_decode_bit_for_bit(Device::Cuda(gpu_ordinal())),
+    ));
     trials.push(gpu_trial(
         "decode_cp_is_refused_on_cuda",
         |_g: &Arc<Gpu>| decode_cp_is_refused_on_cuda(),

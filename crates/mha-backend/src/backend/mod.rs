@@ -21,6 +21,9 @@ use crate::pools::Pools;
 
 mod engine;
 mod graphs;
+mod kv_pages;
+
+pub use kv_pages::{KvLocation, KvPageDescriptor, KvPageFormat, KvPages};
 
 /// State shared by a backend and its sibling step backends: config, pools,
 /// executor (KV caches) and workspace size.

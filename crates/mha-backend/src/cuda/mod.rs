@@ -468,6 +468,97 @@ impl Executor for CudaExecutor {
         })
     }
 
+    fn kv_bases(&self, plan: &LayerPlan) -> Result<(crate::KvLocation, u64, u64)> {
+        use kernel_rt::cudarc::driver::DevicePtr;
+        let s = self.gpu.stream();
+        // Event tracking is off on mha-kit contexts, so the guards do nothing.
+        let (k, v) = match &self.caches[plan.layer] {
+            DevCache::Half(k, v) => (k.device_ptr(s).0, v.device_ptr(s).0),
+            DevCache::Fp8(k, v) => (k.device_ptr(s).0, v.device_ptr(s).0),
+        };
+        Ok((
+            crate::KvLocation::Device {
+                ordinal: self.ordinal,
+            },
+            k,
+            v,
+        ))
+    }
+
+    fn read_kv_pages(
+        &self,
+        plan: &LayerPlan,
+        page_elems: usize,
+        pages: &[usize],
+    ) -> Result<KvSnapshot> {
+        fn out<T: kernel_rt::cudarc::driver::DeviceRepr + Default + Copy>(
+            s: &Arc<kernel_rt::cudarc::driver::CudaStream>,
+            src: &CudaSlice<T>,
+            n: usize,
+            pages: &[usize],
+        ) -> Result<Vec<T>> {
+            let mut host = vec![T::default(); pages.len() * n];
+            for (i, &p) in pages.iter().enumerate() {
+                s.memcpy_dtoh(
+                    &src.slice(p * n..(p + 1) * n),
+                    &mut host[i * n..(i + 1) * n],
+                )
+                .map_err(kerr)?;
+            }
+            s.synchronize().map_err(kerr)?;
+            Ok(host)
+        }
+        let s = self.gpu.stream();
+        Ok(match &self.caches[plan.layer] {
+            DevCache::Half(k, v) => KvSnapshot::Half {
+                k: out(s, k, page_elems, pages)?,
+                v: out(s, v, page_elems, pages)?,
+            },
+            DevCache::Fp8(k, v) => KvSnapshot::Fp8 {
+                k: out(s, k, page_elems, pages)?,
+                v: out(s, v, page_elems, pages)?,
+            },
+        })
+    }
+
+    fn write_kv_pages(
+        &mut self,
+        plan: &LayerPlan,
+        page_elems: usize,
+        pages: &[usize],
+        data: &KvSnapshot,
+    ) -> Result<()> {
+        fn put<T: kernel_rt::cudarc::driver::DeviceRepr>(
+            s: &Arc<kernel_rt::cudarc::driver::CudaStream>,
+            dst: &mut CudaSlice<T>,
+            src: &[T],
+            n: usize,
+            pages: &[usize],
+        ) -> Result<()> {
+            for (i, &p) in pages.iter().enumerate() {
+                s.memcpy_htod(
+                    &src[i * n..(i + 1) * n],
+                    &mut dst.slice_mut(p * n..(p + 1) * n),
+                )
+                .map_err(kerr)?;
+            }
+            // The host slices are the caller's: finish before returning.
+            s.synchronize().map_err(kerr)
+        }
+        let s = self.gpu.stream().clone();
+        match (&mut self.caches[plan.layer], data) {
+            (DevCache::Half(k, v), KvSnapshot::Half { k: dk, v: dv }) => {
+                put(&s, k, dk, page_elems, pages)?;
+                put(&s, v, dv, page_elems, pages)
+            }
+            (DevCache::Fp8(k, v), KvSnapshot::Fp8 { k: dk, v: dv }) => {
+                put(&s, k, dk, page_elems, pages)?;
+                put(&s, v, dv, page_elems, pages)
+            }
+            _ => Err(crate::executor::page_dtype_err()),
+        }
+    }
+
     fn read_metadata(&self, graph: bool) -> Result<Option<DeviceMetadata>> {
         let s = self.gpu.stream();
         if graph {

@@ -11,7 +11,10 @@ use crate::engine::{EngineBatch, EngineKvCache, EngineLayer, EngineShape};
 use crate::error::{BackendError, Result};
 use crate::metadata::ForwardMetadata;
 
-use super::{bmm_scales, Executor, ExecutorKind, KvLoc, KvSnapshot, LayerPlan, Tensor, TensorRef};
+use super::{
+    bmm_scales, copy_pages_in, copy_pages_out, page_dtype_err, Executor, ExecutorKind, KvLoc,
+    KvSnapshot, LayerPlan, Tensor, TensorRef,
+};
 
 #[derive(Debug, Clone)]
 enum Store {
@@ -394,5 +397,52 @@ impl Executor for CpuExecutor {
                 v: v.clone(),
             },
         })
+    }
+
+    fn kv_bases(&self, plan: &LayerPlan) -> Result<(crate::KvLocation, u64, u64)> {
+        let (k, v) = match &self.layers[plan.layer] {
+            Store::Half(k, v) => (k.as_ptr() as u64, v.as_ptr() as u64),
+            Store::Fp8(k, v) => (k.as_ptr() as u64, v.as_ptr() as u64),
+        };
+        Ok((crate::KvLocation::Host, k, v))
+    }
+
+    fn read_kv_pages(
+        &self,
+        plan: &LayerPlan,
+        page_elems: usize,
+        pages: &[usize],
+    ) -> Result<KvSnapshot> {
+        Ok(match &self.layers[plan.layer] {
+            Store::Half(k, v) => KvSnapshot::Half {
+                k: copy_pages_out(k, page_elems, pages),
+                v: copy_pages_out(v, page_elems, pages),
+            },
+            Store::Fp8(k, v) => KvSnapshot::Fp8 {
+                k: copy_pages_out(k, page_elems, pages),
+                v: copy_pages_out(v, page_elems, pages),
+            },
+        })
+    }
+
+    fn write_kv_pages(
+        &mut self,
+        plan: &LayerPlan,
+        page_elems: usize,
+        pages: &[usize],
+        data: &KvSnapshot,
+    ) -> Result<()> {
+        match (&mut self.layers[plan.layer], data) {
+            (Store::Half(k, v), KvSnapshot::Half { k: dk, v: dv }) => {
+                copy_pages_in(k, dk, page_elems, pages);
+                copy_pages_in(v, dv, page_elems, pages);
+            }
+            (Store::Fp8(k, v), KvSnapshot::Fp8 { k: dk, v: dv }) => {
+                copy_pages_in(k, dk, page_elems, pages);
+                copy_pages_in(v, dv, page_elems, pages);
+            }
+            _ => return Err(page_dtype_err()),
+        }
+        Ok(())
     }
 }

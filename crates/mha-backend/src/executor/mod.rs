@@ -484,6 +484,63 @@ pub trait Executor: Send + std::fmt::Debug {
     /// # Errors
     /// [`BackendError::Kernel`] (driver).
     fn read_kv(&self, plan: &LayerPlan) -> Result<KvSnapshot>;
+
+    /// Where the layer's caches live and the addresses of K's and V's
+    /// first element (host pointers or CUDA device pointers).
+    ///
+    /// # Errors
+    /// None today; a `Result` for executors that must ask the driver.
+    fn kv_bases(&self, plan: &LayerPlan) -> Result<(crate::KvLocation, u64, u64)>;
+
+    /// Pages `pages` (each `page_elems` contiguous elements of K and of V,
+    /// checked in range by the caller), page after page.
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] (driver).
+    fn read_kv_pages(
+        &self,
+        plan: &LayerPlan,
+        page_elems: usize,
+        pages: &[usize],
+    ) -> Result<KvSnapshot>;
+
+    /// Writes page `i` of `data` into page `pages[i]` (caller-checked: in
+    /// range, distinct, `data` holding `pages.len()` pages).
+    ///
+    /// # Errors
+    /// [`BackendError::Batch`] naming `format` when `data`'s element type is
+    /// not the cache's; [`BackendError::Kernel`] (driver).
+    fn write_kv_pages(
+        &mut self,
+        plan: &LayerPlan,
+        page_elems: usize,
+        pages: &[usize],
+        data: &KvSnapshot,
+    ) -> Result<()>;
+}
+
+/// The error of pages whose element type is not the cache's.
+pub(crate) fn page_dtype_err() -> BackendError {
+    crate::error::batch_err(
+        "format",
+        "16-bit pages for an e4m3 cache, or e4m3 pages for a 16-bit cache",
+    )
+}
+
+/// Page `i` of `src` into page `pages[i]` of `dst` (host slices).
+pub(crate) fn copy_pages_in<T: Copy>(dst: &mut [T], src: &[T], page_elems: usize, pages: &[usize]) {
+    for (i, &p) in pages.iter().enumerate() {
+        dst[p * page_elems..][..page_elems].copy_from_slice(&src[i * page_elems..][..page_elems]);
+    }
+}
+
+/// Pages `pages` of `src`, page after page (host slices).
+pub(crate) fn copy_pages_out<T: Copy>(src: &[T], page_elems: usize, pages: &[usize]) -> Vec<T> {
+    let mut out = Vec::with_capacity(pages.len() * page_elems);
+    for &p in pages {
+        out.extend_from_slice(&src[p * page_elems..][..page_elems]);
+    }
+    out
 }
 
 /// `(bmm1, bmm2)` of a layer with query scale `q_scale`: the D8 resolver
