@@ -13,7 +13,8 @@
 //! layer sends: no string conversion per call) or, equally accepted, its
 //! name; the description arrives as a [`Desc`], read straight out of the
 //! tuples (one type check per tuple, items by index) rather than through
-//! PyO3's generic sequence conversion.
+//! PyO3's generic sequence conversion. A tensor object in place of a tuple
+//! is read through the DLPack exchange API ([`crate::exchange`]).
 
 use pyo3::types::{PyAnyMethods, PyTuple, PyTupleMethods};
 use pyo3::{Borrowed, FromPyObject, PyAny, PyErr};
@@ -66,6 +67,19 @@ impl Dtype {
             6 => Self::E4m3,
             _ => return None,
         })
+    }
+
+    /// The code of [`Self::from_code`].
+    pub fn code(self) -> u64 {
+        match self {
+            Self::Bf16 => 0,
+            Self::F16 => 1,
+            Self::F32 => 2,
+            Self::I32 => 3,
+            Self::I64 => 4,
+            Self::U8 => 5,
+            Self::E4m3 => 6,
+        }
     }
 
     /// The torch name (what error messages say).
@@ -157,7 +171,10 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Desc {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> Result<Self, PyErr> {
-        let t = obj.cast::<PyTuple>()?;
+        let Ok(t) = obj.cast::<PyTuple>() else {
+            // A tensor object itself: the DLPack exchange fast path.
+            return crate::exchange::desc(obj);
+        };
         if t.len() != 5 {
             return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                 "a tensor description has 5 items (data_ptr, dtype, shape, strides, device), \

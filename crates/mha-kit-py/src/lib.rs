@@ -24,6 +24,7 @@ pub mod attn;
 pub mod cuda;
 pub mod desc;
 pub mod error;
+pub mod exchange;
 pub mod host;
 pub mod meta;
 pub mod probe;
@@ -94,6 +95,7 @@ type ErrWord = Option<(u32, u32)>;
     cum_seq_lens_q, stream))]
 #[allow(clippy::too_many_arguments)]
 fn decode(
+    py: Python<'_>,
     query: Desc,
     k_cache: Desc,
     v_cache: Desc,
@@ -109,8 +111,21 @@ fn decode(
     q_len_per_req: Option<usize>,
     max_q_len: Option<usize>,
     cum_seq_lens_q: Option<Desc>,
-    stream: u64,
+    stream: Option<u64>,
 ) -> PyResult<ErrWord> {
+    // `None`: the caller passed tensor objects; the framework's current
+    // stream of the query's device, through the exchange API.
+    let stream = match stream {
+        Some(s) => s,
+        None if query.device >= 0 => {
+            exchange::current_stream(py, query.device)?.ok_or_else(|| {
+                InvalidArgument::new_err(
+                    "argument `stream`: None needs the DLPack exchange API's current_work_stream",
+                )
+            })?
+        }
+        None => 0,
+    };
     guard(|| {
         let c = attn::validate(
             attn::AttnInputs {
@@ -424,6 +439,10 @@ fn _timing(enable: Option<bool>, reset: bool) -> (u64, u64, u64, u64) {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("InvalidArgument", m.py().get_type::<InvalidArgument>())?;
     m.add("DeviceError", m.py().get_type::<DeviceError>())?;
+    m.add(
+        "NotExchangeable",
+        m.py().get_type::<exchange::NotExchangeable>(),
+    )?;
     m.add("WORKSPACE_COUNTER_BYTES", cuda::COUNTER_ELEMS * 4)?;
     m.add("Q_MODE_NONE", meta::q_mode::NONE)?;
     m.add("Q_MODE_CUMSUM", meta::q_mode::CUMSUM)?;
@@ -442,5 +461,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_missing, m)?)?;
     m.add_function(wrap_pyfunction!(_stub_launches, m)?)?;
     m.add_function(wrap_pyfunction!(_timing, m)?)?;
+    m.add_function(wrap_pyfunction!(exchange::register_exchange_api, m)?)?;
+    m.add_function(wrap_pyfunction!(exchange::exchange_api_registered, m)?)?;
+    m.add_function(wrap_pyfunction!(exchange::_exchange_describe, m)?)?;
     Ok(())
 }

@@ -1,7 +1,8 @@
 """GPU tests of mha_kit (skipped, reported as skipped, without torch or a
 CUDA device): every function against the float64 definitions of
 ``reference.py`` on random ragged batches, CUDA-graph capture and replay,
-``torch.compile``, and the first call's module load time.
+``torch.compile``, the first call's module load time, and the DLPack exchange
+fast path against the Python descriptions.
 
 On the GPU host: ``MHA_KIT_REQUIRE_GPU=1 python -m pytest -v tests/test_gpu.py``
 (the variable turns a missing GPU into a failure).
@@ -269,6 +270,15 @@ for _ in range(200):
     mha_kit.trtllm_batch_decode_with_kv_cache(q, (kc, kc), ws, bt, sl, 256, bmm1_scale=0.1, out=out)
 t4 = time.perf_counter()
 torch.cuda.synchronize()
+# The same with the DLPack exchange fast path off (Python descriptions).
+exchange = mha_kit._tensor.EXCHANGE
+mha_kit._tensor.EXCHANGE = False
+t5 = time.perf_counter()
+for _ in range(200):
+    mha_kit.trtllm_batch_decode_with_kv_cache(q, (kc, kc), ws, bt, sl, 256, bmm1_scale=0.1, out=out)
+t6 = time.perf_counter()
+mha_kit._tensor.EXCHANGE = exchange
+torch.cuda.synchronize()
 # The same calls with the native probes on: the time inside the native
 # function (after PyO3's argument conversion) and in the launcher alone.
 mha_kit._native._timing(True, True)
@@ -281,6 +291,8 @@ launcher = launch_ns / max(launches, 1) / 1e3
 print(f"first_call_s {t1 - t0:.4f}")
 print(f"host_us_per_call {host:.2f}")
 print(f"host_us_per_call_out_given {(t4 - t3) / 200 * 1e6:.2f}")
+print(f"dlpack_exchange {exchange}")
+print(f"host_us_per_call_out_given_descriptions {(t6 - t5) / 200 * 1e6:.2f}")
 print(f"native_us_per_call {native_ns / max(calls, 1) / 1e3:.2f}")
 print(f"launcher_us_per_call {launcher:.2f}")
 print(f"beyond_launcher_us_per_call {host - launcher:.2f}")
@@ -293,6 +305,40 @@ print("sources", mha_kit.module_sources())
     print(r.stdout)
     first = float(r.stdout.split("first_call_s ")[1].split()[0])
     assert first < 1.0, r.stdout
+
+
+def test_dlpack_exchange_fast_path_equals_descriptions():
+    """torch >= 2.10 publishes the DLPack C exchange API: mha_kit then reads
+    CUDA tensors natively (torch's current stream included), and every decode
+    case's output equals the Python-description path's bit for bit."""
+    from mha_kit import _tensor
+
+    warm, t = _case("exchange-warm", **dict(DECODE[0][1]))
+    mha_kit.trtllm_batch_decode_with_kv_cache(t["q"], (t["k"], t["v"]), _ws(),
+                                              t["block_tables"], t["seq_lens"],
+                                              warm["max_seq_len"])
+    have_api = hasattr(torch.Tensor, "__dlpack_c_exchange_api__") or hasattr(
+        torch.Tensor, "__c_dlpack_exchange_api__")
+    assert _tensor.EXCHANGE == have_api, (torch.__version__, _tensor.EXCHANGE)
+    if not have_api:
+        pytest.skip(f"torch {torch.__version__} has no DLPack exchange API")
+    for name, kw in DECODE:
+        c, t = _case(name, **dict(kw))
+        layout = kw.get("layout", "HND")
+        n = kw["q_lens"][0]
+        outs = []
+        for on in (True, False):
+            _tensor.EXCHANGE = on
+            try:
+                outs.append(mha_kit.trtllm_batch_decode_with_kv_cache(
+                    t["q"], (t["k"], t["v"]), _ws(), t["block_tables"], t["seq_lens"],
+                    c["max_seq_len"], bmm1_scale=1 / math.sqrt(kw["d"]),
+                    window_left=kw.get("window_left", -1), sinks=t["sinks"],
+                    kv_layout=layout, q_len_per_req=n))
+            finally:
+                _tensor.EXCHANGE = have_api
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), name
 
 
 def test_bad_device_input_is_an_exception_not_a_crash():

@@ -105,8 +105,22 @@ def _unsupported(**kw):
 def _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                  max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
                  max_q_len, cum_seq_lens_q, kv_layout):
-    # The eager hot path (issue 15): one describe per tensor, no helper
-    # calls for absent optionals, the layout handled only when it is NHD.
+    # The eager hot path (issue 15). With the DLPack exchange API the native
+    # side reads the tensors itself (and torch's current stream: `None`);
+    # anything it cannot read comes back as NotExchangeable before any
+    # launch, and takes the descriptions below.
+    if _tensor.EXCHANGE and kv_layout == "HND":
+        try:
+            return _native.decode(
+                query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
+                int(max_seq_len), float(bmm1_scale), float(bmm2_scale), int(window_left),
+                sinks, None if q_len_per_req is None else int(q_len_per_req),
+                None if max_q_len is None else int(max_q_len), cum_seq_lens_q, None,
+            )
+        except _native.NotExchangeable:
+            pass
+    # Descriptions: one describe per tensor, no helper calls for absent
+    # optionals, the layout handled only when it is NHD.
     q = describe(query, "query")
     if kv_layout == "HND":
         k = describe(k_cache, "k_cache")
