@@ -56,7 +56,7 @@ use criterion::{BenchmarkGroup, BenchmarkId, Criterion};
 use kernel_rt::cudarc::driver::sys::CUevent_flags;
 use kernel_rt::cudarc::driver::{CudaEvent, CudaSlice};
 use kernel_rt::timing::{copy_ceiling_gbps, fill_stream, median, per_launch_us, time_iters};
-use kernel_rt::{gpu_status, ErrorReport, Gpu, GpuStatus, KernelError};
+use kernel_rt::{gpu_status, Gpu, GpuStatus, KernelError};
 use mha_backend::{
     BackendConfig, Device, ExecutorKind, ForwardBatch, GraphKind, LayerConfig, MhaBackend,
     TensorRef,
@@ -253,7 +253,7 @@ struct Row {
     /// Timed eager runs whose host time exceeded the stream fill.
     fill_short: usize,
     same_output: bool,
-    errors: ErrorReport,
+    errors: mha_backend::DeviceErrorReport,
 }
 
 impl Row {
@@ -622,7 +622,7 @@ fn print_tables(gpu: &Gpu, ceiling: f64, out: &[Outcome]) {
                 if r.errors.is_clean() {
                     "clean".to_string()
                 } else {
-                    format!("count {} flags {:#x}", r.errors.count, r.errors.flags)
+                    r.errors.to_string()
                 }
             );
         }

@@ -150,6 +150,7 @@ mod config;
 mod cuda;
 mod engine;
 mod error;
+mod errors;
 mod executor;
 mod graph;
 mod metadata;
@@ -172,6 +173,7 @@ pub use engine::{
     View, ViewMut,
 };
 pub use error::{BackendError, Result};
+pub use errors::{flag_names, DeviceErrorReport};
 pub use executor::{
     CpuExecutor, Device, DeviceMetadata, Executor, ExecutorKind, KvLoc, KvSnapshot, LayerPlan,
     Tensor, TensorRef,

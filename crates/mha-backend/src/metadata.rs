@@ -1,11 +1,10 @@
 //! Eager forward metadata (SEMANTICS.md §backend.2–3), built on the host with the
 //! page-table and swa-pool CPU references.
 
-use kernel_rt::ErrorReport;
-
 use crate::batch::{AttnMode, ForwardBatch, ForwardMode, SpecInfo};
 use crate::config::MAX_DECODE_Q_LEN;
 use crate::error::{batch_err, Result};
+use crate::errors::DeviceErrorReport;
 use crate::pools::Pools;
 
 /// Metadata of one forward pass (SEMANTICS.md §backend.2), host copies.
@@ -40,9 +39,9 @@ pub struct ForwardMetadata {
     pub is_ragged_verify: bool,
     /// Query rows of the pass, `cu_seqlens_q[bs]`.
     pub num_tokens: usize,
-    /// Device-error events of the page-table build and translation
-    /// (combined count; flags of page-table and swa-pool ORed), clean normally.
-    pub errors: ErrorReport,
+    /// Device-error events of the page-table build (`page_table`) and the
+    /// SWA translation (`swa_pool`), clean normally.
+    pub errors: DeviceErrorReport,
     /// The `out_cache_loc` that `swa_out_cache_loc` translates.
     pub(crate) source_out_cache_loc: Vec<i64>,
     pub(crate) req_pool_indices: Vec<i64>,
@@ -350,17 +349,20 @@ pub(crate) fn build_on(
         full_to_swa: map,
         pool_slots: pools.pool_slots,
     };
-    let mut errors = page_table::reference::build_page_table(
-        &input,
-        &mut page_table,
-        m,
-        swa_page_table.as_mut().map(|t| (t.as_mut_slice(), m)),
-    );
+    let mut errors = DeviceErrorReport {
+        page_table: page_table::reference::build_page_table(
+            &input,
+            &mut page_table,
+            m,
+            swa_page_table.as_mut().map(|t| (t.as_mut_slice(), m)),
+        ),
+        ..DeviceErrorReport::default()
+    };
     // SWA write locations (swa-pool reference translation).
     let swa_out_cache_loc = map.map(|map| {
         let mut out = vec![0i64; batch.out_cache_loc.len()];
         let e = swa_pool::reference::translate_locs(map, &batch.out_cache_loc, &mut out);
-        errors.merge(e);
+        errors.swa_pool.merge(e);
         out
     });
     Ok(ForwardMetadata {

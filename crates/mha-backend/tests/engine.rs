@@ -718,3 +718,77 @@ fn bad_engine_views_are_typed_errors_naming_the_argument() {
         "kv_cache"
     );
 }
+
+/// Corrupt device data is skipped and counted by the family that met it,
+/// each family's report apart: `req_to_token` entries past the cache make
+/// the K/V write (their slots) and attention (their page) count, under
+/// their own flag names (the page-table build copies page ids without
+/// knowing the cache size); the other request's rows are unaffected.
+#[test]
+fn device_errors_stay_with_their_family() {
+    let config = dense();
+    let mut rng = StdRng::seed_from_u64(9);
+    let mut eng = MhaBackend::new(config.clone(), Device::Cpu).unwrap();
+    let mut e = OwnPages::new(config.clone(), 16);
+    e.set_row(1, &[3, 7], 6);
+    // Row 2: its second page is far outside the 16-page cache.
+    e.set_row(2, &[5, 1000], 6);
+    let loc: Vec<i64> = (0..6)
+        .map(|j| i64::from(e.r2t[e.width + j]))
+        .chain((0..6).map(|j| i64::from(e.r2t[2 * e.width + j])))
+        .collect();
+    let io = inputs(&mut rng, &config, 12);
+    let before = e.caches.clone();
+    let out = e.pass(
+        &mut eng,
+        &extend_vecs(vec![1, 2], &[0, 0], &[6, 6], loc),
+        &io,
+        1.0,
+    );
+    let errs = eng.device_errors();
+    assert!(!errs.is_clean());
+    assert!(errs.kv_write.count > 0, "{errs}");
+    assert!(errs.attention.count > 0, "{errs}");
+    assert!(
+        errs.swa_pool.is_clean() && errs.page_table.is_clean(),
+        "{errs}"
+    );
+    assert_eq!(errs.count(), errs.kv_write.count + errs.attention.count);
+    let ev = errs.events();
+    assert!(ev.iter().any(|x| x.starts_with("fp8-kv: ")), "{ev:?}");
+    assert!(
+        ev.iter().any(|x| x.starts_with("paged-attention: ")),
+        "{ev:?}"
+    );
+    assert!(
+        ev.iter().all(|x| !x.contains("bits 0x")),
+        "unnamed bits: {ev:?}"
+    );
+    // Row 1 (6 rows) is the same as alone.
+    let mut alone = MhaBackend::new(config.clone(), Device::Cpu).unwrap();
+    let mut e1 = OwnPages::new(config.clone(), 16);
+    e1.caches = before;
+    e1.set_row(1, &[3, 7], 6);
+    let loc1: Vec<i64> = (0..6).map(|j| i64::from(e1.r2t[e1.width + j])).collect();
+    let io1: Vec<_> = io
+        .iter()
+        .map(|(q, k, v)| {
+            let (qh, kh) = (q.len() / 2, k.len() / 2);
+            (q[..qh].to_vec(), k[..kh].to_vec(), v[..kh].to_vec())
+        })
+        .collect();
+    let out1 = e1.pass(
+        &mut alone,
+        &extend_vecs(vec![1], &[0], &[6], loc1),
+        &io1,
+        1.0,
+    );
+    for (l, (o, o1)) in out.iter().zip(&out1).enumerate() {
+        assert_eq!(
+            &o[..o1.len()],
+            &o1[..],
+            "layer {l}: row 1 changed by row 2's bad page"
+        );
+    }
+    assert!(alone.device_errors().is_clean());
+}

@@ -313,7 +313,7 @@ pub fn run(allow_gpu: bool) -> Result<String, Box<dyn Error>> {
     writeln!(
         out,
         "steps: 1 extend + {DECODE_STEPS} decode; device errors: {} event(s)",
-        errors.count
+        errors.count()
     )?;
     Ok(out)
 }

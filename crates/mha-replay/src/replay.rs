@@ -144,12 +144,12 @@ impl Models {
     }
 
     /// Every rank's device errors, merged.
-    fn device_errors(&mut self) -> Result<kernel_rt::ErrorReport> {
-        let mut errs = kernel_rt::ErrorReport::default();
+    fn device_errors(&mut self) -> Result<mha_backend::DeviceErrorReport> {
+        let mut errs = mha_backend::DeviceErrorReport::default();
         for rank in &mut self.ranks {
-            errs.merge(rank.target.device_errors());
+            errs.merge(&rank.target.device_errors());
             if let Some(d) = &mut rank.draft {
-                errs.merge(d.main()?.device_errors());
+                errs.merge(&d.main()?.device_errors());
             }
         }
         Ok(errs)
@@ -615,7 +615,7 @@ pub fn run_ranks(
             let s0 = &shards[r][0][0];
             let mut e = rank.target.device_errors();
             if let Some(d) = &mut rank.draft {
-                e.merge(d.main()?.device_errors());
+                e.merge(&d.main()?.device_errors());
             }
             rank_reports.push(RankReport {
                 rank: r,
@@ -638,7 +638,7 @@ pub fn run_ranks(
                     0.0
                 },
                 flops: t.flops,
-                device_errors: e.count,
+                device_errors: e.count(),
             });
         }
     }
@@ -722,10 +722,7 @@ pub fn run_ranks(
         modes,
         totals,
         check,
-        device_errors: DeviceErrorsReport {
-            count: errs.count,
-            flags: errs.flags,
-        },
+        device_errors: DeviceErrorsReport::of(&errs),
         by_batch_size,
         ranks: rank_reports,
     };

@@ -92,7 +92,7 @@ impl MhaBackend {
                     format!("{:?} resolved as {:?}", batch.mode, m.mode),
                 ));
             }
-            core.errors.merge(m.errors);
+            core.errors.merge(&m.errors);
             shape.host = Some(m);
         } else {
             core.executor.engine_metadata(batch, &shape)?;
@@ -149,7 +149,7 @@ impl MhaBackend {
         let e = core
             .executor
             .engine_forward(plan, shape, batch, io, save_kv)?;
-        core.errors.merge(e);
+        core.errors.merge(&e);
         Ok(())
     }
 

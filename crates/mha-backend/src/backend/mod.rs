@@ -11,6 +11,7 @@ use crate::config::BackendConfig;
 use crate::cuda::CudaExecutor;
 use crate::engine::EngineShape;
 use crate::error::{batch_err, BackendError, Result};
+use crate::errors::DeviceErrorReport;
 use crate::executor::{
     CpuExecutor, Device, DeviceMetadata, Executor, ExecutorKind, KvLoc, KvSnapshot, LayerPlan,
     Tensor, TensorRef,
@@ -34,7 +35,7 @@ struct Core {
     pools: Pools,
     executor: Box<dyn Executor>,
     workspace_bytes: usize,
-    errors: ErrorReport,
+    errors: DeviceErrorReport,
 }
 
 impl Core {
@@ -123,7 +124,7 @@ impl Core {
             pools,
             executor,
             workspace_bytes,
-            errors: ErrorReport::default(),
+            errors: DeviceErrorReport::default(),
         })
     }
 }
@@ -193,21 +194,27 @@ impl MhaBackend {
 
     /// Device-error events accumulated by metadata builds, KV writes,
     /// attention and (CUDA executor) the `req_to_token` update
-    /// (out-of-range slots / pages / entries skipped and counted). The flags
-    /// are each family's bits OR-ed together, so a bit names its event only
-    /// together with the family that set it. On the
+    /// (out-of-range slots / pages / entries skipped and counted), one
+    /// report per kernel family ([`DeviceErrorReport`]: a flag bit names its
+    /// event only within its family, so families are never OR-ed). On the
     /// CUDA executor this reads the device error words (a stream
-    /// synchronisation); if that read fails the result is
+    /// synchronisation); if that read fails every family reads
     /// `count = flags = u32::MAX`.
-    pub fn device_errors(&self) -> ErrorReport {
+    pub fn device_errors(&self) -> DeviceErrorReport {
         let core = self.core();
         let mut e = core.errors;
         match core.executor.device_errors() {
-            Ok(d) => e.merge(d),
+            Ok(d) => e.merge(&d),
             Err(_) => {
-                e = ErrorReport {
+                let all = ErrorReport {
                     count: u32::MAX,
                     flags: u32::MAX,
+                };
+                e = DeviceErrorReport {
+                    page_table: all,
+                    swa_pool: all,
+                    kv_write: all,
+                    attention: all,
                 }
             }
         }
@@ -310,7 +317,7 @@ impl MhaBackend {
             )?;
             let core = &mut *core;
             core.executor.prepare_metadata(&m, &core.pools)?;
-            core.errors.merge(m.errors);
+            core.errors.merge(&m.errors);
             m
         };
         Ok(self.metadata.insert(meta))
@@ -411,7 +418,7 @@ impl MhaBackend {
                             &batch.out_cache_loc,
                             &mut out,
                         );
-                        core.errors.merge(e);
+                        core.errors.swa_pool.merge(e);
                         translated = out;
                         &translated
                     }
@@ -425,12 +432,12 @@ impl MhaBackend {
                 prepared: same_locs,
             };
             let e = core.executor.write_kv(plan, loc, k, v)?;
-            core.errors.merge(e);
+            core.errors.kv_write.merge(e);
         }
         let (out, e) = core
             .executor
             .attention(plan, meta, core.config.page_size, q)?;
-        core.errors.merge(e);
+        core.errors.attention.merge(e);
         Ok(out)
     }
 

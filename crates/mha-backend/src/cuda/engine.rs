@@ -8,7 +8,7 @@ use fp8_kv::KvWriteKernel;
 use graph_metadata::GraphMetadataKernel;
 use kernel_rt::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use kernel_rt::cudarc::driver::{CudaSlice, CudaStream};
-use kernel_rt::{DeviceErrors, ErrorReport, Strided};
+use kernel_rt::{DeviceErrors, Strided};
 use paged_attention::{ContextKernel, HalfDtype, PagedAttentionKernel, SplitMode};
 
 use crate::batch::AttnMode;
@@ -128,9 +128,9 @@ impl CudaExecutor {
         batch: &EngineBatch<'_>,
         io: &mut EngineLayer<'_>,
         save_kv: bool,
-    ) -> Result<ErrorReport> {
+    ) -> Result<crate::DeviceErrorReport> {
         if shape.bs == 0 && shape.num_tokens == 0 {
-            return Ok(ErrorReport::default());
+            return Ok(crate::DeviceErrorReport::default());
         }
         let Self {
             gpu,
@@ -173,7 +173,7 @@ impl CudaExecutor {
             io,
             save_kv,
         )?;
-        Ok(ErrorReport::default())
+        Ok(crate::DeviceErrorReport::default())
     }
 }
 

@@ -242,7 +242,7 @@ impl Executor for CudaExecutor {
         batch: &EngineBatch<'_>,
         io: &mut EngineLayer<'_>,
         save_kv: bool,
-    ) -> Result<ErrorReport> {
+    ) -> Result<crate::DeviceErrorReport> {
         self.engine_forward_impl(plan, shape, batch, io, save_kv)
     }
 
@@ -578,18 +578,15 @@ impl Executor for CudaExecutor {
         }
     }
 
-    fn device_errors(&self) -> Result<ErrorReport> {
+    fn device_errors(&self) -> Result<crate::DeviceErrorReport> {
         // K/V writes, attention, and the req_to_token update (page-table's
-        // BAD_ENTRY: a backend bug if ever counted).
-        let mut total = ErrorReport::default();
-        for e in [
-            &self.write_errors,
-            &self.attn_errors,
-            &self.maps.scatter_errors,
-        ] {
-            total.merge(e.read()?);
-        }
-        Ok(total)
+        // BAD_ENTRY: a backend bug if ever counted), each its own family.
+        Ok(crate::DeviceErrorReport {
+            kv_write: self.write_errors.read()?,
+            attention: self.attn_errors.read()?,
+            page_table: self.maps.scatter_errors.read()?,
+            swa_pool: ErrorReport::default(),
+        })
     }
 
     fn set_part_timer(&mut self, timer: Option<PartTimer>) -> Result<Option<PartTimer>> {

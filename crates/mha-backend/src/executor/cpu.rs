@@ -230,13 +230,13 @@ impl Executor for CpuExecutor {
         batch: &EngineBatch<'_>,
         io: &mut EngineLayer<'_>,
         save_kv: bool,
-    ) -> Result<ErrorReport> {
+    ) -> Result<crate::DeviceErrorReport> {
         let _ = batch;
         let meta = shape
             .host
             .as_ref()
             .ok_or_else(|| BackendError::Metadata("no host metadata of the engine pass".into()))?;
-        let mut errors = ErrorReport::default();
+        let mut errors = crate::DeviceErrorReport::default();
         let (hq, hkv, d) = (plan.num_q_heads, plan.num_kv_heads, plan.head_dim);
         let [pages, _, page_size, _] = io.kv_cache.shape();
         if let (true, Some(k), Some(v)) = (save_kv, &io.k, &io.v) {
@@ -283,7 +283,7 @@ impl Executor for CpuExecutor {
                     token_stride: ts,
                 })
             }
-            errors.merge(match &mut io.kv_cache {
+            errors.kv_write.merge(match &mut io.kv_cache {
                 EngineKvCache::Half { k, v } => {
                     fp8_kv::reference::set_kv_buffer_paged(&w, &mut paged(k)?, &mut paged(v)?)
                 }
@@ -367,7 +367,7 @@ impl Executor for CpuExecutor {
                 sinks: plan.sinks.as_deref(),
             };
             let r = self.reference(&input, meta.mode);
-            errors.merge(r.errors);
+            errors.attention.merge(r.errors);
             let dt = self.model_dtype;
             for (o, &x) in out.iter_mut().zip(&r.out) {
                 *o = dt.from_f64(x);

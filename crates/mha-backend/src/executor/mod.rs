@@ -301,8 +301,8 @@ pub trait Executor: Send + std::fmt::Debug {
     ///
     /// # Errors
     /// [`BackendError::Kernel`] (driver).
-    fn device_errors(&self) -> Result<ErrorReport> {
-        Ok(ErrorReport::default())
+    fn device_errors(&self) -> Result<crate::DeviceErrorReport> {
+        Ok(crate::DeviceErrorReport::default())
     }
 
     /// Installs `timer` (or, with `None`, removes the installed one) and
@@ -436,7 +436,7 @@ pub trait Executor: Send + std::fmt::Debug {
         batch: &EngineBatch<'_>,
         io: &mut EngineLayer<'_>,
         save_kv: bool,
-    ) -> Result<ErrorReport>;
+    ) -> Result<crate::DeviceErrorReport>;
 
     /// Engine path: captures one whole engine step as a CUDA graph (the
     /// metadata launch from the engine's views, then every layer's write

@@ -265,13 +265,48 @@ pub struct Totals {
     pub wall_s: f64,
 }
 
-/// The device error word the backend accumulated (0 expected).
+/// The device-error events the backends counted (0 expected), per kernel
+/// family: a flag bit means something only within its family.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct DeviceErrorsReport {
+    /// Events of every family.
+    pub count: u32,
+    /// The families that counted events.
+    pub families: Vec<FamilyErrors>,
+}
+
+/// One kernel family's device-error events.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct FamilyErrors {
+    /// Kernel family (`page-table`, `swa-pool`, `fp8-kv`, `paged-attention`).
+    pub family: String,
     /// Events.
     pub count: u32,
-    /// Flags ORed.
+    /// The family's flag bits, OR-ed over its events.
     pub flags: u32,
+    /// Names of the set flags (the family's `ErrorFlags`).
+    pub events: Vec<String>,
+}
+
+impl DeviceErrorsReport {
+    /// The report of `e`.
+    pub fn of(e: &mha_backend::DeviceErrorReport) -> Self {
+        let families = e
+            .families()
+            .iter()
+            .filter(|(_, r, _)| !r.is_clean())
+            .map(|(name, r, flags)| FamilyErrors {
+                family: (*name).into(),
+                count: r.count,
+                flags: r.flags,
+                events: mha_backend::flag_names(*r, flags),
+            })
+            .collect();
+        Self {
+            count: e.count(),
+            families,
+        }
+    }
 }
 
 /// One tensor-parallel rank's figures (`--tp N`, N > 1): its heads (of

@@ -324,10 +324,20 @@ impl Report {
         );
         row(
             "device errors",
-            format!(
-                "{} (flags {:#x})",
-                self.device_errors.count, self.device_errors.flags
-            ),
+            if self.device_errors.families.is_empty() {
+                format!("{}", self.device_errors.count)
+            } else {
+                format!(
+                    "{} ({})",
+                    self.device_errors.count,
+                    self.device_errors
+                        .families
+                        .iter()
+                        .map(|f| format!("{} {}: {}", f.family, f.count, f.events.join(", ")))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )
+            },
         );
         row(
             "host time",
