@@ -26,11 +26,22 @@ pub struct DeviceErrorReport {
     /// paged-attention: decode, verify, context and merge launches (page
     /// ids outside the cache, bad row offsets).
     pub attention: ErrorReport,
+    /// graph-metadata: the CUDA executor's fused metadata launches (eager
+    /// passes, graph replays, the engine path), which build the page tables
+    /// and SWA slots on the device; the CPU executor's builds count under
+    /// `page_table` / `swa_pool` instead.
+    pub metadata: ErrorReport,
 }
 
 impl DeviceErrorReport {
     /// Family names, in [`Self::families`] order.
-    pub const FAMILIES: [&'static str; 4] = ["page-table", "swa-pool", "fp8-kv", "paged-attention"];
+    pub const FAMILIES: [&'static str; 5] = [
+        "page-table",
+        "swa-pool",
+        "fp8-kv",
+        "paged-attention",
+        "graph-metadata",
+    ];
 
     /// No family counted an event.
     pub fn is_clean(&self) -> bool {
@@ -45,7 +56,7 @@ impl DeviceErrorReport {
     }
 
     /// `(family, report, the family's flag set)` for each family.
-    pub fn families(&self) -> [(&'static str, ErrorReport, &'static [Flag]); 4] {
+    pub fn families(&self) -> [(&'static str, ErrorReport, &'static [Flag]); 5] {
         [
             (
                 Self::FAMILIES[0],
@@ -59,6 +70,11 @@ impl DeviceErrorReport {
                 self.attention,
                 paged_attention::ErrorFlags::ABI,
             ),
+            (
+                Self::FAMILIES[4],
+                self.metadata,
+                graph_metadata::ErrorFlags::ABI,
+            ),
         ]
     }
 
@@ -68,6 +84,7 @@ impl DeviceErrorReport {
         self.swa_pool.merge(other.swa_pool);
         self.kv_write.merge(other.kv_write);
         self.attention.merge(other.attention);
+        self.metadata.merge(other.metadata);
     }
 
     /// `family: FLAG` for every set flag bit ([`flag_names`]).

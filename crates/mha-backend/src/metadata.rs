@@ -28,10 +28,17 @@ pub struct ForwardMetadata {
     /// `M`: page-table width.
     pub max_num_pages: usize,
     /// `[bs, M]` i32 page table (row stride `M`); entries past each row's
-    /// live prefix are unspecified (0 on the CPU executor).
+    /// live prefix are unspecified (0 on the CPU executor). Empty when
+    /// `tables_on_host` is false.
     pub page_table: Vec<i32>,
-    /// `[bs, M]` i32 SWA page table, with an SWA pool.
+    /// `[bs, M]` i32 SWA page table, with an SWA pool (empty when
+    /// `tables_on_host` is false).
     pub swa_page_table: Option<Vec<i32>>,
+    /// Whether the host built the page tables. The CUDA executor builds
+    /// them (and the SWA slots) on the device, so its host metadata holds
+    /// the lengths, offsets and mode only; [`crate::MhaBackend::reference_metadata`]
+    /// builds the full host metadata on demand.
+    pub tables_on_host: bool,
     /// `[num_tokens]` i64 SWA write slots (`translate(out_cache_loc)`), with
     /// an SWA pool.
     pub swa_out_cache_loc: Option<Vec<i64>>,
@@ -71,13 +78,20 @@ impl MetaId {
 impl ForwardMetadata {
     /// Live prefix of page-table row `row` (`ceil(cache_seqlens[row] / P)`
     /// entries, clamped to `M`).
+    /// Empty when the tables were not built on the host.
     pub fn page_row(&self, row: usize, page_size: usize) -> &[i32] {
+        if !self.tables_on_host {
+            return &[];
+        }
         let n = self.live_pages(row, page_size);
         &self.page_table[row * self.max_num_pages..][..n]
     }
 
     /// Live prefix of SWA page-table row `row`, with an SWA pool.
     pub fn swa_page_row(&self, row: usize, page_size: usize) -> Option<&[i32]> {
+        if !self.tables_on_host {
+            return self.swa_page_table.as_ref().map(|_| &[][..]);
+        }
         let n = self.live_pages(row, page_size);
         self.swa_page_table
             .as_ref()
@@ -193,22 +207,35 @@ impl<'a> Tables<'a> {
     }
 }
 
-/// Builds the eager metadata of `batch` (SEMANTICS.md §backend.3) against `pools`.
+/// Builds the eager metadata of `batch` (SEMANTICS.md §backend.3) against
+/// `pools`; the page tables and SWA slots only when `host_tables`.
 pub(crate) fn build(
     batch: &ForwardBatch,
     pools: &Pools,
     max_num_pages: usize,
     step_id: u32,
+    host_tables: bool,
 ) -> Result<ForwardMetadata> {
-    build_on(batch, &Tables::of(pools), max_num_pages, step_id)
+    build_on(
+        batch,
+        &Tables::of(pools),
+        max_num_pages,
+        step_id,
+        host_tables,
+    )
 }
 
-/// Builds the eager metadata of `batch` (SEMANTICS.md §backend.3) against `tables`.
+/// Builds the eager metadata of `batch` (SEMANTICS.md §backend.3) against
+/// `tables`. The batch is validated either way; without `host_tables` the
+/// page tables stay empty (an executor that builds them on the device
+/// counts their events there), and the SWA slots are still translated but
+/// their events not counted (the device translation counts them).
 pub(crate) fn build_on(
     batch: &ForwardBatch,
     pools: &Tables<'_>,
     max_num_pages: usize,
     step_id: u32,
+    host_tables: bool,
 ) -> Result<ForwardMetadata> {
     batch.check_lengths()?;
     let bs = batch.batch_size;
@@ -335,8 +362,9 @@ pub(crate) fn build_on(
     // Page tables: the eager builder (page-table reference) over the live map.
     let m = max_num_pages;
     let map = pools.full_to_swa;
-    let mut page_table = vec![0i32; bs * m];
-    let mut swa_page_table = map.map(|_| vec![0i32; bs * m]);
+    let cells = if host_tables { bs * m } else { 0 };
+    let mut page_table = vec![0i32; cells];
+    let mut swa_page_table = map.map(|_| vec![0i32; cells]);
     let input = page_table::reference::HostInputs {
         req_to_token: pools.req_to_token,
         req_to_token_rows: pools.rows,
@@ -349,20 +377,22 @@ pub(crate) fn build_on(
         full_to_swa: map,
         pool_slots: pools.pool_slots,
     };
-    let mut errors = DeviceErrorReport {
-        page_table: page_table::reference::build_page_table(
+    let mut errors = DeviceErrorReport::default();
+    if host_tables {
+        errors.page_table = page_table::reference::build_page_table(
             &input,
             &mut page_table,
             m,
             swa_page_table.as_mut().map(|t| (t.as_mut_slice(), m)),
-        ),
-        ..DeviceErrorReport::default()
-    };
+        );
+    }
     // SWA write locations (swa-pool reference translation).
     let swa_out_cache_loc = map.map(|map| {
         let mut out = vec![0i64; batch.out_cache_loc.len()];
         let e = swa_pool::reference::translate_locs(map, &batch.out_cache_loc, &mut out);
-        errors.swa_pool.merge(e);
+        if host_tables {
+            errors.swa_pool.merge(e);
+        }
         out
     });
     Ok(ForwardMetadata {
@@ -376,6 +406,7 @@ pub(crate) fn build_on(
         max_num_pages: m,
         page_table,
         swa_page_table,
+        tables_on_host: host_tables,
         swa_out_cache_loc,
         is_ragged_verify: mode == AttnMode::RaggedVerify,
         num_tokens,
@@ -395,4 +426,70 @@ fn check_q_len(q: usize) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without host tables the build is the same metadata minus the page
+    /// tables (empty, `page_row` empty) and minus the tables' and SWA
+    /// translation's event counts; the SWA slots are still there.
+    #[test]
+    fn device_table_builds_keep_everything_but_the_tables() {
+        let p = 4;
+        let mut pools = Pools::new(p, 64, 4, 40, Some(40)).unwrap();
+        let rows: Vec<usize> = (0..3).map(|_| pools.alloc_request().unwrap()).collect();
+        let lens = [5usize, 12, 1];
+        let grow: Vec<(usize, usize)> = rows.iter().zip(lens).map(|(&r, l)| (r, l)).collect();
+        let all = pools.alloc_tokens(&grow).unwrap();
+        // One decode row per request: its last slot.
+        let mut loc = Vec::new();
+        let mut at = 0;
+        for l in lens {
+            at += l;
+            loc.push(all[at - 1]);
+        }
+        let batch = ForwardBatch::decode(
+            rows.iter().map(|&r| r as i64).collect(),
+            lens.iter().map(|&l| l as i64).collect(),
+            loc,
+        );
+        let m = 64 / p;
+        let full = build(&batch, &pools, m, 0, true).unwrap();
+        let lean = build(&batch, &pools, m, 0, false).unwrap();
+        assert!(full.tables_on_host && !lean.tables_on_host);
+        assert_eq!(full.page_table.len(), 3 * m);
+        assert!(lean.page_table.is_empty());
+        assert_eq!(lean.swa_page_table.as_deref(), Some(&[][..]));
+        for (r, len) in lens.iter().enumerate() {
+            assert_eq!(full.page_row(r, p).len(), len.div_ceil(p));
+            assert!(lean.page_row(r, p).is_empty());
+            assert_eq!(lean.swa_page_row(r, p), Some(&[][..]));
+        }
+        assert_eq!(lean.swa_out_cache_loc, full.swa_out_cache_loc);
+        assert!(lean.swa_out_cache_loc.is_some());
+        assert_eq!(full.cache_seqlens, lean.cache_seqlens);
+        assert_eq!(full.cu_seqlens_q, lean.cu_seqlens_q);
+        assert_eq!(full.cu_seqlens_k, lean.cu_seqlens_k);
+        assert_eq!(
+            (
+                full.mode,
+                full.batch_size,
+                full.num_tokens,
+                full.max_seq_len_q
+            ),
+            (
+                lean.mode,
+                lean.batch_size,
+                lean.num_tokens,
+                lean.max_seq_len_q
+            )
+        );
+        assert!(lean.errors.is_clean());
+        // A bad request row is still a typed error without host tables.
+        let mut bad = batch.clone();
+        bad.req_pool_indices[1] = 99;
+        assert!(build(&bad, &pools, m, 0, false).is_err());
+    }
 }

@@ -1165,3 +1165,27 @@ fn eager_metadata_matches_graph_reference() {
         Some(SpecInfo::Draft { step: None })
     ));
 }
+
+/// `reference_metadata` is the CPU executor's own metadata of the batch
+/// (page tables included), and stores nothing.
+#[test]
+fn reference_metadata_is_the_host_build() {
+    let (mut b, r) = backend_with_requests(2);
+    let loc = b.alloc_tokens(&[(r[0], 6), (r[1], 3)]).unwrap();
+    let batch = ForwardBatch::extend(
+        vec![r[0] as i64, r[1] as i64],
+        vec![0, 0],
+        vec![6, 3],
+        loc,
+        false,
+    );
+    let reference = b.reference_metadata(&batch).unwrap();
+    assert!(b.metadata().is_none(), "reference_metadata must not store");
+    let m = b.init_forward_metadata(&batch).unwrap().clone();
+    assert!(m.tables_on_host && reference.tables_on_host);
+    assert_eq!(reference.page_table, m.page_table);
+    assert_eq!(reference.cache_seqlens, m.cache_seqlens);
+    assert_eq!(reference.cu_seqlens_q, m.cu_seqlens_q);
+    assert_eq!(reference.page_row(0, 4), m.page_row(0, 4));
+    assert_eq!(m.page_row(0, 4).len(), 2);
+}

@@ -231,7 +231,9 @@ pub fn run(allow_gpu: bool) -> Result<String, Box<dyn Error>> {
         false,
     );
     let outs = eager_pass(&mut backend, &batch, 0)?;
-    if let Some(meta) = backend.metadata() {
+    // The host build of the batch's metadata with its page tables (the
+    // CUDA executor builds its own tables on the device).
+    if let Ok(meta) = backend.reference_metadata(&batch) {
         writeln!(
             out,
             "extend: req_pool_indices {rpi:?}, cache_seqlens {:?}, cu_seqlens_q {:?}",

@@ -85,6 +85,7 @@ impl MhaBackend {
                 &tables,
                 core.config.max_num_pages(),
                 self.step_id,
+                true,
             )?;
             if m.mode != batch.mode {
                 return Err(batch_err(

@@ -215,6 +215,7 @@ impl MhaBackend {
                     swa_pool: all,
                     kv_write: all,
                     attention: all,
+                    metadata: all,
                 }
             }
         }
@@ -314,6 +315,7 @@ impl MhaBackend {
                 &core.pools,
                 core.config.max_num_pages(),
                 self.step_id,
+                !core.executor.tables_on_device(),
             )?;
             let core = &mut *core;
             core.executor.prepare_metadata(&m, &core.pools)?;
@@ -321,6 +323,25 @@ impl MhaBackend {
             m
         };
         Ok(self.metadata.insert(meta))
+    }
+
+    /// The full host metadata of `batch` against the live pools, page
+    /// tables and SWA slots included, as the CPU executor builds it —
+    /// whatever this backend's executor — without storing it or counting
+    /// its events (inspection and tests; the CUDA executor's own host
+    /// metadata leaves the tables to the device).
+    ///
+    /// # Errors
+    /// As [`MhaBackend::init_forward_metadata`].
+    pub fn reference_metadata(&self, batch: &ForwardBatch) -> Result<ForwardMetadata> {
+        let core = self.core();
+        metadata::build(
+            batch,
+            &core.pools,
+            core.config.max_num_pages(),
+            self.step_id,
+            true,
+        )
     }
 
     /// One attention layer of the pass (SEMANTICS.md §backend.7):
@@ -532,7 +553,13 @@ impl MultiStepDraftBackend {
             .iter()
             .map(|s| {
                 let core = s.core();
-                metadata::build(batch, &core.pools, core.config.max_num_pages(), s.step_id)
+                metadata::build(
+                    batch,
+                    &core.pools,
+                    core.config.max_num_pages(),
+                    s.step_id,
+                    !core.executor.tables_on_device(),
+                )
             })
             .collect::<Result<Vec<_>>>()?;
         for (s, m) in self.steps.iter_mut().zip(metas) {

@@ -195,9 +195,8 @@ impl CudaExecutor {
         &self.gpu
     }
 
-    /// Device error events of the metadata launches (graph-metadata flags);
-    /// not part of [`Executor::device_errors`] because the host metadata
-    /// build already counts the eager ones. Synchronises.
+    /// Device error events of the metadata launches (graph-metadata flags;
+    /// also [`crate::DeviceErrorReport::metadata`]). Synchronises.
     ///
     /// # Errors
     /// [`BackendError::Kernel`] (driver).
@@ -310,6 +309,10 @@ impl Executor for CudaExecutor {
             t.close(AttnPart::KvWrite, a, stream)?;
         }
         Ok(ErrorReport::default())
+    }
+
+    fn tables_on_device(&self) -> bool {
+        true
     }
 
     fn prepare_metadata(&mut self, meta: &ForwardMetadata, pools: &Pools) -> Result<()> {
@@ -579,13 +582,16 @@ impl Executor for CudaExecutor {
     }
 
     fn device_errors(&self) -> Result<crate::DeviceErrorReport> {
-        // K/V writes, attention, and the req_to_token update (page-table's
-        // BAD_ENTRY: a backend bug if ever counted), each its own family.
+        // K/V writes, attention, the req_to_token update (page-table's
+        // BAD_ENTRY: a backend bug if ever counted) and the metadata
+        // launches (the host builds no tables for this executor), each its
+        // own family.
         Ok(crate::DeviceErrorReport {
             kv_write: self.write_errors.read()?,
             attention: self.attn_errors.read()?,
             page_table: self.maps.scatter_errors.read()?,
             swa_pool: ErrorReport::default(),
+            metadata: self.meta_errors.read()?,
         })
     }
 

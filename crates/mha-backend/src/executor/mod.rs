@@ -285,6 +285,13 @@ pub trait Executor: Send + std::fmt::Debug {
         Ok(())
     }
 
+    /// Whether this executor builds the page tables and SWA slots itself
+    /// (on the device, in [`Executor::prepare_metadata`]): the host then
+    /// builds only the lengths, offsets and mode, once.
+    fn tables_on_device(&self) -> bool {
+        false
+    }
+
     /// A host copy of the device metadata of the current eager pass
     /// (`graph = false`) or of the last graph replay (`graph = true`);
     /// `None` on an executor without device metadata.
