@@ -175,8 +175,8 @@ pub use engine::{
 pub use error::{BackendError, Result};
 pub use errors::{flag_names, DeviceErrorReport};
 pub use executor::{
-    CpuExecutor, Device, DeviceMetadata, Executor, ExecutorKind, KvLoc, KvSnapshot, LayerPlan,
-    Tensor, TensorRef,
+    CpuExecutor, Device, DeviceMetadata, Executor, ExecutorKind, GraphExecutor, KvLoc, KvSnapshot,
+    LayerPlan, Tensor, TensorRef,
 };
 pub use fp8_kv::{KvCacheDtype, KvScales};
 pub use graph::{GraphKey, GraphKind};

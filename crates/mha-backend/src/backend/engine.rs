@@ -5,7 +5,7 @@
 use crate::config::BackendConfig;
 use crate::engine::{EngineBatch, EngineKvCache, EngineLayer, EngineShape};
 use crate::error::{batch_err, BackendError, Result};
-use crate::executor::ExecutorKind;
+use crate::executor::{graphs_of_mut, ExecutorKind};
 use crate::graph::{GraphKey, GraphKind};
 use crate::metadata;
 
@@ -215,8 +215,14 @@ impl MhaBackend {
         for (plan, io) in core.plans.iter().zip(layers.iter()) {
             check_engine_layer(plan, io, shape.num_tokens, &core.config, save_kv)?;
         }
-        core.executor
-            .capture_engine_graph(key, &core.plans, &shape, batch, layers, save_kv)?;
+        graphs_of_mut(core.executor.as_mut())?.capture_engine_graph(
+            key,
+            &core.plans,
+            &shape,
+            batch,
+            layers,
+            save_kv,
+        )?;
         Ok(key)
     }
 
@@ -228,7 +234,7 @@ impl MhaBackend {
     /// [`BackendError::GraphUnsupported`] when no such graph was captured
     /// (or the CPU executor); driver errors.
     pub fn replay_engine_graph(&mut self, key: GraphKey) -> Result<()> {
-        self.core().executor.replay_engine_graph(key)
+        graphs_of_mut(self.core().executor.as_mut())?.replay_engine_graph(key)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::batch::ForwardBatch;
 use crate::error::{batch_err, BackendError, Result};
-use crate::executor::TensorRef;
+use crate::executor::{graphs_of, graphs_of_mut, TensorRef};
 use crate::graph::{GraphKey, GraphKind};
 use crate::metadata;
 
@@ -19,9 +19,7 @@ impl MhaBackend {
     /// [`BackendError::GraphUnsupported`] on the CPU executor (never a
     /// silent fallback to eager); driver errors.
     pub fn init_cuda_graph_state(&mut self, max_bs: usize, max_num_tokens: usize) -> Result<()> {
-        self.core()
-            .executor
-            .init_graph_state(max_bs, max_num_tokens)
+        graphs_of_mut(self.core().executor.as_mut())?.init_graph_state(max_bs, max_num_tokens)
     }
 
     /// Captures a whole step for a bucket (SEMANTICS.md §backend.4.2–4.3): the fused
@@ -49,13 +47,16 @@ impl MhaBackend {
                 "bucket larger than the context allows".into(),
             ));
         }
-        core.executor.capture_graph(key, &core.pools)?;
+        graphs_of_mut(core.executor.as_mut())?.capture_graph(key, &core.pools)?;
         Ok(key)
     }
 
     /// The captured buckets.
     pub fn cuda_graph_keys(&self) -> Vec<GraphKey> {
-        self.core().executor.graph_keys()
+        self.core()
+            .executor
+            .graphs()
+            .map_or_else(Vec::new, |g| g.graph_keys())
     }
 
     /// The bucket a replay of `batch` would use: the captured key of the
@@ -124,7 +125,7 @@ impl MhaBackend {
             layer,
             num_layers: core.plans.len(),
         })?;
-        core.executor.write_graph_inputs(plan, q, k, v)
+        graphs_of_mut(core.executor.as_mut())?.write_graph_inputs(plan, q, k, v)
     }
 
     /// Replays the captured step for `batch` (replay preparation, D3:
@@ -176,7 +177,7 @@ impl MhaBackend {
             }
         }
         let padded = crate::batch::pad_for(batch, key)?;
-        core.executor.replay_graph(key, &padded, &core.pools)?;
+        graphs_of_mut(core.executor.as_mut())?.replay_graph(key, &padded, &core.pools)?;
         Ok(key)
     }
 
@@ -192,7 +193,7 @@ impl MhaBackend {
             layer,
             num_layers: core.plans.len(),
         })?;
-        core.executor.read_graph_output(plan, rows)
+        graphs_of(core.executor.as_ref())?.read_graph_output(plan, rows)
     }
 
     /// Enqueues a device copy of output rows `[row0, row0 + rows)`
@@ -217,6 +218,6 @@ impl MhaBackend {
             layer,
             num_layers: core.plans.len(),
         })?;
-        core.executor.copy_graph_output(plan, row0, rows, dst)
+        graphs_of(core.executor.as_ref())?.copy_graph_output(plan, row0, rows, dst)
     }
 }

@@ -44,7 +44,8 @@ use crate::batch::{AttnMode, ForwardBatch};
 use crate::engine::{EngineBatch, EngineLayer, EngineShape};
 use crate::error::{BackendError, Result};
 use crate::executor::{
-    DeviceMetadata, Executor, ExecutorKind, KvLoc, KvSnapshot, LayerPlan, Tensor, TensorRef,
+    DeviceMetadata, Executor, ExecutorKind, GraphExecutor, KvLoc, KvSnapshot, LayerPlan, Tensor,
+    TensorRef,
 };
 use crate::graph::GraphKey;
 use crate::metadata::ForwardMetadata;
@@ -218,20 +219,12 @@ impl Executor for CudaExecutor {
         self.engine_metadata_impl(batch, shape)
     }
 
-    fn capture_engine_graph(
-        &mut self,
-        key: GraphKey,
-        plans: &[LayerPlan],
-        shape: &EngineShape,
-        batch: &EngineBatch<'_>,
-        layers: &mut [EngineLayer<'_>],
-        save_kv: bool,
-    ) -> Result<()> {
-        self.capture_engine_graph_impl(key, plans, shape, batch, layers, save_kv)
+    fn graphs(&self) -> Option<&dyn GraphExecutor> {
+        Some(self)
     }
 
-    fn replay_engine_graph(&mut self, key: GraphKey) -> Result<()> {
-        self.replay_engine_graph_impl(key)
+    fn graphs_mut(&mut self) -> Option<&mut dyn GraphExecutor> {
+        Some(self)
     }
 
     fn engine_forward(
@@ -610,7 +603,9 @@ impl Executor for CudaExecutor {
         }
         Ok(std::mem::replace(&mut self.part_timer, timer))
     }
+}
 
+impl GraphExecutor for CudaExecutor {
     fn init_graph_state(&mut self, max_bs: usize, max_num_tokens: usize) -> Result<()> {
         self.init_graph_state_impl(max_bs, max_num_tokens)
     }
@@ -649,5 +644,21 @@ impl Executor for CudaExecutor {
         dst: &mut CudaViewMut<'_, u16>,
     ) -> Result<()> {
         self.copy_graph_output_impl(plan, row0, rows, dst)
+    }
+
+    fn capture_engine_graph(
+        &mut self,
+        key: GraphKey,
+        plans: &[LayerPlan],
+        shape: &EngineShape,
+        batch: &EngineBatch<'_>,
+        layers: &mut [EngineLayer<'_>],
+        save_kv: bool,
+    ) -> Result<()> {
+        self.capture_engine_graph_impl(key, plans, shape, batch, layers, save_kv)
+    }
+
+    fn replay_engine_graph(&mut self, key: GraphKey) -> Result<()> {
+        self.replay_engine_graph_impl(key)
     }
 }

@@ -328,84 +328,14 @@ pub trait Executor: Send + std::fmt::Debug {
         }
     }
 
-    /// Allocates the CUDA-graph buffers (SEMANTICS.md §backend.4.1) for buckets of up
-    /// to `max_bs` rows and `max_num_tokens` tokens; drops every captured graph.
-    ///
-    /// # Errors
-    /// [`BackendError::GraphUnsupported`] on an executor without graphs.
-    fn init_graph_state(&mut self, max_bs: usize, max_num_tokens: usize) -> Result<()> {
-        let _ = (max_bs, max_num_tokens);
-        Err(graphs_unsupported(self.kind()))
+    /// The executor's CUDA-graph operations, if it has graphs.
+    fn graphs(&self) -> Option<&dyn GraphExecutor> {
+        None
     }
 
-    /// Captures one whole step for `key` (fused metadata launch, then every
-    /// layer's KV write and attention).
-    ///
-    /// # Errors
-    /// [`BackendError::GraphUnsupported`]; driver / validation errors.
-    fn capture_graph(&mut self, key: GraphKey, pools: &Pools) -> Result<()> {
-        let _ = (key, pools);
-        Err(graphs_unsupported(self.kind()))
-    }
-
-    /// The captured buckets.
-    fn graph_keys(&self) -> Vec<GraphKey> {
-        Vec::new()
-    }
-
-    /// Replays the graph of `key` for `padded` (a batch already padded to
-    /// the bucket): uploads its inputs and the changed pool tables, writes
-    /// ragged-verify metadata eagerly, launches the graph. No host sync.
-    ///
-    /// # Errors
-    /// [`BackendError::GraphUnsupported`]; driver errors.
-    fn replay_graph(&mut self, key: GraphKey, padded: &ForwardBatch, pools: &Pools) -> Result<()> {
-        let _ = (key, padded, pools);
-        Err(graphs_unsupported(self.kind()))
-    }
-
-    /// Copies layer inputs into the graph's static buffers (`q` `[n, Hq, D]`,
-    /// `k`/`v` `[n, Hkv, D]`, `n ≤ max_num_tokens`, rows past `n` keep
-    /// their contents).
-    ///
-    /// # Errors
-    /// [`BackendError::GraphUnsupported`]; capacity / driver errors.
-    fn write_graph_inputs(
-        &mut self,
-        plan: &LayerPlan,
-        q: TensorRef<'_>,
-        k: TensorRef<'_>,
-        v: TensorRef<'_>,
-    ) -> Result<()> {
-        let _ = (plan, q, k, v);
-        Err(graphs_unsupported(self.kind()))
-    }
-
-    /// A host copy of the first `rows` output rows (`[rows, Hq·D]`) of the
-    /// graph's static output buffer of the layer (synchronises).
-    ///
-    /// # Errors
-    /// [`BackendError::GraphUnsupported`]; capacity / driver errors.
-    fn read_graph_output(&self, plan: &LayerPlan, rows: usize) -> Result<Vec<u16>> {
-        let _ = (plan, rows);
-        Err(graphs_unsupported(self.kind()))
-    }
-
-    /// Enqueues a device copy of output rows `[row0, row0 + rows)` of the
-    /// layer's static graph output into `dst` (`[rows · Hq·D]` u16),
-    /// stream-ordered after the last replay; no host synchronisation.
-    ///
-    /// # Errors
-    /// [`BackendError::GraphUnsupported`]; capacity / driver errors.
-    fn copy_graph_output(
-        &self,
-        plan: &LayerPlan,
-        row0: usize,
-        rows: usize,
-        dst: &mut CudaViewMut<'_, u16>,
-    ) -> Result<()> {
-        let _ = (plan, row0, rows, dst);
-        Err(graphs_unsupported(self.kind()))
+    /// As [`Executor::graphs`], mutable.
+    fn graphs_mut(&mut self) -> Option<&mut dyn GraphExecutor> {
+        None
     }
 
     /// Engine path: reserves the device metadata buffers of engine passes
@@ -444,34 +374,6 @@ pub trait Executor: Send + std::fmt::Debug {
         io: &mut EngineLayer<'_>,
         save_kv: bool,
     ) -> Result<crate::DeviceErrorReport>;
-
-    /// Engine path: captures one whole engine step as a CUDA graph (the
-    /// metadata launch from the engine's views, then every layer's write
-    /// and attention over `layers`), stored under `key`.
-    ///
-    /// # Errors
-    /// [`BackendError::GraphUnsupported`] on an executor without graphs.
-    fn capture_engine_graph(
-        &mut self,
-        key: GraphKey,
-        plans: &[LayerPlan],
-        shape: &EngineShape,
-        batch: &EngineBatch<'_>,
-        layers: &mut [EngineLayer<'_>],
-        save_kv: bool,
-    ) -> Result<()> {
-        let _ = (key, plans, shape, batch, layers, save_kv);
-        Err(graphs_unsupported(self.kind()))
-    }
-
-    /// Engine path: replays the engine graph of `key` (no host work but the launch).
-    ///
-    /// # Errors
-    /// [`BackendError::GraphUnsupported`]; driver errors.
-    fn replay_engine_graph(&mut self, key: GraphKey) -> Result<()> {
-        let _ = key;
-        Err(graphs_unsupported(self.kind()))
-    }
 
     /// Attention of `q` (`[meta.num_tokens, Hq, D]`) over the layer's paged
     /// cache with `meta`'s tables; returns `[num_tokens, Hq·D]` in the model dtype.
@@ -524,6 +426,105 @@ pub trait Executor: Send + std::fmt::Debug {
         pages: &[usize],
         data: &KvSnapshot,
     ) -> Result<()>;
+}
+
+/// The CUDA-graph operations of an executor that has graphs (the CUDA
+/// executor); [`Executor::graphs`] / [`Executor::graphs_mut`] hand it out,
+/// and an executor without graphs returns `None` there (the backend then
+/// answers [`BackendError::GraphUnsupported`]).
+pub trait GraphExecutor {
+    /// Allocates the CUDA-graph buffers (SEMANTICS.md §backend.4.1) for buckets of up
+    /// to `max_bs` rows and `max_num_tokens` tokens; drops every captured graph.
+    ///
+    /// # Errors
+    /// Driver / capacity errors.
+    fn init_graph_state(&mut self, max_bs: usize, max_num_tokens: usize) -> Result<()>;
+
+    /// Captures one whole step for `key` (fused metadata launch, then every
+    /// layer's KV write and attention).
+    ///
+    /// # Errors
+    /// Driver / validation errors.
+    fn capture_graph(&mut self, key: GraphKey, pools: &Pools) -> Result<()>;
+
+    /// The captured buckets.
+    fn graph_keys(&self) -> Vec<GraphKey>;
+
+    /// Replays the graph of `key` for `padded` (a batch already padded to
+    /// the bucket): uploads its inputs and the changed pool tables, writes
+    /// ragged-verify metadata eagerly, launches the graph. No host sync.
+    ///
+    /// # Errors
+    /// Driver errors.
+    fn replay_graph(&mut self, key: GraphKey, padded: &ForwardBatch, pools: &Pools) -> Result<()>;
+
+    /// Copies layer inputs into the graph's static buffers (`q` `[n, Hq, D]`,
+    /// `k`/`v` `[n, Hkv, D]`, `n ≤ max_num_tokens`, rows past `n` keep
+    /// their contents).
+    ///
+    /// # Errors
+    /// Capacity / driver errors.
+    fn write_graph_inputs(
+        &mut self,
+        plan: &LayerPlan,
+        q: TensorRef<'_>,
+        k: TensorRef<'_>,
+        v: TensorRef<'_>,
+    ) -> Result<()>;
+
+    /// A host copy of the first `rows` output rows (`[rows, Hq·D]`) of the
+    /// graph's static output buffer of the layer (synchronises).
+    ///
+    /// # Errors
+    /// Capacity / driver errors.
+    fn read_graph_output(&self, plan: &LayerPlan, rows: usize) -> Result<Vec<u16>>;
+
+    /// Enqueues a device copy of output rows `[row0, row0 + rows)` of the
+    /// layer's static graph output into `dst` (`[rows · Hq·D]` u16),
+    /// stream-ordered after the last replay; no host synchronisation.
+    ///
+    /// # Errors
+    /// Capacity / driver errors.
+    fn copy_graph_output(
+        &self,
+        plan: &LayerPlan,
+        row0: usize,
+        rows: usize,
+        dst: &mut CudaViewMut<'_, u16>,
+    ) -> Result<()>;
+
+    /// Engine path: captures one whole engine step as a CUDA graph (the
+    /// metadata launch from the engine's views, then every layer's write
+    /// and attention over `layers`), stored under `key`.
+    ///
+    /// # Errors
+    /// Driver / validation errors.
+    fn capture_engine_graph(
+        &mut self,
+        key: GraphKey,
+        plans: &[LayerPlan],
+        shape: &EngineShape,
+        batch: &EngineBatch<'_>,
+        layers: &mut [EngineLayer<'_>],
+        save_kv: bool,
+    ) -> Result<()>;
+
+    /// Engine path: replays the engine graph of `key` (no host work but the launch).
+    ///
+    /// # Errors
+    /// Driver errors.
+    fn replay_engine_graph(&mut self, key: GraphKey) -> Result<()>;
+}
+
+/// `exec`'s graph operations, or [`BackendError::GraphUnsupported`] naming it.
+pub(crate) fn graphs_of(exec: &dyn Executor) -> Result<&dyn GraphExecutor> {
+    exec.graphs().ok_or_else(|| graphs_unsupported(exec.kind()))
+}
+
+/// As [`graphs_of`], mutable.
+pub(crate) fn graphs_of_mut(exec: &mut dyn Executor) -> Result<&mut dyn GraphExecutor> {
+    let kind = exec.kind();
+    exec.graphs_mut().ok_or_else(|| graphs_unsupported(kind))
 }
 
 /// The error of pages whose element type is not the cache's.
