@@ -113,19 +113,7 @@ fn decode(
     cum_seq_lens_q: Option<Desc>,
     stream: Option<u64>,
 ) -> PyResult<ErrWord> {
-    // `None`: the caller passed tensor objects; the framework's current
-    // stream of the query's device, through the exchange API.
-    let stream = match stream {
-        Some(s) => s,
-        None if query.device >= 0 => {
-            exchange::current_stream(py, query.device)?.ok_or_else(|| {
-                InvalidArgument::new_err(
-                    "argument `stream`: None needs the DLPack exchange API's current_work_stream",
-                )
-            })?
-        }
-        None => 0,
-    };
+    let stream = resolve_stream(py, stream, query.device)?;
     guard(|| {
         let c = attn::validate(
             attn::AttnInputs {
@@ -158,6 +146,21 @@ fn decode(
     })
 }
 
+/// The stream to launch on: the caller's, or with `None` (the caller passed
+/// tensor objects) the framework's current stream of `device` through the
+/// DLPack exchange API (0 for host memory).
+fn resolve_stream(py: Python<'_>, stream: Option<u64>, device: i64) -> PyResult<u64> {
+    match stream {
+        Some(s) => Ok(s),
+        None if device >= 0 => exchange::current_stream(py, device)?.ok_or_else(|| {
+            InvalidArgument::new_err(
+                "argument `stream`: None needs the DLPack exchange API's current_work_stream",
+            )
+        }),
+        None => Ok(0),
+    }
+}
+
 fn cuda_attn_tensors(c: &attn::AttnCall) -> Vec<&Tensor> {
     let mut v = vec![
         &c.q,
@@ -179,6 +182,7 @@ fn cuda_attn_tensors(c: &attn::AttnCall) -> Vec<&Tensor> {
     window_left, sinks, stream))]
 #[allow(clippy::too_many_arguments)]
 fn context(
+    py: Python<'_>,
     query: Desc,
     k_cache: Desc,
     v_cache: Desc,
@@ -195,8 +199,9 @@ fn context(
     cum_seq_lens_kv: Option<Desc>,
     window_left: i64,
     sinks: Option<Desc>,
-    stream: u64,
+    stream: Option<u64>,
 ) -> PyResult<ErrWord> {
+    let stream = resolve_stream(py, stream, query.device)?;
     guard(|| {
         let c = attn::validate(
             attn::AttnInputs {

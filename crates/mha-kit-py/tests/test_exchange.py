@@ -105,6 +105,39 @@ def test_fast_path_equals_descriptions_bit_for_bit(dt, kw, monkeypatch):
     np.testing.assert_array_equal(fast, np_out.view(np.int16))
 
 
+@pytest.mark.parametrize("dt,kv,window,sinks", [("f16", "same", -1, False),
+                                                 ("bf16", "e4m3", -1, False),
+                                                 ("bf16", "same", 9, True)])
+def test_context_fast_path_equals_descriptions(dt, kv, window, sinks, monkeypatch):
+    _exchange_on()
+    if (dt == "bf16" or kv == "e4m3") and ref.ml_dtypes is None:
+        pytest.skip("ml_dtypes not installed")
+    dtype = ref.BF16 if dt == "bf16" else np.float16
+    rng = np.random.default_rng(zlib.crc32(f"{dt}{kv}{window}".encode()))
+    q_lens = [5, 1, 17, 0, 9]
+    lens = [n + p for n, p in zip(q_lens, [0, 30, 3, 8, 16])]
+    c = ref.random_case(rng, bs=5, hq=8, hkv=2, d=64, p=8, q_lens=q_lens, dtype=dtype,
+                        kv_dtype=("e4m3" if kv == "e4m3" else dtype), lens=lens, sinks=sinks,
+                        window_left=window, layout="HND")
+    cu_k = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    args = (_t(c["q"]), (_t(c["k"]), _t(c["v"])), torch.zeros(1 << 16, dtype=torch.uint8),
+            _t(c["block_tables"]), _t(c["seq_lens"]), max(q_lens), c["max_seq_len"], 0.125,
+            1.0, 5, _t(c["cu"]), _t(cu_k))
+    kw = dict(window_left=window, sinks=None if c["sinks"] is None else _t(c["sinks"]))
+    outs = []
+    for on in (True, False):
+        with monkeypatch.context() as m:
+            m.setattr(_tensor, "EXCHANGE", on)
+            if on:
+                def no_describe(*_a, **_k):
+                    raise AssertionError("the fast path built a description")
+
+                m.setattr(_api, "describe", no_describe)
+            outs.append(mha_kit.trtllm_batch_context_with_kv_cache(*args, **kw)
+                        .view(torch.int16).numpy().copy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 def test_strided_kv_views_are_read_with_their_strides(monkeypatch):
     _exchange_on()
     c = _case(5, "f16")

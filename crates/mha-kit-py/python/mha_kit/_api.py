@@ -260,6 +260,16 @@ def trtllm_batch_decode_with_kv_cache(
 def _context_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                   max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size, cum_seq_lens_q,
                   cum_seq_lens_kv, window_left, sinks, kv_layout):
+    # As _decode_impl: tensors straight to the native side when it can read them.
+    if _tensor.EXCHANGE and kv_layout == "HND":
+        try:
+            return _native.context(
+                query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
+                int(max_q_len), int(max_kv_len), float(bmm1_scale), float(bmm2_scale),
+                int(batch_size), cum_seq_lens_q, cum_seq_lens_kv, int(window_left), sinks, None,
+            )
+        except _native.NotExchangeable:
+            pass
     q = describe(query, "query")
     k, v = _kv_descs(k_cache, v_cache, kv_layout)
     return _native.context(
