@@ -55,6 +55,7 @@ pub mod launch;
 pub mod model;
 pub mod pass;
 pub mod plot;
+mod ranks;
 pub mod replay;
 pub mod report;
 pub mod sched;
