@@ -26,6 +26,28 @@ pub fn rows(rng: &mut StdRng, n: usize, elems: usize) -> Vec<u16> {
         .collect()
 }
 
+/// Both layers of `batch` (`n` rows) with random inputs from `rng`; the
+/// layers' outputs.
+fn layers(b: &mut MhaBackend, rng: &mut StdRng, batch: &ForwardBatch, n: usize) -> Vec<Vec<u16>> {
+    b.init_forward_metadata(batch).unwrap();
+    (0..2)
+        .map(|layer| {
+            let (q, k, v) = (rows(rng, n, 256), rows(rng, n, 128), rows(rng, n, 128));
+            b.forward(
+                layer,
+                TensorRef::Host(&q),
+                Some(TensorRef::Host(&k)),
+                Some(TensorRef::Host(&v)),
+                batch,
+                true,
+            )
+            .unwrap()
+            .to_host()
+            .unwrap()
+        })
+        .collect()
+}
+
 /// Prefills `len` tokens of one new request (both layers); returns the
 /// request row and the pages holding it, in order.
 pub fn prefill(b: &mut MhaBackend, rng: &mut StdRng, len: usize) -> (usize, Vec<usize>) {
@@ -38,23 +60,7 @@ pub fn prefill(b: &mut MhaBackend, rng: &mut StdRng, len: usize) -> (usize, Vec<
         loc.clone(),
         false,
     );
-    b.init_forward_metadata(&batch).unwrap();
-    for layer in 0..2 {
-        let (q, k, v) = (
-            rows(rng, len, 256),
-            rows(rng, len, 128),
-            rows(rng, len, 128),
-        );
-        b.forward(
-            layer,
-            TensorRef::Host(&q),
-            Some(TensorRef::Host(&k)),
-            Some(TensorRef::Host(&v)),
-            &batch,
-            true,
-        )
-        .unwrap();
-    }
+    layers(b, rng, &batch, len);
     let mut pages: Vec<usize> = loc.iter().map(|&s| s as usize / P).collect();
     pages.dedup();
     (r, pages)
@@ -63,30 +69,9 @@ pub fn prefill(b: &mut MhaBackend, rng: &mut StdRng, len: usize) -> (usize, Vec<
 /// One decode step of request `r` at length `len + 1` with fixed inputs;
 /// returns both layers' outputs.
 pub fn decode(b: &mut MhaBackend, r: usize, len: usize, seed: u64) -> Vec<Vec<u16>> {
-    let mut rng = StdRng::seed_from_u64(seed);
     let loc = b.alloc_tokens(&[(r, 1)]).unwrap();
     let batch = ForwardBatch::decode(vec![r as i64], vec![len as i64 + 1], loc);
-    b.init_forward_metadata(&batch).unwrap();
-    (0..2)
-        .map(|layer| {
-            let (q, k, v) = (
-                rows(&mut rng, 1, 256),
-                rows(&mut rng, 1, 128),
-                rows(&mut rng, 1, 128),
-            );
-            b.forward(
-                layer,
-                TensorRef::Host(&q),
-                Some(TensorRef::Host(&k)),
-                Some(TensorRef::Host(&v)),
-                &batch,
-                true,
-            )
-            .unwrap()
-            .to_host()
-            .unwrap()
-        })
-        .collect()
+    layers(b, &mut StdRng::seed_from_u64(seed), &batch, 1)
 }
 
 /// A request prefilled in backend A, its pages moved into other pages of
