@@ -55,6 +55,12 @@ pub struct CheckStats {
     pub mismatched_elements: u64,
     /// The first mismatch, described.
     pub first_mismatch: Option<String>,
+    /// FNV-1a (64-bit, hex) of every sampled output row, in pass order,
+    /// each keyed by its pass number, layer and part: two runs of the same
+    /// flags have equal hashes exactly when their sampled outputs are
+    /// bit-identical (the before / after check of a refactor; a check
+    /// fraction of 1 samples every row).
+    pub output_hash: String,
 }
 
 /// The checker: the model layers and cache dtype, and the totals.

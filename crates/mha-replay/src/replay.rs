@@ -60,6 +60,23 @@ struct Runner<'a, 'e> {
     /// Per rank: outputs that came back, waiting for the other ranks'.
     pending: Vec<std::collections::VecDeque<PassOutput>>,
     ranks: Vec<RankTotals>,
+    /// Hash of the sampled rows ([`crate::check::CheckStats::output_hash`]).
+    hash: Fnv1a,
+}
+
+/// FNV-1a, 64-bit.
+struct Fnv1a(u64);
+
+impl Fnv1a {
+    fn new() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
 }
 
 impl Runner<'_, '_> {
@@ -162,6 +179,12 @@ impl Runner<'_, '_> {
             parts: out.parts,
         });
         for s in out.sampled {
+            for w in [pass.salt, s.layer as u64, s.part as u64] {
+                self.hash.bytes(&w.to_le_bytes());
+            }
+            for x in &s.rows {
+                self.hash.bytes(&x.to_le_bytes());
+            }
             self.checks.submit(&pass, s.layer, s.part, s.rows)?;
         }
         Ok(())
@@ -265,6 +288,7 @@ pub fn run_ranks(
         in_flight: std::collections::VecDeque::new(),
         pending: vec![std::collections::VecDeque::new(); setup.tp],
         ranks: vec![RankTotals::default(); setup.tp],
+        hash: Fnv1a::new(),
     };
     progress.set_length(setup.jobs.len() as u64);
     let n_spec = setup.spec_tokens();
@@ -373,9 +397,11 @@ pub fn run_ranks(
         mut rec,
         ranks: rank_totals,
         shards,
+        hash,
         ..
     } = run;
-    let (check, check_s) = checks.finish()?;
+    let (mut check, check_s) = checks.finish()?;
+    check.output_hash = format!("{:016x}", hash.0);
     rec.check_s = check_s;
     let (modes, by_batch_size, mut totals) = rec.summarise(ceiling);
     totals.wall_s = wall.elapsed().as_secs_f64();

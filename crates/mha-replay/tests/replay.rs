@@ -190,8 +190,10 @@ fn tensor_parallel_replay_is_exact() {
             r.check.pairs, one.check.pairs,
             "{ranks} ranks: the same checks"
         );
-        // Per-head arithmetic is unchanged, so the error is the same.
+        // Per-head arithmetic is unchanged: the joined rows are the
+        // unsharded rows bit for bit.
         assert_eq!(r.check.max_abs_err, one.check.max_abs_err);
+        assert_eq!(r.check.output_hash, one.check.output_hash);
         assert_eq!(r.ranks.len(), ranks);
         assert_eq!(r.ranks[0].kv_heads, kv[0]);
         assert_eq!(r.ranks[ranks - 1].kv_heads, kv[1]);
@@ -337,6 +339,7 @@ fn tensor_parallel_with_pipelined_engines() {
     assert_clean(&r);
     assert_eq!(r.check.pairs, sync.check.pairs);
     assert_eq!(r.check.max_abs_err, sync.check.max_abs_err);
+    assert_eq!(r.check.output_hash, sync.check.output_hash);
     assert_eq!(r.workload, sync.workload);
     // One engine for two ranks is refused, not run.
     let mut one = mha_replay::engine::CpuEngine::new(mha_replay::gen::Generator::new(setup.seed));
@@ -515,4 +518,18 @@ fn pipelined_engine_reports_like_the_synchronous_one() {
         assert_eq!(rows(&r), rows(&sync));
         assert_eq!(r.workload.generated_tokens, sync.workload.generated_tokens);
     }
+}
+
+/// The output hash names the sampled outputs: the same flags give the same
+/// hash, another seed (other Q/K/V) another one, and 16 hex digits.
+#[test]
+fn output_hash_follows_the_outputs() {
+    let flags = ["--requests", "5", "--check-fraction", "0.5", "--seed", "8"];
+    let a = replay(&flags);
+    let b = replay(&flags);
+    assert_eq!(a.check.output_hash, b.check.output_hash);
+    assert_eq!(a.check.output_hash.len(), 16);
+    let mut other = flags;
+    other[5] = "9";
+    assert_ne!(replay(&other).check.output_hash, a.check.output_hash);
 }

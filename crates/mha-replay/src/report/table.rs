@@ -316,6 +316,10 @@ impl Report {
             ),
         );
         row(
+            "output hash",
+            format!("{} (sampled rows, FNV-1a)", k.output_hash),
+        );
+        row(
             "mismatches",
             format!(
                 "{} pairs, {} elements",
