@@ -294,6 +294,9 @@ impl MhaBackend {
     }
 
     /// The current metadata (set by [`MhaBackend::init_forward_metadata`]).
+    /// On the CUDA executor its page tables are empty
+    /// ([`ForwardMetadata::tables_on_host`] is false: the device builds them);
+    /// [`MhaBackend::reference_metadata`] gives them on the host.
     pub fn metadata(&self) -> Option<&ForwardMetadata> {
         self.metadata.as_ref()
     }
@@ -301,8 +304,10 @@ impl MhaBackend {
     /// Builds the eager metadata of `batch` for every mode (SEMANTICS.md §backend.3):
     /// `cache_seqlens`, `cu_seqlens_q/k`, `max_seq_len_q`, the page tables
     /// (+ SWA table) from the live `req_to_token`, and `swa_out_cache_loc`;
-    /// stores it as the current metadata and returns it. An empty / IDLE
-    /// batch gives empty tensors and succeeds.
+    /// stores it as the current metadata and returns it. The CUDA executor
+    /// builds the page tables on the device instead (the returned tables are
+    /// empty, [`ForwardMetadata::tables_on_host`]). An empty / IDLE batch
+    /// gives empty tensors and succeeds.
     ///
     /// # Errors
     /// [`BackendError::Batch`] for an inconsistent batch (the current
