@@ -351,3 +351,69 @@ def test_bad_device_input_is_an_exception_not_a_crash():
     with pytest.raises(mha_kit.InvalidArgument, match="bmm1_scale"):
         mha_kit.trtllm_batch_decode_with_kv_cache(q, (k, k), _ws(), bt, sl.to(DEV), 64,
                                                   bmm1_scale=torch.ones(1, device=DEV))
+
+
+def test_backend_class_on_cuda_tensors_matches_its_cpu_path():
+    """`mha_kit.backend.TrtllmMhaBackend` over CUDA tensors (the kernels) and
+    the same buffers as torch CPU tensors (the references): a prefill, a
+    decode step, a uniform verify and a graph-bucket replay, hybrid SWA."""
+    from mha_kit import backend as mb
+
+    p, hq, hkv, d, rows, width, pages = 16, 8, 2, 128, 4, 256, 40
+    rng = np.random.default_rng(17)
+    r2t = np.zeros((rows, width), np.int32)
+    perm = rng.permutation(np.arange(1, pages))
+    for r in range(rows):
+        for j in range(width // p):
+            r2t[r, j * p:(j + 1) * p] = perm[(r * (width // p) + j) % len(perm)] * p + np.arange(p)
+    f2s = np.zeros(pages * p, np.int64)
+    sp = rng.permutation(np.arange(1, pages))
+    for page in range(1, pages):
+        f2s[page * p:(page + 1) * p] = sp[page - 1] * p + np.arange(p)
+    layers = [mb.Layer(0, hq, hkv, d, d ** -0.5),
+              mb.Layer(1, hq, hkv, d, d ** -0.5, window_left=20, is_swa=True)]
+    sinks = torch.from_numpy(rng.standard_normal(hq).astype(np.float32))
+    inputs = [torch.from_numpy(rng.standard_normal((64, hq * d)).astype(np.float32)).half()
+              for _ in range(3)]
+
+    def run(dev):
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev)  # noqa: E731
+        caches = [(torch.zeros(pages, hkv, p, d, dtype=torch.float16, device=dev),
+                   torch.zeros(pages, hkv, p, d, dtype=torch.float16, device=dev))
+                  for _ in layers]
+        b = mb.TrtllmMhaBackend(req_to_token=t(r2t), kv_buffers=caches, layers=layers,
+                                page_size=p, max_context_len=width,
+                                workspace_buffer=torch.zeros(64 << 20, dtype=torch.uint8,
+                                                             device=dev),
+                                full_to_swa=t(f2s), num_draft_tokens=3)
+        q, k, v = (x.to(dev) for x in inputs)
+        rpi = t(np.array([1, 2, 3], np.int64))
+        outs = []
+        lens = [30, 7, 19]
+        loc = t(np.concatenate([r2t[r, :n] for r, n in zip([1, 2, 3], lens)]).astype(np.int64))
+        batch = mb.ForwardBatch(mb.EXTEND, rpi, t(np.array(lens, np.int64)), loc,
+                                extend_seq_lens=lens, extend_prefix_lens=[0, 0, 0])
+        b.init_forward_metadata(batch)
+        n = sum(lens)
+        outs += [b.forward_extend(q[:n], k[:n, :hkv * d], v[:n, :hkv * d], lay, batch,
+                                  sinks=sinks.to(dev) if lay.is_swa else None)
+                 for lay in layers]
+        seq = [x + 1 for x in lens]
+        loc = t(np.array([r2t[r, x] for r, x in zip([1, 2, 3], lens)], np.int64))
+        batch = mb.ForwardBatch(mb.DECODE, rpi, t(np.array(seq, np.int64)), loc)
+        b.init_forward_metadata(batch)
+        outs += [b.forward_decode(q[:3], k[:3, :hkv * d], v[:3, :hkv * d], lay, batch)
+                 for lay in layers]
+        # A decode graph bucket of 4 rows, replayed for the same batch padded.
+        b.init_cuda_graph_state(4, 16)
+        pad = lambda x, fill: torch.cat([x, torch.full((1,), fill, dtype=x.dtype, device=dev)])  # noqa: E731
+        b.init_forward_metadata_capture_cuda_graph(
+            4, 4, pad(rpi, 0), pad(t(np.array(seq, np.int64)), 1), mb.DECODE,
+            out_cache_loc=pad(loc, 0))
+        outs += [b.forward_decode(q[:4], None, None, lay, None, save_kv_cache=False)[:3]
+                 for lay in layers]
+        return [o.float().cpu().numpy() for o in outs]
+
+    got, want = run(DEV), run(torch.device("cpu"))
+    for i, (g, w) in enumerate(zip(got, want)):
+        _check(torch.from_numpy(g), w.astype(np.float64), f"output {i}")

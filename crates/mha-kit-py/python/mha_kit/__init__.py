@@ -8,7 +8,10 @@ PTX elsewhere; no JIT, no CUDA toolkit at run time, only the driver):
   speculative verify (window, sinks, GQA, FP8 KV);
 - :func:`trtllm_batch_context_with_kv_cache`: prefill / chunked prefill;
 - :func:`build_trtllm_mha_page_table`, :func:`update_trtllm_mha_graph_metadata`,
-  :func:`fused_fp8_set_kv_buffer`: the seed backend's helpers.
+  :func:`fused_fp8_set_kv_buffer`: the seed backend's helpers;
+- :class:`TrtllmMhaBackend`, :class:`TrtllmMhaMultiStepDraftBackend`
+  (:mod:`mha_kit.backend`): the seed backend's state machine (metadata per pass,
+  per-layer forward, CUDA-graph buckets) over the engine's buffers.
 
 CUDA tensors run on torch's current stream with no allocation, copy or sync
 inside a call (CUDA-graph capturable after a first eager call per kernel
@@ -23,7 +26,7 @@ argument, its shape, strides and dtype); device problems raise
 :class:`DeviceError` (a ``RuntimeError``).
 """
 
-from . import _native
+from . import _native, backend
 from ._api import (
     Q_MODE_CUMSUM,
     Q_MODE_NONE,
@@ -35,6 +38,8 @@ from ._api import (
     trtllm_batch_decode_with_kv_cache,
     update_trtllm_mha_graph_metadata,
 )
+
+from .backend import TrtllmMhaBackend, TrtllmMhaMultiStepDraftBackend
 
 InvalidArgument = _native.InvalidArgument
 DeviceError = _native.DeviceError
@@ -128,7 +133,10 @@ __all__ = [
     "Q_MODE_NONE",
     "Q_MODE_RAGGED_VERIFY",
     "Q_MODE_STRIDED",
+    "TrtllmMhaBackend",
+    "TrtllmMhaMultiStepDraftBackend",
     "WORKSPACE_COUNTER_BYTES",
+    "backend",
     "build_trtllm_mha_page_table",
     "device_errors",
     "fused_fp8_set_kv_buffer",
