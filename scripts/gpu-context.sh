@@ -21,6 +21,13 @@
 #   ncu       Nsight Compute on one launch of the bench case NCU_CASE
 #             (default bs 1 x 16384, P 16; NCU_SET, default full) into
 #             $OUT/ncu.ncu-rep
+#   verify    session 8's changes, none yet run on a GPU: the generator's head
+#             offsets, the backend (page tables built on the device only,
+#             device errors per family, KV page export / import between two
+#             pools), the engine path, the replay tests (--tp 2 on one GPU),
+#             the Python tests (DLPack exchange, the backend class), then
+#             gpt-oss-20b on the conv trace (REPLAY_OSS_ARGS, default the first
+#             4000 requests) for the metadata share
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries.
 #   usage: OUT=logs STAGES="smoke tests bench peers" bash scripts/gpu-context.sh [bundle.tar.xz]
@@ -113,5 +120,18 @@ stage_ncu() {
   ncu -i "$OUT/ncu.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_source.csv" 2>&1 ||
     ncu -i "$OUT/ncu.ncu-rep" --page source --csv > "$OUT/ncu_source.csv" 2>&1
   grep -E "Duration|Throughput|Issue Slots|Eligible|Active Warps|No Eligible|Registers|Stall|Bank" "$OUT/ncu_details.txt" | head -60
+}
+stage_verify() {
+  for t in mha-replay-gen_gpu mha-backend-gpu mha-backend-engine_gpu mha-replay-replay_gpu; do
+    echo "== $t"
+    timeout 240 tests/$t --include-ignored > "$OUT/$t.log" 2>&1; echo "rc=$?"; summary "$OUT/$t.log"
+  done
+  echo "== python"
+  timeout 300 bash python/run_python.sh "$OUT/python" > "$OUT/python.log" 2>&1; echo "rc=$?"
+  grep -E "passed|failed|host_us|dlpack|beyond|launcher_us|native_us" "$OUT/python.log" "$OUT"/python/*.log 2>/dev/null | head -20
+  echo "== mha-replay --model gpt-oss-20b ${REPLAY_OSS_ARGS:---requests 4000}"
+  timeout 300 bin/mha-replay --model gpt-oss-20b ${REPLAY_OSS_ARGS:---requests 4000} \
+    --json "$OUT/replay-oss.json" > "$OUT/replay-oss.log" 2>&1
+  echo "rc=$?"; grep -E "metadata share|attention time|mismatches|device errors|output hash" "$OUT/replay-oss.log"
 }
 for st in $STAGES; do "stage_$st"; done

@@ -173,7 +173,9 @@ pub fn bundle(root: &Path, out: &Path) -> Result<PathBuf> {
         build_wheel(root, &py, &dir, false)?;
     }
     std::fs::create_dir_all(dir.join("tests"))?;
-    for f in ["test_gpu.py", "reference.py"] {
+    // The GPU tests, and the CPU tests that need torch (the DLPack exchange
+    // path reads torch CPU tensors; the GPU host has torch, CI does not).
+    for f in ["test_gpu.py", "test_exchange.py", "test_backend.py", "reference.py"] {
         std::fs::copy(
             crate_dir(root).join("tests").join(f),
             dir.join("tests").join(f),
