@@ -328,6 +328,9 @@ def test_errors_name_the_argument():
         e.b.init_forward_metadata(mb.ForwardBatch("DECODE_X", rpi, np.array([1]), np.zeros(1, np.int64)))
     with pytest.raises(mb.InvalidArgument, match="extend_seq_lens"):
         e.b.init_forward_metadata(mb.ForwardBatch(mb.EXTEND, rpi, np.array([3]), np.zeros(3, np.int64)))
+    with pytest.raises(mb.InvalidArgument, match="uniform rows"):
+        e.b.init_forward_metadata(mb.ForwardBatch(mb.TARGET_VERIFY, rpi, np.array([3]),
+                                                  np.zeros(0, np.int64)))
     with pytest.raises(mb.InvalidArgument, match="init_cuda_graph_state"):
         e.b.init_forward_metadata_capture_cuda_graph(1, 1, rpi, np.array([1]), mb.DECODE)
     e.b.init_cuda_graph_state(2, 4)

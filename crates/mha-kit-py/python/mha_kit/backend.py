@@ -251,7 +251,7 @@ class TrtllmMhaBackend:
             max_q = max(vl + [1])
             ragged = True
         elif mode in (TARGET_VERIFY, DRAFT_EXTEND_V2):
-            if bs and n_tok % bs:
+            if bs and (n_tok % bs or n_tok == 0):
                 raise InvalidArgument(
                     f"argument `out_cache_loc`: {n_tok} rows are not {mode}'s uniform rows for {bs} requests")
             n = n_tok // bs if bs else 1
