@@ -175,7 +175,12 @@ pub fn bundle(root: &Path, out: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(dir.join("tests"))?;
     // The GPU tests, and the CPU tests that need torch (the DLPack exchange
     // path reads torch CPU tensors; the GPU host has torch, CI does not).
-    for f in ["test_gpu.py", "test_exchange.py", "test_backend.py", "reference.py"] {
+    for f in [
+        "test_gpu.py",
+        "test_exchange.py",
+        "test_backend.py",
+        "reference.py",
+    ] {
         std::fs::copy(
             crate_dir(root).join("tests").join(f),
             dir.join("tests").join(f),

@@ -492,7 +492,7 @@ fn main() {
     no_split.set_kv_splits(Some(1));
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
-        [1u32, 4, 5, 6, 16, 32, 64, 96]
+        [1u32, 4, 5, 6, 16, 32, 64, 96, 128]
             .into_iter()
             .map(|xv| {
                 let mut k = ContextKernel::new(&gpu).expect("load");

@@ -261,6 +261,11 @@ MHA_KIT_DEVICE constexpr u64 sdesc(u32 addr, u32 lbo, u32 sbo) {
            (1ull << 62);
 }
 
+// wgmma shared-memory descriptor without swizzle (16-byte aligned operand).
+MHA_KIT_DEVICE constexpr u64 sdesc_noswz(u32 addr, u32 lbo, u32 sbo) {
+    return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32);
+}
+
 template <int QT, int N>
 MHA_KIT_DEVICE void mma_ss(float (&d)[N / 2], u64 a, u64 b, int scale_d) {
     if constexpr (QT == 0 && N == 64) wg::wgmma_ss_bf16_n64(d, a, b, scale_d);
@@ -270,6 +275,8 @@ MHA_KIT_DEVICE void mma_ss(float (&d)[N / 2], u64 a, u64 b, int scale_d) {
 }
 template <int QT, int N>
 MHA_KIT_DEVICE void mma_rs(float (&d)[N / 2], const u32 (&a)[4], u64 b, int scale_d) {
+    if constexpr (QT == 0 && N == 8) wg::wgmma_rs_bf16_n8(d, a, b, scale_d);
+    if constexpr (QT == 1 && N == 8) wg::wgmma_rs_f16_n8(d, a, b, scale_d);
     if constexpr (QT == 0 && N == 64) wg::wgmma_rs_bf16_n64(d, a, b, scale_d);
     if constexpr (QT == 0 && N == 128) wg::wgmma_rs_bf16_n128(d, a, b, scale_d);
     if constexpr (QT == 0 && N == 256) wg::wgmma_rs_bf16_n256(d, a, b, scale_d);
@@ -510,6 +517,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // A quarter of the exponentials by polynomial on the FMA pipe instead
     // of MUFU (timing experiment XV & 64, see `ex2_poly`).
     constexpr bool POLY = (XV & 64) != 0;
+    // TCSUM (timing experiment XV & 128): the row sums of P on the tensor
+    // cores, an m64n8k16 wgmma of P with a B of ones beside each P V step
+    // (every column of its accumulator is the row sum, rescaled with O),
+    // instead of one FADD per score; the pin store then depends on the
+    // scores through an XOR of their bits (LOP3, three inputs an op). The
+    // ones live in the pin region's upper half (the pin is one word a warp).
+    constexpr bool TCSUM = (XV & 128) != 0;
     // Trace stamp ev of this role's current item (thread 0 of a warpgroup);
     // `done`: the role's item count, at its exit.
     auto mark = [&](int role, int ev, u32 v) {
@@ -980,7 +994,18 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const int gr = lane >> 2;
     const int qd = lane & 3;
     const int wrow0 = 64 * cw;           // first tile row of this warpgroup
-    const u32 pin_addr = base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
+    const u32 pin_addr = TCSUM ? base + C::PIN_OFF + (u32)(4 * cw + warp) * 4u
+                               : base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
+    const u32 ones_addr = base + C::PIN_OFF + 512u;  // TCSUM: 512 bytes of 16-bit ones
+    if constexpr (TCSUM) {
+        // Every thread writes the whole (identical) region itself, so no
+        // barrier is needed before the warpgroup's first wgmma reads it.
+        const u32 one2 = MT == 0 ? 0x3F803F80u : 0x3C003C00u;
+#pragma unroll 1
+        for (u32 b = 0; b < 512u; b += 16u)
+            asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(ones_addr + b), "r"(one2) : "memory");
+        fence_proxy_async();
+    }
     for (;;) {
         const int it = next_item(true);
         if (it >= items) {
@@ -1025,6 +1050,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         float o[NO];
 #pragma unroll
         for (int i = 0; i < NO; ++i) o[i] = 0.f;
+        // TCSUM: the running row sums, an m64n8 accumulator (rows hr 0 / 1 in
+        // lacc[0..1] / lacc[2..3], all columns equal).
+        float lacc[4] = {0.f, 0.f, 0.f, 0.f};
         float s[NS];
 #pragma unroll
         for (int i = 0; i < NS; ++i) s[i] = 0.f;
@@ -1076,7 +1104,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             wg_fence();
             const u32 vd = v_lo0 + (u32)((st * C::KV_BYTES) >> 4);
 #pragma unroll
-            for (int kk = 0; kk < KSTEPS; ++kk) mma_rs<MT, D>(o, pa[kk], dsc(vd + ((kk * 16 * 128) >> 4)), 1);
+            for (int kk = 0; kk < KSTEPS; ++kk) {
+                mma_rs<MT, D>(o, pa[kk], dsc(vd + ((kk * 16 * 128) >> 4)), 1);
+                if constexpr (TCSUM) mma_rs<MT, 8>(lacc, pa[kk], sdesc_noswz(ones_addr, 128, 128), 1);
+            }
             wg_commit();
         };
         // Whether tile t needs no element mask for this warpgroup's rows.
@@ -1183,6 +1214,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // Scores still raw (cpos) or already scaled.
             const float cs[2] = {cpos ? crow(0) : 1.f, cpos ? crow(1) : 1.f};
             float sp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            u32 xb[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
             for (int i = 0; i < NS; ++i) {
                 const int hr = (i >> 1) & 1;
@@ -1190,10 +1222,19 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 // POLY: one score in four on the FMA pipe (ex2_poly), the
                 // rest on MUFU, whose issue spacing paces the loop.
                 s[i] = POLY && (i & 3) == 3 ? ex2_poly(x) : ex2f(x);
-                sp[hr][(i >> 2) & 3] += s[i];
+                if constexpr (TCSUM) {
+                    if (i & 1) xb[(i >> 1) & 3] ^= __float_as_uint(s[i - 1]) ^ __float_as_uint(s[i]);
+                } else {
+                    sp[hr][(i >> 2) & 3] += s[i];
+                }
             }
+            if constexpr (TCSUM) {
+                dsum[0] = __uint_as_float((xb[0] ^ xb[1]) ^ (xb[2] ^ xb[3]));
+                dsum[1] = 0.f;
+            } else {
 #pragma unroll
-            for (int hr = 0; hr < 2; ++hr) dsum[hr] = (sp[hr][0] + sp[hr][1]) + (sp[hr][2] + sp[hr][3]);
+                for (int hr = 0; hr < 2; ++hr) dsum[hr] = (sp[hr][0] + sp[hr][1]) + (sp[hr][2] + sp[hr][3]);
+            }
             // ptxas moves the wait for P V above independent arithmetic, which
             // would put every exponential after it (no overlap with the tensor
             // cores); it keeps shared-memory stores on their side of the wait,
@@ -1222,6 +1263,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 }
 #pragma unroll
                 for (int i = 0; i < NO; ++i) o[i] *= a[(i >> 1) & 1];
+                if constexpr (TCSUM) {
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) lacc[i] *= a[(i >> 1) & 1];
+                }
             }
         };
         // P = 16-bit S; running row sums (late placement: O *= alpha first).
@@ -1235,8 +1280,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     pa[kk][e] = pack2<MT>(s[i], s[i + 1]);
                 }
             }
-            drow[0] = drow[0] * alpha[0] + dsum[0];
-            drow[1] = drow[1] * alpha[1] + dsum[1];
+            if constexpr (!TCSUM) {
+                drow[0] = drow[0] * alpha[0] + dsum[0];
+                drow[1] = drow[1] * alpha[1] + dsum[1];
+            }
         };
         // Whether V of stage st holds a non-finite value (warpgroup-wide).
         // Only keys that some row of the warpgroup does not see can carry a
@@ -1285,6 +1332,27 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             pv_scalar<MT, BN, D>(
                 pa, lane, [&](int j, int e) -> float& { return o[4 * j + e]; },
                 [&](int key, int ch) { return v + swz(key, ch, C::KV_ATOM); });
+            if constexpr (TCSUM) {
+                // No wgmma on this tile: its row sums from the packed P
+                // (pa[kk][e] holds two scores of row e & 1), over the quad.
+                float rs[2] = {0.f, 0.f};
+#pragma unroll
+                for (int kk = 0; kk < KSTEPS; ++kk)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const u32 w = pa[kk][e];
+                        const float lo = MT == 0 ? __uint_as_float(w << 16) : f16_to_f32((u16)(w & 0xffffu));
+                        const float hi = MT == 0 ? __uint_as_float(w & 0xffff0000u) : f16_to_f32((u16)(w >> 16));
+                        rs[e & 1] += lo + hi;
+                    }
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 1);
+                    rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 2);
+                    lacc[2 * hr] += rs[hr];
+                    lacc[2 * hr + 1] += rs[hr];
+                }
+            }
         };
 
         if (ntiles > 0) {
@@ -1371,6 +1439,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     const u32 a3 = tnow();
                     wg_wait<0>();
                     fence_regs(o);
+                    if constexpr (TCSUM) fence_regs(lacc);
                     fence_regs(pa);
                     const u32 a4 = tnow();
                     mbar_arrive(bar_ev + 8 * sp);
@@ -1410,6 +1479,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 turn_pass(true);
                 wg_wait<0>();
                 fence_regs(o);
+                if constexpr (TCSUM) fence_regs(lacc);
                 fence_regs(pa);
             } else {
                 turn_take();
@@ -1417,6 +1487,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             }
             mbar_arrive(bar_ev + 8 * sl);
             mark(role, 8, tnow());
+            if constexpr (TCSUM) {
+                // The epilogue sums a thread's partial over its quad; these
+                // are whole rows already: a quarter each (exact, a power of 2).
+                drow[0] = 0.25f * lacc[0];
+                drow[1] = 0.25f * lacc[2];
+            }
         }
         // ---- epilogue ----
         if (C::STAGE_O && ntiles > 0 && p.kv_splits == 1) {
@@ -1636,6 +1712,7 @@ PAS_XENTRY(40)
 PAS_XENTRY(64)
 PAS_XENTRY(72)
 PAS_XENTRY(96)
+PAS_XENTRY(128)
 
 // The polynomial-exponential experiment at D 64 (softmax-bound there).
 extern "C" __global__ void __launch_bounds__(pas::NTHREADS, 1)

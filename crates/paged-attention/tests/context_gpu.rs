@@ -768,8 +768,9 @@ fn main() {
         named("experiment_entries_with_correct_results", |gpu, k| {
             // The bench's schedule experiments that keep results correct
             // (16: K / V rings 3 / 2; 32: O rescaled under S; 64: a quarter
-            // of the exponentials by polynomial, also at D 64; 96: both; 8,
-            // 40 and 72: traced) against the reference on bf16 cases, also
+            // of the exponentials by polynomial, also at D 64; 96: both; 128:
+            // row sums on the tensor cores; 8, 40 and 72: traced) against the
+            // reference on bf16 cases, also
             // under ping-pong; 32 equals the default bit for bit (the same
             // products in the same order, only issued elsewhere).
             let _ = k;
@@ -792,6 +793,7 @@ fn main() {
                 (64, 64),
                 (72, 128),
                 (96, 128),
+                (128, 128),
             ] {
                 let mut x = ContextKernel::new(gpu).or_fail("load")?;
                 x.set_experiment(xv).or_fail("experiment entry")?;
