@@ -524,6 +524,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // scores through an XOR of their bits (LOP3, three inputs an op). The
     // ones live in the pin region's upper half (the pin is one word a warp).
     constexpr bool TCSUM = (XV & 128) != 0;
+    static_assert(!TCSUM || C::PIN_OFF % 16 == 0, "TCSUM: the ones need a 16-byte aligned region");
     // Trace stamp ev of this role's current item (thread 0 of a warpgroup);
     // `done`: the role's item count, at its exit.
     auto mark = [&](int role, int ev, u32 v) {
