@@ -1721,3 +1721,10 @@ extern "C" __global__ void __launch_bounds__(pas::NTHREADS, 1)
                                                       const __grid_constant__ pas::TmaMap tmap_v) {
     pas::context_sm90_body<0, 64, 64>(p, tmap_k, tmap_v);
 }
+
+// The tensor-core row-sum experiment at D 64 (the FA3 grid's weakest cells).
+extern "C" __global__ void __launch_bounds__(pas::NTHREADS, 1)
+    paged_attention_context_sm90_bf16_kv_bf16_d64_x128(const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,
+                                                       const __grid_constant__ pas::TmaMap tmap_v) {
+    pas::context_sm90_body<0, 64, 128>(p, tmap_k, tmap_v);
+}

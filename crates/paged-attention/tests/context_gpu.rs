@@ -769,7 +769,7 @@ fn main() {
             // The bench's schedule experiments that keep results correct
             // (16: K / V rings 3 / 2; 32: O rescaled under S; 64: a quarter
             // of the exponentials by polynomial, also at D 64; 96: both; 128:
-            // row sums on the tensor cores; 8, 40 and 72: traced) against the
+            // row sums on the tensor cores, also at D 64; 8, 40 and 72: traced) against the
             // reference on bf16 cases, also
             // under ping-pong; 32 equals the default bit for bit (the same
             // products in the same order, only issued elsewhere).
@@ -794,6 +794,7 @@ fn main() {
                 (72, 128),
                 (96, 128),
                 (128, 128),
+                (128, 64),
             ] {
                 let mut x = ContextKernel::new(gpu).or_fail("load")?;
                 x.set_experiment(xv).or_fail("experiment entry")?;
