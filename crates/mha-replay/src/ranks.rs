@@ -67,6 +67,15 @@ impl Rank {
         }
     }
 
+    /// The device errors of the rank's target and draft backends, merged.
+    fn device_errors(&mut self) -> Result<mha_backend::DeviceErrorReport> {
+        let mut e = self.target.device_errors();
+        if let Some(d) = &mut self.draft {
+            e.merge(&d.main()?.device_errors());
+        }
+        Ok(e)
+    }
+
     /// The target and the draft's main backend (the ones holding pools).
     fn pool_backends(&mut self) -> Result<Vec<&mut MhaBackend>> {
         let mut v = vec![&mut self.target];
@@ -113,16 +122,9 @@ impl Models {
         self.ranks.first().is_some_and(|r| r.draft.is_some())
     }
 
-    /// Every rank's device errors, merged.
-    pub(crate) fn device_errors(&mut self) -> Result<mha_backend::DeviceErrorReport> {
-        let mut errs = mha_backend::DeviceErrorReport::default();
-        for rank in &mut self.ranks {
-            errs.merge(&rank.target.device_errors());
-            if let Some(d) = &mut rank.draft {
-                errs.merge(&d.main()?.device_errors());
-            }
-        }
-        Ok(errs)
+    /// Each rank's device errors (one read of its backends' error words).
+    pub(crate) fn rank_device_errors(&mut self) -> Result<Vec<mha_backend::DeviceErrorReport>> {
+        self.ranks.iter_mut().map(Rank::device_errors).collect()
     }
 }
 

@@ -405,15 +405,15 @@ pub fn run_ranks(
     rec.check_s = check_s;
     let (modes, by_batch_size, mut totals) = rec.summarise(ceiling);
     totals.wall_s = wall.elapsed().as_secs_f64();
-    let errs = models.device_errors()?;
+    let rank_errs = models.rank_device_errors()?;
+    let mut errs = mha_backend::DeviceErrorReport::default();
+    for e in &rank_errs {
+        errs.merge(e);
+    }
     let mut rank_reports = Vec::new();
     if setup.tp > 1 {
-        for (r, (t, rank)) in rank_totals.iter().zip(&mut models.ranks).enumerate() {
+        for (r, (t, e)) in rank_totals.iter().zip(&rank_errs).enumerate() {
             let s0 = &shards[r][0][0];
-            let mut e = rank.target.device_errors();
-            if let Some(d) = &mut rank.draft {
-                e.merge(&d.main()?.device_errors());
-            }
             rank_reports.push(RankReport {
                 rank: r,
                 q_heads: format!(
