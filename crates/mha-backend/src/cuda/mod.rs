@@ -501,11 +501,12 @@ impl Executor for CudaExecutor {
                 )
                 .map_err(kerr)?;
             }
-            s.synchronize().map_err(kerr)?;
+            // Copies still in flight: the caller synchronises once (the
+            // heap buffer stays put when the Vec moves).
             Ok(host)
         }
         let s = self.gpu.stream();
-        Ok(match &self.caches[plan.layer] {
+        let snap = match &self.caches[plan.layer] {
             DevCache::Half(k, v) => KvSnapshot::Half {
                 k: out(s, k, page_elems, pages)?,
                 v: out(s, v, page_elems, pages)?,
@@ -514,7 +515,9 @@ impl Executor for CudaExecutor {
                 k: out(s, k, page_elems, pages)?,
                 v: out(s, v, page_elems, pages)?,
             },
-        })
+        };
+        s.synchronize().map_err(kerr)?;
+        Ok(snap)
     }
 
     fn write_kv_pages(
@@ -538,21 +541,22 @@ impl Executor for CudaExecutor {
                 )
                 .map_err(kerr)?;
             }
-            // The host slices are the caller's: finish before returning.
-            s.synchronize().map_err(kerr)
+            Ok(())
         }
         let s = self.gpu.stream().clone();
         match (&mut self.caches[plan.layer], data) {
             (DevCache::Half(k, v), KvSnapshot::Half { k: dk, v: dv }) => {
                 put(&s, k, dk, page_elems, pages)?;
-                put(&s, v, dv, page_elems, pages)
+                put(&s, v, dv, page_elems, pages)?;
             }
             (DevCache::Fp8(k, v), KvSnapshot::Fp8 { k: dk, v: dv }) => {
                 put(&s, k, dk, page_elems, pages)?;
-                put(&s, v, dv, page_elems, pages)
+                put(&s, v, dv, page_elems, pages)?;
             }
-            _ => Err(crate::executor::page_dtype_err()),
+            _ => return Err(crate::executor::page_dtype_err()),
         }
+        // The host slices are the caller's: finish before returning.
+        s.synchronize().map_err(kerr)
     }
 
     fn read_metadata(&self, graph: bool) -> Result<Option<DeviceMetadata>> {
