@@ -137,6 +137,15 @@ def _from_host(values, like, dtype="int32"):
     return np.asarray(list(values), dtype=dtype)
 
 
+def _arange_i32(stop, step, like):
+    """``0, step, 2·step, … < stop`` as int32, made where ``like`` lives (on a
+    CUDA device: no host list and no copy)."""
+    if is_torch(like):
+        torch = _torch()
+        return torch.arange(0, stop, step, dtype=torch.int32, device=like.device)
+    return np.arange(0, stop, step, dtype=np.int32)
+
+
 def _cumsum0(x, like):
     """``[0, cumsum(x)]`` as int32."""
     if is_torch(like):
@@ -239,15 +248,16 @@ class TrtllmMhaBackend:
         if mode in (DECODE, IDLE):
             off = self.speculative_step_id + 1 if (batch.spec_info and batch.spec_info.draft) else 0
             cache = seq + off
-            cu_q = _from_host(range(bs + 1), like)
+            cu_q = _arange_i32(bs + 1, 1, like)
             max_q = 1
         elif mode == TARGET_VERIFY and batch.spec_info and batch.spec_info.verify_lens is not None:
             vl = [int(x) for x in batch.spec_info.verify_lens]
             if len(vl) != bs:
                 raise InvalidArgument(
                     f"argument `spec_info.verify_lens`: {len(vl)} lengths for {bs} requests")
-            cache = seq + _from_host(vl, like)
-            cu_q = _cumsum0(_from_host(vl, like), like)
+            vl_t = _from_host(vl, like)
+            cache = seq + vl_t
+            cu_q = _cumsum0(vl_t, like)
             max_q = max(vl + [1])
             ragged = True
         elif mode in (TARGET_VERIFY, DRAFT_EXTEND_V2):
@@ -256,7 +266,7 @@ class TrtllmMhaBackend:
                     f"argument `out_cache_loc`: {n_tok} rows are not {mode}'s uniform rows for {bs} requests")
             n = n_tok // bs if bs else 1
             cache = seq + n if mode == TARGET_VERIFY else seq
-            cu_q = _from_host(range(0, bs * n + 1, n), like)
+            cu_q = _arange_i32(bs * n + 1, n, like)
             max_q = n
         else:
             ext = [int(x) for x in (batch.extend_seq_lens or [])]
@@ -373,7 +383,7 @@ class TrtllmMhaBackend:
                 cache_seqlens=_empty_i32((max_bs,), like),
                 # Decode rows: 0, 1, …, bs for every bucket (a static preset;
                 # verify / draft extend rows are written by the fused launch).
-                cu_seqlens_q=(_from_host(range(max_bs + 1), like) if mode == "decode"
+                cu_seqlens_q=(_arange_i32(max_bs + 1, 1, like) if mode == "decode"
                               else _empty_i32((max_bs + 1,), like)),
                 cu_seqlens_k=_empty_i32((max_bs + 1,), like),
                 page_table=_empty_i32((max_bs, m), like),
