@@ -87,21 +87,6 @@ MHA_KIT_DEVICE void report_bad_pages(const ContextParams& p, const Geom& g, int 
     }
 }
 
-// Whether a pair of 16-bit values (QT: 0 bf16, 1 f16) holds a non-finite one.
-template <int QT>
-MHA_KIT_DEVICE bool nonfinite2(u32 w) {
-    constexpr u32 E = QT == 0 ? 0x7F80u : 0x7C00u;
-    return (w & E) == E || ((w >> 16) & E) == E;
-}
-template <int QT>
-MHA_KIT_DEVICE float half_lo(u32 w) {
-    return QT == 0 ? __uint_as_float(w << 16) : f16_to_f32((u16)(w & 0xffffu));
-}
-template <int QT>
-MHA_KIT_DEVICE float half_hi(u32 w) {
-    return QT == 0 ? __uint_as_float(w & 0xffff0000u) : f16_to_f32((u16)(w >> 16));
-}
-
 // O += P V on CUDA cores for KEYS keys, skipping zero weights: the path of a
 // tile whose V holds NaN/Inf next to keys masked for some rows (a tensor-core
 // product would give 0 * NaN = NaN there). One warp, its 16 rows: P in the

@@ -82,6 +82,12 @@ MHA_KIT_DEVICE void cp_async16(u32 dst, const void* src, u32 src_size) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
                  : "memory");
 }
+// cp_async16 with an L2 prefetch hint: the L2 fetches the whole aligned
+// 256-byte block around the source (a timing experiment of the decode kernel).
+MHA_KIT_DEVICE void cp_async16_l2_256(u32 dst, const void* src, u32 src_size) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
+                 : "memory");
+}
 MHA_KIT_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 MHA_KIT_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
@@ -151,6 +157,21 @@ MHA_KIT_DEVICE void e4m3x4_to_half(u32 w, u32& lo, u32& hi) {
         lo = pack2<0>(f16_to_f32((u16)(h0 & 0xffffu)), f16_to_f32((u16)(h0 >> 16)));
         hi = pack2<0>(f16_to_f32((u16)(h1 & 0xffffu)), f16_to_f32((u16)(h1 >> 16)));
     }
+}
+
+// Whether a pair of 16-bit values (QT: 0 bf16, 1 f16) holds a non-finite one.
+template <int QT>
+MHA_KIT_DEVICE bool nonfinite2(u32 w) {
+    constexpr u32 E = QT == 0 ? 0x7F80u : 0x7C00u;
+    return (w & E) == E || ((w >> 16) & E) == E;
+}
+template <int QT>
+MHA_KIT_DEVICE float half_lo(u32 w) {
+    return QT == 0 ? __uint_as_float(w << 16) : f16_to_f32((u16)(w & 0xffffu));
+}
+template <int QT>
+MHA_KIT_DEVICE float half_hi(u32 w) {
+    return QT == 0 ? __uint_as_float(w & 0xffff0000u) : f16_to_f32((u16)(w >> 16));
 }
 
 }  // namespace pac

@@ -484,6 +484,7 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
         const i32 k = ks0 + i * T + lane;
         const bool kval = (valid_s[stage] >> lane) & 1u;
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        bool masked_loaded = false;  // a loaded key this tile that some row must not see
         const u8* krow = ks + stage * T * SRB + lane * SRB;
 #pragma unroll 4
         for (int d0 = 0; d0 < D; d0 += 8) {
@@ -513,6 +514,7 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
                 const int r = warp + 4 * q;
                 const i32 x = x_base + (r0 + r) / p.group;
                 const bool vis = kval && k <= x && (p.window_left < 0 || k >= x - p.window_left);
+                masked_loaded = masked_loaded || (kval && !vis);
                 const float sc = vis ? acc[q] * p.scale_log2 : NEG_INF;
                 const float mnew = fmaxf(m_r[q], warp_max(sc));
                 float alpha, pr;
@@ -529,7 +531,11 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
                 if (lane == 0) alpha_s[r] = alpha;
             }
         }
-        __syncthreads();
+        // Whether a loaded key of this tile is masked for some row (verify:
+        // the causal diagonal, the window edge; never in a q_len 1 decode,
+        // whose rows share one position). Such a tile skips zero weights in
+        // P V: a masked V holding NaN/Inf must not reach a row as 0 * NaN.
+        const bool partial = __syncthreads_or(masked_loaded) != 0;
         // ---- phase 3: O = O * alpha + P V ----
         if (p3_active) {
 #pragma unroll
@@ -540,19 +546,27 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
                 for (int e = 0; e < 8; ++e) o[ii][e] *= a;
             }
             const u8* vbase = vs + stage * T * SRB + ch * 8 * ES;
+            auto pv = [&](const bool careful) {  // inlined twice: careful is a constant
 #pragma unroll 4
-            for (int t = 0; t < T; ++t) {
-                float vf[8];
-                load8<KV>(vbase + t * SRB, vf);
+                for (int t = 0; t < T; ++t) {
+                    float vf[8];
+                    load8<KV>(vbase + t * SRB, vf);
 #pragma unroll
-                for (int ii = 0; ii < RPT; ++ii) {
-                    const int rr = rg3 * RPT + ii;
-                    if (rr < nrows) {
-                        const float pr = ps[rr * PSTRIDE + t];
+                    for (int ii = 0; ii < RPT; ++ii) {
+                        const int rr = rg3 * RPT + ii;
+                        if (rr < nrows) {
+                            const float pr = ps[rr * PSTRIDE + t];
+                            if (careful && pr == 0.f) continue;
 #pragma unroll
-                        for (int e = 0; e < 8; ++e) o[ii][e] = fmaf(pr, vf[e], o[ii][e]);
+                            for (int e = 0; e < 8; ++e) o[ii][e] = fmaf(pr, vf[e], o[ii][e]);
+                        }
                     }
                 }
+            };
+            if (partial) {
+                pv(true);
+            } else {
+                pv(false);
             }
         }
     }
@@ -685,7 +699,10 @@ struct Look {
     bool ok0, ok1;
 };
 
-template <int QT, int KV, int D>
+// XV: timing experiment of an `_x{XV}` entry (0 = production). XV & 1:
+// cp.async with an L2 prefetch hint of 256 bytes (each token row of a head
+// is 256 contiguous bytes at D 128 bf16), correct results.
+template <int QT, int KV, int D, int XV = 0>
 MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     using L = MmaSmem<D, KV>;
     constexpr int NST = L::NST;
@@ -791,10 +808,17 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 vc0 = cc ^ v8_swz<CPR>(lt);
                 vc1 = cc ^ v8_swz<CPR>(lt + 8);
             }
-            cp_async16(kdst + lt * RRB + kc0 * 16, k0p + (ok0 ? cc * 16 : 0), sz0);
-            cp_async16(vdst + lt * RRB + vc0 * 16, v0p + (ok0 ? cc * 16 : 0), sz0);
-            cp_async16(kdst + (lt + 8) * RRB + kc1 * 16, k1p + (ok1 ? cc * 16 : 0), sz1);
-            cp_async16(vdst + (lt + 8) * RRB + vc1 * 16, v1p + (ok1 ? cc * 16 : 0), sz1);
+            auto cp = [&](u32 dst, const u8* src, u32 sz) {
+                if constexpr ((XV & 1) != 0) {
+                    pac::cp_async16_l2_256(dst, src, sz);
+                } else {
+                    cp_async16(dst, src, sz);
+                }
+            };
+            cp(kdst + lt * RRB + kc0 * 16, k0p + (ok0 ? cc * 16 : 0), sz0);
+            cp(vdst + lt * RRB + vc0 * 16, v0p + (ok0 ? cc * 16 : 0), sz0);
+            cp(kdst + (lt + 8) * RRB + kc1 * 16, k1p + (ok1 ? cc * 16 : 0), sz1);
+            cp(vdst + (lt + 8) * RRB + vc1 * 16, v1p + (ok1 ? cc * 16 : 0), sz1);
         }
     };
 
@@ -913,6 +937,61 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     const int v_row = (mi & 1) * 8 + mr;   // V: matrices (t0-7,c0) (t8-15,c0) (t0-7,c1) (t8-15,c1)
     const int v_cb = mi >> 1;
 
+    // Whether V of a slice (16 rows, zero-filled where not loaded) holds a
+    // NaN/Inf (warp-wide): the exponent field all ones, i.e. adding its
+    // lowest bit carries into the sign bit (e4m3: NaN is S.1111.111, no Inf).
+    auto slice_nonfinite = [&](const u8* vraw) {
+        constexpr u32 E2 = KV == 2 ? 0x7F7F7F7Fu : (KV == 0 ? 0x7F807F80u : 0x7C007C00u);
+        constexpr u32 INC2 = KV == 2 ? 0x01010101u : (KV == 0 ? 0x00800080u : 0x04000400u);
+        constexpr u32 SIGN = KV == 2 ? 0x80808080u : 0x80008000u;
+        u32 acc = 0;
+#pragma unroll
+        for (int off = lane * 16; off < MWT * RRB; off += 32 * 16) {
+            const uint4 u = *reinterpret_cast<const uint4*>(vraw + off);
+            acc |= (((u.x & E2) + INC2) | ((u.y & E2) + INC2)) | (((u.z & E2) + INC2) | ((u.w & E2) + INC2));
+        }
+        return __any_sync(0xffffffffu, (acc & SIGN) != 0u);
+    };
+    // O += P V of one slice on CUDA cores, skipping zero weights. P in the
+    // m16n8k16 A layout (pa[2t + hr]: row gr + 8 hr, keys 8t + 2qd, +1), O in
+    // the accumulator layout; O column (n, c) of this thread is dim
+    // 8n + 2qd + c (16-bit V) or (D / 8)(2qd + c) + n (e4m3 V, see below).
+    auto pv_scalar_slice = [&](const u8* vraw, const u32 (&pa)[4]) {
+#pragma unroll 1
+        for (int key = 0; key < MWT; ++key) {
+            const int src = (lane & ~3) | ((key >> 1) & 3);
+            float pk[2];
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                const u32 w = __shfl_sync(0xffffffffu, (key >> 3) ? pa[2 + hr] : pa[hr], src);
+                pk[hr] = (key & 1) ? pac::half_hi<MT>(w) : pac::half_lo<MT>(w);
+            }
+            const u8* vrow = vraw + key * RRB;
+#pragma unroll
+            for (int n = 0; n < NT8; ++n) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    float v;
+                    if constexpr (KV == 2) {
+                        const int dim = NT8 * (2 * qd + c) + n;
+                        const u8 byte = vrow[(((dim >> 4) ^ v8_swz<CPR>(key)) << 4) + (dim & 15)];
+                        float hi_unused;
+                        e4m3x2_to_f32((u16)byte, v, hi_unused);
+                    } else {
+                        const int dim = 8 * n + 2 * qd + c;
+                        const u16 hv = *reinterpret_cast<const u16*>(
+                            vrow + (((dim >> 3) ^ (key & 7)) << 4) + (dim & 7) * 2);
+                        v = half_to_f32<MT>(hv);
+                    }
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr) {
+                        if (pk[hr] != 0.f) o[n][2 * hr + c] += pk[hr] * v;
+                    }
+                }
+            }
+        }
+    };
+
     auto step = [&](Look& lk, int i) {
         cp_async_wait<NST - 2>();
         __syncwarp();
@@ -964,6 +1043,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         const u32 vm1 = vm_s[(warp * NST + slot) * 2 + 1];
         const i32 kt = slice0 + i * MTT;  // key of slice token 0
         float mx[2] = {NEG_INF, NEG_INF};
+        bool masked_loaded = false;  // a loaded key of the slice that a valid row must not see
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
             const u32 vm = t == 0 ? vm0 : vm1;
@@ -972,7 +1052,9 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 const int tk = 2 * qd + (e & 1);  // token inside the n8 tile
                 const i32 k = kt + 8 * t + tk;
                 const int hr = e >> 1;
-                const bool vis = ((vm >> (4 * tk)) & 1u) && k <= xr[hr] && k >= xlo[hr];
+                const bool loaded = (vm >> (4 * tk)) & 1u;
+                const bool vis = loaded && k <= xr[hr] && k >= xlo[hr];
+                masked_loaded = masked_loaded || (loaded && !vis && xr[hr] >= 0);
                 s[t][e] = vis ? s[t][e] * rs[hr] : NEG_INF;
                 mx[hr] = fmaxf(mx[hr], s[t][e]);
             }
@@ -994,6 +1076,14 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             o[n][1] *= alpha[0];
             o[n][2] *= alpha[1];
             o[n][3] *= alpha[1];
+        }
+        // A slice with a loaded key masked for some row (verify: the causal
+        // diagonal, the window edge; a q_len 1 decode never has one) whose V
+        // holds NaN/Inf: P V on CUDA cores, skipping zero weights (the MMA
+        // would give 0 * NaN = NaN in the masked row).
+        if (__any_sync(0xffffffffu, masked_loaded) && slice_nonfinite(vraw)) {
+            pv_scalar_slice(vraw, pa);
+            return;
         }
         // O += P V.
         if constexpr (KV == 2) {
@@ -1171,3 +1261,9 @@ PA_MMA(f16, 1, f16, 1, 64, 4)
 PA_MMA(f16, 1, f16, 1, 128, 2)
 PA_MMA(f16, 1, e4m3, 2, 64, 4)
 PA_MMA(f16, 1, e4m3, 2, 128, 2)
+
+// Timing experiment entries (PagedAttentionKernel::set_experiment).
+extern "C" __global__ void __launch_bounds__(pa::NT, 2)
+    paged_attention_mma_bf16_kv_bf16_d128_x1(const PagedAttentionParams p) {
+    pa::mma_body<0, 0, 128, 1>(p);
+}

@@ -316,8 +316,150 @@ fn expect(
     Ok(())
 }
 
+/// A verify block of 2 rows over L 13 (positions 11 and 12), random finite
+/// Q / K / V, one KV head of `g` query heads, pages of `p` tokens in a
+/// shuffled order; `window_left` as given.
+fn verify_pair_case(
+    q_dtype: HalfDtype,
+    kv: KvDtype,
+    d: usize,
+    g: usize,
+    p: usize,
+    window: Option<u32>,
+    seed: u64,
+) -> Case {
+    use rand::{Rng, SeedableRng};
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let len = 13usize;
+    let m = len.div_ceil(p);
+    let num_pages = m + 2;
+    let mut c = Case::new(kv, d, g, 1, p, num_pages, 1, m, Some(2), 2);
+    c.q_dtype = q_dtype;
+    c.lens = vec![len as i32];
+    for e in 0..m {
+        c.page_table[e] = (num_pages - 1 - e) as i32;
+    }
+    for pos in 0..len {
+        let slot = c.slot(0, pos);
+        for dd in 0..d {
+            let (kx, vx) = (r.gen_range(-1.0..1.0), r.gen_range(-1.0..1.0));
+            c.set_k(slot, 0, dd, kx);
+            c.set_v(slot, 0, dd, vx);
+        }
+    }
+    for x in c.q.iter_mut() {
+        *x = q_dtype.from_f64(r.gen_range(-2.0..2.0));
+    }
+    c.bmm1 = 1.0 / (d as f32).sqrt();
+    c.window = window;
+    c
+}
+
+/// Issue 14's masked-key rule on the decode / verify kernels: in a verify
+/// block of 2 rows over L 13, NaN / Inf in V (and NaN in K) of a key that one
+/// row sees and the other must not (token 12: causally masked for row 0;
+/// token 8 with window_left 3: outside row 1's window) reaches only the row
+/// that sees it. The other row is finite and equals the reference of the
+/// case with finite values there; the row that sees a non-finite V is
+/// non-finite in those dims. Both kernel paths, several split modes.
+fn masked_nonfinite_keys(gpu: &Arc<Gpu>, k: &PagedAttentionKernel) -> Result<(), String> {
+    let simt = PagedAttentionKernel::with_path(gpu, KernelPath::Simt).or_fail("load")?;
+    let mut runs = 0usize;
+    for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
+        let (nan, inf) = match kv {
+            KvDtype::Bf16 => (0x7FC0u16, 0x7F80u16),
+            KvDtype::F16 => (0x7E00, 0x7C00),
+            KvDtype::E4m3 => (0x7F, 0xFF), // e4m3 has no Inf: two NaN codes
+        };
+        for d in [64, 128, 256] {
+            for (g, p) in [(1, 16), (4, 1), (8, 48)] {
+                // (window, poisoned key, the row that sees it, the row that must not)
+                for (window, key, sees, blind) in
+                    [(None, 12usize, 1usize, 0usize), (Some(3), 8, 0, 1)]
+                {
+                    let seed = (d * 31 + g * 7 + p) as u64 + key as u64 * 1000;
+                    // 16-bit KV takes the Q dtype; e4m3 runs under both.
+                    let q_dtype = match kv {
+                        KvDtype::F16 => HalfDtype::F16,
+                        KvDtype::E4m3 if d == 128 => HalfDtype::F16,
+                        _ => HalfDtype::Bf16,
+                    };
+                    let c = verify_pair_case(q_dtype, kv, d, g, p, window, seed);
+                    let want = c.reference();
+                    let slot = c.slot(0, key);
+                    // Non-finite V (both rows checked), then NaN K (only the
+                    // blind row: how a NaN score of a seen key spreads is not
+                    // this test's subject).
+                    let mut bad_v = c.clone();
+                    for (dd, bits) in [(0, nan), (1, inf), (d - 1, nan)] {
+                        let i = bad_v.kv_index(slot, 0, dd);
+                        bad_v.v[i] = bits;
+                    }
+                    let mut bad_k = c.clone();
+                    let i = bad_k.kv_index(slot, 0, 2);
+                    bad_k.k[i] = nan;
+                    for (bad, check_seen) in [(&bad_v, true), (&bad_k, false)] {
+                        for kern in [k, &simt] {
+                            for split in [
+                                SplitMode::Auto,
+                                SplitMode::Fixed { chunk_tokens: 1 },
+                                SplitMode::Fixed { chunk_tokens: 4 },
+                                SplitMode::Chunked {
+                                    chunk_tokens: 2,
+                                    max_splits: 3,
+                                },
+                            ] {
+                                let got =
+                                    run_gpu(gpu, kern, bad, split, 13, None).or_fail("launch")?;
+                                runs += 1;
+                                let at = |row: usize, h: usize, dd: usize| {
+                                    c.q_dtype.to_f64(got.out[(row * c.hq + h) * d + dd])
+                                };
+                                let ctx = || {
+                                    format!(
+                                    "{:?} {split:?}: kv {kv:?} D {d} G {g} P {p} window {window:?}, {} of key {key} NaN/Inf",
+                                    kern.path(),
+                                    if check_seen { "V" } else { "K" }
+                                )
+                                };
+                                for h in 0..g {
+                                    let gv: Vec<f64> = (0..d).map(|dd| at(blind, h, dd)).collect();
+                                    let base = (blind * c.hq + h) * d;
+                                    let err = rel_err(&gv, &want.out[base..base + d]);
+                                    if gv.iter().any(|x| !x.is_finite()) || err > 1e-2 {
+                                        return Err(format!(
+                                        "{}: row {blind} head {h} must not see the key: rel err {err:.3e}, got {:?}..",
+                                        ctx(),
+                                        &gv[..4]
+                                    ));
+                                    }
+                                    for dd in [0, 1, d - 1] {
+                                        if check_seen && at(sees, h, dd).is_finite() {
+                                            return Err(format!(
+                                            "{}: row {sees} head {h} dim {dd} sees the non-finite V but is {}",
+                                            ctx(),
+                                            at(sees, h, dd)
+                                        ));
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    println!("masked_nonfinite_keys_never_reach_a_row: {runs} launches");
+    Ok(())
+}
+
 fn main() {
     let trials = vec![
+        named(
+            "masked_nonfinite_keys_never_reach_a_row",
+            masked_nonfinite_keys,
+        ),
         named("gpu_matches_reference_proptest", |gpu, k| {
             // One case in four also runs the CUDA-core kernel (KernelPath::Simt).
             let simt = PagedAttentionKernel::with_path(gpu, KernelPath::Simt).or_fail("load")?;

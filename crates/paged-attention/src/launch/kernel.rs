@@ -18,6 +18,9 @@ use super::{
     LaunchPlan, QueryLayout, ROWS_PER_CTA,
 };
 
+/// Timing experiment entries of the tensor-core kernel (`<entry>_x<n>`).
+const EXPERIMENT_ENTRIES: &[&str] = &["paged_attention_mma_bf16_kv_bf16_d128_x1"];
+
 /// The decode/verify launcher: every kernel function is resolved once, at
 /// construction (with its dynamic shared memory limit raised); launches are
 /// stream-ordered and graph-capturable (no host sync, allocation or copy).
@@ -28,6 +31,8 @@ pub struct PagedAttentionKernel {
     num_sms: usize,
     path: KernelPath,
     launches: AtomicU64,
+    /// Timing experiment: the `_x{n}` tensor-core entry where one exists.
+    experiment: u32,
 }
 
 impl PagedAttentionKernel {
@@ -58,6 +63,18 @@ impl PagedAttentionKernel {
             )?;
             funcs.insert(name, f);
         }
+        for name in EXPERIMENT_ENTRIES {
+            let f = gpu.function(&PTX, name)?;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                mma_smem_bytes(128, KvDtype::Bf16) as i32,
+            )?;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )?;
+            funcs.insert((*name).to_string(), f);
+        }
         for q in [HalfDtype::Bf16, HalfDtype::F16] {
             for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
                 for d in HEAD_DIMS {
@@ -81,7 +98,26 @@ impl PagedAttentionKernel {
             num_sms,
             path,
             launches: AtomicU64::new(0),
+            experiment: 0,
         })
+    }
+
+    /// Runs timing experiment `xv` where its entry exists (launches of
+    /// other shapes keep the production entry); 0 = production. `1`: the
+    /// D 128 bf16 tensor-core kernel with a 256-byte L2 prefetch hint on its
+    /// K/V copies (correct results).
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] for an unknown experiment.
+    pub fn set_experiment(&mut self, xv: u32) -> Result<()> {
+        if xv != 0 && !EXPERIMENT_ENTRIES.iter().any(|e| e.ends_with(&format!("_x{xv}"))) {
+            return Err(KernelError::unsupported(
+                "experiment",
+                format!("no decode experiment {xv}"),
+            ));
+        }
+        self.experiment = xv;
+        Ok(())
     }
 
     /// SMs of the device (input of [`launch_config`](super::launch_config)).
@@ -178,9 +214,11 @@ impl PagedAttentionKernel {
             p.lse = l.device_ptr_mut(stream);
         }
         p.errors = errors.device_ptr();
-        let func = self
-            .funcs
-            .get(&plan.entry)
+        let experiment = (self.experiment != 0)
+            .then(|| self.funcs.get(&format!("{}_x{}", plan.entry, self.experiment)))
+            .flatten();
+        let func = experiment
+            .or_else(|| self.funcs.get(&plan.entry))
             .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {}", plan.entry)))?;
         let mut builder = stream.launch_builder(func);
         builder.arg(&p);
