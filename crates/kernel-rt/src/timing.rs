@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use crate::{Gpu, PtxModule, Result};
+use crate::{Gpu, KernelError, PtxModule, Result};
 
 /// kernel-rt's own PTX (the stream-filling spin kernel).
 pub const PTX: PtxModule = PtxModule {
@@ -113,6 +113,89 @@ pub fn per_launch_us(gpu: &Gpu, iters: u64, work: impl FnMut() -> Result<()>) ->
     Ok(total.as_secs_f64() * 1e6 / iters.max(1) as f64)
 }
 
+/// Per-call device time of CUDA-graph replays ([`graph_replay_us`]), in
+/// microseconds per call (replay time / `calls`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GraphTiming {
+    /// Median over the timed replays.
+    pub median_us: f64,
+    /// Fastest replay.
+    pub min_us: f64,
+    /// 90th percentile (the sorted sample's element at `⌊0.9 (replays − 1)⌋`).
+    pub p90_us: f64,
+    /// Calls captured in the graph.
+    pub calls: usize,
+    /// Replays timed.
+    pub replays: usize,
+}
+
+/// Device time per call (µs) of `work` replayed from one CUDA graph: what a
+/// launch costs inside a serving engine's graph replay, without per-launch
+/// event pairs or host launch gaps.
+///
+/// Method: `work(0)` runs once eagerly (module load, lazy init); then
+/// `work(0)`, …, `work(calls − 1)` are captured on [`Gpu::stream`] (thread-
+/// local capture mode) into one graph, which is uploaded and replayed 3
+/// times untimed. Behind a filled stream ([`fill_stream`]), `replays`
+/// replays are each bracketed by their own CUDA event pair; each replay's
+/// time / `calls` is one sample. `calls` and `replays` are at least 1.
+/// `work(i)` must only queue capturable stream work (no synchronisation, no
+/// host copies); give it a different input set per `i` to time cold caches.
+///
+/// # Errors
+/// The first error of `work` or of the driver (capture, instantiation,
+/// replay); [`KernelError::Unsupported`] when the capture recorded no work.
+pub fn graph_replay_us(
+    gpu: &Gpu,
+    calls: usize,
+    replays: usize,
+    mut work: impl FnMut(usize) -> Result<()>,
+) -> Result<GraphTiming> {
+    let (calls, replays) = (calls.max(1), replays.max(1));
+    let stream = gpu.stream();
+    work(0)?;
+    stream.synchronize()?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let recorded = (0..calls).try_for_each(&mut work);
+    // End the capture even when `work` failed, so the stream is usable.
+    let ended = stream.end_capture(CUgraphInstantiate_flags(0));
+    recorded?;
+    let graph = ended?
+        .ok_or_else(|| KernelError::unsupported("work", "the stream capture recorded no work"))?;
+    graph.upload()?;
+    for _ in 0..3 {
+        graph.launch()?;
+    }
+    stream.synchronize()?;
+    let ctx = gpu.context();
+    let mut events = Vec::with_capacity(replays);
+    for _ in 0..replays {
+        events.push((
+            ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+            ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+        ));
+    }
+    fill_stream(gpu, replays as f64 * 3.0 * HOST_US_PER_LAUNCH)?;
+    for (a, b) in &events {
+        a.record(stream)?;
+        graph.launch()?;
+        b.record(stream)?;
+    }
+    let mut us = Vec::with_capacity(replays);
+    for (a, b) in &events {
+        us.push(f64::from(a.elapsed_ms(b)?) * 1e3 / calls as f64);
+    }
+    // `median` sorts the sample: min and p90 read it afterwards.
+    let median_us = median(&mut us);
+    Ok(GraphTiming {
+        median_us,
+        min_us: us[0],
+        p90_us: us[(0.9 * (replays - 1) as f64) as usize],
+        calls,
+        replays,
+    })
+}
+
 /// Median device time (µs) of an empty launch (the spin kernel asked to
 /// spin 0 ns), measured like [`median_us`]: the floor under any kernel's
 /// time on this machine. Print it beside benchmark tables.
@@ -137,7 +220,7 @@ pub fn launch_floor_us(gpu: &Gpu) -> Result<f64> {
 }
 
 /// Median of a non-empty sample (mean of the two middle values for even n);
-/// NaN for an empty one.
+/// NaN for an empty one. Sorts `v` in place (ascending).
 pub fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
         return f64::NAN;

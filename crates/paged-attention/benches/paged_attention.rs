@@ -1,14 +1,26 @@
 //! Bench of the decode/verify kernel: criterion (`iter_custom` + CUDA events)
-//! and a markdown table (median µs, TB/s of KV + Q/O traffic, % of the copy
-//! ceiling measured in the same run). KV pools are ≥ 2× L2 (random page
-//! order), so reads come from HBM. Prints a line and exits 0 without a GPU.
+//! and markdown tables (µs, TB/s of KV + Q/O traffic, % of the copy ceiling
+//! measured in the same run). Prints a line and exits 0 without a GPU.
+//!
+//! Main table ([`cases`]), the peers' method (`decode_peers.py` runs torch's
+//! cuDNN SDPA the same way, with the same case names): `n` launches captured
+//! in one CUDA graph ([`graph_replay_us`]), launch `i` reading page set
+//! `i % R` of one K/V pool (disjoint page ranges, random order inside each),
+//! `R = ⌈192 MiB / bytes one launch reads⌉` capped at 48, so ≥ 192 MiB pass
+//! between two reads of a page (cold L2); `n = R·⌈max(1, 300 µs / est) / R⌉`
+//! capped at 256, `est` the isolated median; time = replay / n, median of
+//! 50–400 replays (~0.5 s per case). The isolated column (an event pair per
+//! launch, stream pre-filled) rotates over the same page sets. The ragged and
+//! grid tables keep the older method: one page set (pool ≥ 2× L2), isolated
+//! median and back-to-back µs per launch.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::Criterion;
 use kernel_rt::cudarc::driver::CudaSlice;
-use kernel_rt::timing::{copy_ceiling_gbps, median_us, per_launch_us, time_iters};
+use kernel_rt::timing::{copy_ceiling_gbps, graph_replay_us, median_us, per_launch_us, time_iters};
 use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
 use paged_attention::{
     workspace_for, DecodeArgs, HalfDtype, KernelPath, KvCache, PagedAttentionKernel, QueryLayout,
@@ -28,6 +40,10 @@ struct Shape {
     sinks: bool,
     /// Force the CUDA-core kernel (comparison row).
     simt: bool,
+    /// K/V pages in HND (`[pages, Hkv, P, D]` memory) instead of NHD.
+    hnd: bool,
+    /// Decode timing experiment ([`PagedAttentionKernel::set_experiment`]).
+    experiment: u32,
     /// Per-request `cache_seqlens` (`[bs]`, each in `1..=len`); `None` =
     /// every request has `len` tokens. With `Some`, `len` is only the
     /// bound passed as `max_seq_len` (and the page table width).
@@ -47,6 +63,8 @@ fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shap
         window: None,
         sinks: false,
         simt: false,
+        hnd: false,
+        experiment: 0,
         lens: None,
     }
 }
@@ -71,15 +89,70 @@ fn cases() -> Vec<Shape> {
             sinks: true,
             ..s("64/8/64 W 127 + sinks, bs 64, L 8192", 64, 8, 64, 64, 8192)
         },
+        s("16/8/256, bs 64, L 8192", 16, 8, 256, 64, 8192),
         Shape {
             simt: true,
             ..s("bs 64, L 8192 (CUDA-core kernel)", 32, 8, 128, 64, 8192)
+        },
+        Shape {
+            hnd: true,
+            ..s("bs 64, L 8192, HND pages", 32, 8, 128, 64, 8192)
+        },
+        Shape {
+            hnd: true,
+            ..s("bs 256, L 8192, HND pages", 32, 8, 128, 256, 8192)
+        },
+        Shape {
+            hnd: true,
+            ..s("bs 1, L 32768, HND pages", 32, 8, 128, 1, 32768)
+        },
+        Shape {
+            experiment: 1,
+            ..s("bs 64, L 8192 (x1: L2 256-B prefetch hint)", 32, 8, 128, 64, 8192)
+        },
+        Shape {
+            experiment: 1,
+            hnd: true,
+            ..s("bs 64, L 8192, HND pages (x1: L2 256-B prefetch hint)", 32, 8, 128, 64, 8192)
         },
     ]
 }
 
 const P: usize = 16;
 const L2_BYTES: usize = 60 << 20;
+
+/// Bytes read between two reads of one page set (cold L2), as the peers.
+const ROTATION_BYTES: f64 = (192u64 << 20) as f64;
+/// Most page sets per case.
+const MAX_ROTATIONS: usize = 48;
+/// Device time one graph replay aims at (µs).
+const GRAPH_TARGET_US: f64 = 300.0;
+/// Most launches per graph.
+const MAX_GRAPH_CALLS: usize = 256;
+/// Timed replays per case: at least, at most, and the device time aimed at (µs).
+const MIN_REPLAYS: usize = 50;
+const MAX_REPLAYS: usize = 400;
+const CASE_TARGET_US: f64 = 0.5e6;
+
+/// `R`: page sets so that ≥ [`ROTATION_BYTES`] pass between two reads of
+/// one set, in `1..=MAX_ROTATIONS`.
+fn rotations(bytes_per_launch: f64) -> usize {
+    ((ROTATION_BYTES / bytes_per_launch.max(1.0)).ceil() as usize).clamp(1, MAX_ROTATIONS)
+}
+
+/// `n`: launches per graph, a multiple of `r` (each set read equally often)
+/// near [`GRAPH_TARGET_US`] of work, at most [`MAX_GRAPH_CALLS`].
+fn graph_calls(r: usize, est_us: f64) -> usize {
+    let want = (GRAPH_TARGET_US / est_us.max(1e-3)).max(1.0);
+    r * ((want / r as f64).ceil() as usize).clamp(1, (MAX_GRAPH_CALLS / r).max(1))
+}
+
+/// Timed replays: ~[`CASE_TARGET_US`] of device time, in
+/// `MIN_REPLAYS..=MAX_REPLAYS`.
+fn graph_replays(calls: usize, est_us: f64) -> usize {
+    let per_replay = calls as f64 * est_us.max(1e-3);
+    ((CASE_TARGET_US / per_replay) as usize).clamp(MIN_REPLAYS, MAX_REPLAYS)
+}
 
 struct Prepared {
     q: CudaSlice<u16>,
@@ -88,7 +161,9 @@ struct Prepared {
     v8: CudaSlice<u8>,
     k16: CudaSlice<u16>,
     v16: CudaSlice<u16>,
-    pt: CudaSlice<i32>,
+    /// `R` page tables `[bs, m]`, one per page set (disjoint page ranges of
+    /// the one K/V pool).
+    pts: Vec<CudaSlice<i32>>,
     lens: CudaSlice<i32>,
     sinks: CudaSlice<f32>,
     ws: CudaSlice<f32>,
@@ -219,42 +294,72 @@ fn ragged(bs: usize, seed: u64) -> Shape {
 /// Device buffers of one case. `zero_kv`: K/V pools zero-filled on the
 /// device (the grid's largest pools are 69 GB; speed does not depend on
 /// the values) instead of uploaded. The workspace fits the largest of
-/// `splits` (zeroed once; the kernel leaves its counters zero).
+/// `splits` (zeroed once; the kernel leaves its counters zero, so every
+/// launch of a graph shares it). `cold`: [`rotations`] page sets (else one),
+/// each spanning its own range of one K/V pool of ≥ 2× L2 in all.
 fn prepare(
     gpu: &Arc<Gpu>,
     kernel: &PagedAttentionKernel,
     c: &Shape,
     zero_kv: bool,
     splits: &[SplitMode],
+    cold: bool,
 ) -> Result<Prepared> {
     let st = gpu.stream();
     let es: usize = if c.fp8 { 1 } else { 2 };
     let m = c.len.div_ceil(P);
     let page_bytes = P * c.hkv * c.d * es;
     let lens = c.lens.clone().unwrap_or_else(|| vec![c.len as i32; c.bs]);
-    // Pages each request reads (uniform: `m` each).
-    let pages_of = |l: i32| (l.max(0) as usize).div_ceil(P);
-    let used: usize = lens.iter().map(|&l| pages_of(l)).sum();
-    let num_pages = used.max((2 * L2_BYTES).div_ceil(page_bytes)) + 1;
-    // Random distinct pages (LCG permutation stride); the page table's
-    // columns past a request's length point at page 0 (never read).
-    let mut ids = Vec::with_capacity(c.bs * m);
-    // Scatter pages with a stride coprime to the pool size (not contiguous).
-    let n = (num_pages - 1).max(1);
-    let mut stride = 7919 % n;
-    while stride == 0 || gcd(stride, n) != 1 {
+    let rows = c.bs * c.q_len;
+    let kv_tokens: usize = lens
+        .iter()
+        .map(|&l| {
+            let l = l.max(0) as usize;
+            match c.window {
+                Some(w) => (w as usize + c.q_len).min(l),
+                None => l,
+            }
+        })
+        .sum();
+    let bytes = (2 * kv_tokens * c.hkv * c.d * es + 2 * 2 * rows * c.hq * c.d) as f64;
+    let r = if cold { rotations(bytes) } else { 1 };
+    // Page-table columns a request reads: from its first visible key's page
+    // (the window edge rounded down to 128 tokens, for tile alignment) to its
+    // last page. The other columns point at page 0 (never read), so a
+    // windowed case's page sets hold only what it reads.
+    let cols = |l: i32| -> Range<usize> {
+        let l = l.max(0) as usize;
+        let lo = c.window.map_or(0, |w| {
+            l.saturating_sub(w as usize + c.q_len) / 128 * 128 / P
+        });
+        lo..l.div_ceil(P)
+    };
+    let used: usize = lens.iter().map(|&l| cols(l).len()).sum();
+    // Pages per set: the pool holds ≥ 2× L2 in all.
+    let span = used.max((2 * L2_BYTES).div_ceil(page_bytes * r)).max(1);
+    let num_pages = r * span + 1;
+    // Scatter each set's pages over its span with a stride coprime to it
+    // (random order, not contiguous).
+    let mut stride = 7919 % span;
+    while stride == 0 || gcd(stride, span) != 1 {
         stride += 1;
     }
-    let mut i = 0;
-    for &l in &lens {
-        for j in 0..m {
-            if j < pages_of(l) {
-                ids.push((1 + (i * stride) % n) as i32);
-                i += 1;
-            } else {
-                ids.push(0);
+    let mut pts = Vec::with_capacity(r);
+    for set in 0..r {
+        let mut ids = Vec::with_capacity(c.bs * m);
+        let mut i = 0;
+        for &l in &lens {
+            let read = cols(l);
+            for j in 0..m {
+                if read.contains(&j) {
+                    ids.push((1 + set * span + (i * stride) % span) as i32);
+                    i += 1;
+                } else {
+                    ids.push(0);
+                }
             }
         }
+        pts.push(st.clone_htod(&ids)?);
     }
     let elems = num_pages * P * c.hkv * c.d;
     // Small non-zero values (0x30 = 0.125 in e4m3, 0x3E00 = 0.125 in bf16).
@@ -267,27 +372,16 @@ fn prepare(
             st.alloc_zeros::<u16>(n16)?,
         )
     } else {
+        let (h8, h16) = (vec![0x30u8; n8], vec![0x3E00u16; n16]);
         (
-            st.clone_htod(&vec![0x30u8; n8])?,
-            st.clone_htod(&vec![0x30u8; n8])?,
-            st.clone_htod(&vec![0x3E00u16; n16])?,
-            st.clone_htod(&vec![0x3E00u16; n16])?,
+            st.clone_htod(&h8)?,
+            st.clone_htod(&h8)?,
+            st.clone_htod(&h16)?,
+            st.clone_htod(&h16)?,
         )
     };
-    let rows = c.bs * c.q_len;
     let q = st.clone_htod(&vec![0x3C00u16; rows * c.hq * c.d])?;
     let out = st.alloc_zeros::<u16>(rows * c.hq * c.d)?;
-    let pt = st.clone_htod(&ids)?;
-    let kv_tokens: usize = lens
-        .iter()
-        .map(|&l| {
-            let l = l.max(0) as usize;
-            match c.window {
-                Some(w) => (w as usize + c.q_len).min(l),
-                None => l,
-            }
-        })
-        .sum();
     let lens = st.clone_htod(&lens)?;
     let sinks = st.clone_htod(&vec![0.5f32; c.hq])?;
     let mut need = 0;
@@ -304,7 +398,6 @@ fn prepare(
         )?);
     }
     let ws = st.alloc_zeros::<f32>(need.max(1))?;
-    let bytes = (2 * kv_tokens * c.hkv * c.d * es + 2 * 2 * rows * c.hq * c.d) as f64;
     Ok(Prepared {
         q,
         out,
@@ -312,7 +405,7 @@ fn prepare(
         v8,
         k16,
         v16,
-        pt,
+        pts,
         lens,
         sinks,
         ws,
@@ -330,16 +423,22 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
+/// One launch of case `c` reading page set `set % R`.
 fn launch(
     kernel: &PagedAttentionKernel,
     c: &Shape,
     p: &mut Prepared,
+    set: usize,
     split: SplitMode,
     errors: &mut DeviceErrors,
 ) -> Result<()> {
     let rows = c.bs * c.q_len;
     let shape = [p.num_pages, c.hkv, P, c.d];
-    let strides = [P * c.hkv * c.d, c.d, c.hkv * c.d, 1];
+    let strides = if c.hnd {
+        [P * c.hkv * c.d, P * c.d, c.d, 1]
+    } else {
+        [P * c.hkv * c.d, c.d, c.hkv * c.d, 1]
+    };
     let kv = if c.fp8 {
         KvCache::E4m3 {
             k: Strided::new("k_cache", p.k8.as_view(), shape, strides)?,
@@ -358,7 +457,7 @@ fn launch(
         q_dtype: HalfDtype::Bf16,
         out: StridedMut::of("out", &mut p.out, [rows, c.hq, c.d])?,
         kv,
-        page_table: Strided::of("page_table", &p.pt, [c.bs, p.m])?,
+        page_table: Strided::of("page_table", &p.pts[set % p.pts.len()], [c.bs, p.m])?,
         cache_seqlens: Strided::of("cache_seqlens", &p.lens, [c.bs])?,
         layout: QueryLayout::Uniform {
             q_len_per_req: c.q_len,
@@ -397,36 +496,78 @@ fn main() {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .sample_size(10);
+    let mut x1 = PagedAttentionKernel::new(&gpu).expect("load");
+    x1.set_experiment(1).expect("experiment 1");
     let mut table = Vec::new();
+    // MHA_KIT_BENCH_CASES=a|b runs only the cases whose name contains one of them.
+    let only = std::env::var("MHA_KIT_BENCH_CASES").ok();
     for c in cases() {
-        let mut p = prepare(&gpu, &kernel, &c, false, &[SplitMode::Auto]).expect("prepare");
-        let kernel = if c.simt { &simt } else { &kernel };
+        if only
+            .as_ref()
+            .is_some_and(|f| !f.split('|').any(|alt| c.name.contains(alt)))
+        {
+            continue;
+        }
+        let mut p = prepare(&gpu, &kernel, &c, false, &[SplitMode::Auto], true).expect("prepare");
+        let kernel = match (c.simt, c.experiment) {
+            (true, _) => &simt,
+            (false, 1) => &x1,
+            _ => &kernel,
+        };
+        let r = p.pts.len();
+        let mut set = 0;
+        let mut next = || {
+            set += 1;
+            set
+        };
         crit.bench_function(&c.name, |b| {
             b.iter_custom(|iters| {
                 time_iters(&gpu, iters, || {
-                    launch(kernel, &c, &mut p, SplitMode::Auto, &mut errors)
+                    launch(kernel, &c, &mut p, next(), SplitMode::Auto, &mut errors)
                 })
                 .expect("time")
             })
         });
-        let us = median_us(&gpu, 5, 30, || {
-            launch(kernel, &c, &mut p, SplitMode::Auto, &mut errors)
+        let iso = median_us(&gpu, 5, 30, || {
+            launch(kernel, &c, &mut p, next(), SplitMode::Auto, &mut errors)
         })
         .expect("median");
-        let gbps = p.bytes / (us * 1e-6) / 1e9;
+        let calls = graph_calls(r, iso);
+        let g = graph_replay_us(&gpu, calls, graph_replays(calls, iso), |i| {
+            launch(kernel, &c, &mut p, i, SplitMode::Auto, &mut errors)
+        })
+        .expect("graph replay");
+        let report = errors.read().expect("read device errors");
+        let flag = if report.is_clean() {
+            String::new()
+        } else {
+            errors.reset().expect("reset device errors");
+            format!(" (device errors: {report:?})")
+        };
+        let gbps = p.bytes / (g.median_us * 1e-6) / 1e9;
         table.push(format!(
-            "| {} | {us:.1} | {:.2} | {:.0} % |",
+            "| {} | {:.1} | {iso:.1} | {:.2} | {:.0} % | {:.1} / {:.1} | R {r}, n {}, {} replays{flag} |",
             c.name,
+            g.median_us,
             gbps / 1e3,
-            100.0 * gbps / ceiling
+            100.0 * gbps / ceiling,
+            g.min_us,
+            g.p90_us,
+            g.calls,
+            g.replays
         ));
     }
     println!(
-        "\n## paged-attention decode/verify on {} (copy ceiling {:.2} TB/s)\n",
+        "\n## paged-attention decode/verify on {} (copy ceiling {:.2} TB/s; graph: n launches \
+         per CUDA graph over R page sets ≥ 192 MiB apart (cold L2), replay / n, median of \
+         ≥ {MIN_REPLAYS} replays; isolated: an event pair per launch, same page sets)\n",
         gpu.describe(),
         ceiling / 1e3
     );
-    println!("| case | µs | TB/s read | % of ceiling |\n|---|---:|---:|---:|");
+    println!(
+        "| case | µs (graph, cold L2) | µs (isolated) | TB/s | % of copy ceiling \
+         | graph min / p90 µs | graph |\n|---|---:|---:|---:|---:|---:|---|"
+    );
     for row in table {
         println!("{row}");
     }
@@ -439,7 +580,8 @@ fn main() {
     // The full grid: isolated median (events per launch, stream pre-filled)
     // and back-to-back µs per launch, K/V zero-filled on the device.
     println!(
-        "\n## paged-attention decode grid (bf16 KV, P 16, uniform lengths; copy ceiling {:.2} TB/s)\n",
+        "\n## paged-attention decode grid (bf16 KV, P 16, uniform lengths; older method: \
+         one page set, isolated and back-to-back, no graph; copy ceiling {:.2} TB/s)\n",
         ceiling / 1e3
     );
     println!(
@@ -448,13 +590,13 @@ fn main() {
     println!("|---|---:|---:|---:|---:|---:|---:|");
     for c in grid() {
         let mut p =
-            prepare(&gpu, &kernel, &c, true, &[SplitMode::Auto]).expect("prepare grid case");
+            prepare(&gpu, &kernel, &c, true, &[SplitMode::Auto], false).expect("prepare grid case");
         let us = median_us(&gpu, 3, 15, || {
-            launch(&kernel, &c, &mut p, SplitMode::Auto, &mut errors)
+            launch(&kernel, &c, &mut p, 0, SplitMode::Auto, &mut errors)
         })
         .expect("median");
         let b2b = per_launch_us(&gpu, 20, || {
-            launch(&kernel, &c, &mut p, SplitMode::Auto, &mut errors)
+            launch(&kernel, &c, &mut p, 0, SplitMode::Auto, &mut errors)
         })
         .expect("back-to-back");
         let gbps = p.bytes / (us * 1e-6) / 1e9;
@@ -482,19 +624,20 @@ fn ragged_table(
 ) {
     println!(
         "\n## paged-attention ragged serving batch (32/8/128, bf16 KV, P 16, q_len 1, \
-         Azure conv 2023 decode lengths, max_seq_len {RAGGED_MAX_SEQ_LEN}; \
-         copy ceiling {:.2} TB/s)\n",
+         Azure conv 2023 decode lengths, max_seq_len {RAGGED_MAX_SEQ_LEN}; older method: \
+         one page set, isolated and back-to-back, no graph; copy ceiling {:.2} TB/s)\n",
         ceiling / 1e3
     );
     println!("| batch | split | isolated µs | back-to-back µs | TB/s (isolated) | % of ceiling |");
     println!("|---|---|---:|---:|---:|---:|");
     for (bs, seed) in [(224, 1), (224, 2), (64, 1), (64, 2)] {
         let c = ragged(bs, seed);
-        let mut p = prepare(gpu, kernel, &c, false, &RAGGED_SPLITS).expect("prepare ragged case");
+        let mut p =
+            prepare(gpu, kernel, &c, false, &RAGGED_SPLITS, false).expect("prepare ragged case");
         for split in RAGGED_SPLITS {
-            let us = median_us(gpu, 5, 30, || launch(kernel, &c, &mut p, split, errors))
+            let us = median_us(gpu, 5, 30, || launch(kernel, &c, &mut p, 0, split, errors))
                 .expect("median");
-            let b2b = per_launch_us(gpu, 20, || launch(kernel, &c, &mut p, split, errors))
+            let b2b = per_launch_us(gpu, 20, || launch(kernel, &c, &mut p, 0, split, errors))
                 .expect("back-to-back");
             let gbps = p.bytes / (us * 1e-6) / 1e9;
             let name = match split {
