@@ -13,6 +13,15 @@
 #             leave-one-stage-out experiments); BENCH_CASES filters it
 #   peers     torch's cuDNN SDPA on the same shapes (same call)
 #   merge     the merge-states kernel's GPU tests (issue 17)
+#   decode    the decode / verify kernels' GPU tests: the masked non-finite
+#             keys test first, then the whole suite (1,200 random cases;
+#             DECODE_FULL=0 skips it), DECODE_MEMCHECK=1 adds memcheck
+#   dbench    the decode / verify bench (CUDA-graph replay over cold-L2 page
+#             sets; the ragged and grid tables off unless DBENCH_ALL=1), then
+#             torch's cuDNN SDPA on the same decode shapes (same call)
+#   dncu      Nsight Compute on one decode launch of each case in DNCU_CASES
+#             (default "bs 64, L 8192" and "bs 1, L 1024"; first matching
+#             launch, NCU_SET, default full) into $OUT/dncu-<n>.ncu-rep
 #   sanitize  compute-sanitizer memcheck + racecheck on small cases
 #   backend   the mha-backend GPU tests
 #   replay    the mha-replay GPU tests, then the main job on the code trace
@@ -89,6 +98,46 @@ stage_merge() {
   summary "$OUT/merge.log"
   MHA_KIT_GPU_CASES=20 timeout 120 compute-sanitizer --tool memcheck tests/paged-attention-merge_gpu --include-ignored \
     > "$OUT/merge_memcheck.log" 2>&1; echo "memcheck rc=$?"; summary "$OUT/merge_memcheck.log"
+}
+stage_decode() {
+  echo "== decode / verify: masked non-finite keys"
+  timeout 120 tests/paged-attention-gpu --include-ignored masked_nonfinite > "$OUT/decode_masked.log" 2>&1
+  echo "rc=$?"; summary "$OUT/decode_masked.log"; grep -E "launches" "$OUT/decode_masked.log"
+  if [ "${DECODE_FULL:-1}" = 1 ]; then
+    echo "== decode / verify GPU tests"
+    timeout 240 tests/paged-attention-gpu --include-ignored --skip masked_nonfinite > "$OUT/decode.log" 2>&1
+    echo "rc=$?"; summary "$OUT/decode.log"
+  fi
+  if [ "${DECODE_MEMCHECK:-0}" = 1 ]; then
+    echo "== memcheck: masked non-finite keys (decode / verify)"
+    timeout 150 compute-sanitizer --tool memcheck tests/paged-attention-gpu --include-ignored masked_nonfinite \
+      > "$OUT/decode_memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/decode_memcheck.log"
+  fi
+}
+stage_dbench() {
+  echo "== decode bench"
+  if [ "${DBENCH_ALL:-0}" = 1 ]; then r=1; g=1; else r=0; g=0; fi
+  MHA_KIT_BENCH_RAGGED=$r MHA_KIT_BENCH_GRID=$g timeout ${DBENCH_TIMEOUT:-200} benches/paged-attention-paged_attention --bench \
+    > "$OUT/dbench.log" 2>&1
+  echo "rc=$?"; grep -E '^(\||## )' "$OUT/dbench.log"
+  echo "== decode peers (cuDNN SDPA, dense KV)"
+  timeout 120 python3 peers/decode_peers.py > "$OUT/dpeers.log" 2>&1; echo "rc=$?"
+  grep -E '^(\||## )' "$OUT/dpeers.log"
+}
+stage_dncu() {
+  local n=0
+  IFS=';' read -ra cases <<< "${DNCU_CASES:-bs 64, L 8192;bs 1, L 1024}"
+  for c in "${cases[@]}"; do
+    n=$((n + 1))
+    echo "== ncu decode ($c)"
+    MHA_KIT_BENCH_CASES="$c" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 timeout 200 ncu --clock-control none \
+      --set "${NCU_SET:-full}" --import-source yes -k regex:paged_attention_mma -c 1 -o "$OUT/dncu-$n" \
+      benches/paged-attention-paged_attention --bench > "$OUT/dncu-$n.log" 2>&1
+    echo "rc=$?"
+    ncu -i "$OUT/dncu-$n.ncu-rep" --page details > "$OUT/dncu-$n-details.txt" 2>&1
+    grep -E "Duration|Throughput|Issue Slots|Eligible|Active Warps|No Eligible|Registers|Occupancy|Hit Rate|L1/TEX|Mem Busy|Max Bandwidth|Stall|warp cycles" \
+      "$OUT/dncu-$n-details.txt" | head -50
+  done
 }
 stage_sanitize() {
   echo "== memcheck, racecheck (sm90a, small cases)"
