@@ -108,12 +108,48 @@ fn cases() -> Vec<Shape> {
         },
         Shape {
             experiment: 1,
-            ..s("bs 64, L 8192 (x1: L2 256-B prefetch hint)", 32, 8, 128, 64, 8192)
+            ..s(
+                "bs 64, L 8192 (x1: no L2 prefetch hint)",
+                32,
+                8,
+                128,
+                64,
+                8192,
+            )
         },
         Shape {
-            experiment: 1,
+            experiment: 2,
+            ..s(
+                "bs 64, L 8192 (x2: whole rows per copy instruction)",
+                32,
+                8,
+                128,
+                64,
+                8192,
+            )
+        },
+        Shape {
+            experiment: 2,
+            ..s(
+                "bs 256, L 8192 (x2: whole rows per copy instruction)",
+                32,
+                8,
+                128,
+                256,
+                8192,
+            )
+        },
+        Shape {
+            experiment: 2,
             hnd: true,
-            ..s("bs 64, L 8192, HND pages (x1: L2 256-B prefetch hint)", 32, 8, 128, 64, 8192)
+            ..s(
+                "bs 64, L 8192, HND pages (x2: whole rows per copy instruction)",
+                32,
+                8,
+                128,
+                64,
+                8192,
+            )
         },
     ]
 }
@@ -496,8 +532,14 @@ fn main() {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .sample_size(10);
-    let mut x1 = PagedAttentionKernel::new(&gpu).expect("load");
-    x1.set_experiment(1).expect("experiment 1");
+    let experiments: Vec<(u32, PagedAttentionKernel)> = [1u32, 2]
+        .into_iter()
+        .map(|xv| {
+            let mut k = PagedAttentionKernel::new(&gpu).expect("load");
+            k.set_experiment(xv).expect("decode experiment");
+            (xv, k)
+        })
+        .collect();
     let mut table = Vec::new();
     // MHA_KIT_BENCH_CASES=a|b runs only the cases whose name contains one of them.
     let only = std::env::var("MHA_KIT_BENCH_CASES").ok();
@@ -509,10 +551,13 @@ fn main() {
             continue;
         }
         let mut p = prepare(&gpu, &kernel, &c, false, &[SplitMode::Auto], true).expect("prepare");
-        let kernel = match (c.simt, c.experiment) {
-            (true, _) => &simt,
-            (false, 1) => &x1,
-            _ => &kernel,
+        let kernel = if c.simt {
+            &simt
+        } else {
+            experiments
+                .iter()
+                .find(|(xv, _)| *xv == c.experiment)
+                .map_or(&kernel, |(_, k)| k)
         };
         let r = p.pts.len();
         let mut set = 0;

@@ -83,9 +83,14 @@ MHA_KIT_DEVICE void cp_async16(u32 dst, const void* src, u32 src_size) {
                  : "memory");
 }
 // cp_async16 with an L2 prefetch hint: the L2 fetches the whole aligned
-// 256-byte block around the source (a timing experiment of the decode kernel).
+// 256- / 128-byte block around the source (one DRAM access for a row that
+// several lanes and instructions copy 16 bytes at a time).
 MHA_KIT_DEVICE void cp_async16_l2_256(u32 dst, const void* src, u32 src_size) {
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
+                 : "memory");
+}
+MHA_KIT_DEVICE void cp_async16_l2_128(u32 dst, const void* src, u32 src_size) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
                  : "memory");
 }
 MHA_KIT_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

@@ -664,7 +664,13 @@ struct MmaSmem {
     static constexpr int MERGE = MW * ROWS * OS * 4;   // aliases the ring after the loop
     static constexpr int ST_OFF = RING;                // f32 m[MW][16], d[MW][16]
     static constexpr int VM_OFF = ST_OFF + 2 * MW * ROWS * 4;  // u32 [MW][NST][2] valid masks
-    static constexpr int BYTES = (VM_OFF + MW * NST * 2 * 4 + 15) / 16 * 16;
+    // D 256: Q A-fragments are read from shared memory each slice (16 rows
+    // of D 16-bit values, 16-byte chunks XOR-swizzled by row & 7) instead of
+    // being held in 4 D / 16 registers a thread, which with the 2 D / 8
+    // accumulators would spill.
+    static constexpr bool Q_SMEM = D >= 256;
+    static constexpr int Q_OFF = (VM_OFF + MW * NST * 2 * 4 + 15) / 16 * 16;
+    static constexpr int BYTES = Q_OFF + (Q_SMEM ? ROWS * D * 2 : 0);
     static_assert(MERGE <= RING, "merge scratch fits in the ring");
     static_assert(CPR % 4 == 0, "4 lanes per token row");
 };
@@ -699,9 +705,12 @@ struct Look {
     bool ok0, ok1;
 };
 
-// XV: timing experiment of an `_x{XV}` entry (0 = production). XV & 1:
-// cp.async with an L2 prefetch hint of 256 bytes (each token row of a head
-// is 256 contiguous bytes at D 128 bf16), correct results.
+// XV: timing experiment of an `_x{XV}` entry (0 = production), all with
+// correct results. XV & 1: no L2 prefetch hint on the K/V copies (the
+// production copies ask the L2 for the whole 128- or 256-byte row block a
+// lane's 16 bytes belong to). XV & 2 (16-bit KV): one warp instruction copies
+// 32 / CPR whole token rows (lane = 16-byte chunk) instead of a 64-byte part
+// of 8 rows, page addresses passed by shuffles.
 template <int QT, int KV, int D, int XV = 0>
 MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     using L = MmaSmem<D, KV>;
@@ -796,6 +805,40 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         const u32 sz1 = ok1 ? 16u : 0u;
         const u32 kdst = ring_u32 + slot * L::SLOT;
         const u32 vdst = kdst + MWT * RRB;
+        // 16-byte copy with the L2 asked for the row's whole 128/256-byte block.
+        auto cp = [&](u32 dst, const u8* src, u32 sz) {
+            if constexpr ((XV & 1) != 0 || RRB < 128) {
+                cp_async16(dst, src, sz);
+            } else if constexpr (RRB >= 256) {
+                pac::cp_async16_l2_256(dst, src, sz);
+            } else {
+                pac::cp_async16_l2_128(dst, src, sz);
+            }
+        };
+        if constexpr ((XV & 2) != 0 && KV != 2) {
+            // Instruction j: tokens j (32 / CPR) + lane / CPR, chunk lane % CPR.
+            // Token t's page address lives in lane 4 (t & 7) (k0p for t < 8,
+            // k1p after): tokens of the first CPR / 4 instructions are < 8.
+            constexpr int TPI = 32 / CPR;
+            static_assert(TPI >= 1 && MWT % TPI == 0, "whole rows per instruction");
+#pragma unroll
+            for (int j = 0; j < MWT / TPI; ++j) {
+                const int t = j * TPI + lane / CPR;
+                const int c = lane % CPR;
+                const bool hi = j >= MWT / TPI / 2;
+                const int src = 4 * (t & 7);
+                const u8* kp = reinterpret_cast<const u8*>(__shfl_sync(
+                    0xffffffffu, reinterpret_cast<unsigned long long>(hi ? k1p : k0p), src));
+                const u8* vp = reinterpret_cast<const u8*>(__shfl_sync(
+                    0xffffffffu, reinterpret_cast<unsigned long long>(hi ? v1p : v0p), src));
+                const bool ok = (((hi ? m1 : m0) >> src) & 1u) != 0u;
+                const u32 sz = ok ? 16u : 0u;
+                const int kc = c ^ (t & 7);
+                cp(kdst + t * RRB + kc * 16, kp + (ok ? c * 16 : 0), sz);
+                cp(vdst + t * RRB + kc * 16, vp + (ok ? c * 16 : 0), sz);
+            }
+            return;
+        }
 #pragma unroll
         for (int i = 0; i < CPR / 4; ++i) {
             const int cc = cq + 4 * i;
@@ -808,13 +851,6 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 vc0 = cc ^ v8_swz<CPR>(lt);
                 vc1 = cc ^ v8_swz<CPR>(lt + 8);
             }
-            auto cp = [&](u32 dst, const u8* src, u32 sz) {
-                if constexpr ((XV & 1) != 0) {
-                    pac::cp_async16_l2_256(dst, src, sz);
-                } else {
-                    cp_async16(dst, src, sz);
-                }
-            };
             cp(kdst + lt * RRB + kc0 * 16, k0p + (ok0 ? cc * 16 : 0), sz0);
             cp(vdst + lt * RRB + vc0 * 16, v0p + (ok0 ? cc * 16 : 0), sz0);
             cp(kdst + (lt + 8) * RRB + kc1 * 16, k1p + (ok1 ? cc * 16 : 0), sz1);
@@ -825,7 +861,9 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     // ---- Q A-fragments (rows g and g + 8 of the tile), positions, stats ----
     const int gr = lane >> 2;  // fragment row group
     const int qd = lane & 3;   // thread in quad
-    u32 qa[KSTEPS][4];
+    constexpr bool QS = L::Q_SMEM;
+    static_assert(!QS || KV != 2, "e4m3 KV keeps Q in registers");
+    u32 qa[QS ? 1 : KSTEPS][4];
     i32 xr[2], xlo[2];
     float rs[2];  // per-row factor turning raw S into log2 units
     const i32 x_base = g.len - g.n;
@@ -876,7 +914,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 qa[kk][hr] = w[2 * kk];
                 qa[kk][2 + hr] = w[2 * kk + 1];
             }
-        } else {
+        } else if constexpr (!QS) {
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk) {
                 qa[kk][hr] = valid ? *reinterpret_cast<const u32*>(src + kk * 16 + 2 * qd) : 0u;
@@ -886,6 +924,24 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         // Padding rows see no key (x = -1).
         xr[hr] = valid ? x_base + j : -1;
         xlo[hr] = p.window_left >= 0 ? xr[hr] - p.window_left : (i32)0x80000000;
+    }
+
+    // D 256: the tile's Q rows into shared memory (rows >= nrows zero), read
+    // by every warp's S = Q K^T (ldmatrix, A layout).
+    const u32 q_smem = smem_u32(smem + L::Q_OFF);
+    if constexpr (QS) {
+        for (int c = tid; c < ROWS * (D / 8); c += NT) {
+            const int row = c / (D / 8), ch = c % (D / 8);
+            uint4 u = make_uint4(0u, 0u, 0u, 0u);
+            if (row < nrows) {
+                const int rg = r0 + row;
+                const int j = rg / p.group, gq = rg % p.group;
+                u = mha_kit::load16(p.q + (i64)(g.row_start + j) * p.q_stride_tok +
+                                    (i64)(h * p.group + gq) * p.q_stride_head + ch * 8);
+            }
+            *reinterpret_cast<uint4*>(smem + L::Q_OFF + row * HRB + ((ch ^ (row & 7)) << 4)) = u;
+        }
+        __syncthreads();
     }
 
     float o[NT8][4];
@@ -1033,8 +1089,17 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             for (int kk = 0; kk < KSTEPS; ++kk) {
                 u32 r[4];
                 ldsm_x4(r, kbase + k_row * HRB + (((2 * kk + k_cb) ^ (k_row & 7)) * 16));
-                mma16816<MT>(s[0], qa[kk], r[0], r[1]);
-                mma16816<MT>(s[1], qa[kk], r[2], r[3]);
+                if constexpr (QS) {
+                    // Matrices (rows 0-7 | 8-15) x (k chunk 2kk | 2kk + 1): a0..a3.
+                    const int qrow = lane & 15;
+                    u32 a[4];
+                    ldsm_x4(a, q_smem + qrow * HRB + (((2 * kk + (lane >> 4)) ^ (qrow & 7)) * 16));
+                    mma16816<MT>(s[0], a, r[0], r[1]);
+                    mma16816<MT>(s[1], a, r[2], r[3]);
+                } else {
+                    mma16816<MT>(s[0], qa[kk], r[0], r[1]);
+                    mma16816<MT>(s[1], qa[kk], r[2], r[3]);
+                }
             }
         }
 
@@ -1261,9 +1326,15 @@ PA_MMA(f16, 1, f16, 1, 64, 4)
 PA_MMA(f16, 1, f16, 1, 128, 2)
 PA_MMA(f16, 1, e4m3, 2, 64, 4)
 PA_MMA(f16, 1, e4m3, 2, 128, 2)
+PA_MMA(bf16, 0, bf16, 0, 256, 1)
+PA_MMA(f16, 1, f16, 1, 256, 1)
 
 // Timing experiment entries (PagedAttentionKernel::set_experiment).
 extern "C" __global__ void __launch_bounds__(pa::NT, 2)
     paged_attention_mma_bf16_kv_bf16_d128_x1(const PagedAttentionParams p) {
     pa::mma_body<0, 0, 128, 1>(p);
+}
+extern "C" __global__ void __launch_bounds__(pa::NT, 2)
+    paged_attention_mma_bf16_kv_bf16_d128_x2(const PagedAttentionParams p) {
+    pa::mma_body<0, 0, 128, 2>(p);
 }

@@ -31,7 +31,7 @@ pub const TILE_TOKENS: usize = 32;
 /// Tokens per KV tile of the tensor-core kernel (4 warps × 16).
 pub const MMA_TILE_TOKENS: usize = 64;
 /// Head dims with a tensor-core kernel.
-pub const MMA_HEAD_DIMS: [usize; 2] = [64, 128];
+pub const MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Largest supported GQA group `Hq / Hkv`.
 pub const MAX_GROUP: usize = 16;
 /// Largest uniform `q_len_per_req` / ragged `max_q_len`.
@@ -220,7 +220,9 @@ pub fn mma_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
         KvDtype::Bf16 => q == HalfDtype::Bf16,
         KvDtype::F16 => q == HalfDtype::F16,
     };
-    kv_ok && MMA_HEAD_DIMS.contains(&head_dim)
+    // e4m3 KV at D 256 stays on CUDA cores (its register-direct fragment
+    // reads hold Q in registers, which at D 256 would spill).
+    kv_ok && MMA_HEAD_DIMS.contains(&head_dim) && !(kv == KvDtype::E4m3 && head_dim > 128)
 }
 
 /// Split-KV policy.
@@ -348,8 +350,9 @@ pub fn mma_variants() -> Vec<(HalfDtype, KvDtype, usize)> {
 /// Dynamic shared memory of the tensor-core kernel (mirrors `MmaSmem` in the
 /// .cu): per warp a ring of NST slots (3 for 16-bit KV, 6 for e4m3) of 16 K
 /// rows + 16 V rows as loaded (`D·es` bytes each); then row stats `2·4·16`
-/// f32 and valid masks `4·NST·2` u32. The warp-merge scratch `4·16·(D+8)`
-/// f32 aliases the rings.
+/// f32 and valid masks `4·NST·2` u32, rounded up to 16 bytes; at D 256 the
+/// tile's 16 Q rows (`16·D` 16-bit values) follow. The warp-merge scratch
+/// `4·16·(D+8)` f32 aliases the rings.
 pub fn mma_smem_bytes(head_dim: usize, kv: KvDtype) -> usize {
     let nst = match kv {
         KvDtype::E4m3 => 6,
@@ -357,8 +360,14 @@ pub fn mma_smem_bytes(head_dim: usize, kv: KvDtype) -> usize {
     };
     let slot = 16 * head_dim * kv.size() * 2;
     let ring = 4 * nst * slot;
-    let bytes = ring + 2 * 4 * ROWS_PER_CTA * 4 + 4 * nst * 2 * 4;
-    bytes.div_ceil(16) * 16
+    let bytes = (ring + 2 * 4 * ROWS_PER_CTA * 4 + 4 * nst * 2 * 4).div_ceil(16) * 16;
+    // D 256: the tile's 16 Q rows (16-bit) follow.
+    let q = if head_dim >= 256 {
+        ROWS_PER_CTA * head_dim * 2
+    } else {
+        0
+    };
+    bytes + q
 }
 
 /// Dynamic shared memory of the decode kernel (mirrors `Smem` in the .cu):

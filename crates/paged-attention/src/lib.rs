@@ -44,16 +44,18 @@
 //! CTAs; the first request of an overlap wins.
 //!
 //! **Kernels.** [`KernelPath::Auto`] uses the tensor-core kernel
-//! (`paged_attention_mma_*`) when [`mma_supported`] holds (D 64/128; KV
-//! e4m3 or the Q dtype): CTA = 4 warps, 16 query rows (G heads × q rows,
+//! (`paged_attention_mma_*`) when [`mma_supported`] holds (D 64/128 with KV
+//! e4m3 or the Q dtype, D 256 with KV the Q dtype): CTA = 4 warps, 16 query rows (G heads × q rows,
 //! token-major, padded) as the MMA M dimension, 64-token tiles of which each
 //! warp loads and consumes its own 16-token slice through a private cp.async
 //! ring (3 slots for 16-bit KV, 6 for e4m3), `mma.sync.m16n8k16` with f32
 //! accumulation for `Q·Kᵀ` and `P·V`. e4m3 KV runs f16 MMAs: each K/V byte
 //! is converted once (`cvt.rn.f16x2.e4m3x2`, exact) from the raw ring straight
 //! into MMA fragments, and bf16 Q is scaled per row by a power of two into
-//! f16 range (exact; undone on the scores). Otherwise (D 256, mixed 16-bit
-//! dtypes, [`KernelPath::Simt`]) the CUDA-core kernel
+//! f16 range (exact; undone on the scores). At D 256 the Q fragments are
+//! read from shared memory each slice (in registers they would spill beside
+//! the 128 accumulators a thread holds), one CTA per SM. Otherwise (e4m3 at
+//! D 256, mixed 16-bit dtypes, [`KernelPath::Simt`]) the CUDA-core kernel
 //! (`paged_attention_decode_*`) runs. Both share the work split, workspace
 //! format and the fused split merge.
 //!

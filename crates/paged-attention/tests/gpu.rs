@@ -460,6 +460,30 @@ fn main() {
             "masked_nonfinite_keys_never_reach_a_row",
             masked_nonfinite_keys,
         ),
+        named("experiment_entries_with_correct_results", |gpu, _| {
+            // The timing experiments that compute correct results (`_x1`: no
+            // L2 prefetch hint, `_x2`: whole rows per copy instruction), on
+            // the random cases their entry serves (bf16 Q and KV, D 128) and
+            // on some others (which keep the production entry).
+            let mut runs = 0usize;
+            for xv in [1u32, 2] {
+                let mut k = PagedAttentionKernel::new(gpu).or_fail("load")?;
+                k.set_experiment(xv).or_fail("experiment")?;
+                for seed in 0u64..4000 {
+                    let (c, split, msl) = random_case(seed);
+                    let theirs =
+                        c.d == 128 && c.kv_dtype == KvDtype::Bf16 && c.q_dtype == HalfDtype::Bf16;
+                    if !theirs && seed % 8 != 0 {
+                        continue;
+                    }
+                    check(gpu, &k, &c, split, msl)
+                        .map_err(|e| format!("_x{xv}, seed {seed}: {e}"))?;
+                    runs += 1;
+                }
+            }
+            println!("experiment_entries_with_correct_results: {runs} cases");
+            Ok(())
+        }),
         named("gpu_matches_reference_proptest", |gpu, k| {
             // One case in four also runs the CUDA-core kernel (KernelPath::Simt).
             let simt = PagedAttentionKernel::with_path(gpu, KernelPath::Simt).or_fail("load")?;

@@ -392,7 +392,7 @@ fn params_layout_matches_cuda() {
 #[test]
 fn ptx_has_every_kernel_name() {
     let names = kernel_names();
-    assert_eq!(names.len(), 26);
+    assert_eq!(names.len(), 28); // 18 CUDA-core + 10 tensor-core entries
     for name in &names {
         assert!(PTX.has_entry(name), "{name} missing from the PTX");
     }
@@ -438,6 +438,12 @@ fn smem_fits_the_sm90_budget() {
         mma_smem_bytes(128, KvDtype::E4m3),
         4 * 6 * 16 * 128 * 2 + 512 + 192
     );
+    // D 256 (16-bit KV only): 1 CTA/SM, the 16 Q rows after the rings.
+    assert_eq!(
+        mma_smem_bytes(256, KvDtype::Bf16),
+        4 * 3 * 16 * 512 * 2 + 512 + 96 + 16 * 256 * 2
+    );
+    assert!(mma_smem_bytes(256, KvDtype::F16) + 1024 <= 228 * 1024);
     for (d, ctas) in [(64, 4), (128, 2)] {
         for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
             assert!(ctas * (mma_smem_bytes(d, kv) + 1024) <= 228 * 1024);
@@ -457,8 +463,12 @@ fn kernel_path_choice() {
         "mixed 16-bit dtypes"
     );
     assert!(
-        !mma_supported(H::Bf16, KvDtype::Bf16, 256),
-        "D 256: CUDA-core kernel"
+        mma_supported(H::Bf16, KvDtype::Bf16, 256),
+        "D 256 16-bit KV: tensor cores (Q from shared memory)"
+    );
+    assert!(
+        !mma_supported(H::Bf16, KvDtype::E4m3, 256),
+        "D 256 e4m3 KV: CUDA-core kernel"
     );
 }
 

@@ -19,7 +19,10 @@ use super::{
 };
 
 /// Timing experiment entries of the tensor-core kernel (`<entry>_x<n>`).
-const EXPERIMENT_ENTRIES: &[&str] = &["paged_attention_mma_bf16_kv_bf16_d128_x1"];
+const EXPERIMENT_ENTRIES: &[&str] = &[
+    "paged_attention_mma_bf16_kv_bf16_d128_x1",
+    "paged_attention_mma_bf16_kv_bf16_d128_x2",
+];
 
 /// The decode/verify launcher: every kernel function is resolved once, at
 /// construction (with its dynamic shared memory limit raised); launches are
@@ -103,14 +106,19 @@ impl PagedAttentionKernel {
     }
 
     /// Runs timing experiment `xv` where its entry exists (launches of
-    /// other shapes keep the production entry); 0 = production. `1`: the
-    /// D 128 bf16 tensor-core kernel with a 256-byte L2 prefetch hint on its
-    /// K/V copies (correct results).
+    /// other shapes keep the production entry); 0 = production. D 128 bf16
+    /// tensor-core kernel, correct results: `1` without the L2 prefetch hint
+    /// on its K/V copies (the kernel before it), `2` with whole token rows
+    /// per warp copy instruction.
     ///
     /// # Errors
     /// [`KernelError::Unsupported`] for an unknown experiment.
     pub fn set_experiment(&mut self, xv: u32) -> Result<()> {
-        if xv != 0 && !EXPERIMENT_ENTRIES.iter().any(|e| e.ends_with(&format!("_x{xv}"))) {
+        if xv != 0
+            && !EXPERIMENT_ENTRIES
+                .iter()
+                .any(|e| e.ends_with(&format!("_x{xv}")))
+        {
             return Err(KernelError::unsupported(
                 "experiment",
                 format!("no decode experiment {xv}"),
@@ -215,7 +223,10 @@ impl PagedAttentionKernel {
         }
         p.errors = errors.device_ptr();
         let experiment = (self.experiment != 0)
-            .then(|| self.funcs.get(&format!("{}_x{}", plan.entry, self.experiment)))
+            .then(|| {
+                self.funcs
+                    .get(&format!("{}_x{}", plan.entry, self.experiment))
+            })
             .flatten();
         let func = experiment
             .or_else(|| self.funcs.get(&plan.entry))
