@@ -55,28 +55,26 @@ impl PagedAttentionKernel {
         let mut funcs = HashMap::new();
         for (q, kv, d) in mma_variants() {
             let name = mma_entry_name(q, kv, d);
-            let f = gpu.function(&PTX, &name)?;
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                mma_smem_bytes(d, kv) as i32,
-            )?;
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                100,
-            )?;
-            funcs.insert(name, f);
-        }
-        for name in EXPERIMENT_ENTRIES {
-            let f = gpu.function(&PTX, name)?;
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                mma_smem_bytes(128, KvDtype::Bf16) as i32,
-            )?;
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                100,
-            )?;
-            funcs.insert((*name).to_string(), f);
+            // The entry and its timing experiments (same shared memory layout).
+            let experiments = EXPERIMENT_ENTRIES
+                .iter()
+                .filter(|e| {
+                    e.strip_prefix(name.as_str())
+                        .is_some_and(|x| x.starts_with("_x"))
+                })
+                .map(|e| (*e).to_string());
+            for entry in std::iter::once(name.clone()).chain(experiments) {
+                let f = gpu.function(&PTX, &entry)?;
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    mma_smem_bytes(d, kv) as i32,
+                )?;
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                    100,
+                )?;
+                funcs.insert(entry, f);
+            }
         }
         for q in [HalfDtype::Bf16, HalfDtype::F16] {
             for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
