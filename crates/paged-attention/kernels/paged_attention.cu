@@ -705,12 +705,18 @@ struct Look {
     bool ok0, ok1;
 };
 
+// K/V copies. 16-bit KV: one warp instruction copies 32 / CPR whole token
+// rows (lane = 16-byte chunk), the rows' page addresses passed by shuffles,
+// so that a row reaches the L2 as one request, with no L2 prefetch hint
+// (H200, bs 64 x 8k bf16, session 10: 499.2 us; with the hint 535.7; the
+// lane-quad layout below with the hint, session 9's copy, 558.4). e4m3 KV:
+// each lane quad copies 64-byte parts of rows lt and lt + 8 and asks the L2
+// for the row's whole 128-byte block (`.L2::128B`; no measured effect).
 // XV: timing experiment of an `_x{XV}` entry (0 = production), all with
-// correct results. XV & 1: no L2 prefetch hint on the K/V copies (the
-// production copies ask the L2 for the whole 128- or 256-byte row block a
-// lane's 16 bytes belong to). XV & 2 (16-bit KV): one warp instruction copies
-// 32 / CPR whole token rows (lane = 16-byte chunk) instead of a 64-byte part
-// of 8 rows, page addresses passed by shuffles.
+// correct results. XV & 1: the L2 prefetch hint toggled (16-bit KV: on,
+// `.L2::256B` / `.L2::128B` for the row's block). XV & 2 (16-bit KV): the
+// lane-quad layout of e4m3 instead of whole rows per instruction. XV & 4
+// (e4m3 KV): whole rows per instruction, as 16-bit KV.
 template <int QT, int KV, int D, int XV = 0>
 MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     using L = MmaSmem<D, KV>;
@@ -807,7 +813,8 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         const u32 vdst = kdst + MWT * RRB;
         // 16-byte copy with the L2 asked for the row's whole 128/256-byte block.
         auto cp = [&](u32 dst, const u8* src, u32 sz) {
-            if constexpr ((XV & 1) != 0 || RRB < 128) {
+            constexpr bool HINT = (KV == 2) != ((XV & 1) != 0);
+            if constexpr (!HINT || RRB < 128) {
                 cp_async16(dst, src, sz);
             } else if constexpr (RRB >= 256) {
                 pac::cp_async16_l2_256(dst, src, sz);
@@ -815,7 +822,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 pac::cp_async16_l2_128(dst, src, sz);
             }
         };
-        if constexpr ((XV & 2) != 0 && KV != 2) {
+        if constexpr ((XV & 2) == 0 && (KV != 2 || (XV & 4) != 0)) {
             // Instruction j: tokens j (32 / CPR) + lane / CPR, chunk lane % CPR.
             // Token t's page address lives in lane 4 (t & 7) (k0p for t < 8,
             // k1p after): tokens of the first CPR / 4 instructions are < 8.
@@ -833,9 +840,12 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                     0xffffffffu, reinterpret_cast<unsigned long long>(hi ? v1p : v0p), src));
                 const bool ok = (((hi ? m1 : m0) >> src) & 1u) != 0u;
                 const u32 sz = ok ? 16u : 0u;
-                const int kc = c ^ (t & 7);
+                // 16-bit rows: chunk ^ (row & 7) for ldmatrix; e4m3 rows: the
+                // K / V swizzles of the register-direct reads (as below).
+                const int kc = KV == 2 ? c ^ k8_swz<CPR>(t) : c ^ (t & 7);
+                const int vc = KV == 2 ? c ^ v8_swz<CPR>(t) : kc;
                 cp(kdst + t * RRB + kc * 16, kp + (ok ? c * 16 : 0), sz);
-                cp(vdst + t * RRB + kc * 16, vp + (ok ? c * 16 : 0), sz);
+                cp(vdst + t * RRB + vc * 16, vp + (ok ? c * 16 : 0), sz);
             }
             return;
         }
@@ -1335,6 +1345,14 @@ extern "C" __global__ void __launch_bounds__(pa::NT, 2)
     pa::mma_body<0, 0, 128, 1>(p);
 }
 extern "C" __global__ void __launch_bounds__(pa::NT, 2)
-    paged_attention_mma_bf16_kv_bf16_d128_x2(const PagedAttentionParams p) {
-    pa::mma_body<0, 0, 128, 2>(p);
+    paged_attention_mma_bf16_kv_e4m3_d128_x4(const PagedAttentionParams p) {
+    pa::mma_body<0, 2, 128, 4>(p);
+}
+extern "C" __global__ void __launch_bounds__(pa::NT, 2)
+    paged_attention_mma_bf16_kv_e4m3_d128_x5(const PagedAttentionParams p) {
+    pa::mma_body<0, 2, 128, 5>(p);
+}
+extern "C" __global__ void __launch_bounds__(pa::NT, 2)
+    paged_attention_mma_bf16_kv_bf16_d128_x3(const PagedAttentionParams p) {
+    pa::mma_body<0, 0, 128, 3>(p);
 }

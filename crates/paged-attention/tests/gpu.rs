@@ -461,18 +461,24 @@ fn main() {
             masked_nonfinite_keys,
         ),
         named("experiment_entries_with_correct_results", |gpu, _| {
-            // The timing experiments that compute correct results (`_x1`: no
-            // L2 prefetch hint, `_x2`: whole rows per copy instruction), on
-            // the random cases their entry serves (bf16 Q and KV, D 128) and
-            // on some others (which keep the production entry).
+            // The timing experiments that compute correct results (`_x1`:
+            // the L2 prefetch hint on, `_x3`: it and lane-quad copies, both
+            // bf16 KV; `_x4` / `_x5`: e4m3 KV copied in whole rows, with and
+            // without the hint), on the random cases their entry serves
+            // (bf16 Q, D 128) and on some others (which keep the production
+            // entry).
             let mut runs = 0usize;
-            for xv in [1u32, 2] {
+            for xv in [1u32, 3, 4, 5] {
+                let kv = if xv >= 4 {
+                    KvDtype::E4m3
+                } else {
+                    KvDtype::Bf16
+                };
                 let mut k = PagedAttentionKernel::new(gpu).or_fail("load")?;
                 k.set_experiment(xv).or_fail("experiment")?;
                 for seed in 0u64..4000 {
                     let (c, split, msl) = random_case(seed);
-                    let theirs =
-                        c.d == 128 && c.kv_dtype == KvDtype::Bf16 && c.q_dtype == HalfDtype::Bf16;
+                    let theirs = c.d == 128 && c.kv_dtype == kv && c.q_dtype == HalfDtype::Bf16;
                     if !theirs && seed % 8 != 0 {
                         continue;
                     }
