@@ -48,6 +48,9 @@ struct Shape {
     /// every request has `len` tokens. With `Some`, `len` is only the
     /// bound passed as `max_seq_len` (and the page table width).
     lens: Option<Vec<i32>>,
+    /// Split-KV mode of the main table's launches ([`SplitMode::Auto`] unless a
+    /// variant row says otherwise).
+    split: SplitMode,
 }
 
 fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shape {
@@ -66,6 +69,22 @@ fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shap
         hnd: false,
         experiment: 0,
         lens: None,
+        split: SplitMode::Auto,
+    }
+}
+
+/// A latency case under a fixed split chunk (variant rows beside Auto).
+fn fixed(name: &str, bs: usize, len: usize, chunk_tokens: usize) -> Shape {
+    Shape {
+        split: SplitMode::Fixed { chunk_tokens },
+        ..s(
+            &format!("{name} (split: Fixed {chunk_tokens})"),
+            32,
+            8,
+            128,
+            bs,
+            len,
+        )
     }
 }
 
@@ -90,10 +109,18 @@ fn cases() -> Vec<Shape> {
             ..s("64/8/64 W 127 + sinks, bs 64, L 8192", 64, 8, 64, 64, 8192)
         },
         s("16/8/256, bs 64, L 8192", 16, 8, 256, 64, 8192),
+        s("32/2/256, bs 64, L 8192", 32, 2, 256, 64, 8192),
         Shape {
             simt: true,
             ..s("bs 64, L 8192 (CUDA-core kernel)", 32, 8, 128, 64, 8192)
         },
+        fixed("bs 1, L 1024", 1, 1024, 64),
+        fixed("bs 1, L 1024", 1, 1024, 256),
+        fixed("bs 16, L 1024", 16, 1024, 128),
+        fixed("bs 16, L 1024", 16, 1024, 256),
+        fixed("bs 1, L 32768", 1, 32768, 256),
+        fixed("bs 1, L 32768", 1, 32768, 512),
+        fixed("bs 1, L 32768", 1, 32768, 2048),
         Shape {
             hnd: true,
             ..s("bs 64, L 8192, HND pages", 32, 8, 128, 64, 8192)
@@ -109,7 +136,7 @@ fn cases() -> Vec<Shape> {
         Shape {
             experiment: 1,
             ..s(
-                "bs 64, L 8192 (x1: no L2 prefetch hint)",
+                "bs 64, L 8192 (x1: with the L2 prefetch hint)",
                 32,
                 8,
                 128,
@@ -118,9 +145,10 @@ fn cases() -> Vec<Shape> {
             )
         },
         Shape {
-            experiment: 2,
+            fp8: true,
+            experiment: 4,
             ..s(
-                "bs 64, L 8192 (x2: whole rows per copy instruction)",
+                "FP8 KV, bs 64, L 8192 (x4: whole rows per copy instruction)",
                 32,
                 8,
                 128,
@@ -129,9 +157,43 @@ fn cases() -> Vec<Shape> {
             )
         },
         Shape {
-            experiment: 2,
+            fp8: true,
+            experiment: 5,
             ..s(
-                "bs 256, L 8192 (x2: whole rows per copy instruction)",
+                "FP8 KV, bs 64, L 8192 (x5: whole rows, no L2 hint)",
+                32,
+                8,
+                128,
+                64,
+                8192,
+            )
+        },
+        Shape {
+            experiment: 1,
+            ..s(
+                "bs 1, L 32768 (x1: with the L2 prefetch hint)",
+                32,
+                8,
+                128,
+                1,
+                32768,
+            )
+        },
+        Shape {
+            experiment: 3,
+            ..s(
+                "bs 64, L 8192 (x3: lane-quad copies with the hint, session 9's copy)",
+                32,
+                8,
+                128,
+                64,
+                8192,
+            )
+        },
+        Shape {
+            experiment: 3,
+            ..s(
+                "bs 256, L 8192 (x3: lane-quad copies with the hint, session 9's copy)",
                 32,
                 8,
                 128,
@@ -140,10 +202,10 @@ fn cases() -> Vec<Shape> {
             )
         },
         Shape {
-            experiment: 2,
+            experiment: 3,
             hnd: true,
             ..s(
-                "bs 64, L 8192, HND pages (x2: whole rows per copy instruction)",
+                "bs 64, L 8192, HND pages (x3: lane-quad copies with the hint, session 9's copy)",
                 32,
                 8,
                 128,
@@ -532,7 +594,7 @@ fn main() {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .sample_size(10);
-    let experiments: Vec<(u32, PagedAttentionKernel)> = [1u32, 2]
+    let experiments: Vec<(u32, PagedAttentionKernel)> = [1u32, 3, 4, 5]
         .into_iter()
         .map(|xv| {
             let mut k = PagedAttentionKernel::new(&gpu).expect("load");
@@ -550,7 +612,7 @@ fn main() {
         {
             continue;
         }
-        let mut p = prepare(&gpu, &kernel, &c, false, &[SplitMode::Auto], true).expect("prepare");
+        let mut p = prepare(&gpu, &kernel, &c, false, &[c.split], true).expect("prepare");
         let kernel = if c.simt {
             &simt
         } else {
@@ -568,18 +630,18 @@ fn main() {
         crit.bench_function(&c.name, |b| {
             b.iter_custom(|iters| {
                 time_iters(&gpu, iters, || {
-                    launch(kernel, &c, &mut p, next(), SplitMode::Auto, &mut errors)
+                    launch(kernel, &c, &mut p, next(), c.split, &mut errors)
                 })
                 .expect("time")
             })
         });
         let iso = median_us(&gpu, 5, 30, || {
-            launch(kernel, &c, &mut p, next(), SplitMode::Auto, &mut errors)
+            launch(kernel, &c, &mut p, next(), c.split, &mut errors)
         })
         .expect("median");
         let calls = graph_calls(r, iso);
         let g = graph_replay_us(&gpu, calls, graph_replays(calls, iso), |i| {
-            launch(kernel, &c, &mut p, i, SplitMode::Auto, &mut errors)
+            launch(kernel, &c, &mut p, i, c.split, &mut errors)
         })
         .expect("graph replay");
         let report = errors.read().expect("read device errors");
