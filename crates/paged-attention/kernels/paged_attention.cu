@@ -811,7 +811,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         const u32 sz1 = ok1 ? 16u : 0u;
         const u32 kdst = ring_u32 + slot * L::SLOT;
         const u32 vdst = kdst + MWT * RRB;
-        // 16-byte copy with the L2 asked for the row's whole 128/256-byte block.
+        // 16-byte copy; with HINT the L2 is asked for the row's whole 128/256-byte block.
         auto cp = [&](u32 dst, const u8* src, u32 sz) {
             constexpr bool HINT = (KV == 2) != ((XV & 1) != 0);
             if constexpr (!HINT || RRB < 128) {
