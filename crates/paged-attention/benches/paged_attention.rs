@@ -73,6 +73,22 @@ fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shap
     }
 }
 
+/// FP8 KV bs 64 × 8k under e4m3 timing experiment `xv`.
+fn fp8_experiment(xv: u32, what: &str) -> Shape {
+    Shape {
+        fp8: true,
+        experiment: xv,
+        ..s(
+            &format!("FP8 KV, bs 64, L 8192 ({what})"),
+            32,
+            8,
+            128,
+            64,
+            8192,
+        )
+    }
+}
+
 /// A latency case under a fixed split chunk (variant rows beside Auto).
 fn fixed(name: &str, bs: usize, len: usize, chunk_tokens: usize) -> Shape {
     Shape {
@@ -144,30 +160,8 @@ fn cases() -> Vec<Shape> {
                 8192,
             )
         },
-        Shape {
-            fp8: true,
-            experiment: 4,
-            ..s(
-                "FP8 KV, bs 64, L 8192 (x4: whole rows per copy instruction)",
-                32,
-                8,
-                128,
-                64,
-                8192,
-            )
-        },
-        Shape {
-            fp8: true,
-            experiment: 5,
-            ..s(
-                "FP8 KV, bs 64, L 8192 (x5: whole rows, no L2 hint)",
-                32,
-                8,
-                128,
-                64,
-                8192,
-            )
-        },
+        fp8_experiment(4, "x4: whole rows per copy instruction"),
+        fp8_experiment(5, "x5: whole rows, no L2 hint"),
         Shape {
             experiment: 1,
             ..s(

@@ -1339,20 +1339,15 @@ PA_MMA(f16, 1, e4m3, 2, 128, 2)
 PA_MMA(bf16, 0, bf16, 0, 256, 1)
 PA_MMA(f16, 1, f16, 1, 256, 1)
 
-// Timing experiment entries (PagedAttentionKernel::set_experiment).
-extern "C" __global__ void __launch_bounds__(pa::NT, 2)
-    paged_attention_mma_bf16_kv_bf16_d128_x1(const PagedAttentionParams p) {
-    pa::mma_body<0, 0, 128, 1>(p);
-}
-extern "C" __global__ void __launch_bounds__(pa::NT, 2)
-    paged_attention_mma_bf16_kv_e4m3_d128_x4(const PagedAttentionParams p) {
-    pa::mma_body<0, 2, 128, 4>(p);
-}
-extern "C" __global__ void __launch_bounds__(pa::NT, 2)
-    paged_attention_mma_bf16_kv_e4m3_d128_x5(const PagedAttentionParams p) {
-    pa::mma_body<0, 2, 128, 5>(p);
-}
-extern "C" __global__ void __launch_bounds__(pa::NT, 2)
-    paged_attention_mma_bf16_kv_bf16_d128_x3(const PagedAttentionParams p) {
-    pa::mma_body<0, 0, 128, 3>(p);
-}
+// Timing experiment entries (PagedAttentionKernel::set_experiment): the
+// D 128 tensor-core entry of (Q, KV) under experiment XV, named `_x{XV}`.
+#define PA_MMA_X(QN, QT, KVN, KV, XV)                                                              \
+    extern "C" __global__ void __launch_bounds__(pa::NT, 2)                                          \
+        paged_attention_mma_##QN##_kv_##KVN##_d128_x##XV(const PagedAttentionParams p) {             \
+        pa::mma_body<QT, KV, 128, XV>(p);                                                          \
+    }
+
+PA_MMA_X(bf16, 0, bf16, 0, 1)
+PA_MMA_X(bf16, 0, e4m3, 2, 4)
+PA_MMA_X(bf16, 0, e4m3, 2, 5)
+PA_MMA_X(bf16, 0, bf16, 0, 3)
