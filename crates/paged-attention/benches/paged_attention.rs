@@ -588,7 +588,17 @@ fn main() {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .sample_size(10);
-    let experiments: Vec<(u32, PagedAttentionKernel)> = [1u32, 3, 4, 5]
+    let all = cases();
+    // One launcher per timing experiment the cases name (the production
+    // kernel serves experiment 0).
+    let mut xvs: Vec<u32> = all
+        .iter()
+        .map(|c| c.experiment)
+        .filter(|&x| x != 0)
+        .collect();
+    xvs.sort_unstable();
+    xvs.dedup();
+    let experiments: Vec<(u32, PagedAttentionKernel)> = xvs
         .into_iter()
         .map(|xv| {
             let mut k = PagedAttentionKernel::new(&gpu).expect("load");
@@ -599,7 +609,7 @@ fn main() {
     let mut table = Vec::new();
     // MHA_KIT_BENCH_CASES=a|b runs only the cases whose name contains one of them.
     let only = std::env::var("MHA_KIT_BENCH_CASES").ok();
-    for c in cases() {
+    for c in all {
         if only
             .as_ref()
             .is_some_and(|f| !f.split('|').any(|alt| c.name.contains(alt)))
