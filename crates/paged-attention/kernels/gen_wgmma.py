@@ -9,6 +9,9 @@ accumulator fragment of one thread of the warpgroup):
   * wgmma_rs_<t>_n<N>(d, a, desc_b, scale_d): A from registers (4 packed
     16-bit pairs, the m16n8k16 A layout per warp), B from shared memory
     MN-major (transposed), used for O += P V.
+  * wgmma_ss_<t>_n<N>_init(d, desc_a, desc_b): as wgmma_ss with scale_d = 0,
+    d write-only for the compiler (the values d held before are dead there,
+    so their registers are free until the MMA).
 scale_d = 0 overwrites d, 1 accumulates. Run: python3 gen_wgmma.py > wgmma_sm90.cuh
 """
 
@@ -21,8 +24,8 @@ def regs(n):
     return ", ".join(f"%{i}" for i in range(n))
 
 
-def outs(n):
-    return ", ".join(f'"+f"(d[{i}])' for i in range(n))
+def outs(n, c="+f"):
+    return ", ".join(f'"{c}"(d[{i}])' for i in range(n))
 
 
 def ss(t, n):
@@ -33,6 +36,18 @@ def ss(t, n):
         "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{regs(k)}}}, %{k}, %{k + 1}, p, 1, 1, 0, 0;\\n}}\\n"
         : {outs(k)}
         : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}}
+"""
+
+
+def ss_init(t, n):
+    k = n // 2
+    return f"""MHA_KIT_DEVICE void wgmma_ss_{t}_n{n}_init(float (&d)[{k}], u64 desc_a, u64 desc_b) {{
+    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{regs(k)}}}, %{k}, %{k + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+        : {outs(k, "=f")}
+        : "l"(desc_a), "l"(desc_b), "r"(0));
 }}
 """
 
@@ -64,6 +79,7 @@ def main():
     for t in TYPES:
         for n in SS_N:
             out.append(ss(t, n))
+            out.append(ss_init(t, n))
         for n in RS_N:
             out.append(rs(t, n))
     out.append("}  // namespace wg")

@@ -4,7 +4,7 @@
 // kernel (paged_attention_context.cu); design: docs/DESIGN.md "The sm_90a
 // context kernel".
 //
-// Work item = (q tile of BM = 128 packed (token, head) rows, KV split s,
+// Work item = (q tile of BM packed (token, head) rows, KV split s,
 // KV head h, request b), numbered with q tiles fastest (items in flight
 // share K/V in L2), the heaviest tiles of a (request, head) first. At D 64 /
 // 128 the grid is persistent: CTA c starts with item c and takes further
@@ -13,7 +13,9 @@
 // buffers alternate. D 256 runs one CTA per item. With split KV
 // (p.kv_splits > 1) an item covers one chunk of the q tile's KV tiles and
 // writes partial rows; the merge entry at the end of this file finishes them.
-// Three warpgroups:
+// BM = 64 rows per consumer warpgroup: two consumers (BM 128, 384 threads),
+// three at D 64 with 16-bit K/V (BM 192, 512 threads; see Cfg::NCW).
+// Warpgroups:
 //  * producer (warpgroup 0, setmaxnreg 56; 48 at D 256): loads each item's
 //    Q tile into a free Q buffer, then fills a K ring and a V ring (2-3
 //    slots each; V one tile behind K), each slot guarded by a full and an
@@ -32,14 +34,18 @@
 //    (fence.proxy.async, then the full barrier); both GEMMs then run in f16
 //    (a bf16 Q tile converted once per item with a power-of-two shift per
 //    row, see QCONV).
-//  * two consumers (warpgroups 1-2, setmaxnreg 224), 64 rows each: S = Q K^T
+//  * two consumers (warpgroups 1-2, setmaxnreg 224; three of 152 at D 64
+//    16-bit), 64 rows each: S = Q K^T
 //    with wgmma (both operands in shared memory, 128-byte swizzle), online
 //    softmax in f32 registers (exp2, scale_log2 = bmm1_scale log2 e), O += P
 //    V with wgmma (P from registers, V transposed from shared memory). Per
 //    tile t: issue S_t, issue P_{t-1} V_{t-1}, wait for S_t, softmax of S_t
 //    under the running P V (max, one FFMA + ex2 per score, f32 row sums),
 //    wait, rescale O and pack P_t to 16 bits (ping-pong between the
-//    consumers is a measured variant, off by default). Sinks join once at
+//    consumers is a measured variant, off by default). With three consumers
+//    (SERIAL) each runs S_t, softmax, P_t V_t one after the other, P packed
+//    into the S registers, and the other two fill the tensor cores. Sinks
+//    join once at
 //    the end; rows that see no key output zeros.
 // A key masked for a row never reaches it: masked logits are selected to
 // -inf (never multiplied), and on tiles that carry masked keys the V rows
@@ -57,9 +63,6 @@ namespace pas {
 
 using namespace pac;
 
-constexpr int BM = 128;        // rows per CTA: 2 consumer warpgroups x 64
-constexpr int NTHREADS = 384;  // producer + 2 consumers
-
 // F8: e4m3 K/V pools (Q and the operand tiles stay 16-bit; see the
 // producer's e4m3 gather).
 // SWAP (timing experiment XV & 16, D 128 16-bit only): ring depths K 3 /
@@ -67,15 +70,26 @@ constexpr int NTHREADS = 384;  // producer + 2 consumers
 template <int D, bool F8 = false, bool SWAP = false>
 struct Cfg {
     static constexpr int BN = D == 256 ? 64 : 128;  // keys per KV tile
-    // Register split (128 x P + 256 x C <= 64512, the 168 x 384 of the
-    // launch). D 256: 48 / 224, the split its tests ran with on the H200
+    // Consumer warpgroups, 64 query rows each: three at D 64 with 16-bit
+    // K/V (192-row tiles, as FA3 runs D 64: there the exponentials take as
+    // long as both GEMMs, and a third consumer warp per scheduler keeps the
+    // MUFU and the tensor cores busy while one warp waits), else two.
+    static constexpr int NCW = D == 64 && !F8 ? 3 : 2;
+    static constexpr int BM = 64 * NCW;               // packed query rows per work item
+    static constexpr int NTHREADS = 128 * (NCW + 1);  // producer + consumers
+    // Registers a thread gets at launch (one CTA per SM), which setmaxnreg
+    // then moves between the roles: 168 at 384 threads, 128 at 512.
+    static constexpr int LAUNCH_REGS = (65536 / NTHREADS) & ~7;
+    // Register split (128 x P + 128 NCW x C <= the launch's LAUNCH_REGS x
+    // NTHREADS). D 256: 48 / 224, the split its tests ran with on the H200
     // (with a persistent D 256 the producer's item loop spilled at 40).
     // e4m3: 72 / 216 at D 64 / 128, 56 / 224 at D 256 (the producer's
     // conversion keeps four 16-byte loads in flight; with fewer registers
     // it spilled).
+    // Three consumers (D 64 16-bit): 56 / 152, the whole register file.
     static constexpr int PRODUCER_REGS = D == 256 ? (F8 ? 56 : 48) : F8 ? 72 : 56;
-    static constexpr int CONSUMER_REGS = F8 && D != 256 ? 216 : 224;
-    static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 64512, "register split");
+    static constexpr int CONSUMER_REGS = NCW == 3 ? 152 : F8 && D != 256 ? 216 : 224;
+    static_assert(128 * PRODUCER_REGS + 128 * NCW * CONSUMER_REGS <= NTHREADS * LAUNCH_REGS, "register split");
     // Persistent grid (mirrored by `context_sm90_persistent` in
     // src/context.rs): at D 256 the consumers' O (128 registers a thread)
     // leaves no room for the work-item loop state (NVRTC 12.4's ptxas
@@ -129,7 +143,7 @@ struct Cfg {
     // i32 [4]: two work-item slots, thread 0's prefetched counter value, a
     // spare (8-byte multiple); then the two slots' geometry (`Item`,
     // published by producer warp 0 for the consumers).
-    static constexpr int ITEM_OFF = PIN_OFF + 256 * 4;
+    static constexpr int ITEM_OFF = PIN_OFF + 128 * NCW * 4;
     static constexpr int ITEM_GEOM_BYTES = 64;  // >= sizeof(Item), checked below
     // e4m3 K/V: u8 [QBUF][BM], each Q row's shift qs (see the bf16 Q conversion, QCONV).
     static constexpr int QX_OFF = ITEM_OFF + 4 * 4 + 2 * ITEM_GEOM_BYTES;
@@ -273,6 +287,14 @@ MHA_KIT_DEVICE void mma_ss(float (&d)[N / 2], u64 a, u64 b, int scale_d) {
     if constexpr (QT == 1 && N == 64) wg::wgmma_ss_f16_n64(d, a, b, scale_d);
     if constexpr (QT == 1 && N == 128) wg::wgmma_ss_f16_n128(d, a, b, scale_d);
 }
+// The first step of a fresh accumulator (scale_d = 0, d write-only).
+template <int QT, int N>
+MHA_KIT_DEVICE void mma_ss_init(float (&d)[N / 2], u64 a, u64 b) {
+    if constexpr (QT == 0 && N == 64) wg::wgmma_ss_bf16_n64_init(d, a, b);
+    if constexpr (QT == 0 && N == 128) wg::wgmma_ss_bf16_n128_init(d, a, b);
+    if constexpr (QT == 1 && N == 64) wg::wgmma_ss_f16_n64_init(d, a, b);
+    if constexpr (QT == 1 && N == 128) wg::wgmma_ss_f16_n128_init(d, a, b);
+}
 template <int QT, int N>
 MHA_KIT_DEVICE void mma_rs(float (&d)[N / 2], const u32 (&a)[4], u64 b, int scale_d) {
     if constexpr (QT == 0 && N == 8) wg::wgmma_rs_bf16_n8(d, a, b, scale_d);
@@ -348,7 +370,7 @@ static_assert(sizeof(Item) <= Cfg<64>::ITEM_GEOM_BYTES && alignof(Item) <= 8, "p
 // Warp-cooperative (every lane of the warp calls it); `report`: this thread
 // counts the request's bad cu_seqlens / lengths (once per request: on its
 // item of tile 0, head 0, split 0).
-template <int BN>
+template <int BN, int BM>
 MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
     Item I;
     // 32-bit: the launcher keeps q_tiles * kv_splits * num_kv_heads * bs <= i32::MAX.
@@ -413,6 +435,10 @@ MHA_KIT_DEVICE u32 clk32() {
 template <int QT, int D, int XV = 0, bool F8 = false>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v) {
     using C = Cfg<D, F8, (XV & 16) != 0>;
+    constexpr int BM = C::BM;
+    constexpr int NCW = C::NCW;
+    constexpr int NTHREADS = C::NTHREADS;
+    constexpr int NC = 128 * NCW;  // consumer threads
     // Operand dtype of both GEMMs: the Q dtype, or f16 for e4m3 K/V (every
     // e4m3 value is an f16 value: one conversion instruction per two; a bf16
     // Q tile is converted to f16 once per item, each row scaled by 2^-qs
@@ -511,6 +537,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // copies complete the transaction count) or by the cp.async row gather.
     const bool tma = !F8 && p.tma_rows > 0;  // e4m3 always gathers
     constexpr bool TR = (XV & 8) != 0;
+    static_assert(!TR || NCW == 2, "trace layout: three roles");
+    // Three consumers (D 64 16-bit): each warpgroup runs its tiles one step
+    // after the other (S_t, softmax, P_t V_t, each GEMM waited for), so the
+    // S accumulators and P are never live together (152 registers a
+    // consumer); the other two warpgroups keep the tensor cores busy.
+    constexpr bool SERIAL = NCW == 3;
+    static_assert(!SERIAL || C::STAGE_O, "serial consumers: Q released after the epilogue");
     // Where O is rescaled by a tile's alpha (see `rescale_o`): late, after
     // the wait for P V (the default), or early, under S (experiment XV & 32).
     constexpr bool EARLY = (XV & 32) != 0;
@@ -524,6 +557,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // scores through an XOR of their bits (LOP3, three inputs an op). The
     // ones live in the pin region's upper half (the pin is one word a warp).
     constexpr bool TCSUM = (XV & 128) != 0;
+    static_assert(!SERIAL || !TCSUM, "serial consumers: no tensor-core row sums");
     static_assert(!TCSUM || C::PIN_OFF % 16 == 0, "TCSUM: the ones need a 16-byte aligned region");
     // Trace stamp ev of this role's current item (thread 0 of a warpgroup);
     // `done`: the role's item count, at its exit.
@@ -549,7 +583,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll
         for (int s = 0; s < QBUF; ++s) {
             mbar_init(bar_q + 8 * s, 128);
-            mbar_init(bar_qe + 8 * s, 256);
+            mbar_init(bar_qe + 8 * s, NC);
         }
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
@@ -561,12 +595,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         for (int s = 0; s < KST; ++s) {
             // gather: 128 cp.async + 128 thread arrivals; e4m3: 128 thread arrivals
             mbar_init(bar_fk + 8 * s, tma ? 1 : F8 ? 128 : 256);
-            mbar_init(bar_ek + 8 * s, 256);
+            mbar_init(bar_ek + 8 * s, NC);
         }
 #pragma unroll
         for (int s = 0; s < VST; ++s) {
             mbar_init(bar_fv + 8 * s, tma ? 1 : 128);
-            mbar_init(bar_ev + 8 * s, 256);
+            mbar_init(bar_ev + 8 * s, NC);
         }
     }
     __syncthreads();
@@ -596,7 +630,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             const int rg = (int)ptv >> 3;  // row of pass 0: 4 w + (l >> 3)
             const bool has_row = c8 < NP;
             const int krow = key_row_of_lane((int)ptv >> 5, (int)ptv & 31);
-            const Item I = item_geom<BN>(p, it, pt == 0);
+            const Item I = item_geom<BN, BM>(p, it, pt == 0);
             if (pt == 0) {
                 // Published for the consumers (they release the slot, bar_ie,
                 // after their epilogue).
@@ -1072,7 +1106,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // every turn; warpgroup 0 goes first and warpgroup 1 passes no turn after
         // its last. Off by default: on the H200 the free-running consumers were
         // as fast or faster (docs/PERF.md, sessions 3 and 5).
-        const bool pingpong = (p.variant & 1) != 0;
+        const bool pingpong = NCW == 2 && (p.variant & 1) != 0;  // two consumers only
         auto turn_take = [&]() { named_sync_if(pingpong, 4 + cw, 256); };
         auto turn_pass = [&](bool last) { named_arrive_if(pingpong && !(cw == 1 && last), 5 - cw, 256); };
 
@@ -1096,7 +1130,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             for (int ks = 0; ks < D / 16; ++ks) {
                 const u32 qo = ((ks >> 2) * C::Q_ATOM + (ks & 3) * 32) >> 4;
                 const u32 ko = ((ks >> 2) * C::KV_ATOM + (ks & 3) * 32) >> 4;
-                mma_ss<MT, BN>(s, dsc(qd0 + qo), dsc(kd + ko), ks > 0 ? 1 : 0);
+                // SERIAL: the first step does not read s (dead since the
+                // last P was packed), so its registers are free until here.
+                if (SERIAL && ks == 0)
+                    mma_ss_init<MT, BN>(s, dsc(qd0 + qo), dsc(kd + ko));
+                else
+                    mma_ss<MT, BN>(s, dsc(qd0 + qo), dsc(kd + ko), ks > 0 ? 1 : 0);
             }
             wg_commit();
         };
@@ -1106,6 +1145,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             const u32 vd = v_lo0 + (u32)((st * C::KV_BYTES) >> 4);
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk) {
+                if constexpr (SERIAL) {
+                    // P packed in place in s (see rescale_pack).
+                    const u32 a[4] = {__float_as_uint(s[4 * kk]), __float_as_uint(s[4 * kk + 1]),
+                                      __float_as_uint(s[4 * kk + 2]), __float_as_uint(s[4 * kk + 3])};
+                    mma_rs<MT, D>(o, a, dsc(vd + ((kk * 16 * 128) >> 4)), 1);
+                    continue;
+                }
                 mma_rs<MT, D>(o, pa[kk], dsc(vd + ((kk * 16 * 128) >> 4)), 1);
                 if constexpr (TCSUM) mma_rs<MT, 8>(lacc, pa[kk], sdesc_noswz(ones_addr, 128, 128), 1);
             }
@@ -1177,29 +1223,31 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // Row max and row sum over eight and four independent partials per
             // row (a thread's 32 values of a row in one chain would be a
             // 32-deep dependency of FMNMX / FADD latencies).
-            float mp[2][8];
+            // SERIAL: four partials (registers; three warpgroups hide the latency).
+            constexpr int MPN = SERIAL ? 4 : 8;
+            float mp[2][MPN];
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr)
 #pragma unroll
-                for (int k = 0; k < 8; ++k) mp[hr][k] = PAC_NEG_INF;
+                for (int k = 0; k < MPN; ++k) mp[hr][k] = PAC_NEG_INF;
             if (cpos) {
 #pragma unroll
                 for (int i = 0; i < NS; ++i) {
-                    float& m = mp[(i >> 1) & 1][((i >> 2) & 3) | ((i & 1) << 2)];
+                    float& m = mp[(i >> 1) & 1][(((i >> 2) & 3) | ((i & 1) << 2)) & (MPN - 1)];
                     m = fmaxf(m, s[i]);
                 }
             } else {
 #pragma unroll
                 for (int i = 0; i < NS; ++i) {
                     s[i] = s[i] == PAC_NEG_INF ? PAC_NEG_INF : s[i] * crow((i >> 1) & 1);  // masked stays -inf
-                    float& m = mp[(i >> 1) & 1][((i >> 2) & 3) | ((i & 1) << 2)];
+                    float& m = mp[(i >> 1) & 1][(((i >> 2) & 3) | ((i & 1) << 2)) & (MPN - 1)];
                     m = fmaxf(m, s[i]);
                 }
             }
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
 #pragma unroll
-                for (int w = 4; w >= 1; w >>= 1)
+                for (int w = MPN / 2; w >= 1; w >>= 1)
 #pragma unroll
                     for (int k = 0; k < w; ++k) mp[hr][k] = fmaxf(mp[hr][k], mp[hr][k + w]);
                 // Rounded up, so that every 2^(s c - m) is at most 1 (an FFMA
@@ -1278,7 +1326,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int i = 8 * kk + 2 * e;
-                    pa[kk][e] = pack2<MT>(s[i], s[i + 1]);
+                    // SERIAL: P's step kk lands in s[4 kk .. 4 kk + 3]
+                    // (in increasing order each source is read before it is
+                    // overwritten), so P takes no registers of its own.
+                    if constexpr (SERIAL)
+                        s[4 * kk + e] = __uint_as_float(pack2<MT>(s[i], s[i + 1]));
+                    else
+                        pa[kk][e] = pack2<MT>(s[i], s[i + 1]);
                 }
             }
             if constexpr (!TCSUM) {
@@ -1330,6 +1384,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // O += P V for stage st on CUDA cores (tiles with masked keys and non-finite V).
         auto pv_slow = [&](int st) {
             const u8* v = smem + C::V_OFF + st * C::KV_BYTES;
+            if constexpr (SERIAL) {
+#pragma unroll
+                for (int kk = 0; kk < KSTEPS; ++kk)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) pa[kk][e] = __float_as_uint(s[4 * kk + e]);
+            }
             pv_scalar<MT, BN, D>(
                 pa, lane, [&](int j, int e) -> float& { return o[4 * j + e]; },
                 [&](int key, int ch) { return v + swz(key, ch, C::KV_ATOM); });
@@ -1367,6 +1427,39 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 }
             }
             u32 vmw[VMW];
+            if constexpr (SERIAL) {
+                // ---- every tile: S_t, softmax, P_t V_t ----
+#pragma unroll 1
+                for (int t = 0; t < ntiles; ++t) {
+                    const int st = kslot(t);
+                    mbar_wait(bar_fk + 8 * st, kpar(t));
+#pragma unroll
+                    for (int w = 0; w < VMW; ++w) vmw[w] = vm_s[st * VMW + w];
+                    const bool full = tile_full(t, vmw);
+                    if (active) {
+                        qk(st);
+                        wg_wait<0>();
+                        fence_regs(s);
+                    }
+                    mbar_arrive(bar_ek + 8 * st);
+                    if (active) {
+                        softmax(t, full, vmw);
+                        rescale_pack();
+                    }
+                    const int sv = vslot(t);
+                    mbar_wait(bar_fv + 8 * sv, vpar(t));
+                    const bool slow = active && !full && v_nonfinite(sv, t);
+                    if (slow) {
+                        pv_slow(sv);
+                    } else if (active) {
+                        pv(sv);
+                        wg_wait<0>();
+                        fence_regs(o);
+                        fence_regs(s);  // P, read by the P V wgmma
+                    }
+                    mbar_arrive(bar_ev + 8 * sv);
+                }
+            } else {
             // ---- tile 0 ----
             mbar_wait(bar_fk + 8 * kslot(0), kpar(0));
 #pragma unroll
@@ -1488,6 +1581,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             }
             mbar_arrive(bar_ev + 8 * sl);
             mark(role, 8, tnow());
+            }  // !SERIAL
             if constexpr (TCSUM) {
                 // The epilogue sums a thread's partial over its quad; these
                 // are whole rows already: a quarter each (exact, a power of 2).
@@ -1604,15 +1698,16 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 // no split saw a key gets zeros). Rows of skipped requests and rows past a
 // request's rows stay untouched. 128 threads: warp w takes rows w, w + 4, ...,
 // lane l columns 2 l + 64 c.
-template <int QT, int D>
+template <int QT, int D, bool F8>
 MHA_KIT_DEVICE void context_sm90_merge_body(const ContextParams& p) {
-    constexpr int BN = Cfg<D>::BN;
+    constexpr int BN = Cfg<D, F8>::BN;
+    constexpr int BM = Cfg<D, F8>::BM;
     const int S = p.kv_splits;
     const int units = p.q_tiles * S * p.num_kv_heads * p.bs;
     const int x = (int)blockIdx.x % p.q_tiles;
     const int hb = (int)blockIdx.x / p.q_tiles;
     const int u0 = x + p.q_tiles * S * hb;  // split 0 of the item
-    const Item I = item_geom<BN>(p, u0, false);
+    const Item I = item_geom<BN, BM>(p, u0, false);
     if (I.skip) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float* ml = p.partial + (i64)units * BM * D;
@@ -1651,21 +1746,26 @@ MHA_KIT_DEVICE void context_sm90_merge_body(const ContextParams& p) {
 
 }  // namespace pas
 
-// Split-KV merge entries: paged_attention_context_sm90_merge_{q}_d{D}, grid
-// q_tiles * num_kv_heads * bs, 128 threads.
-#define PAS_MERGE_ENTRY(QN, QT, D)                                                                 \
+// Split-KV merge entries: paged_attention_context_sm90_merge_{q}_kv_{kv}_d{D}
+// (the work items' rows depend on the KV dtype: Cfg::BM), grid q_tiles *
+// num_kv_heads * bs, 128 threads.
+#define PAS_MERGE_ENTRY(QN, QT, KN, F8, D)                                                        \
     extern "C" __global__ void __launch_bounds__(128)                                             \
-        paged_attention_context_sm90_merge_##QN##_d##D(const ContextParams p) {                   \
-        pas::context_sm90_merge_body<QT, D>(p);                                                   \
+        paged_attention_context_sm90_merge_##QN##_kv_##KN##_d##D(const ContextParams p) {         \
+        pas::context_sm90_merge_body<QT, D, F8>(p);                                               \
     }
-PAS_MERGE_ENTRY(bf16, 0, 64)
-PAS_MERGE_ENTRY(bf16, 0, 128)
-PAS_MERGE_ENTRY(f16, 1, 64)
-PAS_MERGE_ENTRY(f16, 1, 128)
+PAS_MERGE_ENTRY(bf16, 0, bf16, false, 64)
+PAS_MERGE_ENTRY(bf16, 0, bf16, false, 128)
+PAS_MERGE_ENTRY(f16, 1, f16, false, 64)
+PAS_MERGE_ENTRY(f16, 1, f16, false, 128)
+PAS_MERGE_ENTRY(bf16, 0, e4m3, true, 64)
+PAS_MERGE_ENTRY(bf16, 0, e4m3, true, 128)
+PAS_MERGE_ENTRY(f16, 1, e4m3, true, 64)
+PAS_MERGE_ENTRY(f16, 1, e4m3, true, 128)
 
 // Entries: paged_attention_context_sm90_{q}_kv_{q}_d{D} (16-bit KV of the Q dtype).
 #define PAS_ENTRY(QN, QT, D)                                                                       \
-    extern "C" __global__ void __launch_bounds__(pas::NTHREADS, 1)                                \
+    extern "C" __global__ void __launch_bounds__(pas::Cfg<D>::NTHREADS, 1)                        \
         paged_attention_context_sm90_##QN##_kv_##QN##_d##D(                                       \
             const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
             const __grid_constant__ pas::TmaMap tmap_v) {                                         \
@@ -1681,7 +1781,7 @@ PAS_ENTRY(f16, 1, 256)
 
 // e4m3 KV entries: paged_attention_context_sm90_{q}_kv_e4m3_d{D}.
 #define PAS_ENTRY8(QN, QT, D)                                                                      \
-    extern "C" __global__ void __launch_bounds__(pas::NTHREADS, 1)                                \
+    extern "C" __global__ void __launch_bounds__(pas::Cfg<D, true>::NTHREADS, 1)                  \
         paged_attention_context_sm90_##QN##_kv_e4m3_d##D(                                         \
             const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
             const __grid_constant__ pas::TmaMap tmap_v) {                                         \
@@ -1696,7 +1796,7 @@ PAS_ENTRY8(f16, 1, 256)
 
 // Timing experiments of the bench (D 128 bf16 only): _x{XV}, see context_sm90_body.
 #define PAS_XENTRY(XV)                                                                             \
-    extern "C" __global__ void __launch_bounds__(pas::NTHREADS, 1)                                \
+    extern "C" __global__ void __launch_bounds__(pas::Cfg<128>::NTHREADS, 1)                      \
         paged_attention_context_sm90_bf16_kv_bf16_d128_x##XV(                                     \
             const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
             const __grid_constant__ pas::TmaMap tmap_v) {                                         \
@@ -1716,15 +1816,8 @@ PAS_XENTRY(96)
 PAS_XENTRY(128)
 
 // The polynomial-exponential experiment at D 64 (softmax-bound there).
-extern "C" __global__ void __launch_bounds__(pas::NTHREADS, 1)
+extern "C" __global__ void __launch_bounds__(pas::Cfg<64>::NTHREADS, 1)
     paged_attention_context_sm90_bf16_kv_bf16_d64_x64(const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,
                                                       const __grid_constant__ pas::TmaMap tmap_v) {
     pas::context_sm90_body<0, 64, 64>(p, tmap_k, tmap_v);
-}
-
-// The tensor-core row-sum experiment at D 64 (the FA3 grid's weakest cells).
-extern "C" __global__ void __launch_bounds__(pas::NTHREADS, 1)
-    paged_attention_context_sm90_bf16_kv_bf16_d64_x128(const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,
-                                                       const __grid_constant__ pas::TmaMap tmap_v) {
-    pas::context_sm90_body<0, 64, 128>(p, tmap_k, tmap_v);
 }

@@ -13,17 +13,20 @@
 //!
 //! Two kernels, one semantics. On sm_90 (Hopper) devices the launcher runs
 //! `paged_attention_context_sm90_{q}_kv_{kv}_d{D}` (compute_90a, KV of the
-//! Q dtype or e4m3, D 64/128/256): work item = (q tile of 128 packed rows, KV
+//! Q dtype or e4m3, D 64/128/256): work item = (q tile of 128 packed rows,
+//! 192 at D 64 with 16-bit KV ([`context_sm90_block_rows`]), KV
 //! chunk, KV head, request), a persistent grid at D 64/128 (one CTA per SM,
 //! items from a device counter; [`context_sm90_persistent`]; the KV of
 //! items that do not fill the GPU split in chunks merged by
-//! `paged_attention_context_sm90_merge_{q}_d{D}`, [`context_sm90_kv_splits`]),
+//! `paged_attention_context_sm90_merge_{q}_kv_{kv}_d{D}`, [`context_sm90_kv_splits`]),
 //! a producer warpgroup filling 2–3-slot K and V rings (mbarrier hand-off)
 //! with a cp.async page gather or TMA boxes ([`ContextKvLoad`]), and two
-//! consumer warpgroups of 64 rows running
+//! consumer warpgroups of 64 rows (three at D 64 with 16-bit KV,
+//! [`context_sm90_consumers`]) running
 //! `wgmma` for `Q·Kᵀ` (both operands in shared memory) and `P·V` (P from
-//! registers), the softmax of tile `t` overlapped with `P·V` of tile `t − 1`
-//! ([`ContextPath::Wgmma`]). e4m3 K/V are gathered into a staging ring
+//! registers), with two consumers the softmax of tile `t` overlapped with
+//! `P·V` of tile `t − 1`; with three each consumer runs its steps in turn
+//! and the others fill the tensor cores ([`ContextPath::Wgmma`]). e4m3 K/V are gathered into a staging ring
 //! and converted by the producer to f16 (exact: one instruction per two
 //! values) into the same 16-bit rings ([`context_sm90_staging_steps`]); both
 //! GEMMs then run in f16: a bf16 Q tile is converted to f16 once per work
@@ -452,9 +455,10 @@ pub fn context_launch_config(
 }
 
 /// Launch geometry of the sm_90a kernel (pure): `q_tiles = ⌈max_q_len · G /
-/// 128⌉`, work items `(q tile, KV head, request)` in the order q tiles
+/// BM⌉` ([`context_sm90_block_rows`]), work items `(q tile, KV head, request)` in the order q tiles
 /// fastest (heaviest first: the CTAs resident at once share one request's
-/// K/V in L2), then heads, then requests; one CTA of 384 threads per item
+/// K/V in L2), then heads, then requests; one CTA of
+/// [`context_sm90_threads`] threads per item
 /// (the launcher caps it to the persistent grid, [`context_sm90_grid`]).
 /// Returns `(q_tiles, config)`.
 ///
@@ -469,7 +473,9 @@ pub fn context_sm90_launch_config(
     head_dim: usize,
     kv: KvDtype,
 ) -> Result<(usize, LaunchConfig)> {
-    let q_tiles = (max_q_len * group).div_ceil(CONTEXT_SM90_BLOCK_ROWS).max(1);
+    let q_tiles = (max_q_len * group)
+        .div_ceil(context_sm90_block_rows(head_dim, kv))
+        .max(1);
     let items = q_tiles
         .checked_mul(num_kv_heads)
         .and_then(|x| x.checked_mul(bs))
@@ -479,7 +485,7 @@ pub fn context_sm90_launch_config(
         q_tiles,
         LaunchConfig {
             grid_dim: (x, 1, 1),
-            block_dim: (CONTEXT_SM90_THREADS, 1, 1),
+            block_dim: (context_sm90_threads(head_dim, kv), 1, 1),
             shared_mem_bytes: context_sm90_smem_bytes(head_dim, kv) as u32,
         },
     ))
@@ -524,12 +530,15 @@ fn kv_chunks(tiles: usize, s: usize) -> (usize, usize) {
     (tiles.div_ceil(split_tiles).max(1), split_tiles)
 }
 
-/// Entry name of the sm_90a split-KV merge for a Q dtype and head dim
-/// (D 64 and 128: the head dims that split).
-pub fn context_sm90_merge_entry_name(q: HalfDtype, head_dim: usize) -> String {
+/// Entry name of the sm_90a split-KV merge for a Q dtype, KV dtype (its
+/// work items' rows, [`context_sm90_block_rows`], depend on it) and head dim
+/// (D 64 and 128: the head dims that split):
+/// `paged_attention_context_sm90_merge_{q}_kv_{kv}_d{head_dim}`.
+pub fn context_sm90_merge_entry_name(q: HalfDtype, kv: KvDtype, head_dim: usize) -> String {
     format!(
-        "paged_attention_context_sm90_merge_{}_d{head_dim}",
-        q.name()
+        "paged_attention_context_sm90_merge_{}_kv_{}_d{head_dim}",
+        q.name(),
+        kv.name()
     )
 }
 

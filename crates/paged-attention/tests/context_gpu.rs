@@ -794,7 +794,6 @@ fn main() {
                 (72, 128),
                 (96, 128),
                 (128, 128),
-                (128, 64),
             ] {
                 let mut x = ContextKernel::new(gpu).or_fail("load")?;
                 x.set_experiment(xv).or_fail("experiment entry")?;

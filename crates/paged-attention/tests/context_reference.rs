@@ -12,13 +12,13 @@ mod context_common;
 use common::*;
 use context_common::*;
 use paged_attention::{
-    context_block_rows, context_entry_name, context_launch_config, context_sm90_entry_name,
-    context_sm90_grid, context_sm90_kv_splits, context_sm90_launch_config,
-    context_sm90_merge_entry_name, context_sm90_persistent, context_sm90_q_buffers,
-    context_sm90_smem_bytes, context_sm90_stages, context_sm90_staging_steps,
-    context_sm90_supported, context_sm90_tile_keys, context_sm90_tma_rows, context_smem_bytes,
-    context_variants, kv_tma_layout, ContextParams, HalfDtype, KvDtype, CONTEXT_PTX,
-    CONTEXT_SM90_BLOCK_ROWS, CONTEXT_SM90_PTX, CONTEXT_SM90_THREADS,
+    context_block_rows, context_entry_name, context_launch_config, context_sm90_block_rows,
+    context_sm90_consumers, context_sm90_entry_name, context_sm90_grid, context_sm90_kv_splits,
+    context_sm90_launch_config, context_sm90_merge_entry_name, context_sm90_persistent,
+    context_sm90_q_buffers, context_sm90_smem_bytes, context_sm90_stages,
+    context_sm90_staging_steps, context_sm90_supported, context_sm90_threads,
+    context_sm90_tile_keys, context_sm90_tma_rows, context_smem_bytes, context_variants,
+    kv_tma_layout, ContextParams, HalfDtype, KvDtype, CONTEXT_PTX, CONTEXT_SM90_PTX,
 };
 use proptest::prelude::*;
 
@@ -154,7 +154,7 @@ fn context_params_layout_matches_cuda() {
         .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[248]"));
     assert!(CONTEXT_SM90_PTX
         .ptx
-        .contains("paged_attention_context_sm90_merge_bf16_d128_param_0[248]"));
+        .contains("paged_attention_context_sm90_merge_bf16_kv_bf16_d128_param_0[248]"));
 }
 
 #[test]
@@ -249,9 +249,18 @@ fn context_sm90_kv_split_rule() {
         }
     }
     for q in [HalfDtype::Bf16, HalfDtype::F16] {
-        for d in [64, 128] {
-            let name = context_sm90_merge_entry_name(q, d);
-            assert!(CONTEXT_SM90_PTX.has_entry(&name), "{name} missing");
+        for kv in [
+            if q == HalfDtype::Bf16 {
+                KvDtype::Bf16
+            } else {
+                KvDtype::F16
+            },
+            KvDtype::E4m3,
+        ] {
+            for d in [64, 128] {
+                let name = context_sm90_merge_entry_name(q, kv, d);
+                assert!(CONTEXT_SM90_PTX.has_entry(&name), "{name} missing");
+            }
         }
     }
 }
@@ -266,6 +275,11 @@ fn context_sm90_plan_fits() {
     {
         let b = context_sm90_smem_bytes(d, kv);
         assert!(b <= 227 * 1024, "D {d} {kv:?}: {b} B");
+        // Three consumer warpgroups (192 rows) at D 64 with 16-bit KV, else two.
+        let ncw = if d == 64 && kv == KvDtype::Bf16 { 3 } else { 2 };
+        assert_eq!(context_sm90_consumers(d, kv), ncw);
+        let bm = context_sm90_block_rows(d, kv);
+        assert_eq!(bm, 64 * ncw);
         let bn = context_sm90_tile_keys(d);
         let (kst, vst) = context_sm90_stages(d, kv);
         assert!(kst >= 2 && vst >= 2);
@@ -289,21 +303,21 @@ fn context_sm90_plan_fits() {
         let bars = 8 * (2 * qbuf + 2 * kst + 2 * vst + 6);
         assert_eq!(
             b,
-            qbuf * 128 * d * 2
+            qbuf * bm * d * 2
                 + (kst + vst) * bn * d * 2
                 + sst * 2 * bn * d
                 + kst * 16
                 + bars
-                + 256 * 4
+                + 128 * ncw * 4
                 + 16
                 + 2 * 64
-                + if kv == KvDtype::E4m3 { qbuf * 128 } else { 0 }
+                + if kv == KvDtype::E4m3 { qbuf * bm } else { 0 }
                 + 1024
         );
         for (max_q, g) in [(1, 1), (128, 1), (129, 1), (33, 4), (5000, 16)] {
             let (tiles, cfg) = context_sm90_launch_config(3, 2, g, max_q, d, kv).unwrap();
-            assert!(tiles * CONTEXT_SM90_BLOCK_ROWS >= max_q * g);
-            assert!((tiles - 1) * CONTEXT_SM90_BLOCK_ROWS < max_q * g);
+            assert!(tiles * bm >= max_q * g);
+            assert!((tiles - 1) * bm < max_q * g);
             // One CTA per (q tile, KV head, request), or at most `ctas`.
             assert_eq!(cfg.grid_dim, (tiles as u32 * 2 * 3, 1, 1));
             // The launcher's grid: persistent (at most one CTA per SM) only
@@ -324,7 +338,8 @@ fn context_sm90_plan_fits() {
             for variant in [2, 3] {
                 assert_eq!(context_sm90_grid(items, d, variant, 132), items);
             }
-            assert_eq!(cfg.block_dim.0, CONTEXT_SM90_THREADS);
+            assert_eq!(cfg.block_dim.0, 128 * (ncw as u32 + 1));
+            assert_eq!(cfg.block_dim.0, context_sm90_threads(d, kv));
             assert_eq!(cfg.shared_mem_bytes as usize, b);
         }
     }

@@ -103,9 +103,9 @@ impl ContextKernel {
                     Ok(())
                 });
             let loaded = loaded.and_then(|()| {
-                for q in [HalfDtype::Bf16, HalfDtype::F16] {
-                    for d in [64, 128] {
-                        let name = context_sm90_merge_entry_name(q, d);
+                for (q, kv, d) in context_variants() {
+                    if context_sm90_supported(q, kv, d) && d != 256 {
+                        let name = context_sm90_merge_entry_name(q, kv, d);
                         fast.insert(name.clone(), gpu.function(&CONTEXT_SM90_PTX, &name)?);
                     }
                 }
@@ -128,7 +128,7 @@ impl ContextKernel {
         let partial = if sm90 {
             Some(
                 gpu.stream()
-                    .alloc_zeros::<f32>(2 * sm_count * CONTEXT_SM90_BLOCK_ROWS * (128 + 2))?,
+                    .alloc_zeros::<f32>(2 * sm_count * 128 * (128 + 2))?,
             )
         } else {
             None
@@ -240,6 +240,9 @@ impl ContextKernel {
             for d in [128usize, 64] {
                 let bf16 = context_sm90_entry_name(HalfDtype::Bf16, KvDtype::Bf16, d);
                 let name = format!("{bf16}_x{xv}");
+                if d != 128 && !CONTEXT_SM90_PTX.has_entry(&name) {
+                    continue; // no D 64 entry of this experiment
+                }
                 let smem =
                     context_sm90_smem_bytes(d, KvDtype::Bf16) + CONTEXT_SM90_EXPERIMENT_SLACK;
                 match load_entry(&self.gpu, &CONTEXT_SM90_PTX, &name, smem) {
@@ -370,10 +373,11 @@ impl ContextKernel {
             // Split KV when the items do not fill the GPU: the keys of a
             // request are bounded by its page-table row (and the window).
             let bn = context_sm90_tile_keys(d);
-            let capacity = ws.len() / (CONTEXT_SM90_BLOCK_ROWS * (d + 2));
+            let bm = context_sm90_block_rows(d, args.kv.dtype());
+            let capacity = ws.len() / (bm * (d + 2));
             let mut keys = p.max_num_pages as usize * p.page_size as usize;
             if p.window_left >= 0 {
-                let tokens = CONTEXT_SM90_BLOCK_ROWS.div_ceil(p.group as usize);
+                let tokens = bm.div_ceil(p.group as usize);
                 keys = keys.min(p.window_left as usize + tokens + 1);
             }
             let tiles = keys.div_ceil(bn) + 1;
@@ -414,7 +418,7 @@ impl ContextKernel {
             self.tma_launches.fetch_add(1, Ordering::Relaxed);
         }
         if p.kv_splits > 1 {
-            let name = context_sm90_merge_entry_name(args.q_dtype, d);
+            let name = context_sm90_merge_entry_name(args.q_dtype, args.kv.dtype(), d);
             let merge = self
                 .funcs
                 .get(&name)

@@ -4,11 +4,30 @@
 
 use super::*;
 
-/// Query rows (packed (token, head) pairs) per CTA of the sm_90a kernel.
-pub const CONTEXT_SM90_BLOCK_ROWS: usize = 128;
+/// Consumer warpgroups (64 query rows each) of the sm_90a kernel (mirrors
+/// `Cfg::NCW`): three at D 64 with 16-bit KV (192-row work items: at D 64
+/// the exponentials take as long as both GEMMs, and a third consumer warp
+/// per scheduler keeps both units busy), two otherwise.
+pub fn context_sm90_consumers(head_dim: usize, kv: KvDtype) -> usize {
+    if head_dim == 64 && kv != KvDtype::E4m3 {
+        3
+    } else {
+        2
+    }
+}
 
-/// Threads per CTA of the sm_90a kernel (producer + 2 consumer warpgroups).
-pub const CONTEXT_SM90_THREADS: u32 = 384;
+/// Query rows (packed (token, head) pairs) per work item of the sm_90a
+/// kernel: 64 per consumer warpgroup ([`context_sm90_consumers`]), 192 at
+/// D 64 with 16-bit KV, else 128.
+pub fn context_sm90_block_rows(head_dim: usize, kv: KvDtype) -> usize {
+    64 * context_sm90_consumers(head_dim, kv)
+}
+
+/// Threads per CTA of the sm_90a kernel: a producer warpgroup and the
+/// consumers ([`context_sm90_consumers`]), 512 or 384.
+pub fn context_sm90_threads(head_dim: usize, kv: KvDtype) -> u32 {
+    128 * (context_sm90_consumers(head_dim, kv) as u32 + 1)
+}
 
 /// Whether the sm_90a kernel covers `(q, kv, head_dim)`: KV of the Q dtype
 /// or e4m3, D 64/128/256 (the same cases as [`context_supported`]).
@@ -81,7 +100,8 @@ pub fn context_sm90_staging_steps(head_dim: usize, kv: KvDtype) -> usize {
 }
 
 /// Dynamic shared memory of the sm_90a kernel (mirrors `Cfg` in
-/// `paged_attention_context_sm90.cu`): Q `[128, D]` per Q buffer
+/// `paged_attention_context_sm90.cu`): Q `[BM, D]` per Q buffer
+/// ([`context_sm90_block_rows`])
 /// ([`context_sm90_q_buffers`]), the K and V rings of
 /// `[BN, D]` 16-bit tiles ([`context_sm90_stages`]), the e4m3 staging ring
 /// ([`context_sm90_staging_steps`] × two `[BN, D]` byte tiles), per K slot the valid
@@ -96,12 +116,13 @@ pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
     let bn = context_sm90_tile_keys(head_dim);
     let (kst, vst) = context_sm90_stages(head_dim, kv_dtype);
     let qbuf = context_sm90_q_buffers(head_dim, kv_dtype);
-    let q = qbuf * CONTEXT_SM90_BLOCK_ROWS * head_dim * 2;
+    let bm = context_sm90_block_rows(head_dim, kv_dtype);
+    let q = qbuf * bm * head_dim * 2;
     let kv = bn * head_dim * 2;
     let staging = context_sm90_staging_steps(head_dim, kv_dtype) * 2 * bn * head_dim;
     // e4m3: each Q row's shift (one byte per row and Q buffer), see the kernel's Q conversion.
     let q_conv = if kv_dtype == KvDtype::E4m3 {
-        qbuf * CONTEXT_SM90_BLOCK_ROWS
+        qbuf * bm
     } else {
         0
     };
@@ -110,16 +131,12 @@ pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
         + staging
         + kst * 4 * 4
         + bars * 8
-        + CONTEXT_SM90_PIN_BYTES
+        + 128 * context_sm90_consumers(head_dim, kv_dtype) * 4
         + 16
         + 2 * CONTEXT_SM90_ITEM_GEOM_BYTES
         + q_conv
         + 1024
 }
-
-/// Shared memory of the sm_90a kernel's per-thread pin word (one f32 per
-/// consumer thread; see the kernel's softmax).
-const CONTEXT_SM90_PIN_BYTES: usize = 256 * 4;
 
 /// Extra shared memory given to the sm_90a experiment entries
 /// ([`ContextKernel::set_experiment`]): `_x16` runs the K / V ring split
