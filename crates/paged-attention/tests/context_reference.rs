@@ -345,10 +345,11 @@ fn context_sm90_plan_fits() {
     }
 }
 
-/// The launcher's persistent-grid choice matches the kernel's: only the
-/// persistent entries take work items from the counter (`atom.global.add`).
+/// The launcher's plan matches the kernel's: only the persistent entries
+/// take work items from the counter (`atom.global.add`), the block size is
+/// each entry's `.maxntid`, and its setmaxnreg split fits the launch.
 #[test]
-fn context_sm90_persistence_matches_the_ptx() {
+fn context_sm90_launch_matches_the_ptx() {
     let ptx = CONTEXT_SM90_PTX.ptx;
     for (q, kv, d) in context_variants() {
         if !context_sm90_supported(q, kv, d) {
@@ -358,8 +359,37 @@ fn context_sm90_persistence_matches_the_ptx() {
         let start = ptx.find(&format!(".entry {name}(")).expect("entry");
         let body = &ptx[start..];
         let end = body[1..].find(".entry ").map_or(body.len(), |e| e + 1);
-        let counts_work = body[..end].contains("atom.global.add.u32");
+        let body = &body[..end];
+        let counts_work = body.contains("atom.global.add.u32");
         assert_eq!(counts_work, context_sm90_persistent(d), "{name}");
+        // The launcher's block size is the entry's `.maxntid`, and the
+        // producer / consumer register split fits the registers the
+        // launch gives the CTA.
+        let threads = context_sm90_threads(d, kv) as usize;
+        assert!(
+            body.contains(&format!(".maxntid {threads}, 1, 1")),
+            "{name}: .maxntid {threads}"
+        );
+        let regs = |op: &str| -> usize {
+            let at = body.find(op).unwrap_or_else(|| panic!("{name}: no {op}")) + op.len();
+            body[at..]
+                .trim_start()
+                .split(';')
+                .next()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{name}: {op} operand"))
+        };
+        let (producer, consumer) = (
+            regs("setmaxnreg.dec.sync.aligned.u32"),
+            regs("setmaxnreg.inc.sync.aligned.u32"),
+        );
+        let consumers = context_sm90_consumers(d, kv);
+        assert_eq!(threads, 128 * (consumers + 1), "{name}");
+        let per_thread = (65536 / threads) & !7;
+        assert!(
+            128 * producer + 128 * consumers * consumer <= threads * per_thread,
+            "{name}: {producer} / {consumer} registers"
+        );
     }
 }
 
