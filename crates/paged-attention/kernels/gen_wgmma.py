@@ -28,26 +28,19 @@ def outs(n, c="+f"):
     return ", ".join(f'"{c}"(d[{i}])' for i in range(n))
 
 
-def ss(t, n):
+def ss(t, n, init=False):
+    """SS wrapper; `init`: the `_init` form (scale_d = 0, d write-only)."""
     k = n // 2
-    return f"""MHA_KIT_DEVICE void wgmma_ss_{t}_n{n}(float (&d)[{k}], u64 desc_a, u64 desc_b, int scale_d) {{
+    if init:
+        name, scale, cons, scale_arg = f"wgmma_ss_{t}_n{n}_init", "", "=f", "0"
+    else:
+        name, scale, cons, scale_arg = f"wgmma_ss_{t}_n{n}", ", int scale_d", "+f", "scale_d"
+    return f"""MHA_KIT_DEVICE void {name}(float (&d)[{k}], u64 desc_a, u64 desc_b{scale}) {{
     asm volatile(
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
         "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{regs(k)}}}, %{k}, %{k + 1}, p, 1, 1, 0, 0;\\n}}\\n"
-        : {outs(k)}
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}}
-"""
-
-
-def ss_init(t, n):
-    k = n // 2
-    return f"""MHA_KIT_DEVICE void wgmma_ss_{t}_n{n}_init(float (&d)[{k}], u64 desc_a, u64 desc_b) {{
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{regs(k)}}}, %{k}, %{k + 1}, p, 1, 1, 0, 0;\\n}}\\n"
-        : {outs(k, "=f")}
-        : "l"(desc_a), "l"(desc_b), "r"(0));
+        : {outs(k, cons)}
+        : "l"(desc_a), "l"(desc_b), "r"({scale_arg}));
 }}
 """
 
@@ -79,7 +72,7 @@ def main():
     for t in TYPES:
         for n in SS_N:
             out.append(ss(t, n))
-            out.append(ss_init(t, n))
+            out.append(ss(t, n, init=True))
         for n in RS_N:
             out.append(rs(t, n))
     out.append("}  // namespace wg")
