@@ -100,17 +100,13 @@ impl ContextKernel {
                     let smem = context_sm90_smem_bytes(d, kv);
                     let f = load_entry(gpu, &CONTEXT_SM90_PTX, &name, smem)?;
                     fast.insert(name, f);
-                    Ok(())
-                });
-            let loaded = loaded.and_then(|()| {
-                for (q, kv, d) in context_variants() {
-                    if context_sm90_supported(q, kv, d) && d != 256 {
+                    // Its split-KV merge (D 64 / 128: the head dims that split).
+                    if d != 256 {
                         let name = context_sm90_merge_entry_name(q, kv, d);
                         fast.insert(name.clone(), gpu.function(&CONTEXT_SM90_PTX, &name)?);
                     }
-                }
-                Ok(())
-            });
+                    Ok(())
+                });
             match loaded {
                 Ok(()) => funcs.extend(fast),
                 // Auto on a 9.0 device whose driver cannot load the sm_90a
@@ -127,8 +123,11 @@ impl ContextKernel {
         let work = gpu.stream().alloc_zeros::<u32>(2)?;
         let partial = if sm90 {
             Some(
-                gpu.stream()
-                    .alloc_zeros::<f32>(2 * sm_count * 128 * (128 + 2))?,
+                // Two chunks per SM of the largest split item, D 128's
+                // (rows x (D + 2) floats; D 64's 192 x 66 is smaller).
+                gpu.stream().alloc_zeros::<f32>(
+                    2 * sm_count * context_sm90_block_rows(128, KvDtype::Bf16) * (128 + 2),
+                )?,
             )
         } else {
             None
