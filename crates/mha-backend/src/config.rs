@@ -25,6 +25,40 @@ pub const DEFAULT_DECODE_SPLIT: SplitMode = SplitMode::Chunked {
     chunk_tokens: 2048,
     max_splits: 4,
 };
+/// Environment variable choosing how the CUDA executor runs the two
+/// attention launches of a mixed pass (prefill chunks to the context
+/// kernel, the one-token decode rows to the decode kernel):
+/// `decode-first` / `context-first` (concurrently, on the executor's own
+/// side stream, the named one enqueued first), `off` (one after the other
+/// on one stream). Unset: [`DEFAULT_MIXED_OVERLAP`].
+pub const MIXED_OVERLAP_ENV: &str = "MHA_KIT_MIXED_OVERLAP";
+/// Default of [`MIXED_OVERLAP_ENV`].
+pub const DEFAULT_MIXED_OVERLAP: MixedOverlap = MixedOverlap::DecodeFirst;
+
+/// How a mixed pass runs its context and decode launches (CUDA executor).
+///
+/// The two launches share nothing a kernel writes: the context kernel writes
+/// the output rows of the prefill chunks, the decode kernel those of the
+/// decode rows; both only read Q and the (already written) K/V cache, and
+/// their scratch is disjoint (the context launcher's own work counters and
+/// split workspace, the backend workspace for decode). Run concurrently,
+/// the SMs one kernel's tail leaves idle take the other's CTAs (the context
+/// grid is persistent and takes its items from a counter, so CTAs that start
+/// late take fewer) and the launch gap between them goes. Results are
+/// bitwise the same in every mode (each kernel's arithmetic does not depend
+/// on where or when its CTAs run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MixedOverlap {
+    /// One stream: the context launch, then the decode launch.
+    Off,
+    /// Decode launch enqueued first on the side stream, then the context
+    /// launch on the pass's stream; the pass's stream waits for both.
+    DecodeFirst,
+    /// Context launch first on the pass's stream, then decode on the side
+    /// stream; the pass's stream waits for both.
+    ContextFirst,
+}
+
 /// Head dims with an attention kernel instantiation (paged-attention); the
 /// CPU executor accepts the same set so a config valid on the CPU is valid
 /// on the GPU.
@@ -399,6 +433,30 @@ pub fn resolve_decode_split(env: Option<&str>) -> Result<SplitMode> {
             format!("{DECODE_SPLIT_ENV}={v:?} is neither \"auto\" nor CHUNK:MAX (1 ≤ CHUNK < 2^30, 1 ≤ MAX ≤ 1024)"),
         )
     })
+}
+
+/// The mixed-pass launch order from [`MIXED_OVERLAP_ENV`]'s value: `None`
+/// or `on` → [`DEFAULT_MIXED_OVERLAP`], `off` / `0` → [`MixedOverlap::Off`],
+/// `decode-first`, `context-first` (ASCII case ignored, surrounding spaces
+/// trimmed).
+///
+/// # Errors
+/// [`BackendError::Config`] naming the variable for any other value.
+pub fn resolve_mixed_overlap(env: Option<&str>) -> Result<MixedOverlap> {
+    let Some(v) = env.map(str::trim) else {
+        return Ok(DEFAULT_MIXED_OVERLAP);
+    };
+    let v = v.to_ascii_lowercase();
+    match v.as_str() {
+        "on" | "1" => Ok(DEFAULT_MIXED_OVERLAP),
+        "off" | "0" => Ok(MixedOverlap::Off),
+        "decode-first" => Ok(MixedOverlap::DecodeFirst),
+        "context-first" => Ok(MixedOverlap::ContextFirst),
+        _ => Err(config_err(
+            "mixed_overlap",
+            format!("{MIXED_OVERLAP_ENV}={v:?} is not one of off, on, decode-first, context-first"),
+        )),
+    }
 }
 
 /// The workspace rule as a pure function: `configured`, else `env` parsed

@@ -100,6 +100,13 @@
 //!   only), eager passes record CUDA events around the K/V-write, context
 //!   and decode launches (no synchronisation); [`PartTimer::read`] gives
 //!   [`PartTimes`] (seconds per part, the context kernel's causal FLOPs).
+//! - Mixed passes ([`MixedOverlap`], [`MhaBackend::set_mixed_overlap`],
+//!   `MHA_KIT_MIXED_OVERLAP`): the CUDA executor runs an eager mixed pass's
+//!   decode launch (its one-token rows) on a side stream beside the context
+//!   launch (its prefill chunks), joined before the next layer; outputs are
+//!   bitwise those of one stream. The SMs the context grid's tail leaves
+//!   idle take decode CTAs: whole code trace on an H200, attention 64.92 →
+//!   63.24 s; conv trace 225.8 → 219.0 s (docs/PERF.md, session 12).
 //!
 //! ## Per-mode metadata (SEMANTICS.md §backend.3)
 //!
@@ -163,9 +170,10 @@ pub use backend::{
 };
 pub use batch::{AttnMode, ForwardBatch, ForwardMode, SpecInfo};
 pub use config::{
-    resolve_decode_split, resolve_workspace_bytes, BackendConfig, LayerConfig, SpecConfig,
-    DECODE_SPLIT_ENV, DEFAULT_DECODE_SPLIT, DEFAULT_WORKSPACE_BYTES, HEAD_DIMS,
-    MAX_DECODE_CP_RANKS, MAX_DECODE_Q_LEN, MAX_GROUP, WORKSPACE_ENV,
+    resolve_decode_split, resolve_mixed_overlap, resolve_workspace_bytes, BackendConfig,
+    LayerConfig, MixedOverlap, SpecConfig, DECODE_SPLIT_ENV, DEFAULT_DECODE_SPLIT,
+    DEFAULT_MIXED_OVERLAP, DEFAULT_WORKSPACE_BYTES, HEAD_DIMS, MAX_DECODE_CP_RANKS,
+    MAX_DECODE_Q_LEN, MAX_GROUP, MIXED_OVERLAP_ENV, WORKSPACE_ENV,
 };
 pub use cuda::CudaExecutor;
 pub use engine::{

@@ -17,7 +17,13 @@
 //!   verify, draft extend v2, and the one-token tail of a mixed pass),
 //!   including the split-counter reset it may need — [`AttnPart::Decode`];
 //!   when it directly follows a context launch of the same layer, it starts
-//!   at that launch's end event (one event fewer).
+//!   at that launch's end event (one event fewer);
+//! - for a mixed pass whose context and decode launches run concurrently
+//!   ([`crate::MixedOverlap`]): each launch's span on its own stream (both
+//!   start at the fork, so a launch whose CTAs wait for SMs the other holds
+//!   counts that wait), and one [`AttnPart::Concurrent`] span on the pass's
+//!   stream from before the fork to after the join; the seconds the two
+//!   ran at the same time are [`PartTimes::concurrent_s`].
 //!
 //! Host-tensor staging copies, uploads of write locations and everything
 //! outside `forward` are in no span. Recording is `cuEventRecord` only: no
@@ -52,6 +58,9 @@ pub enum AttnPart {
     /// A decode-kernel launch (decode, verify, draft extend v2, the
     /// one-token tail of a mixed batch), with its split-counter reset.
     Decode,
+    /// The wall span of a context and a decode launch run concurrently
+    /// (fork to join); the two launches have their own spans too.
+    Concurrent,
 }
 
 /// Device seconds of attention work by part (one pass, or a sum of
@@ -69,15 +78,21 @@ pub struct PartTimes {
     pub context_s: f64,
     /// Seconds in decode-kernel launches ([`AttnPart::Decode`]).
     pub decode_s: f64,
+    /// Seconds counted in both `context_s` and `decode_s` because the two
+    /// launches of a mixed pass ran concurrently: per
+    /// [`AttnPart::Concurrent`] span, its launches' spans minus its wall
+    /// time (0 when nothing ran concurrently).
+    pub concurrent_s: f64,
     /// Causal FLOPs of the context launches: `4 · Hq · D` per visible
     /// (query, key) pair, summed over layers and requests.
     pub context_flops: f64,
 }
 
 impl PartTimes {
-    /// `kv_write_s + context_s + decode_s`.
+    /// Device seconds the spans cover: `kv_write_s + context_s + decode_s −
+    /// concurrent_s`.
     pub fn total_s(&self) -> f64 {
-        self.kv_write_s + self.context_s + self.decode_s
+        self.kv_write_s + self.context_s + self.decode_s - self.concurrent_s
     }
 
     /// Adds `other` field by field.
@@ -85,6 +100,7 @@ impl PartTimes {
         self.kv_write_s += other.kv_write_s;
         self.context_s += other.context_s;
         self.decode_s += other.decode_s;
+        self.concurrent_s += other.concurrent_s;
         self.context_flops += other.context_flops;
     }
 }
@@ -162,12 +178,15 @@ pub fn attention_flops(num_q_heads: usize, head_dim: usize, pairs: u64) -> f64 {
     4.0 * num_q_heads as f64 * head_dim as f64 * pairs as f64
 }
 
-/// One timed span: events `start → end` of the timer.
+/// One timed span: events `start → end` of the timer. A
+/// [`AttnPart::Concurrent`] span covers the spans from index `first` up to
+/// it (the launches that ran concurrently).
 #[derive(Debug, Clone, Copy)]
 struct Span {
     part: AttnPart,
     start: usize,
     end: usize,
+    first: usize,
 }
 
 /// CUDA events bracketing one pass's K/V-write, context and decode
@@ -255,7 +274,32 @@ impl PartTimer {
         stream: &CudaStream,
     ) -> Result<usize> {
         let end = self.mark(stream)?;
-        self.spans.push(Span { part, start, end });
+        let first = self.spans.len();
+        self.spans.push(Span {
+            part,
+            start,
+            end,
+            first,
+        });
+        Ok(end)
+    }
+
+    /// Records the end of an [`AttnPart::Concurrent`] span that started at
+    /// event `start` and covers the spans recorded since the timer held
+    /// `first` of them ([`PartTimer::spans`] before the fork).
+    pub(crate) fn close_concurrent(
+        &mut self,
+        start: usize,
+        first: usize,
+        stream: &CudaStream,
+    ) -> Result<usize> {
+        let end = self.mark(stream)?;
+        self.spans.push(Span {
+            part: AttnPart::Concurrent,
+            start,
+            end,
+            first: first.min(self.spans.len()),
+        });
         Ok(end)
     }
 
@@ -275,15 +319,23 @@ impl PartTimer {
             context_flops: self.context_flops,
             ..PartTimes::default()
         };
+        let mut secs = Vec::with_capacity(self.spans.len());
         for s in &self.spans {
             let (Some(a), Some(b)) = (self.events.get(s.start), self.events.get(s.end)) else {
+                secs.push(0.0);
                 continue;
             };
-            let secs = f64::from(a.elapsed_ms(b).map_err(KernelError::from)?) * 1e-3;
+            secs.push(f64::from(a.elapsed_ms(b).map_err(KernelError::from)?) * 1e-3);
+        }
+        for (i, (s, &x)) in self.spans.iter().zip(&secs).enumerate() {
             match s.part {
-                AttnPart::KvWrite => t.kv_write_s += secs,
-                AttnPart::Context => t.context_s += secs,
-                AttnPart::Decode => t.decode_s += secs,
+                AttnPart::KvWrite => t.kv_write_s += x,
+                AttnPart::Context => t.context_s += x,
+                AttnPart::Decode => t.decode_s += x,
+                AttnPart::Concurrent => {
+                    let parts: f64 = secs[s.first.min(i)..i].iter().sum();
+                    t.concurrent_s += (parts - x).max(0.0);
+                }
             }
         }
         Ok(t)
@@ -378,6 +430,7 @@ mod tests {
             kv_write_s: 0.5,
             context_s: 2.0,
             decode_s: 1.0,
+            concurrent_s: 0.25,
             context_flops: 10.0,
         };
         a.add(&a.clone());
@@ -387,10 +440,11 @@ mod tests {
                 kv_write_s: 1.0,
                 context_s: 4.0,
                 decode_s: 2.0,
+                concurrent_s: 0.5,
                 context_flops: 20.0,
             }
         );
-        assert_eq!(a.total_s(), 7.0);
+        assert_eq!(a.total_s(), 6.5);
         assert_eq!(PartTimes::default().total_s(), 0.0);
     }
 }

@@ -953,6 +953,48 @@ fn decode_split_rule() {
 }
 
 #[test]
+fn mixed_overlap_rule() {
+    use mha_backend::{resolve_mixed_overlap, MixedOverlap, DEFAULT_MIXED_OVERLAP};
+    assert_eq!(resolve_mixed_overlap(None).unwrap(), DEFAULT_MIXED_OVERLAP);
+    assert_eq!(
+        resolve_mixed_overlap(Some("on")).unwrap(),
+        DEFAULT_MIXED_OVERLAP
+    );
+    assert_eq!(
+        resolve_mixed_overlap(Some(" OFF ")).unwrap(),
+        MixedOverlap::Off
+    );
+    assert_eq!(resolve_mixed_overlap(Some("0")).unwrap(), MixedOverlap::Off);
+    assert_eq!(
+        resolve_mixed_overlap(Some("Decode-First")).unwrap(),
+        MixedOverlap::DecodeFirst
+    );
+    assert_eq!(
+        resolve_mixed_overlap(Some("context-first")).unwrap(),
+        MixedOverlap::ContextFirst
+    );
+    for bad in ["", "yes", "decode", "context_first", "2"] {
+        let e = resolve_mixed_overlap(Some(bad)).unwrap_err().to_string();
+        assert!(e.contains("MHA_KIT_MIXED_OVERLAP"), "{bad}: {e}");
+    }
+}
+
+/// The CPU executor runs one launch at a time: it stays `Off` whatever is
+/// asked.
+#[test]
+fn mixed_overlap_is_off_on_the_cpu() {
+    use mha_backend::MixedOverlap;
+    let mut b = MhaBackend::new(dense_config(), Device::Cpu).unwrap();
+    for o in [
+        MixedOverlap::DecodeFirst,
+        MixedOverlap::ContextFirst,
+        MixedOverlap::Off,
+    ] {
+        assert_eq!(b.set_mixed_overlap(o).unwrap(), MixedOverlap::Off);
+    }
+}
+
+#[test]
 fn batch_errors_are_typed_and_keep_metadata() {
     let (mut b, r) = backend_with_requests(2);
     let loc = b.alloc_tokens(&[(r[0], 3)]).unwrap();

@@ -6,8 +6,10 @@
 //! steps per mode (bit exact: same kernels, same shapes); empty batch and
 //! IDLE; exhaustion leaves pools and caches unchanged; timing by part
 //! (spans per launch, outputs unchanged, nothing recorded in graphs, the
-//! context FLOPs of the host formula, refused on the CPU executor); KV
-//! pages moved between two pools on the GPU decode bit for bit.
+//! context FLOPs of the host formula, refused on the CPU executor); a mixed
+//! pass with its context and decode launches concurrent (each order) equals
+//! the one-stream pass bit for bit; KV pages moved between two pools on the
+//! GPU decode bit for bit.
 
 use std::sync::Arc;
 
@@ -18,8 +20,9 @@ use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, OrFail};
 use kernel_rt::Gpu;
 use mha_backend::part_timing::{attention_flops, ragged_causal_pairs};
 use mha_backend::{
-    BackendConfig, Device, ForwardBatch, ForwardMetadata, GraphKind, HalfDtype, KvCacheDtype,
-    KvSnapshot, LayerConfig, MhaBackend, PartTimer, SpecConfig, TensorRef,
+    resolve_mixed_overlap, BackendConfig, Device, ForwardBatch, ForwardMetadata, GraphKind,
+    HalfDtype, KvCacheDtype, KvSnapshot, LayerConfig, MhaBackend, MixedOverlap, PartTimer,
+    SpecConfig, TensorRef, MIXED_OVERLAP_ENV,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -667,15 +670,30 @@ fn part_timing(config: BackendConfig, gpu: &Arc<Gpu>) -> R {
         return Err("outputs differ with the timer installed".into());
     }
     same_caches(plain, timed, &config, false)?;
-    if (timer.spans(), timer.events_recorded()) != (3 * layers, 5 * layers) {
+    // One stream: write, context, decode chained (3 spans, 5 events). With
+    // the launches concurrent: write (2 events), the wall span (its start
+    // and end), decode and context each on their own stream (2 + 2).
+    let overlap = resolve_mixed_overlap(std::env::var(MIXED_OVERLAP_ENV).ok().as_deref())
+        .or_fail("overlap env")?;
+    let (spans, events) = if overlap == MixedOverlap::Off {
+        (3, 5)
+    } else {
+        (4, 8)
+    };
+    if (timer.spans(), timer.events_recorded()) != (spans * layers, events * layers) {
         return Err(format!(
-            "{} spans / {} events for {layers} layers (want 3 / 5 per layer)",
+            "{} spans / {} events for {layers} layers (want {spans} / {events} per layer, {overlap:?})",
             timer.spans(),
             timer.events_recorded()
         ));
     }
     let t = timer.read().or_fail("read")?;
-    if !(t.kv_write_s > 0.0 && t.context_s > 0.0 && t.decode_s > 0.0) || t.total_s() > 1.0 {
+    if !(t.kv_write_s > 0.0 && t.context_s > 0.0 && t.decode_s > 0.0)
+        || t.total_s() > 1.0
+        || t.concurrent_s < 0.0
+        || t.concurrent_s > t.context_s.min(t.decode_s)
+        || (overlap == MixedOverlap::Off && t.concurrent_s != 0.0)
+    {
         return Err(format!("implausible part times {t:?}"));
     }
     // The context kernel gets the two prefill chunks, not the decode tail.
@@ -784,6 +802,10 @@ fn main() {
             format!("part_timing/{name}"),
             move |g: &Arc<Gpu>| part_timing(make(), g),
         ));
+        trials.push(gpu_trial(
+            format!("mixed_overlap_bit_exact/{name}"),
+            move |g: &Arc<Gpu>| mixed_overlap_bit_exact(make(), g),
+        ));
     }
     trials.push(gpu_trial(
         "kv_pages_two_pools_round_trip",
@@ -812,5 +834,119 @@ fn decode_cp_is_refused_on_cuda() -> Result<(), String> {
         }
     }
     MhaBackend::new(dense(), Device::Cuda(0)).or_fail("decode_cp_ranks = 1")?;
+    Ok(())
+}
+
+/// A mixed pass large enough that both kernels fill the GPU (3 prefill
+/// chunks over prefixes, 48 decode rows over 40..1900 keys, caches filled by
+/// a prefill pass first) gives bit-identical outputs and caches with its
+/// context and decode launches on one stream, decode first and context first
+/// (side stream); `set_mixed_overlap` returns the setting it replaces; with a
+/// timer the concurrent pass records its wall span and a plausible
+/// `concurrent_s`.
+fn mixed_overlap_bit_exact(base: BackendConfig, gpu: &Arc<Gpu>) -> R {
+    let mut config = base;
+    config.context_len = 2048;
+    config.max_requests = 64;
+    config.num_pages = 3600;
+    if config.num_swa_pages.is_some() {
+        config.num_swa_pages = Some(3600);
+    }
+    let dev = Device::Cuda(gpu_ordinal());
+    let mut w = World::new(&config, &[dev, dev, dev])?;
+    let orders = [
+        MixedOverlap::Off,
+        MixedOverlap::DecodeFirst,
+        MixedOverlap::ContextFirst,
+    ];
+    for (b, &o) in w.backends.iter_mut().zip(&orders) {
+        b.set_mixed_overlap(o).or_fail("set overlap")?;
+        if b.set_mixed_overlap(o).or_fail("set overlap")? != o {
+            return Err(format!("set_mixed_overlap did not return {o:?}"));
+        }
+    }
+    let mut rng = StdRng::seed_from_u64(77);
+    // Prefill every request's prefix: 3 that extend, 48 that decode.
+    let prefix: Vec<usize> = [300, 0, 900]
+        .into_iter()
+        .chain((0..48).map(|_| rng.gen_range(40..1900)))
+        .collect();
+    let rows: Vec<usize> = (0..prefix.len())
+        .map(|_| w.new_request())
+        .collect::<R<_>>()?;
+    let with_prefix: Vec<(usize, usize)> = rows
+        .iter()
+        .copied()
+        .zip(prefix.iter().copied())
+        .filter(|&(_, p)| p > 0)
+        .collect();
+    let out = w.alloc(&with_prefix)?;
+    let fill = ForwardBatch::extend(
+        with_prefix.iter().map(|&(r, _)| r as i64).collect(),
+        vec![0; with_prefix.len()],
+        with_prefix.iter().map(|&(_, p)| p as i32).collect(),
+        out,
+        false,
+    );
+    let io = inputs(&mut rng, &config, fill.out_cache_loc.len());
+    let mut first = None;
+    for b in &mut w.backends {
+        let o = run_eager(b, &fill, &io)?;
+        if first.as_ref().is_some_and(|f| f != &o) {
+            return Err("prefill outputs differ between launch orders".into());
+        }
+        first = Some(o);
+    }
+    // The mixed pass: 700 / 512 / 200 new tokens, then one token each.
+    let ext: Vec<usize> = [700, 512, 200]
+        .into_iter()
+        .chain(std::iter::repeat_n(1, 48))
+        .collect();
+    let grow: Vec<(usize, usize)> = rows.iter().copied().zip(ext.iter().copied()).collect();
+    let out = w.alloc(&grow)?;
+    let batch = ForwardBatch::extend(
+        rows.iter().map(|&r| r as i64).collect(),
+        prefix.iter().map(|&p| p as i32).collect(),
+        ext.iter().map(|&e| e as i32).collect(),
+        out,
+        true,
+    );
+    let io = inputs(&mut rng, &config, batch.out_cache_loc.len());
+    let want = run_eager(&mut w.backends[0], &batch, &io)?;
+    for (b, o) in w.backends.iter_mut().zip(orders).skip(1) {
+        let timed = o == MixedOverlap::DecodeFirst;
+        if timed {
+            b.set_part_timer(Some(PartTimer::new(gpu)))
+                .or_fail("timer")?;
+        }
+        let got = run_eager(b, &batch, &io)?;
+        if got != want {
+            return Err(format!("{o:?}: outputs differ from one stream"));
+        }
+        if timed {
+            let t = b
+                .set_part_timer(None)
+                .or_fail("take back")?
+                .ok_or("no timer")?
+                .read()
+                .or_fail("read")?;
+            if !(t.context_s > 0.0 && t.decode_s > 0.0)
+                || t.concurrent_s < 0.0
+                || t.concurrent_s > t.context_s.min(t.decode_s)
+            {
+                return Err(format!("implausible concurrent part times {t:?}"));
+            }
+        }
+    }
+    same_caches(&w.backends[0], &w.backends[1], &config, false)?;
+    same_caches(&w.backends[0], &w.backends[2], &config, false)?;
+    // Back to one stream: returns the order it replaces.
+    if w.backends[2]
+        .set_mixed_overlap(MixedOverlap::Off)
+        .or_fail("off")?
+        != MixedOverlap::ContextFirst
+    {
+        return Err("set_mixed_overlap(Off) did not return ContextFirst".into());
+    }
     Ok(())
 }

@@ -130,7 +130,9 @@ fn main() {
                     s.passes, on.totals.passes
                 ));
             }
-            let sum = s.context_s + s.decode_s + s.kv_write_s + s.other_s;
+            // Time the concurrent context and decode launches of a mixed
+            // pass shared counts in both of their spans and once here.
+            let sum = s.context_s + s.decode_s - s.concurrent_s + s.kv_write_s + s.other_s;
             if (sum - s.attention_s).abs() > 1e-9 * s.attention_s.max(1.0) {
                 return Err(format!("parts sum to {sum}, attention {}", s.attention_s));
             }
@@ -159,6 +161,12 @@ fn main() {
                 .ok_or("no mixed split")?;
             if !(mixed.context_s > 0.0 && mixed.decode_s > 0.0) {
                 return Err(format!("mixed split {mixed:?}"));
+            }
+            if !(s.concurrent_s >= 0.0 && s.concurrent_s <= mixed.context_s.min(mixed.decode_s)) {
+                return Err(format!(
+                    "concurrent {} s of context {} s / decode {} s",
+                    s.concurrent_s, mixed.context_s, mixed.decode_s
+                ));
             }
             let mut extra = check.to_vec();
             extra.extend_from_slice(&["--split-timing", "off"]);

@@ -79,6 +79,11 @@ impl Core {
                 .ok()
                 .as_deref(),
         )?;
+        let mixed_overlap = crate::config::resolve_mixed_overlap(
+            std::env::var(crate::config::MIXED_OVERLAP_ENV)
+                .ok()
+                .as_deref(),
+        )?;
         let gpu = match device {
             Device::Cpu => None,
             Device::Auto if !kernel_rt::gpu_available() => None,
@@ -116,6 +121,7 @@ impl Core {
                 config.spec.map(|s| s.num_draft_tokens),
                 workspace_bytes,
                 decode_split,
+                mixed_overlap,
             )?),
         };
         Ok(Self {
@@ -483,6 +489,20 @@ impl MhaBackend {
     /// the installed one (if any) stays.
     pub fn set_part_timer(&mut self, timer: Option<PartTimer>) -> Result<Option<PartTimer>> {
         self.core().executor.set_part_timer(timer)
+    }
+
+    /// Sets how eager mixed passes (prefill chunks plus one-token decode
+    /// rows) run their two attention launches ([`crate::MixedOverlap`]:
+    /// concurrently on a side stream of the CUDA executor, or one after the
+    /// other) and returns the previous setting; the default comes from
+    /// [`crate::MIXED_OVERLAP_ENV`]. Outputs are bitwise the same either
+    /// way. The CPU executor stays [`crate::MixedOverlap::Off`] (returned).
+    /// Graph buckets and engine-memory passes always run on one stream.
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] when the side stream cannot be created.
+    pub fn set_mixed_overlap(&mut self, order: crate::MixedOverlap) -> Result<crate::MixedOverlap> {
+        self.core().executor.set_mixed_overlap(order)
     }
 
     /// A host copy of the device-built metadata: of the current eager pass

@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+use kernel_rt::cudarc::driver::sys::CUevent_flags;
+use kernel_rt::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut};
 use kernel_rt::{DeviceErrors, KernelError, Strided, StridedMut};
 use paged_attention::{
     ContextArgs, ContextKernel, DecodeArgs, HalfDtype, KvCache, PagedAttentionKernel, QueryLayout,
@@ -12,6 +13,7 @@ use paged_attention::{
 };
 
 use crate::batch::AttnMode;
+use crate::config::MixedOverlap;
 use crate::error::Result;
 use crate::executor::LayerPlan;
 use crate::part_timing::{AttnPart, PartTimer};
@@ -44,24 +46,73 @@ pub(super) struct AttnCx<'a> {
     /// The workspace is an engine's: zero the split counters before every
     /// split launch (nothing is known about their state).
     pub(super) foreign_workspace: bool,
+    /// Runs a mixed pass's decode launch beside its context launch
+    /// ([`MixedOverlap`]); `None`: one after the other on `stream`.
+    pub(super) side: Option<&'a SideStream>,
+}
+
+/// The executor's second stream for mixed passes, with the two events that
+/// fork it from and join it back to the pass's stream (reused every layer:
+/// each is waited on right after it is recorded).
+#[derive(Debug)]
+pub(super) struct SideStream {
+    stream: Arc<CudaStream>,
+    fork: CudaEvent,
+    join: CudaEvent,
+    order: MixedOverlap,
+}
+
+impl SideStream {
+    /// A side stream on `main`'s context for `order`; `None` for
+    /// [`MixedOverlap::Off`].
+    pub(super) fn new(main: &Arc<CudaStream>, order: MixedOverlap) -> Result<Option<Self>> {
+        if order == MixedOverlap::Off {
+            return Ok(None);
+        }
+        let ctx = main.context();
+        let flags = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        Ok(Some(Self {
+            stream: ctx.new_stream().map_err(kerr)?,
+            fork: ctx.new_event(flags).map_err(kerr)?,
+            join: ctx.new_event(flags).map_err(kerr)?,
+            order,
+        }))
+    }
+
+    /// Which launch is enqueued first.
+    pub(super) fn order(&self) -> MixedOverlap {
+        self.order
+    }
+
+    /// Changes which launch is enqueued first (`Off` is no side stream at
+    /// all: the executor drops it).
+    pub(super) fn set_order(&mut self, order: MixedOverlap) {
+        self.order = order;
+    }
 }
 
 impl AttnCx<'_> {
     /// The start event of a span about to be launched: `from` (the end of
     /// the span just before, nothing enqueued since) or a new event; `None`
     /// without a timer.
-    fn span_start(&mut self, from: Option<usize>) -> Result<Option<usize>> {
+    fn span_start(&mut self, from: Option<usize>, stream: &CudaStream) -> Result<Option<usize>> {
         match (self.timer.as_deref_mut(), from) {
             (None, _) => Ok(None),
             (Some(_), Some(i)) => Ok(Some(i)),
-            (Some(t), None) => t.mark(self.stream).map(Some),
+            (Some(t), None) => t.mark(stream).map(Some),
         }
     }
 
-    /// Ends the span of `part` begun at `start`; returns its end event.
-    fn span_end(&mut self, part: AttnPart, start: Option<usize>) -> Result<Option<usize>> {
+    /// Ends the span of `part` begun at `start` on `stream`; returns its
+    /// end event.
+    fn span_end(
+        &mut self,
+        part: AttnPart,
+        start: Option<usize>,
+        stream: &CudaStream,
+    ) -> Result<Option<usize>> {
         match (self.timer.as_deref_mut(), start) {
-            (Some(t), Some(a)) => t.close(part, a, self.stream).map(Some),
+            (Some(t), Some(a)) => t.close(part, a, stream).map(Some),
             _ => Ok(None),
         }
     }
@@ -245,8 +296,6 @@ pub(super) fn run_attention(
         rows: rows - tail,
         mode,
     };
-    // The tail's span (if timed) starts where the head's ended.
-    let end = attend_part(cx, plan, cache, sinks, b, shape, head, None, &q, &mut out)?;
     let tail = Part {
         req0: bs - tail,
         bs: tail,
@@ -254,7 +303,48 @@ pub(super) fn run_attention(
         rows: tail,
         mode: AttnMode::Decode,
     };
-    attend_part(cx, plan, cache, sinks, b, shape, tail, end, &q, &mut out)?;
+    let main = cx.stream.clone();
+    let side = cx
+        .side
+        .filter(|_| head.bs > 0 && head.rows > 0 && tail.bs > 0);
+    let Some(side) = side else {
+        // One stream; the tail's span (if timed) starts where the head's ended.
+        let end = attend_part(
+            cx, &main, plan, cache, sinks, b, shape, head, None, &q, &mut out,
+        )?;
+        attend_part(
+            cx, &main, plan, cache, sinks, b, shape, tail, end, &q, &mut out,
+        )?;
+        return Ok(());
+    };
+    // Concurrent: fork the side stream after everything enqueued so far
+    // (the K/V write), run the decode launch there and the context launch
+    // here, join before anything later on this stream (the next layer's
+    // inputs reuse the same buffers).
+    let first = cx.timer.as_deref().map(PartTimer::spans);
+    let wall = cx.span_start(None, &main)?;
+    side.fork.record(&main).map_err(kerr)?;
+    side.stream.wait(&side.fork).map_err(kerr)?;
+    let run = |cx: &mut AttnCx<'_>, on_side: bool, out: &mut Rows<CudaViewMut<'_, u16>>| {
+        let (stream, part) = if on_side {
+            (&side.stream, tail)
+        } else {
+            (&main, head)
+        };
+        attend_part(
+            cx, stream, plan, cache, sinks, b, shape, part, None, &q, out,
+        )
+    };
+    let context_first = side.order == MixedOverlap::ContextFirst;
+    let launched = run(cx, !context_first, &mut out).and_then(|_| run(cx, context_first, &mut out));
+    // Joined even when a launch failed: nothing later on this stream (a
+    // freed output, the next layer) may overtake what the side stream got.
+    side.join.record(&side.stream).map_err(kerr)?;
+    main.wait(&side.join).map_err(kerr)?;
+    launched?;
+    if let (Some(t), Some(start), Some(first)) = (cx.timer.as_deref_mut(), wall, first) {
+        t.close_concurrent(start, first, &main)?;
+    }
     Ok(())
 }
 
@@ -287,6 +377,7 @@ pub(super) fn one_token_tail(cu_seqlens_q: &[i32]) -> usize {
 #[allow(clippy::too_many_arguments)]
 fn attend_part(
     cx: &mut AttnCx<'_>,
+    stream: &Arc<CudaStream>,
     plan: &LayerPlan,
     cache: KvSrc<'_>,
     sinks: Option<&CudaSlice<f32>>,
@@ -348,9 +439,9 @@ fn attend_part(
             window_left: plan.window_left,
             sinks,
         };
-        let start = cx.span_start(from)?;
-        cx.context.launch(&mut args, cx.errors)?;
-        return cx.span_end(AttnPart::Context, start);
+        let start = cx.span_start(from, stream)?;
+        cx.context.launch_on(stream, &mut args, cx.errors)?;
+        return cx.span_end(AttnPart::Context, start, stream);
     }
     let layout = match mode {
         AttnMode::Decode | AttnMode::DraftDecode { .. } => {
@@ -397,7 +488,7 @@ fn attend_part(
     }
     let elems = lp.workspace_elems;
     // The span covers the split-counter reset and the launch.
-    let start = cx.span_start(from)?;
+    let start = cx.span_start(from, stream)?;
     if elems > 0 {
         if elems > cx.workspace.len() {
             return Err(kerr(KernelError::Capacity {
@@ -412,7 +503,7 @@ fn attend_part(
         let items = (p.bs as usize) * (p.num_kv_heads as usize) * (p.row_tiles as usize);
         let region = (elems - items, elems);
         if cx.foreign_workspace || *cx.ws_zero != Some(region) {
-            cx.stream
+            stream
                 .memset_zeros(&mut cx.workspace.slice_mut(region.0..region.1))
                 .map_err(kerr)?;
         }
@@ -421,14 +512,14 @@ fn attend_part(
             cx.workspace.slice_mut(0..elems),
             [elems],
         )?);
-        cx.decode.launch(&mut args, cx.errors)?;
+        cx.decode.launch_on(stream, &mut args, cx.errors)?;
         if !cx.foreign_workspace {
             *cx.ws_zero = Some(region);
         }
     } else {
-        cx.decode.launch(&mut args, cx.errors)?;
+        cx.decode.launch_on(stream, &mut args, cx.errors)?;
     }
-    cx.span_end(AttnPart::Decode, start)
+    cx.span_end(AttnPart::Decode, start, stream)
 }
 
 #[cfg(test)]

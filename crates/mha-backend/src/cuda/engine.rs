@@ -350,6 +350,8 @@ fn engine_layer(
         timer: None,
         q_scale: io.q_scale,
         foreign_workspace: foreign,
+        // Engine passes run on one stream (an engine may capture them).
+        side: None,
     };
     let kv = KvSrc::Engine(&io.kv_cache);
     let pass = PassShape {

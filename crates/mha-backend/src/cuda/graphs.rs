@@ -396,6 +396,8 @@ impl CudaExecutor {
                 timer: None,
                 q_scale: 1.0,
                 foreign_workspace: false,
+                // Graph buckets have no mixed passes (decode_tail 0).
+                side: None,
             };
             let out_len = io.out.len();
             let (hq, d) = (plan.num_q_heads, plan.head_dim);

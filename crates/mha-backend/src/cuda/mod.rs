@@ -41,6 +41,7 @@ use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError};
 use paged_attention::{ContextKernel, HalfDtype, PagedAttentionKernel, SplitMode};
 
 use crate::batch::{AttnMode, ForwardBatch};
+use crate::config::MixedOverlap;
 use crate::engine::{EngineBatch, EngineLayer, EngineShape};
 use crate::error::{BackendError, Result};
 use crate::executor::{
@@ -52,7 +53,9 @@ use crate::metadata::ForwardMetadata;
 use crate::part_timing::{attention_flops, ragged_causal_pairs, AttnPart, PartTimer};
 use crate::pools::Pools;
 
-use attention::{one_token_tail, run_attention, AttnCx, KvSrc, PassShape, Rows, Tables};
+use attention::{
+    one_token_tail, run_attention, AttnCx, KvSrc, PassShape, Rows, SideStream, Tables,
+};
 use graphs::{GraphState, SendGraph};
 use metadata::{launch_metadata, meta_mode, ragged_lens, MetaBufs, MetaInputs};
 use mirrors::{ensure, stage, upload, zeros, DevCache, Maps};
@@ -91,6 +94,8 @@ pub struct CudaExecutor {
     context_len: usize,
     /// Split of decode launches that fill the GPU ([`crate::DECODE_SPLIT_ENV`]).
     decode_split: SplitMode,
+    /// Second stream of eager mixed passes ([`crate::MIXED_OVERLAP_ENV`]).
+    side: Option<SideStream>,
     /// `N` (spec.num_draft_tokens): the `max_q_len` of every ragged-verify
     /// launch, eager or graph, so both split the same way.
     ragged_max_q: usize,
@@ -136,6 +141,7 @@ impl CudaExecutor {
         ragged_max_q: Option<usize>,
         workspace_bytes: usize,
         decode_split: SplitMode,
+        mixed_overlap: MixedOverlap,
     ) -> Result<Self> {
         let stream = gpu.stream().clone();
         let mut caches = Vec::with_capacity(plans.len());
@@ -162,6 +168,7 @@ impl CudaExecutor {
             max_num_pages,
             context_len,
             decode_split,
+            side: SideStream::new(&stream, mixed_overlap)?,
             ragged_max_q: ragged_max_q.unwrap_or(1),
             caches,
             sinks,
@@ -402,6 +409,7 @@ impl Executor for CudaExecutor {
             context_len,
             decode_split,
             part_timer,
+            side,
             ..
         } = self;
         let stream = gpu.stream();
@@ -435,6 +443,7 @@ impl Executor for CudaExecutor {
             timer: part_timer.as_mut(),
             q_scale: 1.0,
             foreign_workspace: false,
+            side: side.as_ref(),
         };
         let (hq, d) = (plan.num_q_heads, plan.head_dim);
         run_attention(
@@ -606,6 +615,19 @@ impl Executor for CudaExecutor {
             )));
         }
         Ok(std::mem::replace(&mut self.part_timer, timer))
+    }
+
+    fn set_mixed_overlap(&mut self, order: MixedOverlap) -> Result<MixedOverlap> {
+        let before = self
+            .side
+            .as_ref()
+            .map_or(MixedOverlap::Off, SideStream::order);
+        match (&mut self.side, order) {
+            (_, MixedOverlap::Off) => self.side = None,
+            (Some(s), o) => s.set_order(o),
+            (None, o) => self.side = SideStream::new(self.gpu.stream(), o)?,
+        }
+        Ok(before)
     }
 }
 

@@ -328,6 +328,18 @@ pub trait Executor: Send + std::fmt::Debug {
         }
     }
 
+    /// Sets how eager mixed passes run their context and decode launches
+    /// ([`crate::MixedOverlap`]); returns the previous setting. Executors
+    /// with one launch at a time (the CPU executor) keep
+    /// [`crate::MixedOverlap::Off`] whatever is asked and return it.
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] when the side stream cannot be created.
+    fn set_mixed_overlap(&mut self, order: crate::MixedOverlap) -> Result<crate::MixedOverlap> {
+        let _ = order;
+        Ok(crate::MixedOverlap::Off)
+    }
+
     /// The executor's CUDA-graph operations, if it has graphs.
     fn graphs(&self) -> Option<&dyn GraphExecutor> {
         None

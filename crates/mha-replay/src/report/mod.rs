@@ -78,11 +78,13 @@ pub struct ModeReport {
 /// Attention time of a set of passes split by part (device seconds, all
 /// layers), over the passes whose split was measured.
 ///
-/// `context_s + decode_s + kv_write_s + other_s = attention_s`. Eager
-/// passes: CUDA events around the context-kernel launches, the
-/// decode-kernel launches (with their split-counter resets) and the K/V
-/// writes; `other_s` is the rest of their attention time (copies, uploads,
-/// gaps between launches). Graph replays cannot be timed inside: each
+/// `context_s + decode_s − concurrent_s + kv_write_s + other_s =
+/// attention_s`. Eager passes: CUDA events around the context-kernel
+/// launches, the decode-kernel launches (with their split-counter resets)
+/// and the K/V writes; a mixed pass whose two launches ran concurrently
+/// (mha-backend's `MixedOverlap`) counts the time they shared in both
+/// `context_s` and `decode_s` and once in `concurrent_s`; `other_s` is the
+/// rest of their attention time (copies, uploads, gaps between launches). Graph replays cannot be timed inside: each
 /// replay counts whole as decode time (its metadata launch and K/V writes
 /// included), shown as `graph_replay_s`.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -100,7 +102,10 @@ pub struct AttentionSplit {
     pub graph_replay_s: f64,
     /// Seconds in K/V-write kernels of eager passes.
     pub kv_write_s: f64,
-    /// `attention_s − context_s − decode_s − kv_write_s`.
+    /// Seconds counted in both `context_s` and `decode_s` (the two launches
+    /// of a mixed pass running at the same time).
+    pub concurrent_s: f64,
+    /// `attention_s − context_s − decode_s + concurrent_s − kv_write_s`.
     pub other_s: f64,
     /// Causal FLOPs given to the context kernel (`4 · Hq · D` per visible
     /// (query, key) pair).
@@ -121,6 +126,7 @@ impl AttentionSplit {
             s.context_s += t.context_s;
             s.decode_s += t.decode_s;
             s.kv_write_s += t.kv_write_s;
+            s.concurrent_s += t.concurrent_s;
             s.context_flops += t.context_flops;
             if p.graph {
                 s.graph_replay_s += t.decode_s;
@@ -129,7 +135,7 @@ impl AttentionSplit {
         if s.passes == 0 {
             return None;
         }
-        s.other_s = s.attention_s - s.context_s - s.decode_s - s.kv_write_s;
+        s.other_s = s.attention_s - s.context_s - s.decode_s + s.concurrent_s - s.kv_write_s;
         s.context_tflops_per_s = (s.context_s > 0.0 && s.context_flops > 0.0)
             .then(|| s.context_flops / s.context_s / 1e12);
         Some(s)

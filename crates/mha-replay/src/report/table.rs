@@ -66,8 +66,18 @@ fn split_rows(t: &Totals, split_timing: &str) -> (String, String) {
     } else {
         String::new()
     };
+    let concurrent = if p.concurrent_s > 0.0 {
+        format!(
+            ", of these two {} ({:.1}%) at the same time (mixed passes' context and decode \
+             launches run concurrently; counted in both)",
+            secs_h(p.concurrent_s),
+            pct(p.concurrent_s)
+        )
+    } else {
+        String::new()
+    };
     let split = format!(
-        "context kernel {} ({:.1}%), decode kernel {} ({:.1}%{graph}), K/V write {} ({:.1}%), other {} ({:.1}%) of {}{coverage}",
+        "context kernel {} ({:.1}%), decode kernel {} ({:.1}%{graph}){concurrent}, K/V write {} ({:.1}%), other {} ({:.1}%) of {}{coverage}",
         secs_h(p.context_s),
         pct(p.context_s),
         secs_h(p.decode_s),
@@ -78,9 +88,15 @@ fn split_rows(t: &Totals, split_timing: &str) -> (String, String) {
         pct(p.other_s),
         secs_h(p.attention_s),
     );
+    let shared = if p.concurrent_s > 0.0 {
+        "; its spans include the GPU it shared with concurrent decode launches: \
+         MHA_KIT_MIXED_OVERLAP=off times it alone"
+    } else {
+        ""
+    };
     let context = match p.context_tflops_per_s {
         Some(tf) => format!(
-            "{tf:.2} TFLOP/s ({:.3e} causal FLOPs in {})",
+            "{tf:.2} TFLOP/s ({:.3e} causal FLOPs in {}{shared})",
             p.context_flops,
             secs_h(p.context_s)
         ),
@@ -204,13 +220,13 @@ impl Report {
         if self.modes.iter().any(|m| m.split.is_some()) {
             let _ = writeln!(
                 s,
-                "\n| mode (attention split) | context kernel | decode kernel | K/V write | other | context TFLOP/s |\n|---|---:|---:|---:|---:|---:|"
+                "\n| mode (attention split) | context kernel | decode kernel | both at once | K/V write | other | context TFLOP/s |\n|---|---:|---:|---:|---:|---:|---:|"
             );
             for m in &self.modes {
                 let Some(p) = &m.split else { continue };
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {}{} | {} | {} | {} |",
+                    "| {} | {} | {}{} | {} | {} | {} | {} |",
                     m.mode,
                     secs_h(p.context_s),
                     secs_h(p.decode_s),
@@ -219,6 +235,7 @@ impl Report {
                     } else {
                         ""
                     },
+                    secs_h(p.concurrent_s),
                     secs_h(p.kv_write_s),
                     secs_h(p.other_s),
                     tflops_h(p.context_tflops_per_s)

@@ -22,6 +22,7 @@ fn parts(kv_write_s: f64, context_s: f64, decode_s: f64, context_flops: f64) -> 
         kv_write_s,
         context_s,
         decode_s,
+        concurrent_s: 0.0,
         context_flops,
     }
 }
@@ -125,11 +126,13 @@ fn split_parts_sum_to_attention_time() {
         "{text}"
     );
     assert!(
-        text.contains("| mixed | 0.020 s | 0.005 s | 0.003 s | 0.002 s | 600.00 |"),
+        text.contains("| mixed | 0.020 s | 0.005 s | 0.000 s | 0.003 s | 0.002 s | 600.00 |"),
         "{text}"
     );
     assert!(
-        text.contains("| decode | 0.000 s | 0.003 s (graph replays) | 0.000 s | 0.000 s | n/a |"),
+        text.contains(
+            "| decode | 0.000 s | 0.003 s (graph replays) | 0.000 s | 0.000 s | 0.000 s | n/a |"
+        ),
         "{text}"
     );
     // The JSON carries the same fields.
@@ -142,6 +145,55 @@ fn split_parts_sum_to_attention_time() {
         14.0 / 0.024
     ));
     assert!(json["modes"][2]["split"]["context_tflops_per_s"].is_null());
+}
+
+/// A mixed pass whose context and decode launches ran concurrently: the
+/// time they shared counts in both spans and once in `concurrent_s`, so
+/// the parts still add up to the attention time, and the report says so.
+#[test]
+fn split_with_concurrent_launches_adds_up() {
+    let mut both = parts(0.001, 0.006, 0.003, 6e12);
+    both.concurrent_s = 0.002;
+    let rec = Recorder {
+        passes: vec![
+            pass(PassKind::Mixed, 0.009, false, Some(both)),
+            pass(
+                PassKind::Mixed,
+                0.011,
+                false,
+                Some(parts(0.001, 0.006, 0.003, 6e12)),
+            ),
+        ],
+        ..Recorder::default()
+    };
+    let r = report(&rec, "on: CUDA events");
+    let t = r.totals.split.as_ref().unwrap();
+    assert!(close(t.concurrent_s, 0.002));
+    assert!(close(t.other_s, 0.020 - 0.012 - 0.006 + 0.002 - 0.002));
+    assert!(close(
+        t.context_s + t.decode_s - t.concurrent_s + t.kv_write_s + t.other_s,
+        t.attention_s
+    ));
+    let text = r.table();
+    assert!(
+        text.contains(
+            "decode kernel 0.006 s (30.0%), of these two 0.002 s (10.0%) at the same time"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("MHA_KIT_MIXED_OVERLAP=off times it alone"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| mixed | 0.012 s | 0.006 s | 0.002 s | 0.002 s | 0.002 s | 1000.00 |"),
+        "{text}"
+    );
+    let json = serde_json::to_value(&r).unwrap();
+    assert!(close(
+        json["totals"]["split"]["concurrent_s"].as_f64().unwrap(),
+        0.002
+    ));
 }
 
 /// No context work: the context kernel's TFLOP/s is n/a (JSON null),
