@@ -27,6 +27,11 @@
 #   replay    the mha-replay GPU tests, then the main job on the code trace
 #             (REPLAY_ARGS, default the first 2000 requests; timeout 300 s)
 #             with the attention split report; JSON in $OUT/replay-code.json
+#   overlap   the whole code trace once per mixed-pass launch order in
+#             OVERLAP_ORDERS (default "off decode-first context-first";
+#             MHA_KIT_MIXED_OVERLAP), JSON in $OUT/replay-code-<order>.json
+#   conv      the whole conv trace (llama3-8b, defaults; CONV_ARGS adds flags;
+#             timeout 540 s), JSON in $OUT/replay-conv.json
 #   ncu       Nsight Compute on one launch of the bench case NCU_CASE
 #             (default bs 1 x 16384, P 16; NCU_SET, default full) into
 #             $OUT/ncu.ncu-rep
@@ -158,6 +163,19 @@ stage_replay() {
   timeout 300 bin/mha-replay --trace code ${REPLAY_ARGS:---requests 2000} --json "$OUT/replay-code.json" \
     > "$OUT/replay-code.log" 2>&1
   echo "rc=$?"; grep -E "^\|" "$OUT/replay-code.log" | head -60
+}
+stage_overlap() {
+  for o in ${OVERLAP_ORDERS:-off decode-first context-first}; do
+    echo "== mha-replay --trace code, MHA_KIT_MIXED_OVERLAP=$o"
+    MHA_KIT_MIXED_OVERLAP=$o timeout 300 bin/mha-replay --trace code --json "$OUT/replay-code-$o.json" \
+      > "$OUT/replay-code-$o.log" 2>&1
+    echo "rc=$?"; grep -E "attention time|attention split|context kernel \||mismatch|wall" "$OUT/replay-code-$o.log" | head -12
+  done
+}
+stage_conv() {
+  echo "== mha-replay --trace conv ${CONV_ARGS:-}"
+  timeout 540 bin/mha-replay --trace conv ${CONV_ARGS:-} --json "$OUT/replay-conv.json" > "$OUT/replay-conv.log" 2>&1
+  echo "rc=$?"; grep -E "^\|" "$OUT/replay-conv.log" | head -70
 }
 stage_ncu() {
   echo "== ncu (${NCU_CASE:-bs 1 × 16384, P 16})"
