@@ -273,15 +273,8 @@ impl PartTimer {
         start: usize,
         stream: &CudaStream,
     ) -> Result<usize> {
-        let end = self.mark(stream)?;
         let first = self.spans.len();
-        self.spans.push(Span {
-            part,
-            start,
-            end,
-            first,
-        });
-        Ok(end)
+        self.push_span(part, start, first, stream)
     }
 
     /// Records the end of an [`AttnPart::Concurrent`] span that started at
@@ -293,12 +286,24 @@ impl PartTimer {
         first: usize,
         stream: &CudaStream,
     ) -> Result<usize> {
+        let first = first.min(self.spans.len());
+        self.push_span(AttnPart::Concurrent, start, first, stream)
+    }
+
+    /// Records the end event on `stream` and the span; returns the event.
+    fn push_span(
+        &mut self,
+        part: AttnPart,
+        start: usize,
+        first: usize,
+        stream: &CudaStream,
+    ) -> Result<usize> {
         let end = self.mark(stream)?;
         self.spans.push(Span {
-            part: AttnPart::Concurrent,
+            part,
             start,
             end,
-            first: first.min(self.spans.len()),
+            first,
         });
         Ok(end)
     }
