@@ -446,8 +446,7 @@ pub fn resolve_mixed_overlap(env: Option<&str>) -> Result<MixedOverlap> {
     let Some(v) = env.map(str::trim) else {
         return Ok(DEFAULT_MIXED_OVERLAP);
     };
-    let v = v.to_ascii_lowercase();
-    match v.as_str() {
+    match v.to_ascii_lowercase().as_str() {
         "on" | "1" => Ok(DEFAULT_MIXED_OVERLAP),
         "off" | "0" => Ok(MixedOverlap::Off),
         "decode-first" => Ok(MixedOverlap::DecodeFirst),
