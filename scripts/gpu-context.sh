@@ -68,7 +68,7 @@ stage_smoke() {
 }
 stage_quick() {
   echo "== quick: named shapes + masked non-finite keys (sm90a)"
-  for t in named_shapes_of_the_sm90_issue masked_nonfinite_keys must_pass persistent_grid tma_loads kv_split experiment_entries; do
+  for t in named_shapes_of_the_sm90_issue masked_nonfinite_keys must_pass persistent_grid tma_loads kv_split experiment_entries o_tma; do
     timeout 90 $T --include-ignored $t >> "$OUT/quick.log" 2>&1; echo "$t rc=$?"
   done
   summary "$OUT/quick.log"

@@ -104,7 +104,7 @@ static_assert(sizeof(PagedAttentionParams::scale_log2) == 4 && alignof(decltype(
 static_assert(sizeof(PagedAttentionParams::bmm2_scale) == 4 && alignof(decltype(PagedAttentionParams::bmm2_scale)) == 4, "PagedAttentionParams::bmm2_scale (offset 248): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::tile_tokens) == 4 && alignof(decltype(PagedAttentionParams::tile_tokens)) == 4, "PagedAttentionParams::tile_tokens (offset 252): size or alignment differs from Rust");
 
-// paged_attention::ContextParams (248 bytes).
+// paged_attention::ContextParams (256 bytes).
 struct ContextParams {
     const u16* q;              // `[num_tokens, Hq, D]`.
     u16* out;                  // `[num_tokens, Hq, D]`.
@@ -162,8 +162,13 @@ struct ContextParams {
     // then writes `partial` and the merge entry writes `out`).
     i32 kv_splits;
     i32 split_tiles;           // KV tiles per chunk when `kv_splits > 1`.
+    // sm_90a epilogue: 1 = the output rows of whole warpgroups go out as
+    // TMA stores through the kernel's `out` tensor map (set by the
+    // launcher when the map encodes and `G` divides 64), 0 = stored by
+    // threads. Same results.
+    i32 o_tma;
 };
-static_assert(sizeof(ContextParams) == 248, "ContextParams: size differs from Rust");
+static_assert(sizeof(ContextParams) == 256, "ContextParams: size differs from Rust");
 static_assert(alignof(ContextParams) == 8, "ContextParams: alignment differs from Rust");
 static_assert(sizeof(ContextParams::q) == 8 && alignof(decltype(ContextParams::q)) == 8, "ContextParams::q (offset 0): size or alignment differs from Rust");
 static_assert(sizeof(ContextParams::out) == 8 && alignof(decltype(ContextParams::out)) == 8, "ContextParams::out (offset 8): size or alignment differs from Rust");
@@ -205,6 +210,7 @@ static_assert(sizeof(ContextParams::work) == 8 && alignof(decltype(ContextParams
 static_assert(sizeof(ContextParams::partial) == 8 && alignof(decltype(ContextParams::partial)) == 8, "ContextParams::partial (offset 232): size or alignment differs from Rust");
 static_assert(sizeof(ContextParams::kv_splits) == 4 && alignof(decltype(ContextParams::kv_splits)) == 4, "ContextParams::kv_splits (offset 240): size or alignment differs from Rust");
 static_assert(sizeof(ContextParams::split_tiles) == 4 && alignof(decltype(ContextParams::split_tiles)) == 4, "ContextParams::split_tiles (offset 244): size or alignment differs from Rust");
+static_assert(sizeof(ContextParams::o_tma) == 4 && alignof(decltype(ContextParams::o_tma)) == 4, "ContextParams::o_tma (offset 248): size or alignment differs from Rust");
 
 // paged_attention::MergeStatesParams (120 bytes).
 struct MergeStatesParams {

@@ -45,8 +45,10 @@
 //    consumers is a measured variant, off by default). With three consumers
 //    (SERIAL) each runs S_t, softmax, P_t V_t one after the other, P packed
 //    into the S registers, and the other two fill the tensor cores. Sinks
-//    join once at
-//    the end; rows that see no key output zeros.
+//    join once at the end; rows that see no key output zeros. Each
+//    warpgroup stages its output rows in its rows of the item's Q buffer;
+//    one thread writes them as TMA stores (p.o_tma, two consumers) or the
+//    warpgroup stores them as 16-byte row chunks.
 // A key masked for a row never reaches it: masked logits are selected to
 // -inf (never multiplied), and on tiles that carry masked keys the V rows
 // some row of the warpgroup does not see are scanned for non-finite values;
@@ -146,7 +148,12 @@ struct Cfg {
     static constexpr int ITEM_OFF = PIN_OFF + 128 * NCW * 4;
     static constexpr int ITEM_GEOM_BYTES = 64;  // >= sizeof(Item), checked below
     // e4m3 K/V: u8 [QBUF][BM], each Q row's shift qs (see the bf16 Q conversion, QCONV).
-    static constexpr int QX_OFF = ITEM_OFF + 4 * 4 + 2 * ITEM_GEOM_BYTES;
+    // u64: the generic address of the `out` tensor map parameter, read by
+    // the thread that issues a TMA store where it does (NVRTC otherwise takes
+    // a parameter's address once, at the kernel's start, and a register
+    // holds it across the item loop).
+    static constexpr int OMAP_OFF = ITEM_OFF + 4 * 4 + 2 * ITEM_GEOM_BYTES;
+    static constexpr int QX_OFF = OMAP_OFF + 8;
     static constexpr int QX_BYTES = F8 ? QBUF * BM : 0;
     static constexpr int BYTES = QX_OFF + QX_BYTES;
     static constexpr int ALLOC = BYTES + 1024;  // slack: the base is rounded up to 1024
@@ -225,6 +232,27 @@ MHA_KIT_DEVICE void tma_load_4d(u32 dst, const TmaMap& map, u32 bar, int c0, int
         "l"(reinterpret_cast<u64>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
         : "memory");
 }
+// TMA store: the 3-D box at coordinates c0..c2 of the tensor map at generic
+// address `map` (a kernel parameter's) from
+// shared memory at `src` (bulk async-group completion: see
+// bulk_commit / bulk_wait_read). Parts of the box outside the tensor are not
+// written.
+MHA_KIT_DEVICE void tma_store_3d_if(bool on, u64 map, u32 src, int c0, int c1, int c2) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.u32 p, %5, 0;\n"
+        "@p cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n}\n" ::"l"(map),
+        "r"(c0), "r"(c1), "r"(c2), "r"(src), "r"((u32)on)
+        : "memory");
+}
+// Closes this thread's bulk async-group, then waits until every group it
+// closed has read its shared-memory source (the buffer may then be reused;
+// the global writes complete on their own, at the latest with the grid).
+MHA_KIT_DEVICE void bulk_commit_wait_read_if(bool on) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n@p cp.async.bulk.commit_group;\n@p cp.async.bulk.wait_group.read "
+        "0;\n}\n" ::"r"((u32)on)
+        : "memory");
+}
 // Predicated in PTX (no branch): a branch between a wgmma and its wait makes
 // ptxas serialize every wgmma.
 MHA_KIT_DEVICE void named_sync_if(bool on, u32 id, u32 count) {
@@ -280,20 +308,22 @@ MHA_KIT_DEVICE constexpr u64 sdesc_noswz(u32 addr, u32 lbo, u32 sbo) {
     return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32);
 }
 
-template <int QT, int N>
-MHA_KIT_DEVICE void mma_ss(float (&d)[N / 2], u64 a, u64 b, int scale_d) {
-    if constexpr (QT == 0 && N == 64) wg::wgmma_ss_bf16_n64(d, a, b, scale_d);
-    if constexpr (QT == 0 && N == 128) wg::wgmma_ss_bf16_n128(d, a, b, scale_d);
-    if constexpr (QT == 1 && N == 64) wg::wgmma_ss_f16_n64(d, a, b, scale_d);
-    if constexpr (QT == 1 && N == 128) wg::wgmma_ss_f16_n128(d, a, b, scale_d);
-}
-// The first step of a fresh accumulator (scale_d = 0, d write-only).
-template <int QT, int N>
-MHA_KIT_DEVICE void mma_ss_init(float (&d)[N / 2], u64 a, u64 b) {
-    if constexpr (QT == 0 && N == 64) wg::wgmma_ss_bf16_n64_init(d, a, b);
-    if constexpr (QT == 0 && N == 128) wg::wgmma_ss_bf16_n128_init(d, a, b);
-    if constexpr (QT == 1 && N == 64) wg::wgmma_ss_f16_n64_init(d, a, b);
-    if constexpr (QT == 1 && N == 128) wg::wgmma_ss_f16_n128_init(d, a, b);
+// d (+)= A B, both operands in shared memory. INIT: the first step of a
+// fresh accumulator (scale-d 0, d write-only: its old values are not read,
+// so they need no definition), else d = A B + d.
+template <int QT, int N, bool INIT>
+MHA_KIT_DEVICE void mma_ss(float (&d)[N / 2], u64 a, u64 b) {
+    if constexpr (INIT) {
+        if constexpr (QT == 0 && N == 64) wg::wgmma_ss_bf16_n64_init(d, a, b);
+        if constexpr (QT == 0 && N == 128) wg::wgmma_ss_bf16_n128_init(d, a, b);
+        if constexpr (QT == 1 && N == 64) wg::wgmma_ss_f16_n64_init(d, a, b);
+        if constexpr (QT == 1 && N == 128) wg::wgmma_ss_f16_n128_init(d, a, b);
+    } else {
+        if constexpr (QT == 0 && N == 64) wg::wgmma_ss_bf16_n64(d, a, b, 1);
+        if constexpr (QT == 0 && N == 128) wg::wgmma_ss_bf16_n128(d, a, b, 1);
+        if constexpr (QT == 1 && N == 64) wg::wgmma_ss_f16_n64(d, a, b, 1);
+        if constexpr (QT == 1 && N == 128) wg::wgmma_ss_f16_n128(d, a, b, 1);
+    }
 }
 template <int QT, int N>
 MHA_KIT_DEVICE void mma_rs(float (&d)[N / 2], const u32 (&a)[4], u64 b, int scale_d) {
@@ -433,7 +463,8 @@ MHA_KIT_DEVICE u32 clk32() {
 }
 
 template <int QT, int D, int XV = 0, bool F8 = false>
-MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v) {
+MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v,
+                                      const TmaMap& tmap_o) {
     using C = Cfg<D, F8, (XV & 16) != 0>;
     constexpr int BM = C::BM;
     constexpr int NCW = C::NCW;
@@ -559,6 +590,17 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     constexpr bool TCSUM = (XV & 128) != 0;
     static_assert(!SERIAL || !TCSUM, "serial consumers: no tensor-core row sums");
     static_assert(!TCSUM || C::PIN_OFF % 16 == 0, "TCSUM: the ones need a 16-byte aligned region");
+    // Leave-one-stage-out timing experiments: NOSCAN (XV & 512; correct on
+    // finite V) skips the scan of masked tiles' V, NOSTORE (XV & 1024;
+    // wrong results) the epilogue's global stores.
+    constexpr bool NOSCAN = (XV & 512) != 0;
+    constexpr bool NOSTORE = (XV & 1024) != 0;
+    // TMA stores of the output rows (p.o_tma, see the epilogue): not with
+    // three serial consumers (D 64 16-bit) nor in the no-K/V-reads timing
+    // experiments (XV & 4), where the store's issue code made ptxas spill
+    // (4-8 bytes); those store by threads (the launcher sets p.o_tma only
+    // for two consumers).
+    constexpr bool OTMA = !SERIAL && (XV & 4) == 0;
     // Trace stamp ev of this role's current item (thread 0 of a warpgroup);
     // `done`: the role's item count, at its exit.
     auto mark = [&](int role, int ev, u32 v) {
@@ -580,6 +622,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         return 0u;
     };
     if (tid == 0) {
+        *reinterpret_cast<u64*>(smem + C::OMAP_OFF) = reinterpret_cast<u64>(&tmap_o);
 #pragma unroll
         for (int s = 0; s < QBUF; ++s) {
             mbar_init(bar_q + 8 * s, 128);
@@ -644,8 +687,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             if (I.tile == 0 && h == 0 && I.split == 0) report_bad_pages(p, g, b, pt, 128);
             if (ntiles == 0) continue;  // rows that see no key: the consumers write zeros
             const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
-            // Page id of this lane's key row of tile t (-1: no row, not needed
-            // or past the table); its offset in the page goes to next_off (one
+            // Page id of this lane's key row of tile t: -2 when the row is not
+            // needed (no row, outside [k_lo, k_hi) or past the item's tiles),
+            // -1 past the table or negative there; its offset in the page goes to next_off (one
             // division a tile).
             i32 next_off = 0;
             auto page_id = [&](int t) {
@@ -653,7 +697,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 const bool need = has_row && t < ntiles && k >= k_lo && k < k_hi;
                 const i32 pg = k / p.page_size;
                 next_off = k - pg * p.page_size;
-                return need && pg < p.max_num_pages ? __ldg(pt_row + pg) : -1;
+                // A negative id in the table is bad (-1), never "not needed".
+                return !need ? -2 : pg < p.max_num_pages ? max(__ldg(pt_row + pg), -1) : -1;
             };
             // Tile 0's page id (gather) is read before the Q copies go out, so
             // that its latency overlaps them.
@@ -740,12 +785,15 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     const int rows = p.tma_rows;               // keys per box
                     const int nbox = BN / min(rows, BN);       // boxes per tile (1..16)
                     const int dt = p.tma_dims & 15, dh = (p.tma_dims >> 4) & 15;
-                    auto box_page = [&](int t) {  // lane's box of tile t: page id, -1 when not read
+                    // Lane's box of tile t: its page id, -1 on a bad page, -2
+                    // when the box is not needed (zero-filled; its keys count
+                    // as valid, masked by position as in the gather).
+                    auto box_page = [&](int t) {
                         const i32 k = (t_first + t) * BN + lane * rows;
                         const bool need = t < ntiles && lane < nbox && k < k_hi && k + rows > k_lo;
                         const i32 pg = need ? k / p.page_size : 0;
                         const i32 id = need && pg < p.max_num_pages ? __ldg(pt_row + pg) : -1;
-                        return id >= 0 && id < p.num_pages ? id : -1;
+                        return !need ? -2 : id >= 0 && id < p.num_pages ? id : -1;
                     };
                     // Valid-key mask word w of a tile (layout: key_row_of_lane)
                     // from the per-box valid bits vb (warp-wide).
@@ -778,7 +826,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     for (int t = 0; t < ntiles; ++t) {
                         const i32 id = id_next;
                         id_next = box_page(t + 1);
-                        const u32 vb = __ballot_sync(0xffffffffu, id >= 0);
+                        const u32 vb = __ballot_sync(0xffffffffu, id != -1);
                         u32 km[VMW];
 #pragma unroll
                         for (int w = 0; w < VMW; ++w) km[w] = key_mask(vb, w);
@@ -829,6 +877,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 auto lookup = [&](int t) {
                     const i32 id = next_id;
                     const i32 off = next_off;
+                    const bool skip = id == -2;
                     next_id = page_id(t + 1);
                     const bool valid = id >= 0 && id < p.num_pages;
                     const bool rd = valid && !(XV & 4);
@@ -840,7 +889,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     }
                     k_rd = __ballot_sync(0xffffffffu, rd);
                     // Valid-key mask word of this warp (layout: key_row_of_lane).
-                    const u32 m = __ballot_sync(0xffffffffu, !has_row || valid);
+                    // A row not needed (zero-filled) counts as valid: every row
+                    // of the item masks it by position (keys >= k_hi lie past
+                    // its last row, keys < k_lo before its window), so the
+                    // causal diagonal tile keeps the one-compare mask.
+                    const u32 m = __ballot_sync(0xffffffffu, !has_row || valid || skip);
                     if ((pt & 31) == 0) vm_s[kslot(t) * VMW + (pt >> 5)] = m;
                 };
                 // The lane's destination offset in a tile, opaque so that the
@@ -904,6 +957,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 auto lookup = [&](int t) {
                     const i32 id = next_id;
                     const i32 off = next_off;
+                    const bool skip = id == -2;
                     next_id = page_id(t + 1);
                     const bool valid = id >= 0 && id < p.num_pages;
                     k_row = k_base;
@@ -913,7 +967,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         v_next = v_base + (i64)id * p.v_stride_page + (i64)h * p.v_stride_head + (i64)off * p.v_stride_tok;
                     }
                     k_rd = __ballot_sync(0xffffffffu, valid);
-                    m_last = __ballot_sync(0xffffffffu, !has_row || valid);
+                    m_last = __ballot_sync(0xffffffffu, !has_row || valid || skip);  // as the 16-bit gather
                 };
                 // Lane chunk c8 + 8 a of staged rows rg + 16 i (D 64: lanes c8 < 4).
                 const bool lane_on = CH % 8 == 0 || c8 < CH;
@@ -1088,6 +1142,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // TCSUM: the running row sums, an m64n8 accumulator (rows hr 0 / 1 in
         // lacc[0..1] / lacc[2..3], all columns equal).
         float lacc[4] = {0.f, 0.f, 0.f, 0.f};
+        // S accumulators: each tile's first S step is write-only (see `qk`);
+        // zeroed once per item all the same (without it ptxas spilled in the
+        // trace and experiment entries).
         float s[NS];
 #pragma unroll
         for (int i = 0; i < NS; ++i) s[i] = 0.f;
@@ -1130,12 +1187,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             for (int ks = 0; ks < D / 16; ++ks) {
                 const u32 qo = ((ks >> 2) * C::Q_ATOM + (ks & 3) * 32) >> 4;
                 const u32 ko = ((ks >> 2) * C::KV_ATOM + (ks & 3) * 32) >> 4;
-                // SERIAL: the first step does not read s (dead since the
-                // last P was packed), so its registers are free until here.
-                if (SERIAL && ks == 0)
-                    mma_ss_init<MT, BN>(s, dsc(qd0 + qo), dsc(kd + ko));
+                // The first step is write-only (scale-d 0, s not read: dead
+                // since the last P was packed), so its registers are free
+                // until here.
+                if (ks == 0)
+                    mma_ss<MT, BN, true>(s, dsc(qd0 + qo), dsc(kd + ko));
                 else
-                    mma_ss<MT, BN>(s, dsc(qd0 + qo), dsc(kd + ko), ks > 0 ? 1 : 0);
+                    mma_ss<MT, BN, false>(s, dsc(qd0 + qo), dsc(kd + ko));
             }
             wg_commit();
         };
@@ -1371,14 +1429,21 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             const i32 b0 = r_beg[0] - k0, e0 = r_end[0] - k0, b1 = r_beg[1] - k0, e1 = r_end[1] - k0;
             u32 acc = 0;
             constexpr int SCAN_UNROLL = F8 && D == 128 ? 2 : 4;  // loads in flight (e4m3 D 128: registers)
+            // Only the passes that hold a row of either range (warpgroup-
+            // uniform bounds): on a causal diagonal tile a few rows past the
+            // warpgroup's first position, not the whole tile.
+            const int rb = min(b0 < e0 ? b0 : BN, b1 < e1 ? b1 : BN);
+            const int re = max(b0 < e0 ? e0 : 0, b1 < e1 ? e1 : 0);
+            const int i_end = re > rb ? (re + RPP - 1) / RPP : 0;
 #pragma unroll SCAN_UNROLL
-            for (int i = 0; i < BN / RPP; ++i) {
+            for (int i = rb / RPP; i < i_end; ++i) {
                 const int r = r0t + i * RPP;
                 const uint4 u = *reinterpret_cast<const uint4*>(v + col + r * 128);
                 const u32 t = (((u.x & E2) + INC2) | ((u.y & E2) + INC2)) | (((u.z & E2) + INC2) | ((u.w & E2) + INC2));
                 const bool in = (r >= b0 && r < e0) || (r >= b1 && r < e1);
                 acc |= in ? t : 0u;
             }
+            if constexpr (NOSCAN) return false;
             return named_or(2 + cw, 128, (acc & 0x80008000u) != 0u);
         };
         // O += P V for stage st on CUDA cores (tiles with masked keys and non-finite V).
@@ -1598,6 +1663,14 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // per row: contiguous row segments). Rows past `rows` are not
             // written. The Q buffer is released once its rows are read.
             const u32 ob = base + C::Q_OFF + qb * C::Q_BYTES;
+            // TMA store (p.o_tma: the launcher's tensor map of `out`, dims
+            // [D, Hq, tokens], box [64, G, 64 / G], G | 64): a warpgroup whose
+            // 64 rows are all the item's writes them as whole tokens of G
+            // heads, D / 64 boxes from its staged rows (the box's smem layout
+            // is the operand layout: row = token · G + head, 128-byte
+            // swizzle). Its thread 0 issues them and waits until they have
+            // read the rows; the other threads go on. A partial warpgroup
+            // (the request's last tile) stores by threads.
             if (active) {
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
@@ -1614,7 +1687,18 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                                      : "memory");
                     }
                 }
+                if (OTMA && p.o_tma != 0) fence_proxy_async();  // the staged rows, before a TMA store reads them
                 named_sync_if(true, 6 + cw, 128);
+                if (OTMA && p.o_tma != 0 && !NOSTORE && wrow0 + 64 <= rows) {
+                    const bool lead = ct == 0;
+                    const int tok = g.row_start + (r0 + wrow0) / G;
+                    u64 map;
+                    asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(map) : "r"(base + C::OMAP_OFF));
+#pragma unroll
+                    for (int a = 0; a < D / 64; ++a)
+                        tma_store_3d_if(lead, map, ob + a * C::Q_ATOM + wrow0 * 128, 64 * a, h * G, tok);
+                    bulk_commit_wait_read_if(lead);
+                } else {
                 constexpr int ORS = 128 / CPR;  // rows per pass
                 const int ch = ct % CPR;
                 int rr = ct / CPR;  // row of the warpgroup's 64
@@ -1632,7 +1716,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                                      : "memory");
                         u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)(h * G + gq) * p.o_stride_head +
                                    ch * 8;
-                        *reinterpret_cast<uint4*>(dst) = v;
+                        // One 16-byte store (a C++ uint4 store of these asm
+                        // outputs compiled to four 4-byte stores).
+                        if (!NOSTORE)
+                            asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(v.x), "r"(v.y),
+                                         "r"(v.z), "r"(v.w)
+                                         : "memory");
                     }
                     j += sj;
                     gq += sg;
@@ -1641,6 +1730,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         ++j;
                     }
                 }
+                }  // stores by threads
             }
             mbar_arrive(bar_qe + 8 * qb);
         } else {
@@ -1768,8 +1858,8 @@ PAS_MERGE_ENTRY(f16, 1, e4m3, true, 128)
     extern "C" __global__ void __launch_bounds__(pas::Cfg<D>::NTHREADS, 1)                        \
         paged_attention_context_sm90_##QN##_kv_##QN##_d##D(                                       \
             const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
-            const __grid_constant__ pas::TmaMap tmap_v) {                                         \
-        pas::context_sm90_body<QT, D>(p, tmap_k, tmap_v);                                         \
+            const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o) { \
+        pas::context_sm90_body<QT, D>(p, tmap_k, tmap_v, tmap_o);                                 \
     }
 
 PAS_ENTRY(bf16, 0, 64)
@@ -1784,8 +1874,8 @@ PAS_ENTRY(f16, 1, 256)
     extern "C" __global__ void __launch_bounds__(pas::Cfg<D, true>::NTHREADS, 1)                  \
         paged_attention_context_sm90_##QN##_kv_e4m3_d##D(                                         \
             const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
-            const __grid_constant__ pas::TmaMap tmap_v) {                                         \
-        pas::context_sm90_body<QT, D, 0, true>(p, tmap_k, tmap_v);                                \
+            const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o) { \
+        pas::context_sm90_body<QT, D, 0, true>(p, tmap_k, tmap_v, tmap_o);                        \
     }
 PAS_ENTRY8(bf16, 0, 64)
 PAS_ENTRY8(bf16, 0, 128)
@@ -1799,8 +1889,8 @@ PAS_ENTRY8(f16, 1, 256)
     extern "C" __global__ void __launch_bounds__(pas::Cfg<128>::NTHREADS, 1)                      \
         paged_attention_context_sm90_bf16_kv_bf16_d128_x##XV(                                     \
             const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
-            const __grid_constant__ pas::TmaMap tmap_v) {                                         \
-        pas::context_sm90_body<0, 128, XV>(p, tmap_k, tmap_v);                                    \
+            const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o) { \
+        pas::context_sm90_body<0, 128, XV>(p, tmap_k, tmap_v, tmap_o);                            \
     }
 PAS_XENTRY(1)
 PAS_XENTRY(4)
@@ -1814,10 +1904,14 @@ PAS_XENTRY(64)
 PAS_XENTRY(72)
 PAS_XENTRY(96)
 PAS_XENTRY(128)
+PAS_XENTRY(512)
+PAS_XENTRY(1024)
+PAS_XENTRY(1536)
 
 // The polynomial-exponential experiment at D 64 (softmax-bound there).
 extern "C" __global__ void __launch_bounds__(pas::Cfg<64>::NTHREADS, 1)
     paged_attention_context_sm90_bf16_kv_bf16_d64_x64(const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,
-                                                      const __grid_constant__ pas::TmaMap tmap_v) {
-    pas::context_sm90_body<0, 64, 64>(p, tmap_k, tmap_v);
+                                                      const __grid_constant__ pas::TmaMap tmap_v,
+                                                      const __grid_constant__ pas::TmaMap tmap_o) {
+    pas::context_sm90_body<0, 64, 64>(p, tmap_k, tmap_v, tmap_o);
 }

@@ -26,7 +26,9 @@
 //! `wgmma` for `Q·Kᵀ` (both operands in shared memory) and `P·V` (P from
 //! registers), with two consumers the softmax of tile `t` overlapped with
 //! `P·V` of tile `t − 1`; with three each consumer runs its steps in turn
-//! and the others fill the tensor cores ([`ContextPath::Wgmma`]). e4m3 K/V are gathered into a staging ring
+//! and the others fill the tensor cores ([`ContextPath::Wgmma`]); the
+//! output rows of a warpgroup go out as TMA stores where [`out_tma_layout`]
+//! allows ([`ContextKernel::set_o_tma`]). e4m3 K/V are gathered into a staging ring
 //! and converted by the producer to f16 (exact: one instruction per two
 //! values) into the same 16-bit rings ([`context_sm90_staging_steps`]); both
 //! GEMMs then run in f16: a bf16 Q tile is converted to f16 once per work
@@ -292,6 +294,11 @@ kernel_rt::abi_struct! {
         pub kv_splits: i32 = "i32",
         /// KV tiles per chunk when `kv_splits > 1`.
         pub split_tiles: i32 = "i32",
+        /// sm_90a epilogue: 1 = the output rows of whole warpgroups go out as
+        /// TMA stores through the kernel's `out` tensor map (set by the
+        /// launcher when the map encodes and `G` divides 64), 0 = stored by
+        /// threads. Same results.
+        pub o_tma: i32 = "i32",
     }
 }
 

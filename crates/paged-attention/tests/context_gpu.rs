@@ -688,6 +688,79 @@ fn main() {
             );
             Ok(())
         }),
+        named("o_tma_stores_equal_stores_by_threads", |gpu, k| {
+            // The sm_90a epilogue's TMA stores of whole warpgroups' rows
+            // (default) against stores by threads: random ragged cases (GQA
+            // 1..16 and groups that do not divide 64, the partial last tile
+            // of each request, rows that see no key, skipped requests, bad
+            // pages) and named shapes, unsplit so that every item runs the
+            // epilogue: bit-identical outputs, the same error words, the
+            // reference met; on sm_90 the launches ran TMA stores.
+            let _ = k;
+            let mut tma = ContextKernel::new(gpu).or_fail("load")?;
+            tma.set_kv_splits(Some(1));
+            let mut threads = ContextKernel::new(gpu).or_fail("load")?;
+            threads.set_kv_splits(Some(1));
+            threads.set_o_tma(false);
+            let mut cases: Vec<Case> = (0..u64::from(gpu_cases(120)))
+                .map(|i| context_random_case(0x07A_0000 + i, BUDGET / 2.0))
+                .collect();
+            for (i, (d, g, hkv, len_q)) in [
+                (128usize, 4usize, 2usize, 256usize),
+                (128, 16, 1, 33),
+                (256, 8, 2, 200),
+                (128, 1, 4, 129),
+                (256, 2, 1, 64),
+                (128, 3, 2, 100),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                for kv in [KvDtype::Bf16, KvDtype::E4m3] {
+                    cases.push(extend_case_h(
+                        kv,
+                        HalfDtype::Bf16,
+                        d,
+                        g * hkv,
+                        hkv,
+                        16,
+                        70,
+                        len_q,
+                        300 + i as u64,
+                    ));
+                }
+            }
+            for (i, c) in cases.iter().enumerate() {
+                let a = run_gpu(gpu, &threads, c).or_fail("threads")?;
+                let b = run_gpu(gpu, &tma, c).or_fail("tma")?;
+                if a.out != b.out || a.errors != b.errors {
+                    let diff = a.out.iter().zip(&b.out).filter(|(x, y)| x != y).count();
+                    return Err(format!(
+                        "case {i}: {diff} outputs differ, errors {:?} vs {:?}; {}",
+                        a.errors,
+                        b.errors,
+                        describe(c)
+                    ));
+                }
+                let want = c.reference();
+                compare(c, &want, &b.out, &b.errors).map_err(|e| format!("case {i}: {e}"))?;
+            }
+            let sm90 = gpu.context().compute_capability().or_fail("cc")? == (9, 0);
+            if threads.o_tma_launches() != 0 || (sm90 && tma.o_tma_launches() == 0) {
+                return Err(format!(
+                    "TMA-store launches: {} (on), {} (off)",
+                    tma.o_tma_launches(),
+                    threads.o_tma_launches()
+                ));
+            }
+            println!(
+                "o_tma_stores_equal_stores_by_threads: {} cases, {} of {} launches with TMA stores",
+                cases.len(),
+                tma.o_tma_launches(),
+                tma.launches()
+            );
+            Ok(())
+        }),
         named("persistent_grid_equals_one_cta_per_item", |gpu, k| {
             // The default persistent grid capped at 1..8 CTAs (each walks
             // many items: skipped requests, tiles past a request's rows,
@@ -769,10 +842,11 @@ fn main() {
             // The bench's schedule experiments that keep results correct
             // (16: K / V rings 3 / 2; 32: O rescaled under S; 64: a quarter
             // of the exponentials by polynomial, also at D 64; 96: both; 128:
-            // row sums on the tensor cores, also at D 64; 8, 40 and 72: traced) against the
-            // reference on bf16 cases, also
-            // under ping-pong; 32 equals the default bit for bit (the same
-            // products in the same order, only issued elsewhere).
+            // row sums on the tensor cores, also at D 64; 512: no V scan (the
+            // random cases hold finite V); 8, 40 and 72: traced) against the
+            // reference on bf16 cases, also under ping-pong; 32 equals the
+            // default bit for bit (the same products in the same order, only
+            // issued elsewhere).
             let _ = k;
             if gpu.context().compute_capability().or_fail("cc")? != (9, 0) {
                 println!("experiment_entries_with_correct_results: not sm_90, skipped");
@@ -784,7 +858,7 @@ fn main() {
             let mut base = ContextKernel::new(gpu).or_fail("load")?;
             base.set_kv_splits(Some(1));
             let cases = gpu_cases(60);
-            for (xv, d) in [
+            let entries = [
                 (16u32, 128usize),
                 (32, 128),
                 (8, 128),
@@ -794,7 +868,9 @@ fn main() {
                 (72, 128),
                 (96, 128),
                 (128, 128),
-            ] {
+                (512, 128),
+            ];
+            for (xv, d) in entries {
                 let mut x = ContextKernel::new(gpu).or_fail("load")?;
                 x.set_experiment(xv).or_fail("experiment entry")?;
                 x.set_kv_splits(Some(1));
@@ -810,14 +886,17 @@ fn main() {
                         let a = run_gpu(gpu, &base, &c).or_fail("default")?;
                         if a.out != got.out {
                             return Err(format!(
-                                "xv 32 case {i}: differs from the default; {}",
+                                "xv {xv} case {i}: differs from the default; {}",
                                 describe(&c)
                             ));
                         }
                     }
                 }
             }
-            println!("experiment_entries_with_correct_results: 8 entries × {cases} cases");
+            println!(
+                "experiment_entries_with_correct_results: {} entries × {cases} cases",
+                entries.len()
+            );
             Ok(())
         }),
         named("d256_q4097_over_3000_prefix", |gpu, k| {

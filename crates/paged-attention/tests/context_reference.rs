@@ -18,7 +18,8 @@ use paged_attention::{
     context_sm90_q_buffers, context_sm90_smem_bytes, context_sm90_stages,
     context_sm90_staging_steps, context_sm90_supported, context_sm90_threads,
     context_sm90_tile_keys, context_sm90_tma_rows, context_smem_bytes, context_variants,
-    kv_tma_layout, ContextParams, HalfDtype, KvDtype, CONTEXT_PTX, CONTEXT_SM90_PTX,
+    kv_tma_layout, out_tma_layout, ContextParams, HalfDtype, KvDtype, CONTEXT_PTX,
+    CONTEXT_SM90_PTX,
 };
 use proptest::prelude::*;
 
@@ -134,7 +135,7 @@ fn edge_23_chunked_prefill_window() {
 #[test]
 fn context_params_layout_matches_cuda() {
     use std::mem::{offset_of, size_of};
-    assert_eq!(size_of::<ContextParams>(), 248);
+    assert_eq!(size_of::<ContextParams>(), 256);
     assert_eq!(offset_of!(ContextParams, errors), 64);
     assert_eq!(offset_of!(ContextParams, q_stride_tok), 72);
     assert_eq!(offset_of!(ContextParams, page_table_stride), 152);
@@ -149,12 +150,13 @@ fn context_params_layout_matches_cuda() {
     assert_eq!(offset_of!(ContextParams, partial), 232);
     assert_eq!(offset_of!(ContextParams, kv_splits), 240);
     assert_eq!(offset_of!(ContextParams, split_tiles), 244);
+    assert_eq!(offset_of!(ContextParams, o_tma), 248);
     assert!(CONTEXT_PTX
         .ptx
-        .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[248]"));
+        .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[256]"));
     assert!(CONTEXT_SM90_PTX
         .ptx
-        .contains("paged_attention_context_sm90_merge_bf16_kv_bf16_d128_param_0[248]"));
+        .contains("paged_attention_context_sm90_merge_bf16_kv_bf16_d128_param_0[256]"));
 }
 
 #[test]
@@ -190,9 +192,9 @@ fn committed_context_sm90_ptx_is_fresh_and_complete() {
             assert!(CONTEXT_SM90_PTX.has_entry(&name), "{name} missing");
             assert!(CONTEXT_SM90_PTX
                 .ptx
-                .contains(&format!("{name}_param_0[248]")));
-            // The K and V tensor maps: 128 bytes each, 64-byte aligned.
-            for i in [1, 2] {
+                .contains(&format!("{name}_param_0[256]")));
+            // The K, V and out tensor maps: 128 bytes each, 64-byte aligned.
+            for i in [1, 2, 3] {
                 assert!(CONTEXT_SM90_PTX
                     .ptx
                     .contains(&format!(".param .align 64 .b8 {name}_param_{i}[128]")));
@@ -440,6 +442,29 @@ fn kv_tma_layouts() {
     assert_eq!(big.box_dims, [64, 1, 128, 1]);
     // A token stride that is not a multiple of 8 elements (16 bytes).
     assert!(kv_tma_layout([16 * 132 * 8, 132, 132 * 8], 10, 8, 16, 128, 16).is_none());
+}
+
+/// Tensor-map layouts of the output view `[tokens, Hq, D]` for the sm_90a
+/// kernel's TMA stores: one box holds a consumer warpgroup's 64 packed rows
+/// (64 / G tokens × G heads × 64 columns); a group that does not divide 64,
+/// a head_dim that is not a multiple of 64 or an odd stride stores by threads.
+#[test]
+fn out_tma_layouts() {
+    let l = out_tma_layout([32 * 128, 128], 4096, 32, 4, 128).unwrap();
+    assert_eq!(l.dims, [128, 32, 4096]);
+    assert_eq!(l.strides_bytes[..2], [256, 8192]);
+    assert_eq!(l.box_dims, [64, 4, 16]);
+    for g in [1, 2, 4, 8, 16] {
+        let l = out_tma_layout([16 * 256, 256], 100, 16, g, 256).unwrap();
+        assert_eq!(l.box_dims, [64, g as u32, 64 / g as u32]);
+    }
+    // One head: the head stride is not used.
+    let one = out_tma_layout([64, 0], 10, 1, 1, 64).unwrap();
+    assert_eq!(one.box_dims, [64, 1, 64]);
+    assert!(out_tma_layout([24 * 128, 128], 10, 24, 3, 128).is_none());
+    assert!(out_tma_layout([32 * 128, 128], 10, 32, 4, 96).is_none());
+    assert!(out_tma_layout([32 * 132, 132], 10, 32, 4, 128).is_none());
+    assert!(out_tma_layout([32 * 128, 128], 0, 32, 4, 128).is_none());
 }
 
 /// Occupancy plan: D 64 → 3 CTAs/SM, D 128 → 2, D 256 → 1 (228 KB per SM,

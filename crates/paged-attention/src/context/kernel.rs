@@ -24,10 +24,14 @@ pub struct ContextKernel {
     /// Forced KV chunks per item (tests, benches); `None`: the launcher's rule.
     kv_splits: Option<usize>,
     kv_load: ContextKvLoad,
+    /// sm_90a epilogue: TMA stores of whole warpgroups' output rows where
+    /// [`out_tma_layout`] allows (default), else stores by threads.
+    o_tma: bool,
     variant: i32,
     experiment: u32,
     launches: AtomicU64,
     tma_launches: AtomicU64,
+    o_tma_launches: AtomicU64,
 }
 
 /// Resolves `entry` of `module` with its dynamic shared memory limit raised.
@@ -142,10 +146,12 @@ impl ContextKernel {
             kv_splits: None,
             max_ctas: None,
             kv_load: ContextKvLoad::from_env()?,
+            o_tma: true,
             variant: 0,
             experiment: 0,
             launches: AtomicU64::new(0),
             tma_launches: AtomicU64::new(0),
+            o_tma_launches: AtomicU64::new(0),
         })
     }
 
@@ -174,6 +180,39 @@ impl ContextKernel {
     /// sm_90a launches so far whose K/V loads ran as TMA boxes.
     pub fn tma_launches(&self) -> u64 {
         self.tma_launches.load(Ordering::Relaxed)
+    }
+
+    /// Sets whether the sm_90a kernel writes output rows with TMA stores
+    /// (default `true`; used where [`out_tma_layout`] gives a layout) or
+    /// with stores by threads. Same results, other timing.
+    pub fn set_o_tma(&mut self, on: bool) {
+        self.o_tma = on;
+    }
+
+    /// sm_90a launches so far whose output rows went out as TMA stores.
+    pub fn o_tma_launches(&self) -> u64 {
+        self.o_tma_launches.load(Ordering::Relaxed)
+    }
+
+    /// The tensor map of the output view for the sm_90a kernel's TMA
+    /// stores, or `None` (stores by threads) when they are off, the entry
+    /// has none (three consumers), the layout does not allow them or the
+    /// driver refuses the map.
+    fn out_map(&self, args: &ContextArgs<'_>, p: &ContextParams) -> Option<TensorMap> {
+        let d = args.q.shape()[2];
+        // Three serial consumers (D 64 16-bit) store by threads (the entries
+        // have no TMA store: it made ptxas spill there).
+        if !self.o_tma || context_sm90_consumers(d, args.kv.dtype()) != 2 {
+            return None;
+        }
+        let layout = out_tma_layout(
+            [p.o_stride_tok, p.o_stride_head],
+            p.num_tokens as usize,
+            p.num_q_heads as usize,
+            p.group as usize,
+            d,
+        )?;
+        layout.encode(p.out, args.q_dtype == HalfDtype::F16).ok()
     }
 
     /// The K and V tensor maps of a launch and the params that select the
@@ -349,9 +388,13 @@ impl ContextKernel {
             .get(entry)
             .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {entry}")))?;
         let mut maps = [TensorMap::default(); 2];
+        let mut o_map = TensorMap::default();
         if plan.sm90 {
             if let Some((rows, code, m)) = self.kv_maps(args, &p) {
                 (p.tma_rows, p.tma_dims, maps) = (rows, code, m);
+            }
+            if let Some(m) = self.out_map(args, &p) {
+                (p.o_tma, o_map) = (1, m);
             }
         }
         let mut config = plan.config;
@@ -402,19 +445,25 @@ impl ContextKernel {
         if plan.sm90 {
             builder.arg(&maps[0]);
             builder.arg(&maps[1]);
+            builder.arg(&o_map);
         }
         // SAFETY: `validate_context` checked every shape and stride against the
         // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
         // grid; base alignment is checked above; device data (page ids,
         // lengths, cu_seqlens_q) is range-checked in the kernel; the params
         // layout is pinned by a CPU test. The tensor maps span exactly the
-        // validated K/V views (TMA zero-fills boxes outside them); `work` is
+        // validated K/V views (TMA zero-fills boxes outside them) and the
+        // validated output view (a store box is clipped to it; the kernel
+        // stores only boxes of rows it owns); `work` is
         // this launcher's own 2-word buffer, used by its launches in stream
         // order only.
         unsafe { builder.launch(config) }?;
         self.launches.fetch_add(1, Ordering::Relaxed);
         if p.tma_rows > 0 {
             self.tma_launches.fetch_add(1, Ordering::Relaxed);
+        }
+        if p.o_tma != 0 && p.kv_splits == 1 {
+            self.o_tma_launches.fetch_add(1, Ordering::Relaxed);
         }
         if p.kv_splits > 1 {
             let name = context_sm90_merge_entry_name(args.q_dtype, args.kv.dtype(), d);

@@ -109,7 +109,8 @@ pub fn context_sm90_staging_steps(head_dim: usize, kv: KvDtype) -> usize {
 /// (full + empty per Q buffer and per ring slot, two work-item slots full +
 /// empty + geometry published), one f32 per consumer thread, four i32 (two
 /// work-item slots, the prefetched work counter, a spare), the two slots'
-/// published geometry (64 bytes each), for e4m3 KV one byte per Q row and
+/// published geometry (64 bytes each), the output tensor map's address (8
+/// bytes), for e4m3 KV one byte per Q row and
 /// buffer (the row's shift of its conversion to f16), and
 /// 1024 bytes of slack to align the swizzled tiles.
 pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
@@ -134,6 +135,7 @@ pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
         + 128 * context_sm90_consumers(head_dim, kv_dtype) * 4
         + 16
         + 2 * CONTEXT_SM90_ITEM_GEOM_BYTES
+        + 8
         + q_conv
         + 1024
 }
@@ -204,4 +206,34 @@ pub fn kv_tma_layout(
         box_dims: [64, d[0].2, d[1].2, d[2].2],
     };
     layout.rejection().is_none().then_some((layout, code))
+}
+
+/// The 3-D tensor map layout of the output view for the sm_90a kernel's TMA
+/// stores, or `None` when the rows are stored by threads: dim 0 = the
+/// `head_dim` contiguous elements, dim 1 = query head (`hq`), dim 2 = token
+/// (`num_tokens`); box `[64, group, 64 / group]`, the 64 packed rows
+/// (token · G + head) of one consumer warpgroup, one box per 64 columns.
+/// Needs `group` to divide 64 (a warpgroup's rows are then whole tokens) and
+/// a 64-column multiple `head_dim`. `strides` are the view's element strides
+/// `[token, head]` (the head stride is not used when `hq = 1`).
+pub fn out_tma_layout(
+    strides: [i64; 2],
+    num_tokens: usize,
+    hq: usize,
+    group: usize,
+    head_dim: usize,
+) -> Option<kernel_rt::tma::Tiled16<3>> {
+    if group == 0 || 64 % group != 0 || head_dim % 64 != 0 || num_tokens == 0 || hq < group {
+        return None;
+    }
+    let [st, sh] = strides.map(|x| u64::try_from(x).ok());
+    let st = st? * 2;
+    // One head: the head coordinate is always 0, any legal stride will do.
+    let sh = if hq == 1 { st.max(16) } else { sh? * 2 };
+    let layout = kernel_rt::tma::Tiled16 {
+        dims: [head_dim as u64, hq as u64, num_tokens as u64],
+        strides_bytes: [sh, st, 0],
+        box_dims: [64, group as u32, (64 / group) as u32],
+    };
+    layout.rejection().is_none().then_some(layout)
 }
