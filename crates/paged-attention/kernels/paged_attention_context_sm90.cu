@@ -232,11 +232,11 @@ MHA_KIT_DEVICE void tma_load_4d(u32 dst, const TmaMap& map, u32 bar, int c0, int
         "l"(reinterpret_cast<u64>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
         : "memory");
 }
-// TMA store: the 3-D box at coordinates c0..c2 of the tensor map at generic
-// address `map` (a kernel parameter's) from
-// shared memory at `src` (bulk async-group completion: see
-// bulk_commit / bulk_wait_read). Parts of the box outside the tensor are not
-// written.
+// TMA store, issued when `on` (predicated in PTX): the 3-D box at
+// coordinates c0..c2 of the tensor map at generic address `map` (a kernel
+// parameter's) from shared memory at `src`, completing in this thread's
+// bulk async-group (see bulk_commit_wait_read_if). Parts of the box outside
+// the tensor are not written.
 MHA_KIT_DEVICE void tma_store_3d_if(bool on, u64 map, u32 src, int c0, int c1, int c2) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.u32 p, %5, 0;\n"
@@ -244,9 +244,10 @@ MHA_KIT_DEVICE void tma_store_3d_if(bool on, u64 map, u32 src, int c0, int c1, i
         "r"(c0), "r"(c1), "r"(c2), "r"(src), "r"((u32)on)
         : "memory");
 }
-// Closes this thread's bulk async-group, then waits until every group it
-// closed has read its shared-memory source (the buffer may then be reused;
-// the global writes complete on their own, at the latest with the grid).
+// When `on`: closes this thread's bulk async-group, then waits until every
+// group it closed has read its shared-memory source (the buffer may then be
+// reused; the global writes complete on their own, at the latest with the
+// grid).
 MHA_KIT_DEVICE void bulk_commit_wait_read_if(bool on) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n@p cp.async.bulk.commit_group;\n@p cp.async.bulk.wait_group.read "

@@ -313,6 +313,7 @@ fn context_sm90_plan_fits() {
                 + 128 * ncw * 4
                 + 16
                 + 2 * 64
+                + 8 // the output tensor map's address
                 + if kv == KvDtype::E4m3 { qbuf * bm } else { 0 }
                 + 1024
         );
