@@ -164,7 +164,8 @@ struct ContextParams {
     i32 split_tiles;           // KV tiles per chunk when `kv_splits > 1`.
     // sm_90a epilogue: 1 = the output rows of whole warpgroups go out as
     // TMA stores through the kernel's `out` tensor map (set by the
-    // launcher when the map encodes and `G` divides 64), 0 = stored by
+    // launcher for unsplit launches when the map encodes and `G`
+    // divides 64; read only when `kv_splits = 1`), 0 = stored by
     // threads. Same results.
     i32 o_tma;
 };

@@ -296,7 +296,8 @@ kernel_rt::abi_struct! {
         pub split_tiles: i32 = "i32",
         /// sm_90a epilogue: 1 = the output rows of whole warpgroups go out as
         /// TMA stores through the kernel's `out` tensor map (set by the
-        /// launcher when the map encodes and `G` divides 64), 0 = stored by
+        /// launcher for unsplit launches when the map encodes and `G`
+        /// divides 64; read only when `kv_splits = 1`), 0 = stored by
         /// threads. Same results.
         pub o_tma: i32 = "i32",
     }

@@ -388,13 +388,9 @@ impl ContextKernel {
             .get(entry)
             .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {entry}")))?;
         let mut maps = [TensorMap::default(); 2];
-        let mut o_map = TensorMap::default();
         if plan.sm90 {
             if let Some((rows, code, m)) = self.kv_maps(args, &p) {
                 (p.tma_rows, p.tma_dims, maps) = (rows, code, m);
-            }
-            if let Some(m) = self.out_map(args, &p) {
-                (p.o_tma, o_map) = (1, m);
             }
         }
         let mut config = plan.config;
@@ -436,6 +432,14 @@ impl ContextKernel {
                 config.grid_dim.0 = items * splits as u32;
             }
         }
+        // The output map only where the epilogue writes `out` itself (split
+        // KV writes partial rows; the merge entry writes `out`).
+        let mut o_map = TensorMap::default();
+        if plan.sm90 && p.kv_splits == 1 {
+            if let Some(m) = self.out_map(args, &p) {
+                (p.o_tma, o_map) = (1, m);
+            }
+        }
         if plan.sm90 {
             let ctas = self.max_ctas.unwrap_or(self.sm_count).min(self.sm_count);
             config.grid_dim.0 = context_sm90_grid(config.grid_dim.0, d, p.variant, ctas);
@@ -462,7 +466,7 @@ impl ContextKernel {
         if p.tma_rows > 0 {
             self.tma_launches.fetch_add(1, Ordering::Relaxed);
         }
-        if p.o_tma != 0 && p.kv_splits == 1 {
+        if p.o_tma != 0 {
             self.o_tma_launches.fetch_add(1, Ordering::Relaxed);
         }
         if p.kv_splits > 1 {
