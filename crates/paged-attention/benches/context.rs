@@ -288,7 +288,8 @@ fn trace_report(words: &[u32]) -> String {
             d(p(1, 9), c(1, 0))
         }),
         (1, "consumer 0: item geometry", |c, _| d(c(1, 0), c(1, 1))),
-        (1, "consumer 0: wait for Q", |c, _| d(c(1, 1), c(1, 2))),
+        (1, "consumer 0: item set-up", |c, _| d(c(1, 1), c(1, 22))),
+        (1, "consumer 0: wait for Q", |c, _| d(c(1, 22), c(1, 2))),
         (1, "consumer 0: wait for K 0", |c, _| d(c(1, 2), c(1, 3))),
         (1, "consumer 0: S 0", |c, _| d(c(1, 3), c(1, 4))),
         (1, "consumer 0: softmax 0", |c, _| d(c(1, 4), c(1, 5))),
@@ -577,12 +578,15 @@ fn main() {
             kernels.push(&o_threads);
         }
         if c.name.starts_with("FA3 grid D 128") {
-            // The row-sums-on-the-tensor-cores experiment (a D 128 entry;
-            // D 64 runs three consumers, whose P shares the S registers).
+            // The leave-one-stage-out experiments that bound the per-item
+            // costs (D 128 entries); every experiment on the shortest cell
+            // with MHA_KIT_BENCH_ALL_EXPERIMENTS=1.
+            let all = c.name.ends_with("32 × 512")
+                && std::env::var("MHA_KIT_BENCH_ALL_EXPERIMENTS").is_ok_and(|v| v == "1");
             kernels.extend(
                 experiments
                     .iter()
-                    .filter(|(xv, _)| [512, 1024, 1536].contains(xv))
+                    .filter(|(xv, _)| all || [512, 1024, 1536].contains(xv))
                     .map(|(_, e)| e),
             );
         }
@@ -621,9 +625,10 @@ fn main() {
             && kernel.uses_sm90()
             && (c.name.starts_with("FA3") || c.name.starts_with("bs "))
         {
-            // 8: the default kernel traced; 40: O rescaled under S; 72: a
-            // quarter of the exponentials by polynomial.
-            for (xv, variant) in [(8u32, 0i32), (40, 0), (72, 0)] {
+            // 8: the default kernel traced (variant 1: with consumer
+            // ping-pong); 40: O rescaled under S; 72: a quarter of the
+            // exponentials by polynomial.
+            for (xv, variant) in [(8u32, 0i32), (8, 1), (40, 0), (72, 0)] {
                 let mut tracer = ContextKernel::new(&gpu).expect("load");
                 tracer.set_experiment(xv).expect("trace entry");
                 tracer.set_kv_splits(Some(1));

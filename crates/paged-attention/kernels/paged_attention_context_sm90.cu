@@ -235,7 +235,7 @@ MHA_KIT_DEVICE void tma_load_4d(u32 dst, const TmaMap& map, u32 bar, int c0, int
 // TMA store, issued when `on` (predicated in PTX): the 3-D box at
 // coordinates c0..c2 of the tensor map at generic address `map` (a kernel
 // parameter's) from shared memory at `src`, completing in this thread's
-// bulk async-group (see bulk_commit_wait_read_if). Parts of the box outside
+// bulk async-group (see bulk_commit_if). Parts of the box outside
 // the tensor are not written.
 MHA_KIT_DEVICE void tma_store_3d_if(bool on, u64 map, u32 src, int c0, int c1, int c2) {
     asm volatile(
@@ -244,15 +244,26 @@ MHA_KIT_DEVICE void tma_store_3d_if(bool on, u64 map, u32 src, int c0, int c1, i
         "r"(c0), "r"(c1), "r"(c2), "r"(src), "r"((u32)on)
         : "memory");
 }
-// When `on`: closes this thread's bulk async-group, then waits until every
-// group it closed has read its shared-memory source (the buffer may then be
-// reused; the global writes complete on their own, at the latest with the
-// grid).
-MHA_KIT_DEVICE void bulk_commit_wait_read_if(bool on) {
+// When `on`: closes this thread's bulk async-group (its TMA stores so far).
+MHA_KIT_DEVICE void bulk_commit_if(bool on) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n@p cp.async.bulk.commit_group;\n}\n" ::"r"((u32)on)
+                 : "memory");
+}
+// When `on`: waits until every bulk async-group this thread closed has read
+// its shared-memory source (the buffer may then be reused; the global writes
+// complete on their own, at the latest with the grid), then arrives on `bar`.
+MHA_KIT_DEVICE void bulk_wait_read_arrive_if(bool on, u32 bar) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n@p cp.async.bulk.commit_group;\n@p cp.async.bulk.wait_group.read "
-        "0;\n}\n" ::"r"((u32)on)
+        "{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n@p cp.async.bulk.wait_group.read 0;\n"
+        "@p mbarrier.arrive.shared::cta.b64 _, [%1];\n}\n" ::"r"((u32)on),
+        "r"(bar)
         : "memory");
+}
+// When `on`: waits until every bulk async-group this thread closed is
+// complete (its global writes done; before the thread exits).
+MHA_KIT_DEVICE void bulk_wait_if(bool on) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n@p cp.async.bulk.wait_group 0;\n}\n" ::"r"((u32)on)
+                 : "memory");
 }
 // Predicated in PTX (no branch): a branch between a wgmma and its wait makes
 // ptxas serialize every wgmma.
@@ -453,9 +464,9 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
 // item, 14 V 0 scanned, 15 the last V scanned, 16-20 cycles of the fast
 // tiles 1.. in: issuing S and P V, waiting for S, softmax, waiting for P V,
 // rescale and pack, 21 clock at tile 2's S issue (fast path; the phase of
-// the two consumers). Slot [cta][TR_ITEMS - 1][role]
-// [TR_EV - 1] holds the number of items the role took (stamps of later
-// items are not kept).
+// the two consumers), 22 the item's set-up done (its Q wait begins). Slot
+// [cta][TR_ITEMS - 1][role][TR_EV - 1] holds the number of items the role
+// took (stamps of later items are not kept).
 constexpr int TR_CTAS = 132, TR_ITEMS = 48, TR_EV = 24;
 MHA_KIT_DEVICE u32 clk32() {
     u32 c;
@@ -1096,9 +1107,16 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(ones_addr + b), "r"(one2) : "memory");
         fence_proxy_async();
     }
+    // The Q buffer whose release (bar_qe) waits for this thread's TMA stores
+    // to have read their staged rows, 0 when none: the epilogue's issuing
+    // thread defers that wait to its next item's first S (the stores read
+    // while the warpgroup moves on; a wait at the next item's start still
+    // took ~340 cycles at D 128 32 x 512), or to its exit.
+    u32 o_pend = 0;
     for (;;) {
         const int it = next_item(true);
         if (it >= items) {
+            bulk_wait_if(OTMA && o_pend != 0);
             if (persistent) mbar_arrive(bar_ie + 8 * ((n_items - 1) & 1));
             done(1 + cw);
             break;
@@ -1114,6 +1132,15 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         auto release_item = [&]() {
             if (persistent) mbar_arrive(bar_ie + 8 * islot);
         };
+        // The last item's TMA stores release their Q buffer here when this
+        // item runs no S (else after its first S, below).
+        auto release_o = [&]() {
+            if constexpr (OTMA) {
+                bulk_wait_read_arrive_if(o_pend != 0, o_pend);
+                o_pend = 0;
+            }
+        };
+        if (I.skip || I.ntiles == 0) release_o();
         mark(role, 1, tnow());
         mark(role, 12, (u32)I.ntiles);
         mark(role, 13, (u32)it);
@@ -1483,6 +1510,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         };
 
         if (ntiles > 0) {
+            mark(role, 22, tnow());
             mbar_wait(bar_q + 8 * qb, (u32)((nq / QBUF) & 1));
             mark(role, 2, tnow());
             if constexpr (QCONV) {
@@ -1544,6 +1572,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 turn_pass(false);
             }
             mbar_arrive(bar_ek + 8 * kslot(0));
+            // By now the last item's TMA stores have long read their rows.
+            release_o();
             // Without STAGE_O, Q is free for the next item after this
             // warpgroup's last S (an idle warpgroup reads no Q); with it, after
             // the epilogue.
@@ -1669,9 +1699,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // 64 rows are all the item's writes them as whole tokens of G
             // heads, D / 64 boxes from its staged rows (the box's smem layout
             // is the operand layout: row = token · G + head, 128-byte
-            // swizzle). Its thread 0 issues them and waits until they have
-            // read the rows; the other threads go on. A partial warpgroup
-            // (the request's last tile) stores by threads.
+            // swizzle). Its thread 0 issues them and releases the Q buffer
+            // once they have read the rows, after its next item's first S
+            // (o_pend); the other threads release it now. A partial
+            // warpgroup (the request's last tile) stores by threads.
+            bool defer = false;  // this thread's TMA stores release the Q buffer later (o_pend)
             if (active) {
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
@@ -1698,7 +1730,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll
                     for (int a = 0; a < D / 64; ++a)
                         tma_store_3d_if(lead, map, ob + a * C::Q_ATOM + wrow0 * 128, 64 * a, h * G, tok);
-                    bulk_commit_wait_read_if(lead);
+                    bulk_commit_if(lead);
+                    defer = lead;
                 } else {
                 constexpr int ORS = 128 / CPR;  // rows per pass
                 const int ch = ct % CPR;
@@ -1733,7 +1766,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 }
                 }  // stores by threads
             }
-            mbar_arrive(bar_qe + 8 * qb);
+            if constexpr (OTMA) o_pend = defer ? bar_qe + 8 * qb : 0u;
+            mbar_arrive_if(!defer, bar_qe + 8 * qb);
         } else {
 #pragma unroll
         for (int hr = 0; hr < 2 && active; ++hr) {
