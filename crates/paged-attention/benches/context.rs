@@ -481,10 +481,14 @@ fn main() {
     let mut pingpong = ContextKernel::new(&gpu).expect("load");
     pingpong.set_variant(1);
     let fallback = ContextKernel::with_path(&gpu, ContextPath::Mma).expect("load");
-    // The cp.async row gather instead of TMA boxes (default where the page
-    // size allows them).
+    // The cp.async row gather forced (the default, Auto, gathers at every
+    // page size today), and TMA boxes forced (P 16: eight boxes of 16 keys
+    // per 64 columns and tile, issued by one producer thread instead of the
+    // producer warpgroup's cp.async copies).
     let mut gather = ContextKernel::new(&gpu).expect("load");
     gather.set_kv_load(ContextKvLoad::Gather);
+    let mut tma_boxes = ContextKernel::new(&gpu).expect("load");
+    tma_boxes.set_kv_load(ContextKvLoad::Tma);
     // One CTA per work item instead of the persistent grid.
     let mut per_item = ContextKernel::new(&gpu).expect("load");
     per_item.set_variant(2);
@@ -522,6 +526,8 @@ fn main() {
             "sm90a wgmma, one CTA per item"
         } else if std::ptr::eq(k, &gather) {
             "sm90a wgmma, cp.async gather"
+        } else if std::ptr::eq(k, &tma_boxes) {
+            "sm90a wgmma, TMA boxes"
         } else if std::ptr::eq(k, &no_split) {
             "sm90a wgmma, no KV split"
         } else if std::ptr::eq(k, &o_threads) {
@@ -576,6 +582,13 @@ fn main() {
         }
         if (c.name.starts_with("FA3 grid") || i < 2) && kernel.uses_sm90() {
             kernels.push(&o_threads);
+        }
+        if c.name.starts_with("FA3 grid D 128") && kernel.uses_sm90() {
+            // Whether the producer's cp.async copies (at D 128, 128 warp-wide
+            // copies a tile for K and V, in the queue that the consumers'
+            // shared-memory loads and barrier polls also use) set the short
+            // cells' waits.
+            kernels.push(&tma_boxes);
         }
         if c.name.starts_with("FA3 grid D 128") {
             // The leave-one-stage-out experiments that bound the per-item
