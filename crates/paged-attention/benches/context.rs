@@ -9,6 +9,9 @@
 //! the `|`-separated substrings. `MHA_KIT_BENCH_TRACE=1` also runs the
 //! sm_90a trace entry on the D 128 bf16 cases and prints where a work item's
 //! cycles go (per phase, by KV tiles per item; see `trace_report`).
+//! `MHA_KIT_BENCH_ALL_EXPERIMENTS=1` runs every leave-one-stage-out
+//! experiment on the FA3 grid's D 128 32 × 512 cell too (by default only on
+//! the two headline cases).
 
 use std::sync::Arc;
 use std::time::Duration;
