@@ -287,6 +287,20 @@ fn trace_report(words: &[u32]) -> String {
         (0, "consumer 0 − producer: item taken", |c, _| {
             d(c(0, 0), c(1, 0))
         }),
+        (0, "producer: item taken → Q copies issued", |c, _| {
+            d(c(0, 0), c(0, 1))
+        }),
+        (0, "producer: Q → K 0 copies issued", |c, _| {
+            d(c(0, 1), c(0, 2))
+        }),
+        (0, "producer: K 0 → K 1 copies issued", |c, _| {
+            two(c, d(c(0, 2), c(0, 3)))
+        }),
+        (
+            0,
+            "consumer 0 K 1 landed − producer K 1 issued",
+            |c, _| two(c, d(c(0, 3), c(1, 10))),
+        ),
         (1, "consumer 0: gap since the last epilogue", |c, p| {
             d(p(1, 9), c(1, 0))
         }),

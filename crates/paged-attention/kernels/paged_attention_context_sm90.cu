@@ -457,7 +457,8 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
 // F8: e4m3 K/V pools.
 // Trace layout (XV & 8): u32 [TR_CTAS][TR_ITEMS][3 roles: producer,
 // consumer 0, consumer 1][TR_EV], the n-th item a role took in a CTA. Events:
-// producer 0 item taken (its other stamps made its registers spill);
+// producer 0 item taken, 1 Q copies issued, 2 / 3 K tile 0 / 1 copies issued
+// (the cp.async gather only);
 // consumers 0 item taken, 1 geometry, 2 Q landed, 3 K 0 landed, 4 S 0 done,
 // 5 softmax 0 done, 6 tile loop done, 7 last V landed, 8 last P V done,
 // 9 epilogue done, 10 tile 1's K landed, 11 V 0 landed, 12 ntiles, 13
@@ -784,6 +785,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 mbar_arrive(bar_q + 8 * qb);
             } else {
                 mbar_arrive_cp_async(bar_q + 8 * qb);
+                mark(0, 1, tnow());
             }
 
             if (tma) {
@@ -929,6 +931,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     copy_rows(base + C::K_OFF + kslot(t) * C::KV_BYTES, k_row, k_rd);
                     mbar_arrive_cp_async(bar_fk + 8 * kslot(t));
                     mbar_arrive(bar_fk + 8 * kslot(t));  // releases the valid mask written by lookup
+                    if (t <= 1) mark(0, 2 + t, tnow());
                     if (t >= 1) {
                         if (T0 + t - 1 >= VST) mbar_wait(bar_ev + 8 * vslot(t - 1), vpar(t - 1) ^ 1);
                         copy_rows(base + C::V_OFF + vslot(t - 1) * C::KV_BYTES, v_row, v_rd);
