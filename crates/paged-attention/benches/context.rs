@@ -569,6 +569,7 @@ fn main() {
         }
     };
     let trace = std::env::var_os("MHA_KIT_BENCH_TRACE").is_some();
+    let all_experiments = std::env::var("MHA_KIT_BENCH_ALL_EXPERIMENTS").is_ok_and(|v| v == "1");
     let mut traces = Vec::new();
     // MHA_KIT_BENCH_CASES=a|b runs only the matching cases (profiling).
     let only = std::env::var("MHA_KIT_BENCH_CASES").ok();
@@ -611,8 +612,7 @@ fn main() {
             // The leave-one-stage-out experiments that bound the per-item
             // costs (D 128 entries); every experiment on the shortest cell
             // with MHA_KIT_BENCH_ALL_EXPERIMENTS=1.
-            let all = c.name.ends_with("32 × 512")
-                && std::env::var("MHA_KIT_BENCH_ALL_EXPERIMENTS").is_ok_and(|v| v == "1");
+            let all = all_experiments && c.name.ends_with("32 × 512");
             kernels.extend(
                 experiments
                     .iter()

@@ -33,6 +33,21 @@ struct GpuOut {
     errors: ErrorReport,
 }
 
+/// `Err` naming case `i` when two launches of `c` differ in any output bit
+/// or in their error words.
+fn same_bits(i: impl std::fmt::Display, a: &GpuOut, b: &GpuOut, c: &Case) -> Result<(), String> {
+    if a.out == b.out && a.errors == b.errors {
+        return Ok(());
+    }
+    let diff = a.out.iter().zip(&b.out).filter(|(x, y)| x != y).count();
+    Err(format!(
+        "case {i}: {diff} outputs differ (errors {:?} vs {:?}); {}",
+        a.errors,
+        b.errors,
+        describe(c)
+    ))
+}
+
 /// Runs `c` (ragged layout) through the context kernel; output poisoned first.
 fn run_gpu(gpu: &Arc<Gpu>, kernel: &ContextKernel, c: &Case) -> Result<GpuOut, KernelError> {
     run_gpu_layout(gpu, kernel, c, false)
@@ -733,15 +748,7 @@ fn main() {
             for (i, c) in cases.iter().enumerate() {
                 let a = run_gpu(gpu, &threads, c).or_fail("threads")?;
                 let b = run_gpu(gpu, &tma, c).or_fail("tma")?;
-                if a.out != b.out || a.errors != b.errors {
-                    let diff = a.out.iter().zip(&b.out).filter(|(x, y)| x != y).count();
-                    return Err(format!(
-                        "case {i}: {diff} outputs differ, errors {:?} vs {:?}; {}",
-                        a.errors,
-                        b.errors,
-                        describe(c)
-                    ));
-                }
+                same_bits(i, &a, &b, c)?;
                 let want = c.reference();
                 compare(c, &want, &b.out, &b.errors).map_err(|e| format!("case {i}: {e}"))?;
             }
@@ -778,15 +785,7 @@ fn main() {
                 pers.set_variant([0, 1][i as usize % 2]);
                 let a = run_gpu(gpu, &one, &c).or_fail("one CTA per item")?;
                 let b = run_gpu(gpu, &pers, &c).or_fail("persistent")?;
-                if a.out != b.out || a.errors != b.errors {
-                    let diff = a.out.iter().zip(&b.out).filter(|(x, y)| x != y).count();
-                    return Err(format!(
-                        "case {i}: {diff} outputs differ (errors {:?} vs {:?}); {}",
-                        a.errors,
-                        b.errors,
-                        describe(&c)
-                    ));
-                }
+                same_bits(i, &a, &b, &c)?;
                 let want = c.reference();
                 compare(&c, &want, &b.out, &b.errors).map_err(|e| format!("case {i}: {e}"))?;
             }
