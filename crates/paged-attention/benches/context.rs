@@ -9,6 +9,7 @@
 //! the `|`-separated substrings. `MHA_KIT_BENCH_TRACE=1` also runs the
 //! sm_90a trace entry on the D 128 bf16 cases and prints where a work item's
 //! cycles go (per phase, by KV tiles per item; see `trace_report`).
+//! `MHA_KIT_BENCH_TRACE_RAW=dir` also writes each trace's raw stamps there.
 //! `MHA_KIT_BENCH_ALL_EXPERIMENTS=1` runs every leave-one-stage-out
 //! experiment on the FA3 grid's D 128 32 × 512 cell too (by default only on
 //! the two headline cases).
@@ -499,13 +500,9 @@ fn main() {
     pingpong.set_variant(1);
     let fallback = ContextKernel::with_path(&gpu, ContextPath::Mma).expect("load");
     // The cp.async row gather forced (the default, Auto, gathers at every
-    // page size today), and TMA boxes forced (P 16: eight boxes of 16 keys
-    // per 64 columns and tile, issued by one producer thread instead of the
-    // producer warpgroup's cp.async copies).
+    // page size today).
     let mut gather = ContextKernel::new(&gpu).expect("load");
     gather.set_kv_load(ContextKvLoad::Gather);
-    let mut tma_boxes = ContextKernel::new(&gpu).expect("load");
-    tma_boxes.set_kv_load(ContextKvLoad::Tma);
     // One CTA per work item instead of the persistent grid.
     let mut per_item = ContextKernel::new(&gpu).expect("load");
     per_item.set_variant(2);
@@ -515,6 +512,9 @@ fn main() {
     // Output rows stored by threads instead of TMA stores (the default).
     let mut o_threads = ContextKernel::new(&gpu).expect("load");
     o_threads.set_o_tma(false);
+    // Q rows copied by the producer's cp.async instead of TMA (the default).
+    let mut q_copies = ContextKernel::new(&gpu).expect("load");
+    q_copies.set_q_tma(false);
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
         [1u32, 4, 5, 6, 16, 32, 64, 96, 128, 512, 1024, 1536]
@@ -543,12 +543,12 @@ fn main() {
             "sm90a wgmma, one CTA per item"
         } else if std::ptr::eq(k, &gather) {
             "sm90a wgmma, cp.async gather"
-        } else if std::ptr::eq(k, &tma_boxes) {
-            "sm90a wgmma, TMA boxes"
         } else if std::ptr::eq(k, &no_split) {
             "sm90a wgmma, no KV split"
         } else if std::ptr::eq(k, &o_threads) {
             "sm90a wgmma, O stored by threads"
+        } else if std::ptr::eq(k, &q_copies) {
+            "sm90a wgmma, Q by cp.async"
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {
             match xv {
                 1 => "experiment: no softmax math",
@@ -570,6 +570,8 @@ fn main() {
     };
     let trace = std::env::var_os("MHA_KIT_BENCH_TRACE").is_some();
     let all_experiments = std::env::var("MHA_KIT_BENCH_ALL_EXPERIMENTS").is_ok_and(|v| v == "1");
+    // MHA_KIT_BENCH_TRACE_RAW=dir also writes each trace's raw words there.
+    let trace_raw = std::env::var_os("MHA_KIT_BENCH_TRACE_RAW");
     let mut traces = Vec::new();
     // MHA_KIT_BENCH_CASES=a|b runs only the matching cases (profiling).
     let only = std::env::var("MHA_KIT_BENCH_CASES").ok();
@@ -600,13 +602,7 @@ fn main() {
         }
         if (c.name.starts_with("FA3 grid") || i < 2) && kernel.uses_sm90() {
             kernels.push(&o_threads);
-        }
-        if c.name.starts_with("FA3 grid D 128") && kernel.uses_sm90() {
-            // Whether the producer's cp.async copies (at D 128, 128 warp-wide
-            // copies a tile for K and V, in the queue that the consumers'
-            // shared-memory loads and barrier polls also use) set the short
-            // cells' waits.
-            kernels.push(&tma_boxes);
+            kernels.push(&q_copies);
         }
         if c.name.starts_with("FA3 grid D 128") {
             // The leave-one-stage-out experiments that bound the per-item
@@ -667,6 +663,19 @@ fn main() {
                     launch(&tracer, &c, &mut p, &mut errors).expect("trace launch");
                 }
                 let words = tracer.trace().expect("trace");
+                if let Some(dir) = &trace_raw {
+                    // The raw stamps, u32 little-endian in the trace layout
+                    // (CONTEXT_SM90_TRACE_*), for a per-item timeline.
+                    let slug: String = c
+                        .name
+                        .chars()
+                        .map(|ch| if ch.is_ascii_alphanumeric() { ch } else { '_' })
+                        .collect();
+                    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                    let path = std::path::Path::new(dir)
+                        .join(format!("trace-{slug}-x{xv}-v{variant}.bin"));
+                    std::fs::write(&path, bytes).expect("write the raw trace");
+                }
                 let what = match (xv, variant) {
                     (8, 0) => "",
                     (8, _) => ", ping-pong",
@@ -692,9 +701,10 @@ fn main() {
         println!("{row}");
     }
     println!(
-        "\ndefault sm90a kernel: {} of {} launches loaded K/V with TMA boxes, {} stored O with TMA",
+        "\ndefault sm90a kernel: {} of {} launches loaded K/V with TMA boxes, {} stored O with TMA, {} loaded Q with TMA",
         kernel.tma_launches(),
         kernel.launches(),
-        kernel.o_tma_launches()
+        kernel.o_tma_launches(),
+        kernel.q_tma_launches()
     );
 }

@@ -168,6 +168,12 @@ struct ContextParams {
     // divides 64; read only when `kv_splits = 1`), 0 = stored by
     // threads. Same results.
     i32 o_tma;
+    // sm_90a producer: 1 = each work item's Q rows load as TMA boxes
+    // through the kernel's `q` tensor map (set by the launcher for
+    // 16-bit K/V when the map encodes and `G` divides the block rows
+    // BM), 0 = copied by the producer warpgroup's cp.async. Same
+    // results.
+    i32 q_tma;
 };
 static_assert(sizeof(ContextParams) == 256, "ContextParams: size differs from Rust");
 static_assert(alignof(ContextParams) == 8, "ContextParams: alignment differs from Rust");
@@ -212,6 +218,7 @@ static_assert(sizeof(ContextParams::partial) == 8 && alignof(decltype(ContextPar
 static_assert(sizeof(ContextParams::kv_splits) == 4 && alignof(decltype(ContextParams::kv_splits)) == 4, "ContextParams::kv_splits (offset 240): size or alignment differs from Rust");
 static_assert(sizeof(ContextParams::split_tiles) == 4 && alignof(decltype(ContextParams::split_tiles)) == 4, "ContextParams::split_tiles (offset 244): size or alignment differs from Rust");
 static_assert(sizeof(ContextParams::o_tma) == 4 && alignof(decltype(ContextParams::o_tma)) == 4, "ContextParams::o_tma (offset 248): size or alignment differs from Rust");
+static_assert(sizeof(ContextParams::q_tma) == 4 && alignof(decltype(ContextParams::q_tma)) == 4, "ContextParams::q_tma (offset 252): size or alignment differs from Rust");
 
 // paged_attention::MergeStatesParams (120 bytes).
 struct MergeStatesParams {

@@ -17,7 +17,8 @@
 // three at D 64 with 16-bit K/V (BM 192, 512 threads; see Cfg::NCW).
 // Warpgroups:
 //  * producer (warpgroup 0, setmaxnreg 56; 48 at D 256): loads each item's
-//    Q tile into a free Q buffer, then fills a K ring and a V ring (2-3
+//    Q tile into a free Q buffer (TMA boxes issued by thread 0 where G
+//    divides BM, p.q_tma; cp.async by all 128 threads otherwise), then fills a K ring and a V ring (2-3
 //    slots each; V one tile behind K), each slot guarded by a full and an
 //    empty mbarrier: by gathering the tile's keys page by page with 16-byte
 //    cp.async (default) or with TMA boxes (one thread, ContextKvLoad::Tma).
@@ -153,7 +154,10 @@ struct Cfg {
     // a parameter's address once, at the kernel's start, and a register
     // holds it across the item loop).
     static constexpr int OMAP_OFF = ITEM_OFF + 4 * 4 + 2 * ITEM_GEOM_BYTES;
-    static constexpr int QX_OFF = OMAP_OFF + 8;
+    // u64: the generic address of the `q` tensor map parameter (TMA loads of
+    // Q, p.q_tma), read by producer thread 0 where it issues them.
+    static constexpr int QMAP_OFF = OMAP_OFF + 8;
+    static constexpr int QX_OFF = QMAP_OFF + 8;
     static constexpr int QX_BYTES = F8 ? QBUF * BM : 0;
     static constexpr int BYTES = QX_OFF + QX_BYTES;
     static constexpr int ALLOC = BYTES + 1024;  // slack: the base is rounded up to 1024
@@ -230,6 +234,17 @@ MHA_KIT_DEVICE void tma_load_4d(u32 dst, const TmaMap& map, u32 bar, int c0, int
         "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
         "%5}], [%6];\n" ::"r"(dst),
         "l"(reinterpret_cast<u64>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+// TMA: the 3-D box at coordinates c0..c2 of the tensor map at generic
+// address `map` (a kernel parameter's) into shared memory at `dst`,
+// completing its bytes on `bar`'s transaction count (zero-filled outside the
+// tensor, counted in full).
+MHA_KIT_DEVICE void tma_load_3d(u32 dst, u64 map, u32 bar, int c0, int c1, int c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+        "%4}], [%5];\n" ::"r"(dst),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
 // TMA store, issued when `on` (predicated in PTX): the 3-D box at
@@ -457,7 +472,7 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
 // F8: e4m3 K/V pools.
 // Trace layout (XV & 8): u32 [TR_CTAS][TR_ITEMS][3 roles: producer,
 // consumer 0, consumer 1][TR_EV], the n-th item a role took in a CTA. Events:
-// producer 0 item taken, 1 Q copies issued, 2 / 3 K tile 0 / 1 copies issued
+// producer 0 item taken, 1 Q copies (or TMA boxes) issued, 2 / 3 K tile 0 / 1 copies issued
 // (the cp.async gather only);
 // consumers 0 item taken, 1 geometry, 2 Q landed, 3 K 0 landed, 4 S 0 done,
 // 5 softmax 0 done, 6 tile loop done, 7 last V landed, 8 last P V done,
@@ -477,7 +492,7 @@ MHA_KIT_DEVICE u32 clk32() {
 
 template <int QT, int D, int XV = 0, bool F8 = false>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v,
-                                      const TmaMap& tmap_o) {
+                                      const TmaMap& tmap_o, const TmaMap& tmap_q) {
     using C = Cfg<D, F8, (XV & 16) != 0>;
     constexpr int BM = C::BM;
     constexpr int NCW = C::NCW;
@@ -614,6 +629,14 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // (4-8 bytes); those store by threads (the launcher sets p.o_tma only
     // for two consumers).
     constexpr bool OTMA = !SERIAL && (XV & 4) == 0;
+    // Q by TMA (p.q_tma: the launcher's map of `q`, dims [D, Hq, tokens],
+    // box [64, G, BM / G], set when G divides BM): producer thread 0 issues
+    // D / 64 boxes of an item's BM packed rows (whole tokens of the G heads
+    // of its KV head) into the Q buffer, the operand layout. Rows past the
+    // request's last token hold the next tokens' q (zeros past the tensor):
+    // padding rows, which see no key and are never stored. Not for e4m3 K/V
+    // (their producer converts Q in place after its own copies).
+    const bool qtma = !F8 && p.q_tma != 0;
     // Trace stamp ev of this role's current item (thread 0 of a warpgroup);
     // `done`: the role's item count, at its exit.
     auto mark = [&](int role, int ev, u32 v) {
@@ -621,6 +644,16 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             const int n = n_items - 1;
             if (blockIdx.x < TR_CTAS && n < TR_ITEMS - 1 && (tid & 127) == 0)
                 reinterpret_cast<u32*>(p.partial)[((blockIdx.x * TR_ITEMS + n) * 3 + role) * TR_EV + ev] = v;
+        }
+    };
+    // Adds v to stamp ev of this role's current item (after its mark(.., 0)).
+    auto mark_add = [&](int role, int ev, u32 v) {
+        if constexpr (TR) {
+            const int n = n_items - 1;
+            if (blockIdx.x < TR_CTAS && n < TR_ITEMS - 1 && (tid & 127) == 0) {
+                u32* a = reinterpret_cast<u32*>(p.partial) + ((blockIdx.x * TR_ITEMS + n) * 3 + role) * TR_EV + ev;
+                asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
+            }
         }
     };
     auto done = [&](int role) {
@@ -636,9 +669,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     };
     if (tid == 0) {
         *reinterpret_cast<u64*>(smem + C::OMAP_OFF) = reinterpret_cast<u64>(&tmap_o);
+        *reinterpret_cast<u64*>(smem + C::QMAP_OFF) = reinterpret_cast<u64>(&tmap_q);
 #pragma unroll
         for (int s = 0; s < QBUF; ++s) {
-            mbar_init(bar_q + 8 * s, 128);
+            // TMA: thread 0's arrival + the boxes' bytes; else 128 cp.async arrivals.
+            mbar_init(bar_q + 8 * s, qtma ? 1 : 128);
             mbar_init(bar_qe + 8 * s, NC);
         }
 #pragma unroll
@@ -716,13 +751,24 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // Tile 0's page id (gather) is read before the Q copies go out, so
             // that its latency overlaps them.
             i32 next_id = tma ? -1 : page_id(0);
-            // Q: packed rows r0 .. r0 + rows (zeros past `rows`) into Q buffer
-            // qb, once the last S of the item that used it before is done.
+            // Q: packed rows r0 .. r0 + rows into Q buffer qb (the cp.async
+            // copies write zeros past `rows`, TMA the next tokens' q), once
+            // the last S of the item that used it before is done.
             const int qb = nq % QBUF;
             if (nq >= QBUF) mbar_wait(bar_qe + 8 * qb, (u32)(((nq - QBUF) / QBUF) & 1));
             // Thread pt copies chunk pt % CPR of rows pt / CPR + QRS m; the
             // row's (token j, head gq) advances by QRS rows a step.
-            {
+            if (qtma) {
+                if (pt == 0) {
+                    u64 map;
+                    asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(map) : "r"(base + C::QMAP_OFF));
+                    const u32 qdst = base + C::Q_OFF + qb * C::Q_BYTES;
+                    const int tok = g.row_start + r0 / G;  // G divides r0 (launcher: G | BM)
+                    mbar_arrive_expect_tx(bar_q + 8 * qb, (u32)C::Q_BYTES);
+#pragma unroll
+                    for (int a = 0; a < D / 64; ++a) tma_load_3d(qdst + a * C::Q_ATOM, map, bar_q + 8 * qb, 64 * a, h * G, tok);
+                }
+            } else {
                 constexpr int QRS = 128 / CPR;
                 const int ch = (int)ptv % CPR;
                 int row = (int)ptv / CPR;
@@ -784,7 +830,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 fence_proxy_async();
                 mbar_arrive(bar_q + 8 * qb);
             } else {
-                mbar_arrive_cp_async(bar_q + 8 * qb);
+                if (!qtma) mbar_arrive_cp_async(bar_q + 8 * qb);
                 mark(0, 1, tnow());
             }
 
@@ -1148,7 +1194,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         mark(role, 12, (u32)I.ntiles);
         mark(role, 13, (u32)it);
         // Trace: cycles of the fast tiles 1.. in issue, S wait, softmax, P V wait, rescale.
-        u32 tr_acc[5] = {0u, 0u, 0u, 0u, 0u};
+        // Summed in the trace slots themselves (red.global.add by thread 0
+        // of the warpgroup), so that no register holds them across the loop.
+#pragma unroll
+        for (int k = 0; k < 5; ++k) mark(role, 16 + k, 0u);
         if (I.skip) {
             release_item();
             continue;
@@ -1617,34 +1666,35 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     rescale_pack();
                 } else if (active) {
                     turn_take();
-                    const u32 a0 = tnow();
+                    u32 tlap = tnow();  // trace: the phase boundaries, one lap at a time
+                    auto lap = [&](int k) {
+                        if constexpr (TR) {
+                            const u32 now = tnow();
+                            mark_add(role, 16 + k, now - tlap);
+                            tlap = now;
+                        }
+                    };
+                    if (t == 2) mark(role, 21, tlap);
                     qk(st);
                     if constexpr (EARLY) rescale_o();  // alpha of tile t - 1, under S_t
                     pv(sp);
                     turn_pass(false);
-                    const u32 a1 = tnow();
+                    lap(0);
                     wg_wait<1>();
                     fence_regs(s);
-                    const u32 a2 = tnow();
+                    lap(1);
                     mbar_arrive(bar_ek + 8 * st);
                     mbar_arrive_if(!C::STAGE_O && t == ntiles - 1, bar_qe + 8 * qb);
                     softmax(t, full, vmw);
-                    const u32 a3 = tnow();
+                    lap(2);
                     wg_wait<0>();
                     fence_regs(o);
                     if constexpr (TCSUM) fence_regs(lacc);
                     fence_regs(pa);
-                    const u32 a4 = tnow();
+                    lap(3);
                     mbar_arrive(bar_ev + 8 * sp);
                     rescale_pack();
-                    if constexpr (TR) {
-                        if (t == 2) mark(role, 21, a0);
-                        tr_acc[0] += a1 - a0;
-                        tr_acc[1] += a2 - a1;
-                        tr_acc[2] += a3 - a2;
-                        tr_acc[3] += a4 - a3;
-                        tr_acc[4] += tnow() - a4;
-                    }
+                    lap(4);
                 } else {
                     turn_take();
                     turn_pass(false);
@@ -1810,8 +1860,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         }
         release_item();
         mark(role, 9, tnow());
-#pragma unroll
-        for (int k = 0; k < 5; ++k) mark(role, 16 + k, tr_acc[k]);
         if (ntiles > 0) {
             T0 += ntiles;
             ++nq;
@@ -1896,8 +1944,9 @@ PAS_MERGE_ENTRY(f16, 1, e4m3, true, 128)
     extern "C" __global__ void __launch_bounds__(pas::Cfg<D>::NTHREADS, 1)                        \
         paged_attention_context_sm90_##QN##_kv_##QN##_d##D(                                       \
             const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
-            const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o) { \
-        pas::context_sm90_body<QT, D>(p, tmap_k, tmap_v, tmap_o);                                 \
+            const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o,    \
+            const __grid_constant__ pas::TmaMap tmap_q) {                                          \
+        pas::context_sm90_body<QT, D>(p, tmap_k, tmap_v, tmap_o, tmap_q);                                 \
     }
 
 PAS_ENTRY(bf16, 0, 64)
@@ -1912,8 +1961,9 @@ PAS_ENTRY(f16, 1, 256)
     extern "C" __global__ void __launch_bounds__(pas::Cfg<D, true>::NTHREADS, 1)                  \
         paged_attention_context_sm90_##QN##_kv_e4m3_d##D(                                         \
             const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
-            const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o) { \
-        pas::context_sm90_body<QT, D, 0, true>(p, tmap_k, tmap_v, tmap_o);                        \
+            const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o,    \
+            const __grid_constant__ pas::TmaMap tmap_q) {                                          \
+        pas::context_sm90_body<QT, D, 0, true>(p, tmap_k, tmap_v, tmap_o, tmap_q);                        \
     }
 PAS_ENTRY8(bf16, 0, 64)
 PAS_ENTRY8(bf16, 0, 128)
@@ -1927,8 +1977,9 @@ PAS_ENTRY8(f16, 1, 256)
     extern "C" __global__ void __launch_bounds__(pas::Cfg<128>::NTHREADS, 1)                      \
         paged_attention_context_sm90_bf16_kv_bf16_d128_x##XV(                                     \
             const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
-            const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o) { \
-        pas::context_sm90_body<0, 128, XV>(p, tmap_k, tmap_v, tmap_o);                            \
+            const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o,    \
+            const __grid_constant__ pas::TmaMap tmap_q) {                                          \
+        pas::context_sm90_body<0, 128, XV>(p, tmap_k, tmap_v, tmap_o, tmap_q);                            \
     }
 PAS_XENTRY(1)
 PAS_XENTRY(4)
@@ -1950,6 +2001,7 @@ PAS_XENTRY(1536)
 extern "C" __global__ void __launch_bounds__(pas::Cfg<64>::NTHREADS, 1)
     paged_attention_context_sm90_bf16_kv_bf16_d64_x64(const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,
                                                       const __grid_constant__ pas::TmaMap tmap_v,
-                                                      const __grid_constant__ pas::TmaMap tmap_o) {
-    pas::context_sm90_body<0, 64, 64>(p, tmap_k, tmap_v, tmap_o);
+                                                      const __grid_constant__ pas::TmaMap tmap_o,
+                                                      const __grid_constant__ pas::TmaMap tmap_q) {
+    pas::context_sm90_body<0, 64, 64>(p, tmap_k, tmap_v, tmap_o, tmap_q);
 }

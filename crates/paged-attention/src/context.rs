@@ -300,6 +300,12 @@ kernel_rt::abi_struct! {
         /// divides 64; read only when `kv_splits = 1`), 0 = stored by
         /// threads. Same results.
         pub o_tma: i32 = "i32",
+        /// sm_90a producer: 1 = each work item's Q rows load as TMA boxes
+        /// through the kernel's `q` tensor map (set by the launcher for
+        /// 16-bit K/V when the map encodes and `G` divides the block rows
+        /// BM), 0 = copied by the producer warpgroup's cp.async. Same
+        /// results.
+        pub q_tma: i32 = "i32",
     }
 }
 

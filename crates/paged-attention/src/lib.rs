@@ -96,10 +96,10 @@ pub use context::{
     context_sm90_staging_steps, context_sm90_supported, context_sm90_threads,
     context_sm90_tile_keys, context_sm90_tma_rows, context_smem_bytes, context_stages,
     context_supported, context_variants, context_warps, kv_tma_layout, out_tma_layout,
-    validate_context, validate_context_for, ContextArgs, ContextKernel, ContextKvLoad,
-    ContextParams, ContextPath, ContextPlan, CONTEXT_KERNEL_ENV, CONTEXT_KV_LOAD_ENV, CONTEXT_PTX,
-    CONTEXT_SM90_PTX, CONTEXT_SM90_TRACE_CTAS, CONTEXT_SM90_TRACE_EVENTS, CONTEXT_SM90_TRACE_ITEMS,
-    CONTEXT_TILE_KEYS,
+    q_tma_layout, validate_context, validate_context_for, ContextArgs, ContextKernel,
+    ContextKvLoad, ContextParams, ContextPath, ContextPlan, CONTEXT_KERNEL_ENV,
+    CONTEXT_KV_LOAD_ENV, CONTEXT_PTX, CONTEXT_SM90_PTX, CONTEXT_SM90_TRACE_CTAS,
+    CONTEXT_SM90_TRACE_EVENTS, CONTEXT_SM90_TRACE_ITEMS, CONTEXT_TILE_KEYS,
 };
 pub use launch::{
     entry_name, launch_config, mma_entry_name, mma_smem_bytes, mma_supported, mma_variants,

@@ -768,6 +768,89 @@ fn main() {
             );
             Ok(())
         }),
+        named("q_tma_loads_equal_cp_async_copies", |gpu, k| {
+            // The sm_90a producer's TMA loads of Q (default, 16-bit K/V, G
+            // dividing BM) against its cp.async copies: random ragged cases
+            // (GQA 1..16, groups that do not divide BM, partial last tiles,
+            // skipped requests, bad pages, split KV by the launcher's rule)
+            // and named shapes (D 64 / 128 / 256, bf16 and f16): bit-identical
+            // outputs and error words, the reference met. A TMA box of a
+            // request's last tile also reads the next request's tokens
+            // (padding rows): with every q of the batch's last request NaN,
+            // the outputs stay bit-identical to the copies' (zero padding
+            // rows), so no padding row reaches a stored row.
+            let _ = k;
+            let tma = ContextKernel::new(gpu).or_fail("load")?;
+            let mut copies = ContextKernel::new(gpu).or_fail("load")?;
+            copies.set_q_tma(false);
+            let mut cases: Vec<Case> = (0..u64::from(gpu_cases(120)))
+                .map(|i| context_random_case(0x0A7_0000 + i, BUDGET / 2.0))
+                .collect();
+            for (i, (d, g, hkv, len_q)) in [
+                (128usize, 4usize, 2usize, 200usize),
+                (64, 8, 1, 77),
+                (256, 2, 2, 150),
+                (128, 16, 1, 40),
+                (128, 1, 3, 129),
+                (64, 3, 2, 100),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                for (qd, kv) in [
+                    (HalfDtype::Bf16, KvDtype::Bf16),
+                    (HalfDtype::F16, KvDtype::F16),
+                ] {
+                    cases.push(extend_case_h(
+                        kv,
+                        qd,
+                        d,
+                        g * hkv,
+                        hkv,
+                        16,
+                        30,
+                        len_q,
+                        500 + i as u64,
+                    ));
+                }
+            }
+            let mut poisoned = 0;
+            for (i, c) in cases.iter().enumerate() {
+                let a = run_gpu(gpu, &copies, c).or_fail("copies")?;
+                let b = run_gpu(gpu, &tma, c).or_fail("tma")?;
+                same_bits(i, &a, &b, c)?;
+                let want = c.reference();
+                compare(c, &want, &b.out, &b.errors).map_err(|e| format!("case {i}: {e}"))?;
+                let nreq = c.cu.len() - 1;
+                let (lo, hi) = (c.cu[nreq.saturating_sub(1)], c.cu[nreq]);
+                if nreq >= 2 && 0 <= lo && lo < hi && hi as usize <= c.num_tokens {
+                    let mut nan = c.clone();
+                    let row = nan.hq * nan.d;
+                    for x in &mut nan.q[lo as usize * row..hi as usize * row] {
+                        *x = 0x7FC0;
+                    }
+                    let a = run_gpu(gpu, &copies, &nan).or_fail("copies, NaN q")?;
+                    let b = run_gpu(gpu, &tma, &nan).or_fail("tma, NaN q")?;
+                    same_bits(format!("{i} (last request's q NaN)"), &a, &b, &nan)?;
+                    poisoned += 1;
+                }
+            }
+            let sm90 = gpu.context().compute_capability().or_fail("cc")? == (9, 0);
+            if copies.q_tma_launches() != 0 || (sm90 && tma.q_tma_launches() == 0) {
+                return Err(format!(
+                    "TMA Q launches: {} (on), {} (off)",
+                    tma.q_tma_launches(),
+                    copies.q_tma_launches()
+                ));
+            }
+            println!(
+                "q_tma_loads_equal_cp_async_copies: {} cases ({poisoned} also with NaN q in the last request), {} of {} launches with TMA Q",
+                cases.len(),
+                tma.q_tma_launches(),
+                tma.launches()
+            );
+            Ok(())
+        }),
         named("persistent_grid_equals_one_cta_per_item", |gpu, k| {
             // The default persistent grid capped at 1..8 CTAs (each walks
             // many items: skipped requests, tiles past a request's rows,

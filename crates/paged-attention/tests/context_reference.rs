@@ -18,7 +18,7 @@ use paged_attention::{
     context_sm90_q_buffers, context_sm90_smem_bytes, context_sm90_stages,
     context_sm90_staging_steps, context_sm90_supported, context_sm90_threads,
     context_sm90_tile_keys, context_sm90_tma_rows, context_smem_bytes, context_variants,
-    kv_tma_layout, out_tma_layout, ContextParams, HalfDtype, KvDtype, CONTEXT_PTX,
+    kv_tma_layout, out_tma_layout, q_tma_layout, ContextParams, HalfDtype, KvDtype, CONTEXT_PTX,
     CONTEXT_SM90_PTX,
 };
 use proptest::prelude::*;
@@ -151,6 +151,7 @@ fn context_params_layout_matches_cuda() {
     assert_eq!(offset_of!(ContextParams, kv_splits), 240);
     assert_eq!(offset_of!(ContextParams, split_tiles), 244);
     assert_eq!(offset_of!(ContextParams, o_tma), 248);
+    assert_eq!(offset_of!(ContextParams, q_tma), 252);
     assert!(CONTEXT_PTX
         .ptx
         .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[256]"));
@@ -313,7 +314,7 @@ fn context_sm90_plan_fits() {
                 + 128 * ncw * 4
                 + 16
                 + 2 * 64
-                + 8 // the output tensor map's address
+                + 16 // the output and query tensor maps' addresses
                 + if kv == KvDtype::E4m3 { qbuf * bm } else { 0 }
                 + 1024
         );
@@ -466,6 +467,29 @@ fn out_tma_layouts() {
     assert!(out_tma_layout([32 * 128, 128], 10, 32, 4, 96).is_none());
     assert!(out_tma_layout([32 * 132, 132], 10, 32, 4, 128).is_none());
     assert!(out_tma_layout([32 * 128, 128], 0, 32, 4, 128).is_none());
+}
+
+/// Tensor-map layouts of the query view for the sm_90a producer's TMA loads
+/// of Q: one box holds a work item's BM packed rows (BM / G tokens × G heads
+/// × 64 columns); a group that does not divide BM copies by cp.async.
+#[test]
+fn q_tma_layouts() {
+    let l = q_tma_layout([32 * 128, 128], 4096, 32, 4, 128, 128).unwrap();
+    assert_eq!(l.dims, [128, 32, 4096]);
+    assert_eq!(l.strides_bytes[..2], [256, 8192]);
+    assert_eq!(l.box_dims, [64, 4, 32]);
+    // D 64 with three consumers: BM 192, so G 3 loads by TMA and G 16 too.
+    for g in [1, 2, 3, 4, 6, 8, 12, 16] {
+        let l = q_tma_layout([48 * 64, 64], 100, 48, g, 64, 192).unwrap();
+        assert_eq!(l.box_dims, [64, g as u32, 192 / g as u32]);
+    }
+    assert!(q_tma_layout([24 * 128, 128], 10, 24, 3, 128, 128).is_none());
+    assert!(q_tma_layout([40 * 64, 64], 10, 40, 5, 64, 192).is_none());
+    assert!(q_tma_layout([32 * 128, 128], 10, 32, 4, 96, 128).is_none());
+    assert!(q_tma_layout([32 * 128, 128], 0, 32, 4, 128, 128).is_none());
+    // One head, G 1: a box of 128 tokens.
+    let one = q_tma_layout([128, 0], 10, 1, 1, 128, 128).unwrap();
+    assert_eq!(one.box_dims, [64, 1, 128]);
 }
 
 /// Occupancy plan: D 64 → 3 CTAs/SM, D 128 → 2, D 256 → 1 (228 KB per SM,

@@ -27,11 +27,15 @@ pub struct ContextKernel {
     /// sm_90a epilogue: TMA stores of whole warpgroups' output rows where
     /// [`out_tma_layout`] allows (default), else stores by threads.
     o_tma: bool,
+    /// sm_90a producer: TMA loads of each work item's Q rows where
+    /// [`q_tma_layout`] allows (default), else cp.async copies.
+    q_tma: bool,
     variant: i32,
     experiment: u32,
     launches: AtomicU64,
     tma_launches: AtomicU64,
     o_tma_launches: AtomicU64,
+    q_tma_launches: AtomicU64,
 }
 
 /// Resolves `entry` of `module` with its dynamic shared memory limit raised.
@@ -147,11 +151,13 @@ impl ContextKernel {
             max_ctas: None,
             kv_load: ContextKvLoad::from_env()?,
             o_tma: true,
+            q_tma: true,
             variant: 0,
             experiment: 0,
             launches: AtomicU64::new(0),
             tma_launches: AtomicU64::new(0),
             o_tma_launches: AtomicU64::new(0),
+            q_tma_launches: AtomicU64::new(0),
         })
     }
 
@@ -194,6 +200,19 @@ impl ContextKernel {
         self.o_tma_launches.load(Ordering::Relaxed)
     }
 
+    /// Sets whether the sm_90a kernel loads each work item's Q rows with
+    /// TMA (default `true`; used for 16-bit K/V where [`q_tma_layout`]
+    /// gives a layout) or with the producer's cp.async copies. Same
+    /// results, other timing.
+    pub fn set_q_tma(&mut self, on: bool) {
+        self.q_tma = on;
+    }
+
+    /// sm_90a launches so far whose Q rows loaded as TMA boxes.
+    pub fn q_tma_launches(&self) -> u64 {
+        self.q_tma_launches.load(Ordering::Relaxed)
+    }
+
     /// The tensor map of the output view for the sm_90a kernel's TMA
     /// stores, or `None` (stores by threads) when they are off, the entry
     /// has none (three consumers), the layout does not allow them or the
@@ -213,6 +232,27 @@ impl ContextKernel {
             d,
         )?;
         layout.encode(p.out, args.q_dtype == HalfDtype::F16).ok()
+    }
+
+    /// The tensor map of the query view for the sm_90a producer's TMA loads
+    /// of Q, or `None` (cp.async copies) when they are off, the K/V are
+    /// e4m3 (that producer converts Q in place after its own copies), the
+    /// layout does not allow them or the driver refuses the map.
+    fn q_map(&self, args: &ContextArgs<'_>, p: &ContextParams) -> Option<TensorMap> {
+        let d = args.q.shape()[2];
+        let kv = args.kv.dtype();
+        if !self.q_tma || kv == KvDtype::E4m3 {
+            return None;
+        }
+        let layout = q_tma_layout(
+            [p.q_stride_tok, p.q_stride_head],
+            p.num_tokens as usize,
+            p.num_q_heads as usize,
+            p.group as usize,
+            d,
+            context_sm90_block_rows(d, kv),
+        )?;
+        layout.encode(p.q, args.q_dtype == HalfDtype::F16).ok()
     }
 
     /// The K and V tensor maps of a launch and the params that select the
@@ -434,6 +474,12 @@ impl ContextKernel {
         }
         // The output map only where the epilogue writes `out` itself (split
         // KV writes partial rows; the merge entry writes `out`).
+        let mut q_map = TensorMap::default();
+        if plan.sm90 {
+            if let Some(m) = self.q_map(args, &p) {
+                (p.q_tma, q_map) = (1, m);
+            }
+        }
         let mut o_map = TensorMap::default();
         if plan.sm90 && p.kv_splits == 1 {
             if let Some(m) = self.out_map(args, &p) {
@@ -450,6 +496,7 @@ impl ContextKernel {
             builder.arg(&maps[0]);
             builder.arg(&maps[1]);
             builder.arg(&o_map);
+            builder.arg(&q_map);
         }
         // SAFETY: `validate_context` checked every shape and stride against the
         // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
@@ -458,7 +505,8 @@ impl ContextKernel {
         // layout is pinned by a CPU test. The tensor maps span exactly the
         // validated K/V views (TMA zero-fills boxes outside them) and the
         // validated output view (a store box is clipped to it; the kernel
-        // stores only boxes of rows it owns); `work` is
+        // stores only boxes of rows it owns), and the validated query view
+        // (Q boxes are read-only and zero-filled past it); `work` is
         // this launcher's own 2-word buffer, used by its launches in stream
         // order only.
         unsafe { builder.launch(config) }?;
@@ -468,6 +516,9 @@ impl ContextKernel {
         }
         if p.o_tma != 0 {
             self.o_tma_launches.fetch_add(1, Ordering::Relaxed);
+        }
+        if p.q_tma != 0 {
+            self.q_tma_launches.fetch_add(1, Ordering::Relaxed);
         }
         if p.kv_splits > 1 {
             let name = context_sm90_merge_entry_name(args.q_dtype, args.kv.dtype(), d);

@@ -109,8 +109,8 @@ pub fn context_sm90_staging_steps(head_dim: usize, kv: KvDtype) -> usize {
 /// (full + empty per Q buffer and per ring slot, two work-item slots full +
 /// empty + geometry published), one f32 per consumer thread, four i32 (two
 /// work-item slots, the prefetched work counter, a spare), the two slots'
-/// published geometry (64 bytes each), the output tensor map's address (8
-/// bytes), for e4m3 KV one byte per Q row and
+/// published geometry (64 bytes each), the output and query tensor maps'
+/// addresses (8 bytes each), for e4m3 KV one byte per Q row and
 /// buffer (the row's shift of its conversion to f16), and
 /// 1024 bytes of slack to align the swizzled tiles.
 pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
@@ -135,7 +135,7 @@ pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
         + 128 * context_sm90_consumers(head_dim, kv_dtype) * 4
         + 16
         + 2 * CONTEXT_SM90_ITEM_GEOM_BYTES
-        + 8
+        + 16
         + q_conv
         + 1024
 }
@@ -223,7 +223,36 @@ pub fn out_tma_layout(
     group: usize,
     head_dim: usize,
 ) -> Option<kernel_rt::tma::Tiled16<3>> {
-    if group == 0 || 64 % group != 0 || head_dim % 64 != 0 || num_tokens == 0 || hq < group {
+    rows_tma_layout(strides, num_tokens, hq, group, head_dim, 64)
+}
+
+/// The 3-D tensor map layout of the query view for the sm_90a kernel's TMA
+/// loads of a work item's Q rows, or `None` when the producer copies them
+/// with cp.async: as [`out_tma_layout`], with box `[64, group, rows /
+/// group]` for the `rows` = BM packed rows of a work item
+/// ([`context_sm90_block_rows`]); needs `group` to divide `rows`.
+pub fn q_tma_layout(
+    strides: [i64; 2],
+    num_tokens: usize,
+    hq: usize,
+    group: usize,
+    head_dim: usize,
+    rows: usize,
+) -> Option<kernel_rt::tma::Tiled16<3>> {
+    rows_tma_layout(strides, num_tokens, hq, group, head_dim, rows)
+}
+
+/// `[D, Hq, tokens]` with box `[64, group, rows / group]` (see
+/// [`out_tma_layout`]).
+fn rows_tma_layout(
+    strides: [i64; 2],
+    num_tokens: usize,
+    hq: usize,
+    group: usize,
+    head_dim: usize,
+    rows: usize,
+) -> Option<kernel_rt::tma::Tiled16<3>> {
+    if group == 0 || rows % group != 0 || head_dim % 64 != 0 || num_tokens == 0 || hq < group {
         return None;
     }
     let [st, sh] = strides.map(|x| u64::try_from(x).ok());
@@ -233,7 +262,7 @@ pub fn out_tma_layout(
     let layout = kernel_rt::tma::Tiled16 {
         dims: [head_dim as u64, hq as u64, num_tokens as u64],
         strides_bytes: [sh, st, 0],
-        box_dims: [64, group as u32, (64 / group) as u32],
+        box_dims: [64, group as u32, u32::try_from(rows / group).ok()?],
     };
     layout.rejection().is_none().then_some(layout)
 }
