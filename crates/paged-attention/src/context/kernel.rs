@@ -38,6 +38,28 @@ pub struct ContextKernel {
     q_tma_launches: AtomicU64,
 }
 
+/// The tensor map of a `[tokens, Hq, D]` view of the call (`q` or `out`:
+/// element `strides` `[token, head]`, base `ptr`) with boxes of `rows`
+/// packed rows ([`q_tma_layout`]), or `None` when the layout or the driver
+/// does not allow one.
+fn rows_map(
+    args: &ContextArgs<'_>,
+    p: &ContextParams,
+    strides: [i64; 2],
+    ptr: u64,
+    rows: usize,
+) -> Option<TensorMap> {
+    let layout = q_tma_layout(
+        strides,
+        p.num_tokens as usize,
+        p.num_q_heads as usize,
+        p.group as usize,
+        args.q.shape()[2],
+        rows,
+    )?;
+    layout.encode(ptr, args.q_dtype == HalfDtype::F16).ok()
+}
+
 /// Resolves `entry` of `module` with its dynamic shared memory limit raised.
 fn load_entry(
     gpu: &Gpu,
@@ -224,14 +246,7 @@ impl ContextKernel {
         if !self.o_tma || context_sm90_consumers(d, args.kv.dtype()) != 2 {
             return None;
         }
-        let layout = out_tma_layout(
-            [p.o_stride_tok, p.o_stride_head],
-            p.num_tokens as usize,
-            p.num_q_heads as usize,
-            p.group as usize,
-            d,
-        )?;
-        layout.encode(p.out, args.q_dtype == HalfDtype::F16).ok()
+        rows_map(args, p, [p.o_stride_tok, p.o_stride_head], p.out, 64)
     }
 
     /// The tensor map of the query view for the sm_90a producer's TMA loads
@@ -239,20 +254,12 @@ impl ContextKernel {
     /// e4m3 (that producer converts Q in place after its own copies), the
     /// layout does not allow them or the driver refuses the map.
     fn q_map(&self, args: &ContextArgs<'_>, p: &ContextParams) -> Option<TensorMap> {
-        let d = args.q.shape()[2];
         let kv = args.kv.dtype();
         if !self.q_tma || kv == KvDtype::E4m3 {
             return None;
         }
-        let layout = q_tma_layout(
-            [p.q_stride_tok, p.q_stride_head],
-            p.num_tokens as usize,
-            p.num_q_heads as usize,
-            p.group as usize,
-            d,
-            context_sm90_block_rows(d, kv),
-        )?;
-        layout.encode(p.q, args.q_dtype == HalfDtype::F16).ok()
+        let rows = context_sm90_block_rows(args.q.shape()[2], kv);
+        rows_map(args, p, [p.q_stride_tok, p.q_stride_head], p.q, rows)
     }
 
     /// The K and V tensor maps of a launch and the params that select the

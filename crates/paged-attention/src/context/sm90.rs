@@ -223,7 +223,7 @@ pub fn out_tma_layout(
     group: usize,
     head_dim: usize,
 ) -> Option<kernel_rt::tma::Tiled16<3>> {
-    rows_tma_layout(strides, num_tokens, hq, group, head_dim, 64)
+    q_tma_layout(strides, num_tokens, hq, group, head_dim, 64)
 }
 
 /// The 3-D tensor map layout of the query view for the sm_90a kernel's TMA
@@ -232,19 +232,6 @@ pub fn out_tma_layout(
 /// group]` for the `rows` = BM packed rows of a work item
 /// ([`context_sm90_block_rows`]); needs `group` to divide `rows`.
 pub fn q_tma_layout(
-    strides: [i64; 2],
-    num_tokens: usize,
-    hq: usize,
-    group: usize,
-    head_dim: usize,
-    rows: usize,
-) -> Option<kernel_rt::tma::Tiled16<3>> {
-    rows_tma_layout(strides, num_tokens, hq, group, head_dim, rows)
-}
-
-/// `[D, Hq, tokens]` with box `[64, group, rows / group]` (see
-/// [`out_tma_layout`]).
-fn rows_tma_layout(
     strides: [i64; 2],
     num_tokens: usize,
     hq: usize,
