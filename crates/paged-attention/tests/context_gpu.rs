@@ -48,6 +48,34 @@ fn same_bits(i: impl std::fmt::Display, a: &GpuOut, b: &GpuOut, c: &Case) -> Res
     ))
 }
 
+/// Extend cases over P 16 pages: for each shape `(D, G, Hkv, new tokens)`
+/// (the `i`-th, seed `seed0 + i`) and each `(q dtype, KV dtype)`, `new
+/// tokens` over a `prefix`-token prefix with `Hq = G · Hkv` heads.
+fn extend_cases(
+    shapes: &[(usize, usize, usize, usize)],
+    dtypes: &[(HalfDtype, KvDtype)],
+    prefix: usize,
+    seed0: u64,
+) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (i, &(d, g, hkv, len_q)) in shapes.iter().enumerate() {
+        for &(qd, kv) in dtypes {
+            cases.push(extend_case_h(
+                kv,
+                qd,
+                d,
+                g * hkv,
+                hkv,
+                16,
+                prefix,
+                len_q,
+                seed0 + i as u64,
+            ));
+        }
+    }
+    cases
+}
+
 /// Runs `c` (ragged layout) through the context kernel; output poisoned first.
 fn run_gpu(gpu: &Arc<Gpu>, kernel: &ContextKernel, c: &Case) -> Result<GpuOut, KernelError> {
     run_gpu_layout(gpu, kernel, c, false)
@@ -720,31 +748,22 @@ fn main() {
             let mut cases: Vec<Case> = (0..u64::from(gpu_cases(120)))
                 .map(|i| context_random_case(0x07A_0000 + i, BUDGET / 2.0))
                 .collect();
-            for (i, (d, g, hkv, len_q)) in [
-                (128usize, 4usize, 2usize, 256usize),
-                (128, 16, 1, 33),
-                (256, 8, 2, 200),
-                (128, 1, 4, 129),
-                (256, 2, 1, 64),
-                (128, 3, 2, 100),
-            ]
-            .into_iter()
-            .enumerate()
-            {
-                for kv in [KvDtype::Bf16, KvDtype::E4m3] {
-                    cases.push(extend_case_h(
-                        kv,
-                        HalfDtype::Bf16,
-                        d,
-                        g * hkv,
-                        hkv,
-                        16,
-                        70,
-                        len_q,
-                        300 + i as u64,
-                    ));
-                }
-            }
+            cases.extend(extend_cases(
+                &[
+                    (128, 4, 2, 256),
+                    (128, 16, 1, 33),
+                    (256, 8, 2, 200),
+                    (128, 1, 4, 129),
+                    (256, 2, 1, 64),
+                    (128, 3, 2, 100),
+                ],
+                &[
+                    (HalfDtype::Bf16, KvDtype::Bf16),
+                    (HalfDtype::Bf16, KvDtype::E4m3),
+                ],
+                70,
+                300,
+            ));
             for (i, c) in cases.iter().enumerate() {
                 let a = run_gpu(gpu, &threads, c).or_fail("threads")?;
                 let b = run_gpu(gpu, &tma, c).or_fail("tma")?;
@@ -786,34 +805,22 @@ fn main() {
             let mut cases: Vec<Case> = (0..u64::from(gpu_cases(120)))
                 .map(|i| context_random_case(0x0A7_0000 + i, BUDGET / 2.0))
                 .collect();
-            for (i, (d, g, hkv, len_q)) in [
-                (128usize, 4usize, 2usize, 200usize),
-                (64, 8, 1, 77),
-                (256, 2, 2, 150),
-                (128, 16, 1, 40),
-                (128, 1, 3, 129),
-                (64, 3, 2, 100),
-            ]
-            .into_iter()
-            .enumerate()
-            {
-                for (qd, kv) in [
+            cases.extend(extend_cases(
+                &[
+                    (128, 4, 2, 200),
+                    (64, 8, 1, 77),
+                    (256, 2, 2, 150),
+                    (128, 16, 1, 40),
+                    (128, 1, 3, 129),
+                    (64, 3, 2, 100),
+                ],
+                &[
                     (HalfDtype::Bf16, KvDtype::Bf16),
                     (HalfDtype::F16, KvDtype::F16),
-                ] {
-                    cases.push(extend_case_h(
-                        kv,
-                        qd,
-                        d,
-                        g * hkv,
-                        hkv,
-                        16,
-                        30,
-                        len_q,
-                        500 + i as u64,
-                    ));
-                }
-            }
+                ],
+                30,
+                500,
+            ));
             let mut poisoned = 0;
             for (i, c) in cases.iter().enumerate() {
                 let a = run_gpu(gpu, &copies, c).or_fail("copies")?;

@@ -479,14 +479,14 @@ impl ContextKernel {
                 config.grid_dim.0 = items * splits as u32;
             }
         }
-        // The output map only where the epilogue writes `out` itself (split
-        // KV writes partial rows; the merge entry writes `out`).
         let mut q_map = TensorMap::default();
         if plan.sm90 {
             if let Some(m) = self.q_map(args, &p) {
                 (p.q_tma, q_map) = (1, m);
             }
         }
+        // The output map only where the epilogue writes `out` itself (split
+        // KV writes partial rows; the merge entry writes `out`).
         let mut o_map = TensorMap::default();
         if plan.sm90 && p.kv_splits == 1 {
             if let Some(m) = self.out_map(args, &p) {
