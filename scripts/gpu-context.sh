@@ -23,6 +23,10 @@
 #             (default "bs 64, L 8192" and "bs 1, L 1024"; first matching
 #             launch, NCU_SET, default full) into $OUT/dncu-<n>.ncu-rep
 #   sanitize  compute-sanitizer memcheck + racecheck on small cases
+#   duo       the two-CTA (duo) entries: their GPU test, then memcheck and
+#             racecheck on a few of its cases (MHA_KIT_GPU_CASES=4), then
+#             the FA3 grid (default, duo forced, duo by the launcher's rule)
+#             and torch's cuDNN SDPA on the same shapes (same call)
 #   backend   the mha-backend GPU tests
 #   replay    the mha-replay GPU tests, then the main job on the code trace
 #             (REPLAY_ARGS, default the first 2000 requests; timeout 300 s)
@@ -150,6 +154,21 @@ stage_sanitize() {
     --skip long_rows > "$OUT/memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/memcheck.log"
   timeout 120 compute-sanitizer --tool racecheck $T --include-ignored must_pass_windows > "$OUT/racecheck.log" 2>&1
   echo "rc=$?"; summary "$OUT/racecheck.log"
+}
+stage_duo() {
+  echo "== duo entries vs the reference"
+  timeout 150 $T --include-ignored duo_entries > "$OUT/duo.log" 2>&1; echo "rc=$?"; summary "$OUT/duo.log"
+  grep -E "duo_entries_equal" "$OUT/duo.log"
+  echo "== memcheck, racecheck: duo entries (small case set)"
+  MHA_KIT_GPU_CASES=4 timeout 150 compute-sanitizer --tool memcheck $T --include-ignored duo_entries \
+    > "$OUT/duo_memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/duo_memcheck.log"
+  MHA_KIT_CONTEXT_DUO=on timeout 120 compute-sanitizer --tool racecheck $T --include-ignored must_pass_windows \
+    > "$OUT/duo_racecheck.log" 2>&1; echo "rc=$?"; summary "$OUT/duo_racecheck.log"
+  echo "== FA3 grid with the duo entries"
+  MHA_KIT_BENCH_CASES="FA3 grid|bs 8 × 4096, P 16" timeout ${BENCH_TIMEOUT:-240} benches/paged-attention-context --bench \
+    > "$OUT/duo_bench.log" 2>&1; echo "rc=$?"
+  grep -E '^(\||## )' "$OUT/duo_bench.log"
+  stage_peers
 }
 stage_backend() {
   echo "== mha-backend GPU tests"

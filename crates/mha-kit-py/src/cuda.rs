@@ -473,6 +473,7 @@ pub fn context(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
             (Some(b), Some(t)) => Some(b.view(t)?),
             _ => None,
         },
+        max_kv_len: Some(c.max_seq_len),
     };
     let mut errs = lock(&dev.errors);
     let t0 = crate::probe::start();

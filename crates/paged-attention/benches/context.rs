@@ -11,8 +11,11 @@
 //! cycles go (per phase, by KV tiles per item; see `trace_report`).
 //! `MHA_KIT_BENCH_TRACE_RAW=dir` also writes each trace's raw stamps there.
 //! `MHA_KIT_BENCH_ALL_EXPERIMENTS=1` runs every leave-one-stage-out
-//! experiment on the FA3 grid's D 128 32 × 512 cell too (by default only on
-//! the two headline cases).
+//! experiment on the FA3 grid's D 128 32 × 512 cell too, and the one-CTA-per-
+//! item grid and three experiments on every D 128 cell (by default the
+//! experiments run only on the two headline cases). The FA3 grid's D 64 /
+//! 128 cells and the headline cases also run the two-CTA (duo) entries
+//! forced on and by the launcher's rule beside the default.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -253,6 +256,7 @@ fn launch(
         bmm2_scale: 1.0,
         window_left: None,
         sinks: None,
+        max_kv_len: Some(c.prefix + c.n),
     };
     kernel.launch(&mut args, errors)
 }
@@ -515,6 +519,13 @@ fn main() {
     // Q rows copied by the producer's cp.async instead of TMA (the default).
     let mut q_copies = ContextKernel::new(&gpu).expect("load");
     q_copies.set_q_tma(false);
+    // The two-CTA (duo) entries forced on, and picked by the launcher's
+    // rule (context_sm90_duo_wanted); the default follows MHA_KIT_CONTEXT_DUO
+    // (unset: off).
+    let mut duo_on = ContextKernel::new(&gpu).expect("load");
+    duo_on.set_duo(Some(true));
+    let mut duo_rule = ContextKernel::new(&gpu).expect("load");
+    duo_rule.set_duo(None);
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
         [1u32, 4, 5, 6, 16, 32, 64, 96, 128, 512, 1024, 1536]
@@ -549,6 +560,10 @@ fn main() {
             "sm90a wgmma, O stored by threads"
         } else if std::ptr::eq(k, &q_copies) {
             "sm90a wgmma, Q by cp.async"
+        } else if std::ptr::eq(k, &duo_on) {
+            "sm90a wgmma, duo entries forced"
+        } else if std::ptr::eq(k, &duo_rule) {
+            "sm90a wgmma, duo by the launcher's rule"
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {
             match xv {
                 1 => "experiment: no softmax math",
@@ -597,17 +612,21 @@ fn main() {
         if i == 4 && kernel.uses_sm90() {
             kernels.push(&gather);
         }
-        if c.name.starts_with("FA3 grid D 128") && kernel.uses_sm90() {
+        if c.name.starts_with("FA3 grid D 128") && all_experiments && kernel.uses_sm90() {
             kernels.push(&per_item);
         }
-        if (c.name.starts_with("FA3 grid") || i < 2) && kernel.uses_sm90() {
+        if i < 2 && kernel.uses_sm90() {
             kernels.push(&o_threads);
             kernels.push(&q_copies);
         }
-        if c.name.starts_with("FA3 grid D 128") {
-            // The leave-one-stage-out experiments that bound the per-item
-            // costs (D 128 entries); every experiment on the shortest cell
-            // with MHA_KIT_BENCH_ALL_EXPERIMENTS=1.
+        if (c.name.starts_with("FA3 grid") || i < 2) && !c.fp8 && c.d != 256 && kernel.uses_sm90() {
+            kernels.push(&duo_on);
+            kernels.push(&duo_rule);
+        }
+        if c.name.starts_with("FA3 grid D 128") && all_experiments {
+            // With MHA_KIT_BENCH_ALL_EXPERIMENTS=1: the leave-one-stage-out
+            // experiments that bound the per-item costs (D 128 entries);
+            // every experiment on the shortest cell.
             let all = all_experiments && c.name.ends_with("32 × 512");
             kernels.extend(
                 experiments

@@ -70,19 +70,31 @@ using namespace pac;
 // producer's e4m3 gather).
 // SWAP (timing experiment XV & 16, D 128 16-bit only): ring depths K 3 /
 // V 2 instead of the default 2 / 3 (same shared memory).
-template <int D, bool F8 = false, bool SWAP = false>
+// DUO (D 64 / 128, 16-bit K/V; the launcher's choice for short KV ranges,
+// see `context_sm90_duo` in src/context/sm90.rs): two CTAs per SM, each a
+// producer and ONE consumer warpgroup of 64 rows over 64-key tiles. The two
+// CTAs of an SM run their items independently, so one CTA's item start,
+// first softmax and epilogue (CUDA-core work with no GEMM of its own to
+// hide under) overlap the other CTA's GEMMs; the smaller tiles also compute
+// fewer masked scores on the causal diagonal. Each CTA reads the K/V of its
+// 64 rows, twice the bytes per FLOP of the 128-row items: for short KV
+// ranges only.
+template <int D, bool F8 = false, bool SWAP = false, bool DUO = false>
 struct Cfg {
-    static constexpr int BN = D == 256 ? 64 : 128;  // keys per KV tile
+    static_assert(!DUO || (!F8 && !SWAP && D != 256), "two CTAs per SM: D 64 / 128, 16-bit K/V");
+    static constexpr int CTAS = DUO ? 2 : 1;        // CTAs resident per SM (launch bounds)
+    static constexpr int BN = D == 256 || DUO ? 64 : 128;  // keys per KV tile
     // Consumer warpgroups, 64 query rows each: three at D 64 with 16-bit
     // K/V (192-row tiles, as FA3 runs D 64: there the exponentials take as
     // long as both GEMMs, and a third consumer warp per scheduler keeps the
     // MUFU and the tensor cores busy while one warp waits), else two.
-    static constexpr int NCW = D == 64 && !F8 ? 3 : 2;
+    static constexpr int NCW = DUO ? 1 : D == 64 && !F8 ? 3 : 2;
     static constexpr int BM = 64 * NCW;               // packed query rows per work item
     static constexpr int NTHREADS = 128 * (NCW + 1);  // producer + consumers
     // Registers a thread gets at launch (one CTA per SM), which setmaxnreg
     // then moves between the roles: 168 at 384 threads, 128 at 512.
-    static constexpr int LAUNCH_REGS = (65536 / NTHREADS) & ~7;
+    // Two CTAs per SM (DUO, 256 threads each): 128.
+    static constexpr int LAUNCH_REGS = (65536 / (NTHREADS * CTAS)) & ~7;
     // Register split (128 x P + 128 NCW x C <= the launch's LAUNCH_REGS x
     // NTHREADS). D 256: 48 / 224, the split its tests ran with on the H200
     // (with a persistent D 256 the producer's item loop spilled at 40).
@@ -90,8 +102,9 @@ struct Cfg {
     // conversion keeps four 16-byte loads in flight; with fewer registers
     // it spilled).
     // Three consumers (D 64 16-bit): 56 / 152, the whole register file.
+    // DUO: 56 / 200 (one consumer of 64 rows: O 64, S 32, P 16 registers at D 128).
     static constexpr int PRODUCER_REGS = D == 256 ? (F8 ? 56 : 48) : F8 ? 72 : 56;
-    static constexpr int CONSUMER_REGS = NCW == 3 ? 152 : F8 && D != 256 ? 216 : 224;
+    static constexpr int CONSUMER_REGS = DUO ? 200 : NCW == 3 ? 152 : F8 && D != 256 ? 216 : 224;
     static_assert(128 * PRODUCER_REGS + 128 * NCW * CONSUMER_REGS <= NTHREADS * LAUNCH_REGS, "register split");
     // Persistent grid (mirrored by `context_sm90_persistent` in
     // src/context.rs): at D 256 the consumers' O (128 registers a thread)
@@ -122,8 +135,9 @@ struct Cfg {
     // fewer cycles per item from 4 x 4096 up, ~1% more at bs 32 x 512
     // (H200, session 6; the split of session 5 and before was K 3 / V 2).
     static constexpr bool D128_16 = D == 128 && !F8;
-    static constexpr int KST = D128_16 ? (SWAP ? 3 : 2) : D == 256 || (F8 && D == 128) ? 2 : 3;
-    static constexpr int VST = D128_16 ? (SWAP ? 2 : 3) : D == 64 ? 3 : 2;
+    // DUO: 2 / 2 at D 128 (two CTAs' shared memory must fit one SM), 3 / 3 at D 64.
+    static constexpr int KST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (SWAP ? 3 : 2) : D == 256 || (F8 && D == 128) ? 2 : 3;
+    static constexpr int VST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (SWAP ? 2 : 3) : D == 64 ? 3 : 2;
     static_assert(!SWAP || (D == 128 && !F8), "ring swap: D 128 16-bit only");
     static constexpr int V_OFF = K_OFF + KST * KV_BYTES;
     // Valid-key masks, u32 [KST][4]: one word per producer warp (see `key_bit`).
@@ -164,6 +178,8 @@ struct Cfg {
     static_assert(BAR_OFF % 8 == 0, "mbarrier alignment");
     static_assert((BN * CPR) % 128 == 0 && (BM * CPR) % 128 == 0, "producer split");
     static_assert(ALLOC <= 227 * 1024, "shared memory of one CTA");
+    // 228 KB a SM, 1 KB of it reserved per resident CTA.
+    static_assert(CTAS * (ALLOC + 1024) <= 228 * 1024, "shared memory of the CTAs of one SM");
 };
 
 // ---- mbarrier, named barrier, wgmma and register-budget helpers ----------------
@@ -490,10 +506,10 @@ MHA_KIT_DEVICE u32 clk32() {
     return c;
 }
 
-template <int QT, int D, int XV = 0, bool F8 = false>
+template <int QT, int D, int XV = 0, bool F8 = false, bool DUO = false>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v,
                                       const TmaMap& tmap_o, const TmaMap& tmap_q) {
-    using C = Cfg<D, F8, (XV & 16) != 0>;
+    using C = Cfg<D, F8, (XV & 16) != 0, DUO>;
     constexpr int BM = C::BM;
     constexpr int NCW = C::NCW;
     constexpr int NTHREADS = C::NTHREADS;
@@ -1955,6 +1971,20 @@ PAS_ENTRY(bf16, 0, 256)
 PAS_ENTRY(f16, 1, 64)
 PAS_ENTRY(f16, 1, 128)
 PAS_ENTRY(f16, 1, 256)
+
+// Two CTAs per SM (Cfg DUO): paged_attention_context_sm90_{q}_kv_{q}_d{D}_duo.
+#define PAS_ENTRY_DUO(QN, QT, D)                                                                   \
+    extern "C" __global__ void __launch_bounds__(pas::Cfg<D, false, false, true>::NTHREADS, 2)    \
+        paged_attention_context_sm90_##QN##_kv_##QN##_d##D##_duo(                                 \
+            const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
+            const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o,    \
+            const __grid_constant__ pas::TmaMap tmap_q) {                                          \
+        pas::context_sm90_body<QT, D, 0, false, true>(p, tmap_k, tmap_v, tmap_o, tmap_q);                 \
+    }
+PAS_ENTRY_DUO(bf16, 0, 64)
+PAS_ENTRY_DUO(bf16, 0, 128)
+PAS_ENTRY_DUO(f16, 1, 64)
+PAS_ENTRY_DUO(f16, 1, 128)
 
 // e4m3 KV entries: paged_attention_context_sm90_{q}_kv_e4m3_d{D}.
 #define PAS_ENTRY8(QN, QT, D)                                                                      \

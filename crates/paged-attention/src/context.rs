@@ -92,6 +92,25 @@ pub const CONTEXT_SM90_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
 /// ([`ContextKvLoad`]): `auto` (default), `tma` or `gather`.
 pub const CONTEXT_KV_LOAD_ENV: &str = "MHA_KIT_CONTEXT_KV_LOAD";
 
+/// Environment variable that picks when the sm_90a context kernel runs its
+/// two-CTA ("duo") entries ([`context_sm90_duo_supported`]): `off` (default:
+/// the duo entries have not yet been measured on a GPU), `rule` (the
+/// launcher's rule, [`context_sm90_duo_wanted`]) or `on` (wherever
+/// supported). [`ContextKernel::set_duo`] overrides it.
+pub const CONTEXT_DUO_ENV: &str = "MHA_KIT_CONTEXT_DUO";
+
+/// The duo choice of [`CONTEXT_DUO_ENV`] as [`ContextKernel::set_duo`]
+/// takes it: `Some(false)` off, `None` the launcher's rule, `Some(true)` on.
+///
+/// # Errors
+/// [`KernelError::Unsupported`] for a value other than `off`, `rule`, `on`.
+pub fn context_duo_from_env() -> Result<Option<bool>> {
+    env_choice(
+        CONTEXT_DUO_ENV,
+        &[("off", Some(false)), ("rule", None), ("on", Some(true))],
+    )
+}
+
 /// How the sm_90a context kernel loads K and V tiles (same results).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContextKvLoad {
@@ -344,6 +363,12 @@ pub struct ContextArgs<'a> {
     pub window_left: Option<u32>,
     /// `[Hq]` f32 sink logits, contiguous.
     pub sinks: Option<Strided<'a, f32, 1>>,
+    /// Host-side upper bound on `cache_seqlens` (FlashInfer's `max_kv_len`),
+    /// or `None`. Only picks the sm_90a schedule (the two-CTA entries for
+    /// short KV ranges, [`context_sm90_duo_wanted`]); results never depend on
+    /// it: a longer request is still attended in full. Without it the
+    /// page-table width (`M · page_size`) bounds the keys.
+    pub max_kv_len: Option<usize>,
 }
 
 /// Everything [`validate_context`] derives from the arguments.
@@ -487,20 +512,56 @@ pub fn context_sm90_launch_config(
     head_dim: usize,
     kv: KvDtype,
 ) -> Result<(usize, LaunchConfig)> {
-    let q_tiles = (max_q_len * group)
-        .div_ceil(context_sm90_block_rows(head_dim, kv))
-        .max(1);
-    let items = q_tiles
-        .checked_mul(num_kv_heads)
-        .and_then(|x| x.checked_mul(bs))
-        .unwrap_or(usize::MAX);
+    sm90_items_config(
+        bs.saturating_mul(num_kv_heads),
+        max_q_len.saturating_mul(group),
+        context_sm90_block_rows(head_dim, kv),
+        context_sm90_threads(head_dim, kv),
+        context_sm90_smem_bytes(head_dim, kv),
+    )
+}
+
+/// [`context_sm90_launch_config`] for the duo entries
+/// ([`context_sm90_duo_supported`]): items of [`CONTEXT_SM90_DUO_ROWS`]
+/// rows, CTAs of [`CONTEXT_SM90_DUO_THREADS`] threads and
+/// [`context_sm90_duo_smem_bytes`].
+///
+/// # Errors
+/// As [`context_sm90_launch_config`].
+pub fn context_sm90_duo_launch_config(
+    bs: usize,
+    num_kv_heads: usize,
+    group: usize,
+    max_q_len: usize,
+    head_dim: usize,
+) -> Result<(usize, LaunchConfig)> {
+    sm90_items_config(
+        bs.saturating_mul(num_kv_heads),
+        max_q_len.saturating_mul(group),
+        CONTEXT_SM90_DUO_ROWS,
+        CONTEXT_SM90_DUO_THREADS,
+        context_sm90_duo_smem_bytes(head_dim),
+    )
+}
+
+/// `(q_tiles, config)` for `heads` (request, KV head) pairs of at most
+/// `rows` packed query rows each, in items of `bm` rows.
+fn sm90_items_config(
+    heads: usize,
+    rows: usize,
+    bm: usize,
+    threads: u32,
+    smem: usize,
+) -> Result<(usize, LaunchConfig)> {
+    let q_tiles = rows.div_ceil(bm).max(1);
+    let items = q_tiles.saturating_mul(heads);
     let x = grid_dim("max_q_len", items, i32::MAX as u32)?;
     Ok((
         q_tiles,
         LaunchConfig {
             grid_dim: (x, 1, 1),
-            block_dim: (context_sm90_threads(head_dim, kv), 1, 1),
-            shared_mem_bytes: context_sm90_smem_bytes(head_dim, kv) as u32,
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem as u32,
         },
     ))
 }

@@ -171,6 +171,8 @@ fn run_gpu_layout(
             Some(sv) => Some(Strided::contiguous("sinks", sv.slice(0..c.hq), [c.hq])?),
             None => None,
         },
+        // The schedule hint: the page-table width bounds the keys.
+        max_kv_len: None,
     };
     kernel.launch(&mut args, &mut errors)?;
     let mut out = s.clone_dtoh(&out)?;
@@ -855,6 +857,100 @@ fn main() {
                 cases.len(),
                 tma.q_tma_launches(),
                 tma.launches()
+            );
+            Ok(())
+        }),
+        named("duo_entries_equal_the_reference", |gpu, k| {
+            // The sm_90a two-CTA entries (16-bit KV, D 64 / 128: 64-row items
+            // over 64-key tiles, two CTAs per SM) forced on, and the one-CTA
+            // entries forced off, against the reference: random ragged cases
+            // (GQA 1..16, windows, sinks, bad pages, skipped requests, rows
+            // that see no key; e4m3 and D 256 cases run the one-CTA entries
+            // either way), named shapes, and keys masked causally or by the
+            // window holding NaN / Inf. The duo persistent grid capped at
+            // 1..8 CTAs (each walks many items) gives the bits of one CTA
+            // per item.
+            let _ = k;
+            let mut on = ContextKernel::new(gpu).or_fail("load")?;
+            on.set_duo(Some(true));
+            let mut off = ContextKernel::new(gpu).or_fail("load")?;
+            off.set_duo(Some(false));
+            let mut one = ContextKernel::new(gpu).or_fail("load")?;
+            one.set_duo(Some(true));
+            one.set_variant(2);
+            let mut pers = ContextKernel::new(gpu).or_fail("load")?;
+            pers.set_duo(Some(true));
+            let mut cases: Vec<Case> = (0..u64::from(gpu_cases(120)))
+                .map(|i| context_random_case(0xD0_0000 + i, BUDGET / 2.0))
+                .collect();
+            cases.extend(extend_cases(
+                &[
+                    (128, 4, 2, 200),
+                    (64, 8, 1, 77),
+                    (128, 16, 1, 40),
+                    (128, 1, 3, 129),
+                    (64, 3, 2, 100),
+                    (128, 2, 2, 64),
+                    (64, 4, 2, 1000),
+                    (128, 5, 1, 333),
+                ],
+                &[
+                    (HalfDtype::Bf16, KvDtype::Bf16),
+                    (HalfDtype::F16, KvDtype::F16),
+                ],
+                30,
+                700,
+            ));
+            for (i, c) in cases.iter().enumerate() {
+                let want = c.reference();
+                for (name, kern) in [("duo", &on), ("one-CTA entries", &off)] {
+                    let got = run_gpu(gpu, kern, c).or_fail(name)?;
+                    compare(c, &want, &got.out, &got.errors)
+                        .map_err(|e| format!("case {i} ({name}): {e}; {}", describe(c)))?;
+                }
+                pers.set_max_ctas(Some([1, 2, 3, 5, 8][i % 5]));
+                let a = run_gpu(gpu, &one, c).or_fail("duo, one CTA per item")?;
+                let b = run_gpu(gpu, &pers, c).or_fail("duo, persistent")?;
+                same_bits(i, &a, &b, c)?;
+            }
+            for d in [64, 128] {
+                for qd in [HalfDtype::Bf16, HalfDtype::F16] {
+                    let kv = if qd == HalfDtype::Bf16 {
+                        KvDtype::Bf16
+                    } else {
+                        KvDtype::F16
+                    };
+                    for (g, w) in [(1usize, None), (4, None), (2, Some(8u32)), (16, Some(70))] {
+                        let mut c = extend_case(kv, qd, d, g, 16, 5, 140, d as u64 + g as u64);
+                        c.window = w;
+                        for kind in 0..3 {
+                            for t in [25, 100] {
+                                for (name, kern) in [("duo", &on), ("one-CTA entries", &off)] {
+                                    masked_key_case(gpu, kern, &c, t, kind).map_err(|e| {
+                                        format!("{name} D {d} {qd:?} G {g} W {w:?} key {t}: {e}")
+                                    })?;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let sm90 = gpu.context().compute_capability().or_fail("cc")? == (9, 0);
+            if off.duo_launches() != 0
+                || (sm90 && (on.duo_launches() == 0 || pers.duo_launches() == 0))
+            {
+                return Err(format!(
+                    "duo launches: {} (on), {} (persistent), {} (off)",
+                    on.duo_launches(),
+                    pers.duo_launches(),
+                    off.duo_launches()
+                ));
+            }
+            println!(
+                "duo_entries_equal_the_reference: {} cases, {} of {} launches on the duo entries",
+                cases.len(),
+                on.duo_launches(),
+                on.launches()
             );
             Ok(())
         }),

@@ -13,13 +13,16 @@ use common::*;
 use context_common::*;
 use paged_attention::{
     context_block_rows, context_entry_name, context_launch_config, context_sm90_block_rows,
-    context_sm90_consumers, context_sm90_entry_name, context_sm90_grid, context_sm90_kv_splits,
-    context_sm90_launch_config, context_sm90_merge_entry_name, context_sm90_persistent,
-    context_sm90_q_buffers, context_sm90_smem_bytes, context_sm90_stages,
-    context_sm90_staging_steps, context_sm90_supported, context_sm90_threads,
-    context_sm90_tile_keys, context_sm90_tma_rows, context_smem_bytes, context_variants,
-    kv_tma_layout, out_tma_layout, q_tma_layout, ContextParams, HalfDtype, KvDtype, CONTEXT_PTX,
-    CONTEXT_SM90_PTX,
+    context_sm90_consumers, context_sm90_duo_entry_name, context_sm90_duo_launch_config,
+    context_sm90_duo_max_keys, context_sm90_duo_smem_bytes, context_sm90_duo_stages,
+    context_sm90_duo_supported, context_sm90_duo_wanted, context_sm90_entry_name,
+    context_sm90_grid, context_sm90_kv_splits, context_sm90_launch_config,
+    context_sm90_merge_entry_name, context_sm90_persistent, context_sm90_q_buffers,
+    context_sm90_smem_bytes, context_sm90_stages, context_sm90_staging_steps,
+    context_sm90_supported, context_sm90_threads, context_sm90_tile_keys, context_sm90_tma_rows,
+    context_smem_bytes, context_variants, kv_tma_layout, out_tma_layout, q_tma_layout,
+    ContextParams, HalfDtype, KvDtype, CONTEXT_PTX, CONTEXT_SM90_DUO_ROWS,
+    CONTEXT_SM90_DUO_THREADS, CONTEXT_SM90_DUO_TILE_KEYS, CONTEXT_SM90_PTX,
 };
 use proptest::prelude::*;
 
@@ -394,6 +397,84 @@ fn context_sm90_launch_matches_the_ptx() {
             128 * producer + 128 * consumers * consumer <= threads * per_thread,
             "{name}: {producer} / {consumer} registers"
         );
+    }
+}
+
+/// The two-CTA ("duo") entries: D 64 / 128 with 16-bit KV; two CTAs' shared
+/// memory fits one SM (228 KB, 1 KB reserved per CTA); 64-row items; the
+/// entries exist in the PTX with 256 threads, a minimum of two CTAs per SM,
+/// and a producer / consumer register split that fits 128 registers a
+/// thread; the launcher's rule picks them only for short KV ranges.
+#[test]
+fn context_sm90_duo_plan_fits() {
+    let ptx = CONTEXT_SM90_PTX.ptx;
+    for d in [64usize, 128, 256] {
+        for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
+            let on = context_sm90_duo_supported(d, kv);
+            assert_eq!(on, d != 256 && kv != KvDtype::E4m3, "D {d} {kv:?}");
+            if !on {
+                assert!(!context_sm90_duo_wanted(d, kv, 1));
+                continue;
+            }
+            let b = context_sm90_duo_smem_bytes(d);
+            assert!(2 * (b + 1024) <= 228 * 1024, "D {d}: {b} B");
+            let (kst, vst) = context_sm90_duo_stages(d);
+            let bn = CONTEXT_SM90_DUO_TILE_KEYS;
+            let rows = CONTEXT_SM90_DUO_ROWS;
+            assert_eq!(
+                b,
+                2 * rows * d * 2
+                    + (kst + vst) * bn * d * 2
+                    + kst * 16
+                    + 8 * (4 + 2 * kst + 2 * vst + 6)
+                    + 128 * 4
+                    + 16
+                    + 2 * 64
+                    + 16
+                    + 1024
+            );
+            let max = context_sm90_duo_max_keys(d);
+            assert!(context_sm90_duo_wanted(d, kv, max));
+            assert!(!context_sm90_duo_wanted(d, kv, max + 1));
+            for (max_q, g) in [(1, 1), (64, 1), (65, 1), (33, 4), (5000, 16)] {
+                let (tiles, cfg) = context_sm90_duo_launch_config(3, 2, g, max_q, d).unwrap();
+                assert!(tiles * rows >= max_q * g);
+                assert!((tiles - 1) * rows < max_q * g);
+                assert_eq!(cfg.grid_dim, (tiles as u32 * 6, 1, 1));
+                assert_eq!(cfg.block_dim.0, CONTEXT_SM90_DUO_THREADS);
+                assert_eq!(cfg.shared_mem_bytes as usize, b);
+            }
+            for q in [HalfDtype::Bf16, HalfDtype::F16] {
+                if kv != KvDtype::E4m3 && kv.name() != q.name() {
+                    continue;
+                }
+                let name = context_sm90_duo_entry_name(q, kv, d);
+                assert!(name.ends_with("_duo"));
+                let start = ptx.find(&format!(".entry {name}(")).expect("duo entry");
+                let body = &ptx[start..];
+                let end = body[1..].find(".entry ").map_or(body.len(), |e| e + 1);
+                let body = &body[..end];
+                assert!(body.contains(".maxntid 256, 1, 1"), "{name}");
+                assert!(body.contains(".minnctapersm 2"), "{name}");
+                assert!(body.contains("atom.global.add.u32"), "{name}: persistent");
+                let regs = |op: &str| -> usize {
+                    let at = body.find(op).unwrap_or_else(|| panic!("{name}: no {op}")) + op.len();
+                    body[at..]
+                        .trim_start()
+                        .split(';')
+                        .next()
+                        .unwrap()
+                        .trim()
+                        .parse()
+                        .unwrap()
+                };
+                let (producer, consumer) = (
+                    regs("setmaxnreg.dec.sync.aligned.u32"),
+                    regs("setmaxnreg.inc.sync.aligned.u32"),
+                );
+                assert!(128 * producer + 128 * consumer <= 256 * 128, "{name}");
+            }
+        }
     }
 }
 

@@ -130,6 +130,10 @@ pub(super) struct PassShape {
     /// decode kernel, which reads each KV byte once for all G heads of a KV
     /// head; the context kernel gets the requests before them.
     pub(super) decode_tail: usize,
+    /// Host-side bound on the pass's KV lengths when the host has them
+    /// (eager passes): the context kernel's schedule hint
+    /// (`ContextArgs::max_kv_len`); `None` on graph and engine passes.
+    pub(super) max_kv: Option<usize>,
 }
 
 impl PassShape {
@@ -438,6 +442,7 @@ fn attend_part(
             bmm2_scale: bmm2,
             window_left: plan.window_left,
             sinks,
+            max_kv_len: shape.max_kv,
         };
         let start = cx.span_start(from, stream)?;
         cx.context.launch_on(stream, &mut args, cx.errors)?;

@@ -360,6 +360,7 @@ fn engine_layer(
         rows: n,
         max_q: shape.max_q,
         decode_tail: shape.decode_tail,
+        max_kv: None,
     };
     let _ = (hq, d);
     run_attention(&mut acx, plan, kv, sinks, &tables, pass, q, out)

@@ -361,6 +361,7 @@ impl CudaExecutor {
             rows: key.num_tokens,
             max_q: key.q_len,
             decode_tail: 0,
+            max_kv: None,
         };
         let n = key.num_tokens;
         for (l, plan) in plans.iter().enumerate() {

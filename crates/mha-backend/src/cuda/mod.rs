@@ -371,6 +371,7 @@ impl Executor for CudaExecutor {
                 rows: n,
                 max_q,
                 decode_tail: one_token_tail(&meta.cu_seqlens_q),
+                max_kv: meta.seq_lens.iter().max().map(|&l| l.max(0) as usize),
             },
         });
         Ok(())

@@ -30,12 +30,17 @@ pub struct ContextKernel {
     /// sm_90a producer: TMA loads of each work item's Q rows where
     /// [`q_tma_layout`] allows (default), else cp.async copies.
     q_tma: bool,
+    /// sm_90a two-CTA ("duo") entries: `None` the launcher's rule
+    /// ([`context_sm90_duo_wanted`]), `Some(on)` forced where supported;
+    /// from [`CONTEXT_DUO_ENV`] (default off).
+    duo: Option<bool>,
     variant: i32,
     experiment: u32,
     launches: AtomicU64,
     tma_launches: AtomicU64,
     o_tma_launches: AtomicU64,
     q_tma_launches: AtomicU64,
+    duo_launches: AtomicU64,
 }
 
 /// The tensor map of a `[tokens, Hq, D]` view of the call (`q` or `out`:
@@ -58,6 +63,19 @@ fn rows_map(
         rows,
     )?;
     layout.encode(ptr, args.q_dtype == HalfDtype::F16).ok()
+}
+
+/// Upper bound of the keys one request of a launch attends to: its
+/// page-table row (`max_num_pages · page_size`), or with a window the window
+/// plus the tokens of one work item of `bm` packed rows.
+fn kv_keys_bound(p: &ContextParams, bm: usize) -> usize {
+    let keys = p.max_num_pages as usize * p.page_size as usize;
+    if p.window_left >= 0 {
+        let tokens = bm.div_ceil(p.group as usize);
+        keys.min(p.window_left as usize + tokens + 1)
+    } else {
+        keys
+    }
 }
 
 /// Resolves `entry` of `module` with its dynamic shared memory limit raised.
@@ -130,6 +148,15 @@ impl ContextKernel {
                     let smem = context_sm90_smem_bytes(d, kv);
                     let f = load_entry(gpu, &CONTEXT_SM90_PTX, &name, smem)?;
                     fast.insert(name, f);
+                    if context_sm90_duo_supported(d, kv) {
+                        // A duo entry that does not load is never chosen
+                        // (the launch falls back to the one-CTA entry).
+                        let name = context_sm90_duo_entry_name(q, kv, d);
+                        let smem = context_sm90_duo_smem_bytes(d);
+                        if let Ok(f) = load_entry(gpu, &CONTEXT_SM90_PTX, &name, smem) {
+                            fast.insert(name, f);
+                        }
+                    }
                     // Its split-KV merge (D 64 / 128: the head dims that split).
                     if d != 256 {
                         let name = context_sm90_merge_entry_name(q, kv, d);
@@ -174,12 +201,14 @@ impl ContextKernel {
             kv_load: ContextKvLoad::from_env()?,
             o_tma: true,
             q_tma: true,
+            duo: context_duo_from_env()?,
             variant: 0,
             experiment: 0,
             launches: AtomicU64::new(0),
             tma_launches: AtomicU64::new(0),
             o_tma_launches: AtomicU64::new(0),
             q_tma_launches: AtomicU64::new(0),
+            duo_launches: AtomicU64::new(0),
         })
     }
 
@@ -235,15 +264,30 @@ impl ContextKernel {
         self.q_tma_launches.load(Ordering::Relaxed)
     }
 
+    /// Sets whether sm_90a launches run the two-CTA ("duo") entries where
+    /// [`context_sm90_duo_supported`] (16-bit KV, D 64 / 128; not for
+    /// timing experiments): `None` by the launcher's rule
+    /// ([`context_sm90_duo_wanted`]), `Some(true)` always, `Some(false)`
+    /// never; the default comes from [`CONTEXT_DUO_ENV`] (unset: off). Same
+    /// results within the attention tolerance, other timing.
+    pub fn set_duo(&mut self, duo: Option<bool>) {
+        self.duo = duo;
+    }
+
+    /// sm_90a launches so far that ran a duo entry.
+    pub fn duo_launches(&self) -> u64 {
+        self.duo_launches.load(Ordering::Relaxed)
+    }
+
     /// The tensor map of the output view for the sm_90a kernel's TMA
     /// stores, or `None` (stores by threads) when they are off, the entry
     /// has none (three consumers), the layout does not allow them or the
     /// driver refuses the map.
-    fn out_map(&self, args: &ContextArgs<'_>, p: &ContextParams) -> Option<TensorMap> {
+    fn out_map(&self, args: &ContextArgs<'_>, p: &ContextParams, duo: bool) -> Option<TensorMap> {
         let d = args.q.shape()[2];
-        // Three serial consumers (D 64 16-bit) store by threads (the entries
-        // have no TMA store: it made ptxas spill there).
-        if !self.o_tma || context_sm90_consumers(d, args.kv.dtype()) != 2 {
+        // Three serial consumers (D 64 16-bit, not duo) store by threads
+        // (the entries have no TMA store: it made ptxas spill there).
+        if !self.o_tma || (!duo && context_sm90_consumers(d, args.kv.dtype()) == 3) {
             return None;
         }
         rows_map(args, p, [p.o_stride_tok, p.o_stride_head], p.out, 64)
@@ -253,12 +297,16 @@ impl ContextKernel {
     /// of Q, or `None` (cp.async copies) when they are off, the K/V are
     /// e4m3 (that producer converts Q in place after its own copies), the
     /// layout does not allow them or the driver refuses the map.
-    fn q_map(&self, args: &ContextArgs<'_>, p: &ContextParams) -> Option<TensorMap> {
+    fn q_map(&self, args: &ContextArgs<'_>, p: &ContextParams, duo: bool) -> Option<TensorMap> {
         let kv = args.kv.dtype();
         if !self.q_tma || kv == KvDtype::E4m3 {
             return None;
         }
-        let rows = context_sm90_block_rows(args.q.shape()[2], kv);
+        let rows = if duo {
+            CONTEXT_SM90_DUO_ROWS
+        } else {
+            context_sm90_block_rows(args.q.shape()[2], kv)
+        };
         rows_map(args, p, [p.q_stride_tok, p.q_stride_head], p.q, rows)
     }
 
@@ -419,8 +467,36 @@ impl ContextKernel {
             let (ptr, _sync) = self.work.device_ptr(stream);
             ptr
         };
+        let d = args.q.shape()[2];
+        let kv_dtype = args.kv.dtype();
+        // The two-CTA entries: 16-bit KV at D 64 / 128, the gather (not TMA
+        // boxes), no timing experiment; by the launcher's rule unless forced.
+        let duo_entry = (plan.sm90
+            && self.experiment == 0
+            && self.kv_load != ContextKvLoad::Tma
+            && context_sm90_duo_supported(d, kv_dtype)
+            && self.duo.unwrap_or_else(|| {
+                let bm = context_sm90_block_rows(d, kv_dtype);
+                let keys = kv_keys_bound(&p, bm).min(args.max_kv_len.unwrap_or(usize::MAX));
+                context_sm90_duo_wanted(d, kv_dtype, keys)
+            }))
+        .then(|| context_sm90_duo_entry_name(args.q_dtype, kv_dtype, d))
+        .filter(|name| self.funcs.contains_key(name));
+        let duo = duo_entry.is_some();
+        let mut config = plan.config;
         let experiment_entry;
-        let entry: &str = if self.experiment != 0
+        let entry: &str = if let Some(name) = &duo_entry {
+            let (q_tiles, cfg) = context_sm90_duo_launch_config(
+                p.bs as usize,
+                p.num_kv_heads as usize,
+                p.group as usize,
+                args.max_q_len,
+                d,
+            )?;
+            p.q_tiles = to_i32("max_q_len", q_tiles)?;
+            config = cfg;
+            name
+        } else if self.experiment != 0
             && self
                 .funcs
                 .contains_key(&format!("{}_x{}", plan.entry, self.experiment))
@@ -440,12 +516,10 @@ impl ContextKernel {
                 (p.tma_rows, p.tma_dims, maps) = (rows, code, m);
             }
         }
-        let mut config = plan.config;
-        if entry != plan.entry {
+        if entry != plan.entry && !duo {
             // An experiment entry (its ring split may take a few more bytes).
             config.shared_mem_bytes += CONTEXT_SM90_EXPERIMENT_SLACK as u32;
         }
-        let d = args.q.shape()[2];
         if self.experiment & 8 != 0 {
             // The trace entry's stamps (overwritten below when KV is split).
             if let Some(ws) = &self.partial {
@@ -454,18 +528,13 @@ impl ContextKernel {
             }
         }
         let items = config.grid_dim.0;
-        if let (true, true, Some(ws)) = (plan.sm90, d != 256, &self.partial) {
+        if let (true, false, true, Some(ws)) = (plan.sm90, duo, d != 256, &self.partial) {
             // Split KV when the items do not fill the GPU: the keys of a
             // request are bounded by its page-table row (and the window).
             let bn = context_sm90_tile_keys(d);
-            let bm = context_sm90_block_rows(d, args.kv.dtype());
+            let bm = context_sm90_block_rows(d, kv_dtype);
             let capacity = ws.len() / (bm * (d + 2));
-            let mut keys = p.max_num_pages as usize * p.page_size as usize;
-            if p.window_left >= 0 {
-                let tokens = bm.div_ceil(p.group as usize);
-                keys = keys.min(p.window_left as usize + tokens + 1);
-            }
-            let tiles = keys.div_ceil(bn) + 1;
+            let tiles = kv_keys_bound(&p, bm).div_ceil(bn) + 1;
             let n = items as usize;
             let (splits, split_tiles) = match self.kv_splits {
                 Some(f) => kv_chunks(tiles, f.min(capacity / n.max(1)).max(1)),
@@ -481,7 +550,7 @@ impl ContextKernel {
         }
         let mut q_map = TensorMap::default();
         if plan.sm90 {
-            if let Some(m) = self.q_map(args, &p) {
+            if let Some(m) = self.q_map(args, &p, duo) {
                 (p.q_tma, q_map) = (1, m);
             }
         }
@@ -489,12 +558,17 @@ impl ContextKernel {
         // KV writes partial rows; the merge entry writes `out`).
         let mut o_map = TensorMap::default();
         if plan.sm90 && p.kv_splits == 1 {
-            if let Some(m) = self.out_map(args, &p) {
+            if let Some(m) = self.out_map(args, &p, duo) {
                 (p.o_tma, o_map) = (1, m);
             }
         }
         if plan.sm90 {
-            let ctas = self.max_ctas.unwrap_or(self.sm_count).min(self.sm_count);
+            // The persistent grid: one CTA per SM, two for the duo entries.
+            let per_sm = if duo { 2 } else { 1 };
+            let ctas = self
+                .max_ctas
+                .unwrap_or(self.sm_count * per_sm)
+                .min(self.sm_count * per_sm);
             config.grid_dim.0 = context_sm90_grid(config.grid_dim.0, d, p.variant, ctas);
         }
         let mut builder = stream.launch_builder(func);
@@ -526,6 +600,9 @@ impl ContextKernel {
         }
         if p.q_tma != 0 {
             self.q_tma_launches.fetch_add(1, Ordering::Relaxed);
+        }
+        if duo {
+            self.duo_launches.fetch_add(1, Ordering::Relaxed);
         }
         if p.kv_splits > 1 {
             let name = context_sm90_merge_entry_name(args.q_dtype, args.kv.dtype(), d);

@@ -114,30 +114,125 @@ pub fn context_sm90_staging_steps(head_dim: usize, kv: KvDtype) -> usize {
 /// buffer (the row's shift of its conversion to f16), and
 /// 1024 bytes of slack to align the swizzled tiles.
 pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
-    let bn = context_sm90_tile_keys(head_dim);
-    let (kst, vst) = context_sm90_stages(head_dim, kv_dtype);
-    let qbuf = context_sm90_q_buffers(head_dim, kv_dtype);
-    let bm = context_sm90_block_rows(head_dim, kv_dtype);
-    let q = qbuf * bm * head_dim * 2;
-    let kv = bn * head_dim * 2;
-    let staging = context_sm90_staging_steps(head_dim, kv_dtype) * 2 * bn * head_dim;
-    // e4m3: each Q row's shift (one byte per row and Q buffer), see the kernel's Q conversion.
-    let q_conv = if kv_dtype == KvDtype::E4m3 {
-        qbuf * bm
+    SmemPlan {
+        head_dim,
+        rows: context_sm90_block_rows(head_dim, kv_dtype),
+        tile_keys: context_sm90_tile_keys(head_dim),
+        stages: context_sm90_stages(head_dim, kv_dtype),
+        q_buffers: context_sm90_q_buffers(head_dim, kv_dtype),
+        staging_steps: context_sm90_staging_steps(head_dim, kv_dtype),
+        consumers: context_sm90_consumers(head_dim, kv_dtype),
+        e4m3: kv_dtype == KvDtype::E4m3,
+    }
+    .bytes()
+}
+
+/// The compile-time shape of one sm_90a entry that its shared memory
+/// follows from (see [`context_sm90_smem_bytes`]).
+struct SmemPlan {
+    head_dim: usize,
+    rows: usize,
+    tile_keys: usize,
+    stages: (usize, usize),
+    q_buffers: usize,
+    staging_steps: usize,
+    consumers: usize,
+    e4m3: bool,
+}
+
+impl SmemPlan {
+    fn bytes(&self) -> usize {
+        let (d, bn, qbuf) = (self.head_dim, self.tile_keys, self.q_buffers);
+        let (kst, vst) = self.stages;
+        let q = qbuf * self.rows * d * 2;
+        let kv = bn * d * 2;
+        let staging = self.staging_steps * 2 * bn * d;
+        // e4m3: each Q row's shift (one byte per row and Q buffer), see the kernel's Q conversion.
+        let q_conv = if self.e4m3 { qbuf * self.rows } else { 0 };
+        let bars = 2 * qbuf + 2 * kst + 2 * vst + 6;
+        q + (kst + vst) * kv
+            + staging
+            + kst * 4 * 4
+            + bars * 8
+            + 128 * self.consumers * 4
+            + 16
+            + 2 * CONTEXT_SM90_ITEM_GEOM_BYTES
+            + 16
+            + q_conv
+            + 1024
+    }
+}
+
+/// Whether the sm_90a kernel has two-CTA entries ("duo", `Cfg<D, false,
+/// false, true>` in `paged_attention_context_sm90.cu`) for `(head_dim, kv)`:
+/// D 64 and 128 with 16-bit KV. A duo entry runs two CTAs per SM, each a
+/// producer warpgroup and one consumer warpgroup of
+/// [`CONTEXT_SM90_DUO_ROWS`] query rows over KV tiles of
+/// [`CONTEXT_SM90_DUO_TILE_KEYS`] keys: the two CTAs of an SM run their work
+/// items independently, so one's item start, first softmax and epilogue
+/// overlap the other's GEMMs, and the smaller tiles compute fewer masked
+/// scores on the causal diagonal; each CTA reads K/V for 64 rows (twice the
+/// bytes per FLOP of the one-CTA entries), so the launcher runs them for
+/// short KV ranges only ([`context_sm90_duo_wanted`]).
+pub fn context_sm90_duo_supported(head_dim: usize, kv: KvDtype) -> bool {
+    matches!(head_dim, 64 | 128) && kv != KvDtype::E4m3
+}
+
+/// Query rows (packed (token, head) pairs) per work item of the duo entries.
+pub const CONTEXT_SM90_DUO_ROWS: usize = 64;
+/// Keys per KV tile of the duo entries.
+pub const CONTEXT_SM90_DUO_TILE_KEYS: usize = 64;
+/// Threads per CTA of the duo entries (a producer and one consumer warpgroup).
+pub const CONTEXT_SM90_DUO_THREADS: u32 = 256;
+
+/// K and V ring slots of the duo entries: (3, 3) at D 64, (2, 2) at D 128
+/// (two CTAs' shared memory must fit one SM's 228 KB).
+pub fn context_sm90_duo_stages(head_dim: usize) -> (usize, usize) {
+    if head_dim == 64 {
+        (3, 3)
     } else {
-        0
-    };
-    let bars = 2 * qbuf + 2 * kst + 2 * vst + 6;
-    q + (kst + vst) * kv
-        + staging
-        + kst * 4 * 4
-        + bars * 8
-        + 128 * context_sm90_consumers(head_dim, kv_dtype) * 4
-        + 16
-        + 2 * CONTEXT_SM90_ITEM_GEOM_BYTES
-        + 16
-        + q_conv
-        + 1024
+        (2, 2)
+    }
+}
+
+/// Entry name of a duo entry: `paged_attention_context_sm90_{q}_kv_{q}_d{head_dim}_duo`.
+pub fn context_sm90_duo_entry_name(q: HalfDtype, kv: KvDtype, head_dim: usize) -> String {
+    format!("{}_duo", context_sm90_entry_name(q, kv, head_dim))
+}
+
+/// Dynamic shared memory of a duo entry: as [`context_sm90_smem_bytes`]
+/// with 64-row Q buffers (two), 64-key K/V tiles
+/// ([`context_sm90_duo_stages`]) and one consumer.
+pub fn context_sm90_duo_smem_bytes(head_dim: usize) -> usize {
+    SmemPlan {
+        head_dim,
+        rows: CONTEXT_SM90_DUO_ROWS,
+        tile_keys: CONTEXT_SM90_DUO_TILE_KEYS,
+        stages: context_sm90_duo_stages(head_dim),
+        q_buffers: 2,
+        staging_steps: 0,
+        consumers: 1,
+        e4m3: false,
+    }
+    .bytes()
+}
+
+/// Longest KV range (keys a request may attend to: its page-table row, or
+/// the window) for which the launcher picks the duo entries at `head_dim`.
+pub fn context_sm90_duo_max_keys(head_dim: usize) -> usize {
+    if head_dim == 64 {
+        4096
+    } else {
+        1024
+    }
+}
+
+/// The launcher's rule for the duo entries ([`context_sm90_duo_supported`]):
+/// every request's keys are bounded by `keys` ≤
+/// [`context_sm90_duo_max_keys`]. On longer ranges the one-CTA entries,
+/// which read each K/V tile once for 128–192 rows, are faster.
+pub fn context_sm90_duo_wanted(head_dim: usize, kv: KvDtype, keys: usize) -> bool {
+    context_sm90_duo_supported(head_dim, kv) && keys <= context_sm90_duo_max_keys(head_dim)
 }
 
 /// Extra shared memory given to the sm_90a experiment entries
