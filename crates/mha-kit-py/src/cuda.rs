@@ -474,6 +474,7 @@ pub fn context(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
             _ => None,
         },
         max_kv_len: Some(c.max_seq_len),
+        lse: None,
     };
     let mut errs = lock(&dev.errors);
     let t0 = crate::probe::start();

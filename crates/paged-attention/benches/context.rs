@@ -257,6 +257,7 @@ fn launch(
         window_left: None,
         sinks: None,
         max_kv_len: Some(c.prefix + c.n),
+        lse: None,
     };
     kernel.launch(&mut args, errors)
 }

@@ -104,7 +104,7 @@ static_assert(sizeof(PagedAttentionParams::scale_log2) == 4 && alignof(decltype(
 static_assert(sizeof(PagedAttentionParams::bmm2_scale) == 4 && alignof(decltype(PagedAttentionParams::bmm2_scale)) == 4, "PagedAttentionParams::bmm2_scale (offset 248): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::tile_tokens) == 4 && alignof(decltype(PagedAttentionParams::tile_tokens)) == 4, "PagedAttentionParams::tile_tokens (offset 252): size or alignment differs from Rust");
 
-// paged_attention::ContextParams (256 bytes).
+// paged_attention::ContextParams (272 bytes).
 struct ContextParams {
     const u16* q;              // `[num_tokens, Hq, D]`.
     u16* out;                  // `[num_tokens, Hq, D]`.
@@ -174,8 +174,10 @@ struct ContextParams {
     // BM), 0 = copied by the producer warpgroup's cp.async. Same
     // results.
     i32 q_tma;
+    float* lse;                // `f32*` `[num_tokens, Hq]` row log-sum-exp (natural log), or 0.
+    i64 lse_stride_tok;        // Elements between LSE rows (heads contiguous).
 };
-static_assert(sizeof(ContextParams) == 256, "ContextParams: size differs from Rust");
+static_assert(sizeof(ContextParams) == 272, "ContextParams: size differs from Rust");
 static_assert(alignof(ContextParams) == 8, "ContextParams: alignment differs from Rust");
 static_assert(sizeof(ContextParams::q) == 8 && alignof(decltype(ContextParams::q)) == 8, "ContextParams::q (offset 0): size or alignment differs from Rust");
 static_assert(sizeof(ContextParams::out) == 8 && alignof(decltype(ContextParams::out)) == 8, "ContextParams::out (offset 8): size or alignment differs from Rust");
@@ -219,6 +221,8 @@ static_assert(sizeof(ContextParams::kv_splits) == 4 && alignof(decltype(ContextP
 static_assert(sizeof(ContextParams::split_tiles) == 4 && alignof(decltype(ContextParams::split_tiles)) == 4, "ContextParams::split_tiles (offset 244): size or alignment differs from Rust");
 static_assert(sizeof(ContextParams::o_tma) == 4 && alignof(decltype(ContextParams::o_tma)) == 4, "ContextParams::o_tma (offset 248): size or alignment differs from Rust");
 static_assert(sizeof(ContextParams::q_tma) == 4 && alignof(decltype(ContextParams::q_tma)) == 4, "ContextParams::q_tma (offset 252): size or alignment differs from Rust");
+static_assert(sizeof(ContextParams::lse) == 8 && alignof(decltype(ContextParams::lse)) == 8, "ContextParams::lse (offset 256): size or alignment differs from Rust");
+static_assert(sizeof(ContextParams::lse_stride_tok) == 8 && alignof(decltype(ContextParams::lse_stride_tok)) == 8, "ContextParams::lse_stride_tok (offset 264): size or alignment differs from Rust");
 
 // paged_attention::MergeStatesParams (120 bytes).
 struct MergeStatesParams {

@@ -400,6 +400,8 @@ MHA_KIT_DEVICE void context_body(const ContextParams& p) {
         const int j = rg / G;
         const int qh = h * G + (rg - j * G);
         const float scale = out_scale(den, mrow[hr], p.sinks, qh, p.bmm2_scale);
+        if (p.lse != nullptr && qd == 0)
+            p.lse[(i64)(g.row_start + j) * p.lse_stride_tok + qh] = row_lse(den, mrow[hr], p.sinks, qh);
         u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + 2 * qd;
 #pragma unroll
         for (int n = 0; n < NT8; ++n) {

@@ -506,7 +506,9 @@ MHA_KIT_DEVICE u32 clk32() {
     return c;
 }
 
-template <int QT, int D, int XV = 0, bool F8 = false, bool DUO = false>
+// LSE: the entry writes the row LSE when p.lse is set (the `_lse` entries;
+// the others have no LSE code, so that their code stays as measured).
+template <int QT, int D, int XV = 0, bool F8 = false, bool DUO = false, bool LSE = false>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v,
                                       const TmaMap& tmap_o, const TmaMap& tmap_q) {
     using C = Cfg<D, F8, (XV & 16) != 0, DUO>;
@@ -1773,6 +1775,23 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // (o_pend); the other threads release it now. A partial
             // warpgroup (the request's last tile) stores by threads.
             bool defer = false;  // this thread's TMA stores release the Q buffer later (o_pend)
+            // The row LSE (LSE entries; lane qd 0 of each row's four). Not
+            // in the three consumers' entries (D 64 16-bit), where it
+            // spilled (152 registers): the launcher runs LSE launches there
+            // on the duo entry.
+            if (LSE && !SERIAL && active && p.lse != nullptr) {
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    float den = drow[hr];
+                    den += __shfl_xor_sync(0xffffffffu, den, 1);
+                    den += __shfl_xor_sync(0xffffffffu, den, 2);
+                    const int row = wrow0 + 16 * warp + gr + 8 * hr;
+                    const int qh = h * G + (r0 + row) % G;
+                    if (qd == 0 && row < rows)
+                        p.lse[(i64)(g.row_start + (r0 + row) / G) * p.lse_stride_tok + qh] =
+                            row_lse(den, mrow[hr], p.sinks, qh);
+                }
+            }
             if (active) {
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
@@ -1866,6 +1885,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             const int j = rg / G;
             const int qh = h * G + (rg - j * G);
             const float scale = out_scale(den, mrow[hr], p.sinks, qh, p.bmm2_scale);
+            // The row LSE (LSE entries; not the three consumers', see the
+            // staged epilogue). With the staged epilogue this path writes
+            // only rows that see no key (den 0: -inf); split chunks went on
+            // above (the merge entry writes their LSE).
+            if (LSE && !SERIAL && p.lse != nullptr && qd == 0)
+                p.lse[(i64)(g.row_start + j) * p.lse_stride_tok + qh] = row_lse(den, mrow[hr], p.sinks, qh);
             u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + 2 * qd;
 #pragma unroll
             for (int n = 0; n < D / 8; ++n) {
@@ -1929,6 +1954,8 @@ MHA_KIT_DEVICE void context_sm90_merge_body(const ContextParams& p) {
         const int j = rg / p.group;
         const int qh = I.h * p.group + (rg - j * p.group);
         const float scale = out_scale(den, m, p.sinks, qh, p.bmm2_scale);
+        if (p.lse != nullptr && lane == 0)
+            p.lse[(i64)(I.g.row_start + j) * p.lse_stride_tok + qh] = row_lse(den, m, p.sinks, qh);
         u16* dst = p.out + (i64)(I.g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + 2 * lane;
 #pragma unroll
         for (int c = 0; c < D / 64; ++c)
@@ -1955,52 +1982,68 @@ PAS_MERGE_ENTRY(bf16, 0, e4m3, true, 128)
 PAS_MERGE_ENTRY(f16, 1, e4m3, true, 64)
 PAS_MERGE_ENTRY(f16, 1, e4m3, true, 128)
 
-// Entries: paged_attention_context_sm90_{q}_kv_{q}_d{D} (16-bit KV of the Q dtype).
-#define PAS_ENTRY(QN, QT, D)                                                                       \
+// Entries: paged_attention_context_sm90_{q}_kv_{q}_d{D} (16-bit KV of the Q dtype);
+// with the row LSE: ..._lse (LSE = true; not at D 64, whose three consumers
+// have no LSE code: the launcher takes the duo entry's _lse there).
+#define PAS_ENTRY(QN, QT, D, SFX, LSE)                                                             \
     extern "C" __global__ void __launch_bounds__(pas::Cfg<D>::NTHREADS, 1)                        \
-        paged_attention_context_sm90_##QN##_kv_##QN##_d##D(                                       \
+        paged_attention_context_sm90_##QN##_kv_##QN##_d##D##SFX(                                  \
             const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
             const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o,    \
             const __grid_constant__ pas::TmaMap tmap_q) {                                          \
-        pas::context_sm90_body<QT, D>(p, tmap_k, tmap_v, tmap_o, tmap_q);                                 \
+        pas::context_sm90_body<QT, D, 0, false, false, LSE>(p, tmap_k, tmap_v, tmap_o, tmap_q);           \
     }
 
-PAS_ENTRY(bf16, 0, 64)
-PAS_ENTRY(bf16, 0, 128)
-PAS_ENTRY(bf16, 0, 256)
-PAS_ENTRY(f16, 1, 64)
-PAS_ENTRY(f16, 1, 128)
-PAS_ENTRY(f16, 1, 256)
+PAS_ENTRY(bf16, 0, 64, , false)
+PAS_ENTRY(bf16, 0, 128, , false)
+PAS_ENTRY(bf16, 0, 256, , false)
+PAS_ENTRY(f16, 1, 64, , false)
+PAS_ENTRY(f16, 1, 128, , false)
+PAS_ENTRY(f16, 1, 256, , false)
+PAS_ENTRY(bf16, 0, 128, _lse, true)
+PAS_ENTRY(bf16, 0, 256, _lse, true)
+PAS_ENTRY(f16, 1, 128, _lse, true)
+PAS_ENTRY(f16, 1, 256, _lse, true)
 
-// Two CTAs per SM (Cfg DUO): paged_attention_context_sm90_{q}_kv_{q}_d{D}_duo.
-#define PAS_ENTRY_DUO(QN, QT, D)                                                                   \
+// Two CTAs per SM (Cfg DUO): paged_attention_context_sm90_{q}_kv_{q}_d{D}_duo[_lse].
+#define PAS_ENTRY_DUO(QN, QT, D, SFX, LSE)                                                         \
     extern "C" __global__ void __launch_bounds__(pas::Cfg<D, false, false, true>::NTHREADS, 2)    \
-        paged_attention_context_sm90_##QN##_kv_##QN##_d##D##_duo(                                 \
+        paged_attention_context_sm90_##QN##_kv_##QN##_d##D##_duo##SFX(                           \
             const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
             const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o,    \
             const __grid_constant__ pas::TmaMap tmap_q) {                                          \
-        pas::context_sm90_body<QT, D, 0, false, true>(p, tmap_k, tmap_v, tmap_o, tmap_q);                 \
+        pas::context_sm90_body<QT, D, 0, false, true, LSE>(p, tmap_k, tmap_v, tmap_o, tmap_q);            \
     }
-PAS_ENTRY_DUO(bf16, 0, 64)
-PAS_ENTRY_DUO(bf16, 0, 128)
-PAS_ENTRY_DUO(f16, 1, 64)
-PAS_ENTRY_DUO(f16, 1, 128)
+PAS_ENTRY_DUO(bf16, 0, 64, , false)
+PAS_ENTRY_DUO(bf16, 0, 128, , false)
+PAS_ENTRY_DUO(f16, 1, 64, , false)
+PAS_ENTRY_DUO(f16, 1, 128, , false)
+PAS_ENTRY_DUO(bf16, 0, 64, _lse, true)
+PAS_ENTRY_DUO(bf16, 0, 128, _lse, true)
+PAS_ENTRY_DUO(f16, 1, 64, _lse, true)
+PAS_ENTRY_DUO(f16, 1, 128, _lse, true)
 
-// e4m3 KV entries: paged_attention_context_sm90_{q}_kv_e4m3_d{D}.
-#define PAS_ENTRY8(QN, QT, D)                                                                      \
+// e4m3 KV entries: paged_attention_context_sm90_{q}_kv_e4m3_d{D}[_lse].
+#define PAS_ENTRY8(QN, QT, D, SFX, LSE)                                                            \
     extern "C" __global__ void __launch_bounds__(pas::Cfg<D, true>::NTHREADS, 1)                  \
-        paged_attention_context_sm90_##QN##_kv_e4m3_d##D(                                         \
+        paged_attention_context_sm90_##QN##_kv_e4m3_d##D##SFX(                                    \
             const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
             const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o,    \
             const __grid_constant__ pas::TmaMap tmap_q) {                                          \
-        pas::context_sm90_body<QT, D, 0, true>(p, tmap_k, tmap_v, tmap_o, tmap_q);                        \
+        pas::context_sm90_body<QT, D, 0, true, false, LSE>(p, tmap_k, tmap_v, tmap_o, tmap_q);            \
     }
-PAS_ENTRY8(bf16, 0, 64)
-PAS_ENTRY8(bf16, 0, 128)
-PAS_ENTRY8(bf16, 0, 256)
-PAS_ENTRY8(f16, 1, 64)
-PAS_ENTRY8(f16, 1, 128)
-PAS_ENTRY8(f16, 1, 256)
+PAS_ENTRY8(bf16, 0, 64, , false)
+PAS_ENTRY8(bf16, 0, 128, , false)
+PAS_ENTRY8(bf16, 0, 256, , false)
+PAS_ENTRY8(f16, 1, 64, , false)
+PAS_ENTRY8(f16, 1, 128, , false)
+PAS_ENTRY8(f16, 1, 256, , false)
+PAS_ENTRY8(bf16, 0, 64, _lse, true)
+PAS_ENTRY8(bf16, 0, 128, _lse, true)
+PAS_ENTRY8(bf16, 0, 256, _lse, true)
+PAS_ENTRY8(f16, 1, 64, _lse, true)
+PAS_ENTRY8(f16, 1, 128, _lse, true)
+PAS_ENTRY8(f16, 1, 256, _lse, true)
 
 // Timing experiments of the bench (D 128 bf16 only): _x{XV}, see context_sm90_body.
 #define PAS_XENTRY(XV)                                                                             \

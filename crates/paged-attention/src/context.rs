@@ -325,6 +325,10 @@ kernel_rt::abi_struct! {
         /// BM), 0 = copied by the producer warpgroup's cp.async. Same
         /// results.
         pub q_tma: i32 = "i32",
+        /// `f32*` `[num_tokens, Hq]` row log-sum-exp (natural log), or 0.
+        pub lse: u64 = "float*",
+        /// Elements between LSE rows (heads contiguous).
+        pub lse_stride_tok: i64 = "i64",
     }
 }
 
@@ -369,6 +373,16 @@ pub struct ContextArgs<'a> {
     /// it: a longer request is still attended in full. Without it the
     /// page-table width (`M · page_size`) bounds the keys.
     pub max_kv_len: Option<usize>,
+    /// `[num_tokens, Hq]` f32: each written row's natural-log log-sum-exp
+    /// of its logits (`bmm1_scale · q·k`) over the keys it sees, the sink
+    /// joined once, `−inf` for a row that sees no key
+    /// ([`crate::reference::RefOutput::lse`]; context-parallel prefill
+    /// merges partial outputs with it); last dim contiguous. Rows the launch
+    /// does not write keep their values. `None` = not written. On sm_90 at
+    /// D 64 with 16-bit KV such a launch runs the two-CTA entries
+    /// ([`context_sm90_duo_supported`]; the three-consumer entries have no
+    /// LSE code).
+    pub lse: Option<StridedMut<'a, f32, 2>>,
 }
 
 /// Everything [`validate_context`] derives from the arguments.
@@ -689,6 +703,7 @@ pub fn validate_context_for(args: &ContextArgs<'_>, sm90: bool) -> Result<Contex
         ));
     }
     check_sinks_and_scales(args.sinks.as_ref(), hq, args.bmm1_scale, args.bmm2_scale)?;
+    let lse_stride_tok = crate::launch::lse_stride_tok(args.lse.as_ref(), num_tokens, hq)?;
     let use_sm90 = sm90 && context_sm90_supported(args.q_dtype, kv_dtype, dim);
     let (q_tiles, config) = if use_sm90 {
         context_sm90_launch_config(bs, hkv, group, args.max_q_len, dim, kv_dtype)?
@@ -726,6 +741,7 @@ pub fn validate_context_for(args: &ContextArgs<'_>, sm90: bool) -> Result<Contex
         scale_log2: args.bmm1_scale * std::f32::consts::LOG2_E,
         bmm2_scale: args.bmm2_scale,
         kv_splits: 1,
+        lse_stride_tok,
         ..Default::default()
     };
     Ok(ContextPlan {

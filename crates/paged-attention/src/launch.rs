@@ -16,6 +16,7 @@ mod plan;
 mod views;
 
 pub use kernel::PagedAttentionKernel;
+pub(crate) use plan::lse_stride_tok;
 pub use plan::{validate, validate_path};
 pub(crate) use views::{
     base_ptrs, check_sinks_and_scales, check_vector, stride_err, validate_views, view_strides,

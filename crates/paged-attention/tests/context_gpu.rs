@@ -31,6 +31,8 @@ const BUDGET: f64 = 1.2e7;
 struct GpuOut {
     out: Vec<u16>,
     errors: ErrorReport,
+    /// The row LSE `[num_tokens, Hq]` when the launch was asked for it.
+    lse: Option<Vec<f32>>,
 }
 
 /// `Err` naming case `i` when two launches of `c` differ in any output bit
@@ -78,7 +80,12 @@ fn extend_cases(
 
 /// Runs `c` (ragged layout) through the context kernel; output poisoned first.
 fn run_gpu(gpu: &Arc<Gpu>, kernel: &ContextKernel, c: &Case) -> Result<GpuOut, KernelError> {
-    run_gpu_layout(gpu, kernel, c, false)
+    run_gpu_layout(gpu, kernel, c, false, false)
+}
+
+/// [`run_gpu`] with the row LSE requested into a poisoned buffer.
+fn run_gpu_lse(gpu: &Arc<Gpu>, kernel: &ContextKernel, c: &Case) -> Result<GpuOut, KernelError> {
+    run_gpu_layout(gpu, kernel, c, false, true)
 }
 
 /// The K/V pool of `c` (slot-major NHD bits) re-laid as HND `[pages, Hkv, P, D]`.
@@ -96,12 +103,14 @@ fn to_hnd(c: &Case, x: &[u16]) -> Vec<u16> {
     y
 }
 
-/// [`run_gpu`] with the K/V pools in the NHD (`hnd = false`) or HND layout.
+/// [`run_gpu`] with the K/V pools in the NHD (`hnd = false`) or HND layout,
+/// and the row LSE requested (`want_lse`) into a poisoned buffer.
 fn run_gpu_layout(
     gpu: &Arc<Gpu>,
     kernel: &ContextKernel,
     c: &Case,
     hnd: bool,
+    want_lse: bool,
 ) -> Result<GpuOut, KernelError> {
     let s = gpu.stream();
     let q = upload(gpu, &c.q)?;
@@ -130,6 +139,8 @@ fn run_gpu_layout(
     let kb = upload(gpu, &c.k_bytes())?;
     let vb = upload(gpu, &c.v_bytes())?;
     let mut errors = DeviceErrors::new(gpu)?;
+    let n_lse = c.num_tokens * c.hq;
+    let mut lse_buf = upload(gpu, &vec![f32::from_bits(LSE_POISON); n_lse.max(1)])?;
     let kv = match c.kv_dtype {
         KvDtype::E4m3 => KvCache::E4m3 {
             k: Strided::new("k_cache", kb.as_view(), shape, strides)?,
@@ -173,13 +184,30 @@ fn run_gpu_layout(
         },
         // The schedule hint: the page-table width bounds the keys.
         max_kv_len: None,
+        lse: if want_lse {
+            Some(StridedMut::contiguous(
+                "lse",
+                lse_buf.slice_mut(0..n_lse),
+                [c.num_tokens, c.hq],
+            )?)
+        } else {
+            None
+        },
     };
     kernel.launch(&mut args, &mut errors)?;
     let mut out = s.clone_dtoh(&out)?;
     out.truncate(c.q.len());
+    let lse = if want_lse {
+        let mut v = s.clone_dtoh(&lse_buf)?;
+        v.truncate(n_lse);
+        Some(v)
+    } else {
+        None
+    };
     Ok(GpuOut {
         out,
         errors: errors.read()?,
+        lse,
     })
 }
 
@@ -187,7 +215,13 @@ fn run_gpu_layout(
 /// zero rows exact, no NaN, unwritten rows still poisoned, error words equal).
 fn check(gpu: &Arc<Gpu>, kernel: &ContextKernel, c: &Case) -> Result<(), String> {
     let want = c.reference();
-    let got = run_gpu(gpu, kernel, c).or_fail("launch")?;
+    // Half the cases also request the row LSE (the other half runs the
+    // launch without it, the production default).
+    let want_lse = (c.q.len() + c.lens.len()) % 2 == 0;
+    let got = run_gpu_layout(gpu, kernel, c, false, want_lse).or_fail("launch")?;
+    if let Some(l) = &got.lse {
+        compare_lse(c, &want, l).map_err(|e| format!("{e}; case {}", describe(c)))?;
+    }
     compare(c, &want, &got.out, &got.errors).map_err(|e| format!("{e}; case {}", describe(c)))
 }
 
@@ -701,8 +735,8 @@ fn main() {
                         c.page_table[last / 2] = c.num_pages as i32 + 7;
                     }
                     for hnd in [false, true] {
-                        let a = run_gpu_layout(gpu, &gather, &c, hnd).or_fail("gather")?;
-                        let b = run_gpu_layout(gpu, &tma, &c, hnd).or_fail("tma")?;
+                        let a = run_gpu_layout(gpu, &gather, &c, hnd, false).or_fail("gather")?;
+                        let b = run_gpu_layout(gpu, &tma, &c, hnd, false).or_fail("tma")?;
                         if a.out != b.out {
                             let diff = a.out.iter().zip(&b.out).filter(|(x, y)| x != y).count();
                             return Err(format!(
@@ -863,7 +897,8 @@ fn main() {
         named("duo_entries_equal_the_reference", |gpu, k| {
             // The sm_90a two-CTA entries (16-bit KV, D 64 / 128: 64-row items
             // over 64-key tiles, two CTAs per SM) forced on, and the one-CTA
-            // entries forced off, against the reference: random ragged cases
+            // entries forced off, against the reference (outputs and row LSE):
+            // random ragged cases
             // (GQA 1..16, windows, sinks, bad pages, skipped requests, rows
             // that see no key; e4m3 and D 256 cases run the one-CTA entries
             // either way), named shapes, and keys masked causally or by the
@@ -904,9 +939,13 @@ fn main() {
             for (i, c) in cases.iter().enumerate() {
                 let want = c.reference();
                 for (name, kern) in [("duo", &on), ("one-CTA entries", &off)] {
-                    let got = run_gpu(gpu, kern, c).or_fail(name)?;
+                    let got = run_gpu_lse(gpu, kern, c).or_fail(name)?;
                     compare(c, &want, &got.out, &got.errors)
                         .map_err(|e| format!("case {i} ({name}): {e}; {}", describe(c)))?;
+                    if let Some(l) = &got.lse {
+                        compare_lse(c, &want, l)
+                            .map_err(|e| format!("case {i} ({name}): {e}; {}", describe(c)))?;
+                    }
                 }
                 pers.set_max_ctas(Some([1, 2, 3, 5, 8][i % 5]));
                 let a = run_gpu(gpu, &one, c).or_fail("duo, one CTA per item")?;
@@ -983,7 +1022,8 @@ fn main() {
             // its partial rows, the merge entry finishes them): random
             // ragged cases (windows, sinks, GQA, bad pages, rows that see no
             // key, skipped requests) against the reference, with the same
-            // error words as the unsplit kernel; and the long-prefix shape.
+            // error words as the unsplit kernel, and the merge's row LSE
+            // against the reference; and the long-prefix shape.
             let _ = k;
             let one = ContextKernel::new(gpu).or_fail("load")?;
             let mut split = ContextKernel::new(gpu).or_fail("load")?;
@@ -994,7 +1034,7 @@ fn main() {
                 split.set_kv_splits(Some([2, 3, 5, 16][i as usize % 4]));
                 let a = run_gpu(gpu, &one, &c).or_fail("unsplit")?;
                 let before = split.launches();
-                let b = run_gpu(gpu, &split, &c).or_fail("split")?;
+                let b = run_gpu_lse(gpu, &split, &c).or_fail("split")?;
                 n += split.launches() - before - 1;
                 if a.errors != b.errors {
                     return Err(format!(
@@ -1006,6 +1046,9 @@ fn main() {
                 }
                 let want = c.reference();
                 compare(&c, &want, &b.out, &b.errors).map_err(|e| format!("case {i}: {e}"))?;
+                if let Some(l) = &b.lse {
+                    compare_lse(&c, &want, l).map_err(|e| format!("case {i}: {e}"))?;
+                }
             }
             // A prefix of 40 tiles, 2 q tiles: the launcher's own rule splits it.
             let mut auto = ContextKernel::new(gpu).or_fail("load")?;

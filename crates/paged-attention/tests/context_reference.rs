@@ -22,7 +22,8 @@ use paged_attention::{
     context_sm90_supported, context_sm90_threads, context_sm90_tile_keys, context_sm90_tma_rows,
     context_smem_bytes, context_variants, kv_tma_layout, out_tma_layout, q_tma_layout,
     ContextParams, HalfDtype, KvDtype, CONTEXT_PTX, CONTEXT_SM90_DUO_ROWS,
-    CONTEXT_SM90_DUO_THREADS, CONTEXT_SM90_DUO_TILE_KEYS, CONTEXT_SM90_PTX,
+    CONTEXT_SM90_DUO_THREADS, CONTEXT_SM90_DUO_TILE_KEYS, CONTEXT_SM90_LSE_SUFFIX,
+    CONTEXT_SM90_PTX,
 };
 use proptest::prelude::*;
 
@@ -138,7 +139,7 @@ fn edge_23_chunked_prefill_window() {
 #[test]
 fn context_params_layout_matches_cuda() {
     use std::mem::{offset_of, size_of};
-    assert_eq!(size_of::<ContextParams>(), 256);
+    assert_eq!(size_of::<ContextParams>(), 272);
     assert_eq!(offset_of!(ContextParams, errors), 64);
     assert_eq!(offset_of!(ContextParams, q_stride_tok), 72);
     assert_eq!(offset_of!(ContextParams, page_table_stride), 152);
@@ -155,12 +156,14 @@ fn context_params_layout_matches_cuda() {
     assert_eq!(offset_of!(ContextParams, split_tiles), 244);
     assert_eq!(offset_of!(ContextParams, o_tma), 248);
     assert_eq!(offset_of!(ContextParams, q_tma), 252);
+    assert_eq!(offset_of!(ContextParams, lse), 256);
+    assert_eq!(offset_of!(ContextParams, lse_stride_tok), 264);
     assert!(CONTEXT_PTX
         .ptx
-        .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[256]"));
+        .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[272]"));
     assert!(CONTEXT_SM90_PTX
         .ptx
-        .contains("paged_attention_context_sm90_merge_bf16_kv_bf16_d128_param_0[256]"));
+        .contains("paged_attention_context_sm90_merge_bf16_kv_bf16_d128_param_0[272]"));
 }
 
 #[test]
@@ -194,9 +197,10 @@ fn committed_context_sm90_ptx_is_fresh_and_complete() {
         if context_sm90_supported(q, kv, d) {
             let name = context_sm90_entry_name(q, kv, d);
             assert!(CONTEXT_SM90_PTX.has_entry(&name), "{name} missing");
-            assert!(CONTEXT_SM90_PTX
-                .ptx
-                .contains(&format!("{name}_param_0[256]")));
+            assert!(CONTEXT_SM90_PTX.ptx.contains(&format!(
+                "{name}_param_0[{}]",
+                std::mem::size_of::<ContextParams>()
+            )));
             // The K, V and out tensor maps: 128 bytes each, 64-byte aligned.
             for i in [1, 2, 3] {
                 assert!(CONTEXT_SM90_PTX
@@ -473,6 +477,51 @@ fn context_sm90_duo_plan_fits() {
                     regs("setmaxnreg.inc.sync.aligned.u32"),
                 );
                 assert!(128 * producer + 128 * consumer <= 256 * 128, "{name}");
+            }
+        }
+    }
+}
+
+/// The row-LSE variants: every sm_90a entry but the three-consumer ones
+/// (D 64, 16-bit KV) has an `…_lse` entry with the same block size, and so
+/// does every duo entry; the entries without the suffix carry no LSE code
+/// (no `lg2.approx`: the kernel's only logarithm is `row_lse`'s), the `_lse`
+/// ones do.
+#[test]
+fn context_sm90_lse_entries() {
+    let ptx = CONTEXT_SM90_PTX.ptx;
+    let body = |name: &str| -> &str {
+        let start = ptx
+            .find(&format!(".entry {name}("))
+            .unwrap_or_else(|| panic!("{name}"));
+        let b = &ptx[start..];
+        &b[..b[1..].find(".entry ").map_or(b.len(), |e| e + 1)]
+    };
+    let reads_lse = |name: &str| body(name).contains("lg2.approx");
+    for (q, kv, d) in context_variants() {
+        if !context_sm90_supported(q, kv, d) {
+            continue;
+        }
+        let mut names = vec![(
+            context_sm90_entry_name(q, kv, d),
+            context_sm90_consumers(d, kv) != 3,
+        )];
+        if context_sm90_duo_supported(d, kv) {
+            names.push((context_sm90_duo_entry_name(q, kv, d), true));
+        }
+        for (name, has_lse) in names {
+            let lse = format!("{name}{CONTEXT_SM90_LSE_SUFFIX}");
+            assert_eq!(CONTEXT_SM90_PTX.has_entry(&lse), has_lse, "{lse}");
+            assert!(!reads_lse(&name), "{name} reads p.lse");
+            if has_lse {
+                assert!(reads_lse(&lse), "{lse} does not read p.lse");
+                let ntid = |n: &str| {
+                    body(n)
+                        .split(".maxntid")
+                        .nth(1)
+                        .map(|x| x[..12].to_string())
+                };
+                assert_eq!(ntid(&name), ntid(&lse), "{lse}");
             }
         }
     }

@@ -443,6 +443,7 @@ fn attend_part(
             window_left: plan.window_left,
             sinks,
             max_kv_len: shape.max_kv,
+            lse: None,
         };
         let start = cx.span_start(from, stream)?;
         cx.context.launch_on(stream, &mut args, cx.errors)?;

@@ -147,12 +147,23 @@ impl ContextKernel {
                     let name = context_sm90_entry_name(q, kv, d);
                     let smem = context_sm90_smem_bytes(d, kv);
                     let f = load_entry(gpu, &CONTEXT_SM90_PTX, &name, smem)?;
-                    fast.insert(name, f);
+                    fast.insert(name.clone(), f);
+                    // Its row-LSE variant, where it has one; a variant that
+                    // does not load is never chosen (an LSE launch there is
+                    // a typed error).
+                    let mut optional = Vec::new();
+                    if context_sm90_consumers(d, kv) != 3 {
+                        optional.push((format!("{name}{CONTEXT_SM90_LSE_SUFFIX}"), smem));
+                    }
                     if context_sm90_duo_supported(d, kv) {
                         // A duo entry that does not load is never chosen
                         // (the launch falls back to the one-CTA entry).
-                        let name = context_sm90_duo_entry_name(q, kv, d);
+                        let duo = context_sm90_duo_entry_name(q, kv, d);
                         let smem = context_sm90_duo_smem_bytes(d);
+                        optional.push((format!("{duo}{CONTEXT_SM90_LSE_SUFFIX}"), smem));
+                        optional.push((duo, smem));
+                    }
+                    for (name, smem) in optional {
                         if let Ok(f) = load_entry(gpu, &CONTEXT_SM90_PTX, &name, smem) {
                             fast.insert(name, f);
                         }
@@ -462,6 +473,9 @@ impl ContextKernel {
         if let Some(s) = &args.sinks {
             p.sinks = s.device_ptr(stream);
         }
+        if let Some(l) = &mut args.lse {
+            p.lse = l.device_ptr_mut(stream);
+        }
         p.errors = errors.device_ptr();
         p.work = {
             let (ptr, _sync) = self.work.device_ptr(stream);
@@ -471,21 +485,38 @@ impl ContextKernel {
         let kv_dtype = args.kv.dtype();
         // The two-CTA entries: 16-bit KV at D 64 / 128, the gather (not TMA
         // boxes), no timing experiment; by the launcher's rule unless forced.
+        // A launch that asks for the row LSE where the entry has three
+        // consumers (D 64 16-bit: no LSE code, it spilled there) always
+        // runs the duo entry.
+        let lse_needs_duo =
+            plan.sm90 && args.lse.is_some() && context_sm90_consumers(d, kv_dtype) == 3;
         let duo_entry = (plan.sm90
-            && self.experiment == 0
-            && self.kv_load != ContextKvLoad::Tma
             && context_sm90_duo_supported(d, kv_dtype)
-            && self.duo.unwrap_or_else(|| {
-                let bm = context_sm90_block_rows(d, kv_dtype);
-                let keys = kv_keys_bound(&p, bm).min(args.max_kv_len.unwrap_or(usize::MAX));
-                context_sm90_duo_wanted(d, kv_dtype, keys)
-            }))
+            && (lse_needs_duo
+                || (self.experiment == 0
+                    && self.kv_load != ContextKvLoad::Tma
+                    && self.duo.unwrap_or_else(|| {
+                        let bm = context_sm90_block_rows(d, kv_dtype);
+                        let keys = kv_keys_bound(&p, bm).min(args.max_kv_len.unwrap_or(usize::MAX));
+                        context_sm90_duo_wanted(d, kv_dtype, keys)
+                    }))))
         .then(|| context_sm90_duo_entry_name(args.q_dtype, kv_dtype, d))
         .filter(|name| self.funcs.contains_key(name));
         let duo = duo_entry.is_some();
+        if lse_needs_duo && !duo {
+            return Err(KernelError::unsupported(
+                "lse",
+                format!(
+                    "D {d} 16-bit KV: the row LSE needs the sm_90a duo entry, which did not load"
+                ),
+            ));
+        }
         let mut config = plan.config;
-        let experiment_entry;
-        let entry: &str = if let Some(name) = &duo_entry {
+        // The row LSE on sm_90a: the `_lse` variant of the chosen entry (no
+        // timing experiment then).
+        let lse = plan.sm90 && args.lse.is_some();
+        let mut experiment = false;
+        let mut entry: String = if let Some(name) = duo_entry {
             let (q_tiles, cfg) = context_sm90_duo_launch_config(
                 p.bs as usize,
                 p.num_kv_heads as usize,
@@ -496,27 +527,29 @@ impl ContextKernel {
             p.q_tiles = to_i32("max_q_len", q_tiles)?;
             config = cfg;
             name
-        } else if self.experiment != 0
-            && self
-                .funcs
-                .contains_key(&format!("{}_x{}", plan.entry, self.experiment))
-        {
-            experiment_entry = format!("{}_x{}", plan.entry, self.experiment);
-            &experiment_entry
         } else {
-            &plan.entry
+            let x = format!("{}_x{}", plan.entry, self.experiment);
+            experiment = !lse && self.experiment != 0 && self.funcs.contains_key(&x);
+            if experiment {
+                x
+            } else {
+                plan.entry.clone()
+            }
         };
+        if lse {
+            entry.push_str(CONTEXT_SM90_LSE_SUFFIX);
+        }
         let func = self
             .funcs
-            .get(entry)
+            .get(&entry)
             .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {entry}")))?;
         let mut maps = [TensorMap::default(); 2];
-        if plan.sm90 {
+        if plan.sm90 && !duo {
             if let Some((rows, code, m)) = self.kv_maps(args, &p) {
                 (p.tma_rows, p.tma_dims, maps) = (rows, code, m);
             }
         }
-        if entry != plan.entry && !duo {
+        if experiment {
             // An experiment entry (its ring split may take a few more bytes).
             config.shared_mem_bytes += CONTEXT_SM90_EXPERIMENT_SLACK as u32;
         }

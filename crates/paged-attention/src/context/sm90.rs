@@ -195,6 +195,12 @@ pub fn context_sm90_duo_stages(head_dim: usize) -> (usize, usize) {
     }
 }
 
+/// Suffix of the sm_90a entries that write the row LSE
+/// ([`ContextArgs::lse`]): every entry but the three-consumer ones (D 64,
+/// 16-bit KV) has an `…_lse` variant (duo entries included); the others
+/// carry no LSE code, so that their code stays as measured.
+pub const CONTEXT_SM90_LSE_SUFFIX: &str = "_lse";
+
 /// Entry name of a duo entry: `paged_attention_context_sm90_{q}_kv_{q}_d{head_dim}_duo`.
 pub fn context_sm90_duo_entry_name(q: HalfDtype, kv: KvDtype, head_dim: usize) -> String {
     format!("{}_duo", context_sm90_entry_name(q, kv, head_dim))

@@ -159,20 +159,7 @@ pub(super) fn plan_path(
         .window_left
         .filter(|&w| w < WINDOW_CAP)
         .map_or(-1, |w| w as i32);
-    let lse_stride_tok = match &args.lse {
-        None => 0,
-        Some(l) => {
-            if l.shape() != [num_tokens, hq] {
-                return Err(KernelError::shape(
-                    "lse",
-                    format!("[num_tokens={num_tokens}, Hq={hq}]"),
-                    format!("{:?}", l.shape()),
-                ));
-            }
-            l.require_last_contiguous()?;
-            to_i64("lse", l.strides()[0])?
-        }
-    };
+    let lse_stride_tok = lse_stride_tok(args.lse.as_ref(), num_tokens, hq)?;
     let st = view_strides(&args.q, &args.out, &args.kv, &args.page_table, bs, m)?;
     let params = PagedAttentionParams {
         lse_stride_tok,
@@ -217,4 +204,29 @@ pub(super) fn plan_path(
         workspace_elems,
         head_dim: dim,
     })
+}
+
+/// The row stride of an optional LSE output `[num_tokens, Hq]` f32 (0
+/// without one), shared by the decode and context launchers.
+///
+/// # Errors
+/// [`KernelError::Shape`] for another shape; [`KernelError::Stride`] for a
+/// last dim that is not contiguous or a row stride past `i64`.
+pub(crate) fn lse_stride_tok(
+    lse: Option<&kernel_rt::StridedMut<'_, f32, 2>>,
+    num_tokens: usize,
+    hq: usize,
+) -> Result<i64> {
+    let Some(l) = lse else {
+        return Ok(0);
+    };
+    if l.shape() != [num_tokens, hq] {
+        return Err(KernelError::shape(
+            "lse",
+            format!("[num_tokens={num_tokens}, Hq={hq}]"),
+            format!("{:?}", l.shape()),
+        ));
+    }
+    l.require_last_contiguous()?;
+    to_i64("lse", l.strides()[0])
 }

@@ -668,3 +668,42 @@ fn fill_keys(c: &mut Case, r: &mut impl Rng, b: usize, range: std::ops::Range<i6
         }
     }
 }
+
+/// Bits an LSE element holds before the launch (rows the launch must not write keep them).
+pub const LSE_POISON: u32 = 0x7fa5_a5a5;
+
+/// The GPU's row LSE against the reference's: written rows within 2e-3
+/// relative (`−inf` exactly where a row sees no key, NaN where the
+/// reference is NaN), rows the launch must not write still poisoned.
+pub fn compare_lse(
+    c: &Case,
+    want: &paged_attention::reference::RefOutput,
+    got: &[f32],
+) -> Result<(), String> {
+    for t in 0..c.num_tokens {
+        for h in 0..c.hq {
+            let g = got[t * c.hq + h];
+            if !want.written[t] {
+                if g.to_bits() != LSE_POISON {
+                    return Err(format!(
+                        "lse row {t} head {h}: not a row of the launch, written {g}"
+                    ));
+                }
+                continue;
+            }
+            let w = want.lse[t * c.hq + h];
+            let g = f64::from(g);
+            let ok = if w.is_nan() {
+                g.is_nan()
+            } else if w == f64::NEG_INFINITY {
+                g == f64::NEG_INFINITY
+            } else {
+                (g - w).abs() <= 2e-3 * w.abs().max(1.0)
+            };
+            if !ok {
+                return Err(format!("lse row {t} head {h}: got {g}, want {w}"));
+            }
+        }
+    }
+    Ok(())
+}
