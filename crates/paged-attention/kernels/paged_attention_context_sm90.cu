@@ -71,7 +71,7 @@ using namespace pac;
 // SWAP (timing experiment XV & 16, D 128 16-bit only): ring depths K 3 /
 // V 2 instead of the default 2 / 3 (same shared memory).
 // DUO (D 64 / 128, 16-bit K/V; the launcher's choice for short KV ranges,
-// see `context_sm90_duo` in src/context/sm90.rs): two CTAs per SM, each a
+// see `context_sm90_duo_wanted` in src/context/sm90.rs): two CTAs per SM, each a
 // producer and ONE consumer warpgroup of 64 rows over 64-key tiles. The two
 // CTAs of an SM run their items independently, so one CTA's item start,
 // first softmax and epilogue (CUDA-core work with no GEMM of its own to
