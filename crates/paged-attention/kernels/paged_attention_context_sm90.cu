@@ -1982,18 +1982,22 @@ PAS_MERGE_ENTRY(bf16, 0, e4m3, true, 128)
 PAS_MERGE_ENTRY(f16, 1, e4m3, true, 64)
 PAS_MERGE_ENTRY(f16, 1, e4m3, true, 128)
 
+// One sm_90a entry NAME: context_sm90_body<QT, D, XV, F8, DUO, LSE> with the
+// block size of its Cfg and Cfg::CTAS resident CTAs per SM.
+#define PAS_ENTRY_AT(NAME, QT, D, XV, F8, DUO, LSE)                                                \
+    extern "C" __global__ void __launch_bounds__(pas::Cfg<D, F8, false, DUO>::NTHREADS,            \
+                                                 pas::Cfg<D, F8, false, DUO>::CTAS)                \
+        NAME(const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
+             const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o,   \
+             const __grid_constant__ pas::TmaMap tmap_q) {                                         \
+        pas::context_sm90_body<QT, D, XV, F8, DUO, LSE>(p, tmap_k, tmap_v, tmap_o, tmap_q);        \
+    }
+
 // Entries: paged_attention_context_sm90_{q}_kv_{q}_d{D} (16-bit KV of the Q dtype);
 // with the row LSE: ..._lse (LSE = true; not at D 64, whose three consumers
 // have no LSE code: the launcher takes the duo entry's _lse there).
-#define PAS_ENTRY(QN, QT, D, SFX, LSE)                                                             \
-    extern "C" __global__ void __launch_bounds__(pas::Cfg<D>::NTHREADS, 1)                        \
-        paged_attention_context_sm90_##QN##_kv_##QN##_d##D##SFX(                                  \
-            const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
-            const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o,    \
-            const __grid_constant__ pas::TmaMap tmap_q) {                                          \
-        pas::context_sm90_body<QT, D, 0, false, false, LSE>(p, tmap_k, tmap_v, tmap_o, tmap_q);           \
-    }
-
+#define PAS_ENTRY(QN, QT, D, SFX, LSE) \
+    PAS_ENTRY_AT(paged_attention_context_sm90_##QN##_kv_##QN##_d##D##SFX, QT, D, 0, false, false, LSE)
 PAS_ENTRY(bf16, 0, 64, , false)
 PAS_ENTRY(bf16, 0, 128, , false)
 PAS_ENTRY(bf16, 0, 256, , false)
@@ -2006,14 +2010,8 @@ PAS_ENTRY(f16, 1, 128, _lse, true)
 PAS_ENTRY(f16, 1, 256, _lse, true)
 
 // Two CTAs per SM (Cfg DUO): paged_attention_context_sm90_{q}_kv_{q}_d{D}_duo[_lse].
-#define PAS_ENTRY_DUO(QN, QT, D, SFX, LSE)                                                         \
-    extern "C" __global__ void __launch_bounds__(pas::Cfg<D, false, false, true>::NTHREADS, 2)    \
-        paged_attention_context_sm90_##QN##_kv_##QN##_d##D##_duo##SFX(                           \
-            const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
-            const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o,    \
-            const __grid_constant__ pas::TmaMap tmap_q) {                                          \
-        pas::context_sm90_body<QT, D, 0, false, true, LSE>(p, tmap_k, tmap_v, tmap_o, tmap_q);            \
-    }
+#define PAS_ENTRY_DUO(QN, QT, D, SFX, LSE) \
+    PAS_ENTRY_AT(paged_attention_context_sm90_##QN##_kv_##QN##_d##D##_duo##SFX, QT, D, 0, false, true, LSE)
 PAS_ENTRY_DUO(bf16, 0, 64, , false)
 PAS_ENTRY_DUO(bf16, 0, 128, , false)
 PAS_ENTRY_DUO(f16, 1, 64, , false)
@@ -2024,14 +2022,8 @@ PAS_ENTRY_DUO(f16, 1, 64, _lse, true)
 PAS_ENTRY_DUO(f16, 1, 128, _lse, true)
 
 // e4m3 KV entries: paged_attention_context_sm90_{q}_kv_e4m3_d{D}[_lse].
-#define PAS_ENTRY8(QN, QT, D, SFX, LSE)                                                            \
-    extern "C" __global__ void __launch_bounds__(pas::Cfg<D, true>::NTHREADS, 1)                  \
-        paged_attention_context_sm90_##QN##_kv_e4m3_d##D##SFX(                                    \
-            const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
-            const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o,    \
-            const __grid_constant__ pas::TmaMap tmap_q) {                                          \
-        pas::context_sm90_body<QT, D, 0, true, false, LSE>(p, tmap_k, tmap_v, tmap_o, tmap_q);            \
-    }
+#define PAS_ENTRY8(QN, QT, D, SFX, LSE) \
+    PAS_ENTRY_AT(paged_attention_context_sm90_##QN##_kv_e4m3_d##D##SFX, QT, D, 0, true, false, LSE)
 PAS_ENTRY8(bf16, 0, 64, , false)
 PAS_ENTRY8(bf16, 0, 128, , false)
 PAS_ENTRY8(bf16, 0, 256, , false)
@@ -2046,14 +2038,8 @@ PAS_ENTRY8(f16, 1, 128, _lse, true)
 PAS_ENTRY8(f16, 1, 256, _lse, true)
 
 // Timing experiments of the bench (D 128 bf16 only): _x{XV}, see context_sm90_body.
-#define PAS_XENTRY(XV)                                                                             \
-    extern "C" __global__ void __launch_bounds__(pas::Cfg<128>::NTHREADS, 1)                      \
-        paged_attention_context_sm90_bf16_kv_bf16_d128_x##XV(                                     \
-            const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,                    \
-            const __grid_constant__ pas::TmaMap tmap_v, const __grid_constant__ pas::TmaMap tmap_o,    \
-            const __grid_constant__ pas::TmaMap tmap_q) {                                          \
-        pas::context_sm90_body<0, 128, XV>(p, tmap_k, tmap_v, tmap_o, tmap_q);                            \
-    }
+#define PAS_XENTRY(XV) \
+    PAS_ENTRY_AT(paged_attention_context_sm90_bf16_kv_bf16_d128_x##XV, 0, 128, XV, false, false, false)
 PAS_XENTRY(1)
 PAS_XENTRY(4)
 PAS_XENTRY(5)
@@ -2071,10 +2057,4 @@ PAS_XENTRY(1024)
 PAS_XENTRY(1536)
 
 // The polynomial-exponential experiment at D 64 (softmax-bound there).
-extern "C" __global__ void __launch_bounds__(pas::Cfg<64>::NTHREADS, 1)
-    paged_attention_context_sm90_bf16_kv_bf16_d64_x64(const ContextParams p, const __grid_constant__ pas::TmaMap tmap_k,
-                                                      const __grid_constant__ pas::TmaMap tmap_v,
-                                                      const __grid_constant__ pas::TmaMap tmap_o,
-                                                      const __grid_constant__ pas::TmaMap tmap_q) {
-    pas::context_sm90_body<0, 64, 64>(p, tmap_k, tmap_v, tmap_o, tmap_q);
-}
+PAS_ENTRY_AT(paged_attention_context_sm90_bf16_kv_bf16_d64_x64, 0, 64, 64, false, false, false)

@@ -897,12 +897,12 @@ fn main() {
         named("duo_entries_equal_the_reference", |gpu, k| {
             // The sm_90a two-CTA entries (16-bit KV, D 64 / 128: 64-row items
             // over 64-key tiles, two CTAs per SM) forced on, and the one-CTA
-            // entries forced off, against the reference (outputs and row LSE):
-            // random ragged cases
-            // (GQA 1..16, windows, sinks, bad pages, skipped requests, rows
-            // that see no key; e4m3 and D 256 cases run the one-CTA entries
-            // either way), named shapes, and keys masked causally or by the
-            // window holding NaN / Inf. The duo persistent grid capped at
+            // entries forced off, against the reference (outputs and row
+            // LSE): random ragged cases (GQA 1..16, windows, sinks, bad
+            // pages, skipped requests, rows that see no key; e4m3 and D 256
+            // cases run the one-CTA entries either way), named shapes, and
+            // keys masked causally or by the window holding NaN / Inf. The
+            // duo persistent grid capped at
             // 1..8 CTAs (each walks many items) gives the bits of one CTA
             // per item.
             let _ = k;

@@ -356,21 +356,45 @@ fn context_sm90_plan_fits() {
     }
 }
 
+/// The PTX text of sm_90a entry `name` (up to the next entry).
+fn sm90_entry_body(name: &str) -> &'static str {
+    let ptx = CONTEXT_SM90_PTX.ptx;
+    let start = ptx
+        .find(&format!(".entry {name}("))
+        .unwrap_or_else(|| panic!("{name}: no entry"));
+    let body = &ptx[start..];
+    &body[..body[1..].find(".entry ").map_or(body.len(), |e| e + 1)]
+}
+
+/// The (producer, consumer) operands of the `setmaxnreg` pair in the body
+/// of entry `name`.
+fn setmaxnreg_split(name: &str, body: &str) -> (usize, usize) {
+    let regs = |op: &str| -> usize {
+        let at = body.find(op).unwrap_or_else(|| panic!("{name}: no {op}")) + op.len();
+        body[at..]
+            .trim_start()
+            .split(';')
+            .next()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name}: {op} operand"))
+    };
+    (
+        regs("setmaxnreg.dec.sync.aligned.u32"),
+        regs("setmaxnreg.inc.sync.aligned.u32"),
+    )
+}
+
 /// The launcher's plan matches the kernel's: only the persistent entries
 /// take work items from the counter (`atom.global.add`), the block size is
 /// each entry's `.maxntid`, and its setmaxnreg split fits the launch.
 #[test]
 fn context_sm90_launch_matches_the_ptx() {
-    let ptx = CONTEXT_SM90_PTX.ptx;
     for (q, kv, d) in context_variants() {
         if !context_sm90_supported(q, kv, d) {
             continue;
         }
         let name = context_sm90_entry_name(q, kv, d);
-        let start = ptx.find(&format!(".entry {name}(")).expect("entry");
-        let body = &ptx[start..];
-        let end = body[1..].find(".entry ").map_or(body.len(), |e| e + 1);
-        let body = &body[..end];
+        let body = sm90_entry_body(&name);
         let counts_work = body.contains("atom.global.add.u32");
         assert_eq!(counts_work, context_sm90_persistent(d), "{name}");
         // The launcher's block size is the entry's `.maxntid`, and the
@@ -381,19 +405,7 @@ fn context_sm90_launch_matches_the_ptx() {
             body.contains(&format!(".maxntid {threads}, 1, 1")),
             "{name}: .maxntid {threads}"
         );
-        let regs = |op: &str| -> usize {
-            let at = body.find(op).unwrap_or_else(|| panic!("{name}: no {op}")) + op.len();
-            body[at..]
-                .trim_start()
-                .split(';')
-                .next()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or_else(|| panic!("{name}: {op} operand"))
-        };
-        let (producer, consumer) = (
-            regs("setmaxnreg.dec.sync.aligned.u32"),
-            regs("setmaxnreg.inc.sync.aligned.u32"),
-        );
+        let (producer, consumer) = setmaxnreg_split(&name, body);
         let consumers = context_sm90_consumers(d, kv);
         assert_eq!(threads, 128 * (consumers + 1), "{name}");
         let per_thread = (65536 / threads) & !7;
@@ -411,7 +423,6 @@ fn context_sm90_launch_matches_the_ptx() {
 /// thread; the launcher's rule picks them only for short KV ranges.
 #[test]
 fn context_sm90_duo_plan_fits() {
-    let ptx = CONTEXT_SM90_PTX.ptx;
     for d in [64usize, 128, 256] {
         for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
             let on = context_sm90_duo_supported(d, kv);
@@ -454,28 +465,11 @@ fn context_sm90_duo_plan_fits() {
                 }
                 let name = context_sm90_duo_entry_name(q, kv, d);
                 assert!(name.ends_with("_duo"));
-                let start = ptx.find(&format!(".entry {name}(")).expect("duo entry");
-                let body = &ptx[start..];
-                let end = body[1..].find(".entry ").map_or(body.len(), |e| e + 1);
-                let body = &body[..end];
+                let body = sm90_entry_body(&name);
                 assert!(body.contains(".maxntid 256, 1, 1"), "{name}");
                 assert!(body.contains(".minnctapersm 2"), "{name}");
                 assert!(body.contains("atom.global.add.u32"), "{name}: persistent");
-                let regs = |op: &str| -> usize {
-                    let at = body.find(op).unwrap_or_else(|| panic!("{name}: no {op}")) + op.len();
-                    body[at..]
-                        .trim_start()
-                        .split(';')
-                        .next()
-                        .unwrap()
-                        .trim()
-                        .parse()
-                        .unwrap()
-                };
-                let (producer, consumer) = (
-                    regs("setmaxnreg.dec.sync.aligned.u32"),
-                    regs("setmaxnreg.inc.sync.aligned.u32"),
-                );
+                let (producer, consumer) = setmaxnreg_split(&name, body);
                 assert!(128 * producer + 128 * consumer <= 256 * 128, "{name}");
             }
         }
@@ -489,15 +483,7 @@ fn context_sm90_duo_plan_fits() {
 /// ones do.
 #[test]
 fn context_sm90_lse_entries() {
-    let ptx = CONTEXT_SM90_PTX.ptx;
-    let body = |name: &str| -> &str {
-        let start = ptx
-            .find(&format!(".entry {name}("))
-            .unwrap_or_else(|| panic!("{name}"));
-        let b = &ptx[start..];
-        &b[..b[1..].find(".entry ").map_or(b.len(), |e| e + 1)]
-    };
-    let reads_lse = |name: &str| body(name).contains("lg2.approx");
+    let reads_lse = |name: &str| sm90_entry_body(name).contains("lg2.approx");
     for (q, kv, d) in context_variants() {
         if !context_sm90_supported(q, kv, d) {
             continue;
@@ -516,7 +502,7 @@ fn context_sm90_lse_entries() {
             if has_lse {
                 assert!(reads_lse(&lse), "{lse} does not read p.lse");
                 let ntid = |n: &str| {
-                    body(n)
+                    sm90_entry_body(n)
                         .split(".maxntid")
                         .nth(1)
                         .map(|x| x[..12].to_string())

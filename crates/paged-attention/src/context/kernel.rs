@@ -527,13 +527,15 @@ impl ContextKernel {
             p.q_tiles = to_i32("max_q_len", q_tiles)?;
             config = cfg;
             name
+        } else if lse || self.experiment == 0 {
+            plan.entry
         } else {
             let x = format!("{}_x{}", plan.entry, self.experiment);
-            experiment = !lse && self.experiment != 0 && self.funcs.contains_key(&x);
+            experiment = self.funcs.contains_key(&x);
             if experiment {
                 x
             } else {
-                plan.entry.clone()
+                plan.entry
             }
         };
         if lse {
