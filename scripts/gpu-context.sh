@@ -25,7 +25,7 @@
 #   sanitize  compute-sanitizer memcheck + racecheck on small cases
 #   duo       the two-CTA (duo) entries: their GPU test, then memcheck and
 #             racecheck on a few of its cases (MHA_KIT_GPU_CASES=4), then
-#             the FA3 grid (default, duo forced, duo by the launcher's rule)
+#             the FA3 grid (default and duo forced: MHA_KIT_BENCH_ALL_EXPERIMENTS=1)
 #             and torch's cuDNN SDPA on the same shapes (same call)
 #   backend   the mha-backend GPU tests
 #   replay    the mha-replay GPU tests, then the main job on the code trace
@@ -165,7 +165,7 @@ stage_duo() {
   MHA_KIT_CONTEXT_DUO=on timeout 120 compute-sanitizer --tool racecheck $T --include-ignored must_pass_windows \
     > "$OUT/duo_racecheck.log" 2>&1; echo "rc=$?"; summary "$OUT/duo_racecheck.log"
   echo "== FA3 grid with the duo entries"
-  MHA_KIT_BENCH_CASES="FA3 grid|bs 8 × 4096, P 16" timeout ${BENCH_TIMEOUT:-240} benches/paged-attention-context --bench \
+  MHA_KIT_BENCH_ALL_EXPERIMENTS=1 MHA_KIT_BENCH_CASES="FA3 grid|bs 8 × 4096, P 16" timeout ${BENCH_TIMEOUT:-240} benches/paged-attention-context --bench \
     > "$OUT/duo_bench.log" 2>&1; echo "rc=$?"
   grep -E '^(\||## )' "$OUT/duo_bench.log"
   stage_peers

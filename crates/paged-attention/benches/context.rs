@@ -13,9 +13,9 @@
 //! `MHA_KIT_BENCH_ALL_EXPERIMENTS=1` runs every leave-one-stage-out
 //! experiment on the FA3 grid's D 128 32 × 512 cell too, and the one-CTA-per-
 //! item grid and three experiments on every D 128 cell (by default the
-//! experiments run only on the two headline cases). The FA3 grid's D 64 /
-//! 128 cells and the headline cases also run the two-CTA (duo) entries
-//! forced on and by the launcher's rule beside the default.
+//! experiments run only on the two headline cases), and the two-CTA (duo)
+//! entries forced on beside the default on the FA3 grid's D 64 / 128 cells
+//! and the headline cases (session 17: slower on every cell).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -520,13 +520,10 @@ fn main() {
     // Q rows copied by the producer's cp.async instead of TMA (the default).
     let mut q_copies = ContextKernel::new(&gpu).expect("load");
     q_copies.set_q_tma(false);
-    // The two-CTA (duo) entries forced on, and picked by the launcher's
-    // rule (context_sm90_duo_wanted); the default follows MHA_KIT_CONTEXT_DUO
-    // (unset: off).
+    // The two-CTA (duo) entries forced on; the default follows
+    // MHA_KIT_CONTEXT_DUO (unset: off).
     let mut duo_on = ContextKernel::new(&gpu).expect("load");
     duo_on.set_duo(Some(true));
-    let mut duo_rule = ContextKernel::new(&gpu).expect("load");
-    duo_rule.set_duo(None);
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
         [1u32, 4, 5, 6, 16, 32, 64, 96, 128, 512, 1024, 1536]
@@ -563,8 +560,6 @@ fn main() {
             "sm90a wgmma, Q by cp.async"
         } else if std::ptr::eq(k, &duo_on) {
             "sm90a wgmma, duo entries forced"
-        } else if std::ptr::eq(k, &duo_rule) {
-            "sm90a wgmma, duo by the launcher's rule"
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {
             match xv {
                 1 => "experiment: no softmax math",
@@ -620,9 +615,13 @@ fn main() {
             kernels.push(&o_threads);
             kernels.push(&q_copies);
         }
-        if (c.name.starts_with("FA3 grid") || i < 2) && !c.fp8 && c.d != 256 && kernel.uses_sm90() {
+        if (c.name.starts_with("FA3 grid") || i < 2)
+            && all_experiments
+            && !c.fp8
+            && c.d != 256
+            && kernel.uses_sm90()
+        {
             kernels.push(&duo_on);
-            kernels.push(&duo_rule);
         }
         if c.name.starts_with("FA3 grid D 128") && all_experiments {
             // With MHA_KIT_BENCH_ALL_EXPERIMENTS=1: the leave-one-stage-out

@@ -94,9 +94,9 @@ pub const CONTEXT_KV_LOAD_ENV: &str = "MHA_KIT_CONTEXT_KV_LOAD";
 
 /// Environment variable that picks when the sm_90a context kernel runs its
 /// two-CTA ("duo") entries ([`context_sm90_duo_supported`]): `off` (default:
-/// the duo entries have not yet been measured on a GPU), `rule` (the
-/// launcher's rule, [`context_sm90_duo_wanted`]) or `on` (wherever
-/// supported). [`ContextKernel::set_duo`] overrides it.
+/// measured slower than the one-CTA entries on every FA3-grid cell), `rule`
+/// (the launcher's rule, [`context_sm90_duo_wanted`]) or `on` (wherever
+/// supported; for experiments). [`ContextKernel::set_duo`] overrides it.
 pub const CONTEXT_DUO_ENV: &str = "MHA_KIT_CONTEXT_DUO";
 
 /// The duo choice of [`CONTEXT_DUO_ENV`] as [`ContextKernel::set_duo`]

@@ -224,13 +224,16 @@ pub fn context_sm90_duo_smem_bytes(head_dim: usize) -> usize {
 }
 
 /// Longest KV range (keys a request may attend to: its page-table row, or
-/// the window) for which the launcher picks the duo entries at `head_dim`.
+/// the window) for which the launcher picks the duo entries at `head_dim`:
+/// 0 at every head_dim, so the rule takes them only for a batch with no
+/// keys. Measured on an H200 (session 17, FA3 grid, CUDA events), the duo
+/// entries were slower than the one-CTA entries on every cell: D 64
+/// 1.43× (32 × 512) to 1.63× (1 × 16k) the time, D 128 1.14× to 1.41×
+/// (docs/PERF.md, session 17). They stay for the row LSE at D 64 and for
+/// experiments ([`ContextKernel::set_duo`]).
 pub fn context_sm90_duo_max_keys(head_dim: usize) -> usize {
-    if head_dim == 64 {
-        4096
-    } else {
-        1024
-    }
+    let _ = head_dim;
+    0
 }
 
 /// The launcher's rule for the duo entries ([`context_sm90_duo_supported`]):
