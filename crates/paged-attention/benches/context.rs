@@ -1,6 +1,10 @@
 //! Bench of the context (prefill / chunked prefill) kernel: criterion
-//! (`iter_custom` + CUDA events) and a markdown table of median µs and
-//! TFLOP/s. FLOPs count the causal pairs only: a request with prefix `p` and
+//! (`iter_custom` + CUDA events) and a markdown table of µs and TFLOP/s by
+//! two methods: the isolated median (an event pair around each launch,
+//! stream pre-filled) and, the peers' method (`context_peers.py`), `n`
+//! launches captured in one CUDA graph (`n` = 20 ms / the isolated median,
+//! 1..=50), time = replay / n, median of 30 replays ([`graph_replay_us`]);
+//! compare the graph columns with the peers. FLOPs count the causal pairs only: a request with prefix `p` and
 //! `n` new tokens has `n·p + n(n+1)/2` visible (row, key) pairs, each
 //! `4·Hq·D` FLOPs (`4·Hq·D·Σ L(L+1)/2` without a prefix). Pages are scattered
 //! over the pool (P 16) unless the case says "contiguous" (one page of
@@ -22,7 +26,7 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use kernel_rt::cudarc::driver::CudaSlice;
-use kernel_rt::timing::{median_us, time_iters};
+use kernel_rt::timing::{graph_replay_us, median_us, time_iters};
 use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
 use paged_attention::{
     ContextArgs, ContextKernel, ContextKvLoad, ContextPath, HalfDtype, KvCache,
@@ -655,8 +659,19 @@ fn main() {
             });
             let us = median_us(&gpu, 3, 20, || launch(k, &c, &mut p, &mut errors)).expect("median");
             let tflops = p.flops / (us * 1e-6) / 1e12;
+            // The peers' method: n launches in one graph, ~20 ms a replay
+            // (at most 50), 30 replays.
+            let calls = ((20_000.0 / us.max(1.0)) as usize).clamp(1, 50);
+            let graph =
+                match graph_replay_us(&gpu, calls, 30, |_| launch(k, &c, &mut p, &mut errors)) {
+                    Ok(g) => {
+                        let g_tflops = p.flops / (g.median_us * 1e-6) / 1e12;
+                        format!("{:.1} | {g_tflops:.0}", g.median_us)
+                    }
+                    Err(e) => format!("— | — ({e})"),
+                };
             table.push(format!(
-                "| {} | {}/{}/{} | {} | {us:.1} | {tflops:.0} |",
+                "| {} | {}/{}/{} | {} | {us:.1} | {tflops:.0} | {graph} |",
                 c.name,
                 c.hq,
                 c.hkv,
@@ -715,7 +730,10 @@ fn main() {
         gpu.describe(),
         rep
     );
-    println!("| case | Hq/Hkv/D | kernel | µs | TFLOP/s (causal pairs) |\n|---|---|---|---:|---:|");
+    println!(
+        "| case | Hq/Hkv/D | kernel | µs | TFLOP/s (causal pairs) | graph µs | graph TFLOP/s |\n\
+         |---|---|---|---:|---:|---:|---:|"
+    );
     for row in table {
         println!("{row}");
     }
