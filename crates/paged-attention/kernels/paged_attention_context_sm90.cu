@@ -152,8 +152,9 @@ struct Cfg {
     static constexpr int VM_OFF = STG_OFF + SST * 2 * F8_BYTES;
     static constexpr int BAR_OFF = VM_OFF + KST * VMW * 4;
     // Q full/empty; K full/empty; V full/empty; work-item slots full/empty;
-    // work-item geometry published.
-    static constexpr int NBAR = 2 * QBUF + 2 * KST + 2 * VST + 6;
+    // work-item geometry published; e4m3: Q's TMA boxes landed (before the
+    // producer converts them).
+    static constexpr int NBAR = 2 * QBUF + 2 * KST + 2 * VST + 6 + (F8 ? QBUF : 0);
     // One f32 per consumer thread: the per-tile store that keeps the
     // exponentials ahead of the wait for P V (see `softmax`).
     static constexpr int PIN_OFF = BAR_OFF + NBAR * 8;
@@ -546,6 +547,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const u32 bar_if = bar_ev + 8 * VST;          // [2] work item published
     const u32 bar_ie = bar_if + 16;               // [2] work item read by all
     const u32 bar_ig = bar_ie + 16;               // [2] work item's geometry published
+    const u32 bar_qr = bar_ig + 16;               // [QBUF] e4m3 only: Q's TMA boxes landed
     // The rings run on across a CTA's items: T0 counts the KV tiles of the
     // CTA's earlier items (per role, the same count), tile t of an item is
     // ring tile T0 + t; nq counts the items that loaded a Q tile (item nq
@@ -652,9 +654,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // D / 64 boxes of an item's BM packed rows (whole tokens of the G heads
     // of its KV head) into the Q buffer, the operand layout. Rows past the
     // request's last token hold the next tokens' q (zeros past the tensor):
-    // padding rows, which see no key and are never stored. Not for e4m3 K/V
-    // (their producer converts Q in place after its own copies).
-    const bool qtma = !F8 && p.q_tma != 0;
+    // padding rows, which see no key and are never stored. With e4m3 K/V
+    // and a bf16 Q (QCONV) the boxes complete on bar_qr and the producer
+    // then converts Q in place as after its own copies.
+    const bool qtma = p.q_tma != 0;
     // Trace stamp ev of this role's current item (thread 0 of a warpgroup);
     // `done`: the role's item count, at its exit.
     auto mark = [&](int role, int ev, u32 v) {
@@ -690,8 +693,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         *reinterpret_cast<u64*>(smem + C::QMAP_OFF) = reinterpret_cast<u64>(&tmap_q);
 #pragma unroll
         for (int s = 0; s < QBUF; ++s) {
-            // TMA: thread 0's arrival + the boxes' bytes; else 128 cp.async arrivals.
-            mbar_init(bar_q + 8 * s, qtma ? 1 : 128);
+            // TMA: thread 0's arrival + the boxes' bytes; else 128 cp.async
+            // arrivals, or (e4m3, QCONV) the 128 converting threads'.
+            mbar_init(bar_q + 8 * s, qtma && !QCONV ? 1 : 128);
+            if (F8) mbar_init(bar_qr + 8 * s, 1);
             mbar_init(bar_qe + 8 * s, NC);
         }
 #pragma unroll
@@ -782,9 +787,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(map) : "r"(base + C::QMAP_OFF));
                     const u32 qdst = base + C::Q_OFF + qb * C::Q_BYTES;
                     const int tok = g.row_start + r0 / G;  // G divides r0 (launcher: G | BM)
-                    mbar_arrive_expect_tx(bar_q + 8 * qb, (u32)C::Q_BYTES);
+                    const u32 qbar = (QCONV ? bar_qr : bar_q) + 8 * qb;
+                    mbar_arrive_expect_tx(qbar, (u32)C::Q_BYTES);
 #pragma unroll
-                    for (int a = 0; a < D / 64; ++a) tma_load_3d(qdst + a * C::Q_ATOM, map, bar_q + 8 * qb, 64 * a, h * G, tok);
+                    for (int a = 0; a < D / 64; ++a) tma_load_3d(qdst + a * C::Q_ATOM, map, qbar, 64 * a, h * G, tok);
                 }
             } else {
                 constexpr int QRS = 128 / CPR;
@@ -816,7 +822,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 // 2^qs; other rows convert exactly (|q| >= 2^-14; smaller values
                 // round to f16 subnormals). Non-finite q stay non-finite and do
                 // not count. The CPR lanes of a row are CPR consecutive lanes.
-                asm volatile("cp.async.wait_all;\n" ::: "memory");
+                if (qtma)
+                    mbar_wait(bar_qr + 8 * qb, (u32)((nq / QBUF) & 1));
+                else
+                    asm volatile("cp.async.wait_all;\n" ::: "memory");
                 constexpr int QRS = 128 / CPR;
                 const int ch = (int)ptv % CPR;
                 u8* const qt = smem + C::Q_OFF + qb * C::Q_BYTES;

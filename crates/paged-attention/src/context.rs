@@ -320,10 +320,10 @@ kernel_rt::abi_struct! {
         /// threads. Same results.
         pub o_tma: i32 = "i32",
         /// sm_90a producer: 1 = each work item's Q rows load as TMA boxes
-        /// through the kernel's `q` tensor map (set by the launcher for
-        /// 16-bit K/V when the map encodes and `G` divides the block rows
-        /// BM), 0 = copied by the producer warpgroup's cp.async. Same
-        /// results.
+        /// through the kernel's `q` tensor map (set by the launcher when
+        /// the map encodes and `G` divides the block rows BM; with e4m3
+        /// K/V and a bf16 Q the producer then converts them in place), 0 =
+        /// copied by the producer warpgroup's cp.async. Same results.
         pub q_tma: i32 = "i32",
         /// `f32*` `[num_tokens, Hq]` row log-sum-exp (natural log), or 0.
         pub lse: u64 = "float*",

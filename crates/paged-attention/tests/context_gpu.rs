@@ -828,7 +828,9 @@ fn main() {
             // dividing BM) against its cp.async copies: random ragged cases
             // (GQA 1..16, groups that do not divide BM, partial last tiles,
             // skipped requests, bad pages, split KV by the launcher's rule)
-            // and named shapes (D 64 / 128 / 256, bf16 and f16): bit-identical
+            // and named shapes (D 64 / 128 / 256, bf16 and f16, 16-bit and
+            // e4m3 K/V; a bf16 Q over e4m3 is converted in place after its
+            // boxes land): bit-identical
             // outputs and error words, the reference met. A TMA box of a
             // request's last tile also reads the next request's tokens
             // (padding rows): with every q of the batch's last request NaN,
@@ -853,6 +855,8 @@ fn main() {
                 &[
                     (HalfDtype::Bf16, KvDtype::Bf16),
                     (HalfDtype::F16, KvDtype::F16),
+                    (HalfDtype::Bf16, KvDtype::E4m3),
+                    (HalfDtype::F16, KvDtype::E4m3),
                 ],
                 30,
                 500,

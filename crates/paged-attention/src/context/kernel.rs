@@ -305,12 +305,11 @@ impl ContextKernel {
     }
 
     /// The tensor map of the query view for the sm_90a producer's TMA loads
-    /// of Q, or `None` (cp.async copies) when they are off, the K/V are
-    /// e4m3 (that producer converts Q in place after its own copies), the
-    /// layout does not allow them or the driver refuses the map.
+    /// of Q, or `None` (cp.async copies) when they are off, the layout does
+    /// not allow them or the driver refuses the map.
     fn q_map(&self, args: &ContextArgs<'_>, p: &ContextParams, duo: bool) -> Option<TensorMap> {
         let kv = args.kv.dtype();
-        if !self.q_tma || kv == KvDtype::E4m3 {
+        if !self.q_tma {
             return None;
         }
         let rows = if duo {

@@ -107,7 +107,7 @@ pub fn context_sm90_staging_steps(head_dim: usize, kv: KvDtype) -> usize {
 /// ([`context_sm90_staging_steps`] × two `[BN, D]` byte tiles), per K slot the valid
 /// masks of the keys (4 u32: one word per producer warp), the mbarriers
 /// (full + empty per Q buffer and per ring slot, two work-item slots full +
-/// empty + geometry published), one f32 per consumer thread, four i32 (two
+/// empty + geometry published; e4m3: Q landed per Q buffer), one f32 per consumer thread, four i32 (two
 /// work-item slots, the prefetched work counter, a spare), the two slots'
 /// published geometry (64 bytes each), the output and query tensor maps'
 /// addresses (8 bytes each), for e4m3 KV one byte per Q row and
@@ -149,7 +149,8 @@ impl SmemPlan {
         let staging = self.staging_steps * 2 * bn * d;
         // e4m3: each Q row's shift (one byte per row and Q buffer), see the kernel's Q conversion.
         let q_conv = if self.e4m3 { qbuf * self.rows } else { 0 };
-        let bars = 2 * qbuf + 2 * kst + 2 * vst + 6;
+        // e4m3: one more per Q buffer (its TMA boxes landed, before the conversion).
+        let bars = 2 * qbuf + 2 * kst + 2 * vst + 6 + if self.e4m3 { qbuf } else { 0 };
         q + (kst + vst) * kv
             + staging
             + kst * 4 * 4
