@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use kernel_rt::cudarc::driver::CudaSlice;
-use kernel_rt::timing::{graph_replay_us, median_us, time_iters};
+use kernel_rt::timing::{graph_replay_us, median_us, per_launch_us, time_iters};
 use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
 use paged_attention::{
     ContextArgs, ContextKernel, ContextKvLoad, ContextPath, HalfDtype, KvCache,
@@ -585,6 +585,7 @@ fn main() {
     };
     let trace = std::env::var_os("MHA_KIT_BENCH_TRACE").is_some();
     let all_experiments = std::env::var("MHA_KIT_BENCH_ALL_EXPERIMENTS").is_ok_and(|v| v == "1");
+    let methods = std::env::var("MHA_KIT_BENCH_METHODS").is_ok_and(|v| v == "1");
     // MHA_KIT_BENCH_TRACE_RAW=dir also writes each trace's raw words there.
     let trace_raw = std::env::var_os("MHA_KIT_BENCH_TRACE_RAW");
     let mut traces = Vec::new();
@@ -678,6 +679,32 @@ fn main() {
                 c.d,
                 label(k)
             ));
+        }
+        if methods && kernel.uses_sm90() {
+            // MHA_KIT_BENCH_METHODS=1: the default kernel by four methods
+            // in a row, to tell the methods' differences apart (µs):
+            // graph of one launch, graph of n, isolated median of 150
+            // launches (~as long a stretch as the graph's replays), and
+            // back-to-back launches without events.
+            let k = &kernel;
+            let one = graph_replay_us(&gpu, 1, 30, |_| launch(k, &c, &mut p, &mut errors));
+            let iso =
+                median_us(&gpu, 3, 20, || launch(k, &c, &mut p, &mut errors)).expect("median");
+            let calls = ((20_000.0 / iso.max(1.0)) as usize).clamp(1, 50);
+            let n = graph_replay_us(&gpu, calls, 30, |_| launch(k, &c, &mut p, &mut errors));
+            let long =
+                median_us(&gpu, 3, 150, || launch(k, &c, &mut p, &mut errors)).expect("median");
+            let b2b = per_launch_us(&gpu, 150, || launch(k, &c, &mut p, &mut errors)).expect("b2b");
+            let g = |r: &Result<kernel_rt::timing::GraphTiming>| {
+                r.as_ref()
+                    .map_or_else(|e| format!("error {e}"), |g| format!("{:.1}", g.median_us))
+            };
+            println!(
+                "methods | {} | graph×1 {} | iso×20 {iso:.1} | graph×{calls} {} | iso×150 {long:.1} | back-to-back×150 {b2b:.1}",
+                c.name,
+                g(&one),
+                g(&n)
+            );
         }
         if trace
             && c.d == 128
