@@ -27,6 +27,11 @@
 #             racecheck on a few of its cases (MHA_KIT_GPU_CASES=4), then
 #             the FA3 grid (default and duo forced: MHA_KIT_BENCH_ALL_EXPERIMENTS=1)
 #             and torch's cuDNN SDPA on the same shapes (same call)
+#   methods   the graph-replay vs isolated-median question (PERF session 17):
+#             the bench with MHA_KIT_BENCH_METHODS=1 on METHODS_CASES (default
+#             the D 128 FA3 cells 32 × 512, 4 × 4096, 1 × 16384) while
+#             nvidia-smi records the SM clock and power every 20 ms into
+#             $OUT/methods-smi.csv, then the cuDNN peers (same call)
 #   backend   the mha-backend GPU tests
 #   replay    the mha-replay GPU tests, then the main job on the code trace
 #             (REPLAY_ARGS, default the first 2000 requests; timeout 300 s)
@@ -169,6 +174,17 @@ stage_duo() {
     > "$OUT/duo_bench.log" 2>&1; echo "rc=$?"
   grep -E '^(\||## )' "$OUT/duo_bench.log"
   stage_peers
+}
+stage_methods() {
+  echo "== timing methods (graph vs isolated), clocks recorded"
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 20 > "$OUT/methods-smi.csv" 2>&1 &
+  local smi=$!
+  MHA_KIT_BENCH_METHODS=1 MHA_KIT_BENCH_CASES="${METHODS_CASES:-FA3 grid D 128: bs 32 × 512|FA3 grid D 128: bs 4 × 4096|FA3 grid D 128: bs 1 × 16384}" \
+    timeout 150 benches/paged-attention-context --bench > "$OUT/methods.log" 2>&1; echo "rc=$?"
+  grep -E '^(\||methods)' "$OUT/methods.log"
+  stage_peers
+  kill $smi
 }
 stage_backend() {
   echo "== mha-backend GPU tests"

@@ -4,7 +4,9 @@
 //! stream pre-filled) and, the peers' method (`context_peers.py`), `n`
 //! launches captured in one CUDA graph (`n` = 20 ms / the isolated median,
 //! 1..=50), time = replay / n, median of 30 replays ([`graph_replay_us`]);
-//! compare the graph columns with the peers. FLOPs count the causal pairs only: a request with prefix `p` and
+//! compare the graph columns with the peers. `MHA_KIT_BENCH_METHODS=1` adds,
+//! per case, the default kernel timed by four methods in a row (a line
+//! starting `methods |`) and a row with TMA boxes for K/V. FLOPs count the causal pairs only: a request with prefix `p` and
 //! `n` new tokens has `n·p + n(n+1)/2` visible (row, key) pairs, each
 //! `4·Hq·D` FLOPs (`4·Hq·D·Σ L(L+1)/2` without a prefix). Pages are scattered
 //! over the pool (P 16) unless the case says "contiguous" (one page of
@@ -512,6 +514,11 @@ fn main() {
     // page size today).
     let mut gather = ContextKernel::new(&gpu).expect("load");
     gather.set_kv_load(ContextKvLoad::Gather);
+    // TMA boxes for K/V where the pages allow them (MHA_KIT_BENCH_METHODS=1
+    // rows: does the gather's instruction stream cost the long cells in the
+    // graph-replay column?).
+    let mut tma = ContextKernel::new(&gpu).expect("load");
+    tma.set_kv_load(ContextKvLoad::Tma);
     // One CTA per work item instead of the persistent grid.
     let mut per_item = ContextKernel::new(&gpu).expect("load");
     per_item.set_variant(2);
@@ -556,6 +563,8 @@ fn main() {
             "sm90a wgmma, one CTA per item"
         } else if std::ptr::eq(k, &gather) {
             "sm90a wgmma, cp.async gather"
+        } else if std::ptr::eq(k, &tma) {
+            "sm90a wgmma, TMA boxes for K/V"
         } else if std::ptr::eq(k, &no_split) {
             "sm90a wgmma, no KV split"
         } else if std::ptr::eq(k, &o_threads) {
@@ -612,6 +621,9 @@ fn main() {
         let mut kernels: Vec<&ContextKernel> = vec![&kernel];
         if i == 4 && kernel.uses_sm90() {
             kernels.push(&gather);
+        }
+        if methods && kernel.uses_sm90() && !c.fp8 {
+            kernels.push(&tma);
         }
         if c.name.starts_with("FA3 grid D 128") && all_experiments && kernel.uses_sm90() {
             kernels.push(&per_item);
