@@ -391,6 +391,78 @@ def test_decode_rejects_bad_arguments_naming_them(arg, over, needles):
         assert n in msg, msg
 
 
+UPSTREAM_DECODE_DEFAULTS = dict(
+    skip_softmax_threshold_scale_factor=None, kv_cache_sf=None, uses_shared_paged_kv_idx=True,
+    lse=None, return_lse=False, bmm1_scale_log2=None, multi_ctas_kv_counter_buffer=None,
+    enable_block_sparse_attention=False, bf16q_fp8kv_transform_mode=None)
+
+
+def test_decode_takes_upstreams_later_keywords():
+    """FlashInfer's decode has keywords after ``cum_seq_lens_q`` that callers
+    pass at their defaults (SGLang's TRT-LLM MHA backend passes
+    ``skip_softmax_threshold_scale_factor`` on every call, vLLM
+    ``kv_cache_sf=None``, FlashInfer's own tests all of them): the call must
+    take them and give the same result; the ignored ones may be set."""
+    a = _decode_args(bmm1_scale=0.125)
+    want = mha_kit.trtllm_batch_decode_with_kv_cache(**a)
+    got = mha_kit.trtllm_batch_decode_with_kv_cache(**a, **UPSTREAM_DECODE_DEFAULTS)
+    assert np.array_equal(got, want)
+    got = mha_kit.trtllm_batch_decode_with_kv_cache(
+        **a, skip_softmax_threshold_scale_factor=0.5,
+        multi_ctas_kv_counter_buffer=np.zeros(1024, np.uint8),
+        bf16q_fp8kv_transform_mode="k_only")
+    assert np.array_equal(got, want)  # exact attention whatever the threshold
+
+
+BAD_DECODE_EXTRAS = [
+    ("kv_cache_sf", (np.zeros(1, np.uint8), np.zeros(1, np.uint8))),
+    ("uses_shared_paged_kv_idx", False),
+    ("lse", np.zeros((2, 4), np.float32)),
+    ("return_lse", True),
+    ("bmm1_scale_log2", np.zeros(1, np.float32)),
+    ("enable_block_sparse_attention", True),
+    ("bf16q_fp8kv_transform_mode", "both"),
+]
+
+
+@pytest.mark.parametrize("arg,value", BAD_DECODE_EXTRAS, ids=[b[0] for b in BAD_DECODE_EXTRAS])
+def test_decode_rejects_unsupported_upstream_options_naming_them(arg, value):
+    with pytest.raises(mha_kit.InvalidArgument, match=f"`{arg}`"):
+        mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(**{arg: value}))
+
+
+def test_context_unsupported_tensor_options_raise_invalid_argument():
+    """A tensor passed for a ``None``-only option (``lse``, ``kv_cache_sf``)
+    is refused with InvalidArgument naming it, not numpy's "truth value of an
+    array is ambiguous" from comparing the array with ``None``."""
+    rng = np.random.default_rng(2)
+    c = ref.random_case(rng, bs=2, hq=4, hkv=2, d=64, p=16, q_lens=[2, 3], dtype=np.float16,
+                        kv_dtype=np.float16)
+    args = [c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], 3, 64, 0.1, 1.0,
+            2, c["cu"], None]
+    with pytest.raises(mha_kit.InvalidArgument, match="`lse`"):
+        mha_kit.trtllm_batch_context_with_kv_cache(*args, lse=np.zeros((5, 4), np.float32))
+    with pytest.raises(mha_kit.InvalidArgument, match="`mask`"):
+        mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(mask=np.zeros((2, 2), bool)))
+
+
+def test_context_ignores_softmax_skipping_and_counter_buffer():
+    """SEMANTICS.md §attention.9: upstream's softmax-skipping threshold is
+    accepted and mha-kit computes exact attention; SGLang passes it (from an
+    environment variable) on every context call. The counter buffer of
+    upstream's multi-CTA mode is accepted and unused."""
+    rng = np.random.default_rng(4)
+    c = ref.random_case(rng, bs=2, hq=4, hkv=2, d=64, p=16, q_lens=[2, 3], dtype=np.float16,
+                        kv_dtype=np.float16)
+    args = [c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], 3, 64, 0.1, 1.0,
+            2, c["cu"], None]
+    want = mha_kit.trtllm_batch_context_with_kv_cache(*args)
+    got = mha_kit.trtllm_batch_context_with_kv_cache(
+        *args, skip_softmax_threshold_scale_factor=1e3,
+        multi_ctas_kv_counter_buffer=np.zeros(1024, np.uint8))
+    assert np.array_equal(got, want)
+
+
 def test_read_only_output_and_negative_strides_are_rejected():
     a = _decode_args()
     out = np.zeros((2, 4, 64), np.float16)

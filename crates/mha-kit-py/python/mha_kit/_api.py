@@ -96,10 +96,43 @@ def _out(query, out, out_dtype):
 _BACKENDS = ("auto", "xqa", "trtllm-gen")
 
 
+def _is_default(value, ok):
+    """Whether ``value`` is the default ``ok`` (``None`` by identity, so that
+    an array or tensor argument never goes through ``!=``, whose elementwise
+    result has no truth value)."""
+    if ok is None:
+        return value is None
+    if getattr(value, "shape", None) == () and hasattr(value, "item"):
+        value = value.item()  # a numpy scalar or 0-d array / tensor
+    if isinstance(value, (bool, int, float)):
+        return value == ok
+    return False
+
+
 def _unsupported(**kw):
     for name, (value, ok) in kw.items():
-        if value != ok:
-            raise InvalidArgument(f"argument `{name}`: {value!r} is not supported (only {ok!r})")
+        if not _is_default(value, ok):
+            plain = isinstance(value, (bool, int, float, str))
+            shown = repr(value) if plain else f"a {type(value).__name__}"
+            raise InvalidArgument(f"argument `{name}`: {shown} is not supported (only {ok!r})")
+
+
+_TRANSFORM_MODES = (None, "k_only", "separate_kv")
+
+
+def _decode_extras(kv_cache_sf, uses_shared_paged_kv_idx, lse, return_lse, bmm1_scale_log2,
+                   enable_block_sparse_attention, bf16q_fp8kv_transform_mode):
+    """Checks upstream's later decode keywords (off the hot path)."""
+    _unsupported(kv_cache_sf=(kv_cache_sf, None),
+                 uses_shared_paged_kv_idx=(uses_shared_paged_kv_idx, True),
+                 lse=(lse, None), return_lse=(return_lse, False),
+                 bmm1_scale_log2=(bmm1_scale_log2, None),
+                 enable_block_sparse_attention=(enable_block_sparse_attention, False))
+    if bf16q_fp8kv_transform_mode not in _TRANSFORM_MODES:
+        raise InvalidArgument(
+            f"argument `bf16q_fp8kv_transform_mode`: {bf16q_fp8kv_transform_mode!r} "
+            "(None, 'k_only' or 'separate_kv')"
+        )
 
 
 def _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
@@ -165,6 +198,15 @@ def trtllm_batch_decode_with_kv_cache(
     mask=None,
     max_q_len=None,
     cum_seq_lens_q=None,
+    skip_softmax_threshold_scale_factor=None,
+    kv_cache_sf=None,
+    uses_shared_paged_kv_idx=True,
+    lse=None,
+    return_lse=False,
+    bmm1_scale_log2=None,
+    multi_ctas_kv_counter_buffer=None,
+    enable_block_sparse_attention=False,
+    bf16q_fp8kv_transform_mode=None,
 ):
     """Decode / speculative verify attention over a paged KV cache.
 
@@ -209,6 +251,15 @@ def trtllm_batch_decode_with_kv_cache(
             accepted for compatibility; only ``None`` / ``1.0`` / ``None``
             (the causal rule) are supported; ``enable_pdl`` and ``backend``
             are ignored (one implementation).
+        skip_softmax_threshold_scale_factor, multi_ctas_kv_counter_buffer,
+            bf16q_fp8kv_transform_mode: accepted and ignored, as upstream's
+            later keywords (SGLang passes the first on every call): mha-kit
+            computes exact attention (SEMANTICS.md §attention.9), keeps its
+            split counters in ``workspace_buffer`` and has one kernel flavor.
+        kv_cache_sf, uses_shared_paged_kv_idx, lse, return_lse,
+            bmm1_scale_log2, enable_block_sparse_attention: accepted for
+            compatibility at their defaults only (``None``, ``True``,
+            ``None``, ``False``, ``None``, ``False``).
 
     Returns:
         ``out``.
@@ -229,6 +280,12 @@ def trtllm_batch_decode_with_kv_cache(
     if o_sf_scale is not None or o_sf_vec_size is not None or o_scale != 1.0 or mask is not None:
         _unsupported(o_sf_scale=(o_sf_scale, None), o_sf_vec_size=(o_sf_vec_size, None),
                      o_scale=(o_scale, 1.0), mask=(mask, None))
+    if (kv_cache_sf is not None or uses_shared_paged_kv_idx is not True or lse is not None
+            or return_lse is not False or bmm1_scale_log2 is not None
+            or enable_block_sparse_attention is not False
+            or bf16q_fp8kv_transform_mode is not None):
+        _decode_extras(kv_cache_sf, uses_shared_paged_kv_idx, lse, return_lse, bmm1_scale_log2,
+                       enable_block_sparse_attention, bf16q_fp8kv_transform_mode)
     if backend not in _BACKENDS:
         raise InvalidArgument(f"argument `backend`: {backend!r} (auto, xqa or trtllm-gen)")
     if type(kv_cache) is tuple and len(kv_cache) == 2:
@@ -349,7 +406,10 @@ def trtllm_batch_context_with_kv_cache(
         sinks: ``[Hq]`` float32.
         causal: must be ``True``; the other FlashInfer options (LSE, FP4
             output, KV scale factors, right windows, …) must keep their
-            defaults.
+            defaults, except ``skip_softmax_threshold_scale_factor``,
+            ``multi_ctas_kv_counter_buffer`` and ``use_fp16_softmax``, which
+            are accepted and ignored (exact attention, SEMANTICS.md
+            §attention.9; the kernel's own split workspace; one kernel flavor).
 
     Returns:
         ``out``.
@@ -359,10 +419,8 @@ def trtllm_batch_context_with_kv_cache(
     """
     _unsupported(o_sf_scale=(o_sf_scale, None), o_sf_vec_size=(o_sf_vec_size, None),
                  kv_cache_sf=(kv_cache_sf, None),
-                 skip_softmax_threshold_scale_factor=(skip_softmax_threshold_scale_factor, None),
                  uses_shared_paged_kv_idx=(uses_shared_paged_kv_idx, True), causal=(causal, True),
                  lse=(lse, None), return_lse=(return_lse, False),
-                 multi_ctas_kv_counter_buffer=(multi_ctas_kv_counter_buffer, None),
                  uses_spcompress=(uses_spcompress, None), window_right=(window_right, -1),
                  variable_window_token_starts=(variable_window_token_starts, None),
                  variable_window_token_ends=(variable_window_token_ends, None))
