@@ -203,6 +203,41 @@ def test_e4m3_caches_with_checkpoint_scales():
     e.check_layers(e.b, batch, [(0, 1), (1, 1)], seq, 2, extend=False)
 
 
+@pytest.mark.skipif(ref.E4M3 is None, reason="ml_dtypes not installed")
+def test_e4m3_unusable_checkpoint_scales_resolve_to_one_in_attention_too():
+    """SEMANTICS.md §fp8-kv.5 (D8): a scale that is not a positive finite
+    number resolves to 1.0, and the same resolved pair feeds the write and the
+    attention call. The fused write already resolved them; the attention
+    scales must too (a k_scale of 0 gave uniform weights, NaN gave NaN)."""
+    outs = []
+    for ks, vs in [(None, None), (0.0, -2.0), (float("nan"), float("inf"))]:
+        rng = np.random.default_rng(13)
+        e = Engine(rng, e4m3=True, layout="NHD")
+        for layer in e.layers:
+            layer.k_scale, layer.v_scale = ks, vs
+        lens, rows = [6, 3], [1, 2]
+        batch = mb.ForwardBatch(mb.EXTEND, np.array(rows, np.int64), np.array(lens, np.int64),
+                                e.slots(rows, [0, 0], lens), extend_seq_lens=lens,
+                                extend_prefix_lens=[0, 0])
+        e.b.init_forward_metadata(batch)
+        q, k, v = e.qkv(sum(lens))
+        got = [e.b.forward_extend(q, k, v, layer, batch, sinks=e.sinks[li])
+               for li, layer in enumerate(e.layers)]
+        seq = [x + 1 for x in lens]
+        batch = mb.ForwardBatch(mb.DECODE, np.array(rows, np.int64), np.array(seq, np.int64),
+                                e.slots(rows, lens, [1, 1]))
+        e.b.init_forward_metadata(batch)
+        q, k, v = e.qkv(2)
+        got += [e.b.forward_decode(q, k, v, layer, batch, sinks=e.sinks[li])
+                for li, layer in enumerate(e.layers)]
+        outs.append((got, [c.copy() for pair in e.caches for c in pair]))
+    for got, caches in outs[1:]:
+        for a, b in zip(caches, outs[0][1]):
+            np.testing.assert_array_equal(a, b)  # the write resolved them
+        for a, b in zip(got, outs[0][0]):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_multi_step_draft_decode():
     rng = np.random.default_rng(5)
     e = Engine(rng)

@@ -34,6 +34,7 @@ Arrays may be torch tensors (CUDA: the kernels; CPU: the f64 references) or nump
 arrays (the CPU path); the backend follows the type of ``req_to_token``.
 """
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -55,7 +56,8 @@ class Layer:
     fields): ``num_q_heads`` / ``num_kv_heads`` of this rank, ``head_dim``,
     ``scaling`` (the softmax scale), ``window_left`` (-1: full attention; ``W``:
     keys ``x - W ..= x``), the checkpoint ``k_scale`` / ``v_scale`` of an e4m3
-    cache, and ``is_swa`` (its K/V live in the SWA pool of a hybrid model)."""
+    cache (each resolved as the fused write resolves it: not a positive finite
+    number → 1.0, for the write and the attention scales alike), and ``is_swa`` (its K/V live in the SWA pool of a hybrid model)."""
 
     layer_id: int
     num_q_heads: int
@@ -174,6 +176,17 @@ def _zeros(shape, like, dtype):
 def _is_e4m3(cache):
     name = str(cache.dtype)
     return "float8_e4m3fn" in name or "uint8" in name
+
+
+def _resolve_scale(x, name):
+    """A checkpoint K/V scale as the fused write resolves it (SEMANTICS.md
+    §fp8-kv.5, D8): rounded to f32, kept when positive and finite, else 1.0
+    (``None`` too), so that the attention scales match what was written."""
+    x = _api.scalar(x, name)
+    if x is None:
+        return 1.0
+    x = float(np.float32(x))
+    return x if x > 0.0 and math.isfinite(x) else 1.0
 
 
 def _rows(x, heads, dim):
@@ -321,8 +334,8 @@ class TrtllmMhaBackend:
     def _scales(self, layer):
         k_cache = self.kv_buffers[layer.layer_id][0]
         if _is_e4m3(k_cache):
-            ks = 1.0 if layer.k_scale is None else float(layer.k_scale)
-            vs = 1.0 if layer.v_scale is None else float(layer.v_scale)
+            ks = _resolve_scale(layer.k_scale, "k_scale")
+            vs = _resolve_scale(layer.v_scale, "v_scale")
             return layer.scaling * ks, vs
         return layer.scaling, 1.0
 
