@@ -21,6 +21,8 @@
 //! - [`timing`]: CUDA-event timing (median of N, criterion `iter_custom`);
 //! - [`testing`]: the libtest-mimic GPU test harness (ignored without a GPU);
 //! - [`tma`]: tensor maps for Hopper bulk tensor copies (`cuTensorMapEncodeTiled`);
+//! - [`launch`]: launches with attributes the `cudarc` builder lacks
+//!   (programmatic dependent launch);
 //! - [`abi`]: the params structs and error flags defined once in Rust
 //!   ([`abi_struct!`], [`abi_flags!`]) and the C header generated from them
 //!   (`cargo xtask abi`);
@@ -36,6 +38,7 @@ mod error;
 mod errword;
 mod external;
 mod gpu;
+pub mod launch;
 pub mod ptxhash;
 mod tensor;
 pub mod testing;

@@ -10,7 +10,9 @@
 //! between two reads of a page (cold L2); `n = R·⌈max(1, 300 µs / est) / R⌉`
 //! capped at 256, `est` the isolated median; time = replay / n, median of
 //! 50–400 replays (~0.5 s per case). The isolated column (an event pair per
-//! launch, stream pre-filled) rotates over the same page sets. The ragged and
+//! launch, stream pre-filled) rotates over the same page sets. The last
+//! column times the same graph with programmatic dependent launch
+//! (`PagedAttentionKernel::set_pdl`) on sm_90. The ragged and
 //! grid tables keep the older method: one page set (pool ≥ 2× L2), isolated
 //! median and back-to-back µs per launch.
 
@@ -606,6 +608,10 @@ fn main() {
             (xv, k)
         })
         .collect();
+    // The production kernel with programmatic dependent launch (graph
+    // column "PDL": consecutive launches of a graph overlap their set-up).
+    let mut pdl = PagedAttentionKernel::new(&gpu).expect("load");
+    pdl.set_pdl(true);
     let mut table = Vec::new();
     // MHA_KIT_BENCH_CASES=a|b runs only the cases whose name contains one of them.
     let only = std::env::var("MHA_KIT_BENCH_CASES").ok();
@@ -648,6 +654,15 @@ fn main() {
             launch(kernel, &c, &mut p, i, c.split, &mut errors)
         })
         .expect("graph replay");
+        let pdl_us = if !c.simt && c.experiment == 0 && pdl.pdl() {
+            let g = graph_replay_us(&gpu, calls, graph_replays(calls, iso), |i| {
+                launch(&pdl, &c, &mut p, i, c.split, &mut errors)
+            })
+            .expect("graph replay, PDL");
+            format!("{:.1}", g.median_us)
+        } else {
+            "—".to_string()
+        };
         let report = errors.read().expect("read device errors");
         let flag = if report.is_clean() {
             String::new()
@@ -657,7 +672,7 @@ fn main() {
         };
         let gbps = p.bytes / (g.median_us * 1e-6) / 1e9;
         table.push(format!(
-            "| {} | {:.1} | {iso:.1} | {:.2} | {:.0} % | {:.1} / {:.1} | R {r}, n {}, {} replays{flag} |",
+            "| {} | {:.1} | {iso:.1} | {:.2} | {:.0} % | {:.1} / {:.1} | R {r}, n {}, {} replays{flag} | {pdl_us} |",
             c.name,
             g.median_us,
             gbps / 1e3,
@@ -677,7 +692,7 @@ fn main() {
     );
     println!(
         "| case | µs (graph, cold L2) | µs (isolated) | TB/s | % of copy ceiling \
-         | graph min / p90 µs | graph |\n|---|---:|---:|---:|---:|---:|---|"
+         | graph min / p90 µs | graph | µs (graph, PDL) |\n|---|---:|---:|---:|---:|---:|---|---:|"
     );
     for row in table {
         println!("{row}");

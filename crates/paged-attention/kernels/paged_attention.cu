@@ -122,6 +122,16 @@ MHA_KIT_DEVICE float warp_sum(float v) {
     return v;
 }
 
+// ---- programmatic dependent launch (PagedAttentionKernel::set_pdl) ----
+// Every entry waits (griddepcontrol.wait) before its first global memory
+// access, so a launch with the PDL attribute may start while the previous
+// kernel of the stream runs and still reads only what that kernel finished;
+// without the attribute the wait returns at once. Each CTA lets the next
+// PDL launch start (launch_dependents) once its KV loop is done, so that
+// launch's CTAs do not take this grid's SM slots while it still streams KV.
+MHA_KIT_DEVICE void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+MHA_KIT_DEVICE void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 // ---- geometry shared by both kernels (reference.rs mirrors it) ----
 struct Geom {
     i32 row_start, n, len;
@@ -571,6 +581,7 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
         }
     }
     cp_async_wait<0>();
+    pdl_launch_dependents();
 
     // Row statistics to shared memory.
 #pragma unroll
@@ -1213,6 +1224,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         if (i + 1 < ntiles) step(lb, i + 1);
     }
     cp_async_wait<0>();
+    pdl_launch_dependents();
     __syncthreads();  // every warp is done with its ring: reuse it as merge scratch
 
     // ---- merge the 4 warps' (m, d, O) ----
@@ -1305,6 +1317,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
 #define PA_DECODE(QN, QT, KVN, KV, D)                                                              \
     extern "C" __global__ void __launch_bounds__(pa::NT)                                             \
         paged_attention_decode_##QN##_kv_##KVN##_d##D(const PagedAttentionParams p) {                \
+        pa::pdl_wait();                                                                            \
         pa::decode_body<QT, KV, D>(p);                                                             \
     }
 
@@ -1325,6 +1338,7 @@ PA_DECODE_D(f16, 1, e4m3, 2)
 #define PA_MMA(QN, QT, KVN, KV, D, MINB)                                                            \
     extern "C" __global__ void __launch_bounds__(pa::NT, MINB)                                       \
         paged_attention_mma_##QN##_kv_##KVN##_d##D(const PagedAttentionParams p) {                   \
+        pa::pdl_wait();                                                                            \
         pa::mma_body<QT, KV, D>(p);                                                                \
     }
 
@@ -1344,6 +1358,7 @@ PA_MMA(f16, 1, f16, 1, 256, 1)
 #define PA_MMA_X(QN, QT, KVN, KV, XV)                                                              \
     extern "C" __global__ void __launch_bounds__(pa::NT, 2)                                          \
         paged_attention_mma_##QN##_kv_##KVN##_d128_x##XV(const PagedAttentionParams p) {             \
+        pa::pdl_wait();                                                                            \
         pa::mma_body<QT, KV, 128, XV>(p);                                                          \
     }
 

@@ -151,7 +151,7 @@ impl ContextKvLoad {
 ///
 /// # Errors
 /// [`KernelError::Unsupported`] naming the value and the choices.
-fn env_choice<T: Copy>(name: &'static str, choices: &[(&str, T)]) -> Result<T> {
+pub(crate) fn env_choice<T: Copy>(name: &'static str, choices: &[(&str, T)]) -> Result<T> {
     let v = std::env::var(name).unwrap_or_default();
     let v = v.trim();
     if v.is_empty() {

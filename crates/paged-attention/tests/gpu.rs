@@ -415,8 +415,243 @@ fn masked_nonfinite_keys(gpu: &Arc<Gpu>, k: &PagedAttentionKernel) -> Result<(),
     Ok(())
 }
 
+/// Launches of `kernel` chained through their outputs, queued with no host
+/// synchronisation: the first reads `c`'s query rows from `q0` and writes
+/// `bufs[0]`, launch `i` reads `bufs[(i - 1) % 2]` and writes `bufs[i % 2]`
+/// (rows a launch does not write keep their bits). With programmatic
+/// dependent launch each launch may start before the previous one ends; it
+/// must still read that launch's finished output and the zeroed split
+/// counters of the shared workspace.
+#[allow(clippy::too_many_arguments)]
+fn chain_launches(
+    kernel: &PagedAttentionKernel,
+    c: &Case,
+    split: SplitMode,
+    max_seq_len: usize,
+    dev: &ChainBuffers,
+    bufs: &mut [CudaSlice<u16>; 2],
+    ws: &mut CudaSlice<f32>,
+    errors: &mut DeviceErrors,
+    launches: usize,
+) -> Result<(), KernelError> {
+    let shape = [c.num_pages, c.hkv, c.p, c.d];
+    let strides = c.kv_strides();
+    let qshape = [c.num_tokens, c.hq, c.d];
+    let n = c.q.len();
+    for i in 0..launches {
+        let (lo, hi) = bufs.split_at_mut(1);
+        let (src, dst) = if i % 2 == 0 {
+            (&hi[0], &mut lo[0])
+        } else {
+            (&lo[0], &mut hi[0])
+        };
+        let q = if i == 0 {
+            dev.q0.slice(0..n)
+        } else {
+            src.slice(0..n)
+        };
+        let kv = match c.kv_dtype {
+            KvDtype::E4m3 => KvCache::E4m3 {
+                k: Strided::new("k_cache", dev.kb.as_view(), shape, strides)?,
+                v: Strided::new("v_cache", dev.vb.as_view(), shape, strides)?,
+            },
+            kd => KvCache::Half {
+                dtype: if kd == KvDtype::Bf16 {
+                    HalfDtype::Bf16
+                } else {
+                    HalfDtype::F16
+                },
+                k: Strided::new("k_cache", dev.kh.as_view(), shape, strides)?,
+                v: Strided::new("v_cache", dev.vh.as_view(), shape, strides)?,
+            },
+        };
+        let ws_len = ws.len();
+        let mut args = DecodeArgs {
+            q: Strided::contiguous("q", q, qshape)?,
+            q_dtype: c.q_dtype,
+            out: StridedMut::contiguous("out", dst.slice_mut(0..n), qshape)?,
+            kv,
+            page_table: Strided::contiguous(
+                "page_table",
+                dev.pt.slice(0..c.page_table.len()),
+                [c.bs(), c.m],
+            )?,
+            cache_seqlens: Strided::contiguous(
+                "cache_seqlens",
+                dev.lens.slice(0..c.bs()),
+                [c.bs()],
+            )?,
+            layout: match c.uniform {
+                Some(n) => QueryLayout::Uniform { q_len_per_req: n },
+                None => QueryLayout::Ragged {
+                    cu_seqlens_q: Strided::contiguous(
+                        "cu_seqlens_q",
+                        dev.cu.slice(0..c.bs() + 1),
+                        [c.bs() + 1],
+                    )?,
+                    max_q_len: c.max_q_len,
+                },
+            },
+            max_seq_len,
+            bmm1_scale: c.bmm1,
+            bmm2_scale: c.bmm2,
+            window_left: c.window,
+            sinks: match &dev.sinks {
+                Some(sv) => Some(Strided::contiguous("sinks", sv.slice(0..c.hq), [c.hq])?),
+                None => None,
+            },
+            split,
+            workspace: Some(StridedMut::contiguous(
+                "workspace",
+                ws.slice_mut(0..ws_len),
+                [ws_len],
+            )?),
+            lse: None,
+        };
+        kernel.launch(&mut args, errors)?;
+    }
+    Ok(())
+}
+
+/// A case's device inputs for [`chain_launches`].
+struct ChainBuffers {
+    q0: CudaSlice<u16>,
+    kh: CudaSlice<u16>,
+    vh: CudaSlice<u16>,
+    kb: CudaSlice<u8>,
+    vb: CudaSlice<u8>,
+    pt: CudaSlice<i32>,
+    lens: CudaSlice<i32>,
+    cu: CudaSlice<i32>,
+    sinks: Option<CudaSlice<f32>>,
+}
+
+/// Programmatic dependent launch: chains of 6 launches (each reading the
+/// previous one's output as its query) give the same bits with and without
+/// the PDL attribute, eagerly and replayed from a CUDA graph, on random
+/// cases (every KV dtype, D, split mode; the split counters of the shared
+/// workspace zero after each chain).
+fn pdl_chains(gpu: &Arc<Gpu>) -> Result<(), String> {
+    let plain = {
+        let mut k = PagedAttentionKernel::new(gpu).or_fail("load")?;
+        k.set_pdl(false);
+        k
+    };
+    let mut pdl = PagedAttentionKernel::new(gpu).or_fail("load")?;
+    pdl.set_pdl(true);
+    let sm90 = gpu.compute_capability().is_some_and(|cc| cc >= (9, 0));
+    if sm90 && !pdl.pdl() {
+        return Err("set_pdl(true) on sm_90 but launches are not PDL".into());
+    }
+    let s = gpu.stream();
+    let mut chains = 0usize;
+    for seed in 0u64..300 {
+        let (c, split, msl) = random_case(0x9D1_0000 + seed);
+        if c.bs() == 0 {
+            continue;
+        }
+        let dev = ChainBuffers {
+            q0: upload(gpu, &c.q).or_fail("q")?,
+            kh: upload(gpu, &c.k).or_fail("k")?,
+            vh: upload(gpu, &c.v).or_fail("v")?,
+            kb: upload(gpu, &c.k_bytes()).or_fail("k")?,
+            vb: upload(gpu, &c.v_bytes()).or_fail("v")?,
+            pt: upload(gpu, &c.page_table).or_fail("pt")?,
+            lens: upload(gpu, &c.lens).or_fail("lens")?,
+            cu: upload(gpu, &c.cu).or_fail("cu")?,
+            sinks: c
+                .sinks
+                .as_ref()
+                .map(|v| upload(gpu, v))
+                .transpose()
+                .or_fail("sinks")?,
+        };
+        let need = workspace_for(
+            c.bs(),
+            c.hq,
+            c.hkv,
+            c.d,
+            c.q_len(),
+            msl,
+            split,
+            plain.num_sms(),
+        )
+        .or_fail("workspace")?;
+        let n_ctr = counter_count(&c);
+        let run = |kern: &PagedAttentionKernel, graph: bool| -> Result<Vec<u16>, String> {
+            let mut bufs = [
+                upload(gpu, &vec![POISON; c.q.len()]).or_fail("buf")?,
+                upload(gpu, &vec![POISON; c.q.len()]).or_fail("buf")?,
+            ];
+            let mut ws = upload(gpu, &fresh_workspace(need, n_ctr)).or_fail("ws")?;
+            let mut errors = DeviceErrors::new(gpu).or_fail("errors")?;
+            if graph {
+                // One eager run, the capture, then four replays (timing unused).
+                kernel_rt::timing::graph_replay_us(gpu, 1, 1, |_| {
+                    chain_launches(
+                        kern,
+                        &c,
+                        split,
+                        msl,
+                        &dev,
+                        &mut bufs,
+                        &mut ws,
+                        &mut errors,
+                        6,
+                    )
+                })
+                .or_fail("graph")?;
+            } else {
+                chain_launches(
+                    kern,
+                    &c,
+                    split,
+                    msl,
+                    &dev,
+                    &mut bufs,
+                    &mut ws,
+                    &mut errors,
+                    6,
+                )
+                .or_fail("chain")?;
+            }
+            let mut out = s.clone_dtoh(&bufs[1]).or_fail("out")?;
+            out.extend(s.clone_dtoh(&bufs[0]).or_fail("out")?);
+            if need > 0 {
+                let tail = s
+                    .clone_dtoh(&ws.slice(need - n_ctr..need))
+                    .or_fail("counters")?;
+                if tail.iter().any(|x| x.to_bits() != 0) {
+                    return Err("split counters not zero after the chain".into());
+                }
+            }
+            Ok(out)
+        };
+        let want = run(&plain, false)?;
+        for (name, kern, graph) in [("PDL", &pdl, false), ("PDL in a graph", &pdl, true)] {
+            let got = run(kern, graph).map_err(|e| format!("seed {seed} {name}: {e}"))?;
+            if got != want {
+                let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                return Err(format!(
+                    "seed {seed} {name}: element {i} is {:#06x}, without PDL {:#06x}; split {split:?}, case {}",
+                    got[i],
+                    want[i],
+                    describe(&c)
+                ));
+            }
+        }
+        chains += 1;
+    }
+    println!(
+        "pdl_chains_equal_plain_launches: {chains} cases × 6 launches, PDL {}",
+        pdl.pdl()
+    );
+    Ok(())
+}
+
 fn main() {
     let trials = vec![
+        gpu_trial("pdl_chains_equal_plain_launches", pdl_chains),
         named(
             "masked_nonfinite_keys_never_reach_a_row",
             masked_nonfinite_keys,

@@ -6,9 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kernel_rt::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use kernel_rt::cudarc::driver::{CudaFunction, CudaStream, PushKernelArg};
+use kernel_rt::cudarc::driver::{CudaFunction, CudaStream};
+use kernel_rt::launch::launch_params;
 use kernel_rt::{DeviceErrors, Gpu, KernelError, Result};
 
+use crate::context::env_choice;
 use crate::{HalfDtype, KvDtype, HEAD_DIMS, PTX};
 
 use super::plan::{plan_path, validate_path};
@@ -26,6 +28,11 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_e4m3_d128_x5",
 ];
 
+/// Environment variable that sets whether decode / verify launches are
+/// programmatic dependent launches ([`PagedAttentionKernel::set_pdl`]):
+/// `off` (default: not yet measured on a GPU) or `on`.
+pub const DECODE_PDL_ENV: &str = "MHA_KIT_DECODE_PDL";
+
 /// The decode/verify launcher: every kernel function is resolved once, at
 /// construction (with its dynamic shared memory limit raised); launches are
 /// stream-ordered and graph-capturable (no host sync, allocation or copy).
@@ -38,6 +45,10 @@ pub struct PagedAttentionKernel {
     launches: AtomicU64,
     /// Timing experiment: the `_x{n}` tensor-core entry where one exists.
     experiment: u32,
+    /// Launch with the programmatic-dependent-launch attribute (sm_90).
+    pdl: bool,
+    /// The device runs PDL (compute capability 9.0 or later).
+    pdl_capable: bool,
 }
 
 impl PagedAttentionKernel {
@@ -102,6 +113,8 @@ impl PagedAttentionKernel {
             path,
             launches: AtomicU64::new(0),
             experiment: 0,
+            pdl: env_choice(DECODE_PDL_ENV, &[("off", false), ("on", true)])?,
+            pdl_capable: gpu.compute_capability().is_some_and(|cc| cc >= (9, 0)),
         })
     }
 
@@ -126,6 +139,24 @@ impl PagedAttentionKernel {
         }
         self.experiment = xv;
         Ok(())
+    }
+
+    /// Sets whether launches carry the programmatic-dependent-launch
+    /// attribute ([`kernel_rt::launch`]; ignored below compute capability
+    /// 9.0): a launch may then start while the previous kernel of its stream
+    /// is still running; every entry waits (`griddepcontrol.wait`) before
+    /// its first global memory access, so it reads only what that kernel
+    /// finished, and each CTA releases the next PDL launch once its KV loop
+    /// is done. Same results, bit for bit; the default comes from
+    /// [`DECODE_PDL_ENV`] (unset: off).
+    pub fn set_pdl(&mut self, on: bool) {
+        self.pdl = on;
+    }
+
+    /// Whether launches are programmatic dependent launches (set and
+    /// supported by the device).
+    pub fn pdl(&self) -> bool {
+        self.pdl && self.pdl_capable
     }
 
     /// SMs of the device (input of [`launch_config`](super::launch_config)).
@@ -231,13 +262,13 @@ impl PagedAttentionKernel {
         let func = experiment
             .or_else(|| self.funcs.get(&plan.entry))
             .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {}", plan.entry)))?;
-        let mut builder = stream.launch_builder(func);
-        builder.arg(&p);
         // SAFETY: `validate` checked every shape and stride against the
         // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
         // alignment, and the workspace size; device data (page ids, lengths,
-        // cu_seqlens_q) is range-checked in the kernel; the params layout is pinned.
-        unsafe { builder.launch(plan.config) }?;
+        // cu_seqlens_q) is range-checked in the kernel; the params layout is
+        // pinned. Every entry waits (griddepcontrol.wait) before its first
+        // global access, as a PDL launch requires.
+        unsafe { launch_params(stream, func, plan.config, &p, self.pdl()) }?;
         self.launches.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
