@@ -53,6 +53,9 @@ struct Shape {
     /// Split-KV mode of the main table's launches ([`SplitMode::Auto`] unless a
     /// variant row says otherwise).
     split: SplitMode,
+    /// Ragged verify rows: request `b` has `1 + b % q_len` rows (given by
+    /// `cu_seqlens_q`, `max_q_len = q_len`) instead of `q_len` each.
+    ragged_q: bool,
 }
 
 fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shape {
@@ -72,6 +75,7 @@ fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shap
         experiment: 0,
         lens: None,
         split: SplitMode::Auto,
+        ragged_q: false,
     }
 }
 
@@ -120,6 +124,18 @@ fn cases() -> Vec<Shape> {
         Shape {
             q_len: 4,
             ..s("verify q_len 4, bs 64, L 8192", 32, 8, 128, 64, 8192)
+        },
+        Shape {
+            q_len: 4,
+            ragged_q: true,
+            ..s(
+                "verify ragged q_len 1..4, bs 64, L 8192",
+                32,
+                8,
+                128,
+                64,
+                8192,
+            )
         },
         Shape {
             window: Some(127),
@@ -259,6 +275,10 @@ struct Prepared {
     /// the one K/V pool).
     pts: Vec<CudaSlice<i32>>,
     lens: CudaSlice<i32>,
+    /// `[bs + 1]` row offsets (ragged verify rows; else unused).
+    cu: CudaSlice<i32>,
+    /// Query rows of the launch.
+    rows: usize,
     sinks: CudaSlice<f32>,
     ws: CudaSlice<f32>,
     num_pages: usize,
@@ -404,7 +424,12 @@ fn prepare(
     let m = c.len.div_ceil(P);
     let page_bytes = P * c.hkv * c.d * es;
     let lens = c.lens.clone().unwrap_or_else(|| vec![c.len as i32; c.bs]);
-    let rows = c.bs * c.q_len;
+    let mut cu = vec![0i32];
+    for b in 0..c.bs {
+        let n = if c.ragged_q { 1 + b % c.q_len } else { c.q_len };
+        cu.push(cu[b] + n as i32);
+    }
+    let rows = cu[c.bs] as usize;
     let kv_tokens: usize = lens
         .iter()
         .map(|&l| {
@@ -477,6 +502,7 @@ fn prepare(
     let q = st.clone_htod(&vec![0x3C00u16; rows * c.hq * c.d])?;
     let out = st.alloc_zeros::<u16>(rows * c.hq * c.d)?;
     let lens = st.clone_htod(&lens)?;
+    let cu = st.clone_htod(&cu)?;
     let sinks = st.clone_htod(&vec![0.5f32; c.hq])?;
     let mut need = 0;
     for &split in splits {
@@ -501,6 +527,8 @@ fn prepare(
         v16,
         pts,
         lens,
+        cu,
+        rows,
         sinks,
         ws,
         num_pages,
@@ -526,7 +554,7 @@ fn launch(
     split: SplitMode,
     errors: &mut DeviceErrors,
 ) -> Result<()> {
-    let rows = c.bs * c.q_len;
+    let rows = p.rows;
     let shape = [p.num_pages, c.hkv, P, c.d];
     let strides = if c.hnd {
         [P * c.hkv * c.d, P * c.d, c.d, 1]
@@ -553,8 +581,15 @@ fn launch(
         kv,
         page_table: Strided::of("page_table", &p.pts[set % p.pts.len()], [c.bs, p.m])?,
         cache_seqlens: Strided::of("cache_seqlens", &p.lens, [c.bs])?,
-        layout: QueryLayout::Uniform {
-            q_len_per_req: c.q_len,
+        layout: if c.ragged_q {
+            QueryLayout::Ragged {
+                cu_seqlens_q: Strided::of("cu_seqlens_q", &p.cu, [c.bs + 1])?,
+                max_q_len: c.q_len,
+            }
+        } else {
+            QueryLayout::Uniform {
+                q_len_per_req: c.q_len,
+            }
         },
         max_seq_len: c.len,
         bmm1_scale: 1.0 / (c.d as f32).sqrt(),
