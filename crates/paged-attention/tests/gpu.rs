@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use kernel_rt::cudarc::driver::CudaSlice;
+use kernel_rt::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use kernel_rt::testing::{gpu_trial, run_trials, upload, OrFail};
 use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
 use paged_attention::{
@@ -73,18 +73,8 @@ fn run_gpu_with(
     want_lse: bool,
 ) -> Result<GpuOut, KernelError> {
     let s = gpu.stream();
-    let q = upload(gpu, &c.q)?;
+    let dev = CaseBuffers::upload(gpu, c)?;
     let mut out = upload(gpu, &vec![POISON; c.q.len()])?;
-    let pt = upload(gpu, &c.page_table)?;
-    let lens = upload(gpu, &c.lens)?;
-    let cu = upload(gpu, &c.cu)?;
-    let sinks = c.sinks.as_ref().map(|v| upload(gpu, v)).transpose()?;
-    let shape = [c.num_pages, c.hkv, c.p, c.d];
-    let strides = c.kv_strides();
-    let kh = upload(gpu, &c.k)?;
-    let vh = upload(gpu, &c.v)?;
-    let kb = upload(gpu, &c.k_bytes())?;
-    let vb = upload(gpu, &c.v_bytes())?;
     let need = workspace_for(
         c.bs(),
         c.hq,
@@ -105,71 +95,25 @@ fn run_gpu_with(
         Some(w) => w,
         None => own_ws.as_mut().expect("allocated"),
     };
-    let ws_len = ws.len();
     let mut errors = DeviceErrors::new(gpu)?;
-    let kv = match c.kv_dtype {
-        KvDtype::E4m3 => KvCache::E4m3 {
-            k: Strided::new("k_cache", kb.as_view(), shape, strides)?,
-            v: Strided::new("v_cache", vb.as_view(), shape, strides)?,
-        },
-        kd => KvCache::Half {
-            dtype: if kd == KvDtype::Bf16 {
-                HalfDtype::Bf16
-            } else {
-                HalfDtype::F16
-            },
-            k: Strided::new("k_cache", kh.as_view(), shape, strides)?,
-            v: Strided::new("v_cache", vh.as_view(), shape, strides)?,
-        },
-    };
-    let qshape = [c.num_tokens, c.hq, c.d];
     let mut lse_buf = upload(gpu, &vec![f32::from_bits(LSE_POISON); c.num_tokens * c.hq])?;
-    let mut args = DecodeArgs {
-        q: Strided::contiguous("q", q.slice(0..c.q.len()), qshape)?,
-        q_dtype: c.q_dtype,
-        out: StridedMut::contiguous("out", out.slice_mut(0..c.q.len()), qshape)?,
-        kv,
-        page_table: Strided::contiguous(
-            "page_table",
-            pt.slice(0..c.page_table.len()),
-            [c.bs(), c.m],
-        )?,
-        cache_seqlens: Strided::contiguous("cache_seqlens", lens.slice(0..c.bs()), [c.bs()])?,
-        layout: match c.uniform {
-            Some(n) => QueryLayout::Uniform { q_len_per_req: n },
-            None => QueryLayout::Ragged {
-                cu_seqlens_q: Strided::contiguous(
-                    "cu_seqlens_q",
-                    cu.slice(0..c.bs() + 1),
-                    [c.bs() + 1],
-                )?,
-                max_q_len: c.max_q_len,
-            },
-        },
-        max_seq_len,
-        bmm1_scale: c.bmm1,
-        bmm2_scale: c.bmm2,
-        window_left: c.window,
-        sinks: match &sinks {
-            Some(sv) => Some(Strided::contiguous("sinks", sv.slice(0..c.hq), [c.hq])?),
-            None => None,
-        },
+    let n = c.q.len();
+    let mut args = case_args(
+        c,
+        &dev,
+        dev.q0.slice(0..n),
+        out.slice_mut(0..n),
+        ws,
         split,
-        workspace: Some(StridedMut::contiguous(
-            "workspace",
-            ws.slice_mut(0..ws_len),
-            [ws_len],
-        )?),
-        lse: if want_lse {
-            Some(StridedMut::contiguous(
-                "lse",
-                lse_buf.slice_mut(0..c.num_tokens * c.hq),
-                [c.num_tokens, c.hq],
-            )?)
-        } else {
-            None
-        },
-    };
+        max_seq_len,
+    )?;
+    if want_lse {
+        args.lse = Some(StridedMut::contiguous(
+            "lse",
+            lse_buf.slice_mut(0..c.num_tokens * c.hq),
+            [c.num_tokens, c.hq],
+        )?);
+    }
     kernel.launch(&mut args, &mut errors)?;
     let mut out = s.clone_dtoh(&out)?;
     out.truncate(c.q.len());
@@ -428,15 +372,12 @@ fn chain_launches(
     c: &Case,
     split: SplitMode,
     max_seq_len: usize,
-    dev: &ChainBuffers,
+    dev: &CaseBuffers,
     bufs: &mut [CudaSlice<u16>; 2],
     ws: &mut CudaSlice<f32>,
     errors: &mut DeviceErrors,
     launches: usize,
 ) -> Result<(), KernelError> {
-    let shape = [c.num_pages, c.hkv, c.p, c.d];
-    let strides = c.kv_strides();
-    let qshape = [c.num_tokens, c.hq, c.d];
     let n = c.q.len();
     for i in 0..launches {
         let (lo, hi) = bufs.split_at_mut(1);
@@ -450,71 +391,15 @@ fn chain_launches(
         } else {
             src.slice(0..n)
         };
-        let kv = match c.kv_dtype {
-            KvDtype::E4m3 => KvCache::E4m3 {
-                k: Strided::new("k_cache", dev.kb.as_view(), shape, strides)?,
-                v: Strided::new("v_cache", dev.vb.as_view(), shape, strides)?,
-            },
-            kd => KvCache::Half {
-                dtype: if kd == KvDtype::Bf16 {
-                    HalfDtype::Bf16
-                } else {
-                    HalfDtype::F16
-                },
-                k: Strided::new("k_cache", dev.kh.as_view(), shape, strides)?,
-                v: Strided::new("v_cache", dev.vh.as_view(), shape, strides)?,
-            },
-        };
-        let ws_len = ws.len();
-        let mut args = DecodeArgs {
-            q: Strided::contiguous("q", q, qshape)?,
-            q_dtype: c.q_dtype,
-            out: StridedMut::contiguous("out", dst.slice_mut(0..n), qshape)?,
-            kv,
-            page_table: Strided::contiguous(
-                "page_table",
-                dev.pt.slice(0..c.page_table.len()),
-                [c.bs(), c.m],
-            )?,
-            cache_seqlens: Strided::contiguous(
-                "cache_seqlens",
-                dev.lens.slice(0..c.bs()),
-                [c.bs()],
-            )?,
-            layout: match c.uniform {
-                Some(n) => QueryLayout::Uniform { q_len_per_req: n },
-                None => QueryLayout::Ragged {
-                    cu_seqlens_q: Strided::contiguous(
-                        "cu_seqlens_q",
-                        dev.cu.slice(0..c.bs() + 1),
-                        [c.bs() + 1],
-                    )?,
-                    max_q_len: c.max_q_len,
-                },
-            },
-            max_seq_len,
-            bmm1_scale: c.bmm1,
-            bmm2_scale: c.bmm2,
-            window_left: c.window,
-            sinks: match &dev.sinks {
-                Some(sv) => Some(Strided::contiguous("sinks", sv.slice(0..c.hq), [c.hq])?),
-                None => None,
-            },
-            split,
-            workspace: Some(StridedMut::contiguous(
-                "workspace",
-                ws.slice_mut(0..ws_len),
-                [ws_len],
-            )?),
-            lse: None,
-        };
+        let mut args = case_args(c, dev, q, dst.slice_mut(0..n), ws, split, max_seq_len)?;
         kernel.launch(&mut args, errors)?;
     }
     Ok(())
 }
 
-/// A case's device inputs for [`chain_launches`].
-struct ChainBuffers {
+/// A case's device inputs (its query rows, both K/V encodings, page table,
+/// lengths, row offsets and sinks).
+struct CaseBuffers {
     q0: CudaSlice<u16>,
     kh: CudaSlice<u16>,
     vh: CudaSlice<u16>,
@@ -524,6 +409,92 @@ struct ChainBuffers {
     lens: CudaSlice<i32>,
     cu: CudaSlice<i32>,
     sinks: Option<CudaSlice<f32>>,
+}
+
+impl CaseBuffers {
+    fn upload(gpu: &Arc<Gpu>, c: &Case) -> Result<Self, KernelError> {
+        Ok(Self {
+            q0: upload(gpu, &c.q)?,
+            kh: upload(gpu, &c.k)?,
+            vh: upload(gpu, &c.v)?,
+            kb: upload(gpu, &c.k_bytes())?,
+            vb: upload(gpu, &c.v_bytes())?,
+            pt: upload(gpu, &c.page_table)?,
+            lens: upload(gpu, &c.lens)?,
+            cu: upload(gpu, &c.cu)?,
+            sinks: c.sinks.as_ref().map(|v| upload(gpu, v)).transpose()?,
+        })
+    }
+}
+
+/// The decode arguments of case `c` over `dev`, reading the query rows `q`
+/// and writing `out` (both `c.q.len()` elements), no LSE.
+fn case_args<'a>(
+    c: &Case,
+    dev: &'a CaseBuffers,
+    q: CudaView<'a, u16>,
+    out: CudaViewMut<'a, u16>,
+    ws: &'a mut CudaSlice<f32>,
+    split: SplitMode,
+    max_seq_len: usize,
+) -> Result<DecodeArgs<'a>, KernelError> {
+    let shape = [c.num_pages, c.hkv, c.p, c.d];
+    let strides = c.kv_strides();
+    let qshape = [c.num_tokens, c.hq, c.d];
+    let kv = match c.kv_dtype {
+        KvDtype::E4m3 => KvCache::E4m3 {
+            k: Strided::new("k_cache", dev.kb.as_view(), shape, strides)?,
+            v: Strided::new("v_cache", dev.vb.as_view(), shape, strides)?,
+        },
+        kd => KvCache::Half {
+            dtype: if kd == KvDtype::Bf16 {
+                HalfDtype::Bf16
+            } else {
+                HalfDtype::F16
+            },
+            k: Strided::new("k_cache", dev.kh.as_view(), shape, strides)?,
+            v: Strided::new("v_cache", dev.vh.as_view(), shape, strides)?,
+        },
+    };
+    let ws_len = ws.len();
+    Ok(DecodeArgs {
+        q: Strided::contiguous("q", q, qshape)?,
+        q_dtype: c.q_dtype,
+        out: StridedMut::contiguous("out", out, qshape)?,
+        kv,
+        page_table: Strided::contiguous(
+            "page_table",
+            dev.pt.slice(0..c.page_table.len()),
+            [c.bs(), c.m],
+        )?,
+        cache_seqlens: Strided::contiguous("cache_seqlens", dev.lens.slice(0..c.bs()), [c.bs()])?,
+        layout: match c.uniform {
+            Some(n) => QueryLayout::Uniform { q_len_per_req: n },
+            None => QueryLayout::Ragged {
+                cu_seqlens_q: Strided::contiguous(
+                    "cu_seqlens_q",
+                    dev.cu.slice(0..c.bs() + 1),
+                    [c.bs() + 1],
+                )?,
+                max_q_len: c.max_q_len,
+            },
+        },
+        max_seq_len,
+        bmm1_scale: c.bmm1,
+        bmm2_scale: c.bmm2,
+        window_left: c.window,
+        sinks: match &dev.sinks {
+            Some(sv) => Some(Strided::contiguous("sinks", sv.slice(0..c.hq), [c.hq])?),
+            None => None,
+        },
+        split,
+        workspace: Some(StridedMut::contiguous(
+            "workspace",
+            ws.slice_mut(0..ws_len),
+            [ws_len],
+        )?),
+        lse: None,
+    })
 }
 
 /// Programmatic dependent launch: chains of 6 launches (each reading the
@@ -550,22 +521,7 @@ fn pdl_chains(gpu: &Arc<Gpu>) -> Result<(), String> {
         if c.bs() == 0 {
             continue;
         }
-        let dev = ChainBuffers {
-            q0: upload(gpu, &c.q).or_fail("q")?,
-            kh: upload(gpu, &c.k).or_fail("k")?,
-            vh: upload(gpu, &c.v).or_fail("v")?,
-            kb: upload(gpu, &c.k_bytes()).or_fail("k")?,
-            vb: upload(gpu, &c.v_bytes()).or_fail("v")?,
-            pt: upload(gpu, &c.page_table).or_fail("pt")?,
-            lens: upload(gpu, &c.lens).or_fail("lens")?,
-            cu: upload(gpu, &c.cu).or_fail("cu")?,
-            sinks: c
-                .sinks
-                .as_ref()
-                .map(|v| upload(gpu, v))
-                .transpose()
-                .or_fail("sinks")?,
-        };
+        let dev = CaseBuffers::upload(gpu, &c).or_fail("upload")?;
         let need = workspace_for(
             c.bs(),
             c.hq,
@@ -585,23 +541,7 @@ fn pdl_chains(gpu: &Arc<Gpu>) -> Result<(), String> {
             ];
             let mut ws = upload(gpu, &fresh_workspace(need, n_ctr)).or_fail("ws")?;
             let mut errors = DeviceErrors::new(gpu).or_fail("errors")?;
-            if graph {
-                // One eager run, the capture, then four replays (timing unused).
-                kernel_rt::timing::graph_replay_us(gpu, 1, 1, |_| {
-                    chain_launches(
-                        kern,
-                        &c,
-                        split,
-                        msl,
-                        &dev,
-                        &mut bufs,
-                        &mut ws,
-                        &mut errors,
-                        6,
-                    )
-                })
-                .or_fail("graph")?;
-            } else {
+            let mut chain = || {
                 chain_launches(
                     kern,
                     &c,
@@ -613,7 +553,12 @@ fn pdl_chains(gpu: &Arc<Gpu>) -> Result<(), String> {
                     &mut errors,
                     6,
                 )
-                .or_fail("chain")?;
+            };
+            if graph {
+                // One eager run, the capture, then four replays (timing unused).
+                kernel_rt::timing::graph_replay_us(gpu, 1, 1, |_| chain()).or_fail("graph")?;
+            } else {
+                chain().or_fail("chain")?;
             }
             let mut out = s.clone_dtoh(&bufs[1]).or_fail("out")?;
             out.extend(s.clone_dtoh(&bufs[0]).or_fail("out")?);
