@@ -5,15 +5,29 @@
 //!   the repository;
 //! - `§<family>.<n>` (a section of `docs/SEMANTICS.md`, also as the end of a
 //!   range `§<family>.<n>–<m>`) and a bare `§<family>` have their heading there;
+//! - no bare numbered citation `§<n>` (a `§` followed by a digit: a section of
+//!   a document that is not named; cite `SEMANTICS.md §<family>.<n>`);
 //! - every decision id `D<n>` has a row in the Decisions table of `docs/DESIGN.md`;
-//! - nothing points into the project's shared folder outside the repository.
+//! - nothing points into the project's shared folder outside the repository,
+//!   and no relative path (`../…`) climbs above the repository root from the
+//!   directory of the file that names it.
 //!
-//! Scanned: `.rs`, `.cu`, `.cuh`, `.py`, `.md` and `.toml` files, outside `target/`
-//! and hidden directories.
+//! Scanned: `.rs`, `.cu`, `.cuh`, `.py`, `.md`, `.toml` and `.sh` files outside
+//! `target/` and hidden directories, plus the tracked files of hidden
+//! directories listed in `HIDDEN_FILES` (the CI script and the cargo config).
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
+
+/// Files in hidden directories that are scanned too.
+const HIDDEN_FILES: [&str; 2] = [".ci/run", ".cargo/config.toml"];
+
+/// Hits that are allowed on purpose, as `(path, line text fragment)`. Kernel
+/// sources (`.cu` / `.cuh`) belong here rather than being edited in a docs
+/// change, since editing them means rebuilding the committed PTX on a GPU
+/// toolchain. Empty today.
+const ALLOWED: [(&str, &str); 0] = [];
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -34,7 +48,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         }
         if path.is_dir() {
             walk(&path, out);
-        } else if ["rs", "cu", "cuh", "py", "md", "toml"]
+        } else if ["rs", "cu", "cuh", "py", "md", "toml", "sh"]
             .iter()
             .any(|e| path.extension().is_some_and(|x| x == *e))
         {
@@ -121,11 +135,72 @@ fn section_refs(text: &str) -> Vec<String> {
     refs
 }
 
+/// Whether a path-like token of a line climbs above the repository root when
+/// resolved from a directory `depth` levels below the root (`..` components
+/// count up, named components down).
+fn leaves_repository(depth: usize, token: &str) -> bool {
+    let mut depth = depth as isize;
+    for part in token.split('/') {
+        match part {
+            ".." => {
+                depth -= 1;
+                if depth < 0 {
+                    return true;
+                }
+            }
+            "" | "." => {}
+            _ => depth += 1,
+        }
+    }
+    false
+}
+
+/// The relative path tokens of a line that start with `../`.
+fn parent_paths(line: &str) -> Vec<&str> {
+    let path_char = |c: char| c.is_ascii_alphanumeric() || "_-./".contains(c);
+    let mut out = Vec::new();
+    let mut rest = line;
+    while let Some(i) = rest.find("../") {
+        let start = rest[..i]
+            .rfind(|c: char| !path_char(c))
+            .map_or(0, |j| j + rest[j..].chars().next().unwrap().len_utf8());
+        let end = i + rest[i..]
+            .find(|c: char| !path_char(c))
+            .unwrap_or(rest.len() - i);
+        let token = &rest[start..end];
+        if token.starts_with("../") {
+            out.push(token);
+        }
+        rest = &rest[end..];
+    }
+    out
+}
+
+#[test]
+fn parent_paths_are_checked_against_the_root() {
+    assert_eq!(
+        parent_paths(r#"join("../..") x ../ptx/a.ptx"#),
+        ["../..", "../ptx/a.ptx"]
+    );
+    assert!(parent_paths("a/../b and ..n/2").is_empty());
+    assert!(!leaves_repository(3, "../.."));
+    assert!(leaves_repository(1, "../../x"));
+    assert!(leaves_repository(0, "../shared/data"));
+    assert!(!leaves_repository(2, "../kernel-rt"));
+    assert!(leaves_repository(2, "../x/../../.."));
+}
+
 #[test]
 fn doc_references_resolve_inside_the_repository() {
     let root = repo_root();
     let mut files = Vec::new();
     walk(&root, &mut files);
+    files.extend(
+        HIDDEN_FILES
+            .iter()
+            .map(|f| root.join(f))
+            .filter(|p| p.is_file()),
+    );
     let md_names: BTreeSet<String> = files
         .iter()
         .filter(|p| p.extension().is_some_and(|x| x == "md"))
@@ -139,7 +214,11 @@ fn doc_references_resolve_inside_the_repository() {
         decisions.contains("D1"),
         "docs/DESIGN.md has no Decisions table"
     );
-    let outside = [concat!("shared", "/spec"), concat!("shared", "/design")];
+    let outside = [
+        concat!("shared", "/spec"),
+        concat!("shared", "/design"),
+        concat!("..", "/shared"),
+    ];
     let this_file = Path::new(file!()).file_name().unwrap();
 
     let mut bad = Vec::new();
@@ -150,9 +229,31 @@ fn doc_references_resolve_inside_the_repository() {
         let Ok(text) = fs::read_to_string(path) else {
             continue;
         };
-        let rel = path.strip_prefix(&root).unwrap().display().to_string();
+        let rel_path = path.strip_prefix(&root).unwrap();
+        let rel = rel_path.display().to_string();
+        let depth = rel_path.components().count() - 1;
         for (n, line) in text.lines().enumerate() {
             let at = format!("{rel}:{}", n + 1);
+            if ALLOWED
+                .iter()
+                .any(|(p, frag)| *p == rel && line.contains(frag))
+            {
+                continue;
+            }
+            for p in parent_paths(line) {
+                if leaves_repository(depth, p) {
+                    bad.push(format!("{at}: `{p}` leaves the repository (from `{rel}`)"));
+                }
+            }
+            for (i, _) in line.match_indices('§') {
+                let next = line[i + '§'.len_utf8()..].chars().next();
+                if next.is_some_and(|c| c.is_ascii_digit()) {
+                    bad.push(format!(
+                        "{at}: bare numbered citation `§{}…`: cite `SEMANTICS.md §<family>.<n>`",
+                        next.unwrap()
+                    ));
+                }
+            }
             for o in outside {
                 if line.contains(o) {
                     bad.push(format!("{at}: path outside the repository `{o}`"));

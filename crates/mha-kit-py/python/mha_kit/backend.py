@@ -246,7 +246,7 @@ class TrtllmMhaBackend:
         self._graph = None
         self._graph_metadata = {}
 
-    # ---- eager metadata (SEMANTICS: the seed backend §3) ----
+    # ---- eager metadata (SEMANTICS.md §backend.3) ----
 
     def init_forward_metadata(self, batch):
         """Builds the current metadata of ``batch`` (allocates it, as the seed does)."""
@@ -311,7 +311,7 @@ class TrtllmMhaBackend:
         self.forward_metadata = meta
         return meta
 
-    # ---- per-layer forward (the seed backend §7) ----
+    # ---- per-layer forward (SEMANTICS.md §backend.7) ----
 
     def _write_kv(self, k, v, layer, batch):
         k_cache, v_cache = self.kv_buffers[layer.layer_id]
@@ -384,7 +384,7 @@ class TrtllmMhaBackend:
             kv_layout=self.kv_layout)
         return out.reshape(-1, layer.num_q_heads * layer.head_dim)
 
-    # ---- CUDA graphs (the seed backend §4–5) ----
+    # ---- CUDA graphs (SEMANTICS.md §backend.4–5) ----
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens):
         """Allocates the graph buffers for buckets of up to ``max_bs`` requests
@@ -471,7 +471,8 @@ class TrtllmMhaBackend:
             q_stride=q_stride, q_mode=q_mode)
 
     def _ragged_lens(self, key, spec_info):
-        """§5 step 1: the batch's verify lengths padded to the bucket's rows."""
+        """SEMANTICS.md §backend.5, first step: the batch's verify lengths padded to
+        the bucket's rows."""
         _, bs, num_tokens, _ = key
         vl = [int(x) for x in spec_info.verify_lens]
         real = len(vl)
