@@ -1,14 +1,15 @@
 //! Bench of the context (prefill / chunked prefill) kernel: criterion
 //! (`iter_custom` + CUDA events) and a markdown table of µs and TFLOP/s by
 //! two methods: the isolated median (an event pair around each launch,
-//! stream pre-filled) and, the peers' method (`context_peers.py`), `n`
+//! stream pre-filled) and the peers' method (`context_peers.py`): `n`
 //! launches captured in one CUDA graph (`n` = 20 ms / the isolated median,
 //! 1..=50), time = replay / n, median of 30 replays ([`graph_replay_us`]);
 //! compare the graph columns with the peers. `MHA_KIT_BENCH_METHODS=1` adds,
 //! per case, the default kernel timed by four methods in a row (a line
-//! starting `methods |`) and a row with TMA boxes for K/V. FLOPs count the causal pairs only: a request with prefix `p` and
-//! `n` new tokens has `n·p + n(n+1)/2` visible (row, key) pairs, each
-//! `4·Hq·D` FLOPs (`4·Hq·D·Σ L(L+1)/2` without a prefix). Pages are scattered
+//! starting `methods |`) and a row with TMA boxes for K/V. FLOPs count the
+//! causal pairs only: a request with prefix `p` and `n` new tokens has
+//! `n·p + n(n+1)/2` visible (row, key) pairs, each `4·Hq·D` FLOPs
+//! (`4·Hq·D·Σ L(L+1)/2` without a prefix). Pages are scattered
 //! over the pool (P 16) unless the case says "contiguous" (one page of
 //! `L` tokens per request). Prints a line and exits 0 without a GPU.
 //! `MHA_KIT_BENCH_CASES=a|b|…` runs only the cases whose name contains one of
@@ -225,6 +226,12 @@ fn prepare(gpu: &Arc<Gpu>, c: &Shape) -> Result<Prepared> {
         m,
         flops,
     })
+}
+
+/// Launches per CUDA graph by the peers' method (`context_peers.py`): about
+/// 20 ms of work a replay at `us` per launch, 1..=50 (timed over 30 replays).
+fn peer_graph_calls(us: f64) -> usize {
+    ((20_000.0 / us.max(1.0)) as usize).clamp(1, 50)
 }
 
 fn launch(
@@ -672,9 +679,7 @@ fn main() {
             });
             let us = median_us(&gpu, 3, 20, || launch(k, &c, &mut p, &mut errors)).expect("median");
             let tflops = p.flops / (us * 1e-6) / 1e12;
-            // The peers' method: n launches in one graph, ~20 ms a replay
-            // (at most 50), 30 replays.
-            let calls = ((20_000.0 / us.max(1.0)) as usize).clamp(1, 50);
+            let calls = peer_graph_calls(us);
             let graph =
                 match graph_replay_us(&gpu, calls, 30, |_| launch(k, &c, &mut p, &mut errors)) {
                     Ok(g) => {
@@ -702,7 +707,7 @@ fn main() {
             let one = graph_replay_us(&gpu, 1, 30, |_| launch(k, &c, &mut p, &mut errors));
             let iso =
                 median_us(&gpu, 3, 20, || launch(k, &c, &mut p, &mut errors)).expect("median");
-            let calls = ((20_000.0 / iso.max(1.0)) as usize).clamp(1, 50);
+            let calls = peer_graph_calls(iso);
             let n = graph_replay_us(&gpu, calls, 30, |_| launch(k, &c, &mut p, &mut errors));
             let long =
                 median_us(&gpu, 3, 150, || launch(k, &c, &mut p, &mut errors)).expect("median");

@@ -62,6 +62,41 @@ fn run_gpu(
     run_gpu_with(gpu, kernel, c, split, max_seq_len, ws, false)
 }
 
+/// Workspace elements (`f32`) case `c` needs under `split` and
+/// `max_seq_len` ([`workspace_for`]).
+fn case_workspace(
+    c: &Case,
+    split: SplitMode,
+    max_seq_len: usize,
+    num_sms: usize,
+) -> Result<usize, KernelError> {
+    workspace_for(
+        c.bs(),
+        c.hq,
+        c.hkv,
+        c.d,
+        c.q_len(),
+        max_seq_len,
+        split,
+        num_sms,
+    )
+}
+
+/// The split counters at the end of a workspace of `need` elements (the
+/// last `n_ctr`; none when the launch needed no workspace), as bits.
+fn split_counters(
+    gpu: &Arc<Gpu>,
+    ws: &CudaSlice<f32>,
+    need: usize,
+    n_ctr: usize,
+) -> Result<Vec<u32>, KernelError> {
+    if need == 0 {
+        return Ok(Vec::new());
+    }
+    let tail = gpu.stream().clone_dtoh(&ws.slice(need - n_ctr..need))?;
+    Ok(tail.iter().map(|x| x.to_bits()).collect())
+}
+
 /// [`run_gpu`], with the row LSE requested into a poisoned buffer when `want_lse`.
 fn run_gpu_with(
     gpu: &Arc<Gpu>,
@@ -75,16 +110,7 @@ fn run_gpu_with(
     let s = gpu.stream();
     let dev = CaseBuffers::upload(gpu, c)?;
     let mut out = upload(gpu, &vec![POISON; c.q.len()])?;
-    let need = workspace_for(
-        c.bs(),
-        c.hq,
-        c.hkv,
-        c.d,
-        c.q_len(),
-        max_seq_len,
-        split,
-        kernel.num_sms(),
-    )?;
+    let need = case_workspace(c, split, max_seq_len, kernel.num_sms())?;
     let n_ctr = counter_count(c);
     let mut own_ws = if ws.is_none() {
         Some(upload(gpu, &fresh_workspace(need, n_ctr))?)
@@ -117,12 +143,7 @@ fn run_gpu_with(
     kernel.launch(&mut args, &mut errors)?;
     let mut out = s.clone_dtoh(&out)?;
     out.truncate(c.q.len());
-    let counters = if need > 0 {
-        let tail = s.clone_dtoh(&ws.slice(need - n_ctr..need))?;
-        tail.iter().map(|x| x.to_bits()).collect()
-    } else {
-        Vec::new()
-    };
+    let counters = split_counters(gpu, ws, need, n_ctr)?;
     let lse = if want_lse {
         let mut v = s.clone_dtoh(&lse_buf)?;
         v.truncate(c.num_tokens * c.hq);
@@ -522,17 +543,7 @@ fn pdl_chains(gpu: &Arc<Gpu>) -> Result<(), String> {
             continue;
         }
         let dev = CaseBuffers::upload(gpu, &c).or_fail("upload")?;
-        let need = workspace_for(
-            c.bs(),
-            c.hq,
-            c.hkv,
-            c.d,
-            c.q_len(),
-            msl,
-            split,
-            plain.num_sms(),
-        )
-        .or_fail("workspace")?;
+        let need = case_workspace(&c, split, msl, plain.num_sms()).or_fail("workspace")?;
         let n_ctr = counter_count(&c);
         let run = |kern: &PagedAttentionKernel, graph: bool| -> Result<Vec<u16>, String> {
             let mut bufs = [
@@ -562,13 +573,9 @@ fn pdl_chains(gpu: &Arc<Gpu>) -> Result<(), String> {
             }
             let mut out = s.clone_dtoh(&bufs[1]).or_fail("out")?;
             out.extend(s.clone_dtoh(&bufs[0]).or_fail("out")?);
-            if need > 0 {
-                let tail = s
-                    .clone_dtoh(&ws.slice(need - n_ctr..need))
-                    .or_fail("counters")?;
-                if tail.iter().any(|x| x.to_bits() != 0) {
-                    return Err("split counters not zero after the chain".into());
-                }
+            let counters = split_counters(gpu, &ws, need, n_ctr).or_fail("counters")?;
+            if counters.iter().any(|&x| x != 0) {
+                return Err(format!("split counters {counters:?} after the chain"));
             }
             Ok(out)
         };

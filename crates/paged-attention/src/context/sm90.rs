@@ -99,20 +99,16 @@ pub fn context_sm90_staging_steps(head_dim: usize, kv: KvDtype) -> usize {
     }
 }
 
-/// Dynamic shared memory of the sm_90a kernel (mirrors `Cfg` in
-/// `paged_attention_context_sm90.cu`): Q `[BM, D]` per Q buffer
-/// ([`context_sm90_block_rows`])
-/// ([`context_sm90_q_buffers`]), the K and V rings of
-/// `[BN, D]` 16-bit tiles ([`context_sm90_stages`]), the e4m3 staging ring
-/// ([`context_sm90_staging_steps`] × two `[BN, D]` byte tiles), per K slot the valid
-/// masks of the keys (4 u32: one word per producer warp), the mbarriers
-/// (full + empty per Q buffer and per ring slot, two work-item slots full +
-/// empty + geometry published; e4m3: Q landed per Q buffer), one f32 per consumer thread, four i32 (two
-/// work-item slots, the prefetched work counter, a spare), the two slots'
-/// published geometry (64 bytes each), the output and query tensor maps'
-/// addresses (8 bytes each), for e4m3 KV one byte per Q row and
-/// buffer (the row's shift of its conversion to f16), and
-/// 1024 bytes of slack to align the swizzled tiles.
+/// Dynamic shared memory of the sm_90a kernel (mirrors `Cfg` in `paged_attention_context_sm90.cu`):
+/// Q `[BM, D]` per Q buffer ([`context_sm90_block_rows`]) ([`context_sm90_q_buffers`]), the K and V
+/// rings of `[BN, D]` 16-bit tiles ([`context_sm90_stages`]), the e4m3 staging ring
+/// ([`context_sm90_staging_steps`] × two `[BN, D]` byte tiles), per K slot the valid masks of the
+/// keys (4 u32: one word per producer warp), the mbarriers (full + empty per Q buffer and per ring
+/// slot, two work-item slots full + empty + geometry published; e4m3: Q landed per Q buffer), one
+/// f32 per consumer thread, four i32 (two work-item slots, the prefetched work counter, a spare),
+/// the two slots' published geometry (64 bytes each), the output and query tensor maps' addresses
+/// (8 bytes each), for e4m3 KV one byte per Q row and buffer (the row's shift of its conversion to
+/// f16), and 1024 bytes of slack to align the swizzled tiles.
 pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
     SmemPlan {
         head_dim,
