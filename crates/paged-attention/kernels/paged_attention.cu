@@ -772,6 +772,9 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
     const i64 k_head = (i64)h * p.k_stride_head;
     const i64 v_head = (i64)h * p.v_stride_head;
+    const u8* k_base = p.k_cache + k_head * ES;
+    const u8* v_base = p.v_cache + v_head * ES;
+    const bool kv_same_strides = p.k_stride_page == p.v_stride_page && p.k_stride_tok == p.v_stride_tok;
 
     // ---- loader: lane loads tokens lt and lt + 8 of the warp slice, chunks cq + 4 i ----
     const int lt = lane >> 2;
@@ -780,20 +783,41 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     u8* ring = smem + warp * L::WRING;
     const u32 ring_u32 = smem_u32(ring);
 
+    // Page cursor: tiles are looked up in order (t = 0, 1, 2, ...), so the
+    // (page, offset) of this lane's tokens k0 = slice0 + t MTT + lt and k0 + 8
+    // advance by (MTT / P, MTT % P) with one carry: two divisions per thread
+    // in place of two per slice (FP8 bs 64 x 8k, session 18: ~45 of the
+    // loop's ~680 instructions a slice were the divisions).
+    const i32 psz = p.page_size;
+    const i32 adv_pg = MTT / psz;
+    const i32 adv_off = MTT - adv_pg * psz;
+    i32 cur_pg0 = (slice0 + lt) / psz;
+    i32 cur_off0 = slice0 + lt - cur_pg0 * psz;
+    i32 cur_pg1 = (slice0 + lt + 8) / psz;
+    i32 cur_off1 = slice0 + lt + 8 - cur_pg1 * psz;
     auto lookup = [&](Look& lk, int t) {
         const i32 k0 = slice0 + t * MTT + lt;
         const i32 k1 = k0 + 8;
         const bool in = t < ntiles;
-        lk.ok0 = in && k0 < ke;
-        lk.ok1 = in && k1 < ke;
-        const i32 pg0 = lk.ok0 ? k0 / p.page_size : 0;
-        const i32 pg1 = lk.ok1 ? k1 / p.page_size : 0;
-        lk.off0 = k0 - pg0 * p.page_size;
-        lk.off1 = k1 - pg1 * p.page_size;
-        lk.ok0 = lk.ok0 && pg0 < p.max_num_pages;
-        lk.ok1 = lk.ok1 && pg1 < p.max_num_pages;
+        const i32 pg0 = cur_pg0, pg1 = cur_pg1;
+        lk.off0 = cur_off0;
+        lk.off1 = cur_off1;
+        lk.ok0 = in && k0 < ke && pg0 < p.max_num_pages;
+        lk.ok1 = in && k1 < ke && pg1 < p.max_num_pages;
         lk.id0 = lk.ok0 ? __ldg(pt_row + pg0) : 0;
         lk.id1 = lk.ok1 ? __ldg(pt_row + pg1) : 0;
+        cur_off0 += adv_off;
+        cur_pg0 += adv_pg;
+        if (cur_off0 >= psz) {
+            cur_off0 -= psz;
+            ++cur_pg0;
+        }
+        cur_off1 += adv_off;
+        cur_pg1 += adv_pg;
+        if (cur_off1 >= psz) {
+            cur_off1 -= psz;
+            ++cur_pg1;
+        }
     };
     auto issue = [&](const Look& lk, int t) {
         if (t >= ntiles) return;  // warp-uniform
@@ -806,18 +830,20 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             vm_s[(warp * NST + slot) * 2] = m0;
             vm_s[(warp * NST + slot) * 2 + 1] = m1;
         }
+        // Token row addresses; when K and V share page / token strides (the
+        // usual layouts) V's row offset is K's, one 64-bit product less each.
         const u8* k0p = p.k_cache;
         const u8* v0p = p.v_cache;
         const u8* k1p = p.k_cache;
         const u8* v1p = p.v_cache;
-        if (ok0) {
-            k0p += ((i64)lk.id0 * p.k_stride_page + k_head + (i64)lk.off0 * p.k_stride_tok) * ES;
-            v0p += ((i64)lk.id0 * p.v_stride_page + v_head + (i64)lk.off0 * p.v_stride_tok) * ES;
-        }
-        if (ok1) {
-            k1p += ((i64)lk.id1 * p.k_stride_page + k_head + (i64)lk.off1 * p.k_stride_tok) * ES;
-            v1p += ((i64)lk.id1 * p.v_stride_page + v_head + (i64)lk.off1 * p.v_stride_tok) * ES;
-        }
+        auto rows = [&](const u8*& kp, const u8*& vp, i32 id, i32 off) {
+            const i64 rk = (i64)id * p.k_stride_page + (i64)off * p.k_stride_tok;
+            const i64 rv = kv_same_strides ? rk : (i64)id * p.v_stride_page + (i64)off * p.v_stride_tok;
+            kp = k_base + rk * ES;
+            vp = v_base + rv * ES;
+        };
+        if (ok0) rows(k0p, v0p, lk.id0, lk.off0);
+        if (ok1) rows(k1p, v1p, lk.id1, lk.off1);
         const u32 sz0 = ok0 ? 16u : 0u;
         const u32 sz1 = ok1 ? 16u : 0u;
         const u32 kdst = ring_u32 + slot * L::SLOT;
@@ -1130,22 +1156,38 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         const i32 kt = slice0 + i * MTT;  // key of slice token 0
         float mx[2] = {NEG_INF, NEG_INF};
         bool masked_loaded = false;  // a loaded key of the slice that a valid row must not see
+        // Every key of the slice loaded and inside every valid row's range (a
+        // decode away from the window edge): one test per row, not per score,
+        // with the same outcome as the general path below.
+        auto sees_slice = [&](int hr) { return xr[hr] < 0 || (kt + MWT - 1 <= xr[hr] && kt >= xlo[hr]); };
+        if ((vm0 & vm1) == 0xffffffffu && __all_sync(0xffffffffu, sees_slice(0) && sees_slice(1))) {
 #pragma unroll
-        for (int t = 0; t < 2; ++t) {
-            const u32 vm = t == 0 ? vm0 : vm1;
+            for (int t = 0; t < 2; ++t)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int tk = 2 * qd + (e & 1);  // token inside the n8 tile
-                const i32 k = kt + 8 * t + tk;
-                const int hr = e >> 1;
-                const bool loaded = (vm >> (4 * tk)) & 1u;
-                const bool vis = loaded && k <= xr[hr] && k >= xlo[hr];
-                masked_loaded = masked_loaded || (loaded && !vis && xr[hr] >= 0);
-                s[t][e] = vis ? s[t][e] * rs[hr] : NEG_INF;
-                mx[hr] = fmaxf(mx[hr], s[t][e]);
+                for (int e = 0; e < 4; ++e) {
+                    const int hr = e >> 1;
+                    s[t][e] = xr[hr] >= 0 ? s[t][e] * rs[hr] : NEG_INF;
+                    mx[hr] = fmaxf(mx[hr], s[t][e]);
+                }
+        } else {
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                const u32 vm = t == 0 ? vm0 : vm1;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int tk = 2 * qd + (e & 1);  // token inside the n8 tile
+                    const i32 k = kt + 8 * t + tk;
+                    const int hr = e >> 1;
+                    const bool loaded = (vm >> (4 * tk)) & 1u;
+                    const bool vis = loaded && k <= xr[hr] && k >= xlo[hr];
+                    masked_loaded = masked_loaded || (loaded && !vis && xr[hr] >= 0);
+                    s[t][e] = vis ? s[t][e] * rs[hr] : NEG_INF;
+                    mx[hr] = fmaxf(mx[hr], s[t][e]);
+                }
             }
         }
         float alpha[2];
+        const bool had0 = mrow[0] != NEG_INF, had1 = mrow[1] != NEG_INF;
         row_max_update(mx, mrow, alpha);
         u32 pa[4];
 #pragma unroll
@@ -1156,12 +1198,18 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         // The denominator sums the rounded P the numerator uses.
         drow[0] = drow[0] * alpha[0] + (sum2<MT>(pa[0]) + sum2<MT>(pa[2]));
         drow[1] = drow[1] * alpha[1] + (sum2<MT>(pa[1]) + sum2<MT>(pa[3]));
+        // O is rescaled only when some row's max moved (alpha != 1): a row
+        // that has seen no key yet holds O = 0 (alpha 0 there is a no-op),
+        // and x * 1 == x, so the skip is exact; after the first tiles of a
+        // decode the max rarely moves (64 FMULs a slice at D 128).
+        if (__any_sync(0xffffffffu, (had0 && alpha[0] != 1.f) || (had1 && alpha[1] != 1.f))) {
 #pragma unroll
-        for (int n = 0; n < NT8; ++n) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
+            for (int n = 0; n < NT8; ++n) {
+                o[n][0] *= alpha[0];
+                o[n][1] *= alpha[0];
+                o[n][2] *= alpha[1];
+                o[n][3] *= alpha[1];
+            }
         }
         // A slice with a loaded key masked for some row (verify: the causal
         // diagonal, the window edge; a q_len 1 decode never has one) whose V

@@ -437,9 +437,16 @@ impl CaseBuffers {
         Ok(Self {
             q0: upload(gpu, &c.q)?,
             kh: upload(gpu, &c.k)?,
-            vh: upload(gpu, &c.v)?,
+            vh: upload(gpu, &if c.v_hnd { c.to_hnd(&c.v) } else { c.v.clone() })?,
             kb: upload(gpu, &c.k_bytes())?,
-            vb: upload(gpu, &c.v_bytes())?,
+            vb: upload(
+                gpu,
+                &if c.v_hnd {
+                    c.to_hnd(&c.v_bytes())
+                } else {
+                    c.v_bytes()
+                },
+            )?,
             pt: upload(gpu, &c.page_table)?,
             lens: upload(gpu, &c.lens)?,
             cu: upload(gpu, &c.cu)?,
@@ -461,11 +468,12 @@ fn case_args<'a>(
 ) -> Result<DecodeArgs<'a>, KernelError> {
     let shape = [c.num_pages, c.hkv, c.p, c.d];
     let strides = c.kv_strides();
+    let v_strides = if c.v_hnd { c.hnd_strides() } else { strides };
     let qshape = [c.num_tokens, c.hq, c.d];
     let kv = match c.kv_dtype {
         KvDtype::E4m3 => KvCache::E4m3 {
             k: Strided::new("k_cache", dev.kb.as_view(), shape, strides)?,
-            v: Strided::new("v_cache", dev.vb.as_view(), shape, strides)?,
+            v: Strided::new("v_cache", dev.vb.as_view(), shape, v_strides)?,
         },
         kd => KvCache::Half {
             dtype: if kd == KvDtype::Bf16 {
@@ -474,7 +482,7 @@ fn case_args<'a>(
                 HalfDtype::F16
             },
             k: Strided::new("k_cache", dev.kh.as_view(), shape, strides)?,
-            v: Strided::new("v_cache", dev.vh.as_view(), shape, strides)?,
+            v: Strided::new("v_cache", dev.vh.as_view(), shape, v_strides)?,
         },
     };
     let ws_len = ws.len();

@@ -37,6 +37,11 @@ pub struct Case {
     pub bmm2: f32,
     pub window: Option<u32>,
     pub sinks: Option<Vec<f32>>,
+    /// The decode GPU tests (`tests/gpu.rs`) upload V head-major (HND,
+    /// `[pages, Hkv, P, D]` in memory) while K stays token-major (NHD), so
+    /// K and V reach the kernel with different page and token strides.
+    /// The values (and the reference) are the same either way.
+    pub v_hnd: bool,
 }
 
 impl Case {
@@ -78,6 +83,7 @@ impl Case {
             bmm2: 1.0,
             window: None,
             sinks: None,
+            v_hnd: false,
         }
     }
 
@@ -118,6 +124,29 @@ impl Case {
     /// Slot of position `k` of request `b`.
     pub fn slot(&self, b: usize, k: usize) -> usize {
         self.page_table[b * self.m + k / self.p] as usize * self.p + k % self.p
+    }
+
+    /// `x` (a K/V pool in the NHD memory order of [`Self::kv_index`])
+    /// rewritten head-major: element `(page, head, tok, dim)` at
+    /// `((page·Hkv + head)·P + tok)·D + dim`.
+    pub fn to_hnd<T: Copy>(&self, x: &[T]) -> Vec<T> {
+        let mut out = x.to_vec();
+        for page in 0..self.num_pages {
+            for head in 0..self.hkv {
+                for tok in 0..self.p {
+                    let dst = ((page * self.hkv + head) * self.p + tok) * self.d;
+                    let src = self.kv_index(page * self.p + tok, head, 0);
+                    out[dst..dst + self.d].copy_from_slice(&x[src..src + self.d]);
+                }
+            }
+        }
+        out
+    }
+
+    /// Element strides of the `[pages, Hkv, P, D]` view of a pool written
+    /// by [`Self::to_hnd`].
+    pub fn hnd_strides(&self) -> [usize; 4] {
+        [self.hkv * self.p * self.d, self.p * self.d, self.d, 1]
     }
 
     pub fn kv_strides(&self) -> [usize; 4] {
@@ -450,9 +479,9 @@ pub fn rel_err(got: &[f64], want: &[f64]) -> f64 {
 
 pub fn describe(c: &Case) -> String {
     format!(
-        "q {:?} kv {:?} D {} Hq {} Hkv {} P {} pages {} M {} lens {:?} uniform {:?} cu {:?} max_q {} W {:?} sinks {} bmm {} {}",
+        "q {:?} kv {:?} D {} Hq {} Hkv {} P {} pages {} M {} lens {:?} uniform {:?} cu {:?} max_q {} W {:?} sinks {} bmm {} {} V HND {}",
         c.q_dtype, c.kv_dtype, c.d, c.hq, c.hkv, c.p, c.num_pages, c.m, c.lens, c.uniform, c.cu, c.max_q_len,
-        c.window, c.sinks.is_some(), c.bmm1, c.bmm2
+        c.window, c.sinks.is_some(), c.bmm1, c.bmm2, c.v_hnd
     )
 }
 
@@ -593,6 +622,8 @@ pub fn random_case(seed: u64) -> (Case, SplitMode, usize) {
         fill_keys(&mut c, &mut r, b, lo..len);
         filled[b] = lo;
     }
+    // Not drawn from `r`: every other field of a seed's case stays as it was.
+    c.v_hnd = seed % 4 == 3;
     let split = match r.gen_range(0..3) {
         0 => SplitMode::Auto,
         1 => SplitMode::Fixed {
