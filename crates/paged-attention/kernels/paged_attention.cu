@@ -774,7 +774,10 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     const i64 v_head = (i64)h * p.v_stride_head;
     const u8* k_base = p.k_cache + k_head * ES;
     const u8* v_base = p.v_cache + v_head * ES;
-    const bool kv_same_strides = p.k_stride_page == p.v_stride_page && p.k_stride_tok == p.v_stride_tok;
+    // Page and token strides in bytes; i32 by the launcher's rule
+    // (`mma_strides_fit`), so each row address is 32 x 32 -> 64-bit products.
+    const i32 ksp_b = (i32)(p.k_stride_page * ES), kst_b = (i32)(p.k_stride_tok * ES);
+    const i32 vsp_b = (i32)(p.v_stride_page * ES), vst_b = (i32)(p.v_stride_tok * ES);
 
     // ---- loader: lane loads tokens lt and lt + 8 of the warp slice, chunks cq + 4 i ----
     const int lt = lane >> 2;
@@ -830,17 +833,15 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             vm_s[(warp * NST + slot) * 2] = m0;
             vm_s[(warp * NST + slot) * 2 + 1] = m1;
         }
-        // Token row addresses; when K and V share page / token strides (the
-        // usual layouts) V's row offset is K's, one 64-bit product less each.
+        // Token row addresses: two 32 x 32 -> 64-bit multiply-adds each (the
+        // launcher sends this kernel page / token byte strides that fit i32).
         const u8* k0p = p.k_cache;
         const u8* v0p = p.v_cache;
         const u8* k1p = p.k_cache;
         const u8* v1p = p.v_cache;
         auto rows = [&](const u8*& kp, const u8*& vp, i32 id, i32 off) {
-            const i64 rk = (i64)id * p.k_stride_page + (i64)off * p.k_stride_tok;
-            const i64 rv = kv_same_strides ? rk : (i64)id * p.v_stride_page + (i64)off * p.v_stride_tok;
-            kp = k_base + rk * ES;
-            vp = v_base + rv * ES;
+            kp = k_base + (i64)id * ksp_b + (i64)off * kst_b;
+            vp = v_base + (i64)id * vsp_b + (i64)off * vst_b;
         };
         if (ok0) rows(k0p, v0p, lk.id0, lk.off0);
         if (ok1) rows(k1p, v1p, lk.id1, lk.off1);
@@ -1159,8 +1160,8 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         // Every key of the slice loaded and inside every valid row's range (a
         // decode away from the window edge): one test per row, not per score,
         // with the same outcome as the general path below.
-        auto sees_slice = [&](int hr) { return xr[hr] < 0 || (kt + MWT - 1 <= xr[hr] && kt >= xlo[hr]); };
-        if ((vm0 & vm1) == 0xffffffffu && __all_sync(0xffffffffu, sees_slice(0) && sees_slice(1))) {
+        auto sees_slice = [&](int hr) { return (xr[hr] < 0) | ((kt + MWT - 1 <= xr[hr]) & (kt >= xlo[hr])); };
+        if (__all_sync(0xffffffffu, ((vm0 & vm1) == 0xffffffffu) & sees_slice(0) & sees_slice(1))) {
 #pragma unroll
             for (int t = 0; t < 2; ++t)
 #pragma unroll

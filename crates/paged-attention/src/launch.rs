@@ -226,6 +226,19 @@ pub fn mma_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
     kv_ok && MMA_HEAD_DIMS.contains(&head_dim) && !(kv == KvDtype::E4m3 && head_dim > 128)
 }
 
+/// Whether the tensor-core kernel can address a K/V layout: it forms each
+/// token row's address from 32 × 32 → 64-bit products, so the page and
+/// token strides of K and V (`[page, head, token]` element strides, as in
+/// [`PagedAttentionParams`]) times `elem_bytes` must fit `i32`. Every real
+/// pool does (a page of 1,600 tokens × 80 layers × 2 × 8 heads × 128 dims
+/// of bf16 is 0.5 GB); a view that does not runs on the CUDA-core kernel.
+pub fn mma_strides_fit(k: [i64; 3], v: [i64; 3], elem_bytes: i64) -> bool {
+    [k[0], k[2], v[0], v[2]].iter().all(|&s| {
+        s.checked_mul(elem_bytes)
+            .is_some_and(|b| i32::try_from(b).is_ok())
+    })
+}
+
 /// Split-KV policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SplitMode {

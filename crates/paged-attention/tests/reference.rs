@@ -472,6 +472,30 @@ fn kernel_path_choice() {
     );
 }
 
+#[test]
+fn mma_kernel_needs_i32_byte_strides() {
+    use paged_attention::mma_strides_fit;
+    // NHD bf16 pool, 16 tokens × 8 heads × 128 dims a page: fits.
+    let nhd = [16 * 8 * 128, 128, 8 * 128];
+    assert!(mma_strides_fit(nhd, nhd, 2));
+    // The largest page stride that fits, in bytes, and one element more.
+    let edge = [i64::from(i32::MAX) / 2, 128, 128];
+    assert!(mma_strides_fit(nhd, edge, 2));
+    let over = [i64::from(i32::MAX) / 2 + 1, 128, 128];
+    assert!(!mma_strides_fit(nhd, over, 2), "V page stride 2^31 bytes");
+    assert!(mma_strides_fit(over, nhd, 1), "2^30 e4m3 elements fit");
+    assert!(
+        !mma_strides_fit([16, 1, i64::from(i32::MAX) + 1], nhd, 1),
+        "K token stride"
+    );
+    assert!(
+        !mma_strides_fit([i64::MAX, 1, 1], nhd, 2),
+        "overflowing product"
+    );
+    // The head stride is not limited (one 64-bit product a CTA).
+    assert!(mma_strides_fit([16, i64::MAX, 1], nhd, 2));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 

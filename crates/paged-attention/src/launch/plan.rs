@@ -7,9 +7,9 @@ use super::views::{
     check_sinks_and_scales, check_vector, stride_err, validate_views, view_strides, ViewShapes,
 };
 use super::{
-    entry_name, launch_config, mma_entry_name, mma_smem_bytes, mma_supported, smem_bytes,
-    workspace_elems, DecodeArgs, KernelPath, LaunchPlan, PagedAttentionParams, QueryLayout,
-    SplitMode, MAX_Q_LEN, MMA_TILE_TOKENS, ROWS_PER_CTA, TILE_TOKENS, WINDOW_CAP,
+    entry_name, launch_config, mma_entry_name, mma_smem_bytes, mma_strides_fit, mma_supported,
+    smem_bytes, workspace_elems, DecodeArgs, KernelPath, LaunchPlan, PagedAttentionParams,
+    QueryLayout, SplitMode, MAX_Q_LEN, MMA_TILE_TOKENS, ROWS_PER_CTA, TILE_TOKENS, WINDOW_CAP,
 };
 
 /// Validates `args` for a GPU with `num_sms` SMs and derives the launch plan.
@@ -116,7 +116,15 @@ pub(super) fn plan_path(
         }
     }
     let row_tiles = (q_len * group).div_ceil(ROWS_PER_CTA);
-    let use_mma = path == KernelPath::Auto && mma_supported(args.q_dtype, args.kv.dtype(), dim);
+    let st = view_strides(&args.q, &args.out, &args.kv, &args.page_table, bs, m)?;
+    let kv_bytes = if args.kv.dtype() == crate::KvDtype::E4m3 {
+        1
+    } else {
+        2
+    };
+    let use_mma = path == KernelPath::Auto
+        && mma_supported(args.q_dtype, args.kv.dtype(), dim)
+        && mma_strides_fit(st.k, st.v, kv_bytes);
     let (smem, entry, tile_tokens) = if use_mma {
         (
             mma_smem_bytes(dim, args.kv.dtype()),
@@ -160,7 +168,6 @@ pub(super) fn plan_path(
         .filter(|&w| w < WINDOW_CAP)
         .map_or(-1, |w| w as i32);
     let lse_stride_tok = lse_stride_tok(args.lse.as_ref(), num_tokens, hq)?;
-    let st = view_strides(&args.q, &args.out, &args.kv, &args.page_table, bs, m)?;
     let params = PagedAttentionParams {
         lse_stride_tok,
         q_stride_tok: st.q[0],
