@@ -204,8 +204,8 @@ pub enum QueryLayout<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KernelPath {
     /// The tensor-core kernel (`paged_attention_mma_*`: mma.sync m16n8k16,
-    /// per-warp cp.async rings) when [`mma_supported`] holds, else the
-    /// CUDA-core kernel.
+    /// per-warp cp.async rings) when [`mma_supported`] and
+    /// [`mma_strides_fit`] hold, else the CUDA-core kernel.
     #[default]
     Auto,
     /// Always the CUDA-core kernel (`paged_attention_decode_*`), e.g. to
