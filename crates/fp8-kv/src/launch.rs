@@ -1,13 +1,11 @@
 //! Typed launcher of the KV-write kernels (`fp8_kv_set_kv_buffer`,
 //! `fp8_kv_fused_fp8_write_{bf16,f16}`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kernel_rt::cudarc::driver::sys::CUdevice_attribute;
-use kernel_rt::cudarc::driver::{
-    CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use kernel_rt::cudarc::driver::{CudaStream, DeviceRepr, LaunchConfig};
+use kernel_rt::launch::Launcher;
 use kernel_rt::{
     grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
 };
@@ -485,13 +483,19 @@ struct WriteViews {
 /// graph-capturable (no host sync, no allocation, no copy).
 #[derive(Debug)]
 pub struct KvWriteKernel {
-    gpu: Arc<Gpu>,
-    set_kv: CudaFunction,
-    fp8_bf16: CudaFunction,
-    fp8_f16: CudaFunction,
+    kernel: Launcher,
     sms: usize,
-    launches: AtomicU64,
 }
+
+/// Entries of [`KvWriteKernel`]'s [`Launcher`], in this order.
+const ENTRIES: [&str; 3] = [
+    "fp8_kv_set_kv_buffer",
+    "fp8_kv_fused_fp8_write_bf16",
+    "fp8_kv_fused_fp8_write_f16",
+];
+const SET_KV: usize = 0;
+const FP8_BF16: usize = 1;
+const FP8_F16: usize = 2;
 
 impl KvWriteKernel {
     /// Loads the fp8-kv kernels on `gpu` and reads its SM count (the grid
@@ -509,11 +513,7 @@ impl KvWriteKernel {
             .unwrap_or(DEFAULT_SMS);
         Ok(Self {
             sms,
-            gpu: gpu.clone(),
-            set_kv: gpu.function(&PTX, "fp8_kv_set_kv_buffer")?,
-            fp8_bf16: gpu.function(&PTX, "fp8_kv_fused_fp8_write_bf16")?,
-            fp8_f16: gpu.function(&PTX, "fp8_kv_fused_fp8_write_f16")?,
-            launches: AtomicU64::new(0),
+            kernel: Launcher::new(gpu, &PTX, &ENTRIES)?,
         })
     }
 
@@ -534,7 +534,7 @@ impl KvWriteKernel {
 
     /// Kernel launches issued so far by this launcher.
     pub fn launches(&self) -> u64 {
-        self.launches.load(Ordering::Relaxed)
+        self.kernel.launches()
     }
 
     /// `set_kv_buffer` for a bf16/f16 cache (SEMANTICS.md §fp8-kv.2, same dtype): copies
@@ -551,7 +551,7 @@ impl KvWriteKernel {
         args: &mut KvWriteArgs<'_, u16>,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
-        self.set_kv_buffer_on(self.gpu.stream(), args, errors)
+        self.set_kv_buffer_on(self.kernel.gpu().stream(), args, errors)
     }
 
     /// [`KvWriteKernel::set_kv_buffer`] on `stream` instead of the GPU's own
@@ -567,7 +567,7 @@ impl KvWriteKernel {
         errors: &mut DeviceErrors,
     ) -> Result<()> {
         let params = validate(args)?;
-        self.launch(stream, &self.set_kv, args, params, false, errors)
+        self.launch(stream, SET_KV, args, params, false, errors)
     }
 
     /// Fused FP8 quantize + write (SEMANTICS.md §fp8-kv.3, D7): for an e4m3 cache, writes
@@ -587,7 +587,7 @@ impl KvWriteKernel {
         scales: &KvScales,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
-        self.fused_fp8_set_kv_buffer_on(self.gpu.stream(), args, dtype, scales, errors)
+        self.fused_fp8_set_kv_buffer_on(self.kernel.gpu().stream(), args, dtype, scales, errors)
     }
 
     /// [`KvWriteKernel::fused_fp8_set_kv_buffer`] on `stream` instead of the
@@ -609,11 +609,11 @@ impl KvWriteKernel {
         let mut params = validate(args)?;
         params.inv_k_scale = scales.inv_k_scale();
         params.inv_v_scale = scales.inv_v_scale();
-        let func = match dtype {
-            KvDtype::Bf16 => &self.fp8_bf16,
-            KvDtype::F16 => &self.fp8_f16,
+        let entry = match dtype {
+            KvDtype::Bf16 => FP8_BF16,
+            KvDtype::F16 => FP8_F16,
         };
-        self.launch(stream, func, args, params, true, errors)
+        self.launch(stream, entry, args, params, true, errors)
     }
 
     /// `set_kv_buffer` into paged bf16/f16 cache views
@@ -630,8 +630,8 @@ impl KvWriteKernel {
         let params = validate_paged(args)?;
         let views = self.paged_views(args);
         self.launch_views(
-            self.gpu.stream(),
-            &self.set_kv,
+            self.kernel.gpu().stream(),
+            SET_KV,
             views,
             params,
             false,
@@ -656,16 +656,23 @@ impl KvWriteKernel {
         let mut params = validate_paged(args)?;
         params.inv_k_scale = scales.inv_k_scale();
         params.inv_v_scale = scales.inv_v_scale();
-        let func = match dtype {
-            KvDtype::Bf16 => &self.fp8_bf16,
-            KvDtype::F16 => &self.fp8_f16,
+        let entry = match dtype {
+            KvDtype::Bf16 => FP8_BF16,
+            KvDtype::F16 => FP8_F16,
         };
         let views = self.paged_views(args);
-        self.launch_views(self.gpu.stream(), func, views, params, true, errors)
+        self.launch_views(
+            self.kernel.gpu().stream(),
+            entry,
+            views,
+            params,
+            true,
+            errors,
+        )
     }
 
     fn paged_views<C>(&self, args: &mut PagedKvWriteArgs<'_, C>) -> WriteViews {
-        let stream = self.gpu.stream();
+        let stream = self.kernel.gpu().stream();
         let [n, heads, _] = args.k.shape();
         let [pages, _, p, _] = args.k_cache.shape();
         let out_elem = std::mem::size_of::<C>();
@@ -709,7 +716,7 @@ impl KvWriteKernel {
     fn launch<C>(
         &self,
         stream: &CudaStream,
-        func: &CudaFunction,
+        entry: usize,
         args: &mut KvWriteArgs<'_, C>,
         params: KvWriteParams,
         fp8: bool,
@@ -741,19 +748,19 @@ impl KvWriteKernel {
                 view(vc, out_elem, args.v_cache.strides(), slots),
             ],
         };
-        self.launch_views(stream, func, views, params, fp8, errors)
+        self.launch_views(stream, entry, views, params, fp8, errors)
     }
 
     fn launch_views(
         &self,
         stream: &CudaStream,
-        func: &CudaFunction,
+        entry: usize,
         views: WriteViews,
         mut params: KvWriteParams,
         fp8: bool,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
-        self.gpu.require_stream(stream)?;
+        self.kernel.gpu().require_stream(stream)?;
         if params.num_tokens == 0 {
             return Ok(());
         }
@@ -772,8 +779,6 @@ impl KvWriteKernel {
         params.threads_per_token = to_i32("head_dim", geo.threads_per_token)?;
         params.tokens_per_block = to_i32("head_dim", geo.tokens_per_block)?;
         params.vectorized = i32::from(vec);
-        let mut builder = stream.launch_builder(func);
-        builder.arg(&params);
         // SAFETY: `validate` / `validate_paged` checked every shape and
         // stride, and the Strided/StridedMut constructors checked that every
         // index inside [n, Hkv, D] and the cache view ([S, Hkv, D] or
@@ -783,8 +788,7 @@ impl KvWriteKernel {
         // only tokens in [0, n); 16-byte accesses are used only when
         // `vectorizable` proved every address and stride aligned; the params
         // layout is pinned by a test.
-        unsafe { builder.launch(cfg) }?;
-        self.launches.fetch_add(1, Ordering::Relaxed);
+        unsafe { self.kernel.launch(stream, entry, cfg, &params) }?;
         Ok(())
     }
 }

@@ -1,11 +1,9 @@
 //! Typed launcher of `graph_metadata_update`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::{
-    CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use kernel_rt::cudarc::driver::{CudaStream, DeviceRepr, LaunchConfig};
+use kernel_rt::launch::Launcher;
 use kernel_rt::{
     grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
 };
@@ -457,9 +455,7 @@ pub fn validate(args: &GraphMetadataArgs<'_>) -> Result<GraphMetadataParams> {
 /// serves the eager path.
 #[derive(Debug)]
 pub struct GraphMetadataKernel {
-    gpu: Arc<Gpu>,
-    func: CudaFunction,
-    launches: AtomicU64,
+    kernel: Launcher,
 }
 
 impl GraphMetadataKernel {
@@ -469,16 +465,14 @@ impl GraphMetadataKernel {
     /// [`KernelError::Load`] when the PTX does not load.
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
         Ok(Self {
-            gpu: gpu.clone(),
-            func: gpu.function(&PTX, "graph_metadata_update")?,
-            launches: AtomicU64::new(0),
+            kernel: Launcher::new(gpu, &PTX, &["graph_metadata_update"])?,
         })
     }
 
     /// Kernel launches issued so far by this launcher (a captured launch
     /// counts once, however often its graph is replayed).
     pub fn launches(&self) -> u64 {
-        self.launches.load(Ordering::Relaxed)
+        self.kernel.launches()
     }
 
     /// Rewrites all metadata of the bucket in **one** launch (SEMANTICS.md §graph-metadata.2);
@@ -499,7 +493,7 @@ impl GraphMetadataKernel {
         args: &mut GraphMetadataArgs<'_>,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
-        self.launch_on(self.gpu.stream(), args, errors)
+        self.launch_on(self.kernel.gpu().stream(), args, errors)
     }
 
     /// [`GraphMetadataKernel::launch`] on `stream` instead of the GPU's own
@@ -515,7 +509,7 @@ impl GraphMetadataKernel {
         args: &mut GraphMetadataArgs<'_>,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
-        self.gpu.require_stream(stream)?;
+        self.kernel.gpu().require_stream(stream)?;
         let mut params = validate(args)?;
         if params.bs == 0 {
             return Ok(());
@@ -557,16 +551,13 @@ impl GraphMetadataKernel {
             }
         }
         params.errors = errors.device_ptr();
-        let mut builder = stream.launch_builder(&self.func);
-        builder.arg(&params);
         // SAFETY: `validate` checked every shape and stride against the
         // buffers' lengths (Strided/StridedMut constructors): each index the
         // kernel forms inside [bs] (qlens included), [bs+1], [bs, M], [R, W], [N_map], [n_out],
         // [n_swa] and [num_full_pages] (the page map) is in bounds, optional pointers are null exactly when
         // their length is 0 or the buffer is absent; device indices are
         // range-checked in the kernel; the params layout is pinned by a test.
-        unsafe { builder.launch(plan.cfg) }?;
-        self.launches.fetch_add(1, Ordering::Relaxed);
+        unsafe { self.kernel.launch(stream, 0, plan.cfg, &params) }?;
         Ok(())
     }
 }

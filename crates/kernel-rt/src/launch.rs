@@ -15,10 +15,12 @@
 //! programmatic edge of the graph (driver 12.3+).
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaFunction, CudaStream, DeviceRepr, LaunchConfig};
 
-use crate::Result;
+use crate::{Gpu, PtxModule, Result};
 
 /// Launches `func` on `stream` with one by-value kernel parameter `params`
 /// (the params-struct convention of every mha-kit kernel), as a programmatic
@@ -74,4 +76,77 @@ pub unsafe fn launch_params<T: DeviceRepr>(
         .result()?;
     }
     Ok(())
+}
+
+/// What every kernel family's launcher shares: the GPU handle, the family's
+/// entry points (resolved once, at construction, through the GPU's module
+/// and function cache, [`Gpu::function`]) and the count of launches issued.
+/// A family's launcher keeps only its validation and its plan (params
+/// struct, launch configuration, which entry), then calls
+/// [`Launcher::launch`].
+#[derive(Debug)]
+pub struct Launcher {
+    gpu: Arc<Gpu>,
+    entries: Vec<CudaFunction>,
+    launches: AtomicU64,
+}
+
+impl Launcher {
+    /// Resolves `entries` of `module` on `gpu` (index `i` of `entries` is
+    /// entry `i` of [`Launcher::launch`]).
+    ///
+    /// # Errors
+    /// [`crate::KernelError::Load`] when the module or an entry does not load.
+    pub fn new(gpu: &Arc<Gpu>, module: &PtxModule, entries: &[&str]) -> Result<Self> {
+        Ok(Self {
+            gpu: gpu.clone(),
+            entries: entries
+                .iter()
+                .map(|e| gpu.function(module, e))
+                .collect::<Result<_>>()?,
+            launches: AtomicU64::new(0),
+        })
+    }
+
+    /// The GPU the entries were loaded on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Kernel launches issued so far through [`Launcher::launch`] (a
+    /// launch captured into a CUDA graph counts once, at capture).
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
+    }
+
+    /// Launches entry `entry` with one by-value params struct on `stream`
+    /// (a plain launch, [`launch_params`] without PDL) and counts it.
+    ///
+    /// # Safety
+    /// As [`launch_params`]: `params` is the entry's exact parameter layout,
+    /// every device address in it valid for what the kernel reads and
+    /// writes (the family's validation shows this), `config` within the
+    /// entry's limits.
+    ///
+    /// # Errors
+    /// [`crate::KernelError::Unsupported`] when `stream` belongs to another
+    /// context than the GPU's; [`crate::KernelError::Driver`] when the
+    /// launch fails.
+    ///
+    /// # Panics
+    /// When `entry` is not an index of the entries given to [`Launcher::new`]
+    /// (a bug of the family's launcher, not an input error).
+    pub unsafe fn launch<T: DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        entry: usize,
+        config: LaunchConfig,
+        params: &T,
+    ) -> Result<()> {
+        self.gpu.require_stream(stream)?;
+        // SAFETY: the caller's contract (# Safety) is launch_params' own.
+        unsafe { launch_params(stream, &self.entries[entry], config, params, false) }?;
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
 }

@@ -4,10 +4,10 @@
 //! rounded to bf16 — the host never builds them, yet the checker can
 //! regenerate any row.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use kernel_rt::cudarc::driver::{DeviceRepr, LaunchConfig};
+use kernel_rt::launch::Launcher;
 use kernel_rt::{grid_dim, to_i32, to_i64, Gpu, KernelError, Result, Strided, StridedMut};
 
 use crate::gen::ModelId;
@@ -204,9 +204,7 @@ pub fn validate(args: &GenArgs<'_>) -> Result<GenParams> {
 /// sync, no allocation).
 #[derive(Debug)]
 pub struct GenKernel {
-    gpu: Arc<Gpu>,
-    func: CudaFunction,
-    launches: AtomicU64,
+    kernel: Launcher,
 }
 
 impl GenKernel {
@@ -216,15 +214,13 @@ impl GenKernel {
     /// [`KernelError::Load`] when the PTX does not load.
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
         Ok(Self {
-            gpu: gpu.clone(),
-            func: gpu.function(&PTX, KERNEL_NAMES[0])?,
-            launches: AtomicU64::new(0),
+            kernel: Launcher::new(gpu, &PTX, KERNEL_NAMES)?,
         })
     }
 
     /// Launches issued so far.
     pub fn launches(&self) -> u64 {
-        self.launches.load(Ordering::Relaxed)
+        self.kernel.launches()
     }
 
     /// Writes Q, K and V of `args.q.shape()[0]` rows in one launch; zero
@@ -238,7 +234,7 @@ impl GenKernel {
         if p.rows == 0 {
             return Ok(());
         }
-        let stream = self.gpu.stream();
+        let stream = self.kernel.gpu().stream();
         p.q = args.q.device_ptr_mut(stream);
         p.k = args.k.device_ptr_mut(stream);
         p.v = args.v.device_ptr_mut(stream);
@@ -254,16 +250,13 @@ impl GenKernel {
         }
         let heads = (p.num_q_heads + 2 * p.num_kv_heads) as usize;
         let cfg = launch_config(p.rows as usize, heads, p.head_dim as usize)?;
-        let mut b = stream.launch_builder(&self.func);
-        b.arg(&p);
         // SAFETY: `validate` checked that q/k/v are contiguous `[rows, H, D]`
         // views inside their buffers and row_req/row_pos hold `rows`
         // elements; the kernel only indexes inside those shapes (rows <
         // p.rows, head < H, d < D) and stores 16 bytes at 16-byte aligned
         // addresses (checked above, D a multiple of 8); the params layout is
         // pinned by a CPU test.
-        unsafe { b.launch(cfg) }?;
-        self.launches.fetch_add(1, Ordering::Relaxed);
+        unsafe { self.kernel.launch(stream, 0, cfg, &p) }?;
         Ok(())
     }
 }

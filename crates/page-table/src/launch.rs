@@ -1,11 +1,9 @@
 //! Typed launcher of `page_table_build`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::{
-    CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use kernel_rt::cudarc::driver::{CudaStream, DeviceRepr, LaunchConfig};
+use kernel_rt::launch::Launcher;
 use kernel_rt::{
     grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
     MAX_GRID_YZ,
@@ -191,9 +189,7 @@ pub fn validate(args: &PageTableArgs<'_>) -> Result<PageTableParams> {
 /// graph-capturable (no host sync, no allocation, no copy).
 #[derive(Debug)]
 pub struct PageTableKernel {
-    gpu: Arc<Gpu>,
-    func: CudaFunction,
-    launches: AtomicU64,
+    kernel: Launcher,
 }
 
 impl PageTableKernel {
@@ -203,15 +199,13 @@ impl PageTableKernel {
     /// [`KernelError::Load`] when the PTX does not load.
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
         Ok(Self {
-            gpu: gpu.clone(),
-            func: gpu.function(&PTX, "page_table_build")?,
-            launches: AtomicU64::new(0),
+            kernel: Launcher::new(gpu, &PTX, &["page_table_build"])?,
         })
     }
 
     /// Kernel launches issued so far by this launcher.
     pub fn launches(&self) -> u64 {
-        self.launches.load(Ordering::Relaxed)
+        self.kernel.launches()
     }
 
     /// Builds `page_table` (and `swa.swa_page_table`) from `req_to_token` in one
@@ -224,7 +218,7 @@ impl PageTableKernel {
     /// # Errors
     /// As [`validate`]; [`KernelError::Driver`] when the launch fails.
     pub fn launch(&self, args: &mut PageTableArgs<'_>, errors: &mut DeviceErrors) -> Result<()> {
-        self.launch_on(self.gpu.stream(), args, errors)
+        self.launch_on(self.kernel.gpu().stream(), args, errors)
     }
 
     /// [`PageTableKernel::launch`] on `stream` instead of the GPU's own
@@ -241,7 +235,7 @@ impl PageTableKernel {
         args: &mut PageTableArgs<'_>,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
-        self.gpu.require_stream(stream)?;
+        self.kernel.gpu().require_stream(stream)?;
         let mut params = validate(args)?;
         if params.bs == 0 {
             return Ok(());
@@ -256,14 +250,11 @@ impl PageTableKernel {
             params.swa_page_table = swa.swa_page_table.device_ptr_mut(stream);
         }
         params.errors = errors.device_ptr();
-        let mut builder = stream.launch_builder(&self.func);
-        builder.arg(&params);
         // SAFETY: `validate` checked every shape and stride against the
         // buffers' lengths (Strided/StridedMut constructors), so each index the
         // kernel forms inside [bs, M], [R, W] and [N_map] is in bounds; device
         // indices are range-checked in the kernel; the params layout is pinned.
-        unsafe { builder.launch(cfg) }?;
-        self.launches.fetch_add(1, Ordering::Relaxed);
+        unsafe { self.kernel.launch(stream, 0, cfg, &params) }?;
         Ok(())
     }
 }

@@ -2,10 +2,10 @@
 //! `req_to_token` updated from a short list of changed entries instead of
 //! re-uploading whole rows (see the crate docs, "Updating req_to_token").
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use kernel_rt::cudarc::driver::{DeviceRepr, LaunchConfig};
+use kernel_rt::launch::Launcher;
 use kernel_rt::{grid_dim, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut};
 
 use crate::PTX;
@@ -103,9 +103,7 @@ pub fn validate_scatter(args: &ScatterArgs<'_>) -> Result<ScatterParams> {
 /// no host sync, no allocation).
 #[derive(Debug)]
 pub struct ScatterKernel {
-    gpu: Arc<Gpu>,
-    func: CudaFunction,
-    launches: AtomicU64,
+    kernel: Launcher,
 }
 
 impl ScatterKernel {
@@ -115,15 +113,13 @@ impl ScatterKernel {
     /// [`KernelError::Load`] when the PTX does not load.
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
         Ok(Self {
-            gpu: gpu.clone(),
-            func: gpu.function(&PTX, "req_to_token_scatter")?,
-            launches: AtomicU64::new(0),
+            kernel: Launcher::new(gpu, &PTX, &["req_to_token_scatter"])?,
         })
     }
 
     /// Kernel launches issued so far.
     pub fn launches(&self) -> u64 {
-        self.launches.load(Ordering::Relaxed)
+        self.kernel.launches()
     }
 
     /// Writes every entry of `args.entries` into `args.req_to_token`; `n == 0`
@@ -140,7 +136,7 @@ impl ScatterKernel {
             return Ok(());
         }
         let cfg = scatter_launch_config(params.n as usize)?;
-        let stream = self.gpu.stream();
+        let stream = self.kernel.gpu().stream();
         params.entries = args.entries.device_ptr(stream);
         if params.entries % 16 != 0 {
             return Err(KernelError::Stride {
@@ -150,14 +146,11 @@ impl ScatterKernel {
         }
         params.req_to_token = args.req_to_token.device_ptr_mut(stream);
         params.errors = errors.device_ptr();
-        let mut builder = stream.launch_builder(&self.func);
-        builder.arg(&params);
         // SAFETY: `validate_scatter` checked both views against their
         // buffers; every position is range-checked in the kernel before the
         // write, `entries` is read as [n, 2] within its buffer and 16-byte
         // aligned; the params layout is pinned.
-        unsafe { builder.launch(cfg) }?;
-        self.launches.fetch_add(1, Ordering::Relaxed);
+        unsafe { self.kernel.launch(stream, 0, cfg, &params) }?;
         Ok(())
     }
 }

@@ -15,12 +15,10 @@
 //!
 //! Every part `−inf`: `O = 0`, `LSE = −inf`; a NaN `LSE_i`: the row is NaN.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::{
-    CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use kernel_rt::cudarc::driver::{CudaStream, DeviceRepr, LaunchConfig};
+use kernel_rt::launch::Launcher;
 use kernel_rt::{to_i32, to_i64, Gpu, KernelError, Result, Strided, StridedMut};
 
 use crate::launch::stride_err;
@@ -220,10 +218,8 @@ pub fn merge_entry_name(dtype: HalfDtype) -> String {
 /// allocation or copy).
 #[derive(Debug)]
 pub struct MergeStatesKernel {
-    gpu: Arc<Gpu>,
-    bf16: CudaFunction,
-    f16: CudaFunction,
-    launches: AtomicU64,
+    /// Entries: 0 = bf16, 1 = f16 ([`merge_entry_name`]).
+    kernel: Launcher,
 }
 
 impl MergeStatesKernel {
@@ -233,16 +229,20 @@ impl MergeStatesKernel {
     /// [`KernelError::Load`] when the module does not load; driver errors.
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
         Ok(Self {
-            gpu: gpu.clone(),
-            bf16: gpu.function(&MERGE_PTX, &merge_entry_name(HalfDtype::Bf16))?,
-            f16: gpu.function(&MERGE_PTX, &merge_entry_name(HalfDtype::F16))?,
-            launches: AtomicU64::new(0),
+            kernel: Launcher::new(
+                gpu,
+                &MERGE_PTX,
+                &[
+                    &merge_entry_name(HalfDtype::Bf16),
+                    &merge_entry_name(HalfDtype::F16),
+                ],
+            )?,
         })
     }
 
     /// Kernel launches issued so far.
     pub fn launches(&self) -> u64 {
-        self.launches.load(Ordering::Relaxed)
+        self.kernel.launches()
     }
 
     /// Merges `args` on the GPU's own stream (module docs); `rows = 0`
@@ -252,7 +252,7 @@ impl MergeStatesKernel {
     /// As [`merge_plan`]; [`KernelError::Stride`] for a base address that is
     /// not 4-byte aligned; [`KernelError::Driver`] when the launch fails.
     pub fn launch(&self, args: &mut MergeStatesArgs<'_>) -> Result<()> {
-        self.launch_on(self.gpu.stream(), args)
+        self.launch_on(self.kernel.gpu().stream(), args)
     }
 
     /// [`MergeStatesKernel::launch`] on `stream`.
@@ -261,7 +261,7 @@ impl MergeStatesKernel {
     /// As [`MergeStatesKernel::launch`]; [`KernelError::Unsupported`] when
     /// the stream belongs to another context.
     pub fn launch_on(&self, stream: &CudaStream, args: &mut MergeStatesArgs<'_>) -> Result<()> {
-        self.gpu.require_stream(stream)?;
+        self.kernel.gpu().require_stream(stream)?;
         let (mut p, cfg) = merge_plan(args)?;
         if p.rows == 0 || p.num_heads == 0 {
             return Ok(());
@@ -283,19 +283,16 @@ impl MergeStatesKernel {
                 ));
             }
         }
-        let func = match args.dtype {
-            HalfDtype::Bf16 => &self.bf16,
-            HalfDtype::F16 => &self.f16,
+        let entry = match args.dtype {
+            HalfDtype::Bf16 => 0,
+            HalfDtype::F16 => 1,
         };
-        let mut builder = stream.launch_builder(func);
-        builder.arg(&p);
         // SAFETY: `merge_plan` checked every shape and stride against the
         // views (their constructors bound every index inside the shape), the
         // alignment is checked above, and the kernel reads and writes only
         // indices inside those shapes; the params layout is pinned by the
         // generated header.
-        unsafe { builder.launch(cfg) }?;
-        self.launches.fetch_add(1, Ordering::Relaxed);
+        unsafe { self.kernel.launch(stream, entry, cfg, &p) }?;
         Ok(())
     }
 }

@@ -1,9 +1,9 @@
 //! Typed launchers of `swa_pool_translate_loc` and `swa_pool_translate_pages`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use kernel_rt::cudarc::driver::{DeviceRepr, LaunchConfig};
+use kernel_rt::launch::Launcher;
 use kernel_rt::{
     grid_dim, to_i32, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut,
     MAX_GRID_YZ,
@@ -241,9 +241,7 @@ pub fn validate_pages(args: &SwaPageArgs<'_>) -> Result<SwaPageParams> {
 /// GPU's stream and graph-capturable (no host sync, no allocation, no copy).
 #[derive(Debug)]
 pub struct SwaLocKernel {
-    gpu: Arc<Gpu>,
-    func: CudaFunction,
-    launches: AtomicU64,
+    kernel: Launcher,
 }
 
 impl SwaLocKernel {
@@ -253,15 +251,13 @@ impl SwaLocKernel {
     /// [`KernelError::Load`] when the PTX does not load.
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
         Ok(Self {
-            gpu: gpu.clone(),
-            func: gpu.function(&PTX, "swa_pool_translate_loc")?,
-            launches: AtomicU64::new(0),
+            kernel: Launcher::new(gpu, &PTX, &["swa_pool_translate_loc"])?,
         })
     }
 
     /// Kernel launches issued so far by this launcher.
     pub fn launches(&self) -> u64 {
-        self.launches.load(Ordering::Relaxed)
+        self.kernel.launches()
     }
 
     /// `swa_loc[i] = full_to_swa[out_cache_loc[i]]` for `i < n` (−1 stays −1),
@@ -280,19 +276,16 @@ impl SwaLocKernel {
             return Ok(());
         }
         let cfg = loc_launch_config(params.out_len as usize)?;
-        let stream = self.gpu.stream();
+        let stream = self.kernel.gpu().stream();
         params.out_cache_loc = args.out_cache_loc.device_ptr(stream);
         params.full_to_swa = args.full_to_swa.device_ptr(stream);
         params.swa_loc = args.swa_loc.device_ptr_mut(stream);
         params.errors = errors.device_ptr();
-        let mut builder = stream.launch_builder(&self.func);
-        builder.arg(&params);
         // SAFETY: `validate_loc` checked that both vectors are contiguous, that
         // `out_len ≥ n` and `N_map ≥ 1`, and the views' constructors checked
         // their lengths, so every index the kernel forms (i < n, i < out_len,
         // map reads only in [0, N_map − 1)) is in bounds; the layout is pinned.
-        unsafe { builder.launch(cfg) }?;
-        self.launches.fetch_add(1, Ordering::Relaxed);
+        unsafe { self.kernel.launch(stream, 0, cfg, &params) }?;
         Ok(())
     }
 }
@@ -302,9 +295,7 @@ impl SwaLocKernel {
 /// stream-ordered and graph-capturable.
 #[derive(Debug)]
 pub struct SwaPageKernel {
-    gpu: Arc<Gpu>,
-    func: CudaFunction,
-    launches: AtomicU64,
+    kernel: Launcher,
 }
 
 impl SwaPageKernel {
@@ -314,15 +305,13 @@ impl SwaPageKernel {
     /// [`KernelError::Load`] when the PTX does not load.
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
         Ok(Self {
-            gpu: gpu.clone(),
-            func: gpu.function(&PTX, "swa_pool_translate_pages")?,
-            launches: AtomicU64::new(0),
+            kernel: Launcher::new(gpu, &PTX, &["swa_pool_translate_pages"])?,
         })
     }
 
     /// Kernel launches issued so far by this launcher.
     pub fn launches(&self) -> u64 {
-        self.launches.load(Ordering::Relaxed)
+        self.kernel.launches()
     }
 
     /// `swa_page_table[i, p] = full_to_swa[req_to_token[r_i, p·P]] / P` for
@@ -343,22 +332,19 @@ impl SwaPageKernel {
             return Ok(());
         }
         let cfg = page_launch_config(params.bs as usize, params.max_num_pages as usize)?;
-        let stream = self.gpu.stream();
+        let stream = self.kernel.gpu().stream();
         params.req_to_token = args.req_to_token.device_ptr(stream);
         params.req_pool_indices = args.req_pool_indices.device_ptr(stream);
         params.cache_seqlens = args.cache_seqlens.device_ptr(stream);
         params.full_to_swa = args.full_to_swa.device_ptr(stream);
         params.swa_page_table = args.swa_page_table.device_ptr_mut(stream);
         params.errors = errors.device_ptr();
-        let mut builder = stream.launch_builder(&self.func);
-        builder.arg(&params);
         // SAFETY: `validate_pages` checked every shape and stride against the
         // views (whose constructors checked the buffers' lengths), so each
         // index the kernel forms inside [bs, M], [R, W] and [N_map − 1] is in
         // bounds; device indices are range-checked in the kernel; the layout
         // is pinned.
-        unsafe { builder.launch(cfg) }?;
-        self.launches.fetch_add(1, Ordering::Relaxed);
+        unsafe { self.kernel.launch(stream, 0, cfg, &params) }?;
         Ok(())
     }
 }

@@ -3,10 +3,10 @@
 //! of changed full pages, instead of re-uploading the whole map whenever it
 //! changes (see the crate docs, "Updating the map on the device").
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use kernel_rt::cudarc::driver::{DeviceRepr, LaunchConfig};
+use kernel_rt::launch::Launcher;
 use kernel_rt::{grid_dim, to_i64, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut};
 
 use crate::PTX;
@@ -139,9 +139,7 @@ pub fn validate_update(args: &SwaUpdateArgs<'_>) -> Result<SwaUpdateParams> {
 /// launches, graph-capturable: no host sync, no allocation).
 #[derive(Debug)]
 pub struct SwaUpdateKernel {
-    gpu: Arc<Gpu>,
-    func: CudaFunction,
-    launches: AtomicU64,
+    kernel: Launcher,
 }
 
 impl SwaUpdateKernel {
@@ -151,15 +149,13 @@ impl SwaUpdateKernel {
     /// [`KernelError::Load`] when the PTX does not load.
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
         Ok(Self {
-            gpu: gpu.clone(),
-            func: gpu.function(&PTX, "swa_pool_update_pages")?,
-            launches: AtomicU64::new(0),
+            kernel: Launcher::new(gpu, &PTX, &["swa_pool_update_pages"])?,
         })
     }
 
     /// Kernel launches issued so far.
     pub fn launches(&self) -> u64 {
-        self.launches.load(Ordering::Relaxed)
+        self.kernel.launches()
     }
 
     /// Applies every entry of `args.entries` to the device maps
@@ -180,7 +176,7 @@ impl SwaUpdateKernel {
             return Ok(());
         }
         let cfg = update_launch_config(params.n as usize, args.page_size)?;
-        let stream = self.gpu.stream();
+        let stream = self.kernel.gpu().stream();
         params.entries = args.entries.device_ptr(stream);
         if params.entries % 16 != 0 {
             return Err(KernelError::Stride {
@@ -194,15 +190,12 @@ impl SwaUpdateKernel {
             .as_mut()
             .map_or(0, |m| m.device_ptr_mut(stream));
         params.errors = errors.device_ptr();
-        let mut builder = stream.launch_builder(&self.func);
-        builder.arg(&params);
         // SAFETY: `validate_update` checked every view against its buffer
         // (the map is [pages·P + 1], the page map [pages], entries [n, 2],
         // all contiguous); the kernel range-checks each entry's pages before
         // writing F·P + o < pages·P and page_map[F]; `entries` is 16-byte
         // aligned; the params layout is pinned.
-        unsafe { builder.launch(cfg) }?;
-        self.launches.fetch_add(1, Ordering::Relaxed);
+        unsafe { self.kernel.launch(stream, 0, cfg, &params) }?;
         Ok(())
     }
 }
