@@ -3,9 +3,11 @@
 //! device-to-host copy into pinned memory is complete only after an event
 //! recorded behind it has been waited on; the timing helpers measure a
 //! known spin; modules load from the embedded cubin on compute capability
-//! 9.0 and from the PTX when forced, elsewhere, or when the cubin is bad.
+//! 9.0 and from the PTX when forced, elsewhere, or when the cubin is bad
+//! (that module's spin runs through `launch::Launcher`, which counts it).
 
 use kernel_rt::cudarc::driver::sys::CUevent_flags;
+use kernel_rt::launch::Launcher;
 use kernel_rt::testing::{gpu_trial, run_trials};
 use kernel_rt::timing::{fill_stream, median_us};
 use kernel_rt::{Cubin, CubinArch, Gpu, ModuleLoad, ModuleSource, PtxModule};
@@ -34,19 +36,19 @@ fn load_and_spin(gpu: &Gpu, module: &PtxModule, load: ModuleLoad) -> Result<Modu
     if module.name == kernel_rt::timing::PTX.name {
         fill_stream(&h, 10.0).map_err(|e| e.to_string())?;
     } else {
-        let f = h
-            .function(module, "kernel_rt_spin")
-            .map_err(|e| e.to_string())?;
+        // Through the launcher type every family uses.
+        let k = Launcher::new(&h, module, &["kernel_rt_spin"]).map_err(|e| e.to_string())?;
         let cfg = kernel_rt::cudarc::driver::LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (1, 1, 1),
             shared_mem_bytes: 0,
         };
         let ns = 10_000u64;
-        let mut b = h.stream().launch_builder(&f);
-        kernel_rt::cudarc::driver::PushKernelArg::arg(&mut b, &ns);
         // SAFETY: the spin kernel takes one u64 by value and touches no memory.
-        unsafe { b.launch(cfg) }.map_err(|e| e.to_string())?;
+        unsafe { k.launch(h.stream(), 0, cfg, &ns) }.map_err(|e| e.to_string())?;
+        if k.launches() != 1 {
+            return Err(format!("launch count {}, want 1", k.launches()));
+        }
     }
     h.synchronize().map_err(|e| e.to_string())?;
     Ok(src)
