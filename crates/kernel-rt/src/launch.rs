@@ -1,5 +1,7 @@
-//! Kernel launches with launch attributes that `cudarc`'s launch builder does
-//! not take: programmatic dependent launch (PDL) on sm_90.
+//! Kernel launches: [`Launcher`], the part every kernel family's launcher
+//! shares, and [`launch_params`], a one-params launch with the attribute
+//! `cudarc`'s launch builder does not take: programmatic dependent launch
+//! (PDL) on sm_90.
 //!
 //! PDL (CUDA 11.8+, compute capability 9.0): a kernel launched with the
 //! attribute `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` may

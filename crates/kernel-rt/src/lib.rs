@@ -21,8 +21,8 @@
 //! - [`timing`]: CUDA-event timing (median of N, criterion `iter_custom`);
 //! - [`testing`]: the libtest-mimic GPU test harness (ignored without a GPU);
 //! - [`tma`]: tensor maps for Hopper bulk tensor copies (`cuTensorMapEncodeTiled`);
-//! - [`launch`]: launches with attributes the `cudarc` builder lacks
-//!   (programmatic dependent launch);
+//! - [`launch`]: `Launcher` (entries resolved once, stream check, launch
+//!   count) and launches with programmatic dependent launch;
 //! - [`abi`]: the params structs and error flags defined once in Rust
 //!   ([`abi_struct!`], [`abi_flags!`]) and the C header generated from them
 //!   (`cargo xtask abi`);

@@ -30,7 +30,8 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
 
 /// Environment variable that sets whether decode / verify launches are
 /// programmatic dependent launches ([`PagedAttentionKernel::set_pdl`]):
-/// `off` (default: not yet measured on a GPU) or `on`.
+/// `off` (default: it gains ≤ 0.4 µs a launch in a CUDA graph, PERF
+/// session 18) or `on`.
 pub const DECODE_PDL_ENV: &str = "MHA_KIT_DECODE_PDL";
 
 /// The decode/verify launcher: every kernel function is resolved once, at

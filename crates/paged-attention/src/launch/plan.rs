@@ -117,14 +117,9 @@ pub(super) fn plan_path(
     }
     let row_tiles = (q_len * group).div_ceil(ROWS_PER_CTA);
     let st = view_strides(&args.q, &args.out, &args.kv, &args.page_table, bs, m)?;
-    let kv_bytes = if args.kv.dtype() == crate::KvDtype::E4m3 {
-        1
-    } else {
-        2
-    };
     let use_mma = path == KernelPath::Auto
         && mma_supported(args.q_dtype, args.kv.dtype(), dim)
-        && mma_strides_fit(st.k, st.v, kv_bytes);
+        && mma_strides_fit(st.k, st.v, args.kv.dtype().size() as i64);
     let (smem, entry, tile_tokens) = if use_mma {
         (
             mma_smem_bytes(dim, args.kv.dtype()),
