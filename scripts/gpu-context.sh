@@ -51,6 +51,11 @@
 #             the Python tests (DLPack exchange, the backend class), then
 #             gpt-oss-20b on the conv trace (REPLAY_OSS_ARGS, default the first
 #             4000 requests) for the metadata share
+#   pending   sessions 18-19's work not yet run on a GPU, in one call: the
+#             kernel-rt GPU tests (Launcher), memcheck on the final decode
+#             kernel (masked non-finite keys, PDL chains), the Python GPU
+#             tests (return_lse, e4m3 query), the code-trace replay (output
+#             hash vs bd6daa2f9fe1028c, session 18 before the Launcher)
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries.
 #   usage: OUT=logs STAGES="smoke tests bench peers" bash scripts/gpu-context.sh [bundle.tar.xz]
@@ -235,5 +240,19 @@ stage_verify() {
   timeout 300 bin/mha-replay --model gpt-oss-20b ${REPLAY_OSS_ARGS:---requests 4000} \
     --json "$OUT/replay-oss.json" > "$OUT/replay-oss.log" 2>&1
   echo "rc=$?"; grep -E "metadata share|attention time|mismatches|device errors|output hash" "$OUT/replay-oss.log"
+}
+stage_pending() {
+  echo "== kernel-rt GPU tests"
+  timeout 120 tests/kernel-rt-gpu --include-ignored > "$OUT/kernel-rt.log" 2>&1; echo "rc=$?"
+  summary "$OUT/kernel-rt.log"
+  echo "== memcheck: decode masked non-finite keys, PDL chains"
+  timeout 200 compute-sanitizer --tool memcheck tests/paged-attention-gpu --include-ignored masked_nonfinite pdl \
+    > "$OUT/decode_memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/decode_memcheck.log"
+  grep -E "ERROR SUMMARY" "$OUT/decode_memcheck.log"
+  echo "== python GPU tests"
+  timeout 300 bash python/run_python.sh "$OUT/python" > "$OUT/python.log" 2>&1; echo "rc=$?"
+  grep -E "passed|failed|FAILED|Error" "$OUT/python.log" | head -20
+  REPLAY_ARGS=${REPLAY_ARGS:---requests 2000} stage_replay
+  grep -E "output hash" "$OUT/replay-code.log"
 }
 for st in $STAGES; do "stage_$st"; done

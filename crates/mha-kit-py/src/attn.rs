@@ -50,10 +50,17 @@ pub enum Layout {
 /// One validated attention call (both entry points).
 #[derive(Debug, Clone)]
 pub struct AttnCall {
-    /// `[T, Hq, D]` bf16/f16.
+    /// `[T, Hq, D]` bf16/f16, or e4m3 when `q_fp8` (host memory only: the
+    /// Python layer converts a CUDA query into the output dtype first).
     pub q: Tensor,
-    /// `[T, Hq, D]`, the dtype of `q`.
+    /// Whether `q` holds e4m3 bytes (values taken exactly, no scale: the
+    /// scale is in `bmm1_scale`).
+    pub q_fp8: bool,
+    /// `[T, Hq, D]`, of dtype `q_dtype`.
     pub out: Tensor,
+    /// `[T, Hq]` f32: each written row's natural-log LSE (see
+    /// `paged_attention::reference::Reference::lse`).
+    pub lse: Option<Tensor>,
     /// K cache as the HND-indexed view `[num_pages, Hkv, P, D]`.
     pub k: Tensor,
     /// V cache, as `k`.
@@ -72,7 +79,7 @@ pub struct AttnCall {
     pub sinks: Option<Tensor>,
     /// The caller's workspace (decode splits).
     pub workspace: Tensor,
-    /// Dtype of `q` / `out`.
+    /// Dtype of `out`, and of `q` unless `q_fp8`.
     pub q_dtype: HalfDtype,
     /// Dtype of the K/V caches.
     pub kv_dtype: KvDtype,
@@ -82,7 +89,8 @@ pub struct AttnCall {
     pub bmm2: f32,
     /// `W`, `None` = no window.
     pub window: Option<u32>,
-    /// Upper bound on `seq_lens`.
+    /// Upper bound on `seq_lens`, ≥ 1 (a caller's 0 is taken as 1: the
+    /// bound only sizes the split plan, never which keys are read).
     pub max_seq_len: usize,
 }
 
@@ -104,6 +112,8 @@ pub struct AttnInputs {
     pub seq_lens: Tensor,
     /// `out`.
     pub out: Tensor,
+    /// `lse` (`[T, Hq]` f32), optional.
+    pub lse: Option<Tensor>,
     /// `cum_seq_lens_q`.
     pub cu_q: Option<Tensor>,
     /// `cum_seq_lens_kv` (context only).
@@ -130,10 +140,7 @@ fn half(t: &Tensor) -> Result<HalfDtype, ArgError> {
     match t.dtype {
         Dtype::Bf16 => Ok(HalfDtype::Bf16),
         Dtype::F16 => Ok(HalfDtype::F16),
-        _ => Err(t.err(
-            "dtype must be bfloat16 or float16 (an FP8 query is not supported: pass the \
-             model-dtype query)",
-        )),
+        _ => Err(t.err("dtype must be bfloat16, float16 or float8_e4m3fn")),
     }
 }
 
@@ -158,7 +165,19 @@ fn vector(t: &Tensor, dtype: Dtype, len: usize, what: &str) -> Result<(), ArgErr
 /// [`ArgError`] naming the argument (shape, strides, dtype in the message).
 pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
     a.q.require_rank(3, "[num_tokens, num_qo_heads, head_dim]")?;
-    let q_dtype = half(&a.q)?;
+    // An e4m3 query (the seed casts it for FP8 caches) computes in the
+    // output's dtype: every e4m3 value is exact in bf16 and f16.
+    let q_fp8 = a.q.dtype == Dtype::E4m3;
+    let q_dtype = if q_fp8 {
+        half(&a.out).map_err(|_| {
+            a.out.err(
+                "dtype must be bfloat16 or float16 with a float8_e4m3fn query (pass out_dtype): \
+                 the kernels write no FP8 output",
+            )
+        })?
+    } else {
+        half(&a.q)?
+    };
     let [t, hq, d] = a.q.dims::<3>();
     a.q.require_last_contiguous()?;
     if !HEAD_DIMS.contains(&d) {
@@ -168,7 +187,7 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
     }
     a.out
         .require_rank(3, "[num_tokens, num_qo_heads, head_dim]")?;
-    if a.out.dtype != a.q.dtype {
+    if !q_fp8 && a.out.dtype != a.q.dtype {
         return Err(a.out.err(format!(
             "dtype must be the query's ({}): the kernels write the query dtype",
             a.q.dtype.name()
@@ -242,11 +261,16 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
             ))
         }
     };
-    if a.max_seq_len == 0 || a.max_seq_len >= MAX_SEQ_LEN {
+    if let Some(l) = &a.lse {
+        l.require_rank(2, "[num_tokens, num_qo_heads]")?;
+        l.require_dtype(&[Dtype::F32])?;
+        l.require_shape(&[t, hq], "[num_tokens, num_qo_heads]")?;
+    }
+    if a.max_seq_len >= MAX_SEQ_LEN {
         let name = if context { "max_kv_len" } else { "max_seq_len" };
         return Err(ArgError::new(
             name,
-            format!("{} (supported 1..2^30)", a.max_seq_len),
+            format!("{} (supported 0..2^30)", a.max_seq_len),
         ));
     }
     let ragged = |max_q: Option<usize>, bound: usize| -> Result<Layout, ArgError> {
@@ -310,7 +334,9 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
     };
     Ok(AttnCall {
         q: a.q,
+        q_fp8,
         out: a.out,
+        lse: a.lse,
         k: a.k,
         v: a.v,
         page_table: a.page_table,
@@ -325,7 +351,7 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
         bmm1,
         bmm2,
         window,
-        max_seq_len: a.max_seq_len,
+        max_seq_len: a.max_seq_len.max(1),
     })
 }
 
@@ -345,8 +371,21 @@ pub unsafe fn run_cpu(c: &AttnCall) -> Result<(u32, u32), ArgError> {
     let result = {
         // SAFETY: the caller's contract; the slices live only in
         // this block, before `out` is written.
-        // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
-        let q = unsafe { host::slice::<u16>(&c.q)? };
+        // An e4m3 query becomes the output dtype's bits, element for element
+        // over the same span (exact), so the strides stay the query's.
+        let q_owned: Vec<u16>;
+        let q = if c.q_fp8 {
+            // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
+            let bytes = unsafe { host::slice::<u8>(&c.q)? };
+            q_owned = bytes
+                .iter()
+                .map(|&b| c.q_dtype.from_f64(f64::from(fp8_kv::codec::e4m3_decode(b))))
+                .collect();
+            &q_owned[..]
+        } else {
+            // SAFETY: the caller's contract: host tensors the Python layer describes, live for the call.
+            unsafe { host::slice::<u16>(&c.q)? }
+        };
         let kv = |x: &Tensor| -> Result<HostKv<'_>, ArgError> {
             // SAFETY: as above.
             let data = match c.kv_dtype {
@@ -418,5 +457,18 @@ pub unsafe fn run_cpu(c: &AttnCall) -> Result<(u32, u32), ArgError> {
     }
     // SAFETY: as above.
     unsafe { host::scatter::<u16>(&c.out, &out)? };
+    if let Some(l) = &c.lse {
+        // Written rows get their LSE (natural log, f32); the others keep
+        // their bytes, as in `out`.
+        // SAFETY: the caller's contract (live, writable, unaliased host memory).
+        let mut lse = unsafe { host::gather::<f32>(l)? };
+        for (i, _) in result.written.iter().enumerate().filter(|(_, &w)| w) {
+            for h in 0..hq {
+                lse[i * hq + h] = result.lse[i * hq + h] as f32;
+            }
+        }
+        // SAFETY: as above.
+        unsafe { host::scatter::<f32>(l, &lse)? };
+    }
     Ok((result.errors.count, result.errors.flags))
 }

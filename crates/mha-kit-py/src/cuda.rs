@@ -266,7 +266,25 @@ fn check_device(tensors: &[&Tensor], ordinal: usize) -> CallResult<()> {
     Ok(())
 }
 
-fn attn_tensors(c: &AttnCall) -> Vec<&Tensor> {
+/// The device checks of an attention call; an e4m3 query on the GPU must
+/// have been converted by the Python layer (torch's exact cast into the
+/// workspace), so one that reaches here is refused.
+fn check_attn(c: &AttnCall, ordinal: usize) -> CallResult<()> {
+    check_device(&attn_tensors(c), ordinal)?;
+    if c.q_fp8 {
+        return Err(c
+            .q
+            .err(
+                "a float8_e4m3fn query on the GPU must be a torch tensor (the package casts it \
+                 into the output dtype first)",
+            )
+            .into());
+    }
+    Ok(())
+}
+
+/// Every tensor of an attention call (for the device checks).
+pub(crate) fn attn_tensors(c: &AttnCall) -> Vec<&Tensor> {
     let mut v = vec![
         &c.q,
         &c.out,
@@ -276,7 +294,7 @@ fn attn_tensors(c: &AttnCall) -> Vec<&Tensor> {
         &c.seq_lens,
         &c.workspace,
     ];
-    v.extend(c.cu_q.iter().chain(&c.cu_k).chain(&c.sinks));
+    v.extend(c.cu_q.iter().chain(&c.cu_k).chain(&c.sinks).chain(&c.lse));
     v
 }
 
@@ -327,7 +345,7 @@ impl KvBufs {
 /// # Errors
 /// [`CallError`] naming the argument; device failures.
 pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
-    check_device(&attn_tensors(c), ordinal)?;
+    check_attn(c, ordinal)?;
     let dev = device(ordinal)?;
     let stream = dev.stream(handle)?;
     let kernel = dev.launcher(&stream, |l| &mut l.decode, PagedAttentionKernel::new)?;
@@ -341,6 +359,7 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
     let sl = Buf::<i32>::new(&c.seq_lens, &stream)?;
     let cu = Buf::<i32>::opt(c.cu_q.as_ref(), &stream)?;
     let sinks = Buf::<f32>::opt(c.sinks.as_ref(), &stream)?;
+    let mut lse = Buf::<f32>::opt(c.lse.as_ref(), &stream)?;
     let layout = match (c.layout, &cu, &c.cu_q) {
         (Layout::Uniform(n), _, _) => QueryLayout::Uniform { q_len_per_req: n },
         (Layout::Ragged(max_q_len), Some(b), Some(t)) => QueryLayout::Ragged {
@@ -367,7 +386,10 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
         },
         split: SplitMode::Auto,
         workspace: None,
-        lse: None,
+        lse: match (&mut lse, &c.lse) {
+            (Some(b), Some(t)) => Some(b.view_mut(t)?),
+            _ => None,
+        },
     };
     // Workspace geometry: f32 elements, counters at the end.
     let ws = &c.workspace;
@@ -431,7 +453,7 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
 /// # Errors
 /// [`CallError`] naming the argument; device failures.
 pub fn context(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
-    check_device(&attn_tensors(c), ordinal)?;
+    check_attn(c, ordinal)?;
     let dev = device(ordinal)?;
     let stream = dev.stream(handle)?;
     let kernel = dev.launcher(&stream, |l| &mut l.context, ContextKernel::new)?;
@@ -450,6 +472,7 @@ pub fn context(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
     let cu = Buf::<i32>::new(cu_t, &stream)?;
     let cuk = Buf::<i32>::opt(c.cu_k.as_ref(), &stream)?;
     let sinks = Buf::<f32>::opt(c.sinks.as_ref(), &stream)?;
+    let mut lse = Buf::<f32>::opt(c.lse.as_ref(), &stream)?;
     let Layout::Ragged(max_q_len) = c.layout else {
         return Err(ArgError::new("max_q_len", "missing").into());
     };
@@ -474,7 +497,10 @@ pub fn context(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
             _ => None,
         },
         max_kv_len: Some(c.max_seq_len),
-        lse: None,
+        lse: match (&mut lse, &c.lse) {
+            (Some(b), Some(t)) => Some(b.view_mut(t)?),
+            _ => None,
+        },
     };
     let mut errs = lock(&dev.errors);
     let t0 = crate::probe::start();

@@ -92,7 +92,7 @@ type ErrWord = Option<(u32, u32)>;
 #[pyfunction]
 #[pyo3(signature = (query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
     max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req, max_q_len,
-    cum_seq_lens_q, stream))]
+    cum_seq_lens_q, stream, lse=None))]
 #[allow(clippy::too_many_arguments)]
 fn decode(
     py: Python<'_>,
@@ -112,6 +112,7 @@ fn decode(
     max_q_len: Option<usize>,
     cum_seq_lens_q: Option<Desc>,
     stream: Option<u64>,
+    lse: Option<Desc>,
 ) -> PyResult<ErrWord> {
     let stream = resolve_stream(py, stream, query.device)?;
     guard(|| {
@@ -124,6 +125,7 @@ fn decode(
                 page_table: t("block_tables", block_tables)?,
                 seq_lens: t("seq_lens", seq_lens)?,
                 out: t("out", out)?,
+                lse: opt("lse", lse)?,
                 cu_q: opt("cum_seq_lens_q", cum_seq_lens_q)?,
                 cu_k: None,
                 sinks: opt("sinks", sinks)?,
@@ -137,7 +139,7 @@ fn decode(
             },
             false,
         )?;
-        match common_device(&cuda_attn_tensors(&c))? {
+        match common_device(&cuda::attn_tensors(&c))? {
             // SAFETY: host tensors described by the Python layer, alive for the call.
             Device::Cpu => Ok(Some(unsafe { attn::run_cpu(&c) }?)),
             Device::Cuda(_) if probe::stubbed() => Ok(None),
@@ -161,25 +163,11 @@ fn resolve_stream(py: Python<'_>, stream: Option<u64>, device: i64) -> PyResult<
     }
 }
 
-fn cuda_attn_tensors(c: &attn::AttnCall) -> Vec<&Tensor> {
-    let mut v = vec![
-        &c.q,
-        &c.out,
-        &c.k,
-        &c.v,
-        &c.page_table,
-        &c.seq_lens,
-        &c.workspace,
-    ];
-    v.extend(c.cu_q.iter().chain(&c.cu_k).chain(&c.sinks));
-    v
-}
-
 /// `trtllm_batch_context_with_kv_cache` (KV unpacked and in HND index order).
 #[pyfunction]
 #[pyo3(signature = (query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
     max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size, cum_seq_lens_q, cum_seq_lens_kv,
-    window_left, sinks, stream))]
+    window_left, sinks, stream, lse=None))]
 #[allow(clippy::too_many_arguments)]
 fn context(
     py: Python<'_>,
@@ -200,6 +188,7 @@ fn context(
     window_left: i64,
     sinks: Option<Desc>,
     stream: Option<u64>,
+    lse: Option<Desc>,
 ) -> PyResult<ErrWord> {
     let stream = resolve_stream(py, stream, query.device)?;
     guard(|| {
@@ -212,6 +201,7 @@ fn context(
                 page_table: t("block_tables", block_tables)?,
                 seq_lens: t("seq_lens", seq_lens)?,
                 out: t("out", out)?,
+                lse: opt("lse", lse)?,
                 cu_q: Some(t("cum_seq_lens_q", cum_seq_lens_q)?),
                 cu_k: opt("cum_seq_lens_kv", cum_seq_lens_kv)?,
                 sinks: opt("sinks", sinks)?,
@@ -225,7 +215,7 @@ fn context(
             },
             true,
         )?;
-        match common_device(&cuda_attn_tensors(&c))? {
+        match common_device(&cuda::attn_tensors(&c))? {
             // SAFETY: host tensors described by the Python layer, alive for the call.
             Device::Cpu => Ok(Some(unsafe { attn::run_cpu(&c) }?)),
             Device::Cuda(_) if probe::stubbed() => Ok(None),

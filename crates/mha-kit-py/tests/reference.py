@@ -25,12 +25,15 @@ def to_f64(x):
     return x.astype(np.float64)
 
 
-def attention(q, k_hnd, v_hnd, block_tables, seq_lens, rows, bmm1, bmm2, window_left, sinks):
+def attention(q, k_hnd, v_hnd, block_tables, seq_lens, rows, bmm1, bmm2, window_left, sinks,
+              with_lse=False):
     """Paged attention (SEMANTICS.md §attention.2).
 
     q: [T, Hq, D]; k_hnd / v_hnd: [pages, Hkv, P, D] (values); rows: per
     request (first row, n rows). Returns out [T, Hq, D] float64 and the mask
-    of written rows (rows of no request stay 0 / False).
+    of written rows (rows of no request stay 0 / False); with ``with_lse``
+    also lse [T, Hq] float64, natural log, ``ln(Σ exp(s) + exp(sink))``
+    (``-inf`` for a row that sees no key, with or without a sink).
     """
     q = to_f64(q)
     k = to_f64(k_hnd)
@@ -39,6 +42,7 @@ def attention(q, k_hnd, v_hnd, block_tables, seq_lens, rows, bmm1, bmm2, window_
     hkv, p = k.shape[1], k.shape[2]
     g = hq // hkv
     out = np.zeros((t, hq, d))
+    lse = np.full((t, hq), -np.inf)
     written = np.zeros(t, dtype=bool)
     for b, (start, n) in enumerate(rows):
         length = int(seq_lens[b])
@@ -61,7 +65,8 @@ def attention(q, k_hnd, v_hnd, block_tables, seq_lens, rows, bmm1, bmm2, window_
                 e = np.exp(s - m)
                 den = e.sum() + (np.exp(float(sinks[h]) - m) if sinks is not None else 0.0)
                 out[start + j, h] = bmm2 * (e @ vv) / den
-    return out, written
+                lse[start + j, h] = m + np.log(den)
+    return (out, written, lse) if with_lse else (out, written)
 
 
 def page_table(req_to_token, req_pool_indices, cache_seqlens, page_table, page_size,

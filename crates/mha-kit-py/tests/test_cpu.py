@@ -376,7 +376,7 @@ BAD_DECODE = [
     ("kv_layout", dict(kv_layout="NDH"), ["kv_layout"]),
     ("mask", dict(mask=np.zeros(1)), ["mask"]),
     ("block_tables", dict(block_tables=[[1, 2]]), ["block_tables", "list"]),
-    ("max_seq_len", dict(max_seq_len=0), ["max_seq_len"]),
+    ("max_seq_len", dict(max_seq_len=1 << 30), ["max_seq_len", "2^30"]),
     ("k_cache", dict(kv_cache=(np.zeros((4, 2, 16, 32), np.float16),) * 2), ["k_cache", "[4, 2, 16, 32]"]),
 ]
 
@@ -417,8 +417,6 @@ def test_decode_takes_upstreams_later_keywords():
 BAD_DECODE_EXTRAS = [
     ("kv_cache_sf", (np.zeros(1, np.uint8), np.zeros(1, np.uint8))),
     ("uses_shared_paged_kv_idx", False),
-    ("lse", np.zeros((2, 4), np.float32)),
-    ("return_lse", True),
     ("bmm1_scale_log2", np.zeros(1, np.float32)),
     ("enable_block_sparse_attention", True),
     ("bf16q_fp8kv_transform_mode", "both"),
@@ -432,7 +430,7 @@ def test_decode_rejects_unsupported_upstream_options_naming_them(arg, value):
 
 
 def test_context_unsupported_tensor_options_raise_invalid_argument():
-    """A tensor passed for a ``None``-only option (``lse``, ``kv_cache_sf``)
+    """A tensor passed for a ``None``-only option (``kv_cache_sf``, ``mask``)
     is refused with InvalidArgument naming it, not numpy's "truth value of an
     array is ambiguous" from comparing the array with ``None``."""
     rng = np.random.default_rng(2)
@@ -440,8 +438,11 @@ def test_context_unsupported_tensor_options_raise_invalid_argument():
                         kv_dtype=np.float16)
     args = [c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], 3, 64, 0.1, 1.0,
             2, c["cu"], None]
-    with pytest.raises(mha_kit.InvalidArgument, match="`lse`"):
-        mha_kit.trtllm_batch_context_with_kv_cache(*args, lse=np.zeros((5, 4), np.float32))
+    with pytest.raises(mha_kit.InvalidArgument, match="`kv_cache_sf`"):
+        mha_kit.trtllm_batch_context_with_kv_cache(
+            *args, kv_cache_sf=(np.zeros(1, np.uint8), np.zeros(1, np.uint8)))
+    with pytest.raises(mha_kit.InvalidArgument, match="`lse`"):  # a wrong shape
+        mha_kit.trtllm_batch_context_with_kv_cache(*args, lse=np.zeros((4, 5), np.float32))
     with pytest.raises(mha_kit.InvalidArgument, match="`mask`"):
         mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(mask=np.zeros((2, 2), bool)))
 
@@ -551,3 +552,131 @@ def test_native_descriptions_stub_and_probes():
     if not mha_kit.gpu_available():
         with pytest.raises(mha_kit.DeviceError):
             _native.decode(*args)
+
+
+LOG2E = 1.4426950408889634
+
+
+def _lse_close(got, want_natural, what):
+    """``got`` (base 2, float32) against the float64 natural-log LSE."""
+    want = want_natural * LOG2E
+    inf = np.isinf(want)
+    assert np.array_equal(np.isinf(got), inf) and np.all(got[inf] == want[inf]), what
+    err = np.abs(got[~inf] - want[~inf])
+    assert np.all(err <= 1e-5 * np.maximum(1.0, np.abs(want[~inf]))), (
+        f"{what}: worst LSE error {err.max() if err.size else 0}"
+    )
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_decode_return_lse_is_base_2_with_sink_once_and_empty_rows(sinks):
+    """``return_lse`` (FlashInfer's keyword): ``(out, lse)`` with lse
+    ``[num_tokens, Hq]`` float32 in base 2 (FlashInfer's convention for every
+    backend), the sink joined once, ``-inf`` for a row that sees no key."""
+    rng = np.random.default_rng(21)
+    q_lens = [3, 0, 1, 4, 2]
+    lens = [20, 5, 17, 33, 1]  # request 4's first row sees no key
+    c = ref.random_case(rng, bs=5, hq=8, hkv=2, d=64, p=16, q_lens=q_lens, dtype=np.float16,
+                        kv_dtype=np.float16, lens=lens, sinks=sinks, window_left=6)
+    out, lse = mha_kit.trtllm_batch_decode_with_kv_cache(
+        c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], 64,
+        bmm1_scale=0.2, window_left=6, sinks=c["sinks"], q_len_per_req=None, max_q_len=4,
+        cum_seq_lens_q=c["cu"], return_lse=True)
+    want, written, want_lse = ref.attention(c["q"], c["k"], c["v"], c["block_tables"],
+                                            c["seq_lens"], c["rows"], 0.2, 1.0, 6, c["sinks"],
+                                            with_lse=True)
+    assert lse.shape == (10, 8) and lse.dtype == np.float32 and written.all()
+    _close(out, want, "f16", "out")
+    _lse_close(lse, want_lse, "decode lse")
+    assert np.all(np.isneginf(lse[int(c["cu"][4])]))
+    # A caller-owned buffer is filled without return_lse, and only `out` returns.
+    given = np.full((10, 8), 3.0, np.float32)
+    r = mha_kit.trtllm_batch_decode_with_kv_cache(
+        c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], 64,
+        bmm1_scale=0.2, window_left=6, sinks=c["sinks"], q_len_per_req=None, max_q_len=4,
+        cum_seq_lens_q=c["cu"], lse=given)
+    assert isinstance(r, np.ndarray) and np.array_equal(r, out)
+    assert np.array_equal(given, lse)
+
+
+def test_decode_lse_rejects_a_wrong_shape_or_dtype():
+    for bad in (np.zeros((2, 5), np.float32), np.zeros((2, 4), np.float16)):
+        with pytest.raises(mha_kit.InvalidArgument, match="`lse`"):
+            mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(lse=bad))
+
+
+def test_context_return_lse_with_prefix_and_window():
+    rng = np.random.default_rng(22)
+    q_lens = [5, 1, 17, 0, 9]
+    lens = [5, 31, 20, 8, 25]
+    c = ref.random_case(rng, bs=5, hq=8, hkv=2, d=64, p=8, q_lens=q_lens, dtype=np.float16,
+                        kv_dtype=np.float16, lens=lens, sinks=True, window_left=9)
+    out, lse = mha_kit.trtllm_batch_context_with_kv_cache(
+        c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], max(q_lens),
+        c["max_seq_len"], 0.125, 1.0, 5, c["cu"], None, window_left=9, sinks=c["sinks"],
+        return_lse=True)
+    want, _, want_lse = ref.attention(c["q"], c["k"], c["v"], c["block_tables"], c["seq_lens"],
+                                      c["rows"], 0.125, 1.0, 9, c["sinks"], with_lse=True)
+    _close(out, want, "f16", "context out")
+    _lse_close(lse, want_lse, "context lse")
+
+
+def test_max_seq_len_zero_is_only_a_bound():
+    """FlashInfer passes ``max_seq_len`` through as a bound; 0 (an engine's
+    padded or empty step) must not be an error, and it never limits the keys
+    read: the result equals the call with the true bound."""
+    a = _decode_args(bmm1_scale=0.125)
+    want = mha_kit.trtllm_batch_decode_with_kv_cache(**a)
+    got = mha_kit.trtllm_batch_decode_with_kv_cache(**dict(a, max_seq_len=0))
+    assert np.array_equal(got, want)
+    rng = np.random.default_rng(2)
+    c = ref.random_case(rng, bs=2, hq=4, hkv=2, d=64, p=16, q_lens=[2, 3], dtype=np.float16,
+                        kv_dtype=np.float16)
+    args = [c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], 3]
+    tail = [0.1, 1.0, 2, c["cu"], None]
+    assert np.array_equal(mha_kit.trtllm_batch_context_with_kv_cache(*args, 0, *tail),
+                          mha_kit.trtllm_batch_context_with_kv_cache(*args, 64, *tail))
+
+
+@needs_ml_dtypes
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_fp8_query_uses_its_e4m3_values_into_the_out_dtype(dt):
+    """The seed casts the query to e4m3 for an FP8 cache (its context call on
+    Hopper, every call on Blackwell) and asks for the model dtype out: the
+    logits are ``bmm1_scale · q_e4m3 · k`` with the e4m3 values exact."""
+    dtype = _dtype(dt)
+    rng = np.random.default_rng(23)
+    c = ref.random_case(rng, bs=3, hq=8, hkv=2, d=64, p=16, q_lens=[1, 1, 1], dtype=np.float32,
+                        kv_dtype="e4m3", sinks=True)
+    q8 = c["q"].astype(ref.E4M3)
+    out = mha_kit.trtllm_batch_decode_with_kv_cache(
+        q8, (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], c["max_seq_len"],
+        bmm1_scale=0.1, bmm2_scale=0.5, sinks=c["sinks"], out_dtype=dtype)
+    assert out.dtype == dtype
+    want, _ = ref.attention(q8, c["k"], c["v"], c["block_tables"], c["seq_lens"], c["rows"],
+                            0.1, 0.5, -1, c["sinks"])
+    _close(out, want, dt, "e4m3 query decode")
+    # The same values in the out dtype give the same bits.
+    same = mha_kit.trtllm_batch_decode_with_kv_cache(
+        q8.astype(dtype), (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"],
+        c["max_seq_len"], bmm1_scale=0.1, bmm2_scale=0.5, sinks=c["sinks"])
+    assert np.array_equal(out.view(np.uint16), same.view(np.uint16))
+    ctx = mha_kit.trtllm_batch_context_with_kv_cache(
+        q8, (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], 1, c["max_seq_len"],
+        0.1, 0.5, 3, c["cu"], None, sinks=c["sinks"], out=np.zeros(q8.shape, dtype))
+    assert np.array_equal(ctx.view(np.uint16), same.view(np.uint16))
+
+
+@needs_ml_dtypes
+def test_fp8_query_needs_a_16_bit_output_naming_out_dtype():
+    rng = np.random.default_rng(24)
+    c = ref.random_case(rng, bs=2, hq=4, hkv=2, d=64, p=16, q_lens=[1, 1], dtype=np.float32,
+                        kv_dtype="e4m3")
+    q8 = c["q"].astype(ref.E4M3)
+    args = (q8, (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], 64)
+    with pytest.raises(mha_kit.InvalidArgument, match="`out_dtype`"):
+        mha_kit.trtllm_batch_decode_with_kv_cache(*args)
+    with pytest.raises(mha_kit.InvalidArgument, match="`out_dtype`"):
+        mha_kit.trtllm_batch_decode_with_kv_cache(*args, out_dtype=np.float32)
+    with pytest.raises(mha_kit.InvalidArgument, match="`out`"):
+        mha_kit.trtllm_batch_decode_with_kv_cache(*args, out=np.zeros(q8.shape, ref.E4M3))

@@ -214,3 +214,25 @@ def test_native_reads_a_tensor_like_its_description():
         _native._exchange_describe(np.zeros(3))
     with pytest.raises(_native.NotExchangeable):
         _native._exchange_describe(base.as_subclass(_Sub))
+
+
+@pytest.mark.parametrize("exchange", [False, True])
+def test_torch_lse_and_e4m3_query_equal_the_numpy_path(exchange, monkeypatch):
+    """``return_lse`` with torch tensors allocates a float32 ``lse`` and scales
+    it to base 2 in place; an e4m3 torch query with ``out_dtype``; both equal
+    the numpy path bit for bit, through the fast path and descriptions."""
+    if ref.ml_dtypes is None:
+        pytest.skip("ml_dtypes not installed")
+    if exchange:
+        _exchange_on()
+    c = _case(31, "bf16", kv="e4m3", ragged=True, sinks=True, window=6)
+    c["q"] = c["q"].astype(np.float32).astype(ref.E4M3)
+    with monkeypatch.context() as m:
+        m.setattr(_tensor, "EXCHANGE", exchange)
+        out, lse = mha_kit.trtllm_batch_decode_with_kv_cache(
+            **_args(c), return_lse=True, out_dtype=torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    want, want_lse = mha_kit.trtllm_batch_decode_with_kv_cache(
+        **_args(c, convert=lambda x: x), return_lse=True, out_dtype=ref.BF16)
+    np.testing.assert_array_equal(out.view(torch.int16).numpy(), want.view(np.int16))
+    np.testing.assert_array_equal(lse.numpy(), want_lse)

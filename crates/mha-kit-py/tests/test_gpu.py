@@ -123,6 +123,71 @@ def test_context_matches_reference(kv):
     _check(out, want, f"context {kv}")
 
 
+LOG2E = 1.4426950408889634
+
+
+def _check_lse(lse, want_natural, what):
+    got = lse.double().cpu().numpy()
+    want = want_natural * LOG2E
+    inf = np.isinf(want)
+    assert np.array_equal(np.isinf(got), inf), f"{what}: -inf rows differ"
+    err = np.abs(got[~inf] - want[~inf])
+    assert err.size == 0 or err.max() <= 2e-3 * max(1.0, np.abs(want[~inf]).max()), (
+        f"{what}: max LSE error {err.max():.3g}"
+    )
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_decode_and_context_return_lse_in_base_2(split):
+    """``return_lse``: the kernels' natural-log LSE scaled to FlashInfer's
+    base 2 on the stream; split and unsplit decode, sinks joined once, a
+    row with no key ``-inf``; the context call likewise."""
+    q_lens = [3, 0, 1, 4, 2, 4]
+    lens = [20, 5, 17, 33, 1, 40] if not split else [5000, 5, 9000, 33, 1, 40]
+    c, t = _case(f"lse-{split}", bs=6, hq=16, hkv=4, d=128, p=16, q_lens=q_lens, dt="bf16",
+                 kv="same", sinks=True, lens=lens, window_left=-1)
+    out, lse = mha_kit.trtllm_batch_decode_with_kv_cache(
+        t["q"], (t["k"], t["v"]), _ws(), t["block_tables"], t["seq_lens"], c["max_seq_len"],
+        bmm1_scale=0.09, sinks=t["sinks"], q_len_per_req=None, max_q_len=4,
+        cum_seq_lens_q=t["cu"], return_lse=True)
+    want, _, want_lse = ref.attention(c["q64"], c["k64"], c["v64"], c["block_tables"],
+                                      c["seq_lens"], c["rows"], 0.09, 1.0, -1, c["sinks"],
+                                      with_lse=True)
+    _check(out, want, "decode out")
+    _check_lse(lse, want_lse, "decode lse")
+    out, lse = mha_kit.trtllm_batch_context_with_kv_cache(
+        t["q"], (t["k"], t["v"]), _ws(), t["block_tables"], t["seq_lens"], 4, c["max_seq_len"],
+        0.09, 1.0, 6, t["cu"], None, sinks=t["sinks"], return_lse=True)
+    _check(out, want, "context out")
+    _check_lse(lse, want_lse, "context lse")
+
+
+def test_fp8_query_is_cast_in_the_workspace_and_keeps_the_counters():
+    """An e4m3 query (the seed's FP8-cache context call): cast exactly into
+    the output dtype in the workspace's head; the decode split counters at
+    its end stay zero (a later split decode on the same workspace is right);
+    a too-small workspace falls back to a new tensor."""
+    c, t = _case("fp8-q", bs=4, hq=32, hkv=8, d=128, p=16, q_lens=[1] * 4, dt="bf16", kv="e4m3",
+                 lens=[3000, 17, 9000, 1], sinks=True)
+    q8 = t["q"].to(torch.float8_e4m3fn)
+    q64 = q8.double().cpu().numpy()
+    ws = _ws()
+    want, _ = ref.attention(q64, c["k64"], c["v64"], c["block_tables"], c["seq_lens"], c["rows"],
+                            0.1, 0.5, -1, c["sinks"])
+    for workspace in (ws, torch.zeros(1 << 10, dtype=torch.uint8, device=DEV)):
+        out = mha_kit.trtllm_batch_decode_with_kv_cache(
+            q8, (t["k"], t["v"]), workspace, t["block_tables"], t["seq_lens"],
+            c["max_seq_len"], bmm1_scale=0.1, bmm2_scale=0.5, sinks=t["sinks"],
+            out_dtype=torch.bfloat16)
+        _check(out, want, "e4m3 query decode")
+    assert torch.count_nonzero(ws[-(256 << 10):]).item() == 0
+    ctx = mha_kit.trtllm_batch_context_with_kv_cache(
+        q8, (t["k"], t["v"]), ws, t["block_tables"], t["seq_lens"], 1, c["max_seq_len"], 0.1,
+        0.5, 4, t["cu"], None, sinks=t["sinks"], out_dtype=torch.bfloat16)
+    _check(ctx, want, "e4m3 query context")
+    assert torch.count_nonzero(ws[-(256 << 10):]).item() == 0
+
+
 def _pool(rows, width, p, pages, seed=0):
     rng = np.random.default_rng(seed)
     r2t = np.zeros((rows, width), np.int32)

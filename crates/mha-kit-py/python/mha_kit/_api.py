@@ -79,18 +79,103 @@ def _sinks(sinks):
     return sinks
 
 
-def _out(query, out, out_dtype):
-    if out_dtype is not None and out_dtype != query.dtype:
-        raise InvalidArgument(
-            f"argument `out_dtype`: {out_dtype} (only the query's dtype {query.dtype} is supported)"
-        )
-    if out is None:
-        if sys.modules.get("torch") is not None and hasattr(query, "new_empty"):
-            return query.new_empty(query.shape)
+def _is_fp8(x):
+    """Whether ``x`` holds float8_e4m3fn values (torch or ml_dtypes/numpy)."""
+    return str(getattr(x, "dtype", "")).endswith("float8_e4m3fn")
+
+
+def _dtype_name(dt):
+    """``bfloat16`` for ``torch.bfloat16``, ``np.float16``, ``ml_dtypes.bfloat16``, …"""
+    s = str(dt)
+    if s.startswith("torch."):
+        return s[6:]
+    try:
         import numpy as np
 
-        return np.empty_like(query)
+        return np.dtype(dt).name
+    except TypeError:
+        return s
+
+
+def _out(query, out, out_dtype):
+    fp8 = _is_fp8(query)
+    if out_dtype is not None and out_dtype != query.dtype:
+        if not (fp8 and _dtype_name(out_dtype) in ("bfloat16", "float16")):
+            raise InvalidArgument(
+                f"argument `out_dtype`: {out_dtype} (the query's dtype {query.dtype}, or "
+                "bfloat16 / float16 with a float8_e4m3fn query)"
+            )
+    if out is None:
+        if fp8 and out_dtype is None:
+            raise InvalidArgument(
+                f"argument `out_dtype`: None with a float8_e4m3fn query of shape "
+                f"{list(query.shape)}: pass bfloat16 or float16 (the kernels write no FP8 output)"
+            )
+        dtype = query.dtype if out_dtype is None else out_dtype
+        if sys.modules.get("torch") is not None and hasattr(query, "new_empty"):
+            return query.new_empty(query.shape, dtype=dtype)
+        import numpy as np
+
+        return np.empty(query.shape, dtype=dtype)
     return out
+
+
+#: ``log2(e)``: mha-kit's kernels write the natural-log LSE; FlashInfer's
+#: calls return it in base 2 (its convention for every backend).
+LOG2E = 1.4426950408889634
+
+#: The decode split counters at the end of ``workspace_buffer`` (bytes),
+#: which a cast query must never overwrite.
+_COUNTER_BYTES = 256 * 1024
+
+
+def _lse_buffer(query, lse, return_lse):
+    """The LSE output: the caller's ``lse``, or with ``return_lse`` a new
+    ``[num_tokens, num_qo_heads]`` float32 buffer (allocated before the call,
+    as FlashInfer does)."""
+    if lse is not None or not return_lse:
+        return lse
+    shape = (query.shape[0], query.shape[1])
+    if sys.modules.get("torch") is not None and hasattr(query, "new_empty"):
+        import torch
+
+        return query.new_empty(shape, dtype=torch.float32)
+    import numpy as np
+
+    return np.empty(shape, dtype=np.float32)
+
+
+def _lse_to_base2(lse):
+    """Natural log → base 2, in place (on the tensor's stream for CUDA)."""
+    if hasattr(lse, "mul_"):
+        lse.mul_(LOG2E)
+    else:
+        lse *= LOG2E
+
+
+def _cast_query(query, out, workspace_buffer):
+    """An e4m3 CUDA query cast exactly (every e4m3 value is a bf16 / f16
+    value) into ``out``'s dtype: in the head of ``workspace_buffer`` when it
+    fits below the split counters, else a new tensor. Returns the query to
+    launch with and the workspace the decode kernel may use (the rest).
+
+    Host arrays are passed through: the native CPU path reads e4m3 itself.
+    """
+    if not (_is_fp8(query) and getattr(query, "is_cuda", False)):
+        return query, workspace_buffer
+    need = query.numel() * 2
+    head = (need + 255) // 256 * 256
+    ws = workspace_buffer
+    if (getattr(ws, "is_cuda", False) and ws.device == query.device and ws.is_contiguous()
+            and ws.numel() * ws.element_size() >= head + _COUNTER_BYTES
+            and out.dtype.itemsize == 2):
+        import torch
+
+        raw = ws.reshape(-1).view(torch.uint8)
+        q16 = raw[:need].view(out.dtype).view(query.shape)
+        q16.copy_(query)
+        return q16, raw[head:]
+    return query.to(out.dtype), workspace_buffer
 
 
 _BACKENDS = ("auto", "xqa", "trtllm-gen")
@@ -120,12 +205,11 @@ def _unsupported(**kw):
 _TRANSFORM_MODES = (None, "k_only", "separate_kv")
 
 
-def _decode_extras(kv_cache_sf, uses_shared_paged_kv_idx, lse, return_lse, bmm1_scale_log2,
+def _decode_extras(kv_cache_sf, uses_shared_paged_kv_idx, bmm1_scale_log2,
                    enable_block_sparse_attention, bf16q_fp8kv_transform_mode):
     """Checks upstream's later decode keywords (off the hot path)."""
     _unsupported(kv_cache_sf=(kv_cache_sf, None),
                  uses_shared_paged_kv_idx=(uses_shared_paged_kv_idx, True),
-                 lse=(lse, None), return_lse=(return_lse, False),
                  bmm1_scale_log2=(bmm1_scale_log2, None),
                  enable_block_sparse_attention=(enable_block_sparse_attention, False))
     if bf16q_fp8kv_transform_mode not in _TRANSFORM_MODES:
@@ -137,7 +221,25 @@ def _decode_extras(kv_cache_sf, uses_shared_paged_kv_idx, lse, return_lse, bmm1_
 
 def _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                  max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                 max_q_len, cum_seq_lens_q, kv_layout):
+                 max_q_len, cum_seq_lens_q, kv_layout, lse=None):
+    if lse is not None or query.dtype != out.dtype:
+        # Off the hot path: an e4m3 query cast into the workspace, the LSE
+        # converted to FlashInfer's base 2 after the launch.
+        query, workspace_buffer = _cast_query(query, out, workspace_buffer)
+        r = _decode_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens,
+                           out, max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks,
+                           q_len_per_req, max_q_len, cum_seq_lens_q, kv_layout, lse)
+        if lse is not None:
+            _lse_to_base2(lse)
+        return r
+    return _decode_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
+                          max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
+                          max_q_len, cum_seq_lens_q, kv_layout, None)
+
+
+def _decode_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
+                   max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
+                   max_q_len, cum_seq_lens_q, kv_layout, lse):
     # The eager hot path (issue 15). With the DLPack exchange API the native
     # side reads the tensors itself (and torch's current stream: `None`);
     # anything it cannot read comes back as NotExchangeable before any
@@ -148,7 +250,7 @@ def _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_le
                 query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                 int(max_seq_len), float(bmm1_scale), float(bmm2_scale), int(window_left),
                 sinks, None if q_len_per_req is None else int(q_len_per_req),
-                None if max_q_len is None else int(max_q_len), cum_seq_lens_q, None,
+                None if max_q_len is None else int(max_q_len), cum_seq_lens_q, None, lse,
             )
         except _native.NotExchangeable:
             pass
@@ -172,6 +274,7 @@ def _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_le
         None if max_q_len is None else int(max_q_len),
         None if cum_seq_lens_q is None else describe(cum_seq_lens_q, "cum_seq_lens_q"),
         stream_of(q),
+        maybe(lse, "lse", True),
     )
 
 
@@ -217,8 +320,12 @@ def trtllm_batch_decode_with_kv_cache(
     ``window_left = -1``); query head ``h`` reads KV head ``h // (Hq // Hkv)``.
 
     Args:
-        query: ``[num_tokens, Hq, D]`` bfloat16 / float16; ``D`` 64, 128 or
-            256; last dim contiguous.
+        query: ``[num_tokens, Hq, D]`` bfloat16 / float16, or float8_e4m3fn
+            (the seed casts the query for FP8 caches; its values are used
+            exactly, any query scale belongs in ``bmm1_scale``; a CUDA query
+            is cast into ``out``'s dtype in the head of ``workspace_buffer``
+            when it fits, else into a new tensor); ``D`` 64, 128 or 256; last
+            dim contiguous.
         kv_cache: ``(k_cache, v_cache)``, each ``[num_pages, Hkv, P, D]``
             (``kv_layout="HND"``) or ``[num_pages, P, Hkv, D]`` (``"NHD"``),
             any strides with a contiguous last dim; or one tensor
@@ -232,15 +339,25 @@ def trtllm_batch_decode_with_kv_cache(
             128 MiB (FlashInfer's usual size) lets full batches split.
         block_tables: ``[bs, max_num_pages]`` int32 page ids.
         seq_lens: ``[bs]`` int32 KV lengths, new tokens included.
-        max_seq_len: upper bound on ``seq_lens`` (sizes the splits), ≥ 1.
+        max_seq_len: upper bound on ``seq_lens``, ≥ 0; it only sizes the
+            split plan (a larger length is still read whole; 0 counts as 1).
         bmm1_scale: logit scale in natural-log units (``sm_scale · k_scale``);
             a float (or a one-element host tensor).
         bmm2_scale: output scale (``v_scale``).
         window_left: ``-1`` (no window) or ``W ≥ 0``.
-        out: ``[num_tokens, Hq, D]`` output of the query's dtype; allocated
-            when ``None``. Rows of requests that are skipped (bad
-            ``cum_seq_lens_q``) are left untouched.
-        out_dtype: ``None`` or the query's dtype.
+        out: ``[num_tokens, Hq, D]`` output of the query's dtype (bfloat16 /
+            float16 for an e4m3 query); allocated when ``None``. Rows of
+            requests that are skipped (bad ``cum_seq_lens_q``) are left
+            untouched.
+        out_dtype: ``None`` or the query's dtype; bfloat16 / float16 (needed
+            when ``out`` is ``None``) with an e4m3 query.
+        lse: ``None`` or ``[num_tokens, Hq]`` float32, filled whether or not
+            ``return_lse`` is set: each row's log-sum-exp of its logits
+            ``bmm1_scale · q·k`` over the keys it sees, **base 2** (FlashInfer's
+            convention: ``logsumexp · log2(e)``), a sink joined once, ``-inf``
+            for a row that sees no key; rows of skipped requests hold
+            unspecified values.
+        return_lse: return ``(out, lse)``, allocating ``lse`` when ``None``.
         sinks: ``[Hq]`` float32 sink logits (or a one-element list of it).
         kv_layout: ``"HND"`` (default, as FlashInfer) or ``"NHD"``.
         q_len_per_req: rows per request, 1–16 (``num_tokens = bs · q_len_per_req``);
@@ -256,13 +373,12 @@ def trtllm_batch_decode_with_kv_cache(
             later keywords (SGLang passes the first on every call): mha-kit
             computes exact attention (SEMANTICS.md §attention.9), keeps its
             split counters in ``workspace_buffer`` and has one kernel flavor.
-        kv_cache_sf, uses_shared_paged_kv_idx, lse, return_lse,
-            bmm1_scale_log2, enable_block_sparse_attention: accepted for
-            compatibility at their defaults only (``None``, ``True``,
-            ``None``, ``False``, ``None``, ``False``).
+        kv_cache_sf, uses_shared_paged_kv_idx, bmm1_scale_log2,
+            enable_block_sparse_attention: accepted for compatibility at
+            their defaults only (``None``, ``True``, ``None``, ``False``).
 
     Returns:
-        ``out``.
+        ``out``, or ``(out, lse)`` with ``return_lse``.
 
     Raises:
         mha_kit.InvalidArgument: bad input; the message names the argument
@@ -280,11 +396,10 @@ def trtllm_batch_decode_with_kv_cache(
     if o_sf_scale is not None or o_sf_vec_size is not None or o_scale != 1.0 or mask is not None:
         _unsupported(o_sf_scale=(o_sf_scale, None), o_sf_vec_size=(o_sf_vec_size, None),
                      o_scale=(o_scale, 1.0), mask=(mask, None))
-    if (kv_cache_sf is not None or uses_shared_paged_kv_idx is not True or lse is not None
-            or return_lse is not False or bmm1_scale_log2 is not None
-            or enable_block_sparse_attention is not False
+    if (kv_cache_sf is not None or uses_shared_paged_kv_idx is not True
+            or bmm1_scale_log2 is not None or enable_block_sparse_attention is not False
             or bf16q_fp8kv_transform_mode is not None):
-        _decode_extras(kv_cache_sf, uses_shared_paged_kv_idx, lse, return_lse, bmm1_scale_log2,
+        _decode_extras(kv_cache_sf, uses_shared_paged_kv_idx, bmm1_scale_log2,
                        enable_block_sparse_attention, bf16q_fp8kv_transform_mode)
     if backend not in _BACKENDS:
         raise InvalidArgument(f"argument `backend`: {backend!r} (auto, xqa or trtllm-gen)")
@@ -302,28 +417,45 @@ def trtllm_batch_decode_with_kv_cache(
         bmm2_scale = scalar(bmm2_scale, "bmm2_scale")
     if sinks is not None:
         sinks = _sinks(sinks)
+    if return_lse:
+        lse = _lse_buffer(query, lse, return_lse)
     if _compiling():
         _ops().trtllm_batch_decode(query, k_cache, v_cache, workspace_buffer, block_tables,
                                    seq_lens, out, int(max_seq_len), bmm1_scale, bmm2_scale,
                                    int(window_left), sinks, q_len_per_req, max_q_len,
-                                   cum_seq_lens_q, kv_layout)
+                                   cum_seq_lens_q, kv_layout, lse)
     else:
         _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                      max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                     max_q_len, cum_seq_lens_q, kv_layout)
-    return out
+                     max_q_len, cum_seq_lens_q, kv_layout, lse)
+    return (out, lse) if return_lse else out
 
 
 def _context_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                   max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size, cum_seq_lens_q,
-                  cum_seq_lens_kv, window_left, sinks, kv_layout):
-    # As _decode_impl: tensors straight to the native side when it can read them.
+                  cum_seq_lens_kv, window_left, sinks, kv_layout, lse=None):
+    # As _decode_impl (the workspace's head may hold the cast query; the
+    # context kernel keeps its own split workspace).
+    query, _ = _cast_query(query, out, workspace_buffer)
+    r = _context_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
+                        max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size,
+                        cum_seq_lens_q, cum_seq_lens_kv, window_left, sinks, kv_layout, lse)
+    if lse is not None:
+        _lse_to_base2(lse)
+    return r
+
+
+def _context_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
+                    max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size, cum_seq_lens_q,
+                    cum_seq_lens_kv, window_left, sinks, kv_layout, lse):
+    # As _decode_native: tensors straight to the native side when it can read them.
     if _tensor.EXCHANGE and kv_layout == "HND":
         try:
             return _native.context(
                 query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                 int(max_q_len), int(max_kv_len), float(bmm1_scale), float(bmm2_scale),
                 int(batch_size), cum_seq_lens_q, cum_seq_lens_kv, int(window_left), sinks, None,
+                lse,
             )
         except _native.NotExchangeable:
             pass
@@ -341,6 +473,7 @@ def _context_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_l
         int(window_left),
         maybe(sinks, "sinks"),
         stream_of(q),
+        maybe(lse, "lse", True),
     )
 
 
@@ -388,23 +521,30 @@ def trtllm_batch_context_with_kv_cache(
     ``max(0, x - window_left) ..= x``, causally.
 
     Args:
-        query: ``[total_q, Hq, D]`` bfloat16 / float16 (D 64, 128, 256).
+        query: ``[total_q, Hq, D]`` bfloat16 / float16 (D 64, 128, 256), or
+            float8_e4m3fn as for decode (the seed's context call with an FP8
+            cache passes one).
         kv_cache: as in :func:`trtllm_batch_decode_with_kv_cache`; dtype the
             query's or e4m3.
-        workspace_buffer: accepted for compatibility (the context kernel keeps
-            its own split workspace, allocated once per device).
+        workspace_buffer: the context kernel keeps its own split workspace
+            (allocated once per device); this buffer only holds an e4m3
+            query's cast (its head; its last 256 KiB, the decode split
+            counters, are never written).
         block_tables: ``[batch_size, max_num_pages]`` int32.
         seq_lens: ``[batch_size]`` int32 KV lengths.
         max_q_len: bound on rows per request, 1..2^24.
-        max_kv_len: bound on ``seq_lens``, ≥ 1.
+        max_kv_len: bound on ``seq_lens``, ≥ 0 (a schedule hint only).
         bmm1_scale, bmm2_scale: as for decode (floats).
         batch_size: ``len(seq_lens)``.
         cum_seq_lens_q: ``[batch_size + 1]`` int32 row offsets.
         cum_seq_lens_kv: ``[batch_size + 1]`` int32 (shape-checked, not read).
         window_left: ``-1`` or ``W ≥ 0``.
-        out: ``[total_q, Hq, D]`` of the query's dtype, or ``None``.
+        out: ``[total_q, Hq, D]`` of the query's dtype (bfloat16 / float16
+            for an e4m3 query), or ``None``.
+        out_dtype: as for decode.
         sinks: ``[Hq]`` float32.
-        causal: must be ``True``; the other FlashInfer options (LSE, FP4
+        lse, return_lse: as for decode (base 2).
+        causal: must be ``True``; the other FlashInfer options (FP4
             output, KV scale factors, right windows, …) must keep their
             defaults, except ``skip_softmax_threshold_scale_factor``,
             ``multi_ctas_kv_counter_buffer`` and ``use_fp16_softmax``, which
@@ -412,7 +552,7 @@ def trtllm_batch_context_with_kv_cache(
             §attention.9; the kernel's own split workspace; one kernel flavor).
 
     Returns:
-        ``out``.
+        ``out``, or ``(out, lse)`` with ``return_lse``.
 
     Raises:
         mha_kit.InvalidArgument, mha_kit.DeviceError: as for decode.
@@ -420,7 +560,6 @@ def trtllm_batch_context_with_kv_cache(
     _unsupported(o_sf_scale=(o_sf_scale, None), o_sf_vec_size=(o_sf_vec_size, None),
                  kv_cache_sf=(kv_cache_sf, None),
                  uses_shared_paged_kv_idx=(uses_shared_paged_kv_idx, True), causal=(causal, True),
-                 lse=(lse, None), return_lse=(return_lse, False),
                  uses_spcompress=(uses_spcompress, None), window_right=(window_right, -1),
                  variable_window_token_starts=(variable_window_token_starts, None),
                  variable_window_token_ends=(variable_window_token_ends, None))
@@ -429,12 +568,12 @@ def trtllm_batch_context_with_kv_cache(
     args = (query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
             int(max_q_len), int(max_kv_len), scalar(bmm1_scale, "bmm1_scale"),
             scalar(bmm2_scale, "bmm2_scale"), int(batch_size), cum_seq_lens_q, cum_seq_lens_kv,
-            int(window_left), _sinks(sinks), kv_layout)
+            int(window_left), _sinks(sinks), kv_layout, _lse_buffer(query, lse, return_lse))
     if _compiling():
         _ops().trtllm_batch_context(*args)
     else:
         _context_impl(*args)
-    return out
+    return (out, args[-1]) if return_lse else out
 
 
 def _page_table_impl(req_to_token, req_pool_indices, cache_seqlens, page_table, page_size,

@@ -18,33 +18,35 @@ from . import _api, _tensor
 _NS = "mha_kit"
 
 
-@torch.library.custom_op(f"{_NS}::trtllm_batch_decode", mutates_args=("out", "workspace_buffer"))
+@torch.library.custom_op(f"{_NS}::trtllm_batch_decode",
+                         mutates_args=("out", "workspace_buffer", "lse"))
 def _decode(query: Tensor, k_cache: Tensor, v_cache: Tensor, workspace_buffer: Tensor,
             block_tables: Tensor, seq_lens: Tensor, out: Tensor, max_seq_len: int,
             bmm1_scale: float, bmm2_scale: float, window_left: int, sinks: Optional[Tensor],
             q_len_per_req: Optional[int], max_q_len: Optional[int],
-            cum_seq_lens_q: Optional[Tensor], kv_layout: str) -> None:
+            cum_seq_lens_q: Optional[Tensor], kv_layout: str, lse: Optional[Tensor]) -> None:
     _api._decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                       max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                      max_q_len, cum_seq_lens_q, kv_layout)
+                      max_q_len, cum_seq_lens_q, kv_layout, lse)
 
 
 @_decode.register_fake
 def _decode_fake(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                  max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                 max_q_len, cum_seq_lens_q, kv_layout) -> None:
+                 max_q_len, cum_seq_lens_q, kv_layout, lse) -> None:
     return None
 
 
-@torch.library.custom_op(f"{_NS}::trtllm_batch_context", mutates_args=("out",))
+@torch.library.custom_op(f"{_NS}::trtllm_batch_context",
+                         mutates_args=("out", "workspace_buffer", "lse"))
 def _context(query: Tensor, k_cache: Tensor, v_cache: Tensor, workspace_buffer: Tensor,
              block_tables: Tensor, seq_lens: Tensor, out: Tensor, max_q_len: int,
              max_kv_len: int, bmm1_scale: float, bmm2_scale: float, batch_size: int,
              cum_seq_lens_q: Tensor, cum_seq_lens_kv: Optional[Tensor], window_left: int,
-             sinks: Optional[Tensor], kv_layout: str) -> None:
+             sinks: Optional[Tensor], kv_layout: str, lse: Optional[Tensor]) -> None:
     _api._context_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                        max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size,
-                       cum_seq_lens_q, cum_seq_lens_kv, window_left, sinks, kv_layout)
+                       cum_seq_lens_q, cum_seq_lens_kv, window_left, sinks, kv_layout, lse)
 
 
 @_context.register_fake
