@@ -1,7 +1,8 @@
 //! Kernel launches: [`Launcher`], the part every kernel family's launcher
-//! shares, and [`launch_params`], a one-params launch with the attribute
-//! `cudarc`'s launch builder does not take: programmatic dependent launch
-//! (PDL) on sm_90.
+//! shares (entries loaded once with their attributes, the stream check, the
+//! launch, the count), and [`launch_params`] / [`launch_args`], launches of
+//! by-value parameters with the attribute `cudarc`'s launch builder does not
+//! take: programmatic dependent launch (PDL) on sm_90.
 //!
 //! PDL (CUDA 11.8+, compute capability 9.0): a kernel launched with the
 //! attribute `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` may
@@ -16,6 +17,7 @@
 //! previous kernel's tail. Stream capture keeps the relation as a
 //! programmatic edge of the graph (driver 12.3+).
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,6 +25,20 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaFunction, CudaStream, DeviceRepr, LaunchConfig};
 
 use crate::{Gpu, PtxModule, Result};
+
+/// A by-value kernel parameter: a params struct or a tensor map, passed to
+/// the driver as the address of its bytes ([`DeviceRepr`] types: plain data
+/// with the kernel's layout).
+pub trait KernelArg {
+    /// The address of the parameter's bytes, for `cuLaunchKernelEx`.
+    fn arg_ptr(&self) -> *mut c_void;
+}
+
+impl<T: DeviceRepr> KernelArg for T {
+    fn arg_ptr(&self) -> *mut c_void {
+        std::ptr::from_ref(self).cast_mut().cast::<c_void>()
+    }
+}
 
 /// Launches `func` on `stream` with one by-value kernel parameter `params`
 /// (the params-struct convention of every mha-kit kernel), as a programmatic
@@ -47,6 +63,29 @@ pub unsafe fn launch_params<T: DeviceRepr>(
     params: &T,
     pdl: bool,
 ) -> Result<()> {
+    // SAFETY: forwarded contract (# Safety), one parameter.
+    unsafe { launch_args(stream, func, config, &[params], pdl) }
+}
+
+/// Most by-value parameters [`launch_args`] passes.
+pub const MAX_KERNEL_ARGS: usize = 8;
+
+/// [`launch_params`] with several by-value parameters, in the kernel's
+/// parameter order (the sm_90a context kernel takes its params struct and
+/// four tensor maps).
+///
+/// # Safety
+/// As [`launch_params`], for every parameter.
+///
+/// # Errors
+/// As [`launch_params`].
+pub unsafe fn launch_args(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    config: LaunchConfig,
+    params: &[&dyn KernelArg],
+    pdl: bool,
+) -> Result<()> {
     stream.context().bind_to_thread()?;
     // SAFETY: the attribute value is a plain C union; zero is a valid
     // bit pattern for every member, then one int member is set.
@@ -65,9 +104,23 @@ pub unsafe fn launch_params<T: DeviceRepr>(
         attrs: &mut attr,
         numAttrs: u32::from(pdl),
     };
-    let mut args = [std::ptr::from_ref(params).cast_mut().cast::<c_void>()];
-    // SAFETY: `cfg` and `args` outlive the call; the caller vouches for the
-    // parameter layout and the addresses in it (see # Safety).
+    // No allocation per launch: the kernels take one to five parameters.
+    let mut args = [std::ptr::null_mut::<c_void>(); MAX_KERNEL_ARGS];
+    if params.len() > MAX_KERNEL_ARGS {
+        return Err(crate::KernelError::unsupported(
+            "params",
+            format!(
+                "{} kernel parameters (at most {MAX_KERNEL_ARGS})",
+                params.len()
+            ),
+        ));
+    }
+    for (a, p) in args.iter_mut().zip(params) {
+        *a = p.arg_ptr();
+    }
+    // SAFETY: `cfg`, `args` and the parameters they point to outlive the
+    // call (the driver copies the parameter bytes at launch); the caller
+    // vouches for the parameter layout and the addresses in it.
     unsafe {
         sys::cuLaunchKernelEx(
             &cfg,
@@ -80,34 +133,116 @@ pub unsafe fn launch_params<T: DeviceRepr>(
     Ok(())
 }
 
+/// How [`Launcher::load`] prepares an entry: its dynamic shared memory
+/// limit (bytes; `None` keeps the driver's 48 KiB default) and its
+/// preferred shared-memory carveout (percent of the unified L1; `None`
+/// keeps the driver's choice).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EntryAttrs {
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
+    pub max_dynamic_smem: Option<usize>,
+    /// `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`.
+    pub carveout_percent: Option<i32>,
+}
+
+impl EntryAttrs {
+    /// `smem` bytes of dynamic shared memory, the whole carveout for it.
+    pub fn smem_max_carveout(smem: usize) -> Self {
+        Self {
+            max_dynamic_smem: Some(smem),
+            carveout_percent: Some(100),
+        }
+    }
+
+    /// `smem` bytes of dynamic shared memory, the driver's carveout.
+    pub fn smem(smem: usize) -> Self {
+        Self {
+            max_dynamic_smem: Some(smem),
+            carveout_percent: None,
+        }
+    }
+}
+
 /// What every kernel family's launcher shares: the GPU handle, the family's
-/// entry points (resolved once, at construction, through the GPU's module
-/// and function cache, [`Gpu::function`]) and the count of launches issued.
-/// A family's launcher keeps only its validation and its plan (params
-/// struct, launch configuration, which entry), then calls
-/// [`Launcher::launch`].
+/// entry points (resolved once, through the GPU's module and function cache,
+/// [`Gpu::function`], with their launch attributes set) and the count of
+/// launches issued. A family's launcher keeps only its validation and its
+/// plan (params struct, launch configuration, which entry), then calls
+/// [`Launcher::launch`] (or [`Launcher::launch_with`]). Entries are
+/// addressed by index: the order given to [`Launcher::new`], or the index
+/// [`Launcher::load`] returns ([`Launcher::index`] finds one by name).
 #[derive(Debug)]
 pub struct Launcher {
     gpu: Arc<Gpu>,
     entries: Vec<CudaFunction>,
+    names: HashMap<String, usize>,
     launches: AtomicU64,
 }
 
 impl Launcher {
     /// Resolves `entries` of `module` on `gpu` (index `i` of `entries` is
-    /// entry `i` of [`Launcher::launch`]).
+    /// entry `i` of [`Launcher::launch`]), with the driver's default
+    /// attributes.
     ///
     /// # Errors
     /// [`crate::KernelError::Load`] when the module or an entry does not load.
     pub fn new(gpu: &Arc<Gpu>, module: &PtxModule, entries: &[&str]) -> Result<Self> {
-        Ok(Self {
+        let mut l = Self::empty(gpu);
+        for e in entries {
+            l.load(module, e, EntryAttrs::default())?;
+        }
+        Ok(l)
+    }
+
+    /// A launcher with no entries yet ([`Launcher::load`] adds them).
+    pub fn empty(gpu: &Arc<Gpu>) -> Self {
+        Self {
             gpu: gpu.clone(),
-            entries: entries
-                .iter()
-                .map(|e| gpu.function(module, e))
-                .collect::<Result<_>>()?,
+            entries: Vec::new(),
+            names: HashMap::new(),
             launches: AtomicU64::new(0),
-        })
+        }
+    }
+
+    /// Resolves entry `name` of `module`, sets `attrs`, and returns its
+    /// index (the existing index when `name` is already loaded; its
+    /// attributes are set again).
+    ///
+    /// # Errors
+    /// [`crate::KernelError::Load`] when the module or the entry does not
+    /// load; [`crate::KernelError::Driver`] when an attribute is refused.
+    pub fn load(&mut self, module: &PtxModule, name: &str, attrs: EntryAttrs) -> Result<usize> {
+        let f = self.gpu.function(module, name)?;
+        if let Some(smem) = attrs.max_dynamic_smem {
+            let smem = i32::try_from(smem).unwrap_or(i32::MAX);
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem,
+            )?;
+        }
+        if let Some(c) = attrs.carveout_percent {
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                c,
+            )?;
+        }
+        if let Some(&i) = self.names.get(name) {
+            self.entries[i] = f;
+            return Ok(i);
+        }
+        self.entries.push(f);
+        self.names.insert(name.to_string(), self.entries.len() - 1);
+        Ok(self.entries.len() - 1)
+    }
+
+    /// The index of a loaded entry.
+    pub fn index(&self, name: &str) -> Option<usize> {
+        self.names.get(name).copied()
+    }
+
+    /// Whether entry `name` is loaded.
+    pub fn contains(&self, name: &str) -> bool {
+        self.names.contains_key(name)
     }
 
     /// The GPU the entries were loaded on.
@@ -145,9 +280,34 @@ impl Launcher {
         config: LaunchConfig,
         params: &T,
     ) -> Result<()> {
+        // SAFETY: the caller's contract (# Safety) is launch_with's own.
+        unsafe { self.launch_with(stream, entry, config, &[params], false) }
+    }
+
+    /// [`Launcher::launch`] with several by-value parameters (in the
+    /// kernel's order) and, with `pdl`, as a programmatic dependent launch.
+    ///
+    /// # Safety
+    /// As [`launch_args`]: the parameters are the entry's exact layout,
+    /// every device address in them valid; with `pdl`, the entry waits
+    /// (`griddepcontrol.wait`) before touching memory earlier work writes.
+    ///
+    /// # Errors
+    /// As [`Launcher::launch`].
+    ///
+    /// # Panics
+    /// As [`Launcher::launch`].
+    pub unsafe fn launch_with(
+        &self,
+        stream: &CudaStream,
+        entry: usize,
+        config: LaunchConfig,
+        params: &[&dyn KernelArg],
+        pdl: bool,
+    ) -> Result<()> {
         self.gpu.require_stream(stream)?;
-        // SAFETY: the caller's contract (# Safety) is launch_params' own.
-        unsafe { launch_params(stream, &self.entries[entry], config, params, false) }?;
+        // SAFETY: the caller's contract (# Safety) is launch_args' own.
+        unsafe { launch_args(stream, &self.entries[entry], config, params, pdl) }?;
         self.launches.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

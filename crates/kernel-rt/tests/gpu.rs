@@ -49,6 +49,23 @@ fn load_and_spin(gpu: &Gpu, module: &PtxModule, load: ModuleLoad) -> Result<Modu
         if k.launches() != 1 {
             return Err(format!("launch count {}, want 1", k.launches()));
         }
+        // By name, with attributes, several parameters and PDL (the path of
+        // the decode and context launchers).
+        let mut named = Launcher::empty(&h);
+        let attrs = kernel_rt::launch::EntryAttrs::smem_max_carveout(0);
+        let i = named
+            .load(module, "kernel_rt_spin", attrs)
+            .map_err(|e| e.to_string())?;
+        if named.index("kernel_rt_spin") != Some(i) || named.contains("no_such_entry") {
+            return Err("named entry lookup".into());
+        }
+        let pdl = h.compute_capability().is_some_and(|cc| cc >= (9, 0));
+        // SAFETY: as above (one u64; PDL: the spin kernel reads no memory).
+        unsafe { named.launch_with(h.stream(), i, cfg, &[&ns], pdl) }
+            .map_err(|e| e.to_string())?;
+        if named.launches() != 1 {
+            return Err(format!("named launch count {}, want 1", named.launches()));
+        }
     }
     h.synchronize().map_err(|e| e.to_string())?;
     Ok(src)

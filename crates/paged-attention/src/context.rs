@@ -51,10 +51,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use kernel_rt::cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use kernel_rt::cudarc::driver::sys::CUdevice_attribute;
+use kernel_rt::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig};
+use kernel_rt::launch::{EntryAttrs, KernelArg, Launcher};
 use kernel_rt::tma::TensorMap;
 use kernel_rt::{
     grid_dim, to_i32, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut, MAX_GRID_YZ,

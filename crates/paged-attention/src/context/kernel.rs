@@ -10,8 +10,8 @@ use crate::context::sm90::CONTEXT_SM90_EXPERIMENT_SLACK;
 /// stream-ordered and graph-capturable (no host sync, allocation or copy).
 #[derive(Debug)]
 pub struct ContextKernel {
-    gpu: Arc<Gpu>,
-    funcs: std::collections::HashMap<String, CudaFunction>,
+    /// Every loaded entry (compute_90, sm_90a and their variants), by name.
+    kernel: Launcher,
     sm90: bool,
     sm_count: usize,
     max_ctas: Option<usize>,
@@ -36,7 +36,6 @@ pub struct ContextKernel {
     duo: Option<bool>,
     variant: i32,
     experiment: u32,
-    launches: AtomicU64,
     tma_launches: AtomicU64,
     o_tma_launches: AtomicU64,
     q_tma_launches: AtomicU64,
@@ -78,25 +77,6 @@ fn kv_keys_bound(p: &ContextParams, bm: usize) -> usize {
     }
 }
 
-/// Resolves `entry` of `module` with its dynamic shared memory limit raised.
-fn load_entry(
-    gpu: &Gpu,
-    module: &kernel_rt::PtxModule,
-    entry: &str,
-    smem: usize,
-) -> Result<CudaFunction> {
-    let f = gpu.function(module, entry)?;
-    f.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )?;
-    f.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-        100,
-    )?;
-    Ok(f)
-}
-
 impl ContextKernel {
     /// Loads every context entry on `gpu`, the kernel picked by
     /// [`ContextPath::from_env`] (default [`ContextPath::Auto`]).
@@ -132,22 +112,26 @@ impl ContextKernel {
                 ))
             }
         };
-        let mut funcs = std::collections::HashMap::new();
+        let mut kernel = Launcher::empty(gpu);
         for (q, kv, d) in context_variants() {
             let name = context_entry_name(q, kv, d);
-            let f = load_entry(gpu, &CONTEXT_PTX, &name, context_smem_bytes(d, kv))?;
-            funcs.insert(name, f);
+            let attrs = EntryAttrs::smem_max_carveout(context_smem_bytes(d, kv));
+            kernel.load(&CONTEXT_PTX, &name, attrs)?;
         }
         if sm90 {
-            let mut fast = std::collections::HashMap::new();
+            // Entries loaded before a failure stay loaded but are never
+            // chosen: without `sm90` every plan names a compute_90 entry.
             let loaded: Result<()> = context_variants()
                 .into_iter()
                 .filter(|&(q, kv, d)| context_sm90_supported(q, kv, d))
                 .try_for_each(|(q, kv, d)| {
                     let name = context_sm90_entry_name(q, kv, d);
                     let smem = context_sm90_smem_bytes(d, kv);
-                    let f = load_entry(gpu, &CONTEXT_SM90_PTX, &name, smem)?;
-                    fast.insert(name.clone(), f);
+                    kernel.load(
+                        &CONTEXT_SM90_PTX,
+                        &name,
+                        EntryAttrs::smem_max_carveout(smem),
+                    )?;
                     // Its row-LSE variant, where it has one; a variant that
                     // does not load is never chosen (an LSE launch there is
                     // a typed error).
@@ -164,19 +148,19 @@ impl ContextKernel {
                         optional.push((duo, smem));
                     }
                     for (name, smem) in optional {
-                        if let Ok(f) = load_entry(gpu, &CONTEXT_SM90_PTX, &name, smem) {
-                            fast.insert(name, f);
-                        }
+                        let attrs = EntryAttrs::smem_max_carveout(smem);
+                        // A failure leaves the name unloaded (see above).
+                        let _ = kernel.load(&CONTEXT_SM90_PTX, &name, attrs);
                     }
                     // Its split-KV merge (D 64 / 128: the head dims that split).
                     if d != 256 {
                         let name = context_sm90_merge_entry_name(q, kv, d);
-                        fast.insert(name.clone(), gpu.function(&CONTEXT_SM90_PTX, &name)?);
+                        kernel.load(&CONTEXT_SM90_PTX, &name, EntryAttrs::default())?;
                     }
                     Ok(())
                 });
             match loaded {
-                Ok(()) => funcs.extend(fast),
+                Ok(()) => {}
                 // Auto on a 9.0 device whose driver cannot load the sm_90a
                 // module (too old for PTX ISA 8.4): the compute_90 kernel
                 // serves every call; an explicit Wgmma request is an error.
@@ -201,8 +185,7 @@ impl ContextKernel {
             None
         };
         Ok(Self {
-            gpu: gpu.clone(),
-            funcs,
+            kernel,
             sm90,
             sm_count,
             work,
@@ -215,7 +198,6 @@ impl ContextKernel {
             duo: context_duo_from_env()?,
             variant: 0,
             experiment: 0,
-            launches: AtomicU64::new(0),
             tma_launches: AtomicU64::new(0),
             o_tma_launches: AtomicU64::new(0),
             q_tma_launches: AtomicU64::new(0),
@@ -388,10 +370,9 @@ impl ContextKernel {
                 }
                 let smem =
                     context_sm90_smem_bytes(d, KvDtype::Bf16) + CONTEXT_SM90_EXPERIMENT_SLACK;
-                match load_entry(&self.gpu, &CONTEXT_SM90_PTX, &name, smem) {
-                    Ok(f) => {
-                        self.funcs.insert(name, f);
-                    }
+                let attrs = EntryAttrs::smem_max_carveout(smem);
+                match self.kernel.load(&CONTEXT_SM90_PTX, &name, attrs) {
+                    Ok(_) => {}
                     Err(e) if d == 128 => return Err(e),
                     Err(_) => {}
                 }
@@ -416,7 +397,7 @@ impl ContextKernel {
             .as_ref()
             .ok_or_else(|| KernelError::unsupported("trace", "needs the sm_90a kernel"))?;
         let n = CONTEXT_SM90_TRACE_CTAS * CONTEXT_SM90_TRACE_ITEMS * 3 * CONTEXT_SM90_TRACE_EVENTS;
-        let words: Vec<f32> = self.gpu.stream().clone_dtoh(&ws.slice(0..n))?;
+        let words: Vec<f32> = self.kernel.gpu().stream().clone_dtoh(&ws.slice(0..n))?;
         Ok(words.into_iter().map(f32::to_bits).collect())
     }
 
@@ -427,7 +408,7 @@ impl ContextKernel {
 
     /// Kernel launches issued so far.
     pub fn launches(&self) -> u64 {
-        self.launches.load(Ordering::Relaxed)
+        self.kernel.launches()
     }
 
     /// Computes `out` (rows of processed requests only; other rows untouched);
@@ -438,7 +419,7 @@ impl ContextKernel {
     /// As [`validate_context`]; [`KernelError::Stride`] for misaligned base
     /// pointers; [`KernelError::Driver`] when the launch fails.
     pub fn launch(&self, args: &mut ContextArgs<'_>, errors: &mut DeviceErrors) -> Result<()> {
-        self.launch_on(self.gpu.stream(), args, errors)
+        self.launch_on(self.kernel.gpu().stream(), args, errors)
     }
 
     /// [`ContextKernel::launch`] on `stream` instead of the GPU's own stream
@@ -458,7 +439,7 @@ impl ContextKernel {
         args: &mut ContextArgs<'_>,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
-        self.gpu.require_stream(stream)?;
+        self.kernel.gpu().require_stream(stream)?;
         let plan = validate_context_for(args, self.sm90)?;
         let mut p = plan.params;
         p.variant = self.variant;
@@ -500,7 +481,7 @@ impl ContextKernel {
                         context_sm90_duo_wanted(d, kv_dtype, keys)
                     }))))
         .then(|| context_sm90_duo_entry_name(args.q_dtype, kv_dtype, d))
-        .filter(|name| self.funcs.contains_key(name));
+        .filter(|name| self.kernel.contains(name));
         let duo = duo_entry.is_some();
         if lse_needs_duo && !duo {
             return Err(KernelError::unsupported(
@@ -530,7 +511,7 @@ impl ContextKernel {
             plan.entry
         } else {
             let x = format!("{}_x{}", plan.entry, self.experiment);
-            experiment = self.funcs.contains_key(&x);
+            experiment = self.kernel.contains(&x);
             if experiment {
                 x
             } else {
@@ -541,8 +522,8 @@ impl ContextKernel {
             entry.push_str(CONTEXT_SM90_LSE_SUFFIX);
         }
         let func = self
-            .funcs
-            .get(&entry)
+            .kernel
+            .index(&entry)
             .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {entry}")))?;
         let mut maps = [TensorMap::default(); 2];
         if plan.sm90 && !duo {
@@ -605,14 +586,12 @@ impl ContextKernel {
                 .min(self.sm_count * per_sm);
             config.grid_dim.0 = context_sm90_grid(config.grid_dim.0, d, p.variant, ctas);
         }
-        let mut builder = stream.launch_builder(func);
-        builder.arg(&p);
-        if plan.sm90 {
-            builder.arg(&maps[0]);
-            builder.arg(&maps[1]);
-            builder.arg(&o_map);
-            builder.arg(&q_map);
-        }
+        let sm90_args: [&dyn KernelArg; 5] = [&p, &maps[0], &maps[1], &o_map, &q_map];
+        let params: &[&dyn KernelArg] = if plan.sm90 {
+            &sm90_args
+        } else {
+            &sm90_args[..1]
+        };
         // SAFETY: `validate_context` checked every shape and stride against the
         // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
         // grid; base alignment is checked above; device data (page ids,
@@ -624,8 +603,7 @@ impl ContextKernel {
         // (Q boxes are read-only and zero-filled past it); `work` is
         // this launcher's own 2-word buffer, used by its launches in stream
         // order only.
-        unsafe { builder.launch(config) }?;
-        self.launches.fetch_add(1, Ordering::Relaxed);
+        unsafe { self.kernel.launch_with(stream, func, config, params, false) }?;
         if p.tma_rows > 0 {
             self.tma_launches.fetch_add(1, Ordering::Relaxed);
         }
@@ -641,23 +619,20 @@ impl ContextKernel {
         if p.kv_splits > 1 {
             let name = context_sm90_merge_entry_name(args.q_dtype, args.kv.dtype(), d);
             let merge = self
-                .funcs
-                .get(&name)
+                .kernel
+                .index(&name)
                 .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {name}")))?;
             let cfg = LaunchConfig {
                 grid_dim: (items, 1, 1),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let mut b = stream.launch_builder(merge);
-            b.arg(&p);
             // SAFETY: the same validated params as the launch above, which
             // wrote the partial rows the merge reads (stream order); the
             // workspace holds `items · kv_splits` chunks (capacity checked
             // when the split was chosen); rows are written only where the
             // main kernel would write them.
-            unsafe { b.launch(cfg) }?;
-            self.launches.fetch_add(1, Ordering::Relaxed);
+            unsafe { self.kernel.launch(stream, merge, cfg, &p) }?;
         }
         Ok(())
     }

@@ -1,13 +1,11 @@
 //! The decode/verify launcher: kernel functions resolved once, launches
 //! stream-ordered and graph-capturable.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kernel_rt::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use kernel_rt::cudarc::driver::{CudaFunction, CudaStream};
-use kernel_rt::launch::launch_params;
+use kernel_rt::cudarc::driver::sys::CUdevice_attribute;
+use kernel_rt::cudarc::driver::CudaStream;
+use kernel_rt::launch::{EntryAttrs, Launcher};
 use kernel_rt::{DeviceErrors, Gpu, KernelError, Result};
 
 use crate::context::env_choice;
@@ -39,11 +37,10 @@ pub const DECODE_PDL_ENV: &str = "MHA_KIT_DECODE_PDL";
 /// stream-ordered and graph-capturable (no host sync, allocation or copy).
 #[derive(Debug)]
 pub struct PagedAttentionKernel {
-    gpu: Arc<Gpu>,
-    funcs: HashMap<String, CudaFunction>,
+    /// Every entry (tensor-core, its timing experiments, CUDA-core), by name.
+    kernel: Launcher,
     num_sms: usize,
     path: KernelPath,
-    launches: AtomicU64,
     /// Timing experiment: the `_x{n}` tensor-core entry where one exists.
     experiment: u32,
     /// Launch with the programmatic-dependent-launch attribute (sm_90).
@@ -66,7 +63,7 @@ impl PagedAttentionKernel {
     /// # Errors
     /// As [`PagedAttentionKernel::new`].
     pub fn with_path(gpu: &Arc<Gpu>, path: KernelPath) -> Result<Self> {
-        let mut funcs = HashMap::new();
+        let mut kernel = Launcher::empty(gpu);
         for (q, kv, d) in mma_variants() {
             let name = mma_entry_name(q, kv, d);
             // The entry and its timing experiments (same shared memory layout).
@@ -78,28 +75,18 @@ impl PagedAttentionKernel {
                 })
                 .map(|e| (*e).to_string());
             for entry in std::iter::once(name.clone()).chain(experiments) {
-                let f = gpu.function(&PTX, &entry)?;
-                f.set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    mma_smem_bytes(d, kv) as i32,
+                kernel.load(
+                    &PTX,
+                    &entry,
+                    EntryAttrs::smem_max_carveout(mma_smem_bytes(d, kv)),
                 )?;
-                f.set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                    100,
-                )?;
-                funcs.insert(entry, f);
             }
         }
         for q in [HalfDtype::Bf16, HalfDtype::F16] {
             for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
                 for d in HEAD_DIMS {
                     let name = entry_name(q, kv, d);
-                    let f = gpu.function(&PTX, &name)?;
-                    f.set_attribute(
-                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem_bytes(d, kv) as i32,
-                    )?;
-                    funcs.insert(name, f);
+                    kernel.load(&PTX, &name, EntryAttrs::smem(smem_bytes(d, kv)))?;
                 }
             }
         }
@@ -108,11 +95,9 @@ impl PagedAttentionKernel {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             .max(1) as usize;
         Ok(Self {
-            gpu: gpu.clone(),
-            funcs,
+            kernel,
             num_sms,
             path,
-            launches: AtomicU64::new(0),
             experiment: 0,
             pdl: env_choice(DECODE_PDL_ENV, &[("off", false), ("on", true)])?,
             pdl_capable: gpu.compute_capability().is_some_and(|cc| cc >= (9, 0)),
@@ -167,7 +152,7 @@ impl PagedAttentionKernel {
 
     /// Kernel launches issued so far.
     pub fn launches(&self) -> u64 {
-        self.launches.load(Ordering::Relaxed)
+        self.kernel.launches()
     }
 
     /// The plan [`PagedAttentionKernel::launch`] would use, to size the
@@ -197,7 +182,7 @@ impl PagedAttentionKernel {
     /// As [`validate`](super::validate); [`KernelError::Stride`] for
     /// misaligned base pointers; [`KernelError::Driver`] when a launch fails.
     pub fn launch(&self, args: &mut DecodeArgs<'_>, errors: &mut DeviceErrors) -> Result<()> {
-        self.launch_on(self.gpu.stream(), args, errors)
+        self.launch_on(self.kernel.gpu().stream(), args, errors)
     }
 
     /// [`PagedAttentionKernel::launch`] on `stream` instead of the GPU's own
@@ -214,7 +199,7 @@ impl PagedAttentionKernel {
         args: &mut DecodeArgs<'_>,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
-        self.gpu.require_stream(stream)?;
+        self.kernel.gpu().require_stream(stream)?;
         let plan = validate_path(args, self.num_sms, self.path)?;
         let mut p = plan.params;
         if p.bs == 0 {
@@ -256,12 +241,12 @@ impl PagedAttentionKernel {
         p.errors = errors.device_ptr();
         let experiment = (self.experiment != 0)
             .then(|| {
-                self.funcs
-                    .get(&format!("{}_x{}", plan.entry, self.experiment))
+                self.kernel
+                    .index(&format!("{}_x{}", plan.entry, self.experiment))
             })
             .flatten();
-        let func = experiment
-            .or_else(|| self.funcs.get(&plan.entry))
+        let entry = experiment
+            .or_else(|| self.kernel.index(&plan.entry))
             .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {}", plan.entry)))?;
         // SAFETY: `validate` checked every shape and stride against the
         // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
@@ -269,8 +254,9 @@ impl PagedAttentionKernel {
         // cu_seqlens_q) is range-checked in the kernel; the params layout is
         // pinned. Every entry waits (griddepcontrol.wait) before its first
         // global access, as a PDL launch requires.
-        unsafe { launch_params(stream, func, plan.config, &p, self.pdl()) }?;
-        self.launches.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        unsafe {
+            self.kernel
+                .launch_with(stream, entry, plan.config, &[&p], self.pdl())
+        }
     }
 }
