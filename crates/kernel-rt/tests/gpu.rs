@@ -61,8 +61,7 @@ fn load_and_spin(gpu: &Gpu, module: &PtxModule, load: ModuleLoad) -> Result<Modu
         }
         let pdl = h.compute_capability().is_some_and(|cc| cc >= (9, 0));
         // SAFETY: as above (one u64; PDL: the spin kernel reads no memory).
-        unsafe { named.launch_with(h.stream(), i, cfg, &[&ns], pdl) }
-            .map_err(|e| e.to_string())?;
+        unsafe { named.launch_with(h.stream(), i, cfg, &[&ns], pdl) }.map_err(|e| e.to_string())?;
         if named.launches() != 1 {
             return Err(format!("named launch count {}, want 1", named.launches()));
         }

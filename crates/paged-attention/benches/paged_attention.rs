@@ -180,6 +180,10 @@ fn cases() -> Vec<Shape> {
         },
         fp8_experiment(4, "x4: whole rows per copy instruction"),
         fp8_experiment(5, "x5: whole rows, no L2 hint"),
+        fp8_experiment(
+            8,
+            "x8: Q fragments in shared memory, 4-slot ring, 3 CTAs/SM",
+        ),
         Shape {
             experiment: 1,
             ..s(

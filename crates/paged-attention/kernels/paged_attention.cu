@@ -661,10 +661,14 @@ constexpr int MW = 4;         // warps per CTA
 constexpr int MWT = 16;       // tokens per warp slice
 constexpr int MTT = MW * MWT; // tokens per CTA tile
 
-template <int D, int KV>
+template <int D, int KV, int XV = 0>
 struct MmaSmem {
     static constexpr int ES = KV == 2 ? 1 : 2;
-    static constexpr int NST = KV == 2 ? 6 : 3;        // ring slots per warp
+    // Experiment XV & 8 (e4m3 KV): the Q A-fragments in shared memory
+    // (Q8_SMEM) and a 4-slot ring, so that three CTAs fit an SM (registers
+    // <= 168, shared memory <= 76 KB a CTA).
+    static constexpr bool Q8_SMEM = KV == 2 && (XV & 8) != 0;
+    static constexpr int NST = KV == 2 ? (Q8_SMEM ? 4 : 6) : 3;  // ring slots per warp
     static constexpr int RRB = D * ES;                 // raw (loaded) row bytes
     static constexpr int CPR = RRB / 16;               // 16-byte chunks per raw row
     static constexpr int HRB = D * 2;                  // 16-bit row bytes
@@ -681,7 +685,10 @@ struct MmaSmem {
     // accumulators would spill.
     static constexpr bool Q_SMEM = D >= 256;
     static constexpr int Q_OFF = (VM_OFF + MW * NST * 2 * 4 + 15) / 16 * 16;
-    static constexpr int BYTES = Q_OFF + (Q_SMEM ? ROWS * D * 2 : 0);
+    // Q8_SMEM: u32 [D / 16 k-steps][32 lanes][4] (each lane's A-fragment of
+    // a k-step as one 16-byte word), after the rows of Q_SMEM (never both).
+    static constexpr int Q8_OFF = Q_OFF + (Q_SMEM ? ROWS * D * 2 : 0);
+    static constexpr int BYTES = Q8_OFF + (Q8_SMEM ? (D / 16) * 32 * 16 : 0);
     static_assert(MERGE <= RING, "merge scratch fits in the ring");
     static_assert(CPR % 4 == 0, "4 lanes per token row");
 };
@@ -727,10 +734,11 @@ struct Look {
 // correct results. XV & 1: the L2 prefetch hint toggled (16-bit KV: on,
 // `.L2::256B` / `.L2::128B` for the row's block). XV & 2 (16-bit KV): the
 // lane-quad layout of e4m3 instead of whole rows per instruction. XV & 4
-// (e4m3 KV): whole rows per instruction, as 16-bit KV.
+// (e4m3 KV): whole rows per instruction, as 16-bit KV. XV & 8 (e4m3 KV):
+// Q fragments read from shared memory each slice, 4 ring slots (MmaSmem).
 template <int QT, int KV, int D, int XV = 0>
 MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
-    using L = MmaSmem<D, KV>;
+    using L = MmaSmem<D, KV, XV>;
     constexpr int NST = L::NST;
     constexpr int ES = L::ES;
     constexpr int RRB = L::RRB;
@@ -974,6 +982,19 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         xlo[hr] = p.window_left >= 0 ? xr[hr] - p.window_left : (i32)0x80000000;
     }
 
+    // Experiment XV & 8: the e4m3 path's A-fragments (the same in every
+    // warp) stored once by warp 0, read back each slice; `qa` dies here.
+    if constexpr (L::Q8_SMEM) {
+        if (warp == 0) {
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk) {
+                *reinterpret_cast<uint4*>(smem + L::Q8_OFF + (kk * 32 + lane) * 16) =
+                    make_uint4(qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3]);
+            }
+        }
+        __syncthreads();
+    }
+
     // D 256: the tile's Q rows into shared memory (rows >= nrows zero), read
     // by every warp's S = Q K^T (ldmatrix, A layout).
     const u32 q_smem = smem_u32(smem + L::Q_OFF);
@@ -1115,7 +1136,31 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         for (int t = 0; t < 2; ++t)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[t][e] = 0.f;
-        if constexpr (KV == 2) {
+        if constexpr (L::Q8_SMEM) {
+            // As below, k-step by k-step: each A-fragment read from shared
+            // memory once a slice and used for both n8 tiles.
+#pragma unroll
+            for (int c = 0; c < D / 64; ++c) {
+                uint4 u[2];
+#pragma unroll
+                for (int t = 0; t < 2; ++t) {
+                    const int row = gr + 8 * t;
+                    u[t] = *reinterpret_cast<const uint4*>(
+                        kraw + row * RRB + (((qd * (D / 64) + c) ^ k8_swz<CPR>(row)) * 16));
+                }
+#pragma unroll
+                for (int wi = 0; wi < 4; ++wi) {
+                    const uint4 qv = *reinterpret_cast<const uint4*>(
+                        smem + L::Q8_OFF + ((4 * c + wi) * 32 + lane) * 16);
+                    const u32 a[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+                    for (int t = 0; t < 2; ++t) {
+                        const u32 w = wi == 0 ? u[t].x : (wi == 1 ? u[t].y : (wi == 2 ? u[t].z : u[t].w));
+                        mma16816<MT>(s[t], a, e4m3x2_lo(w), e4m3x2_hi(w));
+                    }
+                }
+            }
+        } else if constexpr (KV == 2) {
             // Thread (gr, qd) reads bytes [qd*D/4, (qd+1)*D/4) of K rows gr and
             // gr + 8: word kk -> (b0, b1) of k-step kk, converted once.
 #pragma unroll
@@ -1415,3 +1460,11 @@ PA_MMA_X(bf16, 0, bf16, 0, 1)
 PA_MMA_X(bf16, 0, e4m3, 2, 4)
 PA_MMA_X(bf16, 0, e4m3, 2, 5)
 PA_MMA_X(bf16, 0, bf16, 0, 3)
+
+// Experiment 8 (e4m3 KV): Q fragments in shared memory and a 4-slot ring
+// (MmaSmem::Q8_SMEM), three CTAs an SM.
+extern "C" __global__ void __launch_bounds__(pa::NT, 3)
+    paged_attention_mma_bf16_kv_e4m3_d128_x8(const PagedAttentionParams p) {
+    pa::pdl_wait();
+    pa::mma_body<0, 2, 128, 8>(p);
+}

@@ -368,7 +368,18 @@ pub fn mma_variants() -> Vec<(HalfDtype, KvDtype, usize)> {
 /// tile's 16 Q rows (`16·D` 16-bit values) follow. The warp-merge scratch
 /// `4·16·(D+8)` f32 aliases the rings.
 pub fn mma_smem_bytes(head_dim: usize, kv: KvDtype) -> usize {
+    mma_smem_bytes_xv(head_dim, kv, 0)
+}
+
+/// [`mma_smem_bytes`] of timing experiment `xv`'s entry
+/// ([`PagedAttentionKernel::set_experiment`](crate::PagedAttentionKernel::set_experiment)):
+/// with e4m3 KV and `xv & 8`, a 4-slot ring and the Q A-fragments
+/// (`D/16 · 32 · 16` bytes) after the valid masks; other experiments share
+/// the production layout.
+pub fn mma_smem_bytes_xv(head_dim: usize, kv: KvDtype, xv: u32) -> usize {
+    let q8 = kv == KvDtype::E4m3 && xv & 8 != 0;
     let nst = match kv {
+        KvDtype::E4m3 if q8 => 4,
         KvDtype::E4m3 => 6,
         _ => 3,
     };
@@ -381,7 +392,8 @@ pub fn mma_smem_bytes(head_dim: usize, kv: KvDtype) -> usize {
     } else {
         0
     };
-    bytes + q
+    let q8 = if q8 { head_dim / 16 * 32 * 16 } else { 0 };
+    bytes + q + q8
 }
 
 /// Dynamic shared memory of the decode kernel (mirrors `Smem` in the .cu):

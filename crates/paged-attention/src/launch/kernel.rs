@@ -14,8 +14,8 @@ use crate::{HalfDtype, KvDtype, HEAD_DIMS, PTX};
 use super::plan::{plan_path, validate_path};
 use super::views::{base_ptrs, stride_err};
 use super::{
-    entry_name, mma_entry_name, mma_smem_bytes, mma_variants, smem_bytes, DecodeArgs, KernelPath,
-    LaunchPlan, QueryLayout, ROWS_PER_CTA,
+    entry_name, mma_entry_name, mma_smem_bytes_xv, mma_variants, smem_bytes, DecodeArgs,
+    KernelPath, LaunchPlan, QueryLayout, ROWS_PER_CTA,
 };
 
 /// Timing experiment entries of the tensor-core kernel (`<entry>_x<n>`).
@@ -24,7 +24,16 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_bf16_d128_x3",
     "paged_attention_mma_bf16_kv_e4m3_d128_x4",
     "paged_attention_mma_bf16_kv_e4m3_d128_x5",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x8",
 ];
+
+/// The experiment number of an `_x{n}` entry name (0 for a production entry).
+fn entry_experiment(entry: &str) -> u32 {
+    entry
+        .rsplit_once("_x")
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap_or(0)
+}
 
 /// Environment variable that sets whether decode / verify launches are
 /// programmatic dependent launches ([`PagedAttentionKernel::set_pdl`]):
@@ -75,11 +84,8 @@ impl PagedAttentionKernel {
                 })
                 .map(|e| (*e).to_string());
             for entry in std::iter::once(name.clone()).chain(experiments) {
-                kernel.load(
-                    &PTX,
-                    &entry,
-                    EntryAttrs::smem_max_carveout(mma_smem_bytes(d, kv)),
-                )?;
+                let smem = mma_smem_bytes_xv(d, kv, entry_experiment(&entry));
+                kernel.load(&PTX, &entry, EntryAttrs::smem_max_carveout(smem))?;
             }
         }
         for q in [HalfDtype::Bf16, HalfDtype::F16] {
@@ -105,10 +111,13 @@ impl PagedAttentionKernel {
     }
 
     /// Runs timing experiment `xv` where its entry exists (launches of
-    /// other shapes keep the production entry); 0 = production. D 128 bf16
-    /// tensor-core kernel, correct results: `1` without the L2 prefetch hint
-    /// on its K/V copies (the kernel before it), `2` with whole token rows
-    /// per warp copy instruction.
+    /// other shapes keep the production entry); 0 = production. D 128 bf16-Q
+    /// tensor-core entries, correct results (`_x{xv}` in the .cu): `1`
+    /// (bf16 KV) the L2 prefetch hint on its K/V copies, `3` (bf16 KV)
+    /// lane-quad copies with the hint, `4` / `5` (e4m3 KV) whole rows per
+    /// copy instruction with / without the hint, `8` (e4m3 KV) the Q
+    /// fragments read from shared memory each slice and a 4-slot ring, so
+    /// that three CTAs fit an SM.
     ///
     /// # Errors
     /// [`KernelError::Unsupported`] for an unknown experiment.
@@ -248,6 +257,12 @@ impl PagedAttentionKernel {
         let entry = experiment
             .or_else(|| self.kernel.index(&plan.entry))
             .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {}", plan.entry)))?;
+        let mut config = plan.config;
+        if experiment.is_some() {
+            // An experiment entry may lay out its shared memory otherwise.
+            config.shared_mem_bytes =
+                mma_smem_bytes_xv(plan.head_dim, args.kv.dtype(), self.experiment) as u32;
+        }
         // SAFETY: `validate` checked every shape and stride against the
         // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
         // alignment, and the workspace size; device data (page ids, lengths,
@@ -256,7 +271,7 @@ impl PagedAttentionKernel {
         // global access, as a PDL launch requires.
         unsafe {
             self.kernel
-                .launch_with(stream, entry, plan.config, &[&p], self.pdl())
+                .launch_with(stream, entry, config, &[&p], self.pdl())
         }
     }
 }
