@@ -168,6 +168,28 @@ fn cases() -> Vec<Shape> {
             ..s("bs 1, L 32768, HND pages", 32, 8, 128, 1, 32768)
         },
         Shape {
+            experiment: 8,
+            ..s(
+                "bs 64, L 8192 (x8: Q in shared memory, 2-slot ring, 3 CTAs/SM)",
+                32,
+                8,
+                128,
+                64,
+                8192,
+            )
+        },
+        Shape {
+            experiment: 8,
+            ..s(
+                "bs 256, L 8192 (x8: Q in shared memory, 2-slot ring, 3 CTAs/SM)",
+                32,
+                8,
+                128,
+                256,
+                8192,
+            )
+        },
+        Shape {
             experiment: 1,
             ..s(
                 "bs 64, L 8192 (x1: with the L2 prefetch hint)",

@@ -664,11 +664,13 @@ constexpr int MTT = MW * MWT; // tokens per CTA tile
 template <int D, int KV, int XV = 0>
 struct MmaSmem {
     static constexpr int ES = KV == 2 ? 1 : 2;
-    // Experiment XV & 8 (e4m3 KV): the Q A-fragments in shared memory
-    // (Q8_SMEM) and a 4-slot ring, so that three CTAs fit an SM (registers
-    // <= 168, shared memory <= 76 KB a CTA).
-    static constexpr bool Q8_SMEM = KV == 2 && (XV & 8) != 0;
-    static constexpr int NST = KV == 2 ? (Q8_SMEM ? 4 : 6) : 3;  // ring slots per warp
+    // Experiment XV & 8: Q in shared memory — e4m3 KV: its A-fragments
+    // (Q8_SMEM), 16-bit KV: its rows, read by ldmatrix (Q_SMEM, as D 256) —
+    // and a ring of 4 (e4m3) / 2 (16-bit) slots, so that three CTAs fit an
+    // SM (registers <= 168, shared memory <= 76 KB a CTA).
+    static constexpr bool X8 = (XV & 8) != 0;
+    static constexpr bool Q8_SMEM = KV == 2 && X8;
+    static constexpr int NST = KV == 2 ? (X8 ? 4 : 6) : (X8 ? 2 : 3);  // ring slots per warp
     static constexpr int RRB = D * ES;                 // raw (loaded) row bytes
     static constexpr int CPR = RRB / 16;               // 16-byte chunks per raw row
     static constexpr int HRB = D * 2;                  // 16-bit row bytes
@@ -683,7 +685,7 @@ struct MmaSmem {
     // of D 16-bit values, 16-byte chunks XOR-swizzled by row & 7) instead of
     // being held in 4 D / 16 registers a thread, which with the 2 D / 8
     // accumulators would spill.
-    static constexpr bool Q_SMEM = D >= 256;
+    static constexpr bool Q_SMEM = D >= 256 || (X8 && KV != 2);
     static constexpr int Q_OFF = (VM_OFF + MW * NST * 2 * 4 + 15) / 16 * 16;
     // Q8_SMEM: u32 [D / 16 k-steps][32 lanes][4] (each lane's A-fragment of
     // a k-step as one 16-byte word), after the rows of Q_SMEM (never both).
@@ -1461,10 +1463,14 @@ PA_MMA_X(bf16, 0, e4m3, 2, 4)
 PA_MMA_X(bf16, 0, e4m3, 2, 5)
 PA_MMA_X(bf16, 0, bf16, 0, 3)
 
-// Experiment 8 (e4m3 KV): Q fragments in shared memory and a 4-slot ring
-// (MmaSmem::Q8_SMEM), three CTAs an SM.
-extern "C" __global__ void __launch_bounds__(pa::NT, 3)
-    paged_attention_mma_bf16_kv_e4m3_d128_x8(const PagedAttentionParams p) {
-    pa::pdl_wait();
-    pa::mma_body<0, 2, 128, 8>(p);
-}
+// Experiment 8: Q in shared memory and a shorter ring (MmaSmem::X8),
+// three CTAs an SM.
+#define PA_MMA_X3(QN, QT, KVN, KV, XV)                                                             \
+    extern "C" __global__ void __launch_bounds__(pa::NT, 3)                                          \
+        paged_attention_mma_##QN##_kv_##KVN##_d128_x##XV(const PagedAttentionParams p) {             \
+        pa::pdl_wait();                                                                            \
+        pa::mma_body<QT, KV, 128, XV>(p);                                                          \
+    }
+
+PA_MMA_X3(bf16, 0, e4m3, 2, 8)
+PA_MMA_X3(bf16, 0, bf16, 0, 8)

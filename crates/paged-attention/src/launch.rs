@@ -373,21 +373,24 @@ pub fn mma_smem_bytes(head_dim: usize, kv: KvDtype) -> usize {
 
 /// [`mma_smem_bytes`] of timing experiment `xv`'s entry
 /// ([`PagedAttentionKernel::set_experiment`](crate::PagedAttentionKernel::set_experiment)):
-/// with e4m3 KV and `xv & 8`, a 4-slot ring and the Q A-fragments
-/// (`D/16 · 32 · 16` bytes) after the valid masks; other experiments share
-/// the production layout.
+/// with `xv & 8`, a 4-slot (e4m3) / 2-slot (16-bit) ring, then the Q
+/// A-fragments (e4m3: `D/16 · 32 · 16` bytes) or the tile's Q rows (16-bit:
+/// `16 · D` values, as at D 256) after the valid masks; other experiments
+/// share the production layout.
 pub fn mma_smem_bytes_xv(head_dim: usize, kv: KvDtype, xv: u32) -> usize {
-    let q8 = kv == KvDtype::E4m3 && xv & 8 != 0;
+    let x8 = xv & 8 != 0;
+    let q8 = kv == KvDtype::E4m3 && x8;
     let nst = match kv {
-        KvDtype::E4m3 if q8 => 4,
+        KvDtype::E4m3 if x8 => 4,
         KvDtype::E4m3 => 6,
+        _ if x8 => 2,
         _ => 3,
     };
     let slot = 16 * head_dim * kv.size() * 2;
     let ring = 4 * nst * slot;
     let bytes = (ring + 2 * 4 * ROWS_PER_CTA * 4 + 4 * nst * 2 * 4).div_ceil(16) * 16;
     // D 256: the tile's 16 Q rows (16-bit) follow.
-    let q = if head_dim >= 256 {
+    let q = if head_dim >= 256 || (x8 && kv != KvDtype::E4m3) {
         ROWS_PER_CTA * head_dim * 2
     } else {
         0

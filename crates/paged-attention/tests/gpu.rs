@@ -620,17 +620,19 @@ fn main() {
             // The timing experiments that compute correct results (`_x1`:
             // the L2 prefetch hint on, `_x3`: it and lane-quad copies, both
             // bf16 KV; `_x4` / `_x5`: e4m3 KV copied in whole rows, with and
-            // without the hint; `_x8`: e4m3 KV with the Q fragments in
-            // shared memory and a 4-slot ring), on the random cases their
+            // without the hint; `_x8`: e4m3 and bf16 KV with Q in shared
+            // memory and a shorter ring), on the random cases their
             // entry serves (bf16 Q, D 128) and on some others (which keep the
             // production entry).
             let mut runs = 0usize;
-            for xv in [1u32, 3, 4, 5, 8] {
-                let kv = if xv >= 4 {
-                    KvDtype::E4m3
-                } else {
-                    KvDtype::Bf16
-                };
+            for (xv, kv) in [
+                (1u32, KvDtype::Bf16),
+                (3, KvDtype::Bf16),
+                (4, KvDtype::E4m3),
+                (5, KvDtype::E4m3),
+                (8, KvDtype::E4m3),
+                (8, KvDtype::Bf16),
+            ] {
                 let mut k = PagedAttentionKernel::new(gpu).or_fail("load")?;
                 k.set_experiment(xv).or_fail("experiment")?;
                 for seed in 0u64..4000 {

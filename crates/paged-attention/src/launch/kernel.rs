@@ -25,6 +25,7 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_e4m3_d128_x4",
     "paged_attention_mma_bf16_kv_e4m3_d128_x5",
     "paged_attention_mma_bf16_kv_e4m3_d128_x8",
+    "paged_attention_mma_bf16_kv_bf16_d128_x8",
 ];
 
 /// The experiment number of an `_x{n}` entry name (0 for a production entry).
@@ -115,9 +116,9 @@ impl PagedAttentionKernel {
     /// tensor-core entries, correct results (`_x{xv}` in the .cu): `1`
     /// (bf16 KV) the L2 prefetch hint on its K/V copies, `3` (bf16 KV)
     /// lane-quad copies with the hint, `4` / `5` (e4m3 KV) whole rows per
-    /// copy instruction with / without the hint, `8` (e4m3 KV) the Q
-    /// fragments read from shared memory each slice and a 4-slot ring, so
-    /// that three CTAs fit an SM.
+    /// copy instruction with / without the hint, `8` (e4m3 and bf16 KV) Q
+    /// read from shared memory each slice and a shorter ring (4 / 2
+    /// slots), so that three CTAs fit an SM.
     ///
     /// # Errors
     /// [`KernelError::Unsupported`] for an unknown experiment.
