@@ -52,10 +52,13 @@
 #             gpt-oss-20b on the conv trace (REPLAY_OSS_ARGS, default the first
 #             4000 requests) for the metadata share
 #   pending   sessions 18-19's work not yet run on a GPU, in one call: the
-#             kernel-rt GPU tests (Launcher), memcheck on the final decode
-#             kernel (masked non-finite keys, PDL chains), the Python GPU
+#             kernel-rt GPU tests (Launcher), the decode experiment entries
+#             (x8) against the reference, memcheck on the final decode
+#             kernel (masked non-finite keys, PDL chains, x8), the Python GPU
 #             tests (return_lse, e4m3 query), the code-trace replay (output
-#             hash vs bd6daa2f9fe1028c, session 18 before the Launcher)
+#             hash vs bd6daa2f9fe1028c, session 18 before the Launcher), then
+#             the decode bench rows of the x8 experiment beside production
+#             (DBENCH_X8_CASES) and the cuDNN peers
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries.
 #   usage: OUT=logs STAGES="smoke tests bench peers" bash scripts/gpu-context.sh [bundle.tar.xz]
@@ -245,6 +248,9 @@ stage_pending() {
   echo "== kernel-rt GPU tests"
   timeout 120 tests/kernel-rt-gpu --include-ignored > "$OUT/kernel-rt.log" 2>&1; echo "rc=$?"
   summary "$OUT/kernel-rt.log"
+  echo "== decode experiment entries vs the reference"
+  timeout 200 tests/paged-attention-gpu --include-ignored experiment_entries > "$OUT/decode_x.log" 2>&1
+  echo "rc=$?"; summary "$OUT/decode_x.log"; grep -E "experiment_entries" "$OUT/decode_x.log"
   echo "== memcheck: decode masked non-finite keys, PDL chains"
   timeout 200 compute-sanitizer --tool memcheck tests/paged-attention-gpu --include-ignored masked_nonfinite pdl \
     > "$OUT/decode_memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/decode_memcheck.log"
@@ -254,5 +260,7 @@ stage_pending() {
   grep -E "passed|failed|FAILED|Error" "$OUT/python.log" | head -20
   REPLAY_ARGS=${REPLAY_ARGS:---requests 2000} stage_replay
   grep -E "output hash" "$OUT/replay-code.log"
+  echo "== decode bench: x8 beside production"
+  MHA_KIT_BENCH_CASES="${DBENCH_X8_CASES:-bs 64, L 8192|bs 256, L 8192|FP8 KV, bs 64}" DBENCH_TIMEOUT=240 stage_dbench
 }
 for st in $STAGES; do "stage_$st"; done
