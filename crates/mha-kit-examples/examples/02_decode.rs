@@ -191,6 +191,7 @@ pub fn run(allow_gpu: bool) -> Result<String, Box<dyn Error>> {
                     window_left: None,
                     sinks: None,
                     split: SplitMode::Auto,
+                    interleave: None,
                     workspace: Some(StridedMut::of("workspace", &mut d_ws, [ws_len])?),
                     lse: None,
                 },

@@ -385,6 +385,7 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
             _ => None,
         },
         split: SplitMode::Auto,
+        interleave: None,
         workspace: None,
         lse: match (&mut lse, &c.lse) {
             (Some(b), Some(t)) => Some(b.view_mut(t)?),

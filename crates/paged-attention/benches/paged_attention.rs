@@ -627,6 +627,7 @@ fn launch(
             None
         },
         split,
+        interleave: None,
         workspace: Some(StridedMut::contiguous(
             "workspace",
             p.ws.slice_mut(0..ws_len),

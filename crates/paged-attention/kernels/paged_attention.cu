@@ -180,6 +180,20 @@ MHA_KIT_DEVICE Geom request_geom(const PagedAttentionParams& p, int b, bool repo
     return g;
 }
 
+// ---- decode context parallelism: page interleave (p.cp_ranks > 1) ----
+// Rank p.cp_rank of p.cp_ranks holds every request's pages e with
+// e mod N = rank, as its local pages e div N: local key k sits at global
+// position ((k div P) N + rank) P + k mod P (reference.rs `Interleave`,
+// block = P). cache_seqlens and the rows' positions stay global; keys and
+// pages are indexed locally.
+// How many of this rank's keys sit at global positions < g (0 for g <= 0):
+// the local index of its first key at a position >= g.
+MHA_KIT_DEVICE i32 cp_count_below(const PagedAttentionParams& p, i32 g) {
+    if (g <= 0) return 0;
+    const i32 cycle = p.cp_ranks * p.page_size;
+    return (g / cycle) * p.page_size + min(max(g % cycle - p.cp_rank * p.page_size, 0), p.page_size);
+}
+
 // Key range [k_lo, k_hi) of a row tile and its split partition.
 struct Split {
     i32 rows;        // rows in this tile (0 = none)
@@ -204,6 +218,11 @@ MHA_KIT_DEVICE Split tile_split(const PagedAttentionParams& p, const Geom& g, in
     const i32 x_max = g.len - g.n + j_max;
     s.k_hi = max(x_max + 1, 0);
     s.k_lo = p.window_left >= 0 ? max(x_min - p.window_left, 0) : 0;
+    if (p.cp_ranks > 1) {
+        // Local keys of the tile's global range.
+        s.k_hi = cp_count_below(p, x_max + 1);
+        s.k_lo = p.window_left >= 0 ? cp_count_below(p, x_min - p.window_left) : 0;
+    }
     const i32 leff = s.k_hi > s.k_lo ? s.k_hi - s.k_lo : 0;
     if (leff == 0) {
         s.k_hi = s.k_lo;
@@ -767,7 +786,9 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     const int warp = tid >> 5;
 
     const bool reporter_cta = split == 0 && h == 0 && rt == 0;
-    const Geom g = request_geom(p, b, reporter_cta && tid == 0);
+    // Per-request events once over the ranks (rank 0); page events by the
+    // rank that holds the page.
+    const Geom g = request_geom(p, b, reporter_cta && tid == 0 && p.cp_rank == 0);
     if (g.skip) return;
 
 
@@ -801,13 +822,19 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     // advance by (MTT / P, MTT % P) with one carry: two divisions per thread
     // in place of two per slice (FP8 bs 64 x 8k, session 18: ~45 of the
     // loop's ~680 instructions a slice were the divisions).
+    // Under the page interleave the cursor holds page-table columns (local
+    // page i is column i N + rank): a carry steps N columns.
     const i32 psz = p.page_size;
+    const i32 cpn = p.cp_ranks;
     const i32 adv_pg = MTT / psz;
     const i32 adv_off = MTT - adv_pg * psz;
+    const i32 adv_col = adv_pg * cpn;
     i32 cur_pg0 = (slice0 + lt) / psz;
     i32 cur_off0 = slice0 + lt - cur_pg0 * psz;
     i32 cur_pg1 = (slice0 + lt + 8) / psz;
     i32 cur_off1 = slice0 + lt + 8 - cur_pg1 * psz;
+    cur_pg0 = cur_pg0 * cpn + p.cp_rank;
+    cur_pg1 = cur_pg1 * cpn + p.cp_rank;
     auto lookup = [&](Look& lk, int t) {
         const i32 k0 = slice0 + t * MTT + lt;
         const i32 k1 = k0 + 8;
@@ -820,16 +847,16 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         lk.id0 = lk.ok0 ? __ldg(pt_row + pg0) : 0;
         lk.id1 = lk.ok1 ? __ldg(pt_row + pg1) : 0;
         cur_off0 += adv_off;
-        cur_pg0 += adv_pg;
+        cur_pg0 += adv_col;
         if (cur_off0 >= psz) {
             cur_off0 -= psz;
-            ++cur_pg0;
+            cur_pg0 += cpn;
         }
         cur_off1 += adv_off;
-        cur_pg1 += adv_pg;
+        cur_pg1 += adv_col;
         if (cur_off1 >= psz) {
             cur_off1 -= psz;
-            ++cur_pg1;
+            cur_pg1 += cpn;
         }
     };
     auto issue = [&](const Look& lk, int t) {
@@ -982,6 +1009,12 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         // Padding rows see no key (x = -1).
         xr[hr] = valid ? x_base + j : -1;
         xlo[hr] = p.window_left >= 0 ? xr[hr] - p.window_left : (i32)0x80000000;
+        if (p.cp_ranks > 1 && valid) {
+            // The row's global range [x - W, x] in local keys (xr = -1: none here).
+            const i32 x = x_base + j;
+            xr[hr] = cp_count_below(p, x + 1) - 1;
+            xlo[hr] = p.window_left >= 0 ? cp_count_below(p, x - p.window_left) : (i32)0x80000000;
+        }
     }
 
     // Experiment XV & 8: the e4m3 path's A-fragments (the same in every
@@ -1040,15 +1073,23 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     // D10: count bad entries among the request's needed pages, once (the
     // reporter CTA always runs: split 0 of row tile 0 exists when g.n > 0);
     // after the prologue so its loads overlap the first KV tiles.
+    // Under the page interleave: this rank's needed pages (local indices,
+    // read at their page-table columns).
     if (reporter_cta && g.n > 0) {
-        const i32 k_lo_req = p.window_left >= 0 ? max(g.len - g.n - p.window_left, 0) : 0;
-        if (k_lo_req < g.len) {
+        i32 k_lo_req = p.window_left >= 0 ? max(g.len - g.n - p.window_left, 0) : 0;
+        i32 k_end = g.len;
+        if (p.cp_ranks > 1) {
+            k_lo_req = p.window_left >= 0 ? cp_count_below(p, g.len - g.n - p.window_left) : 0;
+            k_end = cp_count_below(p, g.len);
+        }
+        if (k_lo_req < k_end) {
             const i32 p_first = k_lo_req / p.page_size;
-            const i32 p_last = (g.len - 1) / p.page_size;
+            const i32 p_last = (k_end - 1) / p.page_size;
             for (i32 pg = p_first + tid; pg <= p_last; pg += NT) {
-                bool bad = pg >= p.max_num_pages;
+                const i32 col = pg * p.cp_ranks + p.cp_rank;
+                bool bad = col >= p.max_num_pages;
                 if (!bad) {
-                    const i32 id = __ldg(p.page_table + (i64)b * p.page_table_stride + pg);
+                    const i32 id = __ldg(p.page_table + (i64)b * p.page_table_stride + col);
                     bad = id < 0 || id >= p.num_pages;
                 }
                 if (bad) mha_kit::report_error(p.errors, PA_BAD_PAGE);

@@ -127,6 +127,11 @@ kernel_rt::abi_struct! {
         /// KV tokens per CTA tile of the launched kernel (32 CUDA-core, 64
         /// tensor-core): auto split chunks are multiples of it.
         pub tile_tokens: i32 = "i32",
+        /// Decode context parallelism: ranks the pages are dealt to (`N`;
+        /// 1 = off), see [`DecodeArgs::interleave`].
+        pub cp_ranks: i32 = "i32",
+        /// This launch's rank, `< cp_ranks`.
+        pub cp_rank: i32 = "i32",
     }
 }
 
@@ -298,6 +303,16 @@ pub struct DecodeArgs<'a> {
     pub window_left: Option<u32>,
     /// `[Hq]` f32 sink logits, contiguous.
     pub sinks: Option<Strided<'a, f32, 1>>,
+    /// Decode context parallelism by page interleave (`crate::cp`): this
+    /// launch is rank `rank` of `ranks`, holding every request's pages `e`
+    /// with `e mod ranks = rank` as its local pages `e div ranks`
+    /// (`block` must be the page size). `page_table` is the global table
+    /// (rank `r` reads columns `i·ranks + r`), `cache_seqlens` the global
+    /// lengths, and causal limits and windows are decided in global
+    /// positions; the output is the rank's partial state (with `lse`, for
+    /// [`crate::merge_kernel`]), so `sinks` must be `None` (they join after
+    /// the merge). Tensor-core kernel only; `None` or `ranks = 1` = off.
+    pub interleave: Option<crate::reference::Interleave>,
     /// Split policy.
     pub split: SplitMode,
     /// `[num_tokens, Hq]` f32: each written row's natural-log log-sum-exp

@@ -517,6 +517,7 @@ fn case_args<'a>(
             None => None,
         },
         split,
+        interleave: None,
         workspace: Some(StridedMut::contiguous(
             "workspace",
             ws.slice_mut(0..ws_len),
@@ -524,6 +525,128 @@ fn case_args<'a>(
         )?),
         lse: None,
     })
+}
+
+/// Decode context parallelism on one GPU (issue 17): each random case
+/// (every dtype pair, D, page size, window, layout, ragged rows, bad device
+/// data the tensor-core kernel serves) runs as 2–4 ranks by page interleave
+/// (`DecodeArgs::interleave`: the global page table and lengths, no sinks,
+/// the row LSE); each rank's output and LSE equal the reference over its
+/// rank tables in global positions (`reference::attention_at`), the ranks'
+/// states merged on the host with the sinks joined once equal the unsplit
+/// reference, and the ranks' error words add up to the unsplit call's
+/// (`cp::simulate`: per-request events once, each page by its rank).
+fn interleaved_ranks(gpu: &Arc<Gpu>) -> Result<(), String> {
+    use paged_attention::cp::{rank_tables, simulate};
+    use paged_attention::merge::{apply_sinks, merge_states};
+    use paged_attention::reference::{attention_at, HostInputs, Interleave, KeyPositions};
+    let k = PagedAttentionKernel::new(gpu).or_fail("load")?;
+    let cases = std::env::var("MHA_KIT_GPU_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(600u64);
+    let mut runs = 0usize;
+    for seed in 0..cases {
+        let (c, split, msl) = random_case(seed);
+        if !paged_attention::mma_supported(c.q_dtype, c.kv_dtype, c.d) {
+            continue;
+        }
+        let ranks = 2 + (seed % 3) as usize;
+        let (kb, vb) = (c.k_bytes(), c.v_bytes());
+        let full = c.inputs(&kb, &vb);
+        let global: Vec<i64> = c.lens.iter().map(|&l| i64::from(l.max(0))).collect();
+        let (t, hq, d) = (c.num_tokens, c.hq, c.d);
+        let mut parts: Vec<(Vec<f64>, Vec<f64>)> = Vec::with_capacity(ranks);
+        let mut first_bits = Vec::new();
+        let mut errs = ErrorReport::default();
+        for rank in 0..ranks {
+            let il = Interleave {
+                rank,
+                ranks,
+                block: c.p,
+            };
+            let dev = CaseBuffers::upload(gpu, &c).or_fail("upload")?;
+            let n = c.q.len();
+            let mut out = upload(gpu, &vec![POISON; n]).or_fail("upload")?;
+            let need = case_workspace(&c, split, msl, k.num_sms()).or_fail("workspace")?;
+            let mut ws = upload(gpu, &fresh_workspace(need, counter_count(&c))).or_fail("ws")?;
+            let mut lse = upload(gpu, &vec![f32::from_bits(LSE_POISON); t * hq]).or_fail("lse")?;
+            let mut errors = DeviceErrors::new(gpu).or_fail("errors")?;
+            {
+                let mut args = case_args(
+                    &c,
+                    &dev,
+                    dev.q0.slice(0..n),
+                    out.slice_mut(0..n),
+                    &mut ws,
+                    split,
+                    msl,
+                )
+                .or_fail("args")?;
+                args.sinks = None;
+                args.interleave = Some(il);
+                args.lse = Some(
+                    StridedMut::contiguous("lse", lse.slice_mut(0..t * hq), [t, hq])
+                        .or_fail("lse view")?,
+                );
+                k.launch(&mut args, &mut errors)
+                    .map_err(|e| format!("seed {seed}, rank {rank}/{ranks}: {e}"))?;
+            }
+            let s = gpu.stream();
+            let got: Vec<u16> = s.clone_dtoh(&out).or_fail("read")?;
+            let got_lse: Vec<f32> = s.clone_dtoh(&lse).or_fail("read")?;
+            let e = errors.read().or_fail("errors")?;
+            errs.count += e.count;
+            errs.flags |= e.flags;
+            // The rank against the reference over its tables, global positions.
+            let rt = rank_tables(&c.page_table, c.m, c.m, &c.lens, c.p, rank, ranks);
+            let local = HostInputs {
+                page_table: &rt.page_table,
+                max_num_pages: rt.max_num_pages,
+                page_table_stride: rt.max_num_pages,
+                cache_seqlens: &rt.cache_seqlens,
+                sinks: None,
+                ..full
+            };
+            let pos = KeyPositions {
+                key_offset: None,
+                interleave: Some(il),
+                seq_lens: Some(&global),
+            };
+            let mut want = attention_at(&local, &pos);
+            want.errors = e; // events are checked summed over the ranks, below
+            let ctx = || format!("seed {seed}, rank {rank}/{ranks}, case {}", describe(&c));
+            compare(&c, &want, &got[..n], &e).map_err(|m| format!("{m}; {}", ctx()))?;
+            compare_lse(&c, &want, &got_lse[..t * hq]).map_err(|m| format!("{m}; {}", ctx()))?;
+            let o: Vec<f64> = got[..n].iter().map(|&b| c.q_dtype.to_f64(b)).collect();
+            let l: Vec<f64> = got_lse[..t * hq].iter().map(|&x| f64::from(x)).collect();
+            if rank == 0 {
+                first_bits = got[..n].to_vec();
+            }
+            parts.push((o, l));
+        }
+        // Merged on the host, the sinks joined once: the unsplit result.
+        let want = c.reference();
+        let views: Vec<(&[f64], &[f64])> = parts.iter().map(|(o, l)| (&o[..], &l[..])).collect();
+        let (mut mo, mut ml) = merge_states(&views, d);
+        if let Some(sk) = &c.sinks {
+            apply_sinks(&mut mo, &mut ml, sk, d);
+        }
+        let mut merged = first_bits;
+        for row in (0..t).filter(|&r| want.written[r]) {
+            for j in 0..hq * d {
+                merged[row * hq * d + j] = c.q_dtype.from_f64(mo[row * hq * d + j]);
+            }
+        }
+        let sim = simulate(&full, ranks);
+        let mut want_merged = want.clone();
+        want_merged.errors = sim.errors;
+        compare(&c, &want_merged, &merged, &errs)
+            .map_err(|m| format!("merged: {m}; seed {seed}, {ranks} ranks, case {}", describe(&c)))?;
+        runs += 1;
+    }
+    println!("interleaved_ranks_merge_to_the_unsplit_output: {runs} cases");
+    Ok(())
 }
 
 /// Programmatic dependent launch: chains of 6 launches (each reading the
@@ -612,6 +735,10 @@ fn pdl_chains(gpu: &Arc<Gpu>) -> Result<(), String> {
 fn main() {
     let trials = vec![
         gpu_trial("pdl_chains_equal_plain_launches", pdl_chains),
+        gpu_trial(
+            "interleaved_ranks_merge_to_the_unsplit_output",
+            interleaved_ranks,
+        ),
         named(
             "masked_nonfinite_keys_never_reach_a_row",
             masked_nonfinite_keys,

@@ -477,6 +477,7 @@ fn attend_part(
         window_left: plan.window_left,
         sinks,
         split: SplitMode::Auto,
+        interleave: None,
         workspace: None,
         lse: None,
     };

@@ -3,6 +3,8 @@
 
 use kernel_rt::{to_i32, to_i64, KernelError, Result};
 
+use crate::reference::Interleave;
+
 use super::views::{
     check_sinks_and_scales, check_vector, stride_err, validate_views, view_strides, ViewShapes,
 };
@@ -120,6 +122,8 @@ pub(super) fn plan_path(
     let use_mma = path == KernelPath::Auto
         && mma_supported(args.q_dtype, args.kv.dtype(), dim)
         && mma_strides_fit(st.k, st.v, args.kv.dtype().size() as i64);
+    let (cp_ranks, cp_rank) =
+        interleave_params(args.interleave, page_size, m, args.sinks.is_some(), use_mma)?;
     let (smem, entry, tile_tokens) = if use_mma {
         (
             mma_smem_bytes(dim, args.kv.dtype()),
@@ -197,6 +201,8 @@ pub(super) fn plan_path(
         scale_log2: args.bmm1_scale * std::f32::consts::LOG2_E,
         bmm2_scale: args.bmm2_scale,
         tile_tokens: tile_tokens as i32,
+        cp_ranks,
+        cp_rank,
         ..Default::default()
     };
     Ok(LaunchPlan {
@@ -206,6 +212,50 @@ pub(super) fn plan_path(
         workspace_elems,
         head_dim: dim,
     })
+}
+
+/// `(cp_ranks, cp_rank)` of the params from [`DecodeArgs::interleave`]
+/// (`(1, 0)` without one or with one rank), for a launch of `page_size`,
+/// `m` page-table columns, with or without sinks, on the tensor-core kernel
+/// or not.
+///
+/// # Errors
+/// [`KernelError::Unsupported`] for `rank ≥ ranks`, a block other than the
+/// page size, sinks with more than one rank (they join after the merge), a
+/// launch the tensor-core kernel cannot take, or columns past `i32`.
+pub(crate) fn interleave_params(
+    interleave: Option<Interleave>,
+    page_size: usize,
+    m: usize,
+    sinks: bool,
+    use_mma: bool,
+) -> Result<(i32, i32)> {
+    let Some(il) = interleave.filter(|il| il.ranks > 1) else {
+        return Ok((1, 0));
+    };
+    let err = |detail: String| Err(KernelError::unsupported("interleave", detail));
+    if il.rank >= il.ranks {
+        return err(format!("rank {} of {} ranks", il.rank, il.ranks));
+    }
+    if il.block != page_size {
+        return err(format!(
+            "block {} must be the page size {page_size} (pages are dealt whole)",
+            il.block
+        ));
+    }
+    if sinks {
+        return err("sinks join once after the ranks' states are merged: pass None".into());
+    }
+    if !use_mma {
+        return err(
+            "the page interleave runs on the tensor-core kernel only (16-bit Q, D 64 / 128 / \
+             256, K/V byte strides within i32)"
+                .into(),
+        );
+    }
+    // Local pages up to ceil(M / N) map to columns below M + N.
+    to_i32("interleave", m + il.ranks)?;
+    Ok((to_i32("interleave", il.ranks)?, il.rank as i32))
 }
 
 /// The row stride of an optional LSE output `[num_tokens, Hq]` f32 (0
@@ -231,4 +281,41 @@ pub(crate) fn lse_stride_tok(
     }
     l.require_last_contiguous()?;
     to_i64("lse", l.strides()[0])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::interleave_params;
+    use crate::reference::Interleave;
+
+    fn il(rank: usize, ranks: usize, block: usize) -> Option<Interleave> {
+        Some(Interleave { rank, ranks, block })
+    }
+
+    #[test]
+    fn interleave_params_off_by_default_and_checked() {
+        assert_eq!(interleave_params(None, 16, 8, true, false).unwrap(), (1, 0));
+        // One rank is the unsplit call (sinks and any kernel allowed).
+        assert_eq!(
+            interleave_params(il(0, 1, 16), 16, 8, true, false).unwrap(),
+            (1, 0)
+        );
+        assert_eq!(
+            interleave_params(il(2, 4, 16), 16, 8, false, true).unwrap(),
+            (4, 2)
+        );
+        let refused = [
+            il(4, 4, 16), // rank past the ranks
+            il(0, 2, 1),  // a block other than the page
+        ];
+        for r in refused {
+            let e = interleave_params(r, 16, 8, false, true).unwrap_err();
+            assert!(e.to_string().contains("interleave"), "{e}");
+        }
+        let e = interleave_params(il(1, 2, 16), 16, 8, true, true).unwrap_err();
+        assert!(e.to_string().contains("sinks"), "{e}");
+        let e = interleave_params(il(1, 2, 16), 16, 8, false, false).unwrap_err();
+        assert!(e.to_string().contains("tensor-core"), "{e}");
+        assert!(interleave_params(il(1, 2, 16), 16, i32::MAX as usize, false, true).is_err());
+    }
 }
