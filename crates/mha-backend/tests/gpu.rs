@@ -811,30 +811,48 @@ fn main() {
         "kv_pages_two_pools_round_trip",
         |_g: &Arc<Gpu>| kv::moved_pages_decode_bit_for_bit(Device::Cuda(gpu_ordinal())),
     ));
+    // Decode context parallelism simulated on the GPU (issue 17): every mode
+    // against the CPU executor's cp::simulate, graph replay == eager.
+    for (name, make) in models {
+        for (i, mode) in MODES.iter().copied().enumerate() {
+            let ranks = 2 + 2 * (i % 2); // 2 or 4
+            let with_cp = move || {
+                let mut c = make();
+                c.decode_cp_ranks = ranks;
+                c
+            };
+            trials.push(gpu_trial(
+                format!("decode_cp_eager_vs_cpu/{name}/{ranks}/{mode:?}"),
+                move |_g: &Arc<Gpu>| eager_vs_cpu(with_cp(), mode, 300 + i as u64, steps),
+            ));
+            if matches!(mode, Mode::Decode | Mode::Verify | Mode::RaggedVerify) {
+                trials.push(gpu_trial(
+                    format!("decode_cp_graph_vs_eager/{name}/{ranks}/{mode:?}"),
+                    move |_g: &Arc<Gpu>| graph_vs_eager(with_cp(), mode, 400 + i as u64, steps),
+                ));
+            }
+        }
+    }
     trials.push(gpu_trial(
-        "decode_cp_is_refused_on_cuda",
-        |_g: &Arc<Gpu>| decode_cp_is_refused_on_cuda(),
+        "decode_cp_engine_memory_is_refused",
+        |_g: &Arc<Gpu>| decode_cp_engine_memory_is_refused(),
     ));
     let _ = HalfDtype::Bf16;
     run_trials(trials)
 }
 
-/// Simulated decode context parallelism runs on the CPU executor only: the
-/// CUDA executor refuses `decode_cp_ranks > 1` with a typed error naming
-/// the field (until its decode path for ranks exists), and `1` builds.
-fn decode_cp_is_refused_on_cuda() -> Result<(), String> {
+/// Simulated decode context parallelism runs on the CUDA executor's own
+/// memory; engine memory refuses it with a typed error naming the field.
+fn decode_cp_engine_memory_is_refused() -> Result<(), String> {
     let mut c = dense();
     c.decode_cp_ranks = 2;
-    match MhaBackend::new(c, Device::Cuda(0)) {
-        Err(mha_backend::BackendError::Kernel(e)) if e.to_string().contains("decode_cp_ranks") => {}
-        other => {
-            return Err(format!(
-                "expected the decode_cp_ranks refusal, got {other:?}"
-            ))
-        }
+    let mut b = MhaBackend::new(c, Device::Cuda(gpu_ordinal())).or_fail("decode_cp_ranks 2")?;
+    match b.reserve_engine_metadata(8, 8) {
+        Err(e) if e.to_string().contains("decode_cp_ranks") => Ok(()),
+        other => Err(format!(
+            "expected the decode_cp_ranks refusal, got {other:?}"
+        )),
     }
-    MhaBackend::new(dense(), Device::Cuda(0)).or_fail("decode_cp_ranks = 1")?;
-    Ok(())
 }
 
 /// A mixed pass large enough that both kernels fill the GPU (3 prefill

@@ -107,9 +107,9 @@ pub struct Args {
     /// N-th KV page of a request (page interleave); every decode / verify /
     /// draft pass computes each rank's partial output and log-sum-exp and
     /// merges them (sinks joined once); extend / mixed passes run unsplit.
-    /// 1 = off. CPU executor only for now (the CUDA executor lacks rank
-    /// page-table views and interleaved key positions in the decode kernel,
-    /// issue 17).
+    /// 1 = off. On the CUDA executor the ranks run on the one GPU: each
+    /// rank's decode launch reads its pages of the global page table
+    /// (`DecodeArgs::interleave`), the merge-states kernel combines them.
     #[arg(long, default_value_t = 1)]
     pub dcp: usize,
     /// Tensor parallelism: the heads of every layer sharded over N ranks
@@ -349,16 +349,9 @@ impl Setup {
                 ),
             ));
         }
-        // Its range is the backend config's (checked in `validate`).
+        // Its range is the backend config's (checked in `validate`); on the
+        // CUDA executor the ranks are simulated on the one GPU.
         let dcp = args.dcp;
-        if dcp > 1 && !cpu {
-            return Err(flag_err(
-                "--dcp",
-                "decode context parallelism runs on the CPU executor only for now (the CUDA \
-                 executor lacks rank page-table views and interleaved key positions in the \
-                 decode kernel, issue 17); add --device cpu",
-            ));
-        }
         let check_fraction = args
             .check_fraction
             .unwrap_or(if cpu { 0.02 } else { 0.001 });

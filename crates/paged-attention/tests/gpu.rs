@@ -641,8 +641,12 @@ fn interleaved_ranks(gpu: &Arc<Gpu>) -> Result<(), String> {
         let sim = simulate(&full, ranks);
         let mut want_merged = want.clone();
         want_merged.errors = sim.errors;
-        compare(&c, &want_merged, &merged, &errs)
-            .map_err(|m| format!("merged: {m}; seed {seed}, {ranks} ranks, case {}", describe(&c)))?;
+        compare(&c, &want_merged, &merged, &errs).map_err(|m| {
+            format!(
+                "merged: {m}; seed {seed}, {ranks} ranks, case {}",
+                describe(&c)
+            )
+        })?;
         runs += 1;
     }
     println!("interleaved_ranks_merge_to_the_unsplit_output: {runs} cases");

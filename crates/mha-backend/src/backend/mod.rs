@@ -98,18 +98,6 @@ impl Core {
                 CpuExecutor::new(config.model_dtype, config.kv_dtype, &plans)
                     .with_decode_cp(config.decode_cp_ranks),
             ),
-            Some(_) if config.decode_cp_ranks > 1 => {
-                return Err(kernel_rt::KernelError::unsupported(
-                    "decode_cp_ranks",
-                    format!(
-                        "decode context parallelism ({} ranks) runs on the CPU executor only: \
-                         the CUDA executor lacks rank page-table views and interleaved key \
-                         positions in the decode kernel (issue 17); use Device::Cpu",
-                        config.decode_cp_ranks
-                    ),
-                )
-                .into())
-            }
             Some(gpu) => Box::new(CudaExecutor::new(
                 &gpu,
                 config.model_dtype,
@@ -122,6 +110,7 @@ impl Core {
                 workspace_bytes,
                 decode_split,
                 mixed_overlap,
+                config.decode_cp_ranks,
             )?),
         };
         Ok(Self {

@@ -49,6 +49,9 @@ pub(super) struct AttnCx<'a> {
     /// Runs a mixed pass's decode launch beside its context launch
     /// ([`MixedOverlap`]); `None`: one after the other on `stream`.
     pub(super) side: Option<&'a SideStream>,
+    /// Decode context parallelism simulated on this GPU
+    /// ([`super::cp`]); `None`: one decode launch a part.
+    pub(super) cp: Option<super::cp::CpCx<'a>>,
 }
 
 /// The executor's second stream for mixed passes, with the two events that
@@ -171,6 +174,36 @@ impl<'a> Tables<'a> {
             m: b.m,
         }
     }
+
+    /// Requests `[req0, req0 + bs)` of the layer's page table (the SWA
+    /// table for SWA layers), `[bs, M]`.
+    pub(super) fn page_table(
+        &self,
+        plan: &LayerPlan,
+        req0: usize,
+        bs: usize,
+    ) -> Result<Strided<'_, i32, 2>> {
+        let m = self.m;
+        let table = match (&self.swa_pt, plan.is_swa) {
+            (Some(t), true) => t,
+            _ => &self.pt,
+        };
+        Ok(Strided::new(
+            "page_table",
+            table.slice(req0 * m..(req0 + bs) * m),
+            [bs, m],
+            [m, 1],
+        )?)
+    }
+
+    /// Requests `[req0, req0 + bs)` of `cache_seqlens`.
+    pub(super) fn cache_seqlens(&self, req0: usize, bs: usize) -> Result<Strided<'_, i32, 1>> {
+        Ok(Strided::contiguous(
+            "cache_seqlens",
+            self.cache.slice(req0..req0 + bs),
+            [bs],
+        )?)
+    }
 }
 
 /// The K/V caches a layer's attention reads: the executor's own or an
@@ -182,7 +215,12 @@ pub(super) enum KvSrc<'a> {
 }
 
 impl KvSrc<'_> {
-    fn views(&self, plan: &LayerPlan, page_size: usize, dtype: HalfDtype) -> Result<KvCache<'_>> {
+    pub(super) fn views(
+        &self,
+        plan: &LayerPlan,
+        page_size: usize,
+        dtype: HalfDtype,
+    ) -> Result<KvCache<'_>> {
         match *self {
             Self::Own(c) => kv_views(plan, c, page_size, dtype),
             Self::Engine(crate::engine::EngineKvCache::Half { k, v }) => Ok(KvCache::Half {
@@ -213,7 +251,13 @@ impl<'a> Rows<CudaView<'a, u16>> {
     }
 
     /// Rows `[row0, row0 + rows)` as a checked view.
-    fn part(&self, row0: usize, rows: usize, hq: usize, d: usize) -> Result<Strided<'_, u16, 3>> {
+    pub(super) fn part(
+        &self,
+        row0: usize,
+        rows: usize,
+        hq: usize,
+        d: usize,
+    ) -> Result<Strided<'_, u16, 3>> {
         let off = (row0 * self.strides[0]).min(self.view.len());
         Ok(Strided::new(
             "q",
@@ -355,12 +399,12 @@ pub(super) fn run_attention(
 /// Requests `[req0, req0 + bs)` of a pass, owning query rows
 /// `[row0, row0 + rows)`, run as `mode`.
 #[derive(Debug, Clone, Copy)]
-struct Part {
-    req0: usize,
-    bs: usize,
-    row0: usize,
-    rows: usize,
-    mode: AttnMode,
+pub(super) struct Part {
+    pub(super) req0: usize,
+    pub(super) bs: usize,
+    pub(super) row0: usize,
+    pub(super) rows: usize,
+    pub(super) mode: AttnMode,
 }
 
 /// How many requests at the end of a batch have exactly one query row
@@ -403,29 +447,19 @@ fn attend_part(
         return Ok(from);
     }
     let max_q = shape.max_q;
-    let (hq, d, m) = (plan.num_q_heads, plan.head_dim, b.m);
-    let table = match (&b.swa_pt, plan.is_swa) {
-        (Some(t), true) => t,
-        _ => &b.pt,
-    };
-    let page_table = Strided::new(
-        "page_table",
-        table.slice(req0 * m..(req0 + bs) * m),
-        [bs, m],
-        [m, 1],
-    )?;
-    let cache_seqlens = Strided::contiguous("cache_seqlens", b.cache.slice(req0..req0 + bs), [bs])?;
-    let q = q.part(row0, rows, hq, d)?;
+    let (hq, d) = (plan.num_q_heads, plan.head_dim);
+    let page_table = b.page_table(plan, req0, bs)?;
+    let cache_seqlens = b.cache_seqlens(req0, bs)?;
     let out = out.part_mut(row0, rows, hq, d)?;
     let kv = cache.views(plan, cx.page_size, cx.model_dtype)?;
-    let sinks = sinks
+    let sinks_view = sinks
         .map(|s| Strided::contiguous("sinks", s.slice(0..hq), [hq]))
         .transpose()?;
-    // The one scale resolver (D8), as the CPU executor.
-    let (bmm1, bmm2) = crate::executor::bmm_scales(plan, cx.q_scale);
     if mode == AttnMode::Extend {
+        // The one scale resolver (D8), as the CPU executor.
+        let (bmm1, bmm2) = crate::executor::bmm_scales(plan, cx.q_scale);
         let mut args = ContextArgs {
-            q,
+            q: q.part(row0, rows, hq, d)?,
             q_dtype: cx.model_dtype,
             out,
             kv,
@@ -441,7 +475,7 @@ fn attend_part(
             bmm1_scale: bmm1,
             bmm2_scale: bmm2,
             window_left: plan.window_left,
-            sinks,
+            sinks: sinks_view,
             max_kv_len: shape.max_kv,
             lse: None,
         };
@@ -449,7 +483,71 @@ fn attend_part(
         cx.context.launch_on(stream, &mut args, cx.errors)?;
         return cx.span_end(AttnPart::Context, start, stream);
     }
-    let layout = match mode {
+    let start = cx.span_start(from, stream)?;
+    // Decode context parallelism: the ranks' partial states merged into
+    // `out` (decode-kernel passes; a mixed pass's decode rows run unsplit,
+    // as on the CPU executor).
+    let cp = if shape.mode == AttnMode::Extend {
+        None
+    } else {
+        cx.cp.take()
+    };
+    if let Some(mut cp) = cp {
+        let ranks = super::cp::RankInputs {
+            plan,
+            cache,
+            sinks: sinks_view,
+            b,
+            part,
+            max_q,
+            q,
+        };
+        let r = super::cp::attend_ranks(cx, &mut cp, stream, ranks, out);
+        cx.cp = Some(cp);
+        r?;
+        return cx.span_end(AttnPart::Decode, start, stream);
+    }
+    let args = decode_args(
+        DecodeViews {
+            q: q.part(row0, rows, hq, d)?,
+            out,
+            kv,
+            page_table,
+            cache_seqlens,
+            sinks: sinks_view,
+        },
+        cx,
+        plan,
+        b,
+        part,
+        max_q,
+    )?;
+    launch_decode(cx, stream, args)?;
+    cx.span_end(AttnPart::Decode, start, stream)
+}
+
+/// The views of one decode launch.
+pub(super) struct DecodeViews<'v> {
+    pub(super) q: Strided<'v, u16, 3>,
+    pub(super) out: StridedMut<'v, u16, 3>,
+    pub(super) kv: KvCache<'v>,
+    pub(super) page_table: Strided<'v, i32, 2>,
+    pub(super) cache_seqlens: Strided<'v, i32, 1>,
+    pub(super) sinks: Option<Strided<'v, f32, 1>>,
+}
+
+/// The decode arguments of `part` (its mode's row layout, the layer's
+/// scales and window) over `v`, no split chosen yet, no interleave, no LSE.
+pub(super) fn decode_args<'v>(
+    v: DecodeViews<'v>,
+    cx: &AttnCx<'_>,
+    plan: &LayerPlan,
+    b: &'v Tables<'_>,
+    part: Part,
+    max_q: usize,
+) -> Result<DecodeArgs<'v>> {
+    let bs = part.bs;
+    let layout = match part.mode {
         AttnMode::Decode | AttnMode::DraftDecode { .. } => {
             QueryLayout::Uniform { q_len_per_req: 1 }
         }
@@ -463,30 +561,45 @@ fn attend_part(
             max_q_len: max_q.max(1),
         },
     };
-    let mut args = DecodeArgs {
-        q,
+    // The one scale resolver (D8), as the CPU executor.
+    let (bmm1, bmm2) = crate::executor::bmm_scales(plan, cx.q_scale);
+    Ok(DecodeArgs {
+        q: v.q,
         q_dtype: cx.model_dtype,
-        out,
-        kv,
-        page_table,
-        cache_seqlens,
+        out: v.out,
+        kv: v.kv,
+        page_table: v.page_table,
+        cache_seqlens: v.cache_seqlens,
         layout,
         max_seq_len: cx.max_seq_len.max(1),
         bmm1_scale: bmm1,
         bmm2_scale: bmm2,
         window_left: plan.window_left,
-        sinks,
+        sinks: v.sinks,
         split: SplitMode::Auto,
         interleave: None,
         workspace: None,
         lse: None,
-    };
-    let mut lp = cx.decode.plan(&args)?;
+    })
+}
+
+/// Plans and launches one decode call on `stream`: Auto's split, or the
+/// executor's chunked split when Auto would not split and the workspace
+/// holds it; the split counters zeroed unless known zero.
+pub(super) fn launch_decode(
+    cx: &mut AttnCx<'_>,
+    stream: &Arc<CudaStream>,
+    args: DecodeArgs<'_>,
+) -> Result<()> {
+    // Shortened to this call (the workspace view borrows `cx`).
+    let mut args: DecodeArgs<'_> = args;
+    let args = &mut args;
+    let mut lp = cx.decode.plan(args)?;
     // A launch Auto does not split fills the GPU: cut long requests into
     // chunks (length-aware, batch-independent) unless the workspace is short.
     if lp.params.max_splits == 1 && matches!(cx.decode_split, SplitMode::Chunked { .. }) {
         args.split = cx.decode_split;
-        let chunked = cx.decode.plan(&args)?;
+        let chunked = cx.decode.plan(args)?;
         if chunked.workspace_elems <= cx.workspace.len() {
             lp = chunked;
         } else {
@@ -494,8 +607,6 @@ fn attend_part(
         }
     }
     let elems = lp.workspace_elems;
-    // The span covers the split-counter reset and the launch.
-    let start = cx.span_start(from, stream)?;
     if elems > 0 {
         if elems > cx.workspace.len() {
             return Err(kerr(KernelError::Capacity {
@@ -519,14 +630,14 @@ fn attend_part(
             cx.workspace.slice_mut(0..elems),
             [elems],
         )?);
-        cx.decode.launch_on(stream, &mut args, cx.errors)?;
+        cx.decode.launch_on(stream, args, cx.errors)?;
         if !cx.foreign_workspace {
             *cx.ws_zero = Some(region);
         }
     } else {
-        cx.decode.launch_on(stream, &mut args, cx.errors)?;
+        cx.decode.launch_on(stream, args, cx.errors)?;
     }
-    cx.span_end(AttnPart::Decode, start, stream)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use fp8_kv::KvWriteKernel;
 use graph_metadata::GraphMetadataKernel;
 use kernel_rt::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use kernel_rt::cudarc::driver::{CudaSlice, CudaStream};
-use kernel_rt::{DeviceErrors, Strided};
+use kernel_rt::{DeviceErrors, KernelError, Strided};
 use paged_attention::{ContextKernel, HalfDtype, PagedAttentionKernel, SplitMode};
 
 use crate::batch::AttnMode;
@@ -29,6 +29,17 @@ impl CudaExecutor {
         max_bs: usize,
         max_num_tokens: usize,
     ) -> Result<()> {
+        if let Some(cp) = &self.decode_cp {
+            return Err(KernelError::unsupported(
+                "decode_cp_ranks",
+                format!(
+                    "decode context parallelism ({} simulated ranks) runs on the owning path \
+                     only; engine memory takes decode_cp_ranks = 1",
+                    cp.ranks()
+                ),
+            )
+            .into());
+        }
         let fits = self
             .engine
             .as_ref()
@@ -352,6 +363,7 @@ fn engine_layer(
         foreign_workspace: foreign,
         // Engine passes run on one stream (an engine may capture them).
         side: None,
+        cp: None,
     };
     let kv = KvSrc::Engine(&io.kv_cache);
     let pass = PassShape {

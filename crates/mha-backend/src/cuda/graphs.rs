@@ -54,6 +54,9 @@ pub(super) struct GraphState {
     pub(super) io: Vec<LayerIo>,
     pub(super) graphs: HashMap<GraphKey, SendGraph>,
     pub(super) last: Option<GraphKey>,
+    /// Rank buffers of decode context parallelism for every bucket (sized
+    /// for `max_num_tokens` rows at creation, never reallocated).
+    pub(super) cp: Option<super::cp::DecodeCp>,
 }
 
 fn no_graph_state() -> BackendError {
@@ -104,11 +107,27 @@ impl CudaExecutor {
                 out: zeros(&stream, max_num_tokens * p.q_row_elems())?,
             });
         }
+        let cp = match &self.decode_cp {
+            Some(e) => {
+                let hq = self.plans.iter().map(|p| p.num_q_heads).max().unwrap_or(1);
+                let d = self.plans.iter().map(|p| p.head_dim).max().unwrap_or(1);
+                Some(super::cp::DecodeCp::with_merge(
+                    &stream,
+                    e.merge().clone(),
+                    e.ranks(),
+                    max_num_tokens,
+                    hq,
+                    d,
+                )?)
+            }
+            None => None,
+        };
         self.graph = Some(GraphState {
             bufs,
             io,
             graphs: HashMap::new(),
             last: None,
+            cp,
         });
         Ok(())
     }
@@ -399,6 +418,7 @@ impl CudaExecutor {
                 foreign_workspace: false,
                 // Graph buckets have no mixed passes (decode_tail 0).
                 side: None,
+                cp: g.cp.as_mut().map(super::cp::DecodeCp::cx),
             };
             let out_len = io.out.len();
             let (hq, d) = (plan.num_q_heads, plan.head_dim);

@@ -25,6 +25,7 @@
 //! - `engine`: passes over engine memory (metadata, layers, engine graphs).
 
 mod attention;
+mod cp;
 mod engine;
 mod graphs;
 mod metadata;
@@ -56,6 +57,7 @@ use crate::pools::Pools;
 use attention::{
     one_token_tail, run_attention, AttnCx, KvSrc, PassShape, Rows, SideStream, Tables,
 };
+use cp::DecodeCp;
 use graphs::{GraphState, SendGraph};
 use metadata::{launch_metadata, meta_mode, ragged_lens, MetaBufs, MetaInputs};
 use mirrors::{ensure, stage, upload, zeros, DevCache, Maps};
@@ -121,6 +123,9 @@ pub struct CudaExecutor {
     engine: Option<MetaBufs>,
     /// Graphs captured over engine memory.
     engine_graphs: HashMap<GraphKey, SendGraph>,
+    /// Decode context parallelism simulated on this GPU (`decode_cp_ranks
+    /// > 1`): the merge launcher and the eager passes' rank buffers.
+    decode_cp: Option<DecodeCp>,
 }
 
 impl CudaExecutor {
@@ -142,6 +147,7 @@ impl CudaExecutor {
         workspace_bytes: usize,
         decode_split: SplitMode,
         mixed_overlap: MixedOverlap,
+        decode_cp_ranks: usize,
     ) -> Result<Self> {
         let stream = gpu.stream().clone();
         let mut caches = Vec::with_capacity(plans.len());
@@ -194,6 +200,11 @@ impl CudaExecutor {
             part_timer: None,
             engine: None,
             engine_graphs: HashMap::new(),
+            decode_cp: if decode_cp_ranks > 1 {
+                Some(DecodeCp::new(gpu, decode_cp_ranks, 1, 1, 1)?)
+            } else {
+                None
+            },
             gpu: gpu.clone(),
         })
     }
@@ -411,6 +422,7 @@ impl Executor for CudaExecutor {
             decode_split,
             part_timer,
             side,
+            decode_cp,
             ..
         } = self;
         let stream = gpu.stream();
@@ -430,6 +442,9 @@ impl Executor for CudaExecutor {
         }
         let qview = stage(stream, q, &mut scratch.q)?;
         let mut out = zeros::<u16>(stream, elems)?;
+        if let Some(cp) = decode_cp.as_mut() {
+            cp.reserve(stream, rows, plan.num_q_heads, plan.head_dim)?;
+        }
         let mut cx = AttnCx {
             stream,
             decode,
@@ -445,6 +460,7 @@ impl Executor for CudaExecutor {
             q_scale: 1.0,
             foreign_workspace: false,
             side: side.as_ref(),
+            cp: decode_cp.as_mut().map(DecodeCp::cx),
         };
         let (hq, d) = (plan.num_q_heads, plan.head_dim);
         run_attention(

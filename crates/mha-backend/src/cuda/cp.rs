@@ -1,0 +1,221 @@
+//! Decode context parallelism simulated on one GPU (issue 17;
+//! `BackendConfig::decode_cp_ranks`): every decode-kernel launch of a pass
+//! (decode, verify, draft decode / extend, the decode rows of a mixed pass)
+//! runs once per rank `r < N` over the rank's pages by page interleave
+//! (`paged_attention::DecodeArgs::interleave`: global page table and
+//! lengths, keys indexed locally, causal limits and windows in global
+//! positions, no sinks) into a per-rank partial output and row LSE; the
+//! merge-states kernel then combines the `N` states into the layer's output
+//! and joins the sinks once — the split / merge path a multi-GPU run takes,
+//! with the all-gather replaced by the ranks sharing one buffer. The CPU
+//! executor's definition is `paged_attention::cp::simulate`.
+//!
+//! Buffers: `[N, rows, Hq, D]` 16-bit partial outputs and `[N, rows, Hq]`
+//! f32 LSE. Eager passes grow theirs on demand; each graph state holds its
+//! own, sized for its largest bucket when it is created (a captured graph
+//! keeps the addresses it recorded, so they are never reallocated).
+//!
+//! Rows of requests the kernel skips (bad `cu_seqlens_q`, counted in the
+//! error word) hold whatever the buffers held: their merged output is
+//! unspecified, where the unsplit launch leaves them untouched.
+
+use std::sync::Arc;
+
+use kernel_rt::cudarc::driver::{CudaSlice, CudaStream, CudaViewMut};
+use kernel_rt::{Gpu, Strided, StridedMut};
+use paged_attention::reference::Interleave;
+use paged_attention::{MergeStatesArgs, MergeStatesKernel};
+
+use crate::error::Result;
+use crate::executor::LayerPlan;
+
+use super::attention::{
+    decode_args, launch_decode, AttnCx, DecodeViews, KvSrc, Part, Rows, Tables,
+};
+use super::mirrors::{ensure, zeros};
+
+/// The merge launcher and one set of rank buffers (eager or a graph
+/// state's), owned by the executor.
+#[derive(Debug)]
+pub(super) struct DecodeCp {
+    ranks: usize,
+    merge: Arc<MergeStatesKernel>,
+    parts: CudaSlice<u16>,
+    lse: CudaSlice<f32>,
+}
+
+impl DecodeCp {
+    /// `ranks ≥ 2` simulated ranks on `gpu` (the merge kernel loaded), with
+    /// buffers for `rows` rows of `hq` heads of `d` dims.
+    ///
+    /// # Errors
+    /// Module load or allocation failures.
+    pub(super) fn new(
+        gpu: &Arc<Gpu>,
+        ranks: usize,
+        rows: usize,
+        hq: usize,
+        d: usize,
+    ) -> Result<Self> {
+        let merge = Arc::new(MergeStatesKernel::new(gpu)?);
+        Self::with_merge(gpu.stream(), merge, ranks, rows, hq, d)
+    }
+
+    /// As [`DecodeCp::new`], sharing `merge`.
+    ///
+    /// # Errors
+    /// Allocation failures.
+    pub(super) fn with_merge(
+        stream: &Arc<CudaStream>,
+        merge: Arc<MergeStatesKernel>,
+        ranks: usize,
+        rows: usize,
+        hq: usize,
+        d: usize,
+    ) -> Result<Self> {
+        Ok(Self {
+            ranks,
+            merge,
+            parts: zeros(stream, ranks * rows * hq * d)?,
+            lse: zeros(stream, ranks * rows * hq)?,
+        })
+    }
+
+    /// Simulated ranks.
+    pub(super) fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// The merge launcher (shared with the graph state's buffers).
+    pub(super) fn merge(&self) -> &Arc<MergeStatesKernel> {
+        &self.merge
+    }
+
+    /// Grows the buffers to hold `rows` rows of `hq` heads of `d` dims
+    /// (eager passes only: never while a graph holds them).
+    ///
+    /// # Errors
+    /// Allocation failures.
+    pub(super) fn reserve(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        rows: usize,
+        hq: usize,
+        d: usize,
+    ) -> Result<()> {
+        ensure(stream, &mut self.parts, self.ranks * rows * hq * d)?;
+        ensure(stream, &mut self.lse, self.ranks * rows * hq)
+    }
+
+    /// The launch-time view: ranks, merge launcher, buffers.
+    pub(super) fn cx(&mut self) -> CpCx<'_> {
+        CpCx {
+            ranks: self.ranks,
+            merge: &self.merge,
+            parts: self.parts.as_view_mut(),
+            lse: self.lse.as_view_mut(),
+        }
+    }
+}
+
+/// What an attention call needs of [`DecodeCp`].
+pub(super) struct CpCx<'a> {
+    ranks: usize,
+    merge: &'a MergeStatesKernel,
+    parts: CudaViewMut<'a, u16>,
+    lse: CudaViewMut<'a, f32>,
+}
+
+/// The inputs of one decode part that every rank reads.
+pub(super) struct RankInputs<'a, 'q> {
+    pub(super) plan: &'a LayerPlan,
+    pub(super) cache: KvSrc<'a>,
+    pub(super) sinks: Option<Strided<'a, f32, 1>>,
+    pub(super) b: &'a Tables<'a>,
+    pub(super) part: Part,
+    pub(super) max_q: usize,
+    pub(super) q: &'q Rows<kernel_rt::cudarc::driver::CudaView<'q, u16>>,
+}
+
+/// Runs `r.part` as `cp.ranks` interleaved rank launches into the rank
+/// buffers, then merges them into `out` with the sinks (module docs).
+///
+/// # Errors
+/// [`crate::BackendError::Kernel`] when the buffers are short (a graph
+/// bucket past its state's size), a launch is refused or fails.
+pub(super) fn attend_ranks(
+    cx: &mut AttnCx<'_>,
+    cp: &mut CpCx<'_>,
+    stream: &Arc<CudaStream>,
+    r: RankInputs<'_, '_>,
+    out: StridedMut<'_, u16, 3>,
+) -> Result<()> {
+    let Part {
+        req0,
+        bs,
+        row0,
+        rows,
+        ..
+    } = r.part;
+    let (hq, d) = (r.plan.num_q_heads, r.plan.head_dim);
+    let (n_out, n_lse) = (rows * hq * d, rows * hq);
+    let ranks = cp.ranks;
+    if cp.parts.len() < ranks * n_out || cp.lse.len() < ranks * n_lse {
+        return Err(kernel_rt::KernelError::Capacity {
+            arg: "decode_cp buffers",
+            needed: ranks * n_out,
+            available: cp.parts.len(),
+        }
+        .into());
+    }
+    for rank in 0..ranks {
+        let mut args = decode_args(
+            DecodeViews {
+                q: r.q.part(row0, rows, hq, d)?,
+                out: StridedMut::contiguous(
+                    "out",
+                    cp.parts.slice_mut(rank * n_out..(rank + 1) * n_out),
+                    [rows, hq, d],
+                )?,
+                kv: r.cache.views(r.plan, cx.page_size, cx.model_dtype)?,
+                page_table: r.b.page_table(r.plan, req0, bs)?,
+                cache_seqlens: r.b.cache_seqlens(req0, bs)?,
+                sinks: None,
+            },
+            cx,
+            r.plan,
+            r.b,
+            r.part,
+            r.max_q,
+        )?;
+        args.interleave = Some(Interleave {
+            rank,
+            ranks,
+            block: cx.page_size,
+        });
+        args.lse = Some(StridedMut::contiguous(
+            "lse",
+            cp.lse.slice_mut(rank * n_lse..(rank + 1) * n_lse),
+            [rows, hq],
+        )?);
+        launch_decode(cx, stream, args)?;
+    }
+    let mut merge = MergeStatesArgs {
+        o_parts: Strided::contiguous(
+            "o_parts",
+            cp.parts.slice(0..ranks * n_out),
+            [ranks, rows, hq, d],
+        )?,
+        lse_parts: Strided::contiguous(
+            "lse_parts",
+            cp.lse.slice(0..ranks * n_lse),
+            [ranks, rows, hq],
+        )?,
+        dtype: cx.model_dtype,
+        out,
+        lse_out: None,
+        sinks: r.sinks,
+    };
+    cp.merge.launch_on(stream, &mut merge)?;
+    Ok(())
+}
