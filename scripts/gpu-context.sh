@@ -51,14 +51,17 @@
 #             the Python tests (DLPack exchange, the backend class), then
 #             gpt-oss-20b on the conv trace (REPLAY_OSS_ARGS, default the first
 #             4000 requests) for the metadata share
-#   pending   sessions 18-19's work not yet run on a GPU, in one call: the
+#   pending   sessions 18-19's work not yet run on a GPU (pending_tests,
+#             pending_python, pending_replay: run them as two calls): the
 #             kernel-rt GPU tests (Launcher), the decode experiment entries
 #             (x8) against the reference, memcheck on the final decode
 #             kernel (masked non-finite keys, PDL chains, x8), the Python GPU
 #             tests (return_lse, e4m3 query), the code-trace replay (output
-#             hash vs bd6daa2f9fe1028c, session 18 before the Launcher), then
-#             the decode bench rows of the x8 experiment beside production
-#             (DBENCH_X8_CASES) and the cuDNN peers
+#             hash vs bd6daa2f9fe1028c, session 18 before the Launcher), the
+#             decode context parallelism tests and --dcp 2 / 4 on a 2,000-request
+#             conv slice
+#   xbench    the decode bench rows of the x8 experiment beside production
+#             (DBENCH_X8_CASES) and the cuDNN peers (same call)
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries.
 #   usage: OUT=logs STAGES="smoke tests bench peers" bash scripts/gpu-context.sh [bundle.tar.xz]
@@ -244,22 +247,41 @@ stage_verify() {
     --json "$OUT/replay-oss.json" > "$OUT/replay-oss.log" 2>&1
   echo "rc=$?"; grep -E "metadata share|attention time|mismatches|device errors|output hash" "$OUT/replay-oss.log"
 }
-stage_pending() {
+stage_pending_tests() {
   echo "== kernel-rt GPU tests"
   timeout 120 tests/kernel-rt-gpu --include-ignored > "$OUT/kernel-rt.log" 2>&1; echo "rc=$?"
   summary "$OUT/kernel-rt.log"
   echo "== decode experiment entries vs the reference"
   timeout 200 tests/paged-attention-gpu --include-ignored experiment_entries > "$OUT/decode_x.log" 2>&1
   echo "rc=$?"; summary "$OUT/decode_x.log"; grep -E "experiment_entries" "$OUT/decode_x.log"
-  echo "== memcheck: decode masked non-finite keys, PDL chains"
-  timeout 200 compute-sanitizer --tool memcheck tests/paged-attention-gpu --include-ignored masked_nonfinite pdl \
-    > "$OUT/decode_memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/decode_memcheck.log"
+  echo "== decode paged-attention interleave (DCP ranks) vs the reference"
+  timeout 200 tests/paged-attention-gpu --include-ignored interleaved_ranks > "$OUT/decode_cp.log" 2>&1
+  echo "rc=$?"; summary "$OUT/decode_cp.log"; grep -E "interleaved_ranks" "$OUT/decode_cp.log"
+  echo "== memcheck: decode masked non-finite keys, interleaved ranks (small case set)"
+  MHA_KIT_GPU_CASES=24 timeout 200 compute-sanitizer --tool memcheck tests/paged-attention-gpu --include-ignored \
+    masked_nonfinite interleaved_ranks > "$OUT/decode_memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/decode_memcheck.log"
   grep -E "ERROR SUMMARY" "$OUT/decode_memcheck.log"
+  echo "== mha-backend decode_cp tests"
+  timeout 240 tests/mha-backend-gpu --include-ignored decode_cp > "$OUT/backend_cp.log" 2>&1
+  echo "rc=$?"; summary "$OUT/backend_cp.log"
+}
+stage_pending_python() {
   echo "== python GPU tests"
   timeout 300 bash python/run_python.sh "$OUT/python" > "$OUT/python.log" 2>&1; echo "rc=$?"
   grep -E "passed|failed|FAILED|Error" "$OUT/python.log" | head -20
+}
+stage_pending_replay() {
   REPLAY_ARGS=${REPLAY_ARGS:---requests 2000} stage_replay
   grep -E "output hash" "$OUT/replay-code.log"
+  for n in 2 4; do
+    echo "== mha-replay --trace conv --requests 2000 --dcp $n"
+    timeout 300 bin/mha-replay --trace conv --requests 2000 --dcp $n --json "$OUT/replay-dcp$n.json" \
+      > "$OUT/replay-dcp$n.log" 2>&1
+    echo "rc=$?"; grep -E "mismatch|attention time|wall" "$OUT/replay-dcp$n.log" | head -6
+  done
+}
+stage_pending() { stage_pending_tests; stage_pending_python; stage_pending_replay; }
+stage_xbench() {
   echo "== decode bench: x8 beside production"
   MHA_KIT_BENCH_CASES="${DBENCH_X8_CASES:-bs 64, L 8192|bs 256, L 8192|FP8 KV, bs 64}" DBENCH_TIMEOUT=240 stage_dbench
 }

@@ -262,6 +262,40 @@ fn main() {
             }
             Ok(())
         }),
+        gpu_trial("decode_cp_2_and_4_ranks_on_one_gpu", |gpu| {
+            // `--dcp N` on the CUDA executor (issue 17): each decode-kernel
+            // pass as N interleaved rank launches merged with the sinks
+            // (gpt-oss shapes: sinks and windows; speculative verify),
+            // graphs on and off: 0 mismatches and the CPU run's counts.
+            let dev = format!("cuda:{}", gpu.context().ordinal());
+            let base = [
+                "--model",
+                "gpt-oss-20b",
+                "--layers",
+                "2",
+                "--spec-steps",
+                "2",
+                "--check-fraction",
+                "0.2",
+            ];
+            for ranks in ["2", "4"] {
+                let mut cpu_args = base.to_vec();
+                cpu_args.extend_from_slice(&["--dcp", ranks]);
+                let cpu = replay("cpu", "12", &cpu_args)?;
+                clean(&cpu, &format!("cpu --dcp {ranks}"))?;
+                for g in ["on", "off"] {
+                    let mut args = cpu_args.clone();
+                    args.extend_from_slice(&["--cuda-graphs", g]);
+                    let r = replay(&dev, "12", &args)?;
+                    let what = format!("{dev} --dcp {ranks} graphs {g}");
+                    clean(&r, &what)?;
+                    same_counts(&cpu, &r, &what)?;
+                    graphs_used(&r, g == "on", &what)?;
+                    println!("{what}: max err {:.3e}", r.check.max_abs_err);
+                }
+            }
+            Ok(())
+        }),
         gpu_trial("speculative_llama3_8b_graphs_on_400_requests", |gpu| {
             // Regression: with passes pipelined, a pass's sampled rows were
             // read before their device copies finished whenever the host did
