@@ -29,6 +29,19 @@ const SLICE: &[&str] = &[
 
 /// Replays the first `requests` requests with [`SLICE`] plus `extra` (which
 /// may name `--model`; default `tiny`).
+/// The sharded runs' model: gpt-oss shapes (sinks, windows), 2 layers,
+/// speculative verify, a fifth of the rows checked.
+const GPT_OSS_SPEC: [&str; 8] = [
+    "--model",
+    "gpt-oss-20b",
+    "--layers",
+    "2",
+    "--spec-steps",
+    "2",
+    "--check-fraction",
+    "0.2",
+];
+
 fn replay(device: &str, requests: &str, extra: &[&str]) -> Result<Report, String> {
     let mut all = vec!["mha-replay", "--device", device, "--requests", requests];
     all.extend_from_slice(SLICE);
@@ -226,16 +239,7 @@ fn main() {
             // each rank), graphs on and off: 0 mismatches and the CPU run's
             // counts; the max error is printed next to the unsharded run's.
             let dev = format!("cuda:{}", gpu.context().ordinal());
-            let base = [
-                "--model",
-                "gpt-oss-20b",
-                "--layers",
-                "2",
-                "--spec-steps",
-                "2",
-                "--check-fraction",
-                "0.2",
-            ];
+            let base = GPT_OSS_SPEC;
             let cpu = replay("cpu", "12", &base)?;
             clean(&cpu, "cpu tp 1")?;
             for g in ["on", "off"] {
@@ -268,16 +272,7 @@ fn main() {
             // (gpt-oss shapes: sinks and windows; speculative verify),
             // graphs on and off: 0 mismatches and the CPU run's counts.
             let dev = format!("cuda:{}", gpu.context().ordinal());
-            let base = [
-                "--model",
-                "gpt-oss-20b",
-                "--layers",
-                "2",
-                "--spec-steps",
-                "2",
-                "--check-fraction",
-                "0.2",
-            ];
+            let base = GPT_OSS_SPEC;
             for ranks in ["2", "4"] {
                 let mut cpu_args = base.to_vec();
                 cpu_args.extend_from_slice(&["--dcp", ranks]);

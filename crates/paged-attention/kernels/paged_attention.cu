@@ -1491,27 +1491,20 @@ PA_MMA(bf16, 0, bf16, 0, 256, 1)
 PA_MMA(f16, 1, f16, 1, 256, 1)
 
 // Timing experiment entries (PagedAttentionKernel::set_experiment): the
-// D 128 tensor-core entry of (Q, KV) under experiment XV, named `_x{XV}`.
-#define PA_MMA_X(QN, QT, KVN, KV, XV)                                                              \
-    extern "C" __global__ void __launch_bounds__(pa::NT, 2)                                          \
+// D 128 tensor-core entry of (Q, KV) under experiment XV, named `_x{XV}`,
+// MINB CTAs an SM.
+#define PA_MMA_X(QN, QT, KVN, KV, XV, MINB)                                                        \
+    extern "C" __global__ void __launch_bounds__(pa::NT, MINB)                                       \
         paged_attention_mma_##QN##_kv_##KVN##_d128_x##XV(const PagedAttentionParams p) {             \
         pa::pdl_wait();                                                                            \
         pa::mma_body<QT, KV, 128, XV>(p);                                                          \
     }
 
-PA_MMA_X(bf16, 0, bf16, 0, 1)
-PA_MMA_X(bf16, 0, e4m3, 2, 4)
-PA_MMA_X(bf16, 0, e4m3, 2, 5)
-PA_MMA_X(bf16, 0, bf16, 0, 3)
-
+PA_MMA_X(bf16, 0, bf16, 0, 1, 2)
+PA_MMA_X(bf16, 0, e4m3, 2, 4, 2)
+PA_MMA_X(bf16, 0, e4m3, 2, 5, 2)
+PA_MMA_X(bf16, 0, bf16, 0, 3, 2)
 // Experiment 8: Q in shared memory and a shorter ring (MmaSmem::X8),
 // three CTAs an SM.
-#define PA_MMA_X3(QN, QT, KVN, KV, XV)                                                             \
-    extern "C" __global__ void __launch_bounds__(pa::NT, 3)                                          \
-        paged_attention_mma_##QN##_kv_##KVN##_d128_x##XV(const PagedAttentionParams p) {             \
-        pa::pdl_wait();                                                                            \
-        pa::mma_body<QT, KV, 128, XV>(p);                                                          \
-    }
-
-PA_MMA_X3(bf16, 0, e4m3, 2, 8)
-PA_MMA_X3(bf16, 0, bf16, 0, 8)
+PA_MMA_X(bf16, 0, e4m3, 2, 8, 3)
+PA_MMA_X(bf16, 0, bf16, 0, 8, 3)
