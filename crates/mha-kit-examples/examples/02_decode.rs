@@ -192,6 +192,8 @@ pub fn run(allow_gpu: bool) -> Result<String, Box<dyn Error>> {
                     sinks: None,
                     split: SplitMode::Auto,
                     interleave: None,
+                    skip_softmax: None,
+                    skipped_slices: None,
                     workspace: Some(StridedMut::of("workspace", &mut d_ws, [ws_len])?),
                     lse: None,
                 },

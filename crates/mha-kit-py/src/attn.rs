@@ -92,6 +92,8 @@ pub struct AttnCall {
     /// Upper bound on `seq_lens`, ≥ 1 (a caller's 0 is taken as 1: the
     /// bound only sizes the split plan, never which keys are read).
     pub max_seq_len: usize,
+    /// Skip-softmax factor (decode on the GPU; `None` / 0: exact).
+    pub skip_softmax: Option<f32>,
 }
 
 /// The arguments of either entry point, described.
@@ -134,6 +136,8 @@ pub struct AttnInputs {
     pub bmm2: f64,
     /// `window_left`.
     pub window_left: i64,
+    /// `skip_softmax_threshold_scale_factor` (decode).
+    pub skip_softmax: Option<f64>,
 }
 
 fn half(t: &Tensor) -> Result<HalfDtype, ArgError> {
@@ -261,6 +265,16 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
             ))
         }
     };
+    let skip_softmax = match a.skip_softmax {
+        None => None,
+        Some(f) if f.is_finite() && f >= 0.0 && (f as f32).is_finite() => Some(f as f32),
+        Some(f) => {
+            return Err(ArgError::new(
+                "skip_softmax_threshold_scale_factor",
+                format!("{f} (a finite factor ≥ 0, or None)"),
+            ))
+        }
+    };
     if let Some(l) = &a.lse {
         l.require_rank(2, "[num_tokens, num_qo_heads]")?;
         l.require_dtype(&[Dtype::F32])?;
@@ -352,6 +366,7 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
         bmm2,
         window,
         max_seq_len: a.max_seq_len.max(1),
+        skip_softmax,
     })
 }
 

@@ -386,6 +386,8 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
         },
         split: SplitMode::Auto,
         interleave: None,
+        skip_softmax: c.skip_softmax,
+        skipped_slices: None,
         workspace: None,
         lse: match (&mut lse, &c.lse) {
             (Some(b), Some(t)) => Some(b.view_mut(t)?),

@@ -92,7 +92,7 @@ type ErrWord = Option<(u32, u32)>;
 #[pyfunction]
 #[pyo3(signature = (query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
     max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req, max_q_len,
-    cum_seq_lens_q, stream, lse=None))]
+    cum_seq_lens_q, stream, lse=None, skip_softmax=None))]
 #[allow(clippy::too_many_arguments)]
 fn decode(
     py: Python<'_>,
@@ -113,6 +113,7 @@ fn decode(
     cum_seq_lens_q: Option<Desc>,
     stream: Option<u64>,
     lse: Option<Desc>,
+    skip_softmax: Option<f64>,
 ) -> PyResult<ErrWord> {
     let stream = resolve_stream(py, stream, query.device)?;
     guard(|| {
@@ -136,6 +137,7 @@ fn decode(
                 bmm1: bmm1_scale,
                 bmm2: bmm2_scale,
                 window_left,
+                skip_softmax,
             },
             false,
         )?;
@@ -212,6 +214,7 @@ fn context(
                 bmm1: bmm1_scale,
                 bmm2: bmm2_scale,
                 window_left,
+                skip_softmax: None,
             },
             true,
         )?;

@@ -680,3 +680,17 @@ def test_fp8_query_needs_a_16_bit_output_naming_out_dtype():
         mha_kit.trtllm_batch_decode_with_kv_cache(*args, out_dtype=np.float32)
     with pytest.raises(mha_kit.InvalidArgument, match="`out`"):
         mha_kit.trtllm_batch_decode_with_kv_cache(*args, out=np.zeros(q8.shape, ref.E4M3))
+
+
+def test_skip_softmax_factor_is_checked_and_the_cpu_path_is_exact():
+    """``skip_softmax_threshold_scale_factor``: a finite factor ≥ 0 or None
+    (the CPU path computes exact attention whatever the factor); a negative
+    or non-finite one raises naming it."""
+    a = _decode_args(bmm1_scale=0.125)
+    want = mha_kit.trtllm_batch_decode_with_kv_cache(**a)
+    for f in (0.0, 0.3, np.float32(2.0)):
+        got = mha_kit.trtllm_batch_decode_with_kv_cache(**a, skip_softmax_threshold_scale_factor=f)
+        assert np.array_equal(got, want)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(mha_kit.InvalidArgument, match="skip_softmax_threshold_scale_factor"):
+            mha_kit.trtllm_batch_decode_with_kv_cache(**a, skip_softmax_threshold_scale_factor=bad)

@@ -188,6 +188,28 @@ def test_fp8_query_is_cast_in_the_workspace_and_keeps_the_counters():
     assert torch.count_nonzero(ws[-(256 << 10):]).item() == 0
 
 
+def test_skip_softmax_factor_reaches_the_kernel():
+    """FlashInfer's ``skip_softmax_threshold_scale_factor`` on the GPU: 0
+    gives the bits of ``None``; 0.05 on peaked logits (``bmm1_scale`` 4)
+    stays within ``2·f·bmm2·max|V|`` (plus the attention tolerance) of the
+    float64 reference."""
+    c, t = _case("skip", bs=4, hq=32, hkv=8, d=128, p=16, q_lens=[1] * 4, dt="bf16", kv="same",
+                 lens=[3000, 4000, 100, 2500])
+    ws = _ws()
+    args = (t["q"], (t["k"], t["v"]), ws, t["block_tables"], t["seq_lens"], c["max_seq_len"])
+    off = mha_kit.trtllm_batch_decode_with_kv_cache(*args, bmm1_scale=4.0)
+    zero = mha_kit.trtllm_batch_decode_with_kv_cache(*args, bmm1_scale=4.0,
+                                                     skip_softmax_threshold_scale_factor=0.0)
+    assert torch.equal(off, zero)
+    got = mha_kit.trtllm_batch_decode_with_kv_cache(*args, bmm1_scale=4.0,
+                                                    skip_softmax_threshold_scale_factor=0.05)
+    want, _ = ref.attention(c["q64"], c["k64"], c["v64"], c["block_tables"], c["seq_lens"],
+                            c["rows"], 4.0, 1.0, -1, None)
+    vmax = np.abs(c["v64"]).max()
+    err = np.abs(got.double().cpu().numpy() - want)
+    assert err.max() <= 2 * 0.05 * vmax + 2e-2 * vmax, f"max error {err.max():.3g}"
+
+
 def _pool(rows, width, p, pages, seed=0):
     rng = np.random.default_rng(seed)
     r2t = np.zeros((rows, width), np.int32)

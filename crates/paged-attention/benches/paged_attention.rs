@@ -628,6 +628,8 @@ fn launch(
         },
         split,
         interleave: None,
+        skip_softmax: None,
+        skipped_slices: None,
         workspace: Some(StridedMut::contiguous(
             "workspace",
             p.ws.slice_mut(0..ws_len),

@@ -952,6 +952,11 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     i32 xr[2], xlo[2];
     float rs[2];  // per-row factor turning raw S into log2 units
     const i32 x_base = g.len - g.n;
+    // Skip-softmax (DecodeArgs::skip_softmax): a slice whose logits all sit
+    // below every row's running max by log2(f / L) or more is skipped;
+    // -inf: off (the comparison below is then never true).
+    const bool skip_on = p.skip_log2_factor > NEG_INF && g.len > 0;
+    const float skip_thr = skip_on ? p.skip_log2_factor - __log2f((float)g.len) : NEG_INF;
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
         const int row = gr + 8 * hr;
@@ -1277,6 +1282,17 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         }
         float alpha[2];
         const bool had0 = mrow[0] != NEG_INF, had1 = mrow[1] != NEG_INF;
+        if (skip_on) {
+            // Per-thread partial maxima: all of them below the threshold iff
+            // every row's slice max is. A row that saw no key yet, or sees
+            // one here for the first time, never lets the slice go.
+            const bool low0 = mx[0] == NEG_INF || (had0 && mx[0] - mrow[0] < skip_thr);
+            const bool low1 = mx[1] == NEG_INF || (had1 && mx[1] - mrow[1] < skip_thr);
+            if (__all_sync(0xffffffffu, low0 && low1)) {
+                if (lane == 0 && p.skip_counter != nullptr) atomicAdd(p.skip_counter, 1u);
+                return;
+            }
+        }
         row_max_update(mx, mrow, alpha);
         u32 pa[4];
 #pragma unroll

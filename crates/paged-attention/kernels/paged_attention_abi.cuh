@@ -16,7 +16,7 @@
 #define PAC_NEGATIVE_SEQLEN 4u  // `cache_seqlens[i] < 0`: read as 0 (once per request).
 #define PAC_BAD_PAGE        8u  // A needed page (one overlapping `[k_lo, L)`) lies past `max_num_pages` or its id is outside `[0, num_pages)`: its keys are masked (once per page, D10).
 
-// paged_attention::PagedAttentionParams (264 bytes).
+// paged_attention::PagedAttentionParams (280 bytes).
 struct PagedAttentionParams {
     const u16* q;              // `[num_tokens, Hq, D]`.
     u16* out;                  // `[num_tokens, Hq, D]`.
@@ -64,8 +64,12 @@ struct PagedAttentionParams {
     // 1 = off), see [`DecodeArgs::interleave`].
     i32 cp_ranks;
     i32 cp_rank;               // This launch's rank, `< cp_ranks`.
+    // Skip-softmax: `log2(f)` of [`DecodeArgs::skip_softmax`]'s factor
+    // `f`, `−inf` = off (exact attention).
+    float skip_log2_factor;
+    u32* skip_counter;         // `[1]` count of skipped warp slices (debug), or 0.
 };
-static_assert(sizeof(PagedAttentionParams) == 264, "PagedAttentionParams: size differs from Rust");
+static_assert(sizeof(PagedAttentionParams) == 280, "PagedAttentionParams: size differs from Rust");
 static_assert(alignof(PagedAttentionParams) == 8, "PagedAttentionParams: alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::q) == 8 && alignof(decltype(PagedAttentionParams::q)) == 8, "PagedAttentionParams::q (offset 0): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::out) == 8 && alignof(decltype(PagedAttentionParams::out)) == 8, "PagedAttentionParams::out (offset 8): size or alignment differs from Rust");
@@ -109,6 +113,8 @@ static_assert(sizeof(PagedAttentionParams::bmm2_scale) == 4 && alignof(decltype(
 static_assert(sizeof(PagedAttentionParams::tile_tokens) == 4 && alignof(decltype(PagedAttentionParams::tile_tokens)) == 4, "PagedAttentionParams::tile_tokens (offset 252): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::cp_ranks) == 4 && alignof(decltype(PagedAttentionParams::cp_ranks)) == 4, "PagedAttentionParams::cp_ranks (offset 256): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::cp_rank) == 4 && alignof(decltype(PagedAttentionParams::cp_rank)) == 4, "PagedAttentionParams::cp_rank (offset 260): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::skip_log2_factor) == 4 && alignof(decltype(PagedAttentionParams::skip_log2_factor)) == 4, "PagedAttentionParams::skip_log2_factor (offset 264): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::skip_counter) == 8 && alignof(decltype(PagedAttentionParams::skip_counter)) == 8, "PagedAttentionParams::skip_counter (offset 272): size or alignment differs from Rust");
 
 // paged_attention::ContextParams (272 bytes).
 struct ContextParams {

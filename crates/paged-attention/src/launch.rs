@@ -132,6 +132,11 @@ kernel_rt::abi_struct! {
         pub cp_ranks: i32 = "i32",
         /// This launch's rank, `< cp_ranks`.
         pub cp_rank: i32 = "i32",
+        /// Skip-softmax: `log2(f)` of [`DecodeArgs::skip_softmax`]'s factor
+        /// `f`, `−inf` = off (exact attention).
+        pub skip_log2_factor: f32 = "float",
+        /// `u32*` `[1]` count of skipped warp slices (debug), or 0.
+        pub skip_counter: u64 = "u32*",
     }
 }
 
@@ -313,6 +318,24 @@ pub struct DecodeArgs<'a> {
     /// [`crate::merge_kernel`]), so `sinks` must be `None` (they join after
     /// the merge). Tensor-core kernel only; `None` or `ranks = 1` = off.
     pub interleave: Option<crate::reference::Interleave>,
+    /// Skip-softmax sparsity, FlashInfer's `skip_softmax_threshold_scale_factor`
+    /// `f ≥ 0` (SEMANTICS.md §attention.9; `None` or 0: exact attention,
+    /// bit for bit). The tensor-core kernel streams each row's keys in
+    /// warp slices of 16 keys ([`MMA_TILE_TOKENS`] / 4), in ascending order
+    /// within a split; a slice is skipped (no exponentials, no `P·V`, the
+    /// row state unchanged) when, for every row of the CTA, the slice's
+    /// largest logit `m̃` and the row's running maximum `m` satisfy
+    /// `exp(m̃ − m) < λ = f / L` (`L` the request's KV length) — a row that
+    /// has seen no key yet never skips. Every skipped key then weighs less
+    /// than `λ·exp(m_final)`, at most `L` of them, while the kept keys weigh
+    /// at least `exp(m_final)`, so for `f < 1` each output element is
+    /// within `2·f·bmm2_scale·max|V|` of exact attention (plus the usual
+    /// rounding). Slices no row sees count as skipped too (exactly: they
+    /// add nothing). The CUDA-core kernel computes exact attention.
+    pub skip_softmax: Option<f32>,
+    /// `[1]` u32: skipped warp slices are added here (debug); `None` = not
+    /// counted.
+    pub skipped_slices: Option<StridedMut<'a, u32, 1>>,
     /// Split policy.
     pub split: SplitMode,
     /// `[num_tokens, Hq]` f32: each written row's natural-log log-sum-exp

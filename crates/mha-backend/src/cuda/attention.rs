@@ -578,6 +578,8 @@ pub(super) fn decode_args<'v>(
         sinks: v.sinks,
         split: SplitMode::Auto,
         interleave: None,
+        skip_softmax: None,
+        skipped_slices: None,
         workspace: None,
         lse: None,
     })

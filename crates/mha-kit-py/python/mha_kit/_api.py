@@ -221,25 +221,25 @@ def _decode_extras(kv_cache_sf, uses_shared_paged_kv_idx, bmm1_scale_log2,
 
 def _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                  max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                 max_q_len, cum_seq_lens_q, kv_layout, lse=None):
+                 max_q_len, cum_seq_lens_q, kv_layout, lse=None, skip=None):
     if lse is not None or query.dtype != out.dtype:
         # Off the hot path: an e4m3 query cast into the workspace, the LSE
         # converted to FlashInfer's base 2 after the launch.
         query, workspace_buffer = _cast_query(query, out, workspace_buffer)
         r = _decode_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens,
                            out, max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks,
-                           q_len_per_req, max_q_len, cum_seq_lens_q, kv_layout, lse)
+                           q_len_per_req, max_q_len, cum_seq_lens_q, kv_layout, lse, skip)
         if lse is not None:
             _lse_to_base2(lse)
         return r
     return _decode_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                           max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                          max_q_len, cum_seq_lens_q, kv_layout, None)
+                          max_q_len, cum_seq_lens_q, kv_layout, None, skip)
 
 
 def _decode_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                    max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                   max_q_len, cum_seq_lens_q, kv_layout, lse):
+                   max_q_len, cum_seq_lens_q, kv_layout, lse, skip):
     # The eager hot path (issue 15). With the DLPack exchange API the native
     # side reads the tensors itself (and torch's current stream: `None`);
     # anything it cannot read comes back as NotExchangeable before any
@@ -250,7 +250,7 @@ def _decode_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_
                 query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                 int(max_seq_len), float(bmm1_scale), float(bmm2_scale), int(window_left),
                 sinks, None if q_len_per_req is None else int(q_len_per_req),
-                None if max_q_len is None else int(max_q_len), cum_seq_lens_q, None, lse,
+                None if max_q_len is None else int(max_q_len), cum_seq_lens_q, None, lse, skip,
             )
         except _native.NotExchangeable:
             pass
@@ -275,6 +275,7 @@ def _decode_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_
         None if cum_seq_lens_q is None else describe(cum_seq_lens_q, "cum_seq_lens_q"),
         stream_of(q),
         maybe(lse, "lse", True),
+        skip,
     )
 
 
@@ -368,11 +369,16 @@ def trtllm_batch_decode_with_kv_cache(
             accepted for compatibility; only ``None`` / ``1.0`` / ``None``
             (the causal rule) are supported; ``enable_pdl`` and ``backend``
             are ignored (one implementation).
-        skip_softmax_threshold_scale_factor, multi_ctas_kv_counter_buffer,
-            bf16q_fp8kv_transform_mode: accepted and ignored, as upstream's
-            later keywords (SGLang passes the first on every call): mha-kit
-            computes exact attention (SEMANTICS.md §attention.9), keeps its
-            split counters in ``workspace_buffer`` and has one kernel flavor.
+        skip_softmax_threshold_scale_factor: FlashInfer's skip-softmax
+            factor ``f ≥ 0`` (``None`` or 0: exact attention, bit for bit).
+            On the GPU the tensor-core decode kernel skips a 16-key slice
+            when every row's logits there sit below its running maximum by
+            ``ln(L / f)`` or more (``L`` the request's KV length); each output
+            element stays within ``2·f·bmm2_scale·max|V|`` of exact attention
+            for ``f < 1``. The CPU path computes exact attention.
+        multi_ctas_kv_counter_buffer, bf16q_fp8kv_transform_mode: accepted
+            and ignored, as upstream's later keywords: mha-kit keeps its split
+            counters in ``workspace_buffer`` and has one kernel flavor.
         kv_cache_sf, uses_shared_paged_kv_idx, bmm1_scale_log2,
             enable_block_sparse_attention: accepted for compatibility at
             their defaults only (``None``, ``True``, ``None``, ``False``).
@@ -419,15 +425,18 @@ def trtllm_batch_decode_with_kv_cache(
         sinks = _sinks(sinks)
     if return_lse:
         lse = _lse_buffer(query, lse, return_lse)
+    skip = skip_softmax_threshold_scale_factor
+    if skip is not None and type(skip) is not float:
+        skip = scalar(skip, "skip_softmax_threshold_scale_factor")
     if _compiling():
         _ops().trtllm_batch_decode(query, k_cache, v_cache, workspace_buffer, block_tables,
                                    seq_lens, out, int(max_seq_len), bmm1_scale, bmm2_scale,
                                    int(window_left), sinks, q_len_per_req, max_q_len,
-                                   cum_seq_lens_q, kv_layout, lse)
+                                   cum_seq_lens_q, kv_layout, lse, skip)
     else:
         _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                      max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                     max_q_len, cum_seq_lens_q, kv_layout, lse)
+                     max_q_len, cum_seq_lens_q, kv_layout, lse, skip)
     return (out, lse) if return_lse else out
 
 

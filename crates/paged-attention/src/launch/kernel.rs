@@ -248,6 +248,12 @@ impl PagedAttentionKernel {
         if let Some(l) = &mut args.lse {
             p.lse = l.device_ptr_mut(stream);
         }
+        if let Some(c) = &mut args.skipped_slices {
+            if c.shape()[0] == 0 {
+                return Err(KernelError::shape("skipped_slices", "[1]", "[0]"));
+            }
+            p.skip_counter = c.device_ptr_mut(stream);
+        }
         p.errors = errors.device_ptr();
         let experiment = (self.experiment != 0)
             .then(|| {

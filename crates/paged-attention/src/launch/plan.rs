@@ -203,6 +203,7 @@ pub(super) fn plan_path(
         tile_tokens: tile_tokens as i32,
         cp_ranks,
         cp_rank,
+        skip_log2_factor: skip_log2_factor(args.skip_softmax)?,
         ..Default::default()
     };
     Ok(LaunchPlan {
@@ -258,6 +259,21 @@ pub(crate) fn interleave_params(
     Ok((to_i32("interleave", il.ranks)?, il.rank as i32))
 }
 
+/// `log2(f)` of a skip-softmax factor (`−inf` for `None` or 0: off).
+///
+/// # Errors
+/// [`KernelError::Unsupported`] for a negative or non-finite factor.
+pub(crate) fn skip_log2_factor(factor: Option<f32>) -> Result<f32> {
+    match factor {
+        None => Ok(f32::NEG_INFINITY),
+        Some(f) if f.is_finite() && f >= 0.0 => Ok(f.log2()),
+        Some(f) => Err(KernelError::unsupported(
+            "skip_softmax",
+            format!("{f} (a finite factor ≥ 0; 0 or None: exact attention)"),
+        )),
+    }
+}
+
 /// The row stride of an optional LSE output `[num_tokens, Hq]` f32 (0
 /// without one), shared by the decode and context launchers.
 ///
@@ -290,6 +306,17 @@ mod tests {
 
     fn il(rank: usize, ranks: usize, block: usize) -> Option<Interleave> {
         Some(Interleave { rank, ranks, block })
+    }
+
+    #[test]
+    fn skip_factor_zero_is_off_and_bad_factors_are_refused() {
+        use super::skip_log2_factor;
+        assert_eq!(skip_log2_factor(None).unwrap(), f32::NEG_INFINITY);
+        assert_eq!(skip_log2_factor(Some(0.0)).unwrap(), f32::NEG_INFINITY);
+        assert_eq!(skip_log2_factor(Some(4.0)).unwrap(), 2.0);
+        for bad in [-1.0, f32::NAN, f32::INFINITY] {
+            assert!(skip_log2_factor(Some(bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]
