@@ -32,6 +32,9 @@ pub const DEFAULT_DECODE_SPLIT: SplitMode = SplitMode::Chunked {
 /// side stream, the named one enqueued first), `off` (one after the other
 /// on one stream). Unset: [`DEFAULT_MIXED_OVERLAP`].
 pub const MIXED_OVERLAP_ENV: &str = "MHA_KIT_MIXED_OVERLAP";
+/// Environment variable overriding [`BackendConfig::skip_softmax_decode`]:
+/// a factor `f ≥ 0` (`0` = exact attention) or `off`.
+pub const SKIP_SOFTMAX_DECODE_ENV: &str = "MHA_KIT_SKIP_SOFTMAX_DECODE";
 /// Default of [`MIXED_OVERLAP_ENV`].
 pub const DEFAULT_MIXED_OVERLAP: MixedOverlap = MixedOverlap::DecodeFirst;
 
@@ -188,11 +191,17 @@ pub struct BackendConfig {
     /// draft extend) compute each rank's partial output and log-sum-exp
     /// over its pages, in global positions and without sinks, merge them
     /// and join the sinks once ([`paged_attention::cp`]); extend / mixed
-    /// passes run unsplit. `1` = off, at most [`MAX_DECODE_CP_RANKS`]. CPU
-    /// executor only for now: the CUDA executor rejects `N > 1` (it lacks
-    /// rank page-table views and interleaved key positions in the decode
-    /// kernel, issue 17).
+    /// passes run unsplit. `1` = off, at most [`MAX_DECODE_CP_RANKS`]. The
+    /// CUDA executor runs the ranks on its one GPU (interleaved decode
+    /// launches merged by the merge-states kernel); engine memory refuses
+    /// `N > 1`.
     pub decode_cp_ranks: usize,
+    /// Skip-softmax factor of the decode-kernel passes (FlashInfer's
+    /// `skip_softmax_threshold_scale_factor`, SEMANTICS.md §attention.9):
+    /// `None` or 0 = exact attention; [`SKIP_SOFTMAX_DECODE_ENV`] overrides
+    /// it. The CUDA executor's tensor-core decode kernel applies it; the
+    /// CPU executor and the context kernel compute exact attention.
+    pub skip_softmax_decode: Option<f32>,
 }
 
 /// Largest [`BackendConfig::decode_cp_ranks`].
@@ -222,6 +231,7 @@ impl BackendConfig {
             num_pages,
             num_swa_pages: None,
             decode_cp_ranks: 1,
+            skip_softmax_decode: None,
         }
     }
 
@@ -350,6 +360,7 @@ impl BackendConfig {
                 ),
             ));
         }
+        resolve_skip_softmax(self.skip_softmax_decode, None)?;
         self.resolved_workspace_bytes()?;
         Ok(())
     }
@@ -433,6 +444,32 @@ pub fn resolve_decode_split(env: Option<&str>) -> Result<SplitMode> {
             format!("{DECODE_SPLIT_ENV}={v:?} is neither \"auto\" nor CHUNK:MAX (1 ≤ CHUNK < 2^30, 1 ≤ MAX ≤ 1024)"),
         )
     })
+}
+
+/// The skip-softmax factor of decode passes: [`SKIP_SOFTMAX_DECODE_ENV`]'s
+/// value when set (`off` / `none` → `None`, else a factor), else the
+/// config's; a factor must be finite and ≥ 0.
+///
+/// # Errors
+/// [`BackendError::Config`] naming the variable or the field.
+pub fn resolve_skip_softmax(config: Option<f32>, env: Option<&str>) -> Result<Option<f32>> {
+    let f = match env.map(str::trim) {
+        None => config,
+        Some(v) if v.eq_ignore_ascii_case("off") || v.eq_ignore_ascii_case("none") => None,
+        Some(v) => Some(v.parse::<f32>().map_err(|_| {
+            config_err(
+                "skip_softmax_decode",
+                format!("{SKIP_SOFTMAX_DECODE_ENV}={v:?} is neither a factor nor \"off\""),
+            )
+        })?),
+    };
+    match f {
+        Some(x) if !(x.is_finite() && x >= 0.0) => Err(config_err(
+            "skip_softmax_decode",
+            format!("{x} (a finite factor ≥ 0; 0 or None: exact attention)"),
+        )),
+        f => Ok(f),
+    }
 }
 
 /// The mixed-pass launch order from [`MIXED_OVERLAP_ENV`]'s value: `None`

@@ -170,10 +170,10 @@ pub use backend::{
 };
 pub use batch::{AttnMode, ForwardBatch, ForwardMode, SpecInfo};
 pub use config::{
-    resolve_decode_split, resolve_mixed_overlap, resolve_workspace_bytes, BackendConfig,
-    LayerConfig, MixedOverlap, SpecConfig, DECODE_SPLIT_ENV, DEFAULT_DECODE_SPLIT,
+    resolve_decode_split, resolve_mixed_overlap, resolve_skip_softmax, resolve_workspace_bytes,
+    BackendConfig, LayerConfig, MixedOverlap, SpecConfig, DECODE_SPLIT_ENV, DEFAULT_DECODE_SPLIT,
     DEFAULT_MIXED_OVERLAP, DEFAULT_WORKSPACE_BYTES, HEAD_DIMS, MAX_DECODE_CP_RANKS,
-    MAX_DECODE_Q_LEN, MAX_GROUP, MIXED_OVERLAP_ENV, WORKSPACE_ENV,
+    MAX_DECODE_Q_LEN, MAX_GROUP, MIXED_OVERLAP_ENV, SKIP_SOFTMAX_DECODE_ENV, WORKSPACE_ENV,
 };
 pub use cuda::CudaExecutor;
 pub use engine::{

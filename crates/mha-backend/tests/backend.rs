@@ -979,6 +979,30 @@ fn mixed_overlap_rule() {
     }
 }
 
+#[test]
+fn skip_softmax_rule() {
+    use mha_backend::resolve_skip_softmax;
+    assert_eq!(resolve_skip_softmax(None, None).unwrap(), None);
+    assert_eq!(resolve_skip_softmax(Some(0.5), None).unwrap(), Some(0.5));
+    // The variable overrides the config, `off` clears it.
+    assert_eq!(
+        resolve_skip_softmax(None, Some(" 0.25 ")).unwrap(),
+        Some(0.25)
+    );
+    assert_eq!(resolve_skip_softmax(Some(0.5), Some("OFF")).unwrap(), None);
+    assert_eq!(
+        resolve_skip_softmax(Some(0.5), Some("0")).unwrap(),
+        Some(0.0)
+    );
+    for bad in ["", "x", "-1", "nan", "inf"] {
+        let e = resolve_skip_softmax(None, Some(bad))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("skip_softmax"), "{bad}: {e}");
+    }
+    assert!(resolve_skip_softmax(Some(-0.5), None).is_err());
+}
+
 /// The CPU executor runs one launch at a time: it stays `Off` whatever is
 /// asked.
 #[test]

@@ -112,6 +112,13 @@ pub struct Args {
     /// (`DecodeArgs::interleave`), the merge-states kernel combines them.
     #[arg(long, default_value_t = 1)]
     pub dcp: usize,
+    /// Skip-softmax factor of decode / verify / draft passes (FlashInfer's
+    /// `skip_softmax_threshold_scale_factor`; 0 = exact). The CUDA
+    /// executor's tensor-core decode kernel applies it (each output within
+    /// `2·f·max|V|` of exact attention); the CPU executor computes exact
+    /// attention. `MHA_KIT_SKIP_SOFTMAX_DECODE` overrides it.
+    #[arg(long, allow_negative_numbers = true)]
+    pub skip_softmax_decode: Option<f32>,
     /// Tensor parallelism: the heads of every layer sharded over N ranks
     /// (rank r: query heads `[r·Hq/N, (r+1)·Hq/N)`, its KV heads, or one
     /// replicated KV head when N > Hkv), each rank its own backend and
@@ -222,6 +229,8 @@ pub struct Setup {
     pub spec_steps: usize,
     /// Simulated decode context-parallel ranks (`--dcp`, 1 = off).
     pub dcp: usize,
+    /// Skip-softmax factor of decode passes (`--skip-softmax-decode`).
+    pub skip_softmax_decode: Option<f32>,
     /// Simulated tensor-parallel ranks (`--tp`, 1 = off).
     pub tp: usize,
     /// `--cuda-graphs on`.
@@ -433,6 +442,7 @@ impl Setup {
             prefill_chunk,
             spec_steps: args.spec_steps,
             dcp,
+            skip_softmax_decode: args.skip_softmax_decode,
             tp: positive("--tp", args.tp)?,
             cuda_graphs: args.cuda_graphs == OnOff::On,
             split_timing: args.split_timing == OnOff::On,
@@ -550,6 +560,7 @@ impl Setup {
             num_pages: self.kv_pages,
             num_swa_pages: self.model.hybrid.then_some(self.kv_pages),
             decode_cp_ranks: self.dcp,
+            skip_softmax_decode: self.skip_softmax_decode,
         }
     }
 
@@ -607,6 +618,7 @@ impl Setup {
                         "spec.num_steps" | "spec.num_draft_tokens" => "--spec-steps",
                         "kv_dtype" => "--kv-dtype",
                         "decode_cp_ranks" => "--dcp",
+                        "skip_softmax_decode" => "--skip-softmax-decode",
                         _ => "--model",
                     };
                     flag_err(flag, e.to_string())

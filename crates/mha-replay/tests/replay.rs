@@ -383,6 +383,11 @@ fn binary_errors_name_the_flag_or_line() {
         (vec!["--split-timing", "maybe"], "--split-timing"),
         (vec!["--dcp", "0"], "--dcp"),
         (vec!["--dcp", "65"], "--dcp"),
+        (vec!["--skip-softmax-decode", "-1"], "--skip-softmax-decode"),
+        (
+            vec!["--skip-softmax-decode", "nan"],
+            "--skip-softmax-decode",
+        ),
         (vec!["--tp", "0"], "--tp"),
         (vec!["--tp", "3"], "--tp"),
         (vec!["--model", "gpt-oss-20b", "--tp", "128"], "--tp"),

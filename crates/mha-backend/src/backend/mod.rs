@@ -79,6 +79,12 @@ impl Core {
                 .ok()
                 .as_deref(),
         )?;
+        let skip_softmax = crate::config::resolve_skip_softmax(
+            config.skip_softmax_decode,
+            std::env::var(crate::config::SKIP_SOFTMAX_DECODE_ENV)
+                .ok()
+                .as_deref(),
+        )?;
         let mixed_overlap = crate::config::resolve_mixed_overlap(
             std::env::var(crate::config::MIXED_OVERLAP_ENV)
                 .ok()
@@ -111,6 +117,7 @@ impl Core {
                 decode_split,
                 mixed_overlap,
                 config.decode_cp_ranks,
+                skip_softmax,
             )?),
         };
         Ok(Self {

@@ -52,6 +52,8 @@ pub(super) struct AttnCx<'a> {
     /// Decode context parallelism simulated on this GPU
     /// ([`super::cp`]); `None`: one decode launch a part.
     pub(super) cp: Option<super::cp::CpCx<'a>>,
+    /// Skip-softmax factor of decode launches (`DecodeArgs::skip_softmax`).
+    pub(super) skip_softmax: Option<f32>,
 }
 
 /// The executor's second stream for mixed passes, with the two events that
@@ -578,7 +580,7 @@ pub(super) fn decode_args<'v>(
         sinks: v.sinks,
         split: SplitMode::Auto,
         interleave: None,
-        skip_softmax: None,
+        skip_softmax: cx.skip_softmax,
         skipped_slices: None,
         workspace: None,
         lse: None,

@@ -158,6 +158,7 @@ impl CudaExecutor {
             page_size,
             context_len,
             decode_split,
+            skip_softmax,
             ..
         } = self;
         let bufs = engine_bufs(engine, shape)?;
@@ -175,6 +176,7 @@ impl CudaExecutor {
                 page_size: *page_size,
                 context_len: *context_len,
                 decode_split: *decode_split,
+                skip_softmax: *skip_softmax,
             },
             plan,
             sinks[plan.layer].as_ref(),
@@ -269,6 +271,7 @@ struct EngineCx<'a> {
     page_size: usize,
     context_len: usize,
     decode_split: SplitMode,
+    skip_softmax: Option<f32>,
 }
 
 /// One engine layer: the paged K/V write into the engine's caches (at the
@@ -364,6 +367,7 @@ fn engine_layer(
         // Engine passes run on one stream (an engine may capture them).
         side: None,
         cp: None,
+        skip_softmax: cx.skip_softmax,
     };
     let kv = KvSrc::Engine(&io.kv_cache);
     let pass = PassShape {

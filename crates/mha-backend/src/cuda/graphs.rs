@@ -357,6 +357,7 @@ impl CudaExecutor {
             page_size,
             context_len,
             decode_split,
+            skip_softmax,
             ..
         } = self;
         let stream = gpu.stream();
@@ -419,6 +420,7 @@ impl CudaExecutor {
                 // Graph buckets have no mixed passes (decode_tail 0).
                 side: None,
                 cp: g.cp.as_mut().map(super::cp::DecodeCp::cx),
+                skip_softmax: *skip_softmax,
             };
             let out_len = io.out.len();
             let (hq, d) = (plan.num_q_heads, plan.head_dim);

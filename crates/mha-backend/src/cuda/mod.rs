@@ -126,6 +126,8 @@ pub struct CudaExecutor {
     /// Decode context parallelism simulated on this GPU (`decode_cp_ranks
     /// > 1`): the merge launcher and the eager passes' rank buffers.
     decode_cp: Option<DecodeCp>,
+    /// Skip-softmax factor of decode launches (resolved config).
+    skip_softmax: Option<f32>,
 }
 
 impl CudaExecutor {
@@ -148,6 +150,7 @@ impl CudaExecutor {
         decode_split: SplitMode,
         mixed_overlap: MixedOverlap,
         decode_cp_ranks: usize,
+        skip_softmax: Option<f32>,
     ) -> Result<Self> {
         let stream = gpu.stream().clone();
         let mut caches = Vec::with_capacity(plans.len());
@@ -200,6 +203,7 @@ impl CudaExecutor {
             part_timer: None,
             engine: None,
             engine_graphs: HashMap::new(),
+            skip_softmax,
             decode_cp: if decode_cp_ranks > 1 {
                 Some(DecodeCp::new(gpu, decode_cp_ranks, 1, 1, 1)?)
             } else {
@@ -423,6 +427,7 @@ impl Executor for CudaExecutor {
             part_timer,
             side,
             decode_cp,
+            skip_softmax,
             ..
         } = self;
         let stream = gpu.stream();
@@ -461,6 +466,7 @@ impl Executor for CudaExecutor {
             foreign_workspace: false,
             side: side.as_ref(),
             cp: decode_cp.as_mut().map(DecodeCp::cx),
+            skip_softmax: *skip_softmax,
         };
         let (hq, d) = (plan.num_q_heads, plan.head_dim);
         run_attention(
