@@ -56,7 +56,8 @@
 #             kernel-rt GPU tests (Launcher), the decode experiment entries
 #             (x8) against the reference, memcheck on the final decode
 #             kernel (masked non-finite keys, PDL chains, x8), the Python GPU
-#             tests (return_lse, e4m3 query), the code-trace replay (output
+#             tests (return_lse, e4m3 query, skip-softmax), the decode
+#             skip-softmax test, the code-trace replay (output
 #             hash vs bd6daa2f9fe1028c, session 18 before the Launcher), the
 #             decode context parallelism tests and --dcp 2 / 4 on a 2,000-request
 #             conv slice
@@ -257,6 +258,9 @@ stage_pending_tests() {
   echo "== decode paged-attention interleave (DCP ranks) vs the reference"
   timeout 200 tests/paged-attention-gpu --include-ignored interleaved_ranks > "$OUT/decode_cp.log" 2>&1
   echo "rc=$?"; summary "$OUT/decode_cp.log"; grep -E "interleaved_ranks" "$OUT/decode_cp.log"
+  echo "== decode skip-softmax vs off and the bound"
+  timeout 200 tests/paged-attention-gpu --include-ignored skip_softmax > "$OUT/decode_skip.log" 2>&1
+  echo "rc=$?"; summary "$OUT/decode_skip.log"; grep -E "skip_softmax" "$OUT/decode_skip.log"
   echo "== memcheck: decode masked non-finite keys, interleaved ranks (small case set)"
   MHA_KIT_GPU_CASES=24 timeout 200 compute-sanitizer --tool memcheck tests/paged-attention-gpu --include-ignored \
     masked_nonfinite interleaved_ranks > "$OUT/decode_memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/decode_memcheck.log"
