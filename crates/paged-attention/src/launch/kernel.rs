@@ -42,6 +42,11 @@ fn entry_experiment(entry: &str) -> u32 {
 /// session 18) or `on`.
 pub const DECODE_PDL_ENV: &str = "MHA_KIT_DECODE_PDL";
 
+/// Environment variable that sets the decode timing experiment of every
+/// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default)
+/// or `x8` (three CTAs an SM at D 128), so that a whole replay can run it.
+pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
+
 /// The decode/verify launcher: every kernel function is resolved once, at
 /// construction (with its dynamic shared memory limit raised); launches are
 /// stream-ordered and graph-capturable (no host sync, allocation or copy).
@@ -108,6 +113,10 @@ impl PagedAttentionKernel {
             experiment: 0,
             pdl: env_choice(DECODE_PDL_ENV, &[("off", false), ("on", true)])?,
             pdl_capable: gpu.compute_capability().is_some_and(|cc| cc >= (9, 0)),
+        })
+        .and_then(|mut k| {
+            k.set_experiment(env_choice(DECODE_EXPERIMENT_ENV, &[("off", 0), ("x8", 8)])?)?;
+            Ok(k)
         })
     }
 
