@@ -529,21 +529,33 @@ fn case_args<'a>(
     })
 }
 
-/// Runs `c` with skip-softmax factor `f` (`None`: off), returning the
-/// output bits and the skipped-slice count.
-fn run_skip(
+/// What one edited launch of a case gives back.
+struct Edited {
+    out: Vec<u16>,
+    /// `[num_tokens, Hq]` row LSE (poisoned where not written).
+    lse: Vec<f32>,
+    /// The skipped-slice counter.
+    skipped: u32,
+    errors: ErrorReport,
+}
+
+/// Launches case `c` once into a poisoned output with the row LSE and the
+/// skipped-slice counter requested, after `edit` set what the test varies
+/// (the rank, the skip-softmax factor, the sinks).
+fn launch_edited(
     gpu: &Arc<Gpu>,
     k: &PagedAttentionKernel,
     c: &Case,
     split: SplitMode,
     msl: usize,
-    f: Option<f32>,
-) -> Result<(Vec<u16>, u32), String> {
+    edit: impl FnOnce(&mut DecodeArgs<'_>),
+) -> Result<Edited, String> {
     let dev = CaseBuffers::upload(gpu, c).or_fail("upload")?;
-    let n = c.q.len();
+    let (n, rows) = (c.q.len(), c.num_tokens * c.hq);
     let mut out = upload(gpu, &vec![POISON; n]).or_fail("upload")?;
     let need = case_workspace(c, split, msl, k.num_sms()).or_fail("workspace")?;
     let mut ws = upload(gpu, &fresh_workspace(need, counter_count(c))).or_fail("ws")?;
+    let mut lse = upload(gpu, &vec![f32::from_bits(LSE_POISON); rows.max(1)]).or_fail("lse")?;
     let mut count = upload(gpu, &[0u32]).or_fail("counter")?;
     let mut errors = DeviceErrors::new(gpu).or_fail("errors")?;
     {
@@ -557,17 +569,41 @@ fn run_skip(
             msl,
         )
         .or_fail("args")?;
-        args.skip_softmax = f;
+        args.lse = Some(
+            StridedMut::contiguous("lse", lse.slice_mut(0..rows), [c.num_tokens, c.hq])
+                .or_fail("lse view")?,
+        );
         args.skipped_slices = Some(
             StridedMut::contiguous("skipped_slices", count.slice_mut(0..1), [1])
                 .or_fail("count")?,
         );
+        edit(&mut args);
         k.launch(&mut args, &mut errors).or_fail("launch")?;
     }
     let s = gpu.stream();
-    let got: Vec<u16> = s.clone_dtoh(&out).or_fail("read")?;
+    let out: Vec<u16> = s.clone_dtoh(&out).or_fail("read")?;
+    let lse: Vec<f32> = s.clone_dtoh(&lse).or_fail("read")?;
     let skipped: Vec<u32> = s.clone_dtoh(&count).or_fail("read")?;
-    Ok((got[..n].to_vec(), skipped[0]))
+    Ok(Edited {
+        out: out[..n].to_vec(),
+        lse: lse[..rows].to_vec(),
+        skipped: skipped[0],
+        errors: errors.read().or_fail("errors")?,
+    })
+}
+
+/// Runs `c` with skip-softmax factor `f` (`None`: off), returning the
+/// output bits and the skipped-slice count.
+fn run_skip(
+    gpu: &Arc<Gpu>,
+    k: &PagedAttentionKernel,
+    c: &Case,
+    split: SplitMode,
+    msl: usize,
+    f: Option<f32>,
+) -> Result<(Vec<u16>, u32), String> {
+    let r = launch_edited(gpu, k, c, split, msl, |a| a.skip_softmax = f)?;
+    Ok((r.out, r.skipped))
 }
 
 /// Skip-softmax (issue 14, `DecodeArgs::skip_softmax`): factor 0 gives the
@@ -667,37 +703,13 @@ fn interleaved_ranks(gpu: &Arc<Gpu>) -> Result<(), String> {
                 ranks,
                 block: c.p,
             };
-            let dev = CaseBuffers::upload(gpu, &c).or_fail("upload")?;
             let n = c.q.len();
-            let mut out = upload(gpu, &vec![POISON; n]).or_fail("upload")?;
-            let need = case_workspace(&c, split, msl, k.num_sms()).or_fail("workspace")?;
-            let mut ws = upload(gpu, &fresh_workspace(need, counter_count(&c))).or_fail("ws")?;
-            let mut lse = upload(gpu, &vec![f32::from_bits(LSE_POISON); t * hq]).or_fail("lse")?;
-            let mut errors = DeviceErrors::new(gpu).or_fail("errors")?;
-            {
-                let mut args = case_args(
-                    &c,
-                    &dev,
-                    dev.q0.slice(0..n),
-                    out.slice_mut(0..n),
-                    &mut ws,
-                    split,
-                    msl,
-                )
-                .or_fail("args")?;
-                args.sinks = None;
-                args.interleave = Some(il);
-                args.lse = Some(
-                    StridedMut::contiguous("lse", lse.slice_mut(0..t * hq), [t, hq])
-                        .or_fail("lse view")?,
-                );
-                k.launch(&mut args, &mut errors)
-                    .map_err(|e| format!("seed {seed}, rank {rank}/{ranks}: {e}"))?;
-            }
-            let s = gpu.stream();
-            let got: Vec<u16> = s.clone_dtoh(&out).or_fail("read")?;
-            let got_lse: Vec<f32> = s.clone_dtoh(&lse).or_fail("read")?;
-            let e = errors.read().or_fail("errors")?;
+            let r = launch_edited(gpu, &k, &c, split, msl, |a| {
+                a.sinks = None;
+                a.interleave = Some(il);
+            })
+            .map_err(|e| format!("seed {seed}, rank {rank}/{ranks}: {e}"))?;
+            let (got, got_lse, e) = (r.out, r.lse, r.errors);
             errs.count += e.count;
             errs.flags |= e.flags;
             // The rank against the reference over its tables, global positions.
