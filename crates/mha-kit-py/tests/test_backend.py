@@ -379,3 +379,28 @@ def test_errors_name_the_argument():
     m = e.b.init_forward_metadata(mb.ForwardBatch(mb.IDLE, np.zeros(0, np.int64),
                                                   np.zeros(0, np.int64), np.zeros(0, np.int64)))
     assert m.batch_size == 0 and m.page_table.shape == (0, WIDTH // P)
+
+
+def test_skip_softmax_decode_factor_reaches_the_decode_calls():
+    """``skip_softmax_decode`` (the seed's decode factor) goes to every
+    decode-kernel call: the CPU path stays exact (same outputs as without
+    it), and a bad factor raises naming the keyword at the first decode."""
+    lens = [7, 1, 12]
+    outs = []
+    for f in (None, 0.25):
+        rng = np.random.default_rng(3)
+        e = Engine(rng)
+        e.b = mb.TrtllmMhaBackend(**e.kwargs, skip_softmax_decode=f)
+        rows = _prefill(e, lens)
+        rpi = np.array(rows, np.int64)
+        seq = [x + 1 for x in lens]
+        batch = mb.ForwardBatch(mb.DECODE, rpi, np.array(seq, np.int64),
+                                e.slots(rows, lens, [1] * len(rows)))
+        e.b.init_forward_metadata(batch)
+        q, _, _ = e.check_layers(e.b, batch, [(i, 1) for i in range(len(rows))], seq,
+                                 len(rows), extend=False)
+        outs.append(e.b.forward_decode(q, None, None, e.layers[0], batch, save_kv_cache=False))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    e.b.skip_softmax_decode = -1.0
+    with pytest.raises(mb.InvalidArgument, match="skip_softmax_threshold_scale_factor"):
+        e.b.forward_decode(q, None, None, e.layers[0], batch, save_kv_cache=False)

@@ -208,6 +208,9 @@ class TrtllmMhaBackend:
         num_draft_tokens: ``N``, tokens verified per request (speculative decoding).
         speculative_step_id: 0 for the target; ``i`` for draft step ``i``.
         topk: EAGLE tree width; only ``≤ 1`` (linear chains) is supported.
+        skip_softmax_decode: the seed's decode skip-softmax factor (FlashInfer's
+            ``skip_softmax_threshold_scale_factor``, passed to every decode-kernel
+            call; ``None`` or 0: exact attention). The context calls stay exact.
 
     Raises:
         InvalidArgument: ``topk > 1``, a bad layout, e4m3 caches in HND
@@ -217,7 +220,7 @@ class TrtllmMhaBackend:
 
     def __init__(self, *, req_to_token, kv_buffers, layers, page_size, max_context_len,
                  workspace_buffer, kv_layout="HND", full_to_swa=None, num_draft_tokens=None,
-                 speculative_step_id=0, topk=0):
+                 speculative_step_id=0, topk=0, skip_softmax_decode=None):
         if topk is not None and topk > 1:
             raise InvalidArgument(f"argument `topk`: {topk} (only linear draft chains, topk <= 1)")
         if kv_layout not in ("HND", "NHD"):
@@ -242,6 +245,7 @@ class TrtllmMhaBackend:
         self.full_to_swa = full_to_swa
         self.num_draft_tokens = num_draft_tokens
         self.speculative_step_id = int(speculative_step_id)
+        self.skip_softmax_decode = skip_softmax_decode
         self.forward_metadata = None
         self._graph = None
         self._graph_metadata = {}
@@ -355,7 +359,8 @@ class TrtllmMhaBackend:
             _rows(q, layer.num_q_heads, layer.head_dim), self.kv_buffers[layer.layer_id],
             self.workspace_buffer, self._page_table(layer), meta.cache_seqlens,
             self.max_context_len, bmm1_scale=bmm1, bmm2_scale=bmm2,
-            window_left=layer.window_left, sinks=sinks, kv_layout=self.kv_layout, **kw)
+            window_left=layer.window_left, sinks=sinks, kv_layout=self.kv_layout,
+            skip_softmax_threshold_scale_factor=self.skip_softmax_decode, **kw)
         return out.reshape(-1, layer.num_q_heads * layer.head_dim)
 
     def forward_decode(self, q, k, v, layer, batch, save_kv_cache=True, sinks=None):
