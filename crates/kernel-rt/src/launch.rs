@@ -1,8 +1,8 @@
 //! Kernel launches: [`Launcher`], the part every kernel family's launcher
 //! shares (entries loaded once with their attributes, the stream check, the
-//! launch, the count), and [`launch_params`] / [`launch_args`], launches of
-//! by-value parameters with the attribute `cudarc`'s launch builder does not
-//! take: programmatic dependent launch (PDL) on sm_90.
+//! launch, the count), and [`launch_args`], a launch of by-value parameters
+//! with the attribute `cudarc`'s launch builder does not take: programmatic
+//! dependent launch (PDL) on sm_90.
 //!
 //! PDL (CUDA 11.8+, compute capability 9.0): a kernel launched with the
 //! attribute `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` may
@@ -40,45 +40,27 @@ impl<T: DeviceRepr> KernelArg for T {
     }
 }
 
-/// Launches `func` on `stream` with one by-value kernel parameter `params`
-/// (the params-struct convention of every mha-kit kernel), as a programmatic
-/// dependent launch when `pdl` is set (see the module docs), else as a plain
-/// `cuLaunchKernelEx` launch, equivalent to `cudarc`'s launch builder with
-/// one argument.
-///
-/// # Safety
-/// As `cudarc`'s `LaunchArgs::launch`: `params` must be the kernel's exact
-/// parameter layout, every device address in it valid for what the kernel
-/// reads and writes, and `config` within the kernel's limits. With `pdl`,
-/// the kernel must execute `griddepcontrol.wait` before touching memory that
-/// earlier work on the stream writes or reads.
-///
-/// # Errors
-/// [`crate::KernelError::Driver`] when the context cannot be bound or the
-/// launch fails.
-pub unsafe fn launch_params<T: DeviceRepr>(
-    stream: &CudaStream,
-    func: &CudaFunction,
-    config: LaunchConfig,
-    params: &T,
-    pdl: bool,
-) -> Result<()> {
-    // SAFETY: forwarded contract (# Safety), one parameter.
-    unsafe { launch_args(stream, func, config, &[params], pdl) }
-}
-
 /// Most by-value parameters [`launch_args`] passes.
 pub const MAX_KERNEL_ARGS: usize = 8;
 
-/// [`launch_params`] with several by-value parameters, in the kernel's
-/// parameter order (the sm_90a context kernel takes its params struct and
-/// four tensor maps).
+/// Launches `func` on `stream` with by-value kernel parameters `params`, in
+/// the kernel's parameter order (one params struct for every mha-kit
+/// kernel; the sm_90a context kernel's struct and four tensor maps), as a
+/// programmatic dependent launch when `pdl` is set (see the module docs),
+/// else as a plain `cuLaunchKernelEx` launch, equivalent to `cudarc`'s
+/// launch builder with those arguments.
 ///
 /// # Safety
-/// As [`launch_params`], for every parameter.
+/// As `cudarc`'s `LaunchArgs::launch`: `params` must be the kernel's exact
+/// parameter layout, every device address in them valid for what the
+/// kernel reads and writes, and `config` within the kernel's limits. With
+/// `pdl`, the kernel must execute `griddepcontrol.wait` before touching
+/// memory that earlier work on the stream writes or reads.
 ///
 /// # Errors
-/// As [`launch_params`].
+/// [`crate::KernelError::Driver`] when the context cannot be bound or the
+/// launch fails; [`crate::KernelError::Unsupported`] for more than
+/// [`MAX_KERNEL_ARGS`] parameters.
 pub unsafe fn launch_args(
     stream: &CudaStream,
     func: &CudaFunction,
@@ -257,10 +239,10 @@ impl Launcher {
     }
 
     /// Launches entry `entry` with one by-value params struct on `stream`
-    /// (a plain launch, [`launch_params`] without PDL) and counts it.
+    /// (a plain launch, [`launch_args`] without PDL) and counts it.
     ///
     /// # Safety
-    /// As [`launch_params`]: `params` is the entry's exact parameter layout,
+    /// As [`launch_args`]: `params` is the entry's exact parameter layout,
     /// every device address in it valid for what the kernel reads and
     /// writes (the family's validation shows this), `config` within the
     /// entry's limits.

@@ -428,7 +428,7 @@ pub fn mma_smem_bytes_xv(head_dim: usize, kv: KvDtype, xv: u32) -> usize {
     let ring = 4 * nst * slot;
     let bytes = (ring + 2 * 4 * ROWS_PER_CTA * 4 + 4 * nst * 2 * 4).div_ceil(16) * 16;
     // D 256: the tile's 16 Q rows (16-bit) follow.
-    let q = if head_dim >= 256 || (x8 && kv != KvDtype::E4m3) {
+    let q = if head_dim >= 256 || (x8 && !q8) {
         ROWS_PER_CTA * head_dim * 2
     } else {
         0

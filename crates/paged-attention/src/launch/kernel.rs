@@ -81,7 +81,8 @@ impl PagedAttentionKernel {
         let mut kernel = Launcher::empty(gpu);
         for (q, kv, d) in mma_variants() {
             let name = mma_entry_name(q, kv, d);
-            // The entry and its timing experiments (same shared memory layout).
+            // The entry and its timing experiments (each with its own
+            // shared memory size: x8 lays it out otherwise).
             let experiments = EXPERIMENT_ENTRIES
                 .iter()
                 .filter(|e| {
@@ -106,18 +107,16 @@ impl PagedAttentionKernel {
             .context()
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             .max(1) as usize;
-        Ok(Self {
+        let mut k = Self {
             kernel,
             num_sms,
             path,
             experiment: 0,
             pdl: env_choice(DECODE_PDL_ENV, &[("off", false), ("on", true)])?,
             pdl_capable: gpu.compute_capability().is_some_and(|cc| cc >= (9, 0)),
-        })
-        .and_then(|mut k| {
-            k.set_experiment(env_choice(DECODE_EXPERIMENT_ENV, &[("off", 0), ("x8", 8)])?)?;
-            Ok(k)
-        })
+        };
+        k.set_experiment(env_choice(DECODE_EXPERIMENT_ENV, &[("off", 0), ("x8", 8)])?)?;
+        Ok(k)
     }
 
     /// Runs timing experiment `xv` where its entry exists (launches of
