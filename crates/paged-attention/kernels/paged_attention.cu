@@ -755,8 +755,8 @@ struct Look {
 // correct results. XV & 1: the L2 prefetch hint toggled (16-bit KV: on,
 // `.L2::256B` / `.L2::128B` for the row's block). XV & 2 (16-bit KV): the
 // lane-quad layout of e4m3 instead of whole rows per instruction. XV & 4
-// (e4m3 KV): whole rows per instruction, as 16-bit KV. XV & 8 (e4m3 KV):
-// Q fragments read from shared memory each slice, 4 ring slots (MmaSmem).
+// (e4m3 KV): whole rows per instruction, as 16-bit KV. XV & 8: Q read from
+// shared memory each slice and a shorter ring (MmaSmem::X8).
 template <int QT, int KV, int D, int XV = 0>
 MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     using L = MmaSmem<D, KV, XV>;

@@ -125,8 +125,8 @@ def _out(query, out, out_dtype):
 LOG2E = 1.4426950408889634
 
 #: The decode split counters at the end of ``workspace_buffer`` (bytes),
-#: which a cast query must never overwrite.
-_COUNTER_BYTES = 256 * 1024
+#: which a cast query must never overwrite (the native side's constant).
+_COUNTER_BYTES = _native.WORKSPACE_COUNTER_BYTES
 
 
 def _lse_buffer(query, lse, return_lse):
