@@ -61,6 +61,13 @@
 #             hash vs bd6daa2f9fe1028c, session 18 before the Launcher), the
 #             decode context parallelism tests and --dcp 2 / 4 on a 2,000-request
 #             conv slice
+#   pybench   mha_kit's Python calls beside cuDNN SDPA and FlashInfer (XQA,
+#             fa2, fa3) from PEERS_DIR (default .gpu/peers: copy the shared peer folder
+#             there and carry it; PYBENCH_ARGS e.g. --cases decode). The
+#             whole bundle, the peers and the tree pass the 64 MiB a call
+#             carries: carry a Python-only archive instead,
+#             `tar -cJf .gpu/py.tar.xz --exclude=wheels -C .gpu b/python`)
+#   allgpu    every GPU test binary of the bundle, all at once (ALLGPU_TIMEOUT)
 #   xbench    the decode bench rows of the x8 experiment beside production
 #             (DBENCH_X8_CASES) and the cuDNN peers (same call)
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
@@ -72,7 +79,14 @@ OUT=${OUT:-/tmp/out}
 STAGES=${STAGES:-smoke tests gather bench peers sanitize backend}
 mkdir -p "$OUT"
 work=$(mktemp -d)
+# BENCH_OVERRIDE: a folder of xz-packed bench binaries rebuilt since the bundle
+# (`cargo bench -p … --no-run`), copied over the bundle's benches/.
+override=${BENCH_OVERRIDE:+$(realpath "$BENCH_OVERRIDE")}
+# PEERS_DIR: a copy of the shared peer folder (FlashInfer 0.7.4 trimmed, its
+# sm_90a modules prebuilt) in an ignored folder of the checkout, for pybench.
+peers=$(realpath "${PEERS_DIR:-.gpu/peers}" 2>/dev/null || true)
 tar -xJf "$archive" -C "$work" && cd "$work"/* || exit 1
+if [ -n "$override" ]; then for f in "$override"/*.xz; do xz -dc "$f" > "benches/$(basename "$f" .xz)"; chmod +x "benches/$(basename "$f" .xz)"; done; echo "benches from $override: $(ls "$override")"; fi
 export MHA_KIT_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,driver_version --format=csv > "$OUT/smi.txt" 2>&1
 cat "$OUT/smi.txt"
@@ -262,9 +276,11 @@ stage_pending_tests() {
   timeout 200 tests/paged-attention-gpu --include-ignored skip_softmax > "$OUT/decode_skip.log" 2>&1
   echo "rc=$?"; summary "$OUT/decode_skip.log"; grep -E "skip_softmax" "$OUT/decode_skip.log"
   echo "== memcheck: decode masked non-finite keys, interleaved ranks (small case set)"
-  MHA_KIT_GPU_CASES=24 timeout 200 compute-sanitizer --tool memcheck tests/paged-attention-gpu --include-ignored \
-    masked_nonfinite interleaved_ranks > "$OUT/decode_memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/decode_memcheck.log"
-  grep -E "ERROR SUMMARY" "$OUT/decode_memcheck.log"
+  # The harness takes one filter: one sanitizer run per test.
+  for t in masked_nonfinite interleaved_ranks; do
+    MHA_KIT_GPU_CASES=24 timeout 200 compute-sanitizer --tool memcheck tests/paged-attention-gpu --include-ignored \
+      $t > "$OUT/decode_memcheck_$t.log" 2>&1; echo "$t rc=$?"; summary "$OUT/decode_memcheck_$t.log"
+  done
   echo "== mha-backend decode_cp tests"
   timeout 240 tests/mha-backend-gpu --include-ignored decode_cp > "$OUT/backend_cp.log" 2>&1
   echo "rc=$?"; summary "$OUT/backend_cp.log"
@@ -272,7 +288,7 @@ stage_pending_tests() {
 stage_pending_python() {
   echo "== python GPU tests"
   timeout 300 bash python/run_python.sh "$OUT/python" > "$OUT/python.log" 2>&1; echo "rc=$?"
-  grep -E "passed|failed|FAILED|Error" "$OUT/python.log" | head -20
+  grep -E "passed|failed|FAILED|Error|attr_|host_us|launcher_us|native_us" "$OUT/python.log" | head -30
 }
 stage_pending_replay() {
   REPLAY_ARGS=${REPLAY_ARGS:---requests 2000} stage_replay
@@ -283,6 +299,54 @@ stage_pending_replay() {
       > "$OUT/replay-dcp$n.log" 2>&1
     echo "rc=$?"; grep -E "mismatch|attention time|wall" "$OUT/replay-dcp$n.log" | head -6
   done
+}
+stage_pending_memcheck() {
+  # The harness takes one filter: one sanitizer run per test; the x8 entries
+  # through the masked non-finite keys test (MHA_KIT_DECODE_EXPERIMENT).
+  for run in "off masked_nonfinite" "x8 masked_nonfinite" "off interleaved_ranks"; do
+    set -- $run
+    MHA_KIT_DECODE_EXPERIMENT=$1 MHA_KIT_GPU_CASES=24 timeout 200 compute-sanitizer --tool memcheck \
+      tests/paged-attention-gpu --include-ignored $2 > "$OUT/decode_memcheck_$1_$2.log" 2>&1
+    echo "memcheck $1 $2 rc=$?"; summary "$OUT/decode_memcheck_$1_$2.log"
+  done
+}
+stage_pending_cp_replay() {
+  echo "== mha-replay GPU test: --dcp 2 / 4 on one GPU (CPU replays inside)"
+  timeout ${CP_REPLAY_TIMEOUT:-300} tests/mha-replay-replay_gpu --include-ignored decode_cp > "$OUT/replay_gpu_cp.log" 2>&1
+  echo "rc=$?"; summary "$OUT/replay_gpu_cp.log"; grep -E "dcp" "$OUT/replay_gpu_cp.log"
+}
+stage_allgpu() {
+  # Every GPU test binary of the bundle at once on the one GPU (their f64
+  # references keep the CPUs busy, not the GPU), each under ALLGPU_TIMEOUT.
+  echo "== every GPU test binary, concurrently"
+  local pids=() names=()
+  for b in tests/*gpu*; do
+    n=$(basename "$b")
+    timeout ${ALLGPU_TIMEOUT:-480} "$b" --include-ignored > "$OUT/all-$n.log" 2>&1 &
+    pids+=($!); names+=("$n")
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"; echo "${names[$i]} rc=$?"
+    grep -E "test result|panicked|FAILED" "$OUT/all-${names[$i]}.log" | head -5
+  done
+}
+stage_pybench() {
+  # mha_kit's Python calls beside torch's cuDNN SDPA and, when the peer
+  # folder is here, FlashInfer (XQA, fa2, fa3): one process, one method.
+  echo "== Python bench: mha_kit beside its peers (peers: ${peers:-none})"
+  local site; site=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" python/mha_kit-*.whl || return
+  if [ -n "$peers" ] && [ -f "$peers/whl/fi_jit.tar.xz" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$peers"/whl/apache_tvm_ffi-*.whl
+    tar -xJf "$peers/whl/fi_jit.tar.xz" -C "$site"
+    # Prebuilt modules load from flashinfer/data/aot/<name>/<name>.so.
+    mkdir -p "$site/flashinfer/data/aot"
+    for t in "$peers"/whl/fi_modules*.tar; do [ -f "$t" ] && tar -xf "$t" -C "$site/flashinfer/data/aot"; done
+    export FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE=$(mktemp -d)
+  fi
+  PYTHONPATH="$site" timeout ${PYBENCH_TIMEOUT:-420} python3 python/bench/peer_bench.py ${PYBENCH_ARGS:-} \
+    --json "$OUT/pybench.json" > "$OUT/pybench.log" 2> "$OUT/pybench.err"
+  echo "rc=$?"; grep -E '^(\||## )' "$OUT/pybench.log"; tail -3 "$OUT/pybench.err"
 }
 stage_pending() { stage_pending_tests; stage_pending_python; stage_pending_replay; }
 stage_xbench() {

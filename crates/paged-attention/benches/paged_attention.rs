@@ -111,7 +111,7 @@ fn fixed(name: &str, bs: usize, len: usize, chunk_tokens: usize) -> Shape {
 }
 
 fn cases() -> Vec<Shape> {
-    vec![
+    let mut v = vec![
         s("bs 64, L 8192", 32, 8, 128, 64, 8192),
         s("bs 256, L 8192", 32, 8, 128, 256, 8192),
         s("bs 1, L 1024", 32, 8, 128, 1, 1024),
@@ -251,7 +251,40 @@ fn cases() -> Vec<Shape> {
                 8192,
             )
         },
-    ]
+    ];
+    if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
+        v.extend(split_sweep());
+    }
+    v
+}
+
+/// Fixed split chunks beside Auto for the production kernel and experiment
+/// 8 (3 CTAs/SM: 396 slots on 132 SMs, where Auto's one-split grid of
+/// bs 64 × 8 KV heads = 512 CTAs leaves a second wave 29% full):
+/// `MHA_KIT_BENCH_SPLIT_SWEEP=1`.
+fn split_sweep() -> Vec<Shape> {
+    let mut v = Vec::new();
+    for (bs, fp8) in [(64, false), (256, false), (64, true)] {
+        for xv in [0u32, 8] {
+            for chunk_tokens in [4096, 2752, 2048, 1024] {
+                let kv = if fp8 { "FP8 KV, " } else { "" };
+                v.push(Shape {
+                    fp8,
+                    experiment: xv,
+                    split: SplitMode::Fixed { chunk_tokens },
+                    ..s(
+                        &format!("sweep {kv}bs {bs}, L 8192, x{xv}, Fixed {chunk_tokens}"),
+                        32,
+                        8,
+                        128,
+                        bs,
+                        8192,
+                    )
+                });
+            }
+        }
+    }
+    v
 }
 
 const P: usize = 16;
