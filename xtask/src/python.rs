@@ -162,8 +162,8 @@ PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" MHA_KIT_REQUIRE_GPU=1 \
 exit "${PIPESTATUS[0]}"
 "#;
 
-/// Adds `python/` to the bundle: the portable wheel, the GPU tests, pytest's
-/// wheels and `run_python.sh`. Returns the folder.
+/// Adds `python/` to the bundle: the portable wheel, the GPU tests, the peer
+/// bench, pytest's wheels and `run_python.sh`. Returns the folder.
 pub fn bundle(root: &Path, out: &Path) -> Result<PathBuf> {
     let py = venv_python(root)?;
     let dir = out.join("python");
@@ -179,6 +179,7 @@ pub fn bundle(root: &Path, out: &Path) -> Result<PathBuf> {
         "test_gpu.py",
         "test_exchange.py",
         "test_backend.py",
+        "test_peer_bench.py",
         "reference.py",
     ] {
         std::fs::copy(
@@ -186,6 +187,13 @@ pub fn bundle(root: &Path, out: &Path) -> Result<PathBuf> {
             dir.join("tests").join(f),
         )?;
     }
+    // The bench beside cuDNN / FlashInfer (`gpu-context.sh` stage `pybench`;
+    // test_peer_bench.py imports it from ../bench).
+    std::fs::create_dir_all(dir.join("bench"))?;
+    std::fs::copy(
+        crate_dir(root).join("bench").join("peer_bench.py"),
+        dir.join("bench").join("peer_bench.py"),
+    )?;
     let wheels = dir.join("wheels");
     std::fs::create_dir_all(&wheels)?;
     let py_s = py.to_string_lossy().into_owned();
