@@ -268,13 +268,7 @@ impl Gpu {
     /// # Errors
     /// As [`Gpu::new`]; [`KernelError::Unsupported`] when the variable is not a number.
     pub fn from_env() -> Result<Arc<Self>> {
-        let ordinal = match std::env::var(DEVICE_ENV) {
-            Ok(v) => v.trim().parse::<usize>().map_err(|_| {
-                KernelError::unsupported(DEVICE_ENV, format!("`{v}` is not a device ordinal"))
-            })?,
-            Err(_) => 0,
-        };
-        Self::new(ordinal)
+        Self::new(env_ordinal()?)
     }
 
     /// The shared handle of the default device, opened once per process.
@@ -284,9 +278,32 @@ impl Gpu {
     pub fn shared() -> Result<Arc<Self>> {
         static SHARED: OnceLock<std::result::Result<Arc<Gpu>, String>> = OnceLock::new();
         SHARED
-            .get_or_init(|| Gpu::from_env().map_err(|e| e.to_string()))
+            .get_or_init(|| {
+                env_ordinal()
+                    .and_then(Gpu::shared_on)
+                    .map_err(|e| e.to_string())
+            })
             .clone()
             .map_err(KernelError::NoGpu)
+    }
+
+    /// The shared handle of device `ordinal`, opened once per process: every
+    /// caller on that device (a tensor-parallel rank's backend and the
+    /// engine feeding it) gets the same context, stream and module cache,
+    /// so their launches are ordered on one stream. [`Gpu::shared`] is this
+    /// handle for the default device.
+    ///
+    /// # Errors
+    /// As [`Gpu::new`] (not cached: a later call tries again).
+    pub fn shared_on(ordinal: usize) -> Result<Arc<Self>> {
+        static HANDLES: OnceLock<Mutex<HashMap<usize, Arc<Gpu>>>> = OnceLock::new();
+        let mut handles = lock(HANDLES.get_or_init(Mutex::default));
+        if let Some(g) = handles.get(&ordinal) {
+            return Ok(Arc::clone(g));
+        }
+        let g = Gpu::new(ordinal)?;
+        handles.insert(ordinal, Arc::clone(&g));
+        Ok(g)
     }
 
     /// The device's primary context.
@@ -479,6 +496,16 @@ impl Gpu {
             .load_module(Ptx::from_src(module.ptx))
             .map(|m| (m, ModuleSource::Ptx))
             .map_err(|e| (e, cubin_err))
+    }
+}
+
+/// The device ordinal named by `MHA_KIT_DEVICE` (default 0).
+fn env_ordinal() -> Result<usize> {
+    match std::env::var(DEVICE_ENV) {
+        Ok(v) => v.trim().parse::<usize>().map_err(|_| {
+            KernelError::unsupported(DEVICE_ENV, format!("`{v}` is not a device ordinal"))
+        }),
+        Err(_) => Ok(0),
     }
 }
 

@@ -48,6 +48,18 @@ pub enum OnOff {
     Off,
 }
 
+/// `--tp-gpus`: where the tensor-parallel ranks of the CUDA executor run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TpGpus {
+    /// `spread` when the driver reports a device for every rank, else `one`.
+    Auto,
+    /// Every rank on the `--device` GPU, one after another (simulated).
+    One,
+    /// Rank `r` on `cuda:(N + r)` (`N` the `--device` ordinal): its own
+    /// context, stream, engine and backends; the GPUs run concurrently.
+    Spread,
+}
+
 /// A count or "no limit" (`all` / `none`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limit(pub Option<usize>);
@@ -123,10 +135,18 @@ pub struct Args {
     /// (rank r: query heads `[r·Hq/N, (r+1)·Hq/N)`, its KV heads, or one
     /// replicated KV head when N > Hkv), each rank its own backend and
     /// engine; the ranks' outputs are joined head-wise and checked as one.
-    /// The ranks are simulated: they run one after another on the one
-    /// executor (their times add up; the report lists each). 1 = off.
+    /// Where they run: `--tp-gpus` (the report lists each rank). 1 = off.
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
+    /// Where the `--tp` ranks of the CUDA executor run: `spread` puts rank
+    /// `r` on `cuda:(N + r)` (`N` the `--device` ordinal), each with its own
+    /// context, stream, engine and backends, the GPUs running concurrently
+    /// (a pass's attention time is then its slowest rank's); `one` runs
+    /// every rank on the one GPU, one after another (times add up); `auto`
+    /// spreads when the driver reports enough devices. The CPU executor
+    /// runs them one after another.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub tp_gpus: TpGpus,
     /// CUDA graphs for decode-like passes (`off`: eager launches only; not
     /// applicable on the CPU executor).
     #[arg(long, value_enum, default_value = "on")]
@@ -231,8 +251,11 @@ pub struct Setup {
     pub dcp: usize,
     /// Skip-softmax factor of decode passes (`--skip-softmax-decode`).
     pub skip_softmax_decode: Option<f32>,
-    /// Simulated tensor-parallel ranks (`--tp`, 1 = off).
+    /// Tensor-parallel ranks (`--tp`, 1 = off).
     pub tp: usize,
+    /// Whether rank `r` runs on its own GPU, `cuda:(N + r)` (`--tp-gpus`
+    /// resolved; false on the CPU executor and with one rank).
+    pub tp_spread: bool,
     /// `--cuda-graphs on`.
     pub cuda_graphs: bool,
     /// `--split-timing on`.
@@ -255,6 +278,49 @@ pub struct Setup {
     pub plot: Option<PathBuf>,
 }
 
+/// Resolves `--tp-gpus` for `tp` ranks on `executor`: whether rank `r`
+/// runs on `cuda:(N + r)`. `spread` without a device per rank is refused
+/// naming the flag; `auto` falls back to one GPU with a note.
+fn resolve_tp_gpus(
+    choice: TpGpus,
+    executor: ExecutorChoice,
+    tp: usize,
+    notes: &mut Vec<String>,
+) -> Result<bool> {
+    let ExecutorChoice::Cuda(base) = executor else {
+        return Ok(false);
+    };
+    if tp == 1 || choice == TpGpus::One {
+        return Ok(false);
+    }
+    let devices = match kernel_rt::gpu_status() {
+        kernel_rt::GpuStatus::Available { devices } => *devices,
+        kernel_rt::GpuStatus::Missing(_) => 0,
+    };
+    let enough = base + tp <= devices;
+    match (choice, enough) {
+        (_, true) => {
+            notes.push(format!(
+                "--tp {tp}: rank r on cuda:{base} + r (cuda:{base}..cuda:{})",
+                base + tp - 1
+            ));
+            Ok(true)
+        }
+        (TpGpus::Spread, false) => Err(flag_err(
+            "--tp-gpus",
+            format!(
+                "spread needs cuda:{base}..cuda:{} for --tp {tp}; the driver reports {devices} device(s)",
+                base + tp - 1
+            ),
+        )),
+        _ => {
+            notes.push(format!(
+                "--tp {tp}: {devices} device(s) from cuda:{base} on, so the ranks run one after another on cuda:{base}"
+            ));
+            Ok(false)
+        }
+    }
+}
 /// The rank-local layer configs of `shards`.
 fn shard_layers(shards: Vec<HeadShard>) -> Vec<LayerConfig> {
     shards.into_iter().map(|s| s.layer).collect()
@@ -427,6 +493,8 @@ impl Setup {
         };
         let context_len = max_need.div_ceil(page_size) * page_size;
 
+        let tp = positive("--tp", args.tp)?;
+        let tp_spread = resolve_tp_gpus(args.tp_gpus, executor, tp, &mut device_notes)?;
         let setup = Self {
             executor,
             device_notes,
@@ -443,7 +511,8 @@ impl Setup {
             spec_steps: args.spec_steps,
             dcp,
             skip_softmax_decode: args.skip_softmax_decode,
-            tp: positive("--tp", args.tp)?,
+            tp,
+            tp_spread,
             cuda_graphs: args.cuda_graphs == OnOff::On,
             split_timing: args.split_timing == OnOff::On,
             seed: args.seed,
@@ -522,6 +591,15 @@ impl Setup {
                 })
             })
             .collect()
+    }
+
+    /// Rank `rank`'s executor: `cuda:(N + rank)` with [`Self::tp_spread`],
+    /// else [`Self::executor`].
+    pub fn rank_executor(&self, rank: usize) -> ExecutorChoice {
+        match self.executor {
+            ExecutorChoice::Cuda(n) if self.tp_spread => ExecutorChoice::Cuda(n + rank),
+            e => e,
+        }
     }
 
     /// Rank `rank`'s backend configuration: [`Self::target_config`] on the
@@ -651,5 +729,34 @@ impl Setup {
         }
         // The scheduler checks that the longest request fits the pool.
         crate::sched::Scheduler::new(self.sched_config(), self.jobs.clone()).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tp_gpus_resolves_by_executor_and_devices() {
+        let mut notes = Vec::new();
+        // The CPU executor and one rank never spread, whatever the flag.
+        for choice in [TpGpus::Auto, TpGpus::One, TpGpus::Spread] {
+            assert!(!resolve_tp_gpus(choice, ExecutorChoice::Cpu, 4, &mut notes).unwrap());
+            assert!(!resolve_tp_gpus(choice, ExecutorChoice::Cuda(0), 1, &mut notes).unwrap());
+        }
+        assert!(!resolve_tp_gpus(TpGpus::One, ExecutorChoice::Cuda(0), 2, &mut notes).unwrap());
+        assert!(notes.is_empty());
+        let devices = match kernel_rt::gpu_status() {
+            kernel_rt::GpuStatus::Available { devices } => *devices,
+            kernel_rt::GpuStatus::Missing(_) => 0,
+        };
+        // More ranks than any machine here has devices: refused / one GPU.
+        let tp = devices + 2;
+        let e = resolve_tp_gpus(TpGpus::Spread, ExecutorChoice::Cuda(0), tp, &mut notes)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--tp-gpus"), "{e}");
+        assert!(!resolve_tp_gpus(TpGpus::Auto, ExecutorChoice::Cuda(0), tp, &mut notes).unwrap());
+        assert!(notes[0].contains("one after another"), "{notes:?}");
     }
 }

@@ -74,9 +74,17 @@ use gen::Generator;
 ///
 /// # Errors
 /// [`ReplayError::Flag`] naming `--device` when the CUDA engine cannot
-/// start (no GPU, not the shared device); PTX load / allocation errors.
+/// start (no GPU, no such device); PTX load / allocation errors.
 pub fn engine_for(setup: &Setup) -> Result<Box<dyn Engine>> {
-    Ok(match setup.executor {
+    engine_on(setup, setup.executor)
+}
+
+/// The engine of `setup` on `executor` (a rank's, [`Setup::rank_executor`]).
+///
+/// # Errors
+/// As [`engine_for`].
+fn engine_on(setup: &Setup, executor: config::ExecutorChoice) -> Result<Box<dyn Engine>> {
+    Ok(match executor {
         config::ExecutorChoice::Cpu => Box::new(CpuEngine::new(Generator::new(setup.seed))),
         config::ExecutorChoice::Cuda(n) => Box::new(cuda_engine::CudaEngine::new(
             n,
@@ -88,12 +96,14 @@ pub fn engine_for(setup: &Setup) -> Result<Box<dyn Engine>> {
 }
 
 /// One engine per tensor-parallel rank (`setup.tp`; one without `--tp`),
-/// all on `setup`'s executor: [`engine_for`] `setup.tp` times.
+/// rank `r`'s on [`Setup::rank_executor`]`(r)`.
 ///
 /// # Errors
 /// As [`engine_for`].
 pub fn engines_for(setup: &Setup) -> Result<Vec<Box<dyn Engine>>> {
-    (0..setup.tp).map(|_| engine_for(setup)).collect()
+    (0..setup.tp)
+        .map(|r| engine_on(setup, setup.rank_executor(r)))
+        .collect()
 }
 
 /// Runs a replay end to end (no progress bar, no files): for tests and

@@ -161,8 +161,11 @@ pub(crate) struct RankTotals {
     pub(crate) flops: f64,
 }
 
-/// One pass's output from its ranks' outputs (rank order): times add up
-/// (the ranks ran one after another), the graph flag holds when every rank
+/// One pass's output from its ranks' outputs (rank order): device times
+/// add up when the ranks ran one after another on one GPU, and are the
+/// slowest rank's when they ran `concurrent`ly on their own GPUs (host
+/// metadata time and the split-timing parts add up either way: the parts
+/// are then summed over the GPUs); the graph flag holds when every rank
 /// replayed a graph, and each sampled `(layer, part)` gets its rows joined
 /// head-wise — row `j` is rank 0's heads of row `j`, then rank 1's, … —
 /// which is the unsharded row, since rank `r` holds the `r`-th block of
@@ -175,6 +178,7 @@ pub(crate) fn join_ranks(
     mut outs: Vec<PassOutput>,
     pass: &Pass,
     shards: &[[Vec<HeadShard>; 2]],
+    concurrent: bool,
 ) -> Result<PassOutput> {
     if outs.len() == 1 {
         return outs
@@ -188,8 +192,14 @@ pub(crate) fn join_ranks(
     let rest: Vec<PassOutput> = it.collect();
     for o in &rest {
         joined.metadata_s += o.metadata_s;
-        joined.attention_s += o.attention_s;
-        joined.generate_s += o.generate_s;
+        if concurrent {
+            // Ranks on their own GPUs: the pass takes its slowest rank's time.
+            joined.attention_s = joined.attention_s.max(o.attention_s);
+            joined.generate_s = joined.generate_s.max(o.generate_s);
+        } else {
+            joined.attention_s += o.attention_s;
+            joined.generate_s += o.generate_s;
+        }
         joined.graph &= o.graph;
         joined.parts = match (joined.parts, &o.parts) {
             (Some(mut a), Some(b)) => {

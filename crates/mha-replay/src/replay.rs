@@ -54,6 +54,8 @@ struct Runner<'a, 'e> {
     draft_layers: Vec<LayerConfig>,
     /// `[rank][model]`: the rank's share of the target's / draft's layers.
     shards: Vec<[Vec<HeadShard>; 2]>,
+    /// The ranks run on their own GPUs (`--tp-gpus spread`).
+    concurrent: bool,
     progress: &'a ProgressBar,
     /// Passes submitted whose outputs have not come back yet, oldest first.
     in_flight: std::collections::VecDeque<(Arc<Pass>, f64)>,
@@ -165,7 +167,7 @@ impl Runner<'_, '_> {
             kv_bytes += b;
             flops += f;
         }
-        let out = join_ranks(outs, &pass, &self.shards)?;
+        let out = join_ranks(outs, &pass, &self.shards, self.concurrent)?;
         self.rec.generate_s += out.generate_s;
         self.rec.passes.push(PassRecord {
             kind: pass.kind,
@@ -240,10 +242,10 @@ pub fn run_ranks(
     let info = engines[0].info();
     let ceiling = engines[0].copy_ceiling_gbps();
     let gen = Generator::new(setup.seed);
-    let device = setup.executor.device();
     let mut ranks = Vec::with_capacity(setup.tp);
     let mut shards = Vec::with_capacity(setup.tp);
     for r in 0..setup.tp {
+        let device = setup.rank_executor(r).device();
         let target = MhaBackend::new(setup.rank_target_config(r)?, device)?;
         let draft = match setup.rank_draft_config(r)? {
             None => None,
@@ -284,6 +286,7 @@ pub fn run_ranks(
         target_layers: setup.model.layers.clone(),
         draft_layers: setup.draft_layers(),
         shards,
+        concurrent: setup.tp_spread,
         progress,
         in_flight: std::collections::VecDeque::new(),
         pending: vec![std::collections::VecDeque::new(); setup.tp],
@@ -426,6 +429,10 @@ pub fn run_ranks(
                     s0.kv_head_offset,
                     s0.kv_head_offset + s0.layer.num_kv_heads
                 ),
+                device: match setup.rank_executor(r) {
+                    crate::config::ExecutorChoice::Cpu => "cpu".into(),
+                    crate::config::ExecutorChoice::Cuda(n) => format!("cuda:{n}"),
+                },
                 attention_s: t.attention_s,
                 metadata_s: t.metadata_s,
                 kv_bytes_read: t.kv_bytes,
@@ -465,6 +472,7 @@ pub fn run_ranks(
             spec_steps: setup.spec_steps,
             decode_cp_ranks: setup.dcp,
             tp_ranks: setup.tp,
+            tp_gpus: if setup.tp_spread { "spread" } else { "one" }.into(),
             cuda_graphs: if info.graphs_applicable {
                 if setup.cuda_graphs { "on" } else { "off" }.into()
             } else {

@@ -208,7 +208,9 @@ fn tensor_parallel_replay_is_exact() {
         let kv_read: f64 = r.ranks.iter().map(|x| x.kv_bytes_read).sum();
         assert!((kv_read - r.totals.kv_bytes_read).abs() <= 1e-6 * kv_read.max(1.0));
         assert!(r.ranks.iter().all(|x| x.device_errors == 0));
-        assert!(r.table().contains("| rank | Q heads |"));
+        assert!(r.table().contains("| rank | device | Q heads |"));
+        assert!(r.ranks.iter().all(|x| x.device == "cpu"));
+        assert_eq!(r.config.tp_gpus, "one");
         assert!(one.ranks.is_empty());
     }
 }

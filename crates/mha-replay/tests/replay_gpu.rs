@@ -247,7 +247,7 @@ fn main() {
                 one.extend_from_slice(&["--cuda-graphs", g]);
                 let whole = replay(&dev, "12", &one)?;
                 let mut two = one.clone();
-                two.extend_from_slice(&["--tp", "2"]);
+                two.extend_from_slice(&["--tp", "2", "--tp-gpus", "one"]);
                 let r = replay(&dev, "12", &two)?;
                 let what = format!("{dev} --tp 2 graphs {g}");
                 clean(&r, &what)?;
@@ -264,6 +264,70 @@ fn main() {
                 );
                 println!("{}", r.table());
             }
+            Ok(())
+        }),
+        gpu_trial("tensor_parallel_ranks_on_separate_gpus", |gpu| {
+            // `--tp 2 --tp-gpus spread` (issue 17): rank r on cuda:(N + r),
+            // its own engine, backends and stream, the GPUs running
+            // concurrently. With two devices: 0 mismatches, the same
+            // workload, and the output hash of the same ranks run one after
+            // another on one GPU (bit-identical per head); the per-rank
+            // table is printed. With one device, `spread` is refused naming
+            // the flag and `auto` runs the ranks on the one GPU.
+            let n = gpu.context().ordinal();
+            let dev = format!("cuda:{n}");
+            let devices = match kernel_rt::gpu_status() {
+                kernel_rt::GpuStatus::Available { devices } => *devices,
+                kernel_rt::GpuStatus::Missing(why) => return Err(why.clone()),
+            };
+            let mut base = GPT_OSS_SPEC.to_vec();
+            base.extend_from_slice(&["--tp", "2"]);
+            let mut one_args = base.clone();
+            one_args.extend_from_slice(&["--tp-gpus", "one"]);
+            let one = replay(&dev, "12", &one_args)?;
+            clean(&one, "--tp-gpus one")?;
+            let mut spread_args = base.clone();
+            spread_args.extend_from_slice(&["--tp-gpus", "spread"]);
+            if devices < n + 2 {
+                let e = match replay(&dev, "12", &spread_args) {
+                    Ok(_) => return Err(format!("spread on {devices} device(s) was not refused")),
+                    Err(e) => e,
+                };
+                if !e.contains("--tp-gpus") {
+                    return Err(format!("the refusal does not name --tp-gpus: {e}"));
+                }
+                let auto = replay(&dev, "12", &base)?;
+                if auto.config.tp_gpus != "one" || auto.check.output_hash != one.check.output_hash {
+                    return Err(format!(
+                        "auto on {devices} device(s): {} / {} vs {}",
+                        auto.config.tp_gpus, auto.check.output_hash, one.check.output_hash
+                    ));
+                }
+                println!("{devices} device(s): spread refused ({e}); auto ran on {dev}");
+                return Ok(());
+            }
+            let r = replay(&dev, "12", &spread_args)?;
+            clean(&r, "--tp-gpus spread")?;
+            same_counts(&one, &r, "--tp-gpus spread")?;
+            let want: Vec<String> = (0..2).map(|i| format!("cuda:{}", n + i)).collect();
+            let got: Vec<String> = r.ranks.iter().map(|x| x.device.clone()).collect();
+            if r.config.tp_gpus != "spread" || got != want {
+                return Err(format!("spread ran on {got:?} ({})", r.config.tp_gpus));
+            }
+            if r.check.output_hash != one.check.output_hash {
+                return Err(format!(
+                    "spread output hash {} vs one GPU {}",
+                    r.check.output_hash, one.check.output_hash
+                ));
+            }
+            println!(
+                "spread: wall {:.2} s, attention {:.3} s (one GPU: {:.2} s, {:.3} s)\n{}",
+                r.totals.wall_s,
+                r.totals.attention_s,
+                one.totals.wall_s,
+                one.totals.attention_s,
+                r.table()
+            );
             Ok(())
         }),
         gpu_trial("decode_cp_2_and_4_ranks_on_one_gpu", |gpu| {

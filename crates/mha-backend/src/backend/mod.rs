@@ -94,10 +94,7 @@ impl Core {
             Device::Cpu => None,
             Device::Auto if !kernel_rt::gpu_available() => None,
             Device::Auto => Some(kernel_rt::Gpu::shared()?),
-            Device::Cuda(ordinal) => Some(match kernel_rt::Gpu::shared() {
-                Ok(g) if g.context().ordinal() == ordinal => g,
-                _ => kernel_rt::Gpu::new(ordinal)?,
-            }),
+            Device::Cuda(ordinal) => Some(kernel_rt::Gpu::shared_on(ordinal)?),
         };
         let executor: Box<dyn Executor> = match gpu {
             None => Box::new(
@@ -149,6 +146,9 @@ pub struct MhaBackend {
 
 impl MhaBackend {
     /// Builds the backend (SEMANTICS.md §backend.1) on the executor chosen by `device`.
+    /// `Device::Cuda(n)` uses the process's handle of device `n`
+    /// ([`kernel_rt::Gpu::shared_on`]): every backend on one device, and
+    /// whatever else takes that handle, launches on one stream.
     ///
     /// # Errors
     /// [`BackendError::TopkUnsupported`], [`BackendError::Config`] for an

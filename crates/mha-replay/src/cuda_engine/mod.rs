@@ -47,10 +47,11 @@
 //! reported as decode time ([`PassOutput::parts`]). `--split-timing off`
 //! records none of them.
 //!
-//! The engine's [`Gpu`] must be the backend's: both use the process's
-//! shared handle ([`Gpu::shared`]), so the device must be the one
-//! `MHA_KIT_DEVICE` names (default 0); another ordinal is refused (naming
-//! `--device`) because mha-backend does not expose its executor's stream.
+//! The engine's [`Gpu`] must be the backend's: both take the process's
+//! handle of their device ([`Gpu::shared_on`]), so they launch on one
+//! stream (mha-backend does not expose its executor's stream). With
+//! `--tp N --tp-gpus spread` each rank's engine and backends sit on their
+//! own device.
 //!
 //! Submodule `buckets`: the graph bucket of a pass ([`bucket`], [`graph_kind`],
 //! [`bucket_shape`]).
@@ -143,21 +144,11 @@ impl CudaEngine {
     /// part when `split_timing` (see the module docs).
     ///
     /// # Errors
-    /// [`ReplayError::Flag`] (`--device`) without a GPU, or when `ordinal`
-    /// is not the process's shared device; PTX load / allocation errors.
+    /// [`ReplayError::Flag`] (`--device`) without a GPU or without device
+    /// `ordinal`; PTX load / allocation errors.
     pub fn new(ordinal: usize, seed: u64, graphs: bool, split_timing: bool) -> Result<Self> {
-        let gpu =
-            Gpu::shared().map_err(|e| flag_err("--device", format!("cuda:{ordinal}: {e}")))?;
-        let shared = gpu.context().ordinal();
-        if shared != ordinal {
-            return Err(flag_err(
-                "--device",
-                format!(
-                    "cuda:{ordinal} is not the process's shared device (cuda:{shared}); run with {}={ordinal} --device cuda:{ordinal}",
-                    kernel_rt::DEVICE_ENV
-                ),
-            ));
-        }
+        let gpu = Gpu::shared_on(ordinal)
+            .map_err(|e| flag_err("--device", format!("cuda:{ordinal}: {e}")))?;
         let kernel = GenKernel::new(&gpu).map_err(kerr)?;
         let s = gpu.stream();
         Ok(Self {

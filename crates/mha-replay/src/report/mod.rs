@@ -217,8 +217,11 @@ pub struct RunConfig {
     pub spec_steps: usize,
     /// Simulated decode context-parallel ranks (`--dcp`; 1 = off).
     pub decode_cp_ranks: usize,
-    /// Simulated tensor-parallel ranks (`--tp`; 1 = off).
+    /// Tensor-parallel ranks (`--tp`; 1 = off).
     pub tp_ranks: usize,
+    /// Where the ranks ran: `one` (one after another on one executor) or
+    /// `spread` (rank `r` on its own GPU, concurrently).
+    pub tp_gpus: String,
     /// `on`, `off`, or not applicable.
     pub cuda_graphs: String,
     /// Attention split by part (`--split-timing`): `on: …`, `off …`, or
@@ -326,6 +329,8 @@ pub struct RankReport {
     pub q_heads: String,
     /// Global KV heads of layer 0, `first..end`.
     pub kv_heads: String,
+    /// The rank's executor (`cpu`, `cuda:N`).
+    pub device: String,
     /// Seconds in KV write + attention.
     pub attention_s: f64,
     /// Seconds building metadata.

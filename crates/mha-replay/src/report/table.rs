@@ -158,7 +158,15 @@ impl Report {
                 }
             ),
         );
-        if c.tp_ranks > 1 {
+        if c.tp_ranks > 1 && c.tp_gpus == "spread" {
+            row(
+                "tensor parallel",
+                format!(
+                    "heads sharded over {} ranks, each on its own GPU (rank table), run concurrently (a pass takes its slowest rank's device time; the attention split sums the GPUs)",
+                    c.tp_ranks
+                ),
+            );
+        } else if c.tp_ranks > 1 {
             row(
                 "tensor parallel",
                 format!(
@@ -245,13 +253,14 @@ impl Report {
         if !self.ranks.is_empty() {
             let _ = writeln!(
                 s,
-                "\n| rank | Q heads | KV heads | attention time | metadata | KV read | bandwidth | device errors |\n|---:|---|---|---:|---:|---:|---:|---:|"
+                "\n| rank | device | Q heads | KV heads | attention time | metadata | KV read | bandwidth | device errors |\n|---:|---|---|---|---:|---:|---:|---:|---:|"
             );
             for r in &self.ranks {
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {:.3} s | {:.3} s | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {:.3} s | {:.3} s | {} | {} | {} |",
                     r.rank,
+                    r.device,
                     r.q_heads,
                     r.kv_heads,
                     r.attention_s,
