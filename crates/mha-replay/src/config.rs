@@ -321,6 +321,7 @@ fn resolve_tp_gpus(
         }
     }
 }
+
 /// The rank-local layer configs of `shards`.
 fn shard_layers(shards: Vec<HeadShard>) -> Vec<LayerConfig> {
     shards.into_iter().map(|s| s.layer).collect()
