@@ -218,7 +218,7 @@ stage_backend() {
 }
 stage_replay() {
   echo "== mha-replay GPU tests"
-  timeout 120 tests/mha-replay-replay_gpu --include-ignored > "$OUT/replay_gpu.log" 2>&1; echo "rc=$?"
+  timeout ${REPLAY_TEST_TIMEOUT:-300} tests/mha-replay-replay_gpu --include-ignored > "$OUT/replay_gpu.log" 2>&1; echo "rc=$?"
   summary "$OUT/replay_gpu.log"
   echo "== mha-replay --trace code ${REPLAY_ARGS:---requests 2000}"
   timeout 300 bin/mha-replay --trace code ${REPLAY_ARGS:---requests 2000} --json "$OUT/replay-code.json" \
