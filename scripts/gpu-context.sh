@@ -67,6 +67,8 @@
 #             whole bundle, the peers and the tree pass the 64 MiB a call
 #             carries: carry a Python-only archive instead,
 #             `tar -cJf .gpu/py.tar.xz --exclude=wheels -C .gpu b/python`)
+#   next      session 20's unrun work: the tensor_parallel replay tests,
+#             then gpt-oss-20b on the whole conv trace (metadata share)
 #   allgpu    every GPU test binary of the bundle, all at once (ALLGPU_TIMEOUT)
 #   xbench    the decode bench rows of the x8 experiment beside production
 #             (DBENCH_X8_CASES) and the cuDNN peers (same call)
@@ -347,6 +349,17 @@ stage_pybench() {
   PYTHONPATH="$site" timeout ${PYBENCH_TIMEOUT:-420} python3 python/bench/peer_bench.py ${PYBENCH_ARGS:-} \
     --json "$OUT/pybench.json" > "$OUT/pybench.log" 2> "$OUT/pybench.err"
   echo "rc=$?"; grep -E '^(\||## )' "$OUT/pybench.log"; tail -3 "$OUT/pybench.err"
+}
+stage_next() {
+  # Session 20's work not yet run on a GPU: the tensor-parallel placement
+  # tests (spread on two devices, its refusal on one), then gpt-oss-20b on
+  # the whole conv trace (issue 15's metadata share).
+  echo "== replay GPU tests: tensor_parallel"
+  timeout 240 tests/mha-replay-replay_gpu --include-ignored tensor_parallel > "$OUT/replay_tp.log" 2>&1
+  echo "rc=$?"; summary "$OUT/replay_tp.log"; grep -E "spread|device\(s\)|--tp 2" "$OUT/replay_tp.log" | head -8
+  echo "== mha-replay --model gpt-oss-20b, whole conv trace"
+  timeout 400 bin/mha-replay --model gpt-oss-20b --json "$OUT/replay-oss.json" > "$OUT/replay-oss.log" 2>&1
+  echo "rc=$?"; grep -E "metadata share|attention time|mismatches|device errors|output hash|wall" "$OUT/replay-oss.log"
 }
 stage_pending() { stage_pending_tests; stage_pending_python; stage_pending_replay; }
 stage_xbench() {
