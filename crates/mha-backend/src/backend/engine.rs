@@ -112,8 +112,8 @@ impl MhaBackend {
     /// · sm_scale`, `bmm2 = v_scale`; the layer's window and sinks). Nothing
     /// is allocated, copied to the host or synchronised on the CUDA
     /// executor; every launch is stream-ordered on the backend's stream
-    /// ([`kernel_rt::Gpu::shared`]), so the engine's buffers must stay alive
-    /// until that stream has run them.
+    /// (its device's [`kernel_rt::Gpu::shared_on`] handle), so the engine's
+    /// buffers must stay alive until that stream has run them.
     ///
     /// # Errors
     /// [`BackendError::Metadata`] without a current engine pass or for a

@@ -199,7 +199,7 @@ impl MhaBackend {
     /// Enqueues a device copy of output rows `[row0, row0 + rows)`
     /// (`[rows, Hq·D]`, model dtype bits) of layer `layer`'s static graph
     /// output into `dst`, stream-ordered after the last replay on the
-    /// backend's stream ([`kernel_rt::Gpu::shared`]); no host sync, so a
+    /// backend's stream (its device's [`kernel_rt::Gpu::shared_on`] handle); no host sync, so a
     /// caller can read results back while the next step runs.
     ///
     /// # Errors
