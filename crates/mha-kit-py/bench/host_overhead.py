@@ -97,11 +97,12 @@ def _fake_torch():
         def get_device(self):
             return self.device.index if self.is_cuda else -1
 
-        def new_empty(self, shape):
+        def new_empty(self, shape, dtype=None):
             # A twin made once: the allocation is torch's cost, not mha_kit's.
-            twin = _twins.get(id(self))
+            twin = _twins.get((id(self), dtype))
             if twin is None:
-                twin = _twins[id(self)] = Tensor(tuple(shape), self.dtype, self.get_device())
+                twin = Tensor(tuple(shape), dtype or self.dtype, self.get_device())
+                _twins[(id(self), dtype)] = twin
             return twin
 
     _twins = {}

@@ -694,3 +694,29 @@ def test_skip_softmax_factor_is_checked_and_the_cpu_path_is_exact():
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(mha_kit.InvalidArgument, match="skip_softmax_threshold_scale_factor"):
             mha_kit.trtllm_batch_decode_with_kv_cache(**a, skip_softmax_threshold_scale_factor=bad)
+
+
+def test_host_overhead_bench_runs_with_its_stand_in_torch():
+    """``bench/host_overhead.py`` (the pre-launch path, launches stubbed) runs
+    with its fake ``torch`` in a process where the real one is blocked, and
+    prints its four rows (it had silently broken once: an ``out_dtype``
+    keyword its stand-in did not take)."""
+    import os
+    import subprocess
+    import sys
+
+    bench = os.path.join(os.path.dirname(__file__), "..", "bench", "host_overhead.py")
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"  # mha_kit then imports without torch
+        "import mha_kit\n"
+        "del sys.modules['torch']\n"
+        f"sys.argv = [{bench!r}, '--n', '200', '--repeat', '1']\n"
+        f"exec(compile(open({bench!r}).read(), {bench!r}, 'exec'), {{'__name__': '__main__'}})\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: float(line.split()[1]) for line in r.stdout.splitlines()
+            if line and not line.startswith("#")}
+    assert set(rows) == {"public", "python_only", "native", "native_body"}, r.stdout
+    assert all(v > 0 for v in rows.values()), rows
