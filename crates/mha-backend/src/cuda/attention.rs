@@ -450,10 +450,7 @@ fn attend_part(
     }
     let max_q = shape.max_q;
     let (hq, d) = (plan.num_q_heads, plan.head_dim);
-    let page_table = b.page_table(plan, req0, bs)?;
-    let cache_seqlens = b.cache_seqlens(req0, bs)?;
     let out = out.part_mut(row0, rows, hq, d)?;
-    let kv = cache.views(plan, cx.page_size, cx.model_dtype)?;
     let sinks_view = sinks
         .map(|s| Strided::contiguous("sinks", s.slice(0..hq), [hq]))
         .transpose()?;
@@ -464,9 +461,9 @@ fn attend_part(
             q: q.part(row0, rows, hq, d)?,
             q_dtype: cx.model_dtype,
             out,
-            kv,
-            page_table,
-            cache_seqlens,
+            kv: cache.views(plan, cx.page_size, cx.model_dtype)?,
+            page_table: b.page_table(plan, req0, bs)?,
+            cache_seqlens: b.cache_seqlens(req0, bs)?,
             cu_seqlens_q: Strided::contiguous("cu_seqlens_q", b.cu_q.slice(0..bs + 1), [bs + 1])?,
             cu_seqlens_k: Some(Strided::contiguous(
                 "cu_seqlens_k",
@@ -488,7 +485,8 @@ fn attend_part(
     let start = cx.span_start(from, stream)?;
     // Decode context parallelism: the ranks' partial states merged into
     // `out` (decode-kernel passes; a mixed pass's decode rows run unsplit,
-    // as on the CPU executor).
+    // as on the CPU executor). Each rank builds its own K/V, page-table and
+    // length views.
     let cp = if shape.mode == AttnMode::Extend {
         None
     } else {
@@ -513,9 +511,9 @@ fn attend_part(
         DecodeViews {
             q: q.part(row0, rows, hq, d)?,
             out,
-            kv,
-            page_table,
-            cache_seqlens,
+            kv: cache.views(plan, cx.page_size, cx.model_dtype)?,
+            page_table: b.page_table(plan, req0, bs)?,
+            cache_seqlens: b.cache_seqlens(req0, bs)?,
             sinks: sinks_view,
         },
         cx,
