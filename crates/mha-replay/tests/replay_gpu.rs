@@ -100,6 +100,14 @@ fn graphs_used(r: &Report, on: bool, what: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A GPU run against the CPU run of the same replay: clean, the same
+/// counts, and graphs used exactly when `graphs` is on.
+fn like_cpu(cpu: &Report, r: &Report, graphs: bool, what: &str) -> Result<(), String> {
+    clean(r, what)?;
+    same_counts(cpu, r, what)?;
+    graphs_used(r, graphs, what)
+}
+
 fn main() {
     let trials = vec![
         gpu_trial("fifty_requests_graphs_on_and_off_match_cpu", |gpu| {
@@ -112,9 +120,7 @@ fn main() {
                 extra.extend_from_slice(&["--cuda-graphs", g]);
                 let r = replay(&dev, "50", &extra)?;
                 let what = format!("{dev} graphs {g}");
-                clean(&r, &what)?;
-                same_counts(&cpu, &r, &what)?;
-                graphs_used(&r, g == "on", &what)?;
+                like_cpu(&cpu, &r, g == "on", &what)?;
                 println!(
                     "{what}: {} passes ({} graph), {} pairs checked, max err {:.3e}",
                     r.totals.graph_passes + r.totals.eager_passes,
@@ -200,9 +206,7 @@ fn main() {
             let mut on = extra.to_vec();
             on.extend_from_slice(&["--cuda-graphs", "on"]);
             let r = replay(&dev, "50", &on)?;
-            clean(&r, "cuda spec graphs on")?;
-            same_counts(&cpu, &r, "cuda spec graphs on")?;
-            graphs_used(&r, true, "cuda spec graphs on")
+            like_cpu(&cpu, &r, true, "cuda spec graphs on")
         }),
         gpu_trial("hybrid_swa_fp8_slice_gpt_oss_shapes", |gpu| {
             let dev = format!("cuda:{}", gpu.context().ordinal());
@@ -250,9 +254,7 @@ fn main() {
                 two.extend_from_slice(&["--tp", "2", "--tp-gpus", "one"]);
                 let r = replay(&dev, "12", &two)?;
                 let what = format!("{dev} --tp 2 graphs {g}");
-                clean(&r, &what)?;
-                same_counts(&cpu, &r, &what)?;
-                graphs_used(&r, g == "on", &what)?;
+                like_cpu(&cpu, &r, g == "on", &what)?;
                 if r.ranks.len() != 2 {
                     return Err(format!("{what}: {} rank reports", r.ranks.len()));
                 }
@@ -347,9 +349,7 @@ fn main() {
                     args.extend_from_slice(&["--cuda-graphs", g]);
                     let r = replay(&dev, "12", &args)?;
                     let what = format!("{dev} --dcp {ranks} graphs {g}");
-                    clean(&r, &what)?;
-                    same_counts(&cpu, &r, &what)?;
-                    graphs_used(&r, g == "on", &what)?;
+                    like_cpu(&cpu, &r, g == "on", &what)?;
                     println!("{what}: max err {:.3e}", r.check.max_abs_err);
                 }
             }
