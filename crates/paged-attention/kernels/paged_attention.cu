@@ -1488,12 +1488,15 @@ PA_DECODE_D(f16, 1, e4m3, 2)
 
 // Tensor-core entries: D 64 (4 CTAs/SM) and 128 (2 CTAs/SM); Q and a 16-bit
 // KV share the dtype, or KV is e4m3 (f16 MMAs, each element converted once).
-#define PA_MMA(QN, QT, KVN, KV, D, MINB)                                                            \
+// One entry, `paged_attention_mma_{QN}_kv_{KVN}_d{D}{SUFFIX}`: mma_body<QT, KV,
+// D, XV> with MINB CTAs an SM.
+#define PA_MMA_ENTRY(QN, QT, KVN, KV, D, SUFFIX, XV, MINB)                                         \
     extern "C" __global__ void __launch_bounds__(pa::NT, MINB)                                       \
-        paged_attention_mma_##QN##_kv_##KVN##_d##D(const PagedAttentionParams p) {                   \
+        paged_attention_mma_##QN##_kv_##KVN##_d##D##SUFFIX(const PagedAttentionParams p) {           \
         pa::pdl_wait();                                                                            \
-        pa::mma_body<QT, KV, D>(p);                                                                \
+        pa::mma_body<QT, KV, D, XV>(p);                                                            \
     }
+#define PA_MMA(QN, QT, KVN, KV, D, MINB) PA_MMA_ENTRY(QN, QT, KVN, KV, D, , 0, MINB)
 
 PA_MMA(bf16, 0, bf16, 0, 64, 4)
 PA_MMA(bf16, 0, bf16, 0, 128, 2)
@@ -1509,12 +1512,7 @@ PA_MMA(f16, 1, f16, 1, 256, 1)
 // Timing experiment entries (PagedAttentionKernel::set_experiment): the
 // D 128 tensor-core entry of (Q, KV) under experiment XV, named `_x{XV}`,
 // MINB CTAs an SM.
-#define PA_MMA_X(QN, QT, KVN, KV, XV, MINB)                                                        \
-    extern "C" __global__ void __launch_bounds__(pa::NT, MINB)                                       \
-        paged_attention_mma_##QN##_kv_##KVN##_d128_x##XV(const PagedAttentionParams p) {             \
-        pa::pdl_wait();                                                                            \
-        pa::mma_body<QT, KV, 128, XV>(p);                                                          \
-    }
+#define PA_MMA_X(QN, QT, KVN, KV, XV, MINB) PA_MMA_ENTRY(QN, QT, KVN, KV, 128, _x##XV, XV, MINB)
 
 PA_MMA_X(bf16, 0, bf16, 0, 1, 2)
 PA_MMA_X(bf16, 0, e4m3, 2, 4, 2)
