@@ -196,7 +196,9 @@ def reference(inp, pool, pairs):
 
 def rel_err(inp, out, pool=0):
     pairs = sampled_rows(inp.case)
-    idx = torch.tensor([b * inp.rows + j for b, j in pairs], device=out.device)
+    # `out` may be a peer's view of its own output (cuDNN's), not a tensor:
+    # the rows live on the inputs' device.
+    idx = torch.tensor([b * inp.rows + j for b, j in pairs], device=inp.q.device)
     got = out.index_select(0, idx).float()
     ref = reference(inp, pool, pairs).to(got.device)
     return (torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref)).item()
@@ -225,9 +227,12 @@ def peer_mha_kit(inp, ws):
     return run, out
 
 
-def peer_cudnn(inp, ws):
+def peer_cudnn(inp, ws, backend=None):
+    """torch SDPA on dense K/V, pinned to cuDNN (``backend`` overrides it:
+    the CPU test runs the same path with the math backend)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    backend = SDPBackend.CUDNN_ATTENTION if backend is None else backend
     c = inp.case
     if c.kv == "e4m3":
         raise Skip("no FP8 K/V in SDPA")
@@ -240,7 +245,7 @@ def peer_cudnn(inp, ws):
 
     def run(i):
         k, v = dense[i]
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        with sdpa_kernel(backend):
             last[0] = torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, is_causal=causal, scale=inp.scale, enable_gqa=True)
 
