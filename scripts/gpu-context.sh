@@ -69,6 +69,8 @@
 #             `tar -cJf .gpu/py.tar.xz --exclude=wheels -C .gpu b/python`)
 #   next      session 20's unrun work: the tensor_parallel replay tests,
 #             then gpt-oss-20b on the whole conv trace (metadata share)
+#   nccl      decode context parallelism over NCCL (paged_attention::nccl):
+#             one rank per GPU, then two ranks forced onto one GPU
 #   allgpu    every GPU test binary of the bundle, all at once (ALLGPU_TIMEOUT)
 #   xbench    the decode bench rows of the x8 experiment beside production
 #             (DBENCH_X8_CASES) and the cuDNN peers (same call)
@@ -90,6 +92,16 @@ peers=$(realpath "${PEERS_DIR:-.gpu/peers}" 2>/dev/null || true)
 tar -xJf "$archive" -C "$work" && cd "$work"/* || exit 1
 if [ -n "$override" ]; then for f in "$override"/*.xz; do xz -dc "$f" > "benches/$(basename "$f" .xz)"; chmod +x "benches/$(basename "$f" .xz)"; done; echo "benches from $override: $(ls "$override")"; fi
 export MHA_KIT_REQUIRE_GPU=1
+# NCCL for paged_attention::nccl (loaded at run time as libnccl.so): the
+# copy torch ships (nvidia/nccl/lib/libnccl.so.2), linked under that name.
+nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+if [ -n "$nccl_lib" ] && [ -f "$nccl_lib" ]; then
+  mkdir -p "$work/nccl" && ln -sf "$nccl_lib" "$work/nccl/libnccl.so"
+  export LD_LIBRARY_PATH="$work/nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "NCCL: $nccl_lib"
+else
+  echo "NCCL: not found (the nccl trial fails)"
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,driver_version --format=csv > "$OUT/smi.txt" 2>&1
 cat "$OUT/smi.txt"
 T=tests/paged-attention-context_gpu
@@ -360,6 +372,16 @@ stage_next() {
   echo "== mha-replay --model gpt-oss-20b, whole conv trace"
   timeout 400 bin/mha-replay --model gpt-oss-20b --json "$OUT/replay-oss.json" > "$OUT/replay-oss.log" 2>&1
   echo "rc=$?"; grep -E "metadata share|attention time|mismatches|device errors|output hash|wall" "$OUT/replay-oss.log"
+}
+stage_nccl() {
+  # Decode context parallelism over NCCL: one rank per GPU of the host; then
+  # two ranks forced onto one GPU, which NCCL is expected to refuse (the
+  # error is printed, not counted as a pass).
+  echo "== NCCL ranks (paged_attention::nccl)"
+  timeout 300 tests/paged-attention-gpu --include-ignored nccl_ranks > "$OUT/nccl.log" 2>&1
+  echo "rc=$?"; summary "$OUT/nccl.log"; grep -E "nccl_ranks" "$OUT/nccl.log" | head -4
+  MHA_KIT_DCP_RANKS=2 MHA_KIT_GPU_CASES=8 timeout 120 tests/paged-attention-gpu --include-ignored nccl_ranks > "$OUT/nccl2.log" 2>&1
+  echo "two ranks on one GPU: rc=$?"; grep -E "panicked|Collective|NCCL|rank" "$OUT/nccl2.log" | head -6
 }
 stage_pending() { stage_pending_tests; stage_pending_python; stage_pending_replay; }
 stage_xbench() {

@@ -82,6 +82,11 @@ pub enum KernelError {
     /// Any other CUDA driver failure.
     #[error("CUDA driver error: {0}")]
     Driver(#[from] DriverError),
+
+    /// A collective-communication failure (NCCL: the library is missing,
+    /// a communicator could not be created, or a collective failed).
+    #[error("collective communication (NCCL): {0}")]
+    Collective(String),
 }
 
 impl KernelError {

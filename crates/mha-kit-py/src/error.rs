@@ -82,9 +82,10 @@ pub fn from_kernel(e: KernelError, names: &[(&str, &str)], tensors: &[&Tensor]) 
         | KernelError::Stride { arg, .. }
         | KernelError::Capacity { arg, .. }
         | KernelError::Unsupported { arg, .. } => *arg,
-        KernelError::NoGpu(_) | KernelError::Load { .. } | KernelError::Driver(_) => {
-            return CallError::Device(e.to_string())
-        }
+        KernelError::NoGpu(_)
+        | KernelError::Load { .. }
+        | KernelError::Driver(_)
+        | KernelError::Collective(_) => return CallError::Device(e.to_string()),
     };
     let public = names
         .iter()

@@ -86,6 +86,8 @@ pub mod cp;
 mod launch;
 pub mod merge;
 pub mod merge_kernel;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod reference;
 
 pub use context::{

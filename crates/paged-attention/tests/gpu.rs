@@ -767,6 +767,187 @@ fn interleaved_ranks(gpu: &Arc<Gpu>) -> Result<(), String> {
     Ok(())
 }
 
+/// Pages of `c`'s pools that rank `rank` of `ranks` does not hold under the
+/// page interleave (no entry `e ≡ rank mod N` of any request names them)
+/// filled with NaN: a rank that read another rank's page would turn rows
+/// NaN.
+#[cfg(feature = "nccl")]
+fn keep_rank_pages(c: &mut Case, rank: usize, ranks: usize) {
+    let per_page = c.p * c.hkv * c.d;
+    let mut held = vec![false; c.num_pages];
+    for b in 0..c.bs() {
+        for e in (rank..c.m).step_by(ranks) {
+            if let Ok(pg) = usize::try_from(c.page_table[b * c.m + e]) {
+                if pg < c.num_pages {
+                    held[pg] = true;
+                }
+            }
+        }
+    }
+    let nan = match c.kv_dtype {
+        KvDtype::Bf16 => 0x7FC0u16,
+        KvDtype::F16 => 0x7E00,
+        KvDtype::E4m3 => 0x7F,
+    };
+    for (pg, _) in held.iter().enumerate().filter(|(_, &h)| !h) {
+        let r = pg * per_page..((pg + 1) * per_page).min(c.k.len());
+        c.k[r.clone()].fill(nan);
+        c.v[r].fill(nan);
+    }
+}
+
+/// What one rank's context-parallel call gave back: merged output, merged
+/// LSE, the rank's error word.
+#[cfg(feature = "nccl")]
+type RankOut = (Vec<u16>, Vec<f32>, ErrorReport);
+
+/// Rank `rank` of `ranks`: joins communicator `id` on its GPU and runs every
+/// case through [`paged_attention::nccl::DcpRank::decode`] with its own pools
+/// ([`keep_rank_pages`]).
+#[cfg(feature = "nccl")]
+fn nccl_rank(
+    rank: usize,
+    ranks: usize,
+    devices: usize,
+    id: paged_attention::nccl::DcpId,
+    cases: &[(Case, SplitMode, usize)],
+) -> Result<Vec<RankOut>, String> {
+    use paged_attention::nccl::DcpRank;
+    let g = Gpu::shared_on(rank % devices).or_fail("device")?;
+    let k = PagedAttentionKernel::new(&g).or_fail("load")?;
+    let mut dcp = DcpRank::new(&g, rank, ranks, id).or_fail("join")?;
+    let mut outs = Vec::with_capacity(cases.len());
+    for (c, split, msl) in cases {
+        let mut mine = c.clone();
+        keep_rank_pages(&mut mine, rank, ranks);
+        let dev = CaseBuffers::upload(&g, &mine).or_fail("upload")?;
+        let (n, rows) = (c.q.len(), c.num_tokens * c.hq);
+        let mut out = upload(&g, &vec![POISON; n.max(1)]).or_fail("upload")?;
+        let need = case_workspace(c, *split, *msl, k.num_sms()).or_fail("workspace")?;
+        let mut ws = upload(&g, &fresh_workspace(need, counter_count(c))).or_fail("ws")?;
+        let mut lse = upload(&g, &vec![f32::from_bits(LSE_POISON); rows.max(1)]).or_fail("lse")?;
+        let mut errors = DeviceErrors::new(&g).or_fail("errors")?;
+        {
+            let mut args = case_args(
+                &mine,
+                &dev,
+                dev.q0.slice(0..n),
+                out.slice_mut(0..n),
+                &mut ws,
+                *split,
+                *msl,
+            )
+            .or_fail("args")?;
+            args.lse = Some(
+                StridedMut::contiguous("lse", lse.slice_mut(0..rows), [c.num_tokens, c.hq])
+                    .or_fail("lse view")?,
+            );
+            dcp.decode(&k, args, &mut errors)
+                .map_err(|e| format!("rank {rank}: {e}; {}", describe(c)))?;
+        }
+        let s = g.stream();
+        let o: Vec<u16> = s.clone_dtoh(&out).or_fail("read")?;
+        let l: Vec<f32> = s.clone_dtoh(&lse).or_fail("read")?;
+        outs.push((
+            o[..n].to_vec(),
+            l[..rows].to_vec(),
+            errors.read().or_fail("errors")?,
+        ));
+    }
+    Ok(outs)
+}
+
+/// Decode context parallelism over NCCL (issue 17, `paged_attention::nccl`):
+/// one rank per GPU of the host (`MHA_KIT_DCP_RANKS` overrides; NCCL
+/// refuses two ranks on one device), each in its own thread with its own
+/// communicator rank and only its pages valid (the others NaN); random
+/// cases the tensor-core kernel serves. Every rank's merged output equals
+/// rank 0's bit for bit, rank 0's equals the unsplit f64 reference (sinks
+/// once; the merged row LSE too), and the ranks' error words add up to the
+/// unsplit call's. On a one-GPU host this is a one-rank group: NCCL loads,
+/// the communicator forms, the all-gather and the merge run.
+#[cfg(feature = "nccl")]
+fn nccl_ranks(_gpu: &Arc<Gpu>) -> Result<(), String> {
+    use paged_attention::cp::simulate;
+    use paged_attention::nccl::{nccl_available, DcpId};
+    if !nccl_available() {
+        return Err("libnccl not found: put the directory of libnccl.so on LD_LIBRARY_PATH".into());
+    }
+    let devices = match kernel_rt::gpu_status() {
+        kernel_rt::GpuStatus::Available { devices } => *devices,
+        kernel_rt::GpuStatus::Missing(m) => return Err(m.clone()),
+    };
+    let ranks = std::env::var("MHA_KIT_DCP_RANKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(devices.min(8))
+        .max(1);
+    let n_cases = std::env::var("MHA_KIT_GPU_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300u64);
+    let cases: Vec<_> = (0..n_cases)
+        .map(|seed| random_case(0xDC9_0000 + seed))
+        .filter(|(c, _, _)| paged_attention::mma_supported(c.q_dtype, c.kv_dtype, c.d))
+        .collect();
+    let id = DcpId::new().or_fail("unique id")?;
+    let results: Vec<Result<Vec<RankOut>, String>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..ranks)
+            .map(|rank| {
+                let cases = &cases;
+                sc.spawn(move || nccl_rank(rank, ranks, devices, id, cases))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("rank thread panicked".into()))
+            })
+            .collect()
+    });
+    let results = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    for (i, (c, _, _)) in cases.iter().enumerate() {
+        let ctx = || {
+            format!(
+                "case {i} of {}, {ranks} ranks: {}",
+                cases.len(),
+                describe(c)
+            )
+        };
+        let (o0, l0, _) = &results[0][i];
+        let mut errs = ErrorReport::default();
+        for (r, res) in results.iter().enumerate() {
+            let (o, l, e) = &res[i];
+            if o != o0 || l.iter().zip(l0).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                return Err(format!(
+                    "rank {r}'s merged output differs from rank 0's; {}",
+                    ctx()
+                ));
+            }
+            errs.count += e.count;
+            errs.flags |= e.flags;
+        }
+        let mut want = c.reference();
+        let (kb, vb) = (c.k_bytes(), c.v_bytes());
+        want.errors = simulate(&c.inputs(&kb, &vb), ranks).errors;
+        // Rows of skipped requests are unspecified in the merged output
+        // (module docs): checked as the untouched rows they are unsplit.
+        let (mut got, mut lse) = (o0.clone(), l0.clone());
+        for t in (0..c.num_tokens).filter(|&t| !want.written[t]) {
+            got[t * c.hq * c.d..(t + 1) * c.hq * c.d].fill(POISON);
+            lse[t * c.hq..(t + 1) * c.hq].fill(f32::from_bits(LSE_POISON));
+        }
+        compare(c, &want, &got, &errs).map_err(|m| format!("{m}; {}", ctx()))?;
+        compare_lse(c, &want, &lse).map_err(|m| format!("{m}; {}", ctx()))?;
+    }
+    println!(
+        "nccl_ranks_merge_to_the_unsplit_output: {} cases, {ranks} rank(s) on {} device(s)",
+        cases.len(),
+        devices.min(ranks)
+    );
+    Ok(())
+}
+
 /// Programmatic dependent launch: chains of 6 launches (each reading the
 /// previous one's output as its query) give the same bits with and without
 /// the PDL attribute, eagerly and replayed from a CUDA graph, on random
@@ -857,6 +1038,8 @@ fn main() {
             "interleaved_ranks_merge_to_the_unsplit_output",
             interleaved_ranks,
         ),
+        #[cfg(feature = "nccl")]
+        gpu_trial("nccl_ranks_merge_to_the_unsplit_output", nccl_ranks),
         gpu_trial("skip_softmax_zero_is_off_and_stays_in_bound", skip_softmax),
         named(
             "masked_nonfinite_keys_never_reach_a_row",

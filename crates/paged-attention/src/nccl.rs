@@ -1,0 +1,370 @@
+//! Decode context parallelism over NCCL (issue 17): the multi-GPU form of
+//! the split / merge path that [`crate::cp`] defines and that mha-backend
+//! simulates on one GPU.
+//!
+//! `N` ranks, one GPU each (a process or a thread per rank), share one
+//! NCCL communicator. Every request's KV is dealt by page interleave
+//! ([`crate::cp`]): page-table entry `e` lives on rank `e mod N`. Each rank
+//! is handed the **global** page table, whose entries it owns hold page ids
+//! of its own pool (the other entries are never read, whatever they hold),
+//! and the global `cache_seqlens`. [`DcpRank::decode`] then
+//!
+//! 1. launches the decode kernel with [`DecodeArgs::interleave`] = this rank
+//!    into the rank's partial output `O_r` `[T, Hq, D]` and natural-log row
+//!    LSE `[T, Hq]` (causal limits and windows in global positions, no
+//!    sinks);
+//! 2. all-gathers the `N` states over NCCL into `[N, T, Hq, D]` and
+//!    `[N, T, Hq]` (rank-major, the merge kernel's layout);
+//! 3. merges them with [`MergeStatesKernel`], the sinks joined once, into
+//!    the caller's output (and LSE when asked),
+//!
+//! all on the rank's stream, in order, with no host synchronisation. Every
+//! rank ends with the same merged output, equal to the unsplit decode
+//! within the attention tolerance (the definition: [`crate::cp::simulate`]).
+//!
+//! Rows of requests the kernel skips (bad `cu_seqlens_q`, counted in the
+//! error word) are unspecified in the merged output, where the unsplit
+//! launch leaves them untouched: their partial rows are whatever the rank
+//! buffers held.
+//!
+//! NCCL is loaded at run time (`libnccl.so` on the loader's path, e.g.
+//! `nvidia/nccl/lib` of a torch install); [`nccl_available`] says whether it
+//! loads, and every entry point returns [`KernelError::Collective`] instead
+//! of failing when it does not. A communicator takes one GPU per rank: NCCL
+//! refuses two ranks on one device.
+
+use std::sync::Arc;
+
+use cudarc::nccl::safe::{Comm, Id};
+use kernel_rt::cudarc::driver::CudaSlice;
+use kernel_rt::{DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut};
+
+use crate::reference::Interleave;
+use crate::{DecodeArgs, KvCache, MergeStatesArgs, MergeStatesKernel, PagedAttentionKernel};
+
+/// `true` when the NCCL library loads (nothing else is called).
+pub fn nccl_available() -> bool {
+    // SAFETY: only tries to dlopen the library by its candidate names.
+    unsafe { cudarc::nccl::sys::is_culib_present() }
+}
+
+fn collective(what: &str, e: impl std::fmt::Debug) -> KernelError {
+    KernelError::Collective(format!("{what}: {e:?}"))
+}
+
+/// An NCCL failure with its result code and NCCL's text for it (and, where
+/// set, the thread's last error, e.g. why a communicator was refused).
+fn nccl_error(what: &str, e: cudarc::nccl::result::NcclError) -> KernelError {
+    let text = |p: *const std::ffi::c_char| {
+        if p.is_null() {
+            String::new()
+        } else {
+            // SAFETY: NCCL returns NUL-terminated static / thread-local strings.
+            unsafe { std::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned()
+        }
+    };
+    // SAFETY: plain queries of NCCL's error strings; a null comm asks for
+    // the calling thread's last error.
+    let (code, last) = unsafe {
+        (
+            text(cudarc::nccl::sys::ncclGetErrorString(e.0)),
+            text(cudarc::nccl::sys::ncclGetLastError(std::ptr::null_mut())),
+        )
+    };
+    KernelError::Collective(
+        format!("{what}: {:?} ({code}) {last}", e.0)
+            .trim_end()
+            .to_string(),
+    )
+}
+
+fn require_nccl() -> Result<()> {
+    if nccl_available() {
+        Ok(())
+    } else {
+        Err(KernelError::Collective(
+            "libnccl not found (put the directory holding libnccl.so on LD_LIBRARY_PATH)".into(),
+        ))
+    }
+}
+
+/// A communicator's identity, made once (by rank 0) and handed to every
+/// rank: the 128 bytes of NCCL's unique id.
+#[derive(Debug, Clone, Copy)]
+pub struct DcpId([std::ffi::c_char; 128]);
+
+impl DcpId {
+    /// A new id (`ncclGetUniqueId`; rank 0 makes it and sends the bytes).
+    ///
+    /// # Errors
+    /// [`KernelError::Collective`] when NCCL is missing or fails.
+    pub fn new() -> Result<Self> {
+        require_nccl()?;
+        let id = Id::new().map_err(|e| nccl_error("ncclGetUniqueId", e))?;
+        Ok(Self(*id.internal()))
+    }
+
+    /// The id's bytes, to send to the other ranks.
+    pub fn bytes(&self) -> [u8; 128] {
+        self.0.map(|c| c as u8)
+    }
+
+    /// The id received from rank 0.
+    pub fn from_bytes(bytes: [u8; 128]) -> Self {
+        Self(bytes.map(|b| b as std::ffi::c_char))
+    }
+}
+
+/// One rank of a decode context-parallel group: its communicator, the merge
+/// launcher and the rank buffers (module docs).
+#[derive(Debug)]
+pub struct DcpRank {
+    gpu: Arc<Gpu>,
+    comm: Comm,
+    merge: MergeStatesKernel,
+    /// `[T, Hq, D]` this rank's partial output (16-bit bits).
+    send_o: CudaSlice<u16>,
+    /// `[T, Hq]` its row LSE.
+    send_lse: CudaSlice<f32>,
+    /// `[N, T, Hq, D]` every rank's partial output after the all-gather.
+    all_o: CudaSlice<u16>,
+    /// `[N, T, Hq]` every rank's row LSE.
+    all_lse: CudaSlice<f32>,
+}
+
+impl DcpRank {
+    /// Joins the communicator `id` as rank `rank` of `ranks` on `gpu` (its
+    /// stream carries every launch and collective of this rank). Blocks
+    /// until all `ranks` ranks have joined, so ranks join from separate
+    /// threads or processes.
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] for `ranks = 0` or `rank ≥ ranks`;
+    /// [`KernelError::Collective`] when NCCL is missing or refuses (two
+    /// ranks on one device); module load failures of the merge kernel.
+    pub fn new(gpu: &Arc<Gpu>, rank: usize, ranks: usize, id: DcpId) -> Result<Self> {
+        if ranks == 0 || rank >= ranks {
+            return Err(KernelError::unsupported(
+                "rank",
+                format!("rank {rank} of {ranks} ranks"),
+            ));
+        }
+        require_nccl()?;
+        let merge = MergeStatesKernel::new(gpu)?;
+        // NCCL reads the calling thread's current device.
+        gpu.context().bind_to_thread()?;
+        let comm = Comm::from_rank(Arc::clone(gpu.stream()), rank, ranks, Id::uninit(id.0))
+            .map_err(|e| nccl_error("ncclCommInitRank", e))?;
+        let s = gpu.stream();
+        Ok(Self {
+            gpu: Arc::clone(gpu),
+            comm,
+            merge,
+            send_o: s.alloc_zeros(1)?,
+            send_lse: s.alloc_zeros(1)?,
+            all_o: s.alloc_zeros(1)?,
+            all_lse: s.alloc_zeros(1)?,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// Ranks of the group (`N`).
+    pub fn ranks(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    /// The rank's device.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Sizes the rank buffers for `rows` query rows of `hq` heads of `d`
+    /// dims (they only grow). Call it before capturing [`DcpRank::decode`]
+    /// in a CUDA graph: a capture must not reallocate what it records.
+    ///
+    /// # Errors
+    /// Allocation failures.
+    pub fn reserve(&mut self, rows: usize, hq: usize, d: usize) -> Result<()> {
+        let n = self.ranks();
+        let (o, l) = (rows * hq * d, rows * hq);
+        let s = Arc::clone(self.gpu.stream());
+        if self.send_o.len() < o {
+            self.send_o = s.alloc_zeros(o)?;
+            self.all_o = s.alloc_zeros(n * o)?;
+        }
+        if self.send_lse.len() < l {
+            self.send_lse = s.alloc_zeros(l)?;
+            self.all_lse = s.alloc_zeros(n * l)?;
+        }
+        Ok(())
+    }
+
+    /// One context-parallel decode / verify call (module docs): `args` as
+    /// for [`PagedAttentionKernel::launch`], with `kv` this rank's pools,
+    /// `page_table` the global table (this rank's entries `e ≡ rank mod N`
+    /// hold ids of its pools), `cache_seqlens` the global lengths, `out`
+    /// `[T, Hq, D]` the merged output, `lse` (optional) the merged row LSE
+    /// and `sinks` joined once after the merge. `kernel` must run on this
+    /// rank's GPU. Asynchronous on the rank's stream; every rank of the
+    /// group must make the same call (same shapes) in the same order.
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] when `args.interleave` is set (the rank
+    /// sets it) or the shape needs the CUDA-core kernel; the launcher's and
+    /// the merge kernel's argument errors; [`KernelError::Collective`] when
+    /// an all-gather fails.
+    pub fn decode(
+        &mut self,
+        kernel: &PagedAttentionKernel,
+        args: DecodeArgs<'_>,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
+        let DecodeArgs {
+            q,
+            q_dtype,
+            out,
+            kv,
+            page_table,
+            cache_seqlens,
+            layout,
+            max_seq_len,
+            bmm1_scale,
+            bmm2_scale,
+            window_left,
+            sinks,
+            interleave,
+            skip_softmax,
+            skipped_slices,
+            split,
+            lse,
+            workspace,
+        } = args;
+        if interleave.is_some() {
+            return Err(KernelError::unsupported(
+                "interleave",
+                "set by DcpRank::decode (leave it None)",
+            ));
+        }
+        let [rows, hq, d] = out.shape();
+        let block = match &kv {
+            KvCache::Half { k, .. } => k.shape()[2],
+            KvCache::E4m3 { k, .. } => k.shape()[2],
+        };
+        self.reserve(rows, hq, d)?;
+        let (n, rank) = (self.ranks(), self.rank());
+        let (n_o, n_l) = (rows * hq * d, rows * hq);
+        let stream = Arc::clone(self.gpu.stream());
+        {
+            let mut local = DecodeArgs {
+                q,
+                q_dtype,
+                out: StridedMut::contiguous("out", self.send_o.slice_mut(0..n_o), [rows, hq, d])?,
+                kv,
+                page_table,
+                cache_seqlens,
+                layout,
+                max_seq_len,
+                bmm1_scale,
+                bmm2_scale,
+                window_left,
+                sinks: None,
+                interleave: Some(Interleave {
+                    rank,
+                    ranks: n,
+                    block,
+                }),
+                skip_softmax,
+                skipped_slices,
+                split,
+                lse: Some(StridedMut::contiguous(
+                    "lse",
+                    self.send_lse.slice_mut(0..n_l),
+                    [rows, hq],
+                )?),
+                workspace,
+            };
+            kernel.launch_on(&stream, &mut local, errors)?;
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        // Rank-major [N, T, Hq, D] and [N, T, Hq]: the 16-bit states travel
+        // as bytes (an all-gather copies; it never reads the values).
+        {
+            // SAFETY: u16 → u8 views of the same allocations, twice the length.
+            let (send_o, mut all_o) = unsafe {
+                (
+                    self.send_o
+                        .transmute::<u8>(2 * n_o)
+                        .ok_or_else(|| collective("send view", n_o))?,
+                    self.all_o
+                        .transmute_mut::<u8>(2 * n * n_o)
+                        .ok_or_else(|| collective("gather view", n * n_o))?,
+                )
+            };
+            self.comm
+                .all_gather(&send_o, &mut all_o)
+                .map_err(|e| nccl_error("ncclAllGather (outputs)", e))?;
+        }
+        self.comm
+            .all_gather(
+                &self.send_lse.slice(0..n_l),
+                &mut self.all_lse.slice_mut(0..n * n_l),
+            )
+            .map_err(|e| nccl_error("ncclAllGather (LSE)", e))?;
+        let mut merge = MergeStatesArgs {
+            o_parts: Strided::contiguous(
+                "o_parts",
+                self.all_o.slice(0..n * n_o),
+                [n, rows, hq, d],
+            )?,
+            lse_parts: Strided::contiguous(
+                "lse_parts",
+                self.all_lse.slice(0..n * n_l),
+                [n, rows, hq],
+            )?,
+            dtype: q_dtype,
+            out,
+            lse_out: lse,
+            sinks,
+        };
+        self.merge.launch_on(&stream, &mut merge)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_nccl_every_entry_is_a_typed_error() {
+        // On a host without libnccl (CI) the id is a Collective error, never
+        // a panic; where NCCL loads, an id is made.
+        match DcpId::new() {
+            Ok(id) => {
+                assert!(nccl_available());
+                assert_eq!(DcpId::from_bytes(id.bytes()).bytes(), id.bytes());
+            }
+            Err(e) => {
+                assert!(!nccl_available());
+                assert!(matches!(e, KernelError::Collective(_)), "{e}");
+                assert!(e.to_string().contains("LD_LIBRARY_PATH"), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn id_bytes_round_trip() {
+        let mut b = [0u8; 128];
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = (i * 37 % 256) as u8;
+        }
+        assert_eq!(DcpId::from_bytes(b).bytes(), b);
+    }
+}
