@@ -255,6 +255,47 @@ fn cases() -> Vec<Shape> {
     if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
         v.extend(split_sweep());
     }
+    if std::env::var("MHA_KIT_BENCH_LATENCY_SWEEP").as_deref() == Ok("1") {
+        v.extend(latency_sweep());
+    }
+    v
+}
+
+/// The latency cases (issue 14's ≤ 1.05× cuDNN rows) under the production
+/// kernel and experiment 8 (3 CTAs/SM), Auto and Fixed chunks around
+/// Auto's: `MHA_KIT_BENCH_LATENCY_SWEEP=1`.
+fn latency_sweep() -> Vec<Shape> {
+    let mut v = Vec::new();
+    for (bs, len, chunks) in [
+        (1, 1024, &[64usize, 128, 256][..]),
+        (16, 1024, &[128, 256, 512][..]),
+        (1, 32768, &[256, 512, 1024][..]),
+        (4, 32768, &[2048, 4096][..]),
+        (8, 4096, &[512, 1024][..]),
+    ] {
+        for xv in [0u32, 8] {
+            let mut splits = vec![SplitMode::Auto];
+            splits.extend(
+                chunks
+                    .iter()
+                    .map(|&chunk_tokens| SplitMode::Fixed { chunk_tokens }),
+            );
+            for split in splits {
+                v.push(Shape {
+                    experiment: xv,
+                    split,
+                    ..s(
+                        &format!("latency bs {bs}, L {len}, x{xv}, {split:?}"),
+                        32,
+                        8,
+                        128,
+                        bs,
+                        len,
+                    )
+                });
+            }
+        }
+    }
     v
 }
 

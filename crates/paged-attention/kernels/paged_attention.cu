@@ -259,11 +259,18 @@ MHA_KIT_DEVICE u32* split_counters(const PagedAttentionParams& p) {
 // partial for split `split` of `item`). The CTA that arrives last folds the nb
 // partials in a fixed order (split s -> lane s mod 32 for the row statistics,
 // sequential s for each output element) and writes the final rows: the result
-// depends only on the partials, never on arrival order. `scratch`: >= 33
-// words of shared memory no thread still reads.
-template <int QT, int D>
+// depends only on the partials, never on arrival order. `scratch`: `cap` f32
+// (>= 2 ROWS + 4) of shared memory no thread still reads.
+//
+// Latency (the fold is the tail of a split launch: the other CTAs are done):
+// the (m, d) of every (row, split) are read from the workspace once, into
+// shared memory, when 2 nb nrows of them fit there (otherwise re-read per
+// use as before); the numerator loop then loads only the partial outputs,
+// several splits in flight a thread. SMEM = false (the CUDA-core kernel,
+// whose D 64 entries are held to 64 registers) always re-reads.
+template <int QT, int D, bool SMEM>
 MHA_KIT_DEVICE void merge_last(const PagedAttentionParams& p, const Geom& g, i64 item, int nb, int nrows,
-                               int r0, int h, float* scratch) {
+                               int r0, int h, float* scratch, int cap) {
     u32* flag = reinterpret_cast<u32*>(scratch + 2 * ROWS);
     __threadfence();  // this CTA's partial is visible before its arrival counts
     __syncthreads();
@@ -277,19 +284,34 @@ MHA_KIT_DEVICE void merge_last(const PagedAttentionParams& p, const Geom& g, i64
 
     const i64 base0 = item * p.max_splits * ROWS;  // (item, split 0, row 0)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // Per (row, split) statistics in shared memory when they fit: m at
+    // sm_m[rr nb + s] (overwritten by the weight 2^(m - M)), d at sm_d.
+    float* sm_m = scratch + 2 * ROWS + 4;
+    float* sm_d = sm_m + nb * nrows;
+    const bool in_smem = SMEM && 2 * ROWS + 4 + 2 * nb * nrows <= cap;
+    const float2* ws_ml2 = reinterpret_cast<const float2*>(p.ws_ml);
     // Row statistics: M = max m over splits with d > 0, den = sum d 2^(m - M).
     for (int rr = warp; rr < nrows; rr += NT / 32) {
         float mx = NEG_INF;
         for (int s = lane; s < nb; s += 32) {
-            const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.ws_ml) + base0 + (i64)s * ROWS + rr);
+            const float2 ml = __ldcg(ws_ml2 + base0 + (i64)s * ROWS + rr);
+            if (in_smem) {
+                sm_m[rr * nb + s] = ml.x;
+                sm_d[rr * nb + s] = ml.y;
+            }
             if (ml.y > 0.f) mx = fmaxf(mx, ml.x);
         }
         mx = warp_max(mx);
         float den = 0.f;
         if (mx != NEG_INF) {
             for (int s = lane; s < nb; s += 32) {
-                const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.ws_ml) + base0 + (i64)s * ROWS + rr);
-                if (ml.y > 0.f) den += ml.y * ex2(ml.x - mx);
+                const float2 ml = in_smem ? make_float2(sm_m[rr * nb + s], sm_d[rr * nb + s])
+                                          : __ldcg(ws_ml2 + base0 + (i64)s * ROWS + rr);
+                if (ml.y > 0.f) {
+                    const float w = ex2(ml.x - mx);
+                    den += ml.y * w;
+                    if (in_smem) sm_m[rr * nb + s] = w;
+                }
             }
         }
         den = warp_sum(den);  // butterfly: every lane gets the same bits
@@ -308,17 +330,34 @@ MHA_KIT_DEVICE void merge_last(const PagedAttentionParams& p, const Geom& g, i64
         const float den = scratch[ROWS + rr];
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         if (den > 0.f) {
+            const float4* o4 = reinterpret_cast<const float4*>(p.ws_o + (base0 + rr) * D) + c4;
+            if (in_smem) {
+                const float* wr = sm_m + rr * nb;
+                const float* dr = sm_d + rr * nb;
 #pragma unroll 8
-            for (int s = 0; s < nb; ++s) {
-                const i64 row = base0 + (i64)s * ROWS + rr;
-                const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.ws_ml) + row);
-                const float4 o = __ldcg(reinterpret_cast<const float4*>(p.ws_o + row * D) + c4);
-                if (ml.y > 0.f) {
-                    const float w = ex2(ml.x - mx);
-                    acc.x = fmaf(w, o.x, acc.x);
-                    acc.y = fmaf(w, o.y, acc.y);
-                    acc.z = fmaf(w, o.z, acc.z);
-                    acc.w = fmaf(w, o.w, acc.w);
+                for (int s = 0; s < nb; ++s) {
+                    const float4 o = __ldcg(o4 + (i64)s * ROWS * (D / 4));
+                    if (dr[s] > 0.f) {
+                        const float w = wr[s];
+                        acc.x = fmaf(w, o.x, acc.x);
+                        acc.y = fmaf(w, o.y, acc.y);
+                        acc.z = fmaf(w, o.z, acc.z);
+                        acc.w = fmaf(w, o.w, acc.w);
+                    }
+                }
+            } else {
+#pragma unroll 8
+                for (int s = 0; s < nb; ++s) {
+                    const i64 row = base0 + (i64)s * ROWS + rr;
+                    const float2 ml = __ldcg(ws_ml2 + row);
+                    const float4 o = __ldcg(o4 + (i64)s * ROWS * (D / 4));
+                    if (ml.y > 0.f) {
+                        const float w = ex2(ml.x - mx);
+                        acc.x = fmaf(w, o.x, acc.x);
+                        acc.y = fmaf(w, o.y, acc.y);
+                        acc.z = fmaf(w, o.z, acc.z);
+                        acc.w = fmaf(w, o.w, acc.w);
+                    }
                 }
             }
         }
@@ -654,7 +693,7 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
     }
     if (sp.nb > 1) {
         const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
-        merge_last<QT, D>(p, g, item, sp.nb, nrows, r0, h, qs);
+        merge_last<QT, D, false>(p, g, item, sp.nb, nrows, r0, h, qs, ROWS * D);
     }
 }
 
@@ -1461,7 +1500,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     }
     if (sp.nb > 1) {
         const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
-        merge_last<QT, D>(p, g, item, sp.nb, nrows, r0, h, osc);
+        merge_last<QT, D, true>(p, g, item, sp.nb, nrows, r0, h, osc, L::RING / 4);
     }
 }
 
