@@ -384,6 +384,8 @@ struct Prepared {
     num_pages: usize,
     m: usize,
     bytes: f64,
+    /// Experiment 16's per-CTA trace buffer (`skipped_slices`), when set.
+    trace: Option<CudaSlice<u32>>,
 }
 
 /// The full grid: heads × bs × L (uniform lengths, bf16 KV, P 16).
@@ -634,6 +636,7 @@ fn prepare(
         num_pages,
         m,
         bytes,
+        trace: None,
     })
 }
 
@@ -703,7 +706,17 @@ fn launch(
         split,
         interleave: None,
         skip_softmax: None,
-        skipped_slices: None,
+        skipped_slices: match p.trace.as_mut() {
+            Some(t) => {
+                let n = t.len();
+                Some(StridedMut::contiguous(
+                    "skipped_slices",
+                    t.slice_mut(0..n),
+                    [n],
+                )?)
+            }
+            None => None,
+        },
         workspace: Some(StridedMut::contiguous(
             "workspace",
             p.ws.slice_mut(0..ws_len),
@@ -712,6 +725,84 @@ fn launch(
         lse: None,
     };
     kernel.launch(&mut args, errors)
+}
+
+/// `MHA_KIT_BENCH_DECODE_TRACE=dir`: case `c` (bf16 KV, D 128, the
+/// production entry) launched 8 times over its page sets, then once more
+/// under experiment 16 with the per-CTA trace
+/// ([`PagedAttentionKernel::set_experiment`]), written to
+/// `dir/<case>.csv`: one row per CTA (grid x, y, z, SM, ns from the
+/// launch's first CTA entry to each stamp, the fold flag).
+fn trace_case(
+    gpu: &Arc<Gpu>,
+    tracer: &PagedAttentionKernel,
+    c: &Shape,
+    p: &mut Prepared,
+    errors: &mut DeviceErrors,
+    dir: &str,
+) -> Result<()> {
+    let group = c.hq / c.hkv;
+    let row_tiles = (c.q_len * group).div_ceil(16);
+    let (_, cfg) = paged_attention::launch_config(
+        c.bs,
+        c.hkv,
+        row_tiles,
+        c.len,
+        c.split,
+        tracer.num_sms(),
+        0,
+    )?;
+    let (x, y, z) = cfg.grid_dim;
+    let ctas = x as usize * y as usize * z as usize;
+    for set in 0..8 {
+        launch(tracer, c, p, set, c.split, errors)?;
+    }
+    p.trace = Some(gpu.stream().alloc_zeros::<u32>(16 * ctas)?);
+    launch(tracer, c, p, 8, c.split, errors)?;
+    gpu.synchronize()?;
+    let words: Vec<u32> = gpu
+        .stream()
+        .clone_dtoh(p.trace.as_ref().expect("set above"))?;
+    p.trace = None;
+    let t: Vec<u64> = words
+        .chunks_exact(2)
+        .map(|w| u64::from(w[0]) | (u64::from(w[1]) << 32))
+        .collect();
+    let t0 = t
+        .chunks_exact(8)
+        .map(|r| r[1])
+        .filter(|&v| v > 0)
+        .min()
+        .unwrap_or(0);
+    let rel = |v: u64| if v == 0 { -1 } else { v as i64 - t0 as i64 };
+    let mut csv = String::from("cta,x,y,z,sm,entry,len_read,first_kv,loop_end,written,exit,fold\n");
+    for (i, r) in t.chunks_exact(8).enumerate() {
+        let (cx, cy, cz) = (
+            i % x as usize,
+            (i / x as usize) % y as usize,
+            i / (x as usize * y as usize),
+        );
+        csv += &format!(
+            "{i},{cx},{cy},{cz},{},{},{},{},{},{},{},{}\n",
+            r[0],
+            rel(r[1]),
+            rel(r[2]),
+            rel(r[3]),
+            rel(r[4]),
+            rel(r[5]),
+            rel(r[6]),
+            r[7]
+        );
+    }
+    let name: String = c
+        .name
+        .chars()
+        .map(|ch| if ch.is_ascii_alphanumeric() { ch } else { '_' })
+        .collect();
+    std::fs::create_dir_all(dir).ok();
+    std::fs::write(format!("{dir}/{name}.csv"), csv).ok();
+    println!("trace: {dir}/{name}.csv ({ctas} CTAs)");
+    Ok(())
 }
 
 fn main() {
@@ -751,6 +842,12 @@ fn main() {
     let mut pdl = PagedAttentionKernel::new(&gpu).expect("load");
     pdl.set_pdl(true);
     let mut table = Vec::new();
+    let trace_dir = std::env::var("MHA_KIT_BENCH_DECODE_TRACE").ok();
+    let tracer = trace_dir.as_ref().map(|_| {
+        let mut k = PagedAttentionKernel::new(&gpu).expect("load");
+        k.set_experiment(16).expect("decode experiment 16");
+        k
+    });
     // MHA_KIT_BENCH_CASES=a|b runs only the cases whose name contains one of them.
     let only = std::env::var("MHA_KIT_BENCH_CASES").ok();
     for c in all {
@@ -808,6 +905,11 @@ fn main() {
             errors.reset().expect("reset device errors");
             format!(" (device errors: {report:?})")
         };
+        if let (Some(dir), Some(tr)) = (&trace_dir, &tracer) {
+            if !c.simt && !c.fp8 && c.d == 128 && c.experiment == 0 {
+                trace_case(&gpu, tr, &c, &mut p, &mut errors, dir).expect("trace");
+            }
+        }
         let gbps = p.bytes / (g.median_us * 1e-6) / 1e9;
         table.push(format!(
             "| {} | {:.1} | {iso:.1} | {:.2} | {:.0} % | {:.1} / {:.1} | R {r}, n {}, {} replays{flag} | {pdl_us} |",

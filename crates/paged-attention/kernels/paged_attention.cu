@@ -824,15 +824,58 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     const int lane = tid & 31;
     const int warp = tid >> 5;
 
+    // Timing experiment XV & 16: a per-CTA trace in place of the skip
+    // counter (8 u64 a CTA, linear CTA order): %smid, then %globaltimer at
+    // entry, length read, first K/V tile landed, loop end, partial or rows
+    // written, exit; the last word: 1 = this CTA folded the splits, 2 = no
+    // work. The launcher requires 16 u32 a CTA of `skipped_slices`.
+    constexpr bool TR = (XV & 16) != 0;
+    unsigned long long* trace = nullptr;
+    if constexpr (TR) {
+        if (p.skip_counter != nullptr && tid == 0) {
+            const i64 cta = blockIdx.x + (i64)gridDim.x * (blockIdx.y + (i64)gridDim.y * blockIdx.z);
+            trace = reinterpret_cast<unsigned long long*>(p.skip_counter) + 8 * cta;
+            u32 sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            trace[0] = sm;
+            trace[7] = 0;
+        }
+    }
+    auto stamp = [&](int k) {
+        if constexpr (TR) {
+            if (trace != nullptr) {
+                unsigned long long t;
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+                trace[k] = t;
+            }
+        }
+    };
+    auto no_work = [&]() {
+        if constexpr (TR) {
+            if (trace != nullptr) {
+                for (int k = 2; k < 6; ++k) trace[k] = 0;
+                stamp(6);
+                trace[7] = 2;
+            }
+        }
+    };
+    stamp(1);
+
     const bool reporter_cta = split == 0 && h == 0 && rt == 0;
     // Per-request events once over the ranks (rank 0); page events by the
     // rank that holds the page.
     const Geom g = request_geom(p, b, reporter_cta && tid == 0 && p.cp_rank == 0);
-    if (g.skip) return;
-
+    if (g.skip) {
+        no_work();
+        return;
+    }
+    stamp(2);
 
     const Split sp = tile_split(p, g, rt);
-    if (sp.rows == 0 || split >= sp.nb) return;
+    if (sp.rows == 0 || split >= sp.nb) {
+        no_work();
+        return;
+    }
     const i32 ks0 = sp.k_lo + split * sp.chunk;
     const i32 ke = min(ks0 + sp.chunk, sp.k_hi);
     const int ntiles = ke > ks0 ? (ke - ks0 + MTT - 1) / MTT : 0;
@@ -1206,6 +1249,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
 
     auto step = [&](Look& lk, int i) {
         cp_async_wait<NST - 2>();
+        if (i == 0) stamp(3);
         __syncwarp();
         issue(lk, i + NST - 1);
         cp_async_commit();
@@ -1328,7 +1372,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             const bool low0 = mx[0] == NEG_INF || (had0 && mx[0] - mrow[0] < skip_thr);
             const bool low1 = mx[1] == NEG_INF || (had1 && mx[1] - mrow[1] < skip_thr);
             if (__all_sync(0xffffffffu, low0 && low1)) {
-                if (lane == 0 && p.skip_counter != nullptr) atomicAdd(p.skip_counter, 1u);
+                if (!TR && lane == 0 && p.skip_counter != nullptr) atomicAdd(p.skip_counter, 1u);
                 return;
             }
         }
@@ -1416,6 +1460,8 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         if (i + 1 < ntiles) step(lb, i + 1);
     }
     cp_async_wait<0>();
+    if (ntiles == 0) stamp(3);
+    stamp(4);
     pdl_launch_dependents();
     __syncthreads();  // every warp is done with its ring: reuse it as merge scratch
 
@@ -1498,10 +1544,15 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             }
         }
     }
+    stamp(5);
     if (sp.nb > 1) {
         const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
         merge_last<QT, D, true>(p, g, item, sp.nb, nrows, r0, h, osc, L::RING / 4);
+        if constexpr (TR) {
+            if (trace != nullptr) trace[7] = *reinterpret_cast<const u32*>(osc + 2 * ROWS);
+        }
     }
+    stamp(6);
 }
 
 }  // namespace pa
@@ -1561,3 +1612,5 @@ PA_MMA_X(bf16, 0, bf16, 0, 3, 2)
 // three CTAs an SM.
 PA_MMA_X(bf16, 0, e4m3, 2, 8, 3)
 PA_MMA_X(bf16, 0, bf16, 0, 8, 3)
+// Experiment 16: the production entry with a per-CTA timestamp trace.
+PA_MMA_X(bf16, 0, bf16, 0, 16, 2)

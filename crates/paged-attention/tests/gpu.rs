@@ -1061,6 +1061,7 @@ fn main() {
                 (5, KvDtype::E4m3),
                 (8, KvDtype::E4m3),
                 (8, KvDtype::Bf16),
+                (16, KvDtype::Bf16),
             ] {
                 let mut k = PagedAttentionKernel::new(gpu).or_fail("load")?;
                 k.set_experiment(xv).or_fail("experiment")?;
@@ -1073,6 +1074,28 @@ fn main() {
                     check(gpu, &k, &c, split, msl)
                         .map_err(|e| format!("_x{xv}, seed {seed}: {e}"))?;
                     runs += 1;
+                }
+            }
+            // Experiment 16 writes 16 u32 a CTA through `skipped_slices`:
+            // a one-word buffer is refused before any launch.
+            let mut k16 = PagedAttentionKernel::new(gpu).or_fail("load")?;
+            k16.set_experiment(16).or_fail("experiment")?;
+            let (c, split, msl) = (0u64..)
+                .map(random_case)
+                .find(|(c, _, _)| {
+                    c.d == 128
+                        && c.kv_dtype == KvDtype::Bf16
+                        && c.q_dtype == HalfDtype::Bf16
+                        && c.bs() > 0
+                })
+                .expect("a bf16 D 128 case");
+            match launch_edited(gpu, &k16, &c, split, msl, |_| {}) {
+                Err(e) if e.contains("skipped_slices") => {}
+                other => {
+                    return Err(format!(
+                        "experiment 16 with a one-word skipped_slices: {:?}",
+                        other.map(|r| r.out.len())
+                    ))
                 }
             }
             println!("experiment_entries_with_correct_results: {runs} cases");

@@ -26,6 +26,7 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_e4m3_d128_x5",
     "paged_attention_mma_bf16_kv_e4m3_d128_x8",
     "paged_attention_mma_bf16_kv_bf16_d128_x8",
+    "paged_attention_mma_bf16_kv_bf16_d128_x16",
 ];
 
 /// The experiment number of an `_x{n}` entry name (0 for a production entry).
@@ -126,7 +127,14 @@ impl PagedAttentionKernel {
     /// lane-quad copies with the hint, `4` / `5` (e4m3 KV) whole rows per
     /// copy instruction with / without the hint, `8` (e4m3 and bf16 KV) Q
     /// read from shared memory each slice and a shorter ring (4 / 2
-    /// slots), so that three CTAs fit an SM.
+    /// slots), so that three CTAs fit an SM; `16` (bf16 KV) the production
+    /// entry writing a per-CTA trace through `skipped_slices` instead of
+    /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
+    /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
+    /// end, partial or rows written, exit; then 1 = this CTA folded the
+    /// splits, 2 = no work, 0 = neither). With experiment 16 a
+    /// `skipped_slices` shorter than 16 u32 a CTA is refused
+    /// ([`KernelError::Capacity`]).
     ///
     /// # Errors
     /// [`KernelError::Unsupported`] for an unknown experiment.
@@ -273,6 +281,21 @@ impl PagedAttentionKernel {
             .or_else(|| self.kernel.index(&plan.entry))
             .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {}", plan.entry)))?;
         let mut config = plan.config;
+        if experiment.is_some() && self.experiment & 16 != 0 {
+            // Experiment 16 writes a trace of 16 u32 a CTA through
+            // `skipped_slices` (the kernel's docs): never past its end.
+            if let Some(c) = &args.skipped_slices {
+                let (x, y, z) = config.grid_dim;
+                let need = 16 * x as usize * y as usize * z as usize;
+                if c.shape()[0] < need {
+                    return Err(KernelError::Capacity {
+                        arg: "skipped_slices",
+                        needed: need,
+                        available: c.shape()[0],
+                    });
+                }
+            }
+        }
         if experiment.is_some() {
             // An experiment entry may lay out its shared memory otherwise.
             config.shared_mem_bytes =
