@@ -71,6 +71,8 @@
 #             then gpt-oss-20b on the whole conv trace (metadata share)
 #   nccl      decode context parallelism over NCCL (paged_attention::nccl):
 #             one rank per GPU, then two ranks forced onto one GPU
+#   dtrace    decode experiment 16: per-CTA traces of the one-wave latency
+#             launches (CSV under $OUT/dtrace) and the experiment entries' test
 #   allgpu    every GPU test binary of the bundle, all at once (ALLGPU_TIMEOUT)
 #   xbench    the decode bench rows of the x8 experiment beside production
 #             (DBENCH_X8_CASES) and the cuDNN peers (same call)
@@ -382,6 +384,19 @@ stage_nccl() {
   echo "rc=$?"; summary "$OUT/nccl.log"; grep -E "nccl_ranks" "$OUT/nccl.log" | head -4
   MHA_KIT_DCP_RANKS=2 MHA_KIT_GPU_CASES=8 timeout 120 tests/paged-attention-gpu --include-ignored nccl_ranks > "$OUT/nccl2.log" 2>&1
   echo "two ranks on one GPU: rc=$?"; grep -E "panicked|Collective|NCCL|rank" "$OUT/nccl2.log" | head -6
+}
+stage_dtrace() {
+  # Session 21's open question: bs 1 x 32k and bs 8 x 4k read the same bytes
+  # with the same 256 CTAs of 1024 keys in 53.1 vs 41.3 us. Experiment 16's
+  # per-CTA trace of both (and bs 1 x 1k), CSVs under $OUT/dtrace; then the
+  # experiment entries' test (x16 correct results, its buffer check).
+  echo "== decode per-CTA trace (experiment 16)"
+  MHA_KIT_BENCH_LATENCY_SWEEP=1 MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 MHA_KIT_BENCH_DECODE_TRACE="$OUT/dtrace" \
+    MHA_KIT_BENCH_CASES="${DTRACE_CASES:-latency bs 1, L 32768, x0|latency bs 8, L 4096, x0|latency bs 1, L 1024, x0, Auto}" \
+    timeout 240 benches/paged-attention-paged_attention --bench > "$OUT/dtrace.log" 2>&1
+  echo "rc=$?"; grep -E '^\| lat|^trace' "$OUT/dtrace.log"
+  timeout 200 tests/paged-attention-gpu --include-ignored experiment_entries > "$OUT/dtrace_test.log" 2>&1
+  echo "rc=$?"; summary "$OUT/dtrace_test.log"
 }
 stage_pending() { stage_pending_tests; stage_pending_python; stage_pending_replay; }
 stage_xbench() {
