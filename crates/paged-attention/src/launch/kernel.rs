@@ -134,7 +134,8 @@ impl PagedAttentionKernel {
     /// end, partial or rows written, exit; then 1 = this CTA folded the
     /// splits, 2 = no work, 0 = neither). With experiment 16 a
     /// `skipped_slices` shorter than 16 u32 a CTA is refused
-    /// ([`KernelError::Capacity`]).
+    /// ([`KernelError::Capacity`]), a strided one too
+    /// ([`KernelError::Stride`]).
     ///
     /// # Errors
     /// [`KernelError::Unsupported`] for an unknown experiment.
@@ -293,6 +294,12 @@ impl PagedAttentionKernel {
                         needed: need,
                         available: c.shape()[0],
                     });
+                }
+                if c.strides()[0] != 1 {
+                    return Err(stride_err(
+                        "skipped_slices",
+                        "experiment 16's trace needs a contiguous buffer".into(),
+                    ));
                 }
             }
         }
