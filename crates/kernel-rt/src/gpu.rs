@@ -165,6 +165,16 @@ pub enum GpuStatus {
     Missing(String),
 }
 
+impl GpuStatus {
+    /// Devices the driver reports; 0 when no GPU is usable.
+    pub fn devices(&self) -> usize {
+        match self {
+            Self::Available { devices } => *devices,
+            Self::Missing(_) => 0,
+        }
+    }
+}
+
 /// Detects a GPU without ever panicking: cudarc panics when libcuda is missing,
 /// so its presence is checked first. The answer is computed once per process.
 pub fn gpu_status() -> &'static GpuStatus {

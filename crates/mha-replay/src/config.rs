@@ -293,10 +293,7 @@ fn resolve_tp_gpus(
     if tp == 1 || choice == TpGpus::One {
         return Ok(false);
     }
-    let devices = match kernel_rt::gpu_status() {
-        kernel_rt::GpuStatus::Available { devices } => *devices,
-        kernel_rt::GpuStatus::Missing(_) => 0,
-    };
+    let devices = kernel_rt::gpu_status().devices();
     let enough = base + tp <= devices;
     match (choice, enough) {
         (_, true) => {
@@ -747,10 +744,7 @@ mod tests {
         }
         assert!(!resolve_tp_gpus(TpGpus::One, ExecutorChoice::Cuda(0), 2, &mut notes).unwrap());
         assert!(notes.is_empty());
-        let devices = match kernel_rt::gpu_status() {
-            kernel_rt::GpuStatus::Available { devices } => *devices,
-            kernel_rt::GpuStatus::Missing(_) => 0,
-        };
+        let devices = kernel_rt::gpu_status().devices();
         // More ranks than any machine here has devices: refused / one GPU.
         let tp = devices + 2;
         let e = resolve_tp_gpus(TpGpus::Spread, ExecutorChoice::Cuda(0), tp, &mut notes)
