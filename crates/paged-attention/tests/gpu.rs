@@ -292,11 +292,7 @@ fn masked_nonfinite_keys(gpu: &Arc<Gpu>, k: &PagedAttentionKernel) -> Result<(),
     let simt = PagedAttentionKernel::with_path(gpu, KernelPath::Simt).or_fail("load")?;
     let mut runs = 0usize;
     for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
-        let (nan, inf) = match kv {
-            KvDtype::Bf16 => (0x7FC0u16, 0x7F80u16),
-            KvDtype::F16 => (0x7E00, 0x7C00),
-            KvDtype::E4m3 => (0x7F, 0xFF), // e4m3 has no Inf: two NaN codes
-        };
+        let (nan, inf) = nonfinite_bits(kv);
         for d in [64, 128, 256] {
             for (g, p) in [(1, 16), (4, 1), (8, 48)] {
                 // (window, poisoned key, the row that sees it, the row that must not)
@@ -784,11 +780,7 @@ fn keep_rank_pages(c: &mut Case, rank: usize, ranks: usize) {
             }
         }
     }
-    let nan = match c.kv_dtype {
-        KvDtype::Bf16 => 0x7FC0u16,
-        KvDtype::F16 => 0x7E00,
-        KvDtype::E4m3 => 0x7F,
-    };
+    let (nan, _) = nonfinite_bits(c.kv_dtype);
     for (pg, _) in held.iter().enumerate().filter(|(_, &h)| !h) {
         let r = pg * per_page..((pg + 1) * per_page).min(c.k.len());
         c.k[r.clone()].fill(nan);

@@ -485,6 +485,16 @@ pub fn describe(c: &Case) -> String {
     )
 }
 
+/// A NaN and a second non-finite bit pattern of a KV dtype (+Inf for the
+/// 16-bit dtypes; e4m3 has no Inf: its two NaN codes).
+pub fn nonfinite_bits(kv: KvDtype) -> (u16, u16) {
+    match kv {
+        KvDtype::Bf16 => (0x7FC0, 0x7F80),
+        KvDtype::F16 => (0x7E00, 0x7C00),
+        KvDtype::E4m3 => (0x7F, 0xFF),
+    }
+}
+
 /// A random case from `seed`. Keys no row of any request may see (outside
 /// every request's `[k_lo, L)`) hold NaN/Inf bytes.
 pub fn random_case(seed: u64) -> (Case, SplitMode, usize) {
@@ -605,11 +615,7 @@ pub fn random_case(seed: u64) -> (Case, SplitMode, usize) {
         *x = c.q_dtype.from_f64(r.gen_range(-2.0..2.0));
     }
     // Poison everything, then write real values into needed keys.
-    let (nan, inf) = match kv {
-        KvDtype::Bf16 => (0x7FC0u16, 0x7F80u16),
-        KvDtype::F16 => (0x7E00, 0x7C00),
-        KvDtype::E4m3 => (0x7F, 0xFF),
-    };
+    let (nan, inf) = nonfinite_bits(kv);
     for (i, x) in c.k.iter_mut().enumerate() {
         *x = if i % 3 == 0 { inf } else { nan };
     }
