@@ -741,8 +741,7 @@ fn trace_case(
     errors: &mut DeviceErrors,
     dir: &str,
 ) -> Result<()> {
-    let group = c.hq / c.hkv;
-    let row_tiles = (c.q_len * group).div_ceil(16);
+    let row_tiles = (c.q_len * (c.hq / c.hkv)).div_ceil(paged_attention::ROWS_PER_CTA);
     let (_, cfg) = paged_attention::launch_config(
         c.bs,
         c.hkv,
@@ -799,9 +798,11 @@ fn trace_case(
         .chars()
         .map(|ch| if ch.is_ascii_alphanumeric() { ch } else { '_' })
         .collect();
-    std::fs::create_dir_all(dir).ok();
-    std::fs::write(format!("{dir}/{name}.csv"), csv).ok();
-    println!("trace: {dir}/{name}.csv ({ctas} CTAs)");
+    let path = format!("{dir}/{name}.csv");
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&path, csv))
+        .unwrap_or_else(|e| panic!("trace: cannot write {path}: {e}"));
+    println!("trace: {path} ({ctas} CTAs)");
     Ok(())
 }
 
