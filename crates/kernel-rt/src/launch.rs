@@ -68,12 +68,51 @@ pub unsafe fn launch_args(
     params: &[&dyn KernelArg],
     pdl: bool,
 ) -> Result<()> {
+    // SAFETY: the caller's contract (# Safety) is launch_clustered's own
+    // with clusters of one CTA.
+    unsafe { launch_clustered(stream, func, config, params, pdl, 1) }
+}
+
+/// [`launch_args`] with the grid's CTAs in thread-block clusters of
+/// `cluster_x` × 1 × 1 (`CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`, sm_90:
+/// the CTAs of a cluster run at once on one GPC and may read each other's
+/// shared memory); `cluster_x` = 1 is a launch without the attribute.
+/// Captured into CUDA graphs like any launch.
+///
+/// # Safety
+/// As [`launch_args`]; `config.grid_dim.0` must be a multiple of
+/// `cluster_x`.
+///
+/// # Errors
+/// As [`launch_args`]; [`crate::KernelError::Driver`] when the driver
+/// refuses the cluster (more than 8 CTAs, a grid that is not a multiple,
+/// a device before sm_90).
+pub unsafe fn launch_clustered(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    config: LaunchConfig,
+    params: &[&dyn KernelArg],
+    pdl: bool,
+    cluster_x: u32,
+) -> Result<()> {
     stream.context().bind_to_thread()?;
     // SAFETY: the attribute value is a plain C union; zero is a valid
-    // bit pattern for every member, then one int member is set.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
+    // bit pattern for every member, then the member of its id is set.
+    let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+    let mut n = 0usize;
+    if pdl {
+        attrs[n].id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[n].value.programmaticStreamSerializationAllowed = 1;
+        n += 1;
+    }
+    if cluster_x > 1 {
+        attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attrs[n].value.clusterDim.x = cluster_x;
+        attrs[n].value.clusterDim.y = 1;
+        attrs[n].value.clusterDim.z = 1;
+        n += 1;
+    }
     let cfg = sys::CUlaunchConfig {
         gridDimX: config.grid_dim.0,
         gridDimY: config.grid_dim.1,
@@ -83,8 +122,8 @@ pub unsafe fn launch_args(
         blockDimZ: config.block_dim.2,
         sharedMemBytes: config.shared_mem_bytes,
         hStream: stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: u32::from(pdl),
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: n as u32,
     };
     // No allocation per launch: the kernels take one to five parameters.
     let mut args = [std::ptr::null_mut::<c_void>(); MAX_KERNEL_ARGS];
@@ -287,9 +326,80 @@ impl Launcher {
         params: &[&dyn KernelArg],
         pdl: bool,
     ) -> Result<()> {
+        // SAFETY: the caller's contract (# Safety) is launch_clustered's own.
+        unsafe { self.launch_clustered(stream, entry, config, params, pdl, 1) }
+    }
+
+    /// How many clusters of `cluster_x` CTAs of `block` threads and `smem`
+    /// bytes of dynamic shared memory entry `entry` can have on the GPU at
+    /// once (`cuOccupancyMaxActiveClusters`; 0 when none fits).
+    ///
+    /// # Errors
+    /// [`crate::KernelError::Driver`] when the driver refuses the query
+    /// (a device before sm_90, a cluster larger than the entry allows).
+    ///
+    /// # Panics
+    /// As [`Launcher::launch`].
+    pub fn max_active_clusters(
+        &self,
+        entry: usize,
+        block: u32,
+        smem: u32,
+        cluster_x: u32,
+    ) -> Result<usize> {
+        self.gpu.context().bind_to_thread()?;
+        // SAFETY: as in launch_clustered: a zeroed C union, one member set.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr.value.clusterDim.x = cluster_x;
+        attr.value.clusterDim.y = 1;
+        attr.value.clusterDim.z = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: cluster_x,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: std::ptr::null_mut(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut n: std::ffi::c_int = 0;
+        // SAFETY: `cfg` and `attr` outlive the call; the function handle is
+        // a loaded entry of this context.
+        unsafe {
+            sys::cuOccupancyMaxActiveClusters(&mut n, self.entries[entry].cu_function(), &cfg)
+                .result()?;
+        }
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
+    /// [`Launcher::launch_with`] in thread-block clusters of `cluster_x`
+    /// CTAs along x ([`launch_clustered`]).
+    ///
+    /// # Safety
+    /// As [`launch_clustered`].
+    ///
+    /// # Errors
+    /// As [`launch_clustered`]; [`crate::KernelError::Unsupported`] when
+    /// `stream` belongs to another context.
+    ///
+    /// # Panics
+    /// As [`Launcher::launch`].
+    pub unsafe fn launch_clustered(
+        &self,
+        stream: &CudaStream,
+        entry: usize,
+        config: LaunchConfig,
+        params: &[&dyn KernelArg],
+        pdl: bool,
+        cluster_x: u32,
+    ) -> Result<()> {
         self.gpu.require_stream(stream)?;
-        // SAFETY: the caller's contract (# Safety) is launch_args' own.
-        unsafe { launch_args(stream, &self.entries[entry], config, params, pdl) }?;
+        // SAFETY: the caller's contract (# Safety) is launch_clustered's own.
+        unsafe { launch_clustered(stream, &self.entries[entry], config, params, pdl, cluster_x) }?;
         self.launches.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
