@@ -56,6 +56,9 @@ struct Shape {
     /// Ragged verify rows: request `b` has `1 + b % q_len` rows (given by
     /// `cu_seqlens_q`, `max_q_len = q_len`) instead of `q_len` each.
     ragged_q: bool,
+    /// Split launches fold through the workspace even where the launcher
+    /// would fold them inside clusters (comparison row).
+    workspace_fold: bool,
 }
 
 fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shape {
@@ -76,6 +79,7 @@ fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shap
         lens: None,
         split: SplitMode::Auto,
         ragged_q: false,
+        workspace_fold: false,
     }
 }
 
@@ -262,7 +266,8 @@ fn cases() -> Vec<Shape> {
 }
 
 /// The latency cases (issue 14's ≤ 1.05× cuDNN rows) under the production
-/// kernel and experiment 8 (3 CTAs/SM), Auto and Fixed chunks around
+/// kernel (and Auto with the splits folded through the workspace instead of
+/// inside clusters) and experiment 8 (3 CTAs/SM), Auto and Fixed chunks around
 /// Auto's: `MHA_KIT_BENCH_LATENCY_SWEEP=1`.
 fn latency_sweep() -> Vec<Shape> {
     let mut v = Vec::new();
@@ -273,6 +278,17 @@ fn latency_sweep() -> Vec<Shape> {
         (4, 32768, &[2048, 4096][..]),
         (8, 4096, &[512, 1024][..]),
     ] {
+        v.push(Shape {
+            workspace_fold: true,
+            ..s(
+                &format!("latency bs {bs}, L {len}, x0, Auto, workspace fold"),
+                32,
+                8,
+                128,
+                bs,
+                len,
+            )
+        });
         for xv in [0u32, 8] {
             let mut splits = vec![SplitMode::Auto];
             splits.extend(
@@ -838,6 +854,9 @@ fn main() {
             (xv, k)
         })
         .collect();
+    // The production kernel folding every split launch through the workspace.
+    let mut workspace_fold = PagedAttentionKernel::new(&gpu).expect("load");
+    workspace_fold.set_cluster_fold(false);
     // The production kernel with programmatic dependent launch (graph
     // column "PDL": consecutive launches of a graph overlap their set-up).
     let mut pdl = PagedAttentionKernel::new(&gpu).expect("load");
@@ -861,6 +880,8 @@ fn main() {
         let mut p = prepare(&gpu, &kernel, &c, false, &[c.split], true).expect("prepare");
         let kernel = if c.simt {
             &simt
+        } else if c.workspace_fold {
+            &workspace_fold
         } else {
             experiments
                 .iter()
@@ -907,7 +928,7 @@ fn main() {
             format!(" (device errors: {report:?})")
         };
         if let (Some(dir), Some(tr)) = (&trace_dir, &tracer) {
-            if !c.simt && !c.fp8 && c.d == 128 && c.experiment == 0 {
+            if !c.simt && !c.fp8 && c.d == 128 && c.experiment == 0 && !c.workspace_fold {
                 trace_case(&gpu, tr, &c, &mut p, &mut errors, dir).expect("trace");
             }
         }

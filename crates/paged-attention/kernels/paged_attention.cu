@@ -255,46 +255,30 @@ MHA_KIT_DEVICE u32* split_counters(const PagedAttentionParams& p) {
     return reinterpret_cast<u32*>(p.ws_ml + items * p.max_splits * ROWS * 2);
 }
 
-// Block-cooperative (every thread of the CTA calls it, after the CTA stored its
-// partial for split `split` of `item`). The CTA that arrives last folds the nb
-// partials in a fixed order (split s -> lane s mod 32 for the row statistics,
-// sequential s for each output element) and writes the final rows: the result
-// depends only on the partials, never on arrival order. `scratch`: `cap` f32
-// (>= 2 ROWS + 4) of shared memory no thread still reads.
-//
-// Latency (the fold is the tail of a split launch: the other CTAs are done):
-// the (m, d) of every (row, split) are read from the workspace once, into
-// shared memory, when 2 nb nrows of them fit there (otherwise re-read per
-// use as before); the numerator loop then loads only the partial outputs,
-// several splits in flight a thread. SMEM = false (the CUDA-core kernel,
-// whose D 64 entries are held to 64 registers) always re-reads.
-template <int QT, int D, bool SMEM>
-MHA_KIT_DEVICE void merge_last(const PagedAttentionParams& p, const Geom& g, i64 item, int nb, int nrows,
-                               int r0, int h, float* scratch, int cap) {
-    u32* flag = reinterpret_cast<u32*>(scratch + 2 * ROWS);
-    __threadfence();  // this CTA's partial is visible before its arrival counts
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const u32 old = atomicInc(split_counters(p) + item, (u32)(nb - 1));
-        *flag = old == (u32)(nb - 1) ? 1u : 0u;
-    }
-    __syncthreads();
-    if (*flag == 0u) return;
-    __threadfence();
-
-    const i64 base0 = item * p.max_splits * ROWS;  // (item, split 0, row 0)
+// The fold of nb split partials of one work item (nrows rows of D), by
+// every thread of the CTA, in a fixed order (split s -> lane s mod 32 for
+// the row statistics, sequential s for each output element): the result
+// depends only on the partials. `ml(rr, s)` and `o(rr, s, c4)` read split
+// s's (m, d) of row rr and its four dims 4 c4.. of O. Writes the output
+// elements [u_lo, u_hi) of the nrows D / 4 four-dim groups (and the row
+// LSE with a row's first group). `scratch`: `cap` f32 (>= 2 ROWS + 4) of
+// shared memory no thread still reads; the (m, d) of every (row, split)
+// are held there when 2 nb nrows of them fit and SMEM (otherwise re-read
+// per use).
+template <int QT, int D, bool SMEM, class ML, class O>
+MHA_KIT_DEVICE void fold_splits(const PagedAttentionParams& p, const Geom& g, int nb, int nrows, int r0, int h,
+                                float* scratch, int cap, int u_lo, int u_hi, ML ml_at, O o_at) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     // Per (row, split) statistics in shared memory when they fit: m at
     // sm_m[rr nb + s] (overwritten by the weight 2^(m - M)), d at sm_d.
     float* sm_m = scratch + 2 * ROWS + 4;
     float* sm_d = sm_m + nb * nrows;
     const bool in_smem = SMEM && 2 * ROWS + 4 + 2 * nb * nrows <= cap;
-    const float2* ws_ml2 = reinterpret_cast<const float2*>(p.ws_ml);
     // Row statistics: M = max m over splits with d > 0, den = sum d 2^(m - M).
     for (int rr = warp; rr < nrows; rr += NT / 32) {
         float mx = NEG_INF;
         for (int s = lane; s < nb; s += 32) {
-            const float2 ml = __ldcg(ws_ml2 + base0 + (i64)s * ROWS + rr);
+            const float2 ml = ml_at(rr, s);
             if (in_smem) {
                 sm_m[rr * nb + s] = ml.x;
                 sm_d[rr * nb + s] = ml.y;
@@ -305,8 +289,7 @@ MHA_KIT_DEVICE void merge_last(const PagedAttentionParams& p, const Geom& g, i64
         float den = 0.f;
         if (mx != NEG_INF) {
             for (int s = lane; s < nb; s += 32) {
-                const float2 ml = in_smem ? make_float2(sm_m[rr * nb + s], sm_d[rr * nb + s])
-                                          : __ldcg(ws_ml2 + base0 + (i64)s * ROWS + rr);
+                const float2 ml = in_smem ? make_float2(sm_m[rr * nb + s], sm_d[rr * nb + s]) : ml_at(rr, s);
                 if (ml.y > 0.f) {
                     const float w = ex2(ml.x - mx);
                     den += ml.y * w;
@@ -324,19 +307,18 @@ MHA_KIT_DEVICE void merge_last(const PagedAttentionParams& p, const Geom& g, i64
 
     // Numerators: one 4-dim group of one row per thread and step.
     constexpr int C4 = D / 4;
-    for (int u = threadIdx.x; u < nrows * C4; u += NT) {
+    for (int u = u_lo + (int)threadIdx.x; u < u_hi; u += NT) {
         const int rr = u / C4, c4 = u % C4;
         const float mx = scratch[rr];
         const float den = scratch[ROWS + rr];
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         if (den > 0.f) {
-            const float4* o4 = reinterpret_cast<const float4*>(p.ws_o + (base0 + rr) * D) + c4;
             if (in_smem) {
                 const float* wr = sm_m + rr * nb;
                 const float* dr = sm_d + rr * nb;
 #pragma unroll 8
                 for (int s = 0; s < nb; ++s) {
-                    const float4 o = __ldcg(o4 + (i64)s * ROWS * (D / 4));
+                    const float4 o = o_at(rr, s, c4);
                     if (dr[s] > 0.f) {
                         const float w = wr[s];
                         acc.x = fmaf(w, o.x, acc.x);
@@ -348,9 +330,8 @@ MHA_KIT_DEVICE void merge_last(const PagedAttentionParams& p, const Geom& g, i64
             } else {
 #pragma unroll 8
                 for (int s = 0; s < nb; ++s) {
-                    const i64 row = base0 + (i64)s * ROWS + rr;
-                    const float2 ml = __ldcg(ws_ml2 + row);
-                    const float4 o = __ldcg(o4 + (i64)s * ROWS * (D / 4));
+                    const float2 ml = ml_at(rr, s);
+                    const float4 o = o_at(rr, s, c4);
                     if (ml.y > 0.f) {
                         const float w = ex2(ml.x - mx);
                         acc.x = fmaf(w, o.x, acc.x);
@@ -372,6 +353,100 @@ MHA_KIT_DEVICE void merge_last(const PagedAttentionParams& p, const Geom& g, i64
             p.lse[(i64)(g.row_start + j) * p.lse_stride_tok + qh] = row_lse(den, mx, p.sinks, qh);
     }
 }
+
+// Block-cooperative (every thread of the CTA calls it, after the CTA stored its
+// partial for split `split` of `item` in the workspace). The CTA that arrives
+// last folds the nb partials (fold_splits) and writes the final rows.
+// `scratch`: `cap` f32 (>= 2 ROWS + 4) of shared memory no thread still reads.
+//
+// Latency (the fold is the tail of a split launch: the other CTAs are done):
+// the (m, d) of every (row, split) are read from the workspace once, into
+// shared memory, when they fit there; the numerator loop then loads only the
+// partial outputs, several splits in flight a thread. SMEM = false (the
+// CUDA-core kernel, whose D 64 entries are held to 64 registers) always
+// re-reads.
+template <int QT, int D, bool SMEM>
+MHA_KIT_DEVICE void merge_last(const PagedAttentionParams& p, const Geom& g, i64 item, int nb, int nrows,
+                               int r0, int h, float* scratch, int cap) {
+    u32* flag = reinterpret_cast<u32*>(scratch + 2 * ROWS);
+    __threadfence();  // this CTA's partial is visible before its arrival counts
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const u32 old = atomicInc(split_counters(p) + item, (u32)(nb - 1));
+        *flag = old == (u32)(nb - 1) ? 1u : 0u;
+    }
+    __syncthreads();
+    if (*flag == 0u) return;
+    __threadfence();
+
+    const i64 base0 = item * p.max_splits * ROWS;  // (item, split 0, row 0)
+    const float2* ws_ml2 = reinterpret_cast<const float2*>(p.ws_ml);
+    const float4* ws_o4 = reinterpret_cast<const float4*>(p.ws_o);
+    fold_splits<QT, D, SMEM>(
+        p, g, nb, nrows, r0, h, scratch, cap, 0, nrows * (D / 4),
+        [&](int rr, int s) { return __ldcg(ws_ml2 + base0 + (i64)s * ROWS + rr); },
+        [&](int rr, int s, int c4) { return __ldcg(ws_o4 + (base0 + (i64)s * ROWS + rr) * (D / 4) + c4); });
+}
+
+// ---- split merge inside a thread-block cluster ----
+// When the splits of a work item run as one cluster (the launcher's cluster
+// dimension = gridDim.x = max_splits, so the CTA rank is the split), each CTA
+// leaves its partial in its own shared memory and the cluster folds them
+// over distributed shared memory: no workspace stores, no fence, no arrival
+// counter, no L2 round trips at the launch's tail (H200, bs 1 x 1k: 9.3 ->
+// 8.5 us, PERF.md session 22). The launcher forms clusters only where the
+// whole grid fits on the GPU at once (else a second wave of clusters).
+MHA_KIT_DEVICE u32 cluster_ctas() {
+    u32 n;
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return n;
+}
+// Every thread of every CTA of the cluster: arrive (release), then wait (acquire).
+MHA_KIT_DEVICE void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// Address `a` of this CTA's shared memory in the shared memory of cluster CTA `rank`.
+MHA_KIT_DEVICE u32 cluster_map(u32 a, u32 rank) {
+    u32 r;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+MHA_KIT_DEVICE float2 cluster_ld2(u32 a) {
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
+    return v;
+}
+MHA_KIT_DEVICE float4 cluster_ld4(u32 a) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(a)
+                 : "memory");
+    return v;
+}
+
+// Block-cooperative, called by every CTA of the cluster whose split is
+// < nb, after it stored its partial at `part` (this CTA's shared memory:
+// O rows f32 [ROWS][D], then (m, d) f32 [ROWS][2]); the CTAs of splits
+// >= nb call cluster_sync twice instead. Rank r writes the output elements
+// [r U / nb, (r + 1) U / nb) of the U = nrows D / 4 four-dim groups; every
+// rank computes every row's statistics (fold_splits, as merge_last: the
+// rows are bit-identical to the workspace fold).
+// `scratch`: `cap` f32 (>= 2 ROWS + 4 + 2 nb ROWS) apart from `part`.
+template <int QT, int D>
+MHA_KIT_DEVICE void merge_cluster(const PagedAttentionParams& p, const Geom& g, int rank, int nb, int nrows,
+                                  int r0, int h, const float* part, float* scratch, int cap) {
+    cluster_sync();  // every partial of the cluster is stored and visible
+    const u32 o_at = smem_u32(part);
+    const u32 ml_at = o_at + ROWS * D * 4;
+    const int units = nrows * (D / 4);
+    fold_splits<QT, D, true>(
+        p, g, nb, nrows, r0, h, scratch, cap, rank * units / nb, (rank + 1) * units / nb,
+        [&](int rr, int s) { return cluster_ld2(cluster_map(ml_at + rr * 8, (u32)s)); },
+        [&](int rr, int s, int c4) { return cluster_ld4(cluster_map(o_at + (rr * D + 4 * c4) * 4, (u32)s)); });
+    cluster_sync();  // no CTA leaves (its shared memory) while another reads it
+}
+
 // Shared-memory layout (bytes); src/launch.rs `smem_bytes` mirrors it.
 template <int D, int KV, int NST>
 struct Smem {
@@ -750,6 +825,11 @@ struct MmaSmem {
     static constexpr int Q8_OFF = Q_OFF + (Q_SMEM ? ROWS * D * 2 : 0);
     static constexpr int BYTES = Q8_OFF + (Q8_SMEM ? (D / 16) * 32 * 16 : 0);
     static_assert(MERGE <= RING, "merge scratch fits in the ring");
+    // The cluster fold: this CTA's partial (O rows, (m, d)) after the merge
+    // scratch, then the fold's scratch (CLUSTER_CAP f32: the statistics of
+    // up to 8 splits).
+    static constexpr int CLUSTER_CAP = 2 * ROWS + 4 + 2 * 8 * ROWS;
+    static_assert(MERGE + (ROWS * D + 2 * ROWS + CLUSTER_CAP) * 4 <= RING, "cluster fold scratch fits in the ring");
     static_assert(CPR % 4 == 0, "4 lanes per token row");
 };
 
@@ -872,7 +952,18 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     stamp(2);
 
     const Split sp = tile_split(p, g, rt);
+    // XV & 32 (the `_cf` entries): the splits of an item fold inside their
+    // cluster (merge_cluster) when the launcher made them one; sp is the
+    // same for every CTA of a cluster (same request, head and row tile).
+    // Separate entries: the path costs the other entries registers (e4m3
+    // D 128: 201 -> 232) and 3-7% of their bandwidth (PERF.md session 22).
+    constexpr bool CF = (XV & 32) != 0;
+    const bool in_cluster = CF && cluster_ctas() > 1 && sp.nb > 1;
     if (sp.rows == 0 || split >= sp.nb) {
+        if (in_cluster && sp.rows > 0) {
+            cluster_sync();  // merge_cluster's two barriers
+            cluster_sync();
+        }
         no_work();
         return;
     }
@@ -1532,6 +1623,12 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             }
             u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + ch * 8;
             mha_kit::store16(dst, make_uint4(packed[0], packed[1], packed[2], packed[3]));
+        } else if (CF && in_cluster) {
+            float* part = osc + L::MERGE / 4;
+            float4* dst = reinterpret_cast<float4*>(part + rr * D + ch * 8);
+            dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+            if (ch == 0) *reinterpret_cast<float2*>(part + ROWS * D + 2 * rr) = make_float2(mm, den);
         } else {
             const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
             const i64 base = (item * p.max_splits + split) * ROWS;
@@ -1545,7 +1642,17 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         }
     }
     stamp(5);
-    if (sp.nb > 1) {
+    if (CF && in_cluster) {
+        // The fold's statistics go after the partial (the warps' scratch
+        // before it is still being read by this CTA's other threads).
+        if constexpr (CF) {
+            merge_cluster<QT, D>(p, g, split, sp.nb, nrows, r0, h, osc + L::MERGE / 4,
+                                 osc + L::MERGE / 4 + ROWS * D + 2 * ROWS, L::CLUSTER_CAP);
+        }
+        if constexpr (TR) {
+            if (trace != nullptr) trace[7] = split == 0 ? 1u : 0u;
+        }
+    } else if (sp.nb > 1) {
         const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
         merge_last<QT, D, true>(p, g, item, sp.nb, nrows, r0, h, osc, L::RING / 4);
         if constexpr (TR) {
@@ -1587,6 +1694,10 @@ PA_DECODE_D(f16, 1, e4m3, 2)
         pa::mma_body<QT, KV, D, XV>(p);                                                            \
     }
 #define PA_MMA(QN, QT, KVN, KV, D, MINB) PA_MMA_ENTRY(QN, QT, KVN, KV, D, , 0, MINB)
+// The `_cf` twin: the same kernel folding its splits inside a thread-block
+// cluster when launched as clusters (XV & 32). For bf16 Q at D 64 / 128
+// (src/launch.rs `cluster_fold_variant`; each twin adds ~250 KB of PTX).
+#define PA_MMA_CF(QN, QT, KVN, KV, D, MINB) PA_MMA_ENTRY(QN, QT, KVN, KV, D, _cf, 32, MINB)
 
 PA_MMA(bf16, 0, bf16, 0, 64, 4)
 PA_MMA(bf16, 0, bf16, 0, 128, 2)
@@ -1598,6 +1709,10 @@ PA_MMA(f16, 1, e4m3, 2, 64, 4)
 PA_MMA(f16, 1, e4m3, 2, 128, 2)
 PA_MMA(bf16, 0, bf16, 0, 256, 1)
 PA_MMA(f16, 1, f16, 1, 256, 1)
+PA_MMA_CF(bf16, 0, bf16, 0, 64, 4)
+PA_MMA_CF(bf16, 0, bf16, 0, 128, 2)
+PA_MMA_CF(bf16, 0, e4m3, 2, 64, 4)
+PA_MMA_CF(bf16, 0, e4m3, 2, 128, 2)
 
 // Timing experiment entries (PagedAttentionKernel::set_experiment): the
 // D 128 tensor-core entry of (Q, KV) under experiment XV, named `_x{XV}`,

@@ -15,7 +15,10 @@ mod kernel;
 mod plan;
 mod views;
 
-pub use kernel::{PagedAttentionKernel, DECODE_EXPERIMENT_ENV, DECODE_PDL_ENV};
+pub use kernel::{
+    cluster_fold_variant, PagedAttentionKernel, DECODE_CLUSTER_FOLD_ENV, DECODE_EXPERIMENT_ENV,
+    DECODE_PDL_ENV,
+};
 pub(crate) use plan::lse_stride_tok;
 pub use plan::{validate, validate_path};
 pub(crate) use views::{

@@ -1045,6 +1045,12 @@ fn main() {
             // memory and a shorter ring), on the random cases their
             // entry serves (bf16 Q, D 128) and on some others (which keep the
             // production entry).
+            // MHA_KIT_GPU_EXPERIMENTS=8,16 runs only those experiments
+            // (default: all).
+            let only: Option<Vec<u32>> = std::env::var("MHA_KIT_GPU_EXPERIMENTS")
+                .ok()
+                .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect());
+            let wanted = |xv: u32| only.as_ref().is_none_or(|o| o.contains(&xv));
             let mut runs = 0usize;
             for (xv, kv) in [
                 (1u32, KvDtype::Bf16),
@@ -1054,7 +1060,10 @@ fn main() {
                 (8, KvDtype::E4m3),
                 (8, KvDtype::Bf16),
                 (16, KvDtype::Bf16),
-            ] {
+            ]
+            .into_iter()
+            .filter(|&(xv, _)| wanted(xv))
+            {
                 let mut k = PagedAttentionKernel::new(gpu).or_fail("load")?;
                 k.set_experiment(xv).or_fail("experiment")?;
                 for seed in 0u64..4000 {
@@ -1091,6 +1100,53 @@ fn main() {
                 }
             }
             println!("experiment_entries_with_correct_results: {runs} cases");
+            Ok(())
+        }),
+        named("cluster_fold_equals_the_workspace_fold", |gpu, k| {
+            // Split launches that fit on the device at once fold inside
+            // thread-block clusters (the launcher's default): rows, LSE and
+            // error words bit-identical to the workspace fold (the same
+            // launcher with the cluster fold off), for every tensor-core
+            // entry the random cases reach and 2..=16 splits (> 8: the
+            // workspace fold on both sides).
+            if !k.cluster_fold() {
+                return Err("the cluster fold is off by default".into());
+            }
+            let mut off = PagedAttentionKernel::new(gpu).or_fail("load")?;
+            off.set_cluster_fold(false);
+            let cases: u64 = std::env::var("MHA_KIT_GPU_CASES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(600);
+            let mut same = 0usize;
+            for seed in 0..cases {
+                let (c, _, msl) = random_case(seed);
+                let split = SplitMode::Chunked {
+                    chunk_tokens: 1 + (seed % 64) as usize,
+                    max_splits: 2 + (seed % 15) as usize,
+                };
+                let a = launch_edited(gpu, k, &c, split, msl, |_| {})?;
+                let b = launch_edited(gpu, &off, &c, split, msl, |_| {})?;
+                let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                if a.out != b.out || bits(&a.lse) != bits(&b.lse) || a.errors != b.errors {
+                    return Err(format!(
+                        "seed {seed}, {split:?}: the cluster fold differs from the workspace fold ({})",
+                        describe(&c)
+                    ));
+                }
+                same += 1;
+            }
+            if k.cluster_launches() == 0 || off.cluster_launches() != 0 {
+                return Err(format!(
+                    "cluster launches: {} with the fold on, {} with it off",
+                    k.cluster_launches(),
+                    off.cluster_launches()
+                ));
+            }
+            println!(
+                "cluster_fold_equals_the_workspace_fold: {same} cases, {} launches as clusters",
+                k.cluster_launches()
+            );
             Ok(())
         }),
         named("gpu_matches_reference_proptest", |gpu, k| {

@@ -1,6 +1,8 @@
 //! The decode/verify launcher: kernel functions resolved once, launches
 //! stream-ordered and graph-capturable.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kernel_rt::cudarc::driver::sys::CUdevice_attribute;
@@ -15,7 +17,7 @@ use super::plan::{plan_path, validate_path};
 use super::views::{base_ptrs, stride_err};
 use super::{
     entry_name, mma_entry_name, mma_smem_bytes_xv, mma_variants, smem_bytes, DecodeArgs,
-    KernelPath, LaunchPlan, QueryLayout, ROWS_PER_CTA,
+    KernelPath, LaunchPlan, QueryLayout, BLOCK_THREADS, ROWS_PER_CTA,
 };
 
 /// Timing experiment entries of the tensor-core kernel (`<entry>_x<n>`).
@@ -28,6 +30,18 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_bf16_d128_x8",
     "paged_attention_mma_bf16_kv_bf16_d128_x16",
 ];
+
+/// Most splits a tensor-core launch folds inside one thread-block cluster
+/// (the portable cluster size); launches with more fold through the
+/// workspace.
+const CLUSTER_FOLD_MAX: usize = 8;
+/// Longest split chunk (keys, from `max_seq_len / splits`) whose launch
+/// folds inside clusters: where each CTA streams more, the fold is a small
+/// part of the launch and placing whole clusters costs more than it saves
+/// (H200, bs 4 × 32k as 32 clusters of 8 splits of 4,096 keys: 141.7 →
+/// 145.0 µs; bs 8 × 4k, splits of 1,024: 40.7 either way; PERF.md
+/// session 22).
+const CLUSTER_FOLD_MAX_CHUNK: usize = 1024;
 
 /// The experiment number of an `_x{n}` entry name (0 for a production entry).
 fn entry_experiment(entry: &str) -> u32 {
@@ -48,6 +62,19 @@ pub const DECODE_PDL_ENV: &str = "MHA_KIT_DECODE_PDL";
 /// or `x8` (three CTAs an SM at D 128), so that a whole replay can run it.
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
 
+/// Whether the tensor-core entry of (`q`, `kv`, `d`) has a `_cf` twin (the
+/// cluster fold, [`PagedAttentionKernel::set_cluster_fold`]): bf16 Q at
+/// D 64 and 128 with bf16 or e4m3 K/V (the twins add ~250 KB of PTX each
+/// to the committed tree).
+pub fn cluster_fold_variant(q: HalfDtype, kv: KvDtype, d: usize) -> bool {
+    q == HalfDtype::Bf16 && matches!(kv, KvDtype::Bf16 | KvDtype::E4m3) && d <= 128
+}
+
+/// Environment variable that sets whether split launches fold inside
+/// thread-block clusters ([`PagedAttentionKernel::set_cluster_fold`]):
+/// `on` (default) or `off`.
+pub const DECODE_CLUSTER_FOLD_ENV: &str = "MHA_KIT_DECODE_CLUSTER_FOLD";
+
 /// The decode/verify launcher: every kernel function is resolved once, at
 /// construction (with its dynamic shared memory limit raised); launches are
 /// stream-ordered and graph-capturable (no host sync, allocation or copy).
@@ -63,6 +90,16 @@ pub struct PagedAttentionKernel {
     pdl: bool,
     /// The device runs PDL (compute capability 9.0 or later).
     pdl_capable: bool,
+    /// Fold the splits of a tensor-core launch inside thread-block clusters
+    /// where the whole grid fits at once.
+    cluster_fold: bool,
+    /// Per production tensor-core entry index: its `_cf` twin (the same
+    /// kernel with the cluster fold) and how many clusters of 2..=8 CTAs
+    /// (index size − 2) of that twin fit on the device at once
+    /// (`cuOccupancyMaxActiveClusters`; 0 where clusters are not supported).
+    cluster_fit: HashMap<usize, (usize, [usize; CLUSTER_FOLD_MAX - 1])>,
+    /// Launches issued as clusters (the cluster fold).
+    cluster_launches: AtomicU64,
 }
 
 impl PagedAttentionKernel {
@@ -80,6 +117,7 @@ impl PagedAttentionKernel {
     /// As [`PagedAttentionKernel::new`].
     pub fn with_path(gpu: &Arc<Gpu>, path: KernelPath) -> Result<Self> {
         let mut kernel = Launcher::empty(gpu);
+        let mut cluster_fit = HashMap::new();
         for (q, kv, d) in mma_variants() {
             let name = mma_entry_name(q, kv, d);
             // The entry and its timing experiments (each with its own
@@ -95,6 +133,25 @@ impl PagedAttentionKernel {
                 let smem = mma_smem_bytes_xv(d, kv, entry_experiment(&entry));
                 kernel.load(&PTX, &entry, EntryAttrs::smem_max_carveout(smem))?;
             }
+            if !cluster_fold_variant(q, kv, d) {
+                continue;
+            }
+            let smem = mma_smem_bytes_xv(d, kv, 0);
+            let main = kernel.index(&name).expect("loaded above");
+            let cf = kernel.load(
+                &PTX,
+                &format!("{name}_cf"),
+                EntryAttrs::smem_max_carveout(smem),
+            )?;
+            let mut fit = [0usize; CLUSTER_FOLD_MAX - 1];
+            for (c, f) in fit.iter_mut().enumerate() {
+                // A device without clusters (before sm_90) answers with an
+                // error: no cluster fold there.
+                *f = kernel
+                    .max_active_clusters(cf, BLOCK_THREADS, smem as u32, c as u32 + 2)
+                    .unwrap_or(0);
+            }
+            cluster_fit.insert(main, (cf, fit));
         }
         for q in [HalfDtype::Bf16, HalfDtype::F16] {
             for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
@@ -115,6 +172,9 @@ impl PagedAttentionKernel {
             experiment: 0,
             pdl: env_choice(DECODE_PDL_ENV, &[("off", false), ("on", true)])?,
             pdl_capable: gpu.compute_capability().is_some_and(|cc| cc >= (9, 0)),
+            cluster_fold: env_choice(DECODE_CLUSTER_FOLD_ENV, &[("on", true), ("off", false)])?,
+            cluster_fit,
+            cluster_launches: AtomicU64::new(0),
         };
         k.set_experiment(env_choice(DECODE_EXPERIMENT_ENV, &[("off", 0), ("x8", 8)])?)?;
         Ok(k)
@@ -164,6 +224,33 @@ impl PagedAttentionKernel {
     /// [`DECODE_PDL_ENV`] (unset: off).
     pub fn set_pdl(&mut self, on: bool) {
         self.pdl = on;
+    }
+
+    /// Sets whether the splits of a tensor-core launch fold inside
+    /// thread-block clusters (sm_90; default from
+    /// [`DECODE_CLUSTER_FOLD_ENV`], unset: on). With it, a launch on an
+    /// entry with a `_cf` twin ([`cluster_fold_variant`]) of 2 to 8
+    /// splits of at most 1,024 keys each (`max_seq_len / splits`) whose
+    /// clusters (one per work item: its splits) all fit on the device at
+    /// once runs the entry's `_cf` twin as one cluster per item: every split
+    /// leaves its partial in its shared memory and the cluster folds them
+    /// over distributed shared memory, with the workspace fold's arithmetic
+    /// (bit-identical rows, LSE and error words) and without its stores,
+    /// fence, arrival counter and L2 reads at the launch's tail (H200, bs
+    /// 1 × 1k: 9.3 → 8.9 µs, PERF.md session 22). Other launches fold
+    /// through the workspace as before.
+    pub fn set_cluster_fold(&mut self, on: bool) {
+        self.cluster_fold = on;
+    }
+
+    /// Whether split launches may fold inside clusters.
+    pub fn cluster_fold(&self) -> bool {
+        self.cluster_fold
+    }
+
+    /// Launches issued so far whose splits folded inside clusters.
+    pub fn cluster_launches(&self) -> u64 {
+        self.cluster_launches.load(Ordering::Relaxed)
     }
 
     /// Whether launches are programmatic dependent launches (set and
@@ -308,6 +395,23 @@ impl PagedAttentionKernel {
             config.shared_mem_bytes =
                 mma_smem_bytes_xv(plan.head_dim, args.kv.dtype(), self.experiment) as u32;
         }
+        // The splits of each work item as one cluster (gridDim.x =
+        // max_splits, so the CTA rank is the split) on the entry's `_cf`
+        // twin, where every item's cluster fits on the device at once.
+        let (x, y, z) = config.grid_dim;
+        let clusters = y as usize * z as usize;
+        let (entry, cluster_x) = match self.cluster_fit.get(&entry) {
+            Some(&(cf, fit))
+                if self.cluster_fold
+                    && experiment.is_none()
+                    && (2..=CLUSTER_FOLD_MAX).contains(&(x as usize))
+                    && args.max_seq_len.div_ceil(x as usize) <= CLUSTER_FOLD_MAX_CHUNK
+                    && clusters <= fit[x as usize - 2] =>
+            {
+                (cf, x)
+            }
+            _ => (entry, 1),
+        };
         // SAFETY: `validate` checked every shape and stride against the
         // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
         // alignment, and the workspace size; device data (page ids, lengths,
@@ -316,7 +420,11 @@ impl PagedAttentionKernel {
         // global access, as a PDL launch requires.
         unsafe {
             self.kernel
-                .launch_with(stream, entry, config, &[&p], self.pdl())
+                .launch_clustered(stream, entry, config, &[&p], self.pdl(), cluster_x)
+        }?;
+        if cluster_x > 1 {
+            self.cluster_launches.fetch_add(1, Ordering::Relaxed);
         }
+        Ok(())
     }
 }
