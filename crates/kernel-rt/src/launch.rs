@@ -107,10 +107,7 @@ pub unsafe fn launch_clustered(
         n += 1;
     }
     if cluster_x > 1 {
-        attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attrs[n].value.clusterDim.x = cluster_x;
-        attrs[n].value.clusterDim.y = 1;
-        attrs[n].value.clusterDim.z = 1;
+        attrs[n] = cluster_attr(cluster_x);
         n += 1;
     }
     let cfg = sys::CUlaunchConfig {
@@ -152,6 +149,19 @@ pub unsafe fn launch_clustered(
         .result()?;
     }
     Ok(())
+}
+
+/// The launch attribute of clusters of `cluster_x` × 1 × 1 CTAs
+/// (`CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`).
+fn cluster_attr(cluster_x: u32) -> sys::CUlaunchAttribute {
+    // SAFETY: the attribute value is a plain C union; zero is a valid bit
+    // pattern for every member, then the cluster dimension is set.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = cluster_x;
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+    attr
 }
 
 /// How [`Launcher::load`] prepares an entry: its dynamic shared memory
@@ -348,12 +358,7 @@ impl Launcher {
         cluster_x: u32,
     ) -> Result<usize> {
         self.gpu.context().bind_to_thread()?;
-        // SAFETY: as in launch_clustered: a zeroed C union, one member set.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attr.value.clusterDim.x = cluster_x;
-        attr.value.clusterDim.y = 1;
-        attr.value.clusterDim.z = 1;
+        let mut attr = cluster_attr(cluster_x);
         let cfg = sys::CUlaunchConfig {
             gridDimX: cluster_x,
             gridDimY: 1,

@@ -394,7 +394,7 @@ MHA_KIT_DEVICE void merge_last(const PagedAttentionParams& p, const Geom& g, i64
 // leaves its partial in its own shared memory and the cluster folds them
 // over distributed shared memory: no workspace stores, no fence, no arrival
 // counter, no L2 round trips at the launch's tail (H200, bs 1 x 1k: 9.3 ->
-// 8.5 us, PERF.md session 22). The launcher forms clusters only where the
+// 8.9 us, PERF.md session 22). The launcher forms clusters only where the
 // whole grid fits on the GPU at once (else a second wave of clusters).
 MHA_KIT_DEVICE u32 cluster_ctas() {
     u32 n;
@@ -1623,7 +1623,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             }
             u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + ch * 8;
             mha_kit::store16(dst, make_uint4(packed[0], packed[1], packed[2], packed[3]));
-        } else if (CF && in_cluster) {
+        } else if (in_cluster) {
             float* part = osc + L::MERGE / 4;
             float4* dst = reinterpret_cast<float4*>(part + rr * D + ch * 8);
             dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -1642,15 +1642,14 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         }
     }
     stamp(5);
-    if (CF && in_cluster) {
+    if (in_cluster) {
         // The fold's statistics go after the partial (the warps' scratch
         // before it is still being read by this CTA's other threads).
+        // Only the `_cf` entries instantiate it (in_cluster is false
+        // elsewhere); no trace entry is one.
         if constexpr (CF) {
             merge_cluster<QT, D>(p, g, split, sp.nb, nrows, r0, h, osc + L::MERGE / 4,
                                  osc + L::MERGE / 4 + ROWS * D + 2 * ROWS, L::CLUSTER_CAP);
-        }
-        if constexpr (TR) {
-            if (trace != nullptr) trace[7] = split == 0 ? 1u : 0u;
         }
     } else if (sp.nb > 1) {
         const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
