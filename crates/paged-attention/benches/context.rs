@@ -23,6 +23,9 @@
 //! experiments run only on the two headline cases), and the two-CTA (duo)
 //! entries forced on beside the default on the FA3 grid's D 64 / 128 cells
 //! and the headline cases (session 17: slower on every cell).
+//! `MHA_KIT_BENCH_PAIR=1` runs each case with the default kernel and, on the
+//! D 128 16-bit cases, the pair experiment (clusters of two CTAs sharing
+//! each K/V tile) only.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -555,6 +558,22 @@ fn main() {
     } else {
         Vec::new()
     };
+    // The pair experiment (clusters of two CTAs sharing each K/V tile, D 128
+    // bf16): with MHA_KIT_BENCH_PAIR=1 every D 128 16-bit case runs only the
+    // default and the pair kernel.
+    let pair_only = std::env::var("MHA_KIT_BENCH_PAIR").is_ok_and(|v| v == "1");
+    let pair = if kernel.uses_sm90() {
+        let mut k = ContextKernel::new(&gpu).expect("load");
+        k.set_experiment(paged_attention::CONTEXT_SM90_PAIR_EXPERIMENT)
+            .expect("pair entry");
+        eprintln!(
+            "pair experiment: {} clusters of two CTAs fit",
+            k.pair_clusters()
+        );
+        Some(k)
+    } else {
+        None
+    };
     let mut errors = DeviceErrors::new(&gpu).expect("errors");
     let mut crit = Criterion::default()
         .warm_up_time(Duration::from_millis(300))
@@ -580,6 +599,8 @@ fn main() {
             "sm90a wgmma, Q by cp.async"
         } else if std::ptr::eq(k, &duo_on) {
             "sm90a wgmma, duo entries forced"
+        } else if pair.as_ref().is_some_and(|x| std::ptr::eq(k, x)) {
+            "experiment: pair clusters share K/V (correct results)"
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {
             match xv {
                 1 => "experiment: no softmax math",
@@ -669,6 +690,12 @@ fn main() {
             kernels.extend([&pingpong, &per_item, &gather, &fallback]);
             if i < 2 {
                 kernels.extend(experiments.iter().map(|(_, e)| e));
+            }
+        }
+        if pair_only {
+            kernels = vec![&kernel];
+            if let (Some(x), 128, false) = (&pair, c.d, c.fp8) {
+                kernels.push(x);
             }
         }
         for k in kernels {

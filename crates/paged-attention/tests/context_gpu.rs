@@ -1144,6 +1144,96 @@ fn main() {
             );
             Ok(())
         }),
+        named("pair_clusters_equal_the_default", |gpu, k| {
+            // The pair experiment (`_x2048`: clusters of two CTAs, each
+            // gathering half of every K/V tile and forwarding it into the
+            // other's ring) against the reference and, bit for bit, against
+            // the default kernel (both unsplit): random ragged cases widened
+            // to D 128 bf16, extend cases whose two q tiles of a pair need
+            // different KV tiles (G 1 / 3 / 5 / 16, prefixes off the tile,
+            // windows), the persistent pair grid capped at 1..8 clusters,
+            // and NaN / Inf in keys that only the other tile of the pair
+            // sees (loaded for it, never reaching this tile's rows).
+            let _ = k;
+            if gpu.context().compute_capability().or_fail("cc")? != (9, 0) {
+                println!("pair_clusters_equal_the_default: not sm_90, skipped");
+                return Ok(());
+            }
+            let mut base = ContextKernel::new(gpu).or_fail("load")?;
+            base.set_kv_splits(Some(1));
+            let mut pair = ContextKernel::new(gpu).or_fail("load")?;
+            pair.set_experiment(paged_attention::CONTEXT_SM90_PAIR_EXPERIMENT)
+                .or_fail("pair entry")?;
+            pair.set_kv_splits(Some(1));
+            let mut cases: Vec<Case> = (0..u64::from(gpu_cases(200)))
+                .map(|i| {
+                    let r = context_random_case(0xA2_0000 + i, BUDGET / 2.0);
+                    widen(&r, 128, KvDtype::Bf16, HalfDtype::Bf16)
+                })
+                .collect();
+            for (g, hkv, prefix, n) in [
+                (1usize, 1usize, 5usize, 140usize),
+                (1, 2, 100, 300),
+                (3, 1, 77, 130),
+                (4, 2, 129, 200),
+                (5, 1, 0, 77),
+                (16, 1, 1000, 33),
+                (8, 1, 63, 64),
+            ] {
+                for w in [None, Some(40u32), Some(200)] {
+                    let mut c = extend_case_h(
+                        KvDtype::Bf16,
+                        HalfDtype::Bf16,
+                        128,
+                        g * hkv,
+                        hkv,
+                        [16, 1, 48][cases.len() % 3],
+                        prefix,
+                        n,
+                        900 + cases.len() as u64,
+                    );
+                    c.window = w;
+                    cases.push(c);
+                }
+            }
+            for (i, c) in cases.iter().enumerate() {
+                let want = c.reference();
+                pair.set_max_ctas([None, Some(2), Some(4), Some(6), Some(16)][i % 5]);
+                let got = run_gpu(gpu, &pair, c).or_fail("pair")?;
+                compare(c, &want, &got.out, &got.errors)
+                    .map_err(|e| format!("case {i} (pair): {e}; {}", describe(c)))?;
+                let a = run_gpu(gpu, &base, c).or_fail("default")?;
+                same_bits(format!("{i} (pair vs default)"), &a, &got, c)?;
+            }
+            pair.set_max_ctas(None);
+            // Keys 130 / 139 are loaded for the second tile of the pair only
+            // (G 1: tile 0 holds rows 0..127 at positions 5..132).
+            for (g, w) in [(1usize, None), (1, Some(30u32)), (3, None)] {
+                let mut c = extend_case(
+                    KvDtype::Bf16,
+                    HalfDtype::Bf16,
+                    128,
+                    g,
+                    16,
+                    5,
+                    140,
+                    31 + g as u64,
+                );
+                c.window = w;
+                for kind in 0..3 {
+                    for t in [25, 130, 139] {
+                        masked_key_case(gpu, &pair, &c, t, kind)
+                            .map_err(|e| format!("pair G {g} W {w:?} key {t}: {e}"))?;
+                    }
+                }
+            }
+            println!(
+                "pair_clusters_equal_the_default: {} cases bit-identical to the default, {} launches",
+                cases.len(),
+                pair.launches()
+            );
+            Ok(())
+        }),
         named("d256_q4097_over_3000_prefix", |gpu, k| {
             let c = extend_case(KvDtype::Bf16, HalfDtype::Bf16, 256, 1, 16, 3000, 4097, 11);
             check(gpu, k, &c)

@@ -241,10 +241,17 @@ pub fn context_sm90_duo_wanted(head_dim: usize, kv: KvDtype, keys: usize) -> boo
     context_sm90_duo_supported(head_dim, kv) && keys <= context_sm90_duo_max_keys(head_dim)
 }
 
+/// The sm_90a timing experiment whose clusters of two CTAs share each K/V
+/// tile (`_x2048`, D 128 bf16; [`ContextKernel::set_experiment`]): each CTA
+/// gathers half of a tile's key rows and forwards them into the other's
+/// ring slot, so K/V leave L2 once per two q tiles.
+pub const CONTEXT_SM90_PAIR_EXPERIMENT: u32 = 2048;
+
 /// Extra shared memory given to the sm_90a experiment entries
 /// ([`ContextKernel::set_experiment`]): `_x16` runs the K / V ring split
-/// 3 / 2, whose valid-key masks take 16 bytes more than the default's.
-pub(super) const CONTEXT_SM90_EXPERIMENT_SLACK: usize = 64;
+/// 3 / 2, whose valid-key masks take 16 bytes more than the default's;
+/// the pair experiment's barriers and own-tile ranges take 96 more.
+pub(super) const CONTEXT_SM90_EXPERIMENT_SLACK: usize = 128;
 
 /// Shared memory of one work-item slot's published geometry (mirrors
 /// `Cfg::ITEM_GEOM_BYTES`).
