@@ -193,68 +193,10 @@ fn cases() -> Vec<Shape> {
                 8192,
             )
         },
-        Shape {
-            experiment: 1,
-            ..s(
-                "bs 64, L 8192 (x1: with the L2 prefetch hint)",
-                32,
-                8,
-                128,
-                64,
-                8192,
-            )
-        },
-        fp8_experiment(4, "x4: whole rows per copy instruction"),
-        fp8_experiment(5, "x5: whole rows, no L2 hint"),
         fp8_experiment(
             8,
             "x8: Q fragments in shared memory, 4-slot ring, 3 CTAs/SM",
         ),
-        Shape {
-            experiment: 1,
-            ..s(
-                "bs 1, L 32768 (x1: with the L2 prefetch hint)",
-                32,
-                8,
-                128,
-                1,
-                32768,
-            )
-        },
-        Shape {
-            experiment: 3,
-            ..s(
-                "bs 64, L 8192 (x3: lane-quad copies with the hint, session 9's copy)",
-                32,
-                8,
-                128,
-                64,
-                8192,
-            )
-        },
-        Shape {
-            experiment: 3,
-            ..s(
-                "bs 256, L 8192 (x3: lane-quad copies with the hint, session 9's copy)",
-                32,
-                8,
-                128,
-                256,
-                8192,
-            )
-        },
-        Shape {
-            experiment: 3,
-            hnd: true,
-            ..s(
-                "bs 64, L 8192, HND pages (x3: lane-quad copies with the hint, session 9's copy)",
-                32,
-                8,
-                128,
-                64,
-                8192,
-            )
-        },
     ];
     if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
         v.extend(split_sweep());

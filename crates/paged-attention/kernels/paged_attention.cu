@@ -871,11 +871,12 @@ struct Look {
 // each lane quad copies 64-byte parts of rows lt and lt + 8 and asks the L2
 // for the row's whole 128-byte block (`.L2::128B`; no measured effect).
 // XV: timing experiment of an `_x{XV}` entry (0 = production), all with
-// correct results. XV & 1: the L2 prefetch hint toggled (16-bit KV: on,
-// `.L2::256B` / `.L2::128B` for the row's block). XV & 2 (16-bit KV): the
-// lane-quad layout of e4m3 instead of whole rows per instruction. XV & 4
-// (e4m3 KV): whole rows per instruction, as 16-bit KV. XV & 8: Q read from
-// shared memory each slice and a shorter ring (MmaSmem::X8).
+// correct results. XV & 8: Q read from shared memory each slice and a
+// shorter ring (MmaSmem::X8); XV & 16: a per-CTA trace (below). (Sessions
+// 9-10's copy-layout experiments x1-x5 — the L2 prefetch hint toggled,
+// lane-quad copies of 16-bit rows, whole-row copies of e4m3 rows — were
+// measured, docs/PERF.md sessions 9-10, and their entries dropped in
+// session 23 for room.)
 template <int QT, int KV, int D, int XV = 0>
 MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     using L = MmaSmem<D, KV, XV>;
@@ -1061,7 +1062,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         const u32 vdst = kdst + MWT * RRB;
         // 16-byte copy; with HINT the L2 is asked for the row's whole 128/256-byte block.
         auto cp = [&](u32 dst, const u8* src, u32 sz) {
-            constexpr bool HINT = (KV == 2) != ((XV & 1) != 0);
+            constexpr bool HINT = KV == 2;
             if constexpr (!HINT || RRB < 128) {
                 cp_async16(dst, src, sz);
             } else if constexpr (RRB >= 256) {
@@ -1070,7 +1071,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 pac::cp_async16_l2_128(dst, src, sz);
             }
         };
-        if constexpr ((XV & 2) == 0 && (KV != 2 || (XV & 4) != 0)) {
+        if constexpr (KV != 2) {
             // Instruction j: tokens j (32 / CPR) + lane / CPR, chunk lane % CPR.
             // Token t's page address lives in lane 4 (t & 7) (k0p for t < 8,
             // k1p after): tokens of the first CPR / 4 instructions are < 8.
@@ -1718,10 +1719,6 @@ PA_MMA_CF(bf16, 0, e4m3, 2, 128, 2)
 // MINB CTAs an SM.
 #define PA_MMA_X(QN, QT, KVN, KV, XV, MINB) PA_MMA_ENTRY(QN, QT, KVN, KV, 128, _x##XV, XV, MINB)
 
-PA_MMA_X(bf16, 0, bf16, 0, 1, 2)
-PA_MMA_X(bf16, 0, e4m3, 2, 4, 2)
-PA_MMA_X(bf16, 0, e4m3, 2, 5, 2)
-PA_MMA_X(bf16, 0, bf16, 0, 3, 2)
 // Experiment 8: Q in shared memory and a shorter ring (MmaSmem::X8),
 // three CTAs an SM.
 PA_MMA_X(bf16, 0, e4m3, 2, 8, 3)

@@ -22,10 +22,6 @@ use super::{
 
 /// Timing experiment entries of the tensor-core kernel (`<entry>_x<n>`).
 const EXPERIMENT_ENTRIES: &[&str] = &[
-    "paged_attention_mma_bf16_kv_bf16_d128_x1",
-    "paged_attention_mma_bf16_kv_bf16_d128_x3",
-    "paged_attention_mma_bf16_kv_e4m3_d128_x4",
-    "paged_attention_mma_bf16_kv_e4m3_d128_x5",
     "paged_attention_mma_bf16_kv_e4m3_d128_x8",
     "paged_attention_mma_bf16_kv_bf16_d128_x8",
     "paged_attention_mma_bf16_kv_bf16_d128_x16",
