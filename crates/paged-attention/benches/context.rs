@@ -562,7 +562,7 @@ fn main() {
     // bf16): with MHA_KIT_BENCH_PAIR=1 every D 128 16-bit case runs only the
     // default and the pair kernel.
     let pair_only = std::env::var("MHA_KIT_BENCH_PAIR").is_ok_and(|v| v == "1");
-    let pair = if kernel.uses_sm90() {
+    let pair = if pair_only && kernel.uses_sm90() {
         let mut k = ContextKernel::new(&gpu).expect("load");
         k.set_experiment(paged_attention::CONTEXT_SM90_PAIR_EXPERIMENT)
             .expect("pair entry");

@@ -444,14 +444,9 @@ MHA_KIT_DEVICE u32 mapa(u32 a, u32 rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
     return r;
 }
-// Arrives (release, cluster scope) on the mbarrier at shared::cluster address
-// `bar` when `on` (predicated in PTX: no branch, see named_sync_if).
-MHA_KIT_DEVICE void mbar_arrive_cluster_if(bool on, u32 bar) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0;\n"
-        "@p mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n}\n" ::"r"(bar),
-        "r"((u32)on)
-        : "memory");
+// Arrives (release, cluster scope) on the mbarrier at shared::cluster address `bar`.
+MHA_KIT_DEVICE void mbar_arrive_cluster(u32 bar) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 // Bulk copy of `bytes` (a multiple of 16) from this CTA's shared memory at
 // `src` to shared::cluster address `dst`, completing its bytes on the
@@ -1188,7 +1183,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     if constexpr (PAIR) {
                         const bool past = kv == 0 ? T0 + t >= KST : T0 + t >= VST;
                         if (pt == 96 && past)
-                            mbar_arrive_cluster_if(true, mapa(kv == 0 ? bar_pk + 8 * kslot(t) : bar_pv + 8 * vslot(t), rank ^ 1u));
+                            mbar_arrive_cluster(mapa(kv == 0 ? bar_pk + 8 * kslot(t) : bar_pv + 8 * vslot(t), rank ^ 1u));
                     }
                 };
                 // PAIR: the other CTA's half of a tile completes as bytes.
@@ -1404,10 +1399,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // while the warpgroup moves on; a wait at the next item's start still
     // took ~340 cycles at D 128 32 x 512), or to its exit.
     u32 o_pend = 0;
-    // Releases a K / V ring slot (its empty barrier; PAIR: this CTA's
-    // producer then tells the other CTA's, see slot_free).
-    auto free_k = [&](int st) { mbar_arrive(bar_ek + 8 * st); };
-    auto free_v = [&](int st) { mbar_arrive(bar_ev + 8 * st); };
     for (;;) {
         const int it = next_item(true);
         if (it >= items) {
@@ -1467,9 +1458,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll 1
                 for (int u = u0; u < n; ++u) {
                     mbar_wait(bar_fk + 8 * kslot(u), kpar(u));
-                    free_k(kslot(u));
+                    mbar_arrive(bar_ek + 8 * kslot(u));
                     mbar_wait(bar_fv + 8 * vslot(u), vpar(u));
-                    free_v(vslot(u));
+                    mbar_arrive(bar_ev + 8 * vslot(u));
                 }
             }
         };
@@ -1858,7 +1849,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         wg_wait<0>();
                         fence_regs(s);
                     }
-                    free_k(st);
+                    mbar_arrive(bar_ek + 8 * st);
                     if (active) {
                         softmax(t, full, vmw);
                         rescale_pack();
@@ -1874,7 +1865,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         fence_regs(o);
                         fence_regs(s);  // P, read by the P V wgmma
                     }
-                    free_v(sv);
+                    mbar_arrive(bar_ev + 8 * sv);
                 }
             } else {
             // ---- tile 0 ----
@@ -1894,7 +1885,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             } else {
                 turn_pass(false);
             }
-            free_k(kslot(0));
+            mbar_arrive(bar_ek + 8 * kslot(0));
             // By now the last item's TMA stores have long read their rows.
             release_o();
             // Without STAGE_O, Q is free for the next item after this
@@ -1929,11 +1920,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     turn_pass(false);
                     wg_wait<0>();
                     fence_regs(s);
-                    free_k(st);
+                    mbar_arrive(bar_ek + 8 * st);
                     mbar_arrive_if(!C::STAGE_O && t == ntiles - 1, bar_qe + 8 * qb);
                     softmax(t, full, vmw);
                     pv_slow(sp);
-                    free_v(sp);
+                    mbar_arrive(bar_ev + 8 * sp);
                     rescale_pack();
                 } else if (active) {
                     turn_take();
@@ -1954,7 +1945,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     wg_wait<1>();
                     fence_regs(s);
                     lap(1);
-                    free_k(st);
+                    mbar_arrive(bar_ek + 8 * st);
                     mbar_arrive_if(!C::STAGE_O && t == ntiles - 1, bar_qe + 8 * qb);
                     softmax(t, full, vmw);
                     lap(2);
@@ -1963,14 +1954,14 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     if constexpr (TCSUM) fence_regs(lacc);
                     fence_regs(pa);
                     lap(3);
-                    free_v(sp);
+                    mbar_arrive(bar_ev + 8 * sp);
                     rescale_pack();
                     lap(4);
                 } else {
                     turn_take();
                     turn_pass(false);
-                    free_k(st);
-                    free_v(sp);
+                    mbar_arrive(bar_ek + 8 * st);
+                    mbar_arrive(bar_ev + 8 * sp);
                 }
                 prev_full = full;
             }
@@ -1999,7 +1990,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 turn_take();
                 turn_pass(true);
             }
-            free_v(sl);
+            mbar_arrive(bar_ev + 8 * sl);
             mark(role, 8, tnow());
             }  // !SERIAL
             if constexpr (TCSUM) {
