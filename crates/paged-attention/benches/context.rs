@@ -23,9 +23,12 @@
 //! experiments run only on the two headline cases), and the two-CTA (duo)
 //! entries forced on beside the default on the FA3 grid's D 64 / 128 cells
 //! and the headline cases (session 17: slower on every cell).
-//! `MHA_KIT_BENCH_PAIR=1` runs each case with the default kernel and, on the
-//! D 128 16-bit cases, the pair experiment (clusters of two CTAs sharing
-//! each K/V tile) only.
+//! `MHA_KIT_BENCH_VS=xv[,xv..]` runs each case with the default kernel and,
+//! on the D 128 16-bit cases, the listed experiment entries only (2048: the
+//! pair clusters sharing each K/V tile; 4096: serial consumers whose
+//! exponential sections alternate; 16384: the default overlapped consumers
+//! whose exponential sections alternate); `MHA_KIT_BENCH_PAIR=1` is
+//! `VS=2048`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -558,21 +561,36 @@ fn main() {
     } else {
         Vec::new()
     };
-    // The pair experiment (clusters of two CTAs sharing each K/V tile, D 128
-    // bf16): with MHA_KIT_BENCH_PAIR=1 every D 128 16-bit case runs only the
-    // default and the pair kernel.
-    let pair_only = std::env::var("MHA_KIT_BENCH_PAIR").is_ok_and(|v| v == "1");
-    let pair = if pair_only && kernel.uses_sm90() {
-        let mut k = ContextKernel::new(&gpu).expect("load");
-        k.set_experiment(paged_attention::CONTEXT_SM90_PAIR_EXPERIMENT)
-            .expect("pair entry");
-        eprintln!(
-            "pair experiment: {} clusters of two CTAs fit",
-            k.pair_clusters()
-        );
-        Some(k)
+    // Side-by-side experiments: MHA_KIT_BENCH_VS=xv[,xv..] runs every D 128
+    // 16-bit case with only the default and these experiment entries (correct
+    // results: 2048 the pair clusters sharing K/V, 4096 serial consumers with
+    // alternating exponential sections, 16384 the overlapped consumers with
+    // alternating exponential sections); MHA_KIT_BENCH_PAIR=1 is VS=2048.
+    let vs_list: Vec<u32> = match std::env::var("MHA_KIT_BENCH_VS") {
+        Ok(v) => v.split(',').filter_map(|x| x.trim().parse().ok()).collect(),
+        Err(_) if std::env::var("MHA_KIT_BENCH_PAIR").is_ok_and(|v| v == "1") => {
+            vec![paged_attention::CONTEXT_SM90_PAIR_EXPERIMENT]
+        }
+        Err(_) => Vec::new(),
+    };
+    let vs_only = !vs_list.is_empty();
+    let vs: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
+        vs_list
+            .iter()
+            .map(|&xv| {
+                let mut k = ContextKernel::new(&gpu).expect("load");
+                k.set_experiment(xv).expect("experiment entry");
+                if xv == paged_attention::CONTEXT_SM90_PAIR_EXPERIMENT {
+                    eprintln!(
+                        "pair experiment: {} clusters of two CTAs fit",
+                        k.pair_clusters()
+                    );
+                }
+                (xv, k)
+            })
+            .collect()
     } else {
-        None
+        Vec::new()
     };
     let mut errors = DeviceErrors::new(&gpu).expect("errors");
     let mut crit = Criterion::default()
@@ -599,8 +617,15 @@ fn main() {
             "sm90a wgmma, Q by cp.async"
         } else if std::ptr::eq(k, &duo_on) {
             "sm90a wgmma, duo entries forced"
-        } else if pair.as_ref().is_some_and(|x| std::ptr::eq(k, x)) {
-            "experiment: pair clusters share K/V (correct results)"
+        } else if let Some((xv, _)) = vs.iter().find(|(_, e)| std::ptr::eq(k, e)) {
+            match *xv {
+                2048 => "experiment: pair clusters share K/V (correct results)",
+                4096 => "experiment: serial consumers, alternating exp sections (correct results)",
+                16384 => {
+                    "experiment: overlapped consumers, alternating exp sections (correct results)"
+                }
+                _ => "experiment (side by side)",
+            }
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {
             match xv {
                 1 => "experiment: no softmax math",
@@ -692,10 +717,10 @@ fn main() {
                 kernels.extend(experiments.iter().map(|(_, e)| e));
             }
         }
-        if pair_only {
+        if vs_only {
             kernels = vec![&kernel];
-            if let (Some(x), 128, false) = (&pair, c.d, c.fp8) {
-                kernels.push(x);
+            if c.d == 128 && !c.fp8 {
+                kernels.extend(vs.iter().map(|(_, e)| e));
             }
         }
         for k in kernels {

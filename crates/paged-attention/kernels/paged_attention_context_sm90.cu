@@ -574,7 +574,11 @@ MHA_KIT_DEVICE void item_ranges(const ContextParams& p, Item& I) {
 // after the wait for P V (correct results, see `rescale_o`); 64 one
 // exponential in four by polynomial on the FMA pipe (results within the
 // 16-bit rounding of P, see `ex2_poly`); 2048 clusters of two CTAs
-// sharing each K/V tile (correct results, see Cfg PAIR); 8 trace:
+// sharing each K/V tile (correct results, see Cfg PAIR); 4096 serial
+// consumers whose exponential sections alternate, row sums of the 16-bit
+// P (correct results, see SX); 16384 the default overlapped consumers with
+// alternating exponential sections, row sums of the 16-bit P (correct
+// results, see EXT); 8 trace:
 // correct results, and
 // thread 0 of each warpgroup writes %clock stamps of its item's phases to
 // p.partial (see `TR_*`; the launcher points p.partial at its workspace).
@@ -726,7 +730,26 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // after the other (S_t, softmax, P_t V_t, each GEMM waited for), so the
     // S accumulators and P are never live together (152 registers a
     // consumer); the other two warpgroups keep the tensor cores busy.
-    constexpr bool SERIAL = NCW == 3;
+    constexpr bool SERIAL3 = NCW == 3;
+    // SX (experiment XV & 4096, two consumers): cuDNN's schedule, read in its
+    // SASS (session 24): each warpgroup runs its tiles serially as the three
+    // consumers do, and the two warpgroups' exponential sections alternate
+    // (named barriers 4 + c, "warpgroup c may run its exponentials"), so that
+    // while one warpgroup runs its softmax the other's GEMMs hold the tensor
+    // cores, and no softmax shares the MUFU / FMA pipes with the other's.
+    constexpr bool SX = NCW == 2 && (XV & 4096) != 0;
+    // EXT (experiment XV & 16384, two overlapped consumers): the default
+    // loop (S_t beside P_{t-1} V_{t-1}) with the exponential sections taking
+    // turns as in SX (named barriers 8 + c, so that the ping-pong variant's
+    // 4 / 5 stay apart), and the row sums from the packed P under the next
+    // S GEMM (`psum`, between the issue of S_t and of P_{t-1} V_{t-1}), so
+    // that no instruction of the section waits for an exponential: one warp
+    // a scheduler then runs its exponentials at the MUFU's pace while the
+    // other warpgroup issues, takes its max or packs.
+    constexpr bool EXT = NCW == 2 && !SX && (XV & 16384) != 0;
+    // Row sums from the packed P (SX, EXT) instead of the f32 exponentials.
+    constexpr bool PSUM = SX || EXT;
+    constexpr bool SERIAL = SERIAL3 || SX;
     static_assert(!SERIAL || C::STAGE_O, "serial consumers: Q released after the epilogue");
     // Where O is rescaled by a tile's alpha (see `rescale_o`): late, after
     // the wait for P V (the default), or early, under S (experiment XV & 32).
@@ -753,7 +776,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // experiments (XV & 4), where the store's issue code made ptxas spill
     // (4-8 bytes); those store by threads (the launcher sets p.o_tma only
     // for two consumers).
-    constexpr bool OTMA = !SERIAL && (XV & 4) == 0;
+    constexpr bool OTMA = !SERIAL3 && (XV & 4) == 0;
     // Q by TMA (p.q_tma: the launcher's map of `q`, dims [D, Hq, tokens],
     // box [64, G, BM / G], set when G divides BM): producer thread 0 issues
     // D / 64 boxes of an item's BM packed rows (whole tokens of the G heads
@@ -1384,6 +1407,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const u32 pin_addr = TCSUM ? base + C::PIN_OFF + (u32)(4 * cw + warp) * 4u
                                : base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
     const u32 ones_addr = base + C::PIN_OFF + 512u;  // TCSUM: 512 bytes of 16-bit ones
+    // SX, EXT: this thread's pin word holds +0, read after each turn is
+    // taken (see `softmax`).
+    if constexpr (PSUM) asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(pin_addr), "f"(0.f) : "memory");
     if constexpr (TCSUM) {
         // Every thread writes the whole (identical) region itself, so no
         // barrier is needed before the warpgroup's first wgmma reads it.
@@ -1624,7 +1650,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // row (a thread's 32 values of a row in one chain would be a
             // 32-deep dependency of FMNMX / FADD latencies).
             // SERIAL: four partials (registers; three warpgroups hide the latency).
-            constexpr int MPN = SERIAL ? 4 : 8;
+            constexpr int MPN = SERIAL3 ? 4 : 8;
             float mp[2][MPN];
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr)
@@ -1660,6 +1686,21 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 mx[hr] = cpos ? __fmul_ru(mp[hr][0], crow(hr)) : mp[hr][0];  // -inf stays -inf
             }
             row_max_update(mx, mrow, alpha);
+            // SX, EXT: this warpgroup's turn for its exponentials (SX passes
+            // it after rescale_pack, see the serial tile loop; EXT after the
+            // exponentials, below). ptxas moves register arithmetic across a
+            // bar.sync (seen in SASS: a third of the MUFU.EX2 above it), not
+            // shared-memory loads: the max plus a +0 read from shared memory
+            // after it keeps every exponential inside the turn (x + 0 = x,
+            // -inf stays -inf).
+            if constexpr (PSUM) {
+                if constexpr (SX) named_sync_if(true, 4 + cw, 256);
+                if constexpr (EXT) named_sync_if(true, 8 + cw, 256);
+                float z;
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(z) : "r"(pin_addr) : "memory");
+                mx[0] += z;
+                mx[1] += z;
+            }
             // Scores still raw (cpos) or already scaled.
             const float cs[2] = {cpos ? crow(0) : 1.f, cpos ? crow(1) : 1.f};
             float sp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -1673,10 +1714,16 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 s[i] = POLY && (i & 3) == 3 ? ex2_poly(x) : ex2f(x);
                 if constexpr (TCSUM) {
                     if (i & 1) xb[(i >> 1) & 3] ^= __float_as_uint(s[i - 1]) ^ __float_as_uint(s[i]);
-                } else {
+                } else if constexpr (!PSUM) {
                     sp[hr][(i >> 2) & 3] += s[i];
                 }
             }
+            // SX, EXT: the row sums come from the packed P later (`psum`),
+            // so that no FADD waits for an exponential here. EXT
+            // passes the turn here (the exponentials are in flight; their
+            // results are first read by the pack, after the wait for P V).
+            if constexpr (EXT) named_arrive_if(!(cw == 1 && t == ntiles - 1), 9 - cw, 256);
+            if constexpr (PSUM) return;
             if constexpr (TCSUM) {
                 dsum[0] = __uint_as_float((xb[0] ^ xb[1]) ^ (xb[2] ^ xb[3]));
                 dsum[1] = 0.f;
@@ -1735,9 +1782,32 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         pa[kk][e] = pack2<MT>(s[i], s[i + 1]);
                 }
             }
-            if constexpr (!TCSUM) {
+            if constexpr (!TCSUM && !PSUM) {
                 drow[0] = drow[0] * alpha[0] + dsum[0];
                 drow[1] = drow[1] * alpha[1] + dsum[1];
+            }
+        };
+        // SX, EXT: the running row sums from the packed P (SX: P's step kk
+        // in s[4 kk .. 4 kk + 3], EXT: in pa[kk]; word e holds two keys of row
+        // e & 1), before the P V wgmma that reads those registers is issued
+        // (PTX leaves a read of an in-flight wgmma's A registers undefined).
+        // The sum is of the 16-bit P that P V multiplies (the default sums
+        // the f32 exponentials).
+        auto psum = [&]() {
+            if constexpr (PSUM) {
+                float sq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+                for (int kk = 0; kk < KSTEPS; ++kk)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const u32 w = SERIAL ? __float_as_uint(s[4 * kk + e]) : pa[kk][e];
+                        const float lo = MT == 0 ? __uint_as_float(w << 16) : f16_to_f32((u16)(w & 0xffffu));
+                        const float hi = MT == 0 ? __uint_as_float(w & 0xffff0000u) : f16_to_f32((u16)(w >> 16));
+                        sq[e & 1][kk & 3] += lo + hi;
+                    }
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr)
+                    drow[hr] = drow[hr] * alpha[hr] + ((sq[hr][0] + sq[hr][1]) + (sq[hr][2] + sq[hr][3]));
             }
         };
         // Whether V of stage st holds a non-finite value (warpgroup-wide).
@@ -1837,6 +1907,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             u32 vmw[VMW];
             if constexpr (SERIAL) {
                 // ---- every tile: S_t, softmax, P_t V_t ----
+                // SX: the turns of the exponential sections (taken in
+                // `softmax`, passed after rescale_pack) alternate, warpgroup
+                // 0 first in each item; both warpgroups (active or not) take
+                // every turn and warpgroup 1 passes none after its last.
+                if constexpr (SX) named_arrive_if(cw == 1, 4, 256);
 #pragma unroll 1
                 for (int t = 0; t < ntiles; ++t) {
                     const int st = kslot(t);
@@ -1850,16 +1925,23 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         fence_regs(s);
                     }
                     mbar_arrive(bar_ek + 8 * st);
+                    // By now the last item's TMA stores have long read their rows.
+                    if (t == 0) release_o();
                     if (active) {
                         softmax(t, full, vmw);
                         rescale_pack();
+                    } else if constexpr (SX) {
+                        named_sync_if(true, 4 + cw, 256);
                     }
+                    if constexpr (SX) named_arrive_if(!(cw == 1 && t == ntiles - 1), 5 - cw, 256);
                     const int sv = vslot(t);
                     mbar_wait(bar_fv + 8 * sv, vpar(t));
                     const bool slow = active && !full && v_nonfinite(sv, t);
                     if (slow) {
+                        psum();
                         pv_slow(sv);
                     } else if (active) {
+                        psum();
                         pv(sv);
                         wg_wait<0>();
                         fence_regs(o);
@@ -1875,6 +1957,15 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             mark(role, 3, tnow());
             bool prev_full = tile_full(0, vmw);
             named_arrive_if(pingpong && cw == 1, 4, 256);  // warpgroup 0 issues first
+            // EXT: warpgroup 0 takes the first exponential turn of the item;
+            // an idle warpgroup takes and passes its turns all the same.
+            if constexpr (EXT) named_arrive_if(cw == 1, 8, 256);
+            auto ext_idle_turn = [&](int t) {
+                if constexpr (EXT) {
+                    named_sync_if(true, 8 + cw, 256);
+                    named_arrive_if(!(cw == 1 && t == ntiles - 1), 9 - cw, 256);
+                }
+            };
             turn_take();
             if (active) {
                 qk(kslot(0));
@@ -1896,6 +1987,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 softmax(0, prev_full, vmw);
                 rescale_pack();
                 mark(role, 5, tnow());
+            } else {
+                ext_idle_turn(0);
             }
             // ---- tiles 1 .. ntiles - 1: S_t overlaps P_{t-1} V_{t-1} ----
 #pragma unroll 1
@@ -1918,6 +2011,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     qk(st);
                     if constexpr (EARLY) rescale_o();  // alpha of tile t - 1, before its P V
                     turn_pass(false);
+                    psum();  // P_{t-1}, with alpha of tile t - 1
                     wg_wait<0>();
                     fence_regs(s);
                     mbar_arrive(bar_ek + 8 * st);
@@ -1939,6 +2033,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     if (t == 2) mark(role, 21, tlap);
                     qk(st);
                     if constexpr (EARLY) rescale_o();  // alpha of tile t - 1, under S_t
+                    psum();  // P_{t-1}, with alpha of tile t - 1, under S_t
                     pv(sp);
                     turn_pass(false);
                     lap(0);
@@ -1962,6 +2057,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     turn_pass(false);
                     mbar_arrive(bar_ek + 8 * st);
                     mbar_arrive(bar_ev + 8 * sp);
+                    ext_idle_turn(t);
                 }
                 prev_full = full;
             }
@@ -1976,10 +2072,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 turn_take();
                 turn_pass(true);
                 if constexpr (EARLY) rescale_o();
+                psum();
                 pv_slow(sl);
             } else if (active) {
                 turn_take();
                 if constexpr (EARLY) rescale_o();
+                psum();
                 pv(sl);
                 turn_pass(true);
                 wg_wait<0>();
@@ -2024,7 +2122,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // in the three consumers' entries (D 64 16-bit), where it
             // spilled (152 registers): the launcher runs LSE launches there
             // on the duo entry.
-            if (LSE && !SERIAL && active && p.lse != nullptr) {
+            if (LSE && !SERIAL3 && active && p.lse != nullptr) {
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
                     float den = drow[hr];
@@ -2134,7 +2232,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // staged epilogue). With the staged epilogue this path writes
             // only rows that see no key (den 0: -inf); split chunks went on
             // above (the merge entry writes their LSE).
-            if (LSE && !SERIAL && p.lse != nullptr && qd == 0)
+            if (LSE && !SERIAL3 && p.lse != nullptr && qd == 0)
                 p.lse[(i64)(g.row_start + j) * p.lse_stride_tok + qh] = row_lse(den, mrow[hr], p.sinks, qh);
             u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)qh * p.o_stride_head + 2 * qd;
 #pragma unroll
@@ -2300,6 +2398,8 @@ PAS_XENTRY(512)
 PAS_XENTRY(1024)
 PAS_XENTRY(1536)
 PAS_XENTRY(2048)
+PAS_XENTRY(4096)
+PAS_XENTRY(16384)
 
 // The polynomial-exponential experiment at D 64 (softmax-bound there).
 PAS_ENTRY_AT(paged_attention_context_sm90_bf16_kv_bf16_d64_x64, 0, 64, 64, false, false, false)

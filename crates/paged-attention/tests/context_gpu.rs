@@ -1088,10 +1088,13 @@ fn main() {
             // (16: K / V rings 3 / 2; 32: O rescaled under S; 64: a quarter
             // of the exponentials by polynomial, also at D 64; 96: both; 128:
             // row sums on the tensor cores, also at D 64; 512: no V scan (the
-            // random cases hold finite V); 8, 40 and 72: traced) against the
-            // reference on bf16 cases, also under ping-pong; 32 equals the
-            // default bit for bit (the same products in the same order, only
-            // issued elsewhere).
+            // random cases hold finite V); 4096: serial consumers whose
+            // exponential sections alternate, 16384: the overlapped consumers
+            // with alternating exponential sections, both with row sums of
+            // the 16-bit P; 8, 40 and 72: traced) against the reference on
+            // bf16 cases, also under ping-pong (16384 then uses both pairs of
+            // turn barriers); 32 equals the default bit for bit (the same
+            // products in the same order, only issued elsewhere).
             let _ = k;
             if gpu.context().compute_capability().or_fail("cc")? != (9, 0) {
                 println!("experiment_entries_with_correct_results: not sm_90, skipped");
@@ -1114,6 +1117,8 @@ fn main() {
                 (96, 128),
                 (128, 128),
                 (512, 128),
+                (4096, 128),
+                (16384, 128),
             ];
             for (xv, d) in entries {
                 let mut x = ContextKernel::new(gpu).or_fail("load")?;
@@ -1134,6 +1139,36 @@ fn main() {
                                 "xv {xv} case {i}: differs from the default; {}",
                                 describe(&c)
                             ));
+                        }
+                    }
+                }
+                if xv == 4096 || xv == 16384 {
+                    // The turns of the exponential sections and the row sums
+                    // on the masked tiles' CUDA-core P V path (NaN / Inf in a
+                    // masked key's V or K): one-tile and many-tile items, a
+                    // warpgroup with no rows (G 1, 45 rows), windows.
+                    for (g, prefix, n, t, w) in [
+                        (1usize, 5usize, 40usize, 25usize, None),
+                        (4, 5, 40, 25, None),
+                        (2, 5, 40, 25, Some(8u32)),
+                        (4, 300, 200, 450, None),
+                        (1, 700, 300, 900, Some(100)),
+                    ] {
+                        let mut c = extend_case(
+                            KvDtype::Bf16,
+                            HalfDtype::Bf16,
+                            128,
+                            g,
+                            16,
+                            prefix,
+                            n,
+                            11 + g as u64,
+                        );
+                        c.window = w;
+                        for kind in 0..3 {
+                            masked_key_case(gpu, &x, &c, t, kind).map_err(|e| {
+                                format!("xv {xv} G {g} prefix {prefix} W {w:?}: {e}")
+                            })?;
                         }
                     }
                 }

@@ -356,7 +356,10 @@ impl ContextKernel {
     /// trace, 64 = one exponential in four by polynomial on the FMA pipe
     /// (within the 16-bit rounding of P; also at D 64), 72 = 64 traced,
     /// 96 = 64 + 32, 2048 = clusters of two CTAs that share each K/V tile,
-    /// [`CONTEXT_SM90_PAIR_EXPERIMENT`]) for D 128 bf16 launches; 0 = off. Results of 1-6 are wrong by
+    /// [`CONTEXT_SM90_PAIR_EXPERIMENT`], 4096 = serial consumers whose
+    /// exponential sections alternate, 16384 = the default overlapped
+    /// consumers whose exponential sections alternate; both sum the rows
+    /// of the 16-bit P) for D 128 bf16 launches; 0 = off. Results of 1-6 are wrong by
     /// design: benchmarks only. `xv = 8` is the trace entry: correct
     /// results, and each CTA below [`CONTEXT_SM90_TRACE_CTAS`] records
     /// `%clock` stamps of its items' phases (read them with
