@@ -17,6 +17,10 @@
 //!   `static_assert`s on size and every offset, error-flag `#define`s) from
 //!   the Rust definitions (`kernel_rt::abi`); `--check` renders in memory and
 //!   fails naming each committed header that differs.
+//! - `sass FUNCTION`: the SASS of one entry of the committed cubins
+//!   (`cuobjdump -sass` from the Python package index, installed into
+//!   `target/cuda-sass-tools/` on first use), to read ptxas's schedule
+//!   without a GPU.
 //! - `ci`: fmt, clippy, ABI headers, ptx and cubin freshness, ptx-report (one
 //!   ptxas pass for both), the README's main-job command (built, then
 //!   `--help`), its test command, and the Python
@@ -27,6 +31,7 @@ mod abi;
 mod bundle;
 mod ptx;
 mod python;
+mod sass;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -65,6 +70,11 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    /// SASS of one kernel entry of the committed cubins (cuobjdump -sass).
+    Sass {
+        /// Entry name, e.g. paged_attention_context_sm90_bf16_kv_bf16_d128.
+        function: String,
+    },
     /// Everything CI checks.
     Ci,
     /// (internal) NVRTC compile step, run in a child process whose
@@ -84,6 +94,7 @@ fn main() -> Result<()> {
         Cmd::PtxReport => ptx::report(&root),
         Cmd::GpuBundle { out } => bundle::build(&root, &out),
         Cmd::Abi { check } => abi::run(&root, check),
+        Cmd::Sass { function } => sass::run(&root, &function),
         Cmd::Ci => ci(&root),
         Cmd::NvrtcCompile { jobs } => ptx::nvrtc_child(&root, &jobs),
     }

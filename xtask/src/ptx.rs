@@ -35,7 +35,7 @@ fn arch_of(src: &Path) -> &'static str {
 }
 
 /// Where the pinned toolchain lives.
-fn toolchain_dir(root: &Path) -> PathBuf {
+pub(crate) fn toolchain_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"))
@@ -81,7 +81,7 @@ fn ensure_toolchain(root: &Path) -> Result<PathBuf> {
 }
 
 /// One `.cu` file and where its PTX goes.
-struct Kernel {
+pub(crate) struct Kernel {
     src: PathBuf,
     ptx: PathBuf,
 }
@@ -97,7 +97,7 @@ impl Kernel {
     }
 
     /// `ptx/<stem>.<sm>.cubin`, next to the PTX.
-    fn cubin(&self) -> PathBuf {
+    pub(crate) fn cubin(&self) -> PathBuf {
         self.ptx
             .with_extension(format!("{}.cubin", self.cubin_arch().name()))
     }
@@ -109,7 +109,7 @@ impl Kernel {
     }
 }
 
-fn kernels(root: &Path) -> Result<Vec<Kernel>> {
+pub(crate) fn kernels(root: &Path) -> Result<Vec<Kernel>> {
     let mut out = Vec::new();
     let mut crates: Vec<_> = std::fs::read_dir(root.join("crates"))?
         .filter_map(|e| e.ok().map(|e| e.path()))

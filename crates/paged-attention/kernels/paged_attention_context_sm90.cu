@@ -1696,8 +1696,14 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             if constexpr (PSUM) {
                 if constexpr (SX) named_sync_if(true, 4 + cw, 256);
                 if constexpr (EXT) named_sync_if(true, 8 + cw, 256);
-                float z;
-                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(z) : "r"(pin_addr) : "memory");
+                u32 zw;
+                asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(zw) : "r"(pin_addr) : "memory");
+                // SX: the word is +0; EXT: the XOR of the last turn's
+                // exponentials, whose mantissa bits as a float (a zero or
+                // subnormal) times 0 are +0 (in PTX, which the front end
+                // cannot fold away).
+                float z = __uint_as_float(EXT ? zw & 0x007fffffu : zw);
+                if constexpr (EXT) asm("mul.f32 %0, %0, 0f00000000;" : "+f"(z));
                 mx[0] += z;
                 mx[1] += z;
             }
@@ -1719,10 +1725,22 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 }
             }
             // SX, EXT: the row sums come from the packed P later (`psum`),
-            // so that no FADD waits for an exponential here. EXT
-            // passes the turn here (the exponentials are in flight; their
-            // results are first read by the pack, after the wait for P V).
-            if constexpr (EXT) named_arrive_if(!(cw == 1 && t == ntiles - 1), 9 - cw, 256);
+            // so that no FADD waits for an exponential here. EXT passes the
+            // turn here. ptxas sinks register arithmetic below a bar.arrive
+            // and a wgmma wait (SASS: 63 of the 64 MUFU.EX2 after both), not
+            // a shared-memory store: the XOR of every exponential's bits,
+            // stored to the pin word, keeps them inside the turn; the next
+            // turn reads that word as a +0 (its mantissa bits as a float,
+            // a zero or subnormal, times 0).
+            if constexpr (EXT) {
+                u32 f[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+                for (int i = 0; i < NS / 2; ++i)
+                    f[i & 3] ^= __float_as_uint(s[i]) ^ __float_as_uint(s[i + NS / 2]);
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(pin_addr), "r"((f[0] ^ f[1]) ^ (f[2] ^ f[3]))
+                             : "memory");
+                named_arrive_if(!(cw == 1 && t == ntiles - 1), 9 - cw, 256);
+            }
             if constexpr (PSUM) return;
             if constexpr (TCSUM) {
                 dsum[0] = __uint_as_float((xb[0] ^ xb[1]) ^ (xb[2] ^ xb[3]));
