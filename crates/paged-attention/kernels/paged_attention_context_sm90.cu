@@ -743,9 +743,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // turns as in SX (named barriers 8 + c, so that the ping-pong variant's
     // 4 / 5 stay apart), and the row sums from the packed P under the next
     // S GEMM (`psum`, between the issue of S_t and of P_{t-1} V_{t-1}), so
-    // that no instruction of the section waits for an exponential: one warp
-    // a scheduler then runs its exponentials at the MUFU's pace while the
-    // other warpgroup issues, takes its max or packs.
+    // that only the XOR that pins them (see `softmax`) reads an exponential
+    // inside the section: one warp a scheduler then runs its exponentials
+    // near the MUFU's pace while the other warpgroup issues, takes its max
+    // or packs.
     constexpr bool EXT = NCW == 2 && !SX && (XV & 16384) != 0;
     // Row sums from the packed P (SX, EXT) instead of the f32 exponentials.
     constexpr bool PSUM = SX || EXT;
