@@ -45,18 +45,34 @@ pub(crate) fn toolchain_dir(root: &Path) -> PathBuf {
 /// Installs the pinned toolchain when missing; returns its folder.
 fn ensure_toolchain(root: &Path) -> Result<PathBuf> {
     let dir = toolchain_dir(root);
-    let marker = dir.join("mha-kit-toolchain.txt");
-    let want = PIP_PACKAGES.join("\n");
+    pip_install_pinned(
+        &dir,
+        "mha-kit-toolchain.txt",
+        &PIP_PACKAGES,
+        "the pinned CUDA toolchain",
+    )?;
+    Ok(dir)
+}
+
+/// Installs the pinned `packages` into `dir` with pip unless its `marker`
+/// file already lists exactly them: through a staging folder renamed into
+/// place, so that an interrupted install is never taken for a finished one.
+/// `what` names them in messages.
+pub(crate) fn pip_install_pinned(
+    dir: &Path,
+    marker: &str,
+    packages: &[&str],
+    what: &str,
+) -> Result<()> {
+    let marker = dir.join(marker);
+    let want = packages.join("\n");
     if std::fs::read_to_string(&marker).is_ok_and(|have| have == want) {
-        return Ok(dir);
+        return Ok(());
     }
-    eprintln!(
-        "installing the pinned CUDA toolchain into {}",
-        dir.display()
-    );
+    eprintln!("installing {what} into {}", dir.display());
     let staging = dir.with_extension("partial");
     let _ = std::fs::remove_dir_all(&staging);
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     let status = Command::new("python3")
         .args([
             "-m",
@@ -69,15 +85,17 @@ fn ensure_toolchain(root: &Path) -> Result<PathBuf> {
             "--target",
         ])
         .arg(&staging)
-        .args(PIP_PACKAGES)
+        .args(packages)
         .status()
-        .context("cannot run `python3 -m pip` (Python 3 with pip is required to fetch NVRTC)")?;
+        .with_context(|| {
+            format!("cannot run `python3 -m pip` (Python 3 with pip is required to fetch {what})")
+        })?;
     if !status.success() {
-        bail!("pip failed to install the CUDA toolchain ({status})");
+        bail!("pip failed to install {what} ({status})");
     }
-    std::fs::rename(&staging, &dir)?;
+    std::fs::rename(&staging, dir)?;
     std::fs::write(&marker, want)?;
-    Ok(dir)
+    Ok(())
 }
 
 /// One `.cu` file and where its PTX goes.

@@ -22,39 +22,16 @@ const SASS_PACKAGES: [&str; 2] = [
 /// Installs the pinned cuobjdump when missing; returns the binary.
 fn ensure_cuobjdump(root: &Path) -> Result<PathBuf> {
     let dir = ptx::toolchain_dir(root).with_file_name("cuda-sass-tools");
-    let marker = dir.join("mha-kit-sass-tools.txt");
+    ptx::pip_install_pinned(
+        &dir,
+        "mha-kit-sass-tools.txt",
+        &SASS_PACKAGES,
+        "cuobjdump and nvdisasm",
+    )?;
     let bin = dir.join("nvidia/cu13/bin/cuobjdump");
-    let want = SASS_PACKAGES.join("\n");
-    if std::fs::read_to_string(&marker).is_ok_and(|have| have == want) && bin.is_file() {
-        return Ok(bin);
+    if !bin.is_file() {
+        bail!("{} is missing after the install", bin.display());
     }
-    eprintln!(
-        "installing {} into {}",
-        SASS_PACKAGES.join(", "),
-        dir.display()
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-    let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-cache-dir",
-            "--no-deps",
-            "--target",
-        ])
-        .arg(&dir)
-        .args(SASS_PACKAGES)
-        .status()
-        .context(
-            "cannot run `python3 -m pip` (Python 3 with pip is required to fetch cuobjdump)",
-        )?;
-    if !status.success() || !bin.is_file() {
-        bail!("pip failed to install the SASS tools ({status})");
-    }
-    std::fs::write(&marker, want)?;
     Ok(bin)
 }
 
