@@ -417,6 +417,28 @@ fn masked_key_case(
     Ok(())
 }
 
+/// `false` (and a line saying so) unless the GPU is sm_90, where the sm_90a
+/// experiment entries run.
+fn sm90_or_skip(gpu: &Arc<Gpu>, test: &str) -> Result<bool, String> {
+    let sm90 = gpu.context().compute_capability().or_fail("cc")? == (9, 0);
+    if !sm90 {
+        println!("{test}: not sm_90, skipped");
+    }
+    Ok(sm90)
+}
+
+/// A context kernel running sm_90a experiment `xv` (0: the default entry),
+/// unsplit, so that its sums run in the same order as the experiments' (the
+/// launcher may split the KV of a case that does not fill the GPU).
+fn unsplit_kernel(gpu: &Arc<Gpu>, xv: u32) -> Result<ContextKernel, String> {
+    let mut k = ContextKernel::new(gpu).or_fail("load")?;
+    if xv != 0 {
+        k.set_experiment(xv).or_fail("experiment entry")?;
+    }
+    k.set_kv_splits(Some(1));
+    Ok(k)
+}
+
 fn named<F>(name: &'static str, body: F) -> libtest_mimic::Trial
 where
     F: FnOnce(&Arc<Gpu>, &ContextKernel) -> Result<(), String> + Send + 'static,
@@ -1096,15 +1118,10 @@ fn main() {
             // turn barriers); 32 equals the default bit for bit (the same
             // products in the same order, only issued elsewhere).
             let _ = k;
-            if gpu.context().compute_capability().or_fail("cc")? != (9, 0) {
-                println!("experiment_entries_with_correct_results: not sm_90, skipped");
+            if !sm90_or_skip(gpu, "experiment_entries_with_correct_results")? {
                 return Ok(());
             }
-            // Unsplit like the experiments (the launcher may split KV of a
-            // case that does not fill the GPU, which changes the order of
-            // the sums).
-            let mut base = ContextKernel::new(gpu).or_fail("load")?;
-            base.set_kv_splits(Some(1));
+            let base = unsplit_kernel(gpu, 0)?;
             let cases = gpu_cases(60);
             let entries = [
                 (16u32, 128usize),
@@ -1121,9 +1138,7 @@ fn main() {
                 (16384, 128),
             ];
             for (xv, d) in entries {
-                let mut x = ContextKernel::new(gpu).or_fail("load")?;
-                x.set_experiment(xv).or_fail("experiment entry")?;
-                x.set_kv_splits(Some(1));
+                let mut x = unsplit_kernel(gpu, xv)?;
                 for i in 0..u64::from(cases) {
                     let r = context_random_case(0xE4_0000 + i, BUDGET / 2.0);
                     let c = widen(&r, d, KvDtype::Bf16, HalfDtype::Bf16);
@@ -1190,16 +1205,11 @@ fn main() {
             // and NaN / Inf in keys that only the other tile of the pair
             // sees (loaded for it, never reaching this tile's rows).
             let _ = k;
-            if gpu.context().compute_capability().or_fail("cc")? != (9, 0) {
-                println!("pair_clusters_equal_the_default: not sm_90, skipped");
+            if !sm90_or_skip(gpu, "pair_clusters_equal_the_default")? {
                 return Ok(());
             }
-            let mut base = ContextKernel::new(gpu).or_fail("load")?;
-            base.set_kv_splits(Some(1));
-            let mut pair = ContextKernel::new(gpu).or_fail("load")?;
-            pair.set_experiment(paged_attention::CONTEXT_SM90_PAIR_EXPERIMENT)
-                .or_fail("pair entry")?;
-            pair.set_kv_splits(Some(1));
+            let base = unsplit_kernel(gpu, 0)?;
+            let mut pair = unsplit_kernel(gpu, paged_attention::CONTEXT_SM90_PAIR_EXPERIMENT)?;
             let mut cases: Vec<Case> = (0..u64::from(gpu_cases(200)))
                 .map(|i| {
                     let r = context_random_case(0xA2_0000 + i, BUDGET / 2.0);
