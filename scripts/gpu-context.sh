@@ -71,6 +71,10 @@
 #             then gpt-oss-20b on the whole conv trace (metadata share)
 #   nccl      decode context parallelism over NCCL (paged_attention::nccl):
 #             one rank per GPU, then two ranks forced onto one GPU
+#   dcp       session 25's NCCL ranks in mha-backend / mha-replay (decode
+#             context parallelism, --dcp-gpus spread): the decode_comm and
+#             decode_cp_ranks_over_nccl trials (one-rank group on one GPU),
+#             with two or more GPUs a 2,000-request --dcp 2 spread replay
 #   dtrace    decode experiment 16: per-CTA traces of the one-wave latency
 #             launches (CSV under $OUT/dtrace) and the experiment entries' test
 #   allgpu    every GPU test binary of the bundle, all at once (ALLGPU_TIMEOUT)
@@ -101,6 +105,8 @@ peers=$(realpath "${PEERS_DIR:-.gpu/peers}" 2>/dev/null || true)
 tar -xJf "$archive" -C "$work" && cd "$work"/* || exit 1
 if [ -n "$override" ]; then for f in "$override"/*.xz; do xz -dc "$f" > "benches/$(basename "$f" .xz)"; chmod +x "benches/$(basename "$f" .xz)"; done; echo "benches from $override: $(ls "$override")"; fi
 export MHA_KIT_REQUIRE_GPU=1
+# Issue 17: NVLink multicast (NVLS) stays off on the lent multi-GPU hosts.
+export NCCL_NVLS_ENABLE=0
 # NCCL for paged_attention::nccl (loaded at run time as libnccl.so): the
 # copy torch ships (nvidia/nccl/lib/libnccl.so.2), linked under that name.
 nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
@@ -391,6 +397,25 @@ stage_nccl() {
   echo "rc=$?"; summary "$OUT/nccl.log"; grep -E "nccl_ranks" "$OUT/nccl.log" | head -4
   MHA_KIT_DCP_RANKS=2 MHA_KIT_GPU_CASES=8 timeout 120 tests/paged-attention-gpu --include-ignored nccl_ranks > "$OUT/nccl2.log" 2>&1
   echo "two ranks on one GPU: rc=$?"; grep -E "panicked|Collective|NCCL|rank" "$OUT/nccl2.log" | head -6
+}
+stage_dcp() {
+  # Session 25's NCCL ranks in mha-backend and mha-replay (issue 17), not
+  # yet run: the backend's decode_comm trials (a one-rank group on one GPU;
+  # one rank a GPU with two or more), the replay's decode_cp_ranks_over_nccl
+  # (one-rank spread; with two GPUs spread vs simulated, hashes equal), and
+  # with two or more GPUs a 2,000-request conv slice with --dcp 2 spread.
+  echo "== mha-backend GPU tests: decode_comm"
+  timeout 300 tests/mha-backend-gpu --include-ignored decode_comm > "$OUT/dcp_backend.log" 2>&1
+  echo "rc=$?"; summary "$OUT/dcp_backend.log"; grep -E "decode_comm_ranks" "$OUT/dcp_backend.log" | head -4
+  echo "== mha-replay GPU tests: decode_cp_ranks_over_nccl"
+  timeout 300 tests/mha-replay-replay_gpu --include-ignored decode_cp_ranks_over_nccl > "$OUT/dcp_replay.log" 2>&1
+  echo "rc=$?"; summary "$OUT/dcp_replay.log"; grep -E "spread|device\(s\)|^\|" "$OUT/dcp_replay.log" | head -30
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    echo "== mha-replay --requests 2000 --dcp 2 --dcp-gpus spread"
+    timeout 400 bin/mha-replay --requests 2000 --dcp 2 --dcp-gpus spread --json "$OUT/replay-dcp2.json" \
+      > "$OUT/replay-dcp2.log" 2>&1
+    echo "rc=$?"; grep -E "^\|" "$OUT/replay-dcp2.log" | head -70
+  fi
 }
 stage_dtrace() {
   # Session 21's open question: bs 1 x 32k and bs 8 x 4k read the same bytes

@@ -24,6 +24,7 @@ use mha_backend::{
     HalfDtype, KvCacheDtype, KvSnapshot, LayerConfig, MhaBackend, MixedOverlap, PartTimer,
     SpecConfig, TensorRef, MIXED_OVERLAP_ENV,
 };
+use paged_attention::nccl::{DcpComm, DcpId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -413,8 +414,25 @@ fn same_caches(a: &MhaBackend, b: &MhaBackend, config: &BackendConfig, skip_dumm
 
 /// Eager: CUDA == CPU for `steps` random passes of `mode`.
 fn eager_vs_cpu(config: BackendConfig, mode: Mode, seed: u64, steps: u32) -> R {
+    eager_vs_cpu_on(config, mode, seed, steps, gpu_ordinal(), None)
+}
+
+/// [`eager_vs_cpu`] on `cuda:ordinal`, the CUDA backend's decode passes
+/// running `comm`'s rank when one is given (decode context parallelism
+/// over NCCL; the CPU executor simulates the same `decode_cp_ranks`).
+fn eager_vs_cpu_on(
+    config: BackendConfig,
+    mode: Mode,
+    seed: u64,
+    steps: u32,
+    ordinal: usize,
+    comm: Option<Arc<DcpComm>>,
+) -> R {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut w = World::new(&config, &[Device::Cpu, Device::Cuda(gpu_ordinal())])?;
+    let mut w = World::new(&config, &[Device::Cpu, Device::Cuda(ordinal)])?;
+    if let Some(c) = comm {
+        w.backends[1].attach_decode_comm(c).or_fail("attach")?;
+    }
     let p = config.page_size;
     for step in 0..steps {
         let batch = w.batch(&mut rng, mode, 8)?;
@@ -445,9 +463,26 @@ fn gpu_ordinal() -> usize {
 /// Graph replay == eager (padded batch) over `steps` random steps: one
 /// backend replays graphs, the other runs the padded batch eagerly.
 fn graph_vs_eager(config: BackendConfig, mode: Mode, seed: u64, steps: u32) -> R {
+    graph_vs_eager_with(config, mode, seed, steps, None)
+}
+
+/// [`graph_vs_eager`], both backends' decode passes running `comm`'s rank
+/// when one is given (one GPU: both share the rank's stream, in order).
+fn graph_vs_eager_with(
+    config: BackendConfig,
+    mode: Mode,
+    seed: u64,
+    steps: u32,
+    comm: Option<Arc<DcpComm>>,
+) -> R {
     let mut rng = StdRng::seed_from_u64(seed);
     let dev = Device::Cuda(gpu_ordinal());
     let mut w = World::new(&config, &[dev, dev])?;
+    if let Some(c) = comm {
+        for b in &mut w.backends {
+            b.attach_decode_comm(c.clone()).or_fail("attach")?;
+        }
+    }
     let n = config.spec.map_or(1, |s| s.num_draft_tokens);
     let (kind, q) = match mode {
         Mode::Decode | Mode::Idle => (GraphKind::Decode, 1),
@@ -837,8 +872,136 @@ fn main() {
         "decode_cp_engine_memory_is_refused",
         |_g: &Arc<Gpu>| decode_cp_engine_memory_is_refused(),
     ));
+    // Decode context parallelism over NCCL (issue 17): a group of one rank
+    // on this GPU runs the multi-GPU path (own launch, all-gather, merge)
+    // in every decode-kernel mode, eager against the CPU executor and
+    // graph replay against eager; with two or more GPUs, one rank a GPU.
+    for (name, make) in models {
+        for (i, mode) in MODES.iter().copied().enumerate() {
+            if matches!(mode, Mode::Extend { .. }) {
+                continue;
+            }
+            trials.push(gpu_trial(
+                format!("decode_comm_one_rank_vs_cpu/{name}/{mode:?}"),
+                move |_g: &Arc<Gpu>| {
+                    let comm = one_rank_comm()?;
+                    eager_vs_cpu_on(
+                        make(),
+                        mode,
+                        500 + i as u64,
+                        steps,
+                        gpu_ordinal(),
+                        Some(comm),
+                    )
+                },
+            ));
+            if matches!(mode, Mode::Decode | Mode::Verify | Mode::RaggedVerify) {
+                trials.push(gpu_trial(
+                    format!("decode_comm_one_rank_graph_vs_eager/{name}/{mode:?}"),
+                    move |_g: &Arc<Gpu>| {
+                        let comm = one_rank_comm()?;
+                        graph_vs_eager_with(make(), mode, 600 + i as u64, steps, Some(comm))
+                    },
+                ));
+            }
+        }
+        trials.push(gpu_trial(
+            format!("decode_comm_ranks_vs_cpu/{name}"),
+            move |_g: &Arc<Gpu>| decode_comm_ranks_vs_cpu(make(), steps),
+        ));
+    }
+    trials.push(gpu_trial("decode_comm_refusals", |_g: &Arc<Gpu>| {
+        decode_comm_refusals()
+    }));
     let _ = HalfDtype::Bf16;
     run_trials(trials)
+}
+
+/// A one-rank NCCL group on this GPU (the backend's own stream).
+fn one_rank_comm() -> R<Arc<DcpComm>> {
+    let gpu = Gpu::shared_on(gpu_ordinal()).or_fail("gpu")?;
+    let id = DcpId::new().or_fail("nccl id (libnccl on LD_LIBRARY_PATH?)")?;
+    Ok(Arc::new(DcpComm::new(&gpu, 0, 1, id).or_fail("join")?))
+}
+
+/// One rank a GPU (`N` = the devices, at most 4; at least two, else the
+/// trial passes on the one-rank trials above and says so): each rank's
+/// thread runs the same seeded decode and verify passes with its decode
+/// passes over NCCL and compares with its own CPU executor simulating the
+/// `N` ranks. Every rank finishes every pass before reporting a mismatch
+/// (a rank that stopped early would leave the others in their all-gather).
+fn decode_comm_ranks_vs_cpu(base: BackendConfig, steps: u32) -> R {
+    let devices = match kernel_rt::gpu_status() {
+        kernel_rt::GpuStatus::Available { devices } => *devices,
+        kernel_rt::GpuStatus::Missing(m) => return Err(m.clone()),
+    };
+    let ranks = devices.min(4);
+    if ranks < 2 {
+        println!("decode_comm_ranks_vs_cpu: one device, no multi-GPU group (one-rank trials ran)");
+        return Ok(());
+    }
+    let id = DcpId::new().or_fail("nccl id (libnccl on LD_LIBRARY_PATH?)")?;
+    let mut config = base;
+    config.decode_cp_ranks = ranks;
+    let results: Vec<R> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..ranks)
+            .map(|rank| {
+                let config = config.clone();
+                sc.spawn(move || -> R {
+                    let gpu = Gpu::shared_on(rank).or_fail("gpu")?;
+                    let comm = Arc::new(DcpComm::new(&gpu, rank, ranks, id).or_fail("join")?);
+                    let mut first_err = None;
+                    for (i, mode) in [Mode::Decode, Mode::Verify, Mode::RaggedVerify]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        let r = eager_vs_cpu_on(
+                            config.clone(),
+                            mode,
+                            700 + i as u64,
+                            steps,
+                            rank,
+                            Some(comm.clone()),
+                        );
+                        if let Err(e) = r {
+                            first_err.get_or_insert(format!("rank {rank} {mode:?}: {e}"));
+                        }
+                    }
+                    first_err.map_or(Ok(()), Err)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("rank thread panicked".into()))
+            })
+            .collect()
+    });
+    results.into_iter().collect::<R<Vec<()>>>().map(|_| ())
+}
+
+/// Typed refusals of `attach_decode_comm`: a group size other than
+/// `decode_cp_ranks`, after graph state exists, on the CPU executor.
+fn decode_comm_refusals() -> R {
+    let comm = one_rank_comm()?;
+    let mut c = dense();
+    c.decode_cp_ranks = 2;
+    let mut b = MhaBackend::new(c, Device::Cuda(gpu_ordinal())).or_fail("backend")?;
+    match b.attach_decode_comm(comm.clone()) {
+        Err(e) if e.to_string().contains("decode_cp_ranks") => {}
+        other => return Err(format!("group of 1 for 2 ranks: {other:?}")),
+    }
+    let mut b = MhaBackend::new(dense(), Device::Cuda(gpu_ordinal())).or_fail("backend")?;
+    b.init_cuda_graph_state(8, 8).or_fail("graph state")?;
+    if b.attach_decode_comm(comm.clone()).is_ok() {
+        return Err("attached after init_cuda_graph_state".into());
+    }
+    let mut cpu = MhaBackend::new(dense(), Device::Cpu).or_fail("cpu")?;
+    if cpu.attach_decode_comm(comm).is_ok() {
+        return Err("the CPU executor took a communicator".into());
+    }
+    Ok(())
 }
 
 /// Simulated decode context parallelism runs on the CUDA executor's own

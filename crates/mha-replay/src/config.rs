@@ -48,10 +48,12 @@ pub enum OnOff {
     Off,
 }
 
-/// `--tp-gpus`: where the tensor-parallel ranks of the CUDA executor run.
+/// `--tp-gpus` / `--dcp-gpus`: where the tensor-parallel or decode
+/// context-parallel ranks of the CUDA executor run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum TpGpus {
-    /// `spread` when the driver reports a device for every rank, else `one`.
+pub enum RankGpus {
+    /// `spread` when the driver reports a device for every rank (and, for
+    /// `--dcp`, NCCL loads), else `one`.
     Auto,
     /// Every rank on the `--device` GPU, one after another (simulated).
     One,
@@ -59,6 +61,9 @@ pub enum TpGpus {
     /// context, stream, engine and backends; the GPUs run concurrently.
     Spread,
 }
+
+/// The `--tp-gpus` choice (the same values as `--dcp-gpus`).
+pub type TpGpus = RankGpus;
 
 /// A count or "no limit" (`all` / `none`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,15 +120,28 @@ pub struct Args {
     /// drawn from the seed); 0 = off. At most 15.
     #[arg(long, default_value_t = 0)]
     pub spec_steps: usize,
-    /// Decode context parallelism: N simulated ranks, each holding every
-    /// N-th KV page of a request (page interleave); every decode / verify /
-    /// draft pass computes each rank's partial output and log-sum-exp and
-    /// merges them (sinks joined once); extend / mixed passes run unsplit.
-    /// 1 = off. On the CUDA executor the ranks run on the one GPU: each
-    /// rank's decode launch reads its pages of the global page table
-    /// (`DecodeArgs::interleave`), the merge-states kernel combines them.
+    /// Decode context parallelism: N ranks, each reading every N-th KV page
+    /// of a request (page interleave); every decode / verify / draft pass
+    /// computes each rank's partial output and log-sum-exp and merges them
+    /// (sinks joined once); extend / mixed passes run unsplit. 1 = off. On
+    /// the CUDA executor each rank's decode launch reads its pages of the
+    /// global page table (`DecodeArgs::interleave`) and the merge-states
+    /// kernel combines them: all ranks on the one GPU, or one GPU a rank
+    /// over NCCL (`--dcp-gpus`).
     #[arg(long, default_value_t = 1)]
     pub dcp: usize,
+    /// Where the `--dcp` ranks of the CUDA executor run: `spread` puts rank
+    /// `r` on `cuda:(N + r)` (`N` the `--device` ordinal), one thread each
+    /// running the whole replay (the same passes, in order) with its own
+    /// context, stream, engine and backends; each decode pass launches the
+    /// rank's pages only, all-gathers the partial states over NCCL and
+    /// merges them on every rank (pools are whole on every rank: the K/V
+    /// writes and prefill run everywhere). `spread` with `--dcp 1` forms a
+    /// one-rank NCCL group (that path on one GPU). `one` simulates the ranks
+    /// on the one GPU; `auto` spreads when there is a device for every rank
+    /// and libnccl loads. Not with `--tp` > 1.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub dcp_gpus: RankGpus,
     /// Skip-softmax factor of decode / verify / draft passes (FlashInfer's
     /// `skip_softmax_threshold_scale_factor`; 0 = exact). The CUDA
     /// executor's tensor-core decode kernel applies it (each output within
@@ -247,8 +265,11 @@ pub struct Setup {
     pub prefill_chunk: usize,
     /// Draft steps (0 = off).
     pub spec_steps: usize,
-    /// Simulated decode context-parallel ranks (`--dcp`, 1 = off).
+    /// Decode context-parallel ranks (`--dcp`, 1 = off).
     pub dcp: usize,
+    /// Whether the `--dcp` ranks run one a GPU over NCCL, rank `r` on
+    /// `cuda:(N + r)` (`--dcp-gpus` resolved; false on the CPU executor).
+    pub dcp_spread: bool,
     /// Skip-softmax factor of decode passes (`--skip-softmax-decode`).
     pub skip_softmax_decode: Option<f32>,
     /// Tensor-parallel ranks (`--tp`, 1 = off).
@@ -313,6 +334,63 @@ fn resolve_tp_gpus(
         _ => {
             notes.push(format!(
                 "--tp {tp}: {devices} device(s) from cuda:{base} on, so the ranks run one after another on cuda:{base}"
+            ));
+            Ok(false)
+        }
+    }
+}
+
+/// Resolves `--dcp-gpus` for `dcp` ranks on `executor` beside `tp`
+/// tensor-parallel ranks: whether rank `r` runs on `cuda:(N + r)` over
+/// NCCL. `spread` without a device per rank, without libnccl or with
+/// `--tp` > 1 is refused naming the flag; `auto` falls back to simulated
+/// ranks on one GPU with a note. `nccl` says whether libnccl loads.
+fn resolve_dcp_gpus(
+    choice: RankGpus,
+    executor: ExecutorChoice,
+    dcp: usize,
+    tp: usize,
+    nccl: bool,
+    notes: &mut Vec<String>,
+) -> Result<bool> {
+    let ExecutorChoice::Cuda(base) = executor else {
+        if choice == RankGpus::Spread {
+            return Err(flag_err(
+                "--dcp-gpus",
+                "spread runs ranks on CUDA devices; the CPU executor simulates them",
+            ));
+        }
+        return Ok(false);
+    };
+    if choice == RankGpus::One || (choice == RankGpus::Auto && dcp == 1) {
+        return Ok(false);
+    }
+    let devices = kernel_rt::gpu_status().devices();
+    let last = base + dcp - 1;
+    let why_not = if tp > 1 {
+        Some(format!(
+            "--tp {tp} > 1 (tensor and context ranks do not combine here)"
+        ))
+    } else if !nccl {
+        Some("libnccl not found (put the directory holding libnccl.so on LD_LIBRARY_PATH)".into())
+    } else if base + dcp > devices {
+        Some(format!(
+            "cuda:{base}..cuda:{last} needed, the driver reports {devices} device(s)"
+        ))
+    } else {
+        None
+    };
+    match (choice, why_not) {
+        (_, None) => {
+            notes.push(format!(
+                "--dcp {dcp}: rank r on cuda:{base} + r (cuda:{base}..cuda:{last}), partial states all-gathered over NCCL"
+            ));
+            Ok(true)
+        }
+        (RankGpus::Spread, Some(w)) => Err(flag_err("--dcp-gpus", format!("spread: {w}"))),
+        (_, Some(w)) => {
+            notes.push(format!(
+                "--dcp {dcp}: {w}, so the ranks are simulated on cuda:{base}"
             ));
             Ok(false)
         }
@@ -493,6 +571,14 @@ impl Setup {
 
         let tp = positive("--tp", args.tp)?;
         let tp_spread = resolve_tp_gpus(args.tp_gpus, executor, tp, &mut device_notes)?;
+        let dcp_spread = resolve_dcp_gpus(
+            args.dcp_gpus,
+            executor,
+            positive("--dcp", dcp)?,
+            tp,
+            paged_attention::nccl::nccl_available(),
+            &mut device_notes,
+        )?;
         let setup = Self {
             executor,
             device_notes,
@@ -508,6 +594,7 @@ impl Setup {
             prefill_chunk,
             spec_steps: args.spec_steps,
             dcp,
+            dcp_spread,
             skip_softmax_decode: args.skip_softmax_decode,
             tp,
             tp_spread,
@@ -753,5 +840,56 @@ mod tests {
         assert!(e.contains("--tp-gpus"), "{e}");
         assert!(!resolve_tp_gpus(TpGpus::Auto, ExecutorChoice::Cuda(0), tp, &mut notes).unwrap());
         assert!(notes[0].contains("one after another"), "{notes:?}");
+    }
+
+    #[test]
+    fn dcp_gpus_resolves_by_executor_devices_nccl_and_tp() {
+        let mut notes = Vec::new();
+        let cuda = ExecutorChoice::Cuda(0);
+        // The CPU executor simulates; asking it to spread is refused.
+        for choice in [RankGpus::Auto, RankGpus::One] {
+            assert!(
+                !resolve_dcp_gpus(choice, ExecutorChoice::Cpu, 4, 1, true, &mut notes).unwrap()
+            );
+        }
+        let e = resolve_dcp_gpus(
+            RankGpus::Spread,
+            ExecutorChoice::Cpu,
+            2,
+            1,
+            true,
+            &mut notes,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--dcp-gpus"), "{e}");
+        // `one`, and `auto` with one rank, never spread (and say nothing).
+        assert!(!resolve_dcp_gpus(RankGpus::One, cuda, 2, 1, true, &mut notes).unwrap());
+        assert!(!resolve_dcp_gpus(RankGpus::Auto, cuda, 1, 1, true, &mut notes).unwrap());
+        assert!(notes.is_empty(), "{notes:?}");
+        let devices = kernel_rt::gpu_status().devices();
+        // More ranks than devices, no NCCL, or tensor-parallel ranks:
+        // `spread` is refused naming the flag, `auto` simulates with a note.
+        for (dcp, tp, nccl, why) in [
+            (devices + 2, 1, true, "device(s)"),
+            (1, 1, false, "libnccl"),
+            (2, 2, true, "--tp"),
+        ] {
+            let e = resolve_dcp_gpus(RankGpus::Spread, cuda, dcp, tp, nccl, &mut notes)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("--dcp-gpus") && e.contains(why), "{e}");
+            notes.clear();
+            let auto = resolve_dcp_gpus(RankGpus::Auto, cuda, dcp.max(2), tp, nccl, &mut notes);
+            assert!(!auto.unwrap());
+            assert!(notes[0].contains("simulated"), "{notes:?}");
+            notes.clear();
+        }
+        // Where this host has the devices and NCCL loads, `spread` spreads
+        // (one rank: the one-rank group on cuda:0).
+        if devices >= 1 {
+            assert!(resolve_dcp_gpus(RankGpus::Spread, cuda, 1, 1, true, &mut notes).unwrap());
+            assert!(notes[0].contains("NCCL"), "{notes:?}");
+        }
     }
 }

@@ -110,9 +110,13 @@ pub fn engines_for(setup: &Setup) -> Result<Vec<Box<dyn Engine>>> {
 /// embedding.
 ///
 /// # Errors
-/// As [`Setup::from_args`] and [`replay::run_ranks`].
+/// As [`Setup::from_args`] and [`replay::run_ranks`] (or
+/// [`replay::run_dcp_ranks`] with `--dcp-gpus spread`).
 pub fn run_args(args: &Args) -> Result<Report> {
     let setup = Setup::from_args(args)?;
+    if setup.dcp_spread {
+        return replay::run_dcp_ranks(&setup, &indicatif::ProgressBar::hidden());
+    }
     let mut engines = engines_for(&setup)?;
     let mut refs = engine_refs(&mut engines);
     replay::run_ranks(&setup, &mut refs, &indicatif::ProgressBar::hidden())

@@ -37,18 +37,28 @@ fn real_main() -> Result<Report, ReplayError> {
             })?;
         }
     }
-    let mut engines = engines_for(&setup)?;
-    let info = engines[0].info();
-    println!(
-        "mha-replay: device {} ({} executor{})",
-        info.executor,
-        info.executor,
-        setup
-            .device_notes
-            .iter()
-            .map(|n| format!("; {n}"))
-            .collect::<String>()
-    );
+    let notes = setup
+        .device_notes
+        .iter()
+        .map(|n| format!("; {n}"))
+        .collect::<String>();
+    // `--dcp-gpus spread`: each rank's thread builds its own engine.
+    let mut engines = if setup.dcp_spread {
+        println!(
+            "mha-replay: {} decode context-parallel ranks, one a GPU ({} executor{notes})",
+            setup.dcp,
+            setup.executor.name()
+        );
+        Vec::new()
+    } else {
+        let engines = engines_for(&setup)?;
+        let info = engines[0].info();
+        println!(
+            "mha-replay: device {} ({} executor{notes})",
+            info.executor, info.executor,
+        );
+        engines
+    };
     let caps: Vec<String> = [
         setup
             .max_context
@@ -86,8 +96,11 @@ fn real_main() -> Result<Report, ReplayError> {
     {
         bar.set_style(style.progress_chars("=> "));
     }
-    let mut refs = engine_refs(&mut engines);
-    let report = replay::run_ranks(&setup, &mut refs, &bar);
+    let report = if setup.dcp_spread {
+        replay::run_dcp_ranks(&setup, &bar)
+    } else {
+        replay::run_ranks(&setup, &mut engine_refs(&mut engines), &bar)
+    };
     bar.finish_and_clear();
     let report = report?;
     println!("\n{}", report.table());

@@ -29,6 +29,21 @@ pub enum PassKind {
 }
 
 impl PassKind {
+    /// Whether the backend runs this pass on the decode kernel (decode,
+    /// verify, draft decode, draft extend v2), the passes decode context
+    /// parallelism splits; extend, mixed and the draft's extend run the
+    /// context kernel.
+    pub fn decode_kernel(self) -> bool {
+        matches!(
+            self,
+            Self::Decode
+                | Self::TargetVerify
+                | Self::TargetVerifyRagged
+                | Self::DraftDecode
+                | Self::DraftExtendV2
+        )
+    }
+
     /// Report name.
     pub fn name(self) -> &'static str {
         match self {

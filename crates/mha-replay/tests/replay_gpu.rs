@@ -346,13 +346,104 @@ fn main() {
                 clean(&cpu, &format!("cpu --dcp {ranks}"))?;
                 for g in ["on", "off"] {
                     let mut args = cpu_args.clone();
-                    args.extend_from_slice(&["--cuda-graphs", g]);
+                    args.extend_from_slice(&["--cuda-graphs", g, "--dcp-gpus", "one"]);
                     let r = replay(&dev, "12", &args)?;
                     let what = format!("{dev} --dcp {ranks} graphs {g}");
                     like_cpu(&cpu, &r, g == "on", &what)?;
                     println!("{what}: max err {:.3e}", r.check.max_abs_err);
                 }
             }
+            Ok(())
+        }),
+        gpu_trial("decode_cp_ranks_over_nccl", |gpu| {
+            // `--dcp N --dcp-gpus spread` (issue 17): one thread a GPU, each
+            // rank's decode passes launching its pages only and all-gathering
+            // the partial states over NCCL. On any GPU: a one-rank group
+            // (`--dcp 1 --dcp-gpus spread`), graphs on and off, 0 mismatches
+            // and the CPU run's counts. With two devices from this one:
+            // `--dcp 2` spread has 0 mismatches, each rank's sampled rows hash
+            // equal, and the output hash of the same ranks simulated on one
+            // GPU (the same partial states, merged alike); with one device
+            // spread is refused naming the flag and auto simulates.
+            let n = gpu.context().ordinal();
+            let dev = format!("cuda:{n}");
+            let devices = match kernel_rt::gpu_status() {
+                kernel_rt::GpuStatus::Available { devices } => *devices,
+                kernel_rt::GpuStatus::Missing(why) => return Err(why.clone()),
+            };
+            let base = GPT_OSS_SPEC;
+            let cpu = replay("cpu", "12", &base)?;
+            clean(&cpu, "cpu --dcp 1")?;
+            for g in ["on", "off"] {
+                let mut args = base.to_vec();
+                args.extend_from_slice(&["--cuda-graphs", g, "--dcp", "1", "--dcp-gpus", "spread"]);
+                let r = replay(&dev, "12", &args)?;
+                let what = format!("{dev} --dcp 1 --dcp-gpus spread graphs {g}");
+                like_cpu(&cpu, &r, g == "on", &what)?;
+                if r.config.dcp_gpus != "spread" || r.ranks.len() != 1 {
+                    return Err(format!(
+                        "{what}: dcp_gpus {} with {} rank reports",
+                        r.config.dcp_gpus,
+                        r.ranks.len()
+                    ));
+                }
+                println!("{what}: max err {:.3e}", r.check.max_abs_err);
+            }
+            let mut two = base.to_vec();
+            two.extend_from_slice(&["--dcp", "2"]);
+            let mut one_args = two.clone();
+            one_args.extend_from_slice(&["--dcp-gpus", "one"]);
+            let one = replay(&dev, "12", &one_args)?;
+            clean(&one, "--dcp 2 --dcp-gpus one")?;
+            let mut spread_args = two.clone();
+            spread_args.extend_from_slice(&["--dcp-gpus", "spread"]);
+            if devices < n + 2 {
+                let e = match replay(&dev, "12", &spread_args) {
+                    Ok(_) => return Err(format!("spread on {devices} device(s) was not refused")),
+                    Err(e) => e,
+                };
+                if !e.contains("--dcp-gpus") {
+                    return Err(format!("the refusal does not name --dcp-gpus: {e}"));
+                }
+                let auto = replay(&dev, "12", &two)?;
+                if auto.config.dcp_gpus != "one" || auto.check.output_hash != one.check.output_hash
+                {
+                    return Err(format!(
+                        "auto on {devices} device(s): {} / {} vs {}",
+                        auto.config.dcp_gpus, auto.check.output_hash, one.check.output_hash
+                    ));
+                }
+                println!(
+                    "{devices} device(s): --dcp 2 spread refused ({e}); auto simulated on {dev}"
+                );
+                return Ok(());
+            }
+            let r = replay(&dev, "12", &spread_args)?;
+            clean(&r, "--dcp 2 --dcp-gpus spread")?;
+            same_counts(&one, &r, "--dcp 2 --dcp-gpus spread")?;
+            let want: Vec<String> = (0..2).map(|i| format!("cuda:{}", n + i)).collect();
+            let got: Vec<String> = r.ranks.iter().map(|x| x.device.clone()).collect();
+            if r.config.dcp_gpus != "spread" || got != want {
+                return Err(format!("spread ran on {got:?} ({})", r.config.dcp_gpus));
+            }
+            if r.ranks
+                .iter()
+                .any(|x| x.output_hash != one.check.output_hash)
+            {
+                return Err(format!(
+                    "spread ranks' hashes {:?} vs simulated {}",
+                    r.ranks.iter().map(|x| &x.output_hash).collect::<Vec<_>>(),
+                    one.check.output_hash
+                ));
+            }
+            println!(
+                "--dcp 2 spread: wall {:.2} s, attention {:.3} s (simulated: {:.2} s, {:.3} s)\n{}",
+                r.totals.wall_s,
+                r.totals.attention_s,
+                one.totals.wall_s,
+                one.totals.attention_s,
+                r.table()
+            );
             Ok(())
         }),
         gpu_trial("speculative_llama3_8b_graphs_on_400_requests", |gpu| {

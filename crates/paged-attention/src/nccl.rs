@@ -22,6 +22,11 @@
 //! rank ends with the same merged output, equal to the unsplit decode
 //! within the attention tolerance (the definition: [`crate::cp::simulate`]).
 //!
+//! [`DcpComm`] is the membership alone (communicator, rank, the all-gather
+//! of the states) for callers that own their buffers and launch the decode
+//! and merge kernels themselves: mha-backend's CUDA executor
+//! (`MhaBackend::attach_decode_comm`) and mha-replay's `--dcp-gpus spread`.
+//!
 //! Rows of requests the kernel skips (bad `cu_seqlens_q`, counted in the
 //! error word) are unspecified in the merged output, where the unsplit
 //! launch leaves them untouched: their partial rows are whatever the rank
@@ -33,10 +38,10 @@
 //! of failing when it does not. A communicator takes one GPU per rank: NCCL
 //! refuses two ranks on one device.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::nccl::safe::{Comm, Id};
-use kernel_rt::cudarc::driver::CudaSlice;
+use kernel_rt::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use kernel_rt::{DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut};
 
 use crate::reference::Interleave;
@@ -117,12 +122,140 @@ impl DcpId {
     }
 }
 
+/// One rank's membership of a communicator on one GPU: what an engine's
+/// backend needs to run its own decode launches and all-gather their
+/// partial states (mha-backend's CUDA executor holds one; [`DcpRank`] is
+/// the stand-alone form with its own buffers and merge launcher).
+///
+/// Every collective runs on the stream of the GPU the rank joined on (its
+/// [`Gpu::stream`]), in the order the caller issues them; every rank of the
+/// group must issue the same collectives, with the same sizes, in the same
+/// order. A captured CUDA graph may hold them (NCCL ≥ 2.9).
+#[derive(Debug)]
+pub struct DcpComm {
+    gpu: Arc<Gpu>,
+    comm: Mutex<CommCell>,
+    rank: usize,
+    ranks: usize,
+}
+
+/// A communicator that may move between threads.
+#[derive(Debug)]
+struct CommCell(Comm);
+
+// SAFETY: NCCL allows a communicator to be used from any thread, one thread
+// at a time; `DcpComm` only reaches it through its `Mutex`, which gives
+// exactly that (cudarc's `Comm` holds a raw handle and so is not `Send`).
+unsafe impl Send for CommCell {}
+
+impl DcpComm {
+    /// Joins the communicator `id` as rank `rank` of `ranks` on `gpu` (its
+    /// stream carries every collective of this rank). Blocks until all
+    /// `ranks` ranks have joined, so ranks join from separate threads or
+    /// processes. One rank (`ranks = 1`) forms a group of one: the
+    /// all-gather is then a copy.
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] for `ranks = 0` or `rank ≥ ranks`;
+    /// [`KernelError::Collective`] when NCCL is missing or refuses (two
+    /// ranks on one device).
+    pub fn new(gpu: &Arc<Gpu>, rank: usize, ranks: usize, id: DcpId) -> Result<Self> {
+        if ranks == 0 || rank >= ranks {
+            return Err(KernelError::unsupported(
+                "rank",
+                format!("rank {rank} of {ranks} ranks"),
+            ));
+        }
+        require_nccl()?;
+        // NCCL reads the calling thread's current device.
+        gpu.context().bind_to_thread()?;
+        let comm = Comm::from_rank(Arc::clone(gpu.stream()), rank, ranks, Id::uninit(id.0))
+            .map_err(|e| nccl_error("ncclCommInitRank", e))?;
+        Ok(Self {
+            gpu: Arc::clone(gpu),
+            comm: Mutex::new(CommCell(comm)),
+            rank,
+            ranks,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks of the group (`N`).
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// The rank's device (its stream carries the collectives).
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// All-gathers the 16-bit states `send` (`n` elements) of every rank
+    /// into `recv[r·n .. (r + 1)·n]`, rank-major, and the f32 row LSE
+    /// `send_lse` (`m` elements) into `recv_lse[r·m .. (r + 1)·m]`, on the
+    /// rank's stream. The 16-bit values travel as bytes (an all-gather
+    /// copies; it never reads them).
+    ///
+    /// # Errors
+    /// [`KernelError::Capacity`] when a receive view is shorter than `N`
+    /// times its send view; [`KernelError::Collective`] when NCCL fails.
+    pub fn all_gather_states(
+        &self,
+        send: &CudaView<'_, u16>,
+        recv: &mut CudaViewMut<'_, u16>,
+        send_lse: &CudaView<'_, f32>,
+        recv_lse: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let n = self.ranks();
+        let (n_o, n_l) = (send.len(), send_lse.len());
+        for (arg, needed, available) in [
+            ("all-gather outputs", n * n_o, recv.len()),
+            ("all-gather LSE", n * n_l, recv_lse.len()),
+        ] {
+            if available < needed {
+                return Err(KernelError::Capacity {
+                    arg,
+                    needed,
+                    available,
+                });
+            }
+        }
+        if n_o == 0 && n_l == 0 {
+            return Ok(());
+        }
+        // SAFETY: u16 → u8 views of the same memory, twice the length
+        // (bounds checked above; `transmute` checks them again).
+        let (send_b, mut recv_b) = unsafe {
+            (
+                send.transmute::<u8>(2 * n_o)
+                    .ok_or_else(|| collective("send view", n_o))?,
+                recv.transmute_mut::<u8>(2 * n * n_o)
+                    .ok_or_else(|| collective("gather view", n * n_o))?,
+            )
+        };
+        let cell = self
+            .comm
+            .lock()
+            .map_err(|_| collective("communicator", "poisoned by a panic"))?;
+        cell.0
+            .all_gather(&send_b, &mut recv_b)
+            .map_err(|e| nccl_error("ncclAllGather (outputs)", e))?;
+        cell.0
+            .all_gather(send_lse, &mut recv_lse.slice_mut(0..n * n_l))
+            .map_err(|e| nccl_error("ncclAllGather (LSE)", e))?;
+        Ok(())
+    }
+}
+
 /// One rank of a decode context-parallel group: its communicator, the merge
 /// launcher and the rank buffers (module docs).
 #[derive(Debug)]
 pub struct DcpRank {
-    gpu: Arc<Gpu>,
-    comm: Comm,
+    comm: DcpComm,
     merge: MergeStatesKernel,
     /// `[T, Hq, D]` this rank's partial output (16-bit bits).
     send_o: CudaSlice<u16>,
@@ -141,25 +274,14 @@ impl DcpRank {
     /// threads or processes.
     ///
     /// # Errors
-    /// [`KernelError::Unsupported`] for `ranks = 0` or `rank ≥ ranks`;
-    /// [`KernelError::Collective`] when NCCL is missing or refuses (two
-    /// ranks on one device); module load failures of the merge kernel.
+    /// As [`DcpComm::new`]; module load failures of the merge kernel.
     pub fn new(gpu: &Arc<Gpu>, rank: usize, ranks: usize, id: DcpId) -> Result<Self> {
-        if ranks == 0 || rank >= ranks {
-            return Err(KernelError::unsupported(
-                "rank",
-                format!("rank {rank} of {ranks} ranks"),
-            ));
-        }
-        require_nccl()?;
+        // The merge kernel loads first: a rank that fails after joining
+        // would leave the others waiting in their collectives.
         let merge = MergeStatesKernel::new(gpu)?;
-        // NCCL reads the calling thread's current device.
-        gpu.context().bind_to_thread()?;
-        let comm = Comm::from_rank(Arc::clone(gpu.stream()), rank, ranks, Id::uninit(id.0))
-            .map_err(|e| nccl_error("ncclCommInitRank", e))?;
+        let comm = DcpComm::new(gpu, rank, ranks, id)?;
         let s = gpu.stream();
         Ok(Self {
-            gpu: Arc::clone(gpu),
             comm,
             merge,
             send_o: s.alloc_zeros(1)?,
@@ -176,12 +298,12 @@ impl DcpRank {
 
     /// Ranks of the group (`N`).
     pub fn ranks(&self) -> usize {
-        self.comm.world_size()
+        self.comm.ranks()
     }
 
     /// The rank's device.
     pub fn gpu(&self) -> &Arc<Gpu> {
-        &self.gpu
+        self.comm.gpu()
     }
 
     /// Sizes the rank buffers for `rows` query rows of `hq` heads of `d`
@@ -193,7 +315,7 @@ impl DcpRank {
     pub fn reserve(&mut self, rows: usize, hq: usize, d: usize) -> Result<()> {
         let n = self.ranks();
         let (o, l) = (rows * hq * d, rows * hq);
-        let s = Arc::clone(self.gpu.stream());
+        let s = Arc::clone(self.comm.gpu().stream());
         if self.send_o.len() < o {
             self.send_o = s.alloc_zeros(o)?;
             self.all_o = s.alloc_zeros(n * o)?;
@@ -259,7 +381,7 @@ impl DcpRank {
         self.reserve(rows, hq, d)?;
         let (n, rank) = (self.ranks(), self.rank());
         let (n_o, n_l) = (rows * hq * d, rows * hq);
-        let stream = Arc::clone(self.gpu.stream());
+        let stream = Arc::clone(self.comm.gpu().stream());
         {
             let mut local = DecodeArgs {
                 q,
@@ -294,30 +416,13 @@ impl DcpRank {
         if rows == 0 {
             return Ok(());
         }
-        // Rank-major [N, T, Hq, D] and [N, T, Hq]: the 16-bit states travel
-        // as bytes (an all-gather copies; it never reads the values).
-        {
-            // SAFETY: u16 → u8 views of the same allocations, twice the length.
-            let (send_o, mut all_o) = unsafe {
-                (
-                    self.send_o
-                        .transmute::<u8>(2 * n_o)
-                        .ok_or_else(|| collective("send view", n_o))?,
-                    self.all_o
-                        .transmute_mut::<u8>(2 * n * n_o)
-                        .ok_or_else(|| collective("gather view", n * n_o))?,
-                )
-            };
-            self.comm
-                .all_gather(&send_o, &mut all_o)
-                .map_err(|e| nccl_error("ncclAllGather (outputs)", e))?;
-        }
-        self.comm
-            .all_gather(
-                &self.send_lse.slice(0..n_l),
-                &mut self.all_lse.slice_mut(0..n * n_l),
-            )
-            .map_err(|e| nccl_error("ncclAllGather (LSE)", e))?;
+        // Rank-major [N, T, Hq, D] and [N, T, Hq].
+        self.comm.all_gather_states(
+            &self.send_o.slice(0..n_o),
+            &mut self.all_o.slice_mut(0..n * n_o),
+            &self.send_lse.slice(0..n_l),
+            &mut self.all_lse.slice_mut(0..n * n_l),
+        )?;
         let mut merge = MergeStatesArgs {
             o_parts: Strided::contiguous(
                 "o_parts",

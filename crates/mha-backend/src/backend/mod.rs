@@ -487,6 +487,47 @@ impl MhaBackend {
         self.core().executor.set_part_timer(timer)
     }
 
+    /// Decode context parallelism over NCCL (issue 17): from now on the
+    /// decode-kernel passes (decode, draft decode, target verify, draft
+    /// extend) run this GPU's rank `r = comm.rank()` of the group —
+    /// the decode launch over the request pages `e ≡ r mod N` of the page
+    /// table (global positions, no sinks) into a partial output and row
+    /// LSE, an NCCL all-gather of every rank's state, the merge-states
+    /// kernel with the sinks joined once — so every rank ends with the
+    /// output of [`BackendConfig::decode_cp_ranks`]` = N` on one GPU, equal
+    /// to the unsplit decode within the attention tolerance. Extend and
+    /// mixed passes run unsplit. The backend's pools are whole on every
+    /// rank (each rank writes every K/V row; the context kernel reads
+    /// them): what the group divides is the decode passes' K/V reads.
+    ///
+    /// Every rank must run the same passes in the same order (each decode
+    /// layer is a collective); a rank whose call fails leaves the others
+    /// waiting in the all-gather. Step backends of a
+    /// [`MultiStepDraftBackend`] share one executor, so one call serves
+    /// them all; the target and draft backends of one rank may share
+    /// `comm` (their collectives run on the one stream, in order).
+    ///
+    /// # Errors
+    /// [`BackendError::Config`] naming `decode_cp_ranks` when it is not
+    /// `comm.ranks()`; [`BackendError::Kernel`] on the CPU executor, after
+    /// `init_cuda_graph_state` or engine memory, or for a communicator
+    /// joined on another device or stream than this backend's GPU
+    /// (`kernel_rt::Gpu::shared_on` of its ordinal).
+    pub fn attach_decode_comm(&mut self, comm: Arc<paged_attention::nccl::DcpComm>) -> Result<()> {
+        let mut core = self.core();
+        if core.config.decode_cp_ranks != comm.ranks() {
+            return Err(BackendError::Config {
+                field: "decode_cp_ranks",
+                detail: format!(
+                    "{} ranks configured, the communicator's group has {}",
+                    core.config.decode_cp_ranks,
+                    comm.ranks()
+                ),
+            });
+        }
+        core.executor.attach_decode_comm(comm)
+    }
+
     /// Sets how eager mixed passes (prefill chunks plus one-token decode
     /// rows) run their two attention launches ([`crate::MixedOverlap`]:
     /// concurrently on a side stream of the CUDA executor, or one after the

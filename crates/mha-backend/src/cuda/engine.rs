@@ -33,9 +33,10 @@ impl CudaExecutor {
             return Err(KernelError::unsupported(
                 "decode_cp_ranks",
                 format!(
-                    "decode context parallelism ({} simulated ranks) runs on the owning path \
+                    "decode context parallelism ({} {} ranks) runs on the owning path \
                      only; engine memory takes decode_cp_ranks = 1",
-                    cp.ranks()
+                    cp.ranks(),
+                    if cp.multi_gpu() { "NCCL" } else { "simulated" }
                 ),
             )
             .into());

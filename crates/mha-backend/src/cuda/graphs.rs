@@ -111,14 +111,7 @@ impl CudaExecutor {
             Some(e) => {
                 let hq = self.plans.iter().map(|p| p.num_q_heads).max().unwrap_or(1);
                 let d = self.plans.iter().map(|p| p.head_dim).max().unwrap_or(1);
-                Some(super::cp::DecodeCp::with_merge(
-                    &stream,
-                    e.merge().clone(),
-                    e.ranks(),
-                    max_num_tokens,
-                    hq,
-                    d,
-                )?)
+                Some(e.sibling(&stream, max_num_tokens, hq, d)?)
             }
             None => None,
         };

@@ -123,8 +123,9 @@ pub struct CudaExecutor {
     engine: Option<MetaBufs>,
     /// Graphs captured over engine memory.
     engine_graphs: HashMap<GraphKey, SendGraph>,
-    /// Decode context parallelism simulated on this GPU (`decode_cp_ranks
-    /// > 1`): the merge launcher and the eager passes' rank buffers.
+    /// Decode context parallelism (`decode_cp_ranks > 1`, simulated on
+    /// this GPU, or a communicator attached): the merge launcher and the
+    /// eager passes' rank buffers.
     decode_cp: Option<DecodeCp>,
     /// Skip-softmax factor of decode launches (resolved config).
     skip_softmax: Option<f32>,
@@ -638,6 +639,30 @@ impl Executor for CudaExecutor {
             )));
         }
         Ok(std::mem::replace(&mut self.part_timer, timer))
+    }
+
+    fn attach_decode_comm(&mut self, comm: Arc<paged_attention::nccl::DcpComm>) -> Result<()> {
+        // A captured graph or an engine pass keeps the buffers it was made
+        // with: the communicator must come before either.
+        if self.graph.is_some() || self.engine.is_some() {
+            return Err(kerr(KernelError::unsupported(
+                "decode communicator",
+                "attach it before init_cuda_graph_state and engine memory",
+            )));
+        }
+        if !Arc::ptr_eq(comm.gpu().stream(), self.gpu.stream()) {
+            return Err(kerr(KernelError::unsupported(
+                "decode communicator",
+                format!(
+                    "joined on cuda:{} with another stream than this executor's cuda:{} \
+                     (join it on the executor's Gpu::shared_on handle)",
+                    comm.gpu().context().ordinal(),
+                    self.ordinal
+                ),
+            )));
+        }
+        self.decode_cp = Some(DecodeCp::with_comm(&self.gpu, comm, 1, 1, 1)?);
+        Ok(())
     }
 
     fn set_mixed_overlap(&mut self, order: MixedOverlap) -> Result<MixedOverlap> {

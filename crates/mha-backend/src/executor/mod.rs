@@ -7,6 +7,7 @@
 //! Here: the shared types and the [`Executor`] trait; `cpu` holds the CPU executor.
 
 use std::str::FromStr;
+use std::sync::Arc;
 
 use fp8_kv::{KvCacheDtype, KvScales};
 use kernel_rt::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
@@ -326,6 +327,26 @@ pub trait Executor: Send + std::fmt::Debug {
             None => Ok(None),
             Some(_) => Err(part_timing_unsupported(self.kind())),
         }
+    }
+
+    /// Makes the decode-kernel passes run this GPU's rank of `comm`'s
+    /// decode context-parallel group (each rank launches its own pages'
+    /// share, all-gathers the partial states over NCCL and merges them);
+    /// see [`crate::MhaBackend::attach_decode_comm`].
+    ///
+    /// # Errors
+    /// [`BackendError::Kernel`] on an executor without NCCL ranks (the CPU
+    /// executor), once graph state or engine memory exists, or when `comm`
+    /// is on another device.
+    fn attach_decode_comm(&mut self, comm: Arc<paged_attention::nccl::DcpComm>) -> Result<()> {
+        let _ = comm;
+        Err(BackendError::Kernel(KernelError::unsupported(
+            "decode communicator",
+            format!(
+                "the {:?} executor has no NCCL ranks (decode_cp_ranks simulates them)",
+                self.kind()
+            ),
+        )))
     }
 
     /// Sets how eager mixed passes run their context and decode launches

@@ -215,13 +215,16 @@ pub struct RunConfig {
     pub prefill_chunk: usize,
     /// Draft steps (0 = off).
     pub spec_steps: usize,
-    /// Simulated decode context-parallel ranks (`--dcp`; 1 = off).
+    /// Decode context-parallel ranks (`--dcp`; 1 = off).
     pub decode_cp_ranks: usize,
     /// Tensor-parallel ranks (`--tp`; 1 = off).
     pub tp_ranks: usize,
     /// Where the ranks ran: `one` (one after another on one executor) or
     /// `spread` (rank `r` on its own GPU, concurrently).
     pub tp_gpus: String,
+    /// Where the `--dcp` ranks ran: `one` (simulated on one executor) or
+    /// `spread` (rank `r` on its own GPU, states all-gathered over NCCL).
+    pub dcp_gpus: String,
     /// `on`, `off`, or not applicable.
     pub cuda_graphs: String,
     /// Attention split by part (`--split-timing`): `on: …`, `off …`, or
@@ -318,9 +321,12 @@ impl DeviceErrorsReport {
     }
 }
 
-/// One tensor-parallel rank's figures (`--tp N`, N > 1): its heads (of
-/// layer 0) and its share of the run. The ranks run one after another on
-/// one executor, so the totals are the sums of these.
+/// One rank's figures: a tensor-parallel rank (`--tp N`, N > 1: its heads
+/// of layer 0 and its share of the run; one after another on one executor
+/// the totals are the sums of these) or a decode context-parallel rank on
+/// its own GPU (`--dcp N --dcp-gpus spread`: every head; its decode passes
+/// read its interleaved pages, `1 / N` of their K/V, and it checks its own
+/// merged outputs).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct RankReport {
     /// Rank index.
@@ -343,6 +349,13 @@ pub struct RankReport {
     pub flops: f64,
     /// Device-error events of the rank's backends.
     pub device_errors: u32,
+    /// Context-parallel ranks: the hash of the rank's sampled output rows
+    /// (every rank's should be rank 0's: each merges the same gathered
+    /// states); empty for tensor-parallel ranks (checked joined).
+    pub output_hash: String,
+    /// Context-parallel ranks: (layer, part) pairs of the rank's own check
+    /// outside tolerance; 0 for tensor-parallel ranks (checked joined).
+    pub mismatched_pairs: u64,
 }
 
 /// The whole report.

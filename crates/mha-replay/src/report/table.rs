@@ -148,7 +148,12 @@ impl Report {
                 c.max_batch,
                 c.prefill_chunk,
                 c.spec_steps,
-                if c.decode_cp_ranks > 1 {
+                if c.dcp_gpus == "spread" {
+                    format!(
+                        ", decode context parallel over {} ranks, one a GPU (page interleave; partial states all-gathered over NCCL and merged on every rank; rank table)",
+                        c.decode_cp_ranks
+                    )
+                } else if c.decode_cp_ranks > 1 {
                     format!(
                         ", decode context parallel over {} simulated ranks (page interleave)",
                         c.decode_cp_ranks
@@ -251,14 +256,18 @@ impl Report {
             }
         }
         if !self.ranks.is_empty() {
+            // Context-parallel ranks check their own outputs: two more columns.
+            let dcp = c.dcp_gpus == "spread";
             let _ = writeln!(
                 s,
-                "\n| rank | device | Q heads | KV heads | attention time | metadata | KV read | bandwidth | device errors |\n|---:|---|---|---|---:|---:|---:|---:|---:|"
+                "\n| rank | device | Q heads | KV heads | attention time | metadata | KV read | bandwidth | device errors |{}\n|---:|---|---|---|---:|---:|---:|---:|---:|{}",
+                if dcp { " mismatched pairs | sampled rows hash |" } else { "" },
+                if dcp { "---:|---|" } else { "" }
             );
             for r in &self.ranks {
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {} | {:.3} s | {:.3} s | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {:.3} s | {:.3} s | {} | {} | {} |{}",
                     r.rank,
                     r.device,
                     r.q_heads,
@@ -267,7 +276,12 @@ impl Report {
                     r.metadata_s,
                     bytes_h(r.kv_bytes_read),
                     rate_h(r.bandwidth_gbps),
-                    r.device_errors
+                    r.device_errors,
+                    if dcp {
+                        format!(" {} | {} |", r.mismatched_pairs, r.output_hash)
+                    } else {
+                        String::new()
+                    }
                 );
             }
         }
