@@ -21,12 +21,14 @@ use kernel_rt::cudarc::driver::CudaStream;
 use kernel_rt::{DeviceErrors, ErrorReport, ExternalBuffer, Gpu, Strided, StridedMut};
 use page_table::{PageTableArgs, PageTableKernel, SwaTables};
 use paged_attention::{
-    ContextArgs, ContextKernel, DecodeArgs, KvCache, PagedAttentionKernel, QueryLayout, SplitMode,
+    ContextArgs, ContextKernel, DecodeArgs, KvCache, MergeStatesArgs, MergeStatesKernel,
+    PagedAttentionKernel, QueryLayout, SplitMode,
 };
 
 use crate::attn::{AttnCall, Layout};
 use crate::desc::Tensor;
 use crate::error::{from_kernel, ArgError, CallError, CallResult};
+use crate::merge::MergeCall;
 use crate::meta::{GraphCall, KvWriteCall, PageTableCall};
 
 /// Kernel families, each with its own error word.
@@ -63,6 +65,7 @@ struct Launchers {
     page_table: Option<Arc<PageTableKernel>>,
     graph: Option<Arc<GraphMetadataKernel>>,
     kv: Option<Arc<KvWriteKernel>>,
+    merge: Option<Arc<MergeStatesKernel>>,
 }
 
 /// One CUDA device as the package uses it.
@@ -168,6 +171,7 @@ impl Device {
         self.launcher(&s, |l| &mut l.page_table, PageTableKernel::new)?;
         self.launcher(&s, |l| &mut l.graph, GraphMetadataKernel::new)?;
         self.launcher(&s, |l| &mut l.kv, KvWriteKernel::new)?;
+        self.launcher(&s, |l| &mut l.merge, MergeStatesKernel::new)?;
         Ok(())
     }
 
@@ -204,6 +208,7 @@ impl Device {
             page_table::PTX.name,
             graph_metadata::PTX.name,
             fp8_kv::PTX.name,
+            paged_attention::MERGE_PTX.name,
         ]
         .into_iter()
         .filter_map(|m| {
@@ -683,4 +688,39 @@ pub fn kv_write(c: &KvWriteCall, ordinal: usize, handle: u64) -> CallResult<()> 
             &mut errs[Family::KvWrite as usize],
         )
         .map_err(|e| from_kernel(e, &[], &ts))
+}
+
+/// `merge_states` on the GPU (no error word: the merge reads no indices).
+///
+/// # Errors
+/// [`CallError`] naming the argument; device failures.
+pub fn merge(c: &MergeCall, ordinal: usize, handle: u64) -> CallResult<()> {
+    let mut ts = vec![&c.v, &c.s, &c.out];
+    ts.extend(c.lse_out.iter().chain(&c.sinks));
+    check_device(&ts, ordinal)?;
+    let dev = device(ordinal)?;
+    let stream = dev.stream(handle)?;
+    let kernel = dev.launcher(&stream, |l| &mut l.merge, MergeStatesKernel::new)?;
+    let v = Buf::<u16>::new(&c.v, &stream)?;
+    let s = Buf::<f32>::new(&c.s, &stream)?;
+    let mut out = Buf::<u16>::new(&c.out, &stream)?;
+    let mut lse = Buf::<f32>::opt(c.lse_out.as_ref(), &stream)?;
+    let sinks = Buf::<f32>::opt(c.sinks.as_ref(), &stream)?;
+    let mut args = MergeStatesArgs {
+        o_parts: v.view(&c.v)?,
+        lse_parts: s.view(&c.s)?,
+        dtype: c.dtype,
+        out: out.view_mut(&c.out)?,
+        lse_out: match (&mut lse, &c.lse_out) {
+            (Some(b), Some(t)) => Some(b.view_mut(t)?),
+            _ => None,
+        },
+        sinks: match (&sinks, &c.sinks) {
+            (Some(b), Some(t)) => Some(b.view(t)?),
+            _ => None,
+        },
+    };
+    kernel
+        .launch_on(&stream, &mut args)
+        .map_err(|e| from_kernel(e, crate::merge::NAMES, &ts))
 }

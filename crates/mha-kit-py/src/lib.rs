@@ -26,6 +26,7 @@ pub mod desc;
 pub mod error;
 pub mod exchange;
 pub mod host;
+pub mod merge;
 pub mod meta;
 pub mod probe;
 
@@ -375,6 +376,40 @@ fn fused_fp8_set_kv_buffer(
     })
 }
 
+/// `merge_states` (natural-log LSE: the Python layer converts FlashInfer's
+/// base 2): `v` `[T, K, H, D]`, `s` `[T, K, H]` into `out` `[T, H, D]` and
+/// `lse_out` `[T, H]`, the `sinks` `[H]` joined once.
+#[pyfunction]
+#[pyo3(signature = (v, s, out, lse_out, sinks, stream))]
+fn merge_states(
+    py: Python<'_>,
+    v: Desc,
+    s: Desc,
+    out: Desc,
+    lse_out: Option<Desc>,
+    sinks: Option<Desc>,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let stream = resolve_stream(py, stream, v.device)?;
+    guard(|| {
+        let c = merge::validate_merge(
+            t("v", v)?,
+            t("s", s)?,
+            t("out", out)?,
+            opt("lse_out", lse_out)?,
+            opt("sinks", sinks)?,
+        )?;
+        let mut ts = vec![&c.v, &c.s, &c.out];
+        ts.extend(c.lse_out.iter().chain(&c.sinks));
+        match common_device(&ts)? {
+            // SAFETY: host tensors described by the Python layer, alive for the call.
+            Device::Cpu => Ok(unsafe { merge::merge_cpu(&c) }?),
+            Device::Cuda(_) if probe::stubbed() => Ok(()),
+            Device::Cuda(n) => cuda::merge(&c, n, stream),
+        }
+    })
+}
+
 /// Opens CUDA device `device` and loads every kernel module now (outside any
 /// graph capture); `stream` is torch's current stream of that device.
 #[pyfunction]
@@ -453,6 +488,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_page_table, m)?)?;
     m.add_function(wrap_pyfunction!(update_graph_metadata, m)?)?;
     m.add_function(wrap_pyfunction!(fused_fp8_set_kv_buffer, m)?)?;
+    m.add_function(wrap_pyfunction!(merge_states, m)?)?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(device_errors, m)?)?;
     m.add_function(wrap_pyfunction!(module_sources, m)?)?;

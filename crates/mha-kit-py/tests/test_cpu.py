@@ -720,3 +720,127 @@ def test_host_overhead_bench_runs_with_its_stand_in_torch():
             if line and not line.startswith("#")}
     assert set(rows) == {"public", "python_only", "native", "native_body"}, r.stdout
     assert all(v > 0 for v in rows.values()), rows
+
+
+def _split_states(rng, t, h, d, k, dtype, sinks=None):
+    """Random rows split into ``k`` disjoint key parts: ``(v [t, k, h, d] of
+    dtype, s [t, k, h] float32 base 2, want_v, want_s (base 2) of the whole
+    row in float64, vmax [t, h])``. Parts with no key hold ``s = -inf`` and
+    NaN outputs (never to be read); row 0 has no key in any part."""
+    v = np.full((t, k, h, d), np.nan)
+    s = np.full((t, k, h), -np.inf)
+    want_v = np.zeros((t, h, d))
+    want_s = np.full((t, h), -np.inf)
+    vmax = np.zeros((t, h))
+    for r in range(t):
+        for hh in range(h):
+            n = 0 if r == 0 else int(rng.integers(1, 40))
+            logits = rng.normal(0.0, 3.0, n)
+            vals = rng.normal(0.0, 1.0, (n, d))
+            part = rng.integers(0, k, n)
+            for i in range(k):
+                sel = part == i
+                if sel.any():
+                    m = logits[sel].max()
+                    w = np.exp(logits[sel] - m)
+                    v[r, i, hh] = (w[:, None] * vals[sel]).sum(0) / w.sum()
+                    s[r, i, hh] = (m + np.log(w.sum())) * LOG2E
+            if n:
+                allv, alll = vals, logits
+                if sinks is not None:
+                    alll = np.append(logits, sinks[hh])
+                    allv = np.vstack([vals, np.zeros((1, d))])
+                m = alll.max()
+                w = np.exp(alll - m)
+                want_v[r, hh] = (w[:, None] * allv).sum(0) / w.sum()
+                want_s[r, hh] = (m + np.log(w.sum())) * LOG2E
+                vmax[r, hh] = np.abs(vals).max()
+    return v.astype(dtype), s.astype(np.float32), want_v, want_s, vmax
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+@pytest.mark.parametrize("k", [1, 2, 5])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_merge_states_of_a_random_split_equal_the_whole_row(dt, k, with_sinks):
+    """FlashInfer's ``merge_states`` (base-2 LSE): the merge of a random
+    split of each row's keys (empty parts with NaN outputs, a row with no
+    key in any part) equals attention over the whole row; sinks join once
+    after the merge; the merged LSE is the whole row's (base 2)."""
+    dtype = _dtype(dt)
+    rng = np.random.default_rng(100 + k + 10 * with_sinks)
+    t, h, d = 7, 3, 64
+    sinks = rng.normal(0.0, 2.0, h).astype(np.float32) if with_sinks else None
+    v, s, want_v, want_s, vmax = _split_states(rng, t, h, d, k, dtype, sinks)
+    got_v, got_s = mha_kit.merge_states(v, s, sinks=sinks)
+    assert got_v.shape == (t, h, d) and got_v.dtype == v.dtype
+    assert got_s.shape == (t, h) and got_s.dtype == np.float32
+    tol = TOL["bf16" if dt == "bf16" else np.float16]
+    err = np.abs(got_v.astype(np.float64) - want_v)
+    # The parts were rounded to the dtype: a merged value is within the
+    # dtype's rounding of the row's largest value (plus its own rounding).
+    assert np.all(err <= 2 * tol * vmax[:, :, None] + 1e-6), f"worst {err.max()}"
+    assert np.all(got_v[0] == 0) and np.all(np.isneginf(got_s[0])), "a row with no key"
+    fin = np.isfinite(want_s)
+    assert np.array_equal(np.isfinite(got_s), fin)
+    assert np.all(np.abs(got_s[fin] - want_s[fin]) <= 1e-5 * np.maximum(1.0, np.abs(want_s[fin])))
+
+
+def test_merge_states_takes_an_all_gather_buffer_through_a_transpose():
+    """A rank-major ``[K, T, H, D]`` buffer (an all-gather's output) seen as
+    ``[T, K, H, D]`` through ``transpose`` merges as its contiguous copy,
+    into caller-owned outputs with row strides."""
+    rng = np.random.default_rng(7)
+    v, s, _, _, _ = _split_states(rng, 5, 2, 64, 3, np.float16)
+    gathered_v = np.ascontiguousarray(v.transpose(1, 0, 2, 3))
+    gathered_s = np.ascontiguousarray(s.transpose(1, 0, 2))
+    want_v, want_s = mha_kit.merge_states(v, s)
+    out = np.zeros((5, 4, 64), np.float16)[:, ::2]  # head stride 2·D
+    lse = np.zeros((5, 2), np.float32)
+    got_v, got_s = mha_kit.merge_states(gathered_v.transpose(1, 0, 2, 3),
+                                        gathered_s.transpose(1, 0, 2), out=out, lse_out=lse)
+    assert got_v is out and got_s is lse
+    assert np.array_equal(out, want_v) and np.array_equal(lse, want_s)
+
+
+def test_merge_state_of_two_is_merge_states_of_the_pair():
+    rng = np.random.default_rng(8)
+    v, s, _, _, _ = _split_states(rng, 4, 2, 64, 2, np.float16)
+    a = mha_kit.merge_state(v[:, 0], s[:, 0], v[:, 1], s[:, 1])
+    b = mha_kit.merge_states(v, s)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+def test_merge_states_nan_lse_makes_the_row_nan():
+    v = np.ones((2, 2, 1, 64), np.float16)
+    s = np.zeros((2, 2, 1), np.float32)
+    s[1, 0, 0] = np.nan
+    got_v, got_s = mha_kit.merge_states(v, s)
+    assert np.all(got_v[0] == 1) and got_s[0, 0] == 1.0  # log2(2^0 + 2^0)
+    assert np.all(np.isnan(got_v[1])) and np.isnan(got_s[1, 0])
+
+
+@pytest.mark.parametrize("arg, make, needle", [
+    ("v", lambda v, s: (v[:, :, :, 0], s), "`v`"),
+    ("v", lambda v, s: (v[:, :0], s[:, :0]), "num_states"),
+    ("v", lambda v, s: (v[..., :63], s), "even"),
+    ("v", lambda v, s: (v.astype(np.float32), s), "`v`"),
+    ("s", lambda v, s: (v, s.astype(np.float64)), "`s`"),
+    ("s", lambda v, s: (v, s[:, :1]), "`s`"),
+])
+def test_merge_states_rejects_bad_arguments_naming_them(arg, make, needle):
+    v = np.zeros((3, 2, 2, 64), np.float16)
+    s = np.zeros((3, 2, 2), np.float32)
+    bv, bs = make(v, s)
+    with pytest.raises(mha_kit.InvalidArgument, match=needle):
+        mha_kit.merge_states(bv, bs)
+
+
+def test_merge_states_output_checks_name_the_output():
+    v = np.zeros((3, 2, 2, 64), np.float16)
+    s = np.zeros((3, 2, 2), np.float32)
+    with pytest.raises(mha_kit.InvalidArgument, match="`out`"):
+        mha_kit.merge_states(v, s, out=np.zeros((3, 2, 64), np.float32))
+    with pytest.raises(mha_kit.InvalidArgument, match="`lse_out`"):
+        mha_kit.merge_states(v, s, lse_out=np.zeros((3, 3), np.float32))
+    with pytest.raises(mha_kit.InvalidArgument, match="`sinks`"):
+        mha_kit.merge_states(v, s, sinks=np.zeros(3, np.float32))

@@ -9,6 +9,9 @@ PTX elsewhere; no JIT, no CUDA toolkit at run time, only the driver):
 - :func:`trtllm_batch_context_with_kv_cache`: prefill / chunked prefill;
 - :func:`build_trtllm_mha_page_table`, :func:`update_trtllm_mha_graph_metadata`,
   :func:`fused_fp8_set_kv_buffer`: the seed backend's helpers;
+- :func:`merge_states`, :func:`merge_state`: FlashInfer's merges of partial
+  attention states (split KV, decode context parallelism after an
+  all-gather), sinks joined once;
 - :class:`TrtllmMhaBackend`, :class:`TrtllmMhaMultiStepDraftBackend`
   (:mod:`mha_kit.backend`): the seed backend's state machine (metadata per pass,
   per-layer forward, CUDA-graph buckets) over the engine's buffers.
@@ -34,6 +37,8 @@ from ._api import (
     Q_MODE_STRIDED,
     build_trtllm_mha_page_table,
     fused_fp8_set_kv_buffer,
+    merge_state,
+    merge_states,
     trtllm_batch_context_with_kv_cache,
     trtllm_batch_decode_with_kv_cache,
     update_trtllm_mha_graph_metadata,
@@ -143,6 +148,8 @@ __all__ = [
     "gpu_available",
     "gpu_missing",
     "init",
+    "merge_state",
+    "merge_states",
     "module_sources",
     "trtllm_batch_context_with_kv_cache",
     "trtllm_batch_decode_with_kv_cache",

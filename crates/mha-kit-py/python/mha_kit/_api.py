@@ -784,3 +784,96 @@ def fused_fp8_set_kv_buffer(k, v, k_cache, v_cache, cache_loc, k_scale=None, v_s
         _ops().fused_fp8_set_kv_buffer(*args)
     else:
         _kv_write_impl(*args)
+
+
+#: ``ln(2)``: FlashInfer's base-2 log-sum-exp to the natural log of mha-kit's kernels.
+LN2 = 0.6931471805599453
+
+
+def _new(like, shape, dtype_name):
+    """An uninitialised ``shape`` array like ``like`` (torch or numpy), of
+    ``like``'s dtype (``None``) or float32 (``"float32"``)."""
+    if sys.modules.get("torch") is not None and hasattr(like, "new_empty"):
+        import torch
+
+        return like.new_empty(shape, dtype=None if dtype_name is None else torch.float32)
+    import numpy as np
+
+    return np.empty(shape, dtype=like.dtype if dtype_name is None else np.float32)
+
+
+def _merge_impl(v, s, out, lse_out, sinks):
+    vd = describe(v, "v")
+    _native.merge_states(vd, describe(s, "s"), describe(out, "out", True),
+                         maybe(lse_out, "lse_out", True), maybe(sinks, "sinks"), stream_of(vd))
+
+
+def merge_states(v, s, out=None, lse_out=None, sinks=None):
+    """Merges ``K`` partial attention states of the same rows (FlashInfer's ``merge_states``).
+
+    Each part ``i`` is an attention output ``O_i`` over a disjoint subset of
+    a row's keys and its log-sum-exp ``s_i`` (base 2, FlashInfer's
+    convention, as ``return_lse=True`` gives it). With ``M = max_i s_i`` and
+    ``w_i = 2^(s_i − M)`` (0 for a part with ``s_i = −inf``, which saw no
+    key; its ``O_i`` is never read)::
+
+        V = Σ_i w_i·O_i / Σ_i w_i,        S = M + log2 Σ_i w_i
+
+    A row whose parts all saw no key is ``V = 0, S = −inf``; a NaN ``s_i``
+    makes the row NaN. ``sinks`` (natural-log logits, as the attention
+    calls take them; for decode context parallelism compute the parts
+    without sinks) join each row once after the merge: ``S' = log2(2^S +
+    e^σ_h)``, ``V' = V·2^(S − S')``, rows with ``S = −inf`` unchanged.
+
+    Args:
+        v: ``[seq_len, num_states, num_heads, head_dim]`` bfloat16 / float16
+            (any strides, contiguous last dim, even ``head_dim``), e.g. an
+            all-gather's ``[world, ...]`` buffer seen through ``transpose(0, 1)``.
+        s: ``[seq_len, num_states, num_heads]`` float32 (contiguous last dim).
+        out: ``[seq_len, num_heads, head_dim]`` of ``v``'s dtype, or ``None``
+            (allocated before the call).
+        lse_out: ``[seq_len, num_heads]`` float32, or ``None`` (allocated).
+        sinks: ``[num_heads]`` float32 or ``None``.
+
+    Returns:
+        ``(V, S)``: ``out`` and ``lse_out``.
+
+    Raises:
+        mha_kit.InvalidArgument, mha_kit.DeviceError.
+
+    CUDA tensors run on torch's current stream (capturable in a CUDA graph
+    after a first eager call); host tensors run the float64 definition.
+    The log-sum-exp conversions (to the kernels' natural log and back)
+    are two elementwise multiplies of ``s`` / ``S``.
+    """
+    shape = tuple(getattr(v, "shape", ()))
+    if len(shape) != 4:
+        raise InvalidArgument(
+            f"argument `v`: expected [seq_len, num_states, num_heads, head_dim], got shape {list(shape)}"
+        )
+    t, _, h, d = shape
+    if out is None:
+        out = _new(v, (t, h, d), None)
+    if lse_out is None:
+        lse_out = _new(v, (t, h), "float32")
+    s_nat = s * LN2
+    if _compiling():
+        _ops().merge_states(v, s_nat, out, lse_out, sinks)
+    else:
+        _merge_impl(v, s_nat, out, lse_out, sinks)
+    _lse_to_base2(lse_out)
+    return out, lse_out
+
+
+def merge_state(v_a, s_a, v_b, s_b):
+    """Merges two partial states (FlashInfer's ``merge_state``): ``v_a``,
+    ``v_b`` ``[seq_len, num_heads, head_dim]``, ``s_a``, ``s_b``
+    ``[seq_len, num_heads]`` float32 base-2 log-sum-exp; returns ``(V, S)``
+    as :func:`merge_states` of the two (stacked on a new axis 1)."""
+    if sys.modules.get("torch") is not None and hasattr(v_a, "new_empty"):
+        import torch
+
+        return merge_states(torch.stack((v_a, v_b), 1), torch.stack((s_a, s_b), 1))
+    import numpy as np
+
+    return merge_states(np.stack((v_a, v_b), 1), np.stack((s_a, s_b), 1))

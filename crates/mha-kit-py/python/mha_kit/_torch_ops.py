@@ -102,6 +102,16 @@ def _kv_write_fake(*args) -> None:
     return None
 
 
+@torch.library.custom_op(f"{_NS}::merge_states", mutates_args=("out", "lse_out"))
+def _merge(v: Tensor, s: Tensor, out: Tensor, lse_out: Tensor, sinks: Optional[Tensor]) -> None:
+    _api._merge_impl(v, s, out, lse_out, sinks)
+
+
+@_merge.register_fake
+def _merge_fake(*args) -> None:
+    return None
+
+
 def ops():
     """``torch.ops.mha_kit`` (the ops above)."""
     return torch.ops.mha_kit
