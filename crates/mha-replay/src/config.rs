@@ -52,8 +52,7 @@ pub enum OnOff {
 /// context-parallel ranks of the CUDA executor run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RankGpus {
-    /// `spread` when the driver reports a device for every rank (and, for
-    /// `--dcp`, NCCL loads), else `one`.
+    /// `spread` where it can run (see the flag), else `one`.
     Auto,
     /// Every rank on the `--device` GPU, one after another (simulated).
     One,
@@ -139,7 +138,8 @@ pub struct Args {
     /// writes and prefill run everywhere). `spread` with `--dcp 1` forms a
     /// one-rank NCCL group (that path on one GPU). `one` simulates the ranks
     /// on the one GPU; `auto` spreads when there is a device for every rank
-    /// and libnccl loads. Not with `--tp` > 1.
+    /// and libnccl loads. `spread` is not available with `--tp` > 1 (`auto`
+    /// then simulates).
     #[arg(long, value_enum, default_value = "auto")]
     pub dcp_gpus: RankGpus,
     /// Skip-softmax factor of decode / verify / draft passes (FlashInfer's
@@ -309,6 +309,11 @@ fn resolve_tp_gpus(
     notes: &mut Vec<String>,
 ) -> Result<bool> {
     let ExecutorChoice::Cuda(base) = executor else {
+        if choice == TpGpus::Spread && tp > 1 {
+            notes.push(format!(
+                "--tp {tp}: the CPU executor runs the ranks one after another (--tp-gpus spread has no effect)"
+            ));
+        }
         return Ok(false);
     };
     if tp == 1 || choice == TpGpus::One {
@@ -829,6 +834,10 @@ mod tests {
             assert!(!resolve_tp_gpus(choice, ExecutorChoice::Cpu, 4, &mut notes).unwrap());
             assert!(!resolve_tp_gpus(choice, ExecutorChoice::Cuda(0), 1, &mut notes).unwrap());
         }
+        // Only the CPU executor asked to spread says so.
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("no effect"), "{notes:?}");
+        notes.clear();
         assert!(!resolve_tp_gpus(TpGpus::One, ExecutorChoice::Cuda(0), 2, &mut notes).unwrap());
         assert!(notes.is_empty());
         let devices = kernel_rt::gpu_status().devices();
