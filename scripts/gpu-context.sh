@@ -82,11 +82,11 @@
 #             (DBENCH_X8_CASES) and the cuDNN peers (same call)
 #   turns     session 24's exponential-turn experiments (EXT _x16384, SX
 #             _x4096; PERF session 24): the experiment-entry test (random
-#             cases, masked NaN / Inf keys), memcheck and racecheck on it with
-#             a few cases, the headline and FA3 D 128 cells with
+#             cases, masked NaN / Inf keys), the headline and FA3 D 128 cells with
 #             MHA_KIT_BENCH_VS=${TURNS_VS:-16384,4096} beside the default,
 #             the cuDNN peers, then Nsight Compute's SASS source page of one
 #             _x16384 launch (bs 8 x 4096) into $OUT/turns_sass.csv.xz
+#   turnsan   memcheck and racecheck on the experiment-entry test (few cases)
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries.
 #   usage: OUT=logs STAGES="smoke tests bench peers" bash scripts/gpu-context.sh [bundle.tar.xz]
@@ -434,11 +434,6 @@ stage_turns() {
   echo "== experiment entries (incl. the turns) vs the reference"
   timeout 200 $T --include-ignored experiment_entries > "$OUT/turns_test.log" 2>&1; echo "rc=$?"
   summary "$OUT/turns_test.log"; grep -E "experiment_entries_with" "$OUT/turns_test.log"
-  echo "== memcheck, racecheck: experiment entries (few cases)"
-  MHA_KIT_GPU_CASES=2 timeout 150 compute-sanitizer --tool memcheck $T --include-ignored experiment_entries \
-    > "$OUT/turns_memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/turns_memcheck.log"
-  MHA_KIT_GPU_CASES=2 timeout 150 compute-sanitizer --tool racecheck $T --include-ignored experiment_entries \
-    > "$OUT/turns_racecheck.log" 2>&1; echo "rc=$?"; summary "$OUT/turns_racecheck.log"
   echo "== bench: default beside ${TURNS_VS:-16384,4096}"
   MHA_KIT_BENCH_VS=${TURNS_VS:-16384,4096} MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16|bs 1 × 16384, P 16|FA3 grid D 128" \
     timeout ${BENCH_TIMEOUT:-240} benches/paged-attention-context --bench > "$OUT/turns_bench.log" 2>&1; echo "rc=$?"
@@ -451,6 +446,15 @@ stage_turns() {
   ncu -i "$OUT/turns.ncu-rep" --page source --csv --print-source sass 2>/dev/null | xz -T0 > "$OUT/turns_sass.csv.xz"
   ncu -i "$OUT/turns.ncu-rep" --page details 2>/dev/null | grep -E "Duration|Issue Slots|Eligible|Executed Ipc A" | head
   rm -f "$OUT/turns.ncu-rep"
+}
+stage_turnsan() {
+  # The turns stage's sanitizer runs (a separate call: the whole turns stage
+  # does not fit one 600 s device call with them).
+  echo "== memcheck, racecheck: experiment entries (few cases)"
+  MHA_KIT_GPU_CASES=2 timeout 150 compute-sanitizer --tool memcheck $T --include-ignored experiment_entries \
+    > "$OUT/turns_memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/turns_memcheck.log"
+  MHA_KIT_GPU_CASES=2 timeout 150 compute-sanitizer --tool racecheck $T --include-ignored experiment_entries \
+    > "$OUT/turns_racecheck.log" 2>&1; echo "rc=$?"; summary "$OUT/turns_racecheck.log"
 }
 stage_pending() { stage_pending_tests; stage_pending_python; stage_pending_replay; }
 stage_xbench() {
