@@ -33,7 +33,7 @@ use crate::gen::{unit_hash, Generator, ModelId};
 use crate::pass::{part_work, Part, Pass, PassKind};
 use crate::ranks::{join_ranks, Draft, Models, Rank, RankTotals, Which};
 use crate::report::{
-    DeviceErrorsReport, PassRecord, RankReport, Recorder, Report, RunConfig, Workload,
+    gbps, DeviceErrorsReport, PassRecord, RankReport, Recorder, Report, RunConfig, Workload,
 };
 use crate::sched::{KvPools, Scheduler};
 use paged_attention::nccl::{DcpComm, DcpId};
@@ -472,11 +472,7 @@ fn run_ranks_with(
                 attention_s: t.attention_s,
                 metadata_s: t.metadata_s,
                 kv_bytes_read: t.kv_bytes,
-                bandwidth_gbps: if t.attention_s > 0.0 {
-                    t.kv_bytes / t.attention_s / 1e9
-                } else {
-                    0.0
-                },
+                bandwidth_gbps: gbps(t.kv_bytes, t.attention_s),
                 flops: t.flops,
                 device_errors: e.count(),
                 output_hash: String::new(),
@@ -658,11 +654,7 @@ fn join_dcp_reports(reports: Vec<Report>) -> Report {
             attention_s: t.attention_s,
             metadata_s: t.metadata_s,
             kv_bytes_read: t.kv_bytes_read,
-            bandwidth_gbps: if t.attention_s > 0.0 {
-                t.kv_bytes_read / t.attention_s / 1e9
-            } else {
-                0.0
-            },
+            bandwidth_gbps: gbps(t.kv_bytes_read, t.attention_s),
             flops: rep.modes.iter().map(|m| m.flops).sum(),
             device_errors: rep.device_errors.count,
             output_hash: rep.check.output_hash.clone(),

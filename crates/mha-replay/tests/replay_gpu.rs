@@ -53,6 +53,56 @@ fn replay(device: &str, requests: &str, extra: &[&str]) -> Result<Report, String
     run_args(&args).map_err(|e| format!("{device} {extra:?}: {e}"))
 }
 
+/// The ranks of `base` (two of them) placed by `flag` (`--tp-gpus` or
+/// `--dcp-gpus`, reported in `placed`): first `one` (checked clean), then
+/// `spread`. With fewer than two devices from `cuda:n`, `spread` must be
+/// refused naming the flag and the default (`auto`) must run them as `one`,
+/// with `one`'s output hash; that gives `(one, None)`. Otherwise `(one,
+/// Some(the spread run))`, not yet checked.
+fn one_then_spread(
+    dev: &str,
+    n: usize,
+    base: &[&str],
+    flag: &str,
+    placed: fn(&Report) -> &String,
+) -> Result<(Report, Option<Report>), String> {
+    let devices = match kernel_rt::gpu_status() {
+        kernel_rt::GpuStatus::Available { devices } => *devices,
+        kernel_rt::GpuStatus::Missing(why) => return Err(why.clone()),
+    };
+    let mut one_args = base.to_vec();
+    one_args.extend_from_slice(&[flag, "one"]);
+    let one = replay(dev, "12", &one_args)?;
+    clean(&one, &format!("{flag} one"))?;
+    let mut spread_args = base.to_vec();
+    spread_args.extend_from_slice(&[flag, "spread"]);
+    if devices >= n + 2 {
+        return Ok((one, Some(replay(dev, "12", &spread_args)?)));
+    }
+    let e = match replay(dev, "12", &spread_args) {
+        Ok(_) => {
+            return Err(format!(
+                "{flag} spread on {devices} device(s) was not refused"
+            ))
+        }
+        Err(e) => e,
+    };
+    if !e.contains(flag) {
+        return Err(format!("the refusal does not name {flag}: {e}"));
+    }
+    let auto = replay(dev, "12", base)?;
+    if placed(&auto) != "one" || auto.check.output_hash != one.check.output_hash {
+        return Err(format!(
+            "auto on {devices} device(s): {} / {} vs {}",
+            placed(&auto),
+            auto.check.output_hash,
+            one.check.output_hash
+        ));
+    }
+    println!("{devices} device(s): {flag} spread refused ({e}); auto ran the ranks on {dev}");
+    Ok((one, None))
+}
+
 fn clean(r: &Report, what: &str) -> Result<(), String> {
     if r.check.pairs == 0 {
         return Err(format!("{what}: nothing was checked"));
@@ -278,37 +328,10 @@ fn main() {
             // the flag and `auto` runs the ranks on the one GPU.
             let n = gpu.context().ordinal();
             let dev = format!("cuda:{n}");
-            let devices = match kernel_rt::gpu_status() {
-                kernel_rt::GpuStatus::Available { devices } => *devices,
-                kernel_rt::GpuStatus::Missing(why) => return Err(why.clone()),
-            };
             let mut base = GPT_OSS_SPEC.to_vec();
             base.extend_from_slice(&["--tp", "2"]);
-            let mut one_args = base.clone();
-            one_args.extend_from_slice(&["--tp-gpus", "one"]);
-            let one = replay(&dev, "12", &one_args)?;
-            clean(&one, "--tp-gpus one")?;
-            let mut spread_args = base.clone();
-            spread_args.extend_from_slice(&["--tp-gpus", "spread"]);
-            if devices < n + 2 {
-                let e = match replay(&dev, "12", &spread_args) {
-                    Ok(_) => return Err(format!("spread on {devices} device(s) was not refused")),
-                    Err(e) => e,
-                };
-                if !e.contains("--tp-gpus") {
-                    return Err(format!("the refusal does not name --tp-gpus: {e}"));
-                }
-                let auto = replay(&dev, "12", &base)?;
-                if auto.config.tp_gpus != "one" || auto.check.output_hash != one.check.output_hash {
-                    return Err(format!(
-                        "auto on {devices} device(s): {} / {} vs {}",
-                        auto.config.tp_gpus, auto.check.output_hash, one.check.output_hash
-                    ));
-                }
-                println!("{devices} device(s): spread refused ({e}); auto ran on {dev}");
-                return Ok(());
-            }
-            let r = replay(&dev, "12", &spread_args)?;
+            let (one, r) = one_then_spread(&dev, n, &base, "--tp-gpus", |r| &r.config.tp_gpus)?;
+            let Some(r) = r else { return Ok(()) };
             clean(&r, "--tp-gpus spread")?;
             same_counts(&one, &r, "--tp-gpus spread")?;
             let want: Vec<String> = (0..2).map(|i| format!("cuda:{}", n + i)).collect();
@@ -367,10 +390,6 @@ fn main() {
             // spread is refused naming the flag and auto simulates.
             let n = gpu.context().ordinal();
             let dev = format!("cuda:{n}");
-            let devices = match kernel_rt::gpu_status() {
-                kernel_rt::GpuStatus::Available { devices } => *devices,
-                kernel_rt::GpuStatus::Missing(why) => return Err(why.clone()),
-            };
             let base = GPT_OSS_SPEC;
             let cpu = replay("cpu", "12", &base)?;
             clean(&cpu, "cpu --dcp 1")?;
@@ -391,34 +410,8 @@ fn main() {
             }
             let mut two = base.to_vec();
             two.extend_from_slice(&["--dcp", "2"]);
-            let mut one_args = two.clone();
-            one_args.extend_from_slice(&["--dcp-gpus", "one"]);
-            let one = replay(&dev, "12", &one_args)?;
-            clean(&one, "--dcp 2 --dcp-gpus one")?;
-            let mut spread_args = two.clone();
-            spread_args.extend_from_slice(&["--dcp-gpus", "spread"]);
-            if devices < n + 2 {
-                let e = match replay(&dev, "12", &spread_args) {
-                    Ok(_) => return Err(format!("spread on {devices} device(s) was not refused")),
-                    Err(e) => e,
-                };
-                if !e.contains("--dcp-gpus") {
-                    return Err(format!("the refusal does not name --dcp-gpus: {e}"));
-                }
-                let auto = replay(&dev, "12", &two)?;
-                if auto.config.dcp_gpus != "one" || auto.check.output_hash != one.check.output_hash
-                {
-                    return Err(format!(
-                        "auto on {devices} device(s): {} / {} vs {}",
-                        auto.config.dcp_gpus, auto.check.output_hash, one.check.output_hash
-                    ));
-                }
-                println!(
-                    "{devices} device(s): --dcp 2 spread refused ({e}); auto simulated on {dev}"
-                );
-                return Ok(());
-            }
-            let r = replay(&dev, "12", &spread_args)?;
+            let (one, r) = one_then_spread(&dev, n, &two, "--dcp-gpus", |r| &r.config.dcp_gpus)?;
+            let Some(r) = r else { return Ok(()) };
             clean(&r, "--dcp 2 --dcp-gpus spread")?;
             same_counts(&one, &r, "--dcp 2 --dcp-gpus spread")?;
             let want: Vec<String> = (0..2).map(|i| format!("cuda:{}", n + i)).collect();

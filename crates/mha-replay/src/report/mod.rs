@@ -400,6 +400,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// `bytes / seconds` in GB/s (0 for no time).
+pub fn gbps(bytes: f64, seconds: f64) -> f64 {
+    ratio(bytes, seconds) / 1e9
+}
+
 fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 {
         a / b
