@@ -2,7 +2,9 @@
 //! validation shared by both paths (the launchers' shape rules, with the
 //! public argument names) and the CPU path (paged-attention's f64 reference).
 
-use paged_attention::reference::{self, HostInputs, HostKv, HostLayout, KvData};
+use paged_attention::reference::{
+    self, HostInputs, HostKv, HostLayout, Interleave, KeyPositions, KvData,
+};
 use paged_attention::{HalfDtype, KvDtype, HEAD_DIMS, MAX_GROUP};
 
 use crate::desc::{Dtype, Tensor};
@@ -94,6 +96,12 @@ pub struct AttnCall {
     pub max_seq_len: usize,
     /// Skip-softmax factor (decode on the GPU; `None` / 0: exact).
     pub skip_softmax: Option<f32>,
+    /// Decode context parallelism: this call is rank `rank` of `ranks`
+    /// by page interleave (`block` = the page size): it reads the request
+    /// pages `e ≡ rank mod ranks` of the global `block_tables` and returns
+    /// the rank's partial state, in global positions, without sinks.
+    /// `None` = the whole sequence (also for one rank).
+    pub interleave: Option<Interleave>,
 }
 
 /// The arguments of either entry point, described.
@@ -138,6 +146,8 @@ pub struct AttnInputs {
     pub window_left: i64,
     /// `skip_softmax_threshold_scale_factor` (decode).
     pub skip_softmax: Option<f64>,
+    /// `(dcp_rank, dcp_world_size)` (decode; `None` = not sharded).
+    pub dcp: Option<(usize, usize)>,
 }
 
 fn half(t: &Tensor) -> Result<HalfDtype, ArgError> {
@@ -275,6 +285,33 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
             ))
         }
     };
+    let interleave = match a.dcp {
+        None | Some((0, 1)) => None,
+        Some(_) if context => {
+            return Err(ArgError::new(
+                "dcp_world_size",
+                "decode context parallelism is a decode / verify option",
+            ))
+        }
+        Some((rank, ranks)) if ranks == 0 || rank >= ranks => {
+            return Err(ArgError::new(
+                "dcp_rank",
+                format!("rank {rank} of dcp_world_size {ranks} (0 ≤ rank < size)"),
+            ))
+        }
+        Some(_) if a.sinks.is_some() => {
+            return Err(ArgError::new(
+                "sinks",
+                "a context-parallel rank's partial state has no sinks: pass them to \
+                 merge_states, which joins them once",
+            ))
+        }
+        Some((rank, ranks)) => Some(Interleave {
+            rank,
+            ranks,
+            block: p,
+        }),
+    };
     if let Some(l) = &a.lse {
         l.require_rank(2, "[num_tokens, num_qo_heads]")?;
         l.require_dtype(&[Dtype::F32])?;
@@ -367,6 +404,7 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
         window,
         max_seq_len: a.max_seq_len.max(1),
         skip_softmax,
+        interleave,
     })
 }
 
@@ -458,7 +496,36 @@ pub unsafe fn run_cpu(c: &AttnCall) -> Result<(u32, u32), ArgError> {
         if bs == 0 {
             return Ok((0, 0));
         }
-        reference::attention(&input)
+        match c.interleave {
+            // The rank's local tables (`cp::rank_tables`), keys in global
+            // positions: what the kernel reads of the global table.
+            Some(il) => {
+                let t = paged_attention::cp::rank_tables(
+                    page_table,
+                    m,
+                    input.page_table_stride,
+                    seq_lens,
+                    il.block,
+                    il.rank,
+                    il.ranks,
+                );
+                let global: Vec<i64> = seq_lens.iter().map(|&l| i64::from(l.max(0))).collect();
+                let local = HostInputs {
+                    page_table: &t.page_table,
+                    max_num_pages: t.max_num_pages,
+                    page_table_stride: t.max_num_pages,
+                    cache_seqlens: &t.cache_seqlens,
+                    ..input
+                };
+                let pos = KeyPositions {
+                    key_offset: None,
+                    interleave: Some(il),
+                    seq_lens: Some(&global),
+                };
+                reference::attention_at(&local, &pos)
+            }
+            None => reference::attention(&input),
+        }
     };
     // Rows of processed requests get the rounded result; the others keep
     // their bytes: read them, overwrite the written rows, write back.

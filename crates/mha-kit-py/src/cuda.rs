@@ -390,7 +390,7 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
             _ => None,
         },
         split: SplitMode::Auto,
-        interleave: None,
+        interleave: c.interleave,
         skip_softmax: c.skip_softmax,
         skipped_slices: None,
         workspace: None,

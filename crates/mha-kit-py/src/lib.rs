@@ -93,7 +93,7 @@ type ErrWord = Option<(u32, u32)>;
 #[pyfunction]
 #[pyo3(signature = (query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
     max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req, max_q_len,
-    cum_seq_lens_q, stream, lse=None, skip_softmax=None))]
+    cum_seq_lens_q, stream, lse=None, skip_softmax=None, dcp=None))]
 #[allow(clippy::too_many_arguments)]
 fn decode(
     py: Python<'_>,
@@ -115,6 +115,7 @@ fn decode(
     stream: Option<u64>,
     lse: Option<Desc>,
     skip_softmax: Option<f64>,
+    dcp: Option<(usize, usize)>,
 ) -> PyResult<ErrWord> {
     let stream = resolve_stream(py, stream, query.device)?;
     guard(|| {
@@ -139,6 +140,7 @@ fn decode(
                 bmm2: bmm2_scale,
                 window_left,
                 skip_softmax,
+                dcp,
             },
             false,
         )?;
@@ -216,6 +218,7 @@ fn context(
                 bmm2: bmm2_scale,
                 window_left,
                 skip_softmax: None,
+                dcp: None,
             },
             true,
         )?;

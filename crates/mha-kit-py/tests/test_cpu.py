@@ -844,3 +844,75 @@ def test_merge_states_output_checks_name_the_output():
         mha_kit.merge_states(v, s, lse_out=np.zeros((3, 3), np.float32))
     with pytest.raises(mha_kit.InvalidArgument, match="`sinks`"):
         mha_kit.merge_states(v, s, sinks=np.zeros(3, np.float32))
+
+
+DCP_CASES = [
+    # name, ranks, q_lens, p, window, sinks, layout, kv
+    ("decode-2", 2, [1, 1, 1, 1], 16, -1, False, "HND", "same"),
+    ("decode-3-window-sinks", 3, [1, 1, 1], 4, 9, True, "NHD", "same"),
+    ("verify-4", 4, [3, 3], 8, -1, True, "HND", "same"),
+    ("ragged-2-window", 2, [2, 0, 4, 1], 4, 5, False, "NHD", "same"),
+    ("fp8-3", 3, [1, 2], 16, -1, True, "HND", "e4m3"),
+]
+
+
+@pytest.mark.parametrize("case", DCP_CASES, ids=[c[0] for c in DCP_CASES])
+def test_dcp_ranks_merged_equal_the_unsplit_decode(case):
+    """Decode context parallelism from Python (issue 17): each rank's
+    ``trtllm_batch_decode_with_kv_cache(..., dcp_rank=r, dcp_world_size=N,
+    return_lse=True)`` over the global tables, pages of the other ranks
+    poisoned with NaN (a rank must never read them), stacked as an
+    all-gather would and merged by ``merge_states`` with the sinks once,
+    equals the unsplit call (uniform and ragged rows, windows, FP8 KV);
+    rows a rank saw no key of have ``lse = -inf``."""
+    name, n, q_lens, p, window, sinks, layout, kv = case
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    lens = [int(q + rng.integers(0, 6 * p)) for q in q_lens]
+    c = ref.random_case(rng, bs=len(q_lens), hq=8, hkv=2, d=64, p=p, q_lens=q_lens,
+                        dtype=np.float16, kv_dtype="e4m3" if kv == "e4m3" else np.float16,
+                        lens=lens, sinks=sinks, window_left=window, layout=layout)
+    ragged = len(set(q_lens)) > 1
+    rows = dict(q_len_per_req=None, max_q_len=max(q_lens), cum_seq_lens_q=c["cu"]) if ragged \
+        else dict(q_len_per_req=q_lens[0])
+    common = dict(bmm1_scale=0.125, window_left=window, kv_layout=layout, **rows)
+    want, want_lse = mha_kit.trtllm_batch_decode_with_kv_cache(
+        c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], c["max_seq_len"],
+        sinks=c["sinks"], return_lse=True, **common)
+    outs, lses = [], []
+    page_axis = 0
+    for r in range(n):
+        k, v = c["k"].copy(), c["v"].copy()
+        mine = {int(c["block_tables"][b, e]) for b in range(len(q_lens))
+                for e in range(r, c["block_tables"].shape[1], n)}
+        nan = 0x7F if kv == "e4m3" else np.float16(np.nan)
+        for pg in range(k.shape[page_axis]):
+            if pg not in mine:
+                k[pg] = nan
+                v[pg] = nan
+        o, lse = mha_kit.trtllm_batch_decode_with_kv_cache(
+            c["q"], (k, v), _ws(), c["block_tables"], c["seq_lens"], c["max_seq_len"],
+            return_lse=True, dcp_rank=r, dcp_world_size=n, **common)
+        outs.append(o)
+        lses.append(lse)
+    got, got_lse = mha_kit.merge_states(np.stack(outs, 1), np.stack(lses, 1), sinks=c["sinks"])
+    assert np.all(np.isfinite(got)), "a rank read another rank's (NaN) page"
+    # The partial outputs were rounded to f16 before the merge.
+    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    assert np.all(err <= 4 * 2.0**-10 * (np.abs(want.astype(np.float64)) + 1.0)), err.max()
+    fin = np.isfinite(want_lse)
+    assert np.array_equal(np.isfinite(got_lse), fin)
+    assert np.all(np.abs(got_lse[fin] - want_lse[fin]) <= 1e-5 * np.maximum(1.0, np.abs(want_lse[fin])))
+
+
+def test_dcp_arguments_are_checked_naming_them():
+    with pytest.raises(mha_kit.InvalidArgument, match="dcp_rank"):
+        mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(dcp_rank=2, dcp_world_size=2))
+    with pytest.raises(mha_kit.InvalidArgument, match="dcp_rank"):
+        mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(dcp_rank=0, dcp_world_size=0))
+    with pytest.raises(mha_kit.InvalidArgument, match="`sinks`"):
+        mha_kit.trtllm_batch_decode_with_kv_cache(
+            **_decode_args(dcp_rank=1, dcp_world_size=2, sinks=np.zeros(4, np.float32)))
+    # One rank is the unsplit call, bit for bit.
+    a = mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args())
+    b = mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(dcp_rank=0, dcp_world_size=1))
+    assert np.array_equal(a, b)

@@ -588,3 +588,29 @@ def test_merge_states_on_cuda_equals_the_cpu_path(dt):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, got_v) and torch.equal(lse, got_s)
+
+
+@pytest.mark.parametrize("name,kw,n", [
+    ("dcp-decode-2", DECODE[1][1], 2),
+    ("dcp-verify-4", DECODE[5][1], 4),
+    ("dcp-long-3", DECODE[6][1], 3),
+])
+def test_dcp_ranks_merged_on_cuda_equal_the_unsplit_decode(name, kw, n):
+    """``dcp_rank`` / ``dcp_world_size`` on the tensor-core decode kernel
+    (``DecodeArgs::interleave``): every rank's partial ``(out, lse)`` on this
+    GPU, stacked as an all-gather would leave them and merged by
+    ``merge_states`` with the sinks once, equals the unsplit call."""
+    kw = dict(kw)
+    c, t = _case(name, **kw)
+    q_len = kw["q_lens"][0]
+    common = dict(bmm1_scale=1 / math.sqrt(kw["d"]), window_left=c["window_left"],
+                  kv_layout=c["layout"], q_len_per_req=q_len)
+    want = mha_kit.trtllm_batch_decode_with_kv_cache(
+        t["q"], (t["k"], t["v"]), _ws(), t["block_tables"], t["seq_lens"], c["max_seq_len"],
+        sinks=t["sinks"], **common)
+    parts = [mha_kit.trtllm_batch_decode_with_kv_cache(
+        t["q"], (t["k"], t["v"]), _ws(), t["block_tables"], t["seq_lens"], c["max_seq_len"],
+        return_lse=True, dcp_rank=r, dcp_world_size=n, **common) for r in range(n)]
+    got, _ = mha_kit.merge_states(torch.stack([p[0] for p in parts], 1),
+                                  torch.stack([p[1] for p in parts], 1), sinks=t["sinks"])
+    _check(got, want.double().cpu().numpy(), name)

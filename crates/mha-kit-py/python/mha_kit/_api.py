@@ -221,25 +221,25 @@ def _decode_extras(kv_cache_sf, uses_shared_paged_kv_idx, bmm1_scale_log2,
 
 def _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                  max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                 max_q_len, cum_seq_lens_q, kv_layout, lse=None, skip=None):
+                 max_q_len, cum_seq_lens_q, kv_layout, lse=None, skip=None, dcp=None):
     if lse is not None or query.dtype != out.dtype:
         # Off the hot path: an e4m3 query cast into the workspace, the LSE
         # converted to FlashInfer's base 2 after the launch.
         query, workspace_buffer = _cast_query(query, out, workspace_buffer)
         r = _decode_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens,
                            out, max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks,
-                           q_len_per_req, max_q_len, cum_seq_lens_q, kv_layout, lse, skip)
+                           q_len_per_req, max_q_len, cum_seq_lens_q, kv_layout, lse, skip, dcp)
         if lse is not None:
             _lse_to_base2(lse)
         return r
     return _decode_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                           max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                          max_q_len, cum_seq_lens_q, kv_layout, None, skip)
+                          max_q_len, cum_seq_lens_q, kv_layout, None, skip, dcp)
 
 
 def _decode_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                    max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                   max_q_len, cum_seq_lens_q, kv_layout, lse, skip):
+                   max_q_len, cum_seq_lens_q, kv_layout, lse, skip, dcp=None):
     # The eager hot path (issue 15). With the DLPack exchange API the native
     # side reads the tensors itself (and torch's current stream: `None`);
     # anything it cannot read comes back as NotExchangeable before any
@@ -251,6 +251,7 @@ def _decode_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_
                 int(max_seq_len), float(bmm1_scale), float(bmm2_scale), int(window_left),
                 sinks, None if q_len_per_req is None else int(q_len_per_req),
                 None if max_q_len is None else int(max_q_len), cum_seq_lens_q, None, lse, skip,
+                dcp,
             )
         except _native.NotExchangeable:
             pass
@@ -276,6 +277,7 @@ def _decode_native(query, k_cache, v_cache, workspace_buffer, block_tables, seq_
         stream_of(q),
         maybe(lse, "lse", True),
         skip,
+        dcp,
     )
 
 
@@ -311,6 +313,8 @@ def trtllm_batch_decode_with_kv_cache(
     multi_ctas_kv_counter_buffer=None,
     enable_block_sparse_attention=False,
     bf16q_fp8kv_transform_mode=None,
+    dcp_rank=0,
+    dcp_world_size=1,
 ):
     """Decode / speculative verify attention over a paged KV cache.
 
@@ -382,6 +386,18 @@ def trtllm_batch_decode_with_kv_cache(
         kv_cache_sf, uses_shared_paged_kv_idx, bmm1_scale_log2,
             enable_block_sparse_attention: accepted for compatibility at
             their defaults only (``None``, ``True``, ``None``, ``False``).
+        dcp_rank, dcp_world_size: decode context parallelism by page
+            interleave (mha-kit's keywords; ``0`` and ``1``: off). Page
+            ``e`` of every request lives on rank ``e mod dcp_world_size``:
+            ``block_tables`` and ``seq_lens`` stay the global ones (the
+            entries of the other ranks' pages are never read, whatever they
+            hold), causal limits and windows are in global positions, and
+            the call returns this rank's partial state — with ``lse`` or
+            ``return_lse`` its base-2 log-sum-exp, ``-inf`` where the rank
+            saw no key of a row. ``sinks`` must be ``None`` here (they join
+            once, in :func:`merge_states`). All-gather every rank's
+            ``(out, lse)`` and :func:`merge_states` them into the unsplit
+            result.
 
     Returns:
         ``out``, or ``(out, lse)`` with ``return_lse``.
@@ -428,15 +444,17 @@ def trtllm_batch_decode_with_kv_cache(
     skip = skip_softmax_threshold_scale_factor
     if skip is not None and type(skip) is not float:
         skip = scalar(skip, "skip_softmax_threshold_scale_factor")
+    dcp = None if dcp_world_size == 1 and dcp_rank == 0 else (int(dcp_rank), int(dcp_world_size))
     if _compiling():
         _ops().trtllm_batch_decode(query, k_cache, v_cache, workspace_buffer, block_tables,
                                    seq_lens, out, int(max_seq_len), bmm1_scale, bmm2_scale,
                                    int(window_left), sinks, q_len_per_req, max_q_len,
-                                   cum_seq_lens_q, kv_layout, lse, skip)
+                                   cum_seq_lens_q, kv_layout, lse, skip,
+                                   int(dcp_rank), int(dcp_world_size))
     else:
         _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                      max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                     max_q_len, cum_seq_lens_q, kv_layout, lse, skip)
+                     max_q_len, cum_seq_lens_q, kv_layout, lse, skip, dcp)
     return (out, lse) if return_lse else out
 
 

@@ -25,16 +25,15 @@ def _decode(query: Tensor, k_cache: Tensor, v_cache: Tensor, workspace_buffer: T
             bmm1_scale: float, bmm2_scale: float, window_left: int, sinks: Optional[Tensor],
             q_len_per_req: Optional[int], max_q_len: Optional[int],
             cum_seq_lens_q: Optional[Tensor], kv_layout: str, lse: Optional[Tensor],
-            skip: Optional[float]) -> None:
+            skip: Optional[float], dcp_rank: int, dcp_world_size: int) -> None:
+    dcp = None if dcp_world_size == 1 and dcp_rank == 0 else (dcp_rank, dcp_world_size)
     _api._decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                       max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                      max_q_len, cum_seq_lens_q, kv_layout, lse, skip)
+                      max_q_len, cum_seq_lens_q, kv_layout, lse, skip, dcp)
 
 
 @_decode.register_fake
-def _decode_fake(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
-                 max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                 max_q_len, cum_seq_lens_q, kv_layout, lse, skip) -> None:
+def _decode_fake(*args) -> None:
     return None
 
 
