@@ -20,6 +20,9 @@ struct Request {
     pages: Vec<usize>,
     /// Positions below this have had their SWA pages evicted.
     swa_evicted: usize,
+    /// The largest window an eviction used (`evict_swa`): a position's next
+    /// token attends to the keys down to it minus this.
+    swa_window: usize,
 }
 
 /// The sync mark of [`Pools`]: set through `&Pools` by the executor that
@@ -333,13 +336,31 @@ impl Pools {
     ///
     /// # Errors
     /// [`BackendError::UnknownRequest`]; [`BackendError::Batch`] when
-    /// `new_len` exceeds the request's length.
+    /// `new_len` exceeds the request's length, or when `0 < new_len <
+    /// F + W` after [`Pools::evict_swa`] freed the SWA pages below position
+    /// `F` with window `W`: the request's next token would attend to
+    /// evicted keys (and a partly kept evicted page has no SWA page to take
+    /// new tokens), which no later call can restore. Evict with the length
+    /// that stays (the committed tokens, not draft tokens).
     pub fn truncate_request(&mut self, req: usize, new_len: usize) -> Result<()> {
-        let len = self.request(req)?.len;
+        let (len, evicted, window) = {
+            let r = self.request(req)?;
+            (r.len, r.swa_evicted, r.swa_window)
+        };
         if new_len > len {
             return Err(crate::error::batch_err(
                 "truncate_request",
                 format!("new length {new_len} exceeds the request's {len} tokens"),
+            ));
+        }
+        if new_len > 0 && evicted > 0 && new_len < len && new_len < evicted + window {
+            return Err(crate::error::batch_err(
+                "truncate_request",
+                format!(
+                    "new length {new_len}: the SWA pages below position {evicted} were \
+                     evicted (window {window}), so the next token would attend to evicted \
+                     keys; evict with the length that stays"
+                ),
             ));
         }
         let p = self.page_size;
@@ -392,6 +413,9 @@ impl Pools {
         )?;
         let freed = m.free_swa_pages() - before;
         if let Some(r) = self.requests[req].as_mut() {
+            if new > r.swa_evicted {
+                r.swa_window = r.swa_window.max(window);
+            }
             r.swa_evicted = new;
         }
         if freed > 0 {

@@ -1255,3 +1255,35 @@ fn reference_metadata_is_the_host_build() {
     assert_eq!(reference.page_row(0, 4), m.page_row(0, 4));
     assert_eq!(m.page_row(0, 4).len(), 2);
 }
+
+/// Truncating a request below what its SWA eviction keeps (window 5, P = 4:
+/// evicting at 13 tokens frees the SWA pages of positions 0..8) is a typed
+/// error that changes nothing: the next token would attend to evicted keys
+/// and read the padding page instead (a silent wrong answer before). The
+/// committed length, and anything at or above eviction point + window,
+/// truncates; freeing always works.
+#[test]
+fn truncating_below_the_swa_eviction_point_is_refused() {
+    let mut c = hybrid_config();
+    c.num_pages = 12;
+    c.num_swa_pages = Some(12);
+    let mut sim = Sim::new(c, 9);
+    let a = sim.new_request();
+    sim.extend(&[(a, 13)], false);
+    assert_eq!(sim.backend.evict_swa(a, 13).unwrap(), 2);
+    sim.backend.alloc_tokens(&[(a, 3)]).unwrap(); // three draft tokens: 16
+    let before = sim.backend.pools_snapshot();
+    for bad in [6, 8, 12] {
+        let e = sim.backend.truncate_request(a, bad).unwrap_err();
+        assert!(
+            matches!(e, BackendError::Batch { .. }) && e.to_string().contains("evicted"),
+            "{bad}: {e}"
+        );
+        assert_eq!(sim.backend.pools_snapshot(), before, "{bad}: changed state");
+    }
+    // Rejecting the drafts back to the committed 13 tokens works, and the
+    // request decodes on.
+    sim.backend.truncate_request(a, 13).unwrap();
+    sim.decode(&[a]);
+    sim.backend.free_request(a).unwrap();
+}
