@@ -48,12 +48,14 @@
 pub mod check;
 pub mod config;
 pub mod cuda_engine;
+pub mod dcp;
 pub mod engine;
 pub mod error;
 pub mod gen;
 pub mod launch;
 pub mod model;
 pub mod pass;
+pub mod placement;
 pub mod plot;
 mod ranks;
 pub mod replay;
