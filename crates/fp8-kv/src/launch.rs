@@ -627,16 +627,25 @@ impl KvWriteKernel {
         args: &mut PagedKvWriteArgs<'_, u16>,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
+        self.set_kv_buffer_paged_on(self.kernel.gpu().stream(), args, errors)
+    }
+
+    /// [`KvWriteKernel::set_kv_buffer_paged`] on `stream` instead of the
+    /// GPU's own stream (e.g. an engine's stream from
+    /// [`Gpu::borrowed_stream`]).
+    ///
+    /// # Errors
+    /// As [`KvWriteKernel::set_kv_buffer_paged`]; [`KernelError::Unsupported`]
+    /// when the stream belongs to another context.
+    pub fn set_kv_buffer_paged_on(
+        &self,
+        stream: &CudaStream,
+        args: &mut PagedKvWriteArgs<'_, u16>,
+        errors: &mut DeviceErrors,
+    ) -> Result<()> {
         let params = validate_paged(args)?;
         let views = self.paged_views(args);
-        self.launch_views(
-            self.kernel.gpu().stream(),
-            SET_KV,
-            views,
-            params,
-            false,
-            errors,
-        )
+        self.launch_views(stream, SET_KV, views, params, false, errors)
     }
 
     /// The fused FP8 write into paged e4m3 cache views

@@ -30,6 +30,7 @@ use crate::desc::Tensor;
 use crate::error::{from_kernel, ArgError, CallError, CallResult};
 use crate::merge::MergeCall;
 use crate::meta::{GraphCall, KvWriteCall, PageTableCall};
+use crate::paged_write::SetKvCall;
 
 /// Kernel families, each with its own error word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -723,4 +724,33 @@ pub fn merge(c: &MergeCall, ordinal: usize, handle: u64) -> CallResult<()> {
     kernel
         .launch_on(&stream, &mut args)
         .map_err(|e| from_kernel(e, crate::merge::NAMES, &ts))
+}
+
+/// `set_kv_buffer` on the GPU (fp8-kv's paged write; out-of-range slots
+/// skipped and counted in the `kv_write` word).
+///
+/// # Errors
+/// [`CallError`] naming the argument; device failures.
+pub fn set_kv(c: &SetKvCall, ordinal: usize, handle: u64) -> CallResult<()> {
+    let ts = [&c.k, &c.v, &c.k_cache, &c.v_cache, &c.cache_loc];
+    check_device(&ts, ordinal)?;
+    let dev = device(ordinal)?;
+    let stream = dev.stream(handle)?;
+    let kernel = dev.launcher(&stream, |l| &mut l.kv, KvWriteKernel::new)?;
+    let k = Buf::<u16>::new(&c.k, &stream)?;
+    let v = Buf::<u16>::new(&c.v, &stream)?;
+    let loc = Buf::<i64>::new(&c.cache_loc, &stream)?;
+    let mut kc = Buf::<u16>::new(&c.k_cache, &stream)?;
+    let mut vc = Buf::<u16>::new(&c.v_cache, &stream)?;
+    let mut args = fp8_kv::PagedKvWriteArgs {
+        k: k.view(&c.k)?,
+        v: v.view(&c.v)?,
+        cache_loc: loc.view(&c.cache_loc)?,
+        k_cache: kc.view_mut(&c.k_cache)?,
+        v_cache: vc.view_mut(&c.v_cache)?,
+    };
+    let mut errs = lock(&dev.errors);
+    kernel
+        .set_kv_buffer_paged_on(&stream, &mut args, &mut errs[Family::KvWrite as usize])
+        .map_err(|e| from_kernel(e, &[], &ts))
 }

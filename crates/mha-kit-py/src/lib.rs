@@ -28,6 +28,7 @@ pub mod exchange;
 pub mod host;
 pub mod merge;
 pub mod meta;
+pub mod paged_write;
 pub mod probe;
 
 use pyo3::prelude::*;
@@ -379,6 +380,37 @@ fn fused_fp8_set_kv_buffer(
     })
 }
 
+/// `set_kv_buffer`: K/V rows into a 16-bit paged cache (HND index order;
+/// out-of-range slots skipped and counted).
+#[pyfunction]
+#[pyo3(signature = (k, v, k_cache, v_cache, cache_loc, stream))]
+fn set_kv_buffer(
+    py: Python<'_>,
+    k: Desc,
+    v: Desc,
+    k_cache: Desc,
+    v_cache: Desc,
+    cache_loc: Desc,
+    stream: Option<u64>,
+) -> PyResult<ErrWord> {
+    let stream = resolve_stream(py, stream, k.device)?;
+    guard(|| {
+        let c = paged_write::validate_set_kv(
+            t("k", k)?,
+            t("v", v)?,
+            t("k_cache", k_cache)?,
+            t("v_cache", v_cache)?,
+            t("cache_loc", cache_loc)?,
+        )?;
+        match common_device(&[&c.k, &c.v, &c.k_cache, &c.v_cache, &c.cache_loc])? {
+            // SAFETY: host tensors described by the Python layer, alive for the call.
+            Device::Cpu => Ok(Some(unsafe { paged_write::set_kv_cpu(&c) }?)),
+            Device::Cuda(_) if probe::stubbed() => Ok(None),
+            Device::Cuda(n) => cuda::set_kv(&c, n, stream).map(|()| None),
+        }
+    })
+}
+
 /// `merge_states` (natural-log LSE: the Python layer converts FlashInfer's
 /// base 2): `v` `[T, K, H, D]`, `s` `[T, K, H]` into `out` `[T, H, D]` and
 /// `lse_out` `[T, H]`, the `sinks` `[H]` joined once.
@@ -492,6 +524,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(update_graph_metadata, m)?)?;
     m.add_function(wrap_pyfunction!(fused_fp8_set_kv_buffer, m)?)?;
     m.add_function(wrap_pyfunction!(merge_states, m)?)?;
+    m.add_function(wrap_pyfunction!(set_kv_buffer, m)?)?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(device_errors, m)?)?;
     m.add_function(wrap_pyfunction!(module_sources, m)?)?;

@@ -11,7 +11,7 @@ use crate::desc::{Dtype, Tensor};
 use crate::error::ArgError;
 use crate::host;
 
-fn vector(t: &Tensor, dtype: Dtype, len: usize, what: &str) -> Result<(), ArgError> {
+pub(crate) fn vector(t: &Tensor, dtype: Dtype, len: usize, what: &str) -> Result<(), ArgError> {
     t.require_dtype(&[dtype])?;
     t.require_shape(&[len], what)?;
     t.require_contiguous()
@@ -494,7 +494,7 @@ fn cache_3d(t: Tensor, page_size: usize) -> Result<Tensor, ArgError> {
 }
 
 /// K/V rows `[T, Hkv, D]`, or `[T, Hkv·D]` viewed with the cache's `Hkv`, `D`.
-fn rows_3d(t: Tensor, hkv: usize, d: usize) -> Result<Tensor, ArgError> {
+pub(crate) fn rows_3d(t: Tensor, hkv: usize, d: usize) -> Result<Tensor, ArgError> {
     t.require_dtype(&[Dtype::Bf16, Dtype::F16])?;
     match t.shape.len() {
         3 => Ok(t),

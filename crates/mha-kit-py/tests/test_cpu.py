@@ -916,3 +916,37 @@ def test_dcp_arguments_are_checked_naming_them():
     a = mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args())
     b = mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(dcp_rank=0, dcp_world_size=1))
     assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+def test_set_kv_buffer_copies_rows_and_skips_bad_slots(layout, dt):
+    """``set_kv_buffer`` (16-bit caches): each valid slot's rows land bit for
+    bit at page ``s // P``, token ``s % P``; slots ``-1`` and ``≥ S`` are
+    skipped and counted, never wrapped around to the last page."""
+    dtype = _dtype(dt)
+    rng = np.random.default_rng(5)
+    pages, hkv, p, d = 5, 2, 4, 64
+    shape = (pages, hkv, p, d) if layout == "HND" else (pages, p, hkv, d)
+    k_cache = rng.standard_normal(shape).astype(dtype)
+    v_cache = rng.standard_normal(shape).astype(dtype)
+    loc = np.array([3, -1, 17, 20, 0, 19, -5], np.int64)
+    k = rng.standard_normal((len(loc), hkv, d)).astype(dtype)
+    v = rng.standard_normal((len(loc), hkv * d)).astype(dtype)  # [T, Hkv·D] also works
+    want_k, want_v = k_cache.copy(), v_cache.copy()
+    for t, s in enumerate(loc):
+        if 0 <= s < pages * p:
+            if layout == "HND":
+                want_k[s // p, :, s % p] = k[t]
+                want_v[s // p, :, s % p] = v[t].reshape(hkv, d)
+            else:
+                want_k[s // p, s % p] = k[t]
+                want_v[s // p, s % p] = v[t].reshape(hkv, d)
+    word = _api._set_kv_impl(k, v, k_cache, v_cache, loc, layout)
+    assert word[0] == 3, word  # -1, 20, -5
+    assert np.array_equal(k_cache.view(np.uint16), want_k.view(np.uint16))
+    assert np.array_equal(v_cache.view(np.uint16), want_v.view(np.uint16))
+    with pytest.raises(mha_kit.InvalidArgument, match="`k`"):
+        mha_kit.set_kv_buffer(k.astype(np.float32), v, k_cache, v_cache, loc, layout)
+    with pytest.raises(mha_kit.InvalidArgument, match="`cache_loc`"):
+        mha_kit.set_kv_buffer(k, v, k_cache, v_cache, loc.astype(np.int32), layout)

@@ -614,3 +614,25 @@ def test_dcp_ranks_merged_on_cuda_equal_the_unsplit_decode(name, kw, n):
     got, _ = mha_kit.merge_states(torch.stack([p[0] for p in parts], 1),
                                   torch.stack([p[1] for p in parts], 1), sinks=t["sinks"])
     _check(got, want.double().cpu().numpy(), name)
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_set_kv_buffer_on_cuda_equals_the_cpu_path(layout):
+    """``set_kv_buffer`` on CUDA tensors (fp8-kv's paged write on torch's
+    stream) writes the same bits as the CPU path; bad slots are skipped and
+    counted in the ``kv_write`` word."""
+    rng = np.random.default_rng(6)
+    pages, hkv, p, d = 9, 4, 16, 128
+    shape = (pages, hkv, p, d) if layout == "HND" else (pages, p, hkv, d)
+    kc = torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(DEV, torch.bfloat16)
+    vc = kc.flip(0).contiguous()
+    loc = torch.tensor([5, -1, 143, 144, 0, 77], dtype=torch.int64)
+    k = torch.from_numpy(rng.standard_normal((6, hkv, d)).astype(np.float32)).to(torch.bfloat16)
+    v = k.flip(0).contiguous()
+    host_k, host_v = kc.cpu(), vc.cpu()
+    mha_kit.set_kv_buffer(k, v, host_k, host_v, loc, layout)
+    mha_kit.device_errors(DEV, reset=True)
+    mha_kit.set_kv_buffer(k.to(DEV), v.to(DEV), kc, vc, loc.to(DEV), layout)
+    assert torch.equal(kc.cpu(), host_k) and torch.equal(vc.cpu(), host_v)
+    count, _ = mha_kit.device_errors(DEV, reset=True)["kv_write"]
+    assert count == 2, count  # -1 and 144 (S = 144)

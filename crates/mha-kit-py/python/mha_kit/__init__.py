@@ -8,7 +8,8 @@ PTX elsewhere; no JIT, no CUDA toolkit at run time, only the driver):
   speculative verify (window, sinks, GQA, FP8 KV);
 - :func:`trtllm_batch_context_with_kv_cache`: prefill / chunked prefill;
 - :func:`build_trtllm_mha_page_table`, :func:`update_trtllm_mha_graph_metadata`,
-  :func:`fused_fp8_set_kv_buffer`: the seed backend's helpers;
+  :func:`fused_fp8_set_kv_buffer`: the seed backend's helpers, and
+  :func:`set_kv_buffer` for 16-bit caches (bad slots skipped and counted);
 - :func:`merge_states`, :func:`merge_state`: FlashInfer's merges of partial
   attention states (split KV, decode context parallelism after an
   all-gather), sinks joined once;
@@ -39,6 +40,7 @@ from ._api import (
     fused_fp8_set_kv_buffer,
     merge_state,
     merge_states,
+    set_kv_buffer,
     trtllm_batch_context_with_kv_cache,
     trtllm_batch_decode_with_kv_cache,
     update_trtllm_mha_graph_metadata,
@@ -151,6 +153,7 @@ __all__ = [
     "merge_state",
     "merge_states",
     "module_sources",
+    "set_kv_buffer",
     "trtllm_batch_context_with_kv_cache",
     "trtllm_batch_decode_with_kv_cache",
     "update_trtllm_mha_graph_metadata",

@@ -895,3 +895,38 @@ def merge_state(v_a, s_a, v_b, s_b):
     import numpy as np
 
     return merge_states(np.stack((v_a, v_b), 1), np.stack((s_a, s_b), 1))
+
+
+def _set_kv_impl(k, v, k_cache, v_cache, cache_loc, kv_layout):
+    kd = describe(k, "k")
+    kc, vc = _kv_descs(k_cache, v_cache, kv_layout)
+    return _native.set_kv_buffer(kd, describe(v, "v"), kc, vc, describe(cache_loc, "cache_loc"),
+                                 stream_of(kd))
+
+
+def set_kv_buffer(k, v, k_cache, v_cache, cache_loc, kv_layout="HND"):
+    """Writes K/V rows into a 16-bit paged cache, bit for bit (the
+    bfloat16 / float16 counterpart of :func:`fused_fp8_set_kv_buffer`).
+
+    Token ``t`` goes to slot ``s = cache_loc[t]``: page ``s // P``, token
+    ``s % P``. A slot outside ``[0, num_pages · P)`` — a negative one
+    included — is skipped and counted in the ``kv_write`` error word
+    (:func:`device_errors`), never written through (plain tensor indexing
+    would wrap ``-1`` around to the last page).
+
+    Args:
+        k, v: ``[T, Hkv, D]`` (any strides, contiguous last dim) or
+            ``[T, Hkv·D]``, the caches' dtype.
+        k_cache, v_cache: ``[num_pages, Hkv, P, D]`` (``kv_layout="HND"``) or
+            ``[num_pages, P, Hkv, D]`` (``"NHD"``), bfloat16 / float16, any
+            strides with a contiguous last dim.
+        cache_loc: ``[T]`` int64 slots.
+        kv_layout: ``"HND"`` or ``"NHD"``.
+
+    Raises:
+        mha_kit.InvalidArgument, mha_kit.DeviceError.
+    """
+    if _compiling():
+        _ops().set_kv_buffer(k, v, k_cache, v_cache, cache_loc, kv_layout)
+    else:
+        _set_kv_impl(k, v, k_cache, v_cache, cache_loc, kv_layout)

@@ -111,6 +111,17 @@ def _merge_fake(*args) -> None:
     return None
 
 
+@torch.library.custom_op(f"{_NS}::set_kv_buffer", mutates_args=("k_cache", "v_cache"))
+def _set_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, cache_loc: Tensor,
+            kv_layout: str) -> None:
+    _api._set_kv_impl(k, v, k_cache, v_cache, cache_loc, kv_layout)
+
+
+@_set_kv.register_fake
+def _set_kv_fake(*args) -> None:
+    return None
+
+
 def ops():
     """``torch.ops.mha_kit`` (the ops above)."""
     return torch.ops.mha_kit

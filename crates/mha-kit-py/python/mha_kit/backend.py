@@ -327,13 +327,10 @@ class TrtllmMhaBackend:
             _api.fused_fp8_set_kv_buffer(k, v, k_cache, v_cache, loc, layer.k_scale,
                                          layer.v_scale, self.page_size)
             return
-        page, pos = loc // self.page_size, loc % self.page_size
-        if self.kv_layout == "HND":
-            k_cache[page, :, pos, :] = k
-            v_cache[page, :, pos, :] = v
-        else:
-            k_cache[page, pos] = k
-            v_cache[page, pos] = v
+        # The native write skips and counts a slot outside the cache (a -1
+        # from the SWA translation, a bad out_cache_loc) where tensor
+        # indexing would wrap it around to the last page.
+        _api.set_kv_buffer(k, v, k_cache, v_cache, loc, self.kv_layout)
 
     def _scales(self, layer):
         k_cache = self.kv_buffers[layer.layer_id][0]
