@@ -630,13 +630,9 @@ impl KvWriteKernel {
         self.set_kv_buffer_paged_on(self.kernel.gpu().stream(), args, errors)
     }
 
-    /// [`KvWriteKernel::set_kv_buffer_paged`] on `stream` instead of the
-    /// GPU's own stream (e.g. an engine's stream from
-    /// [`Gpu::borrowed_stream`]).
-    ///
+    /// [`KvWriteKernel::set_kv_buffer_paged`] on `stream` (an engine's).
     /// # Errors
-    /// As [`KvWriteKernel::set_kv_buffer_paged`]; [`KernelError::Unsupported`]
-    /// when the stream belongs to another context.
+    /// As that; [`KernelError::Unsupported`] for another context's stream.
     pub fn set_kv_buffer_paged_on(
         &self,
         stream: &CudaStream,
