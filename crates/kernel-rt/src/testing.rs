@@ -46,6 +46,24 @@ where
     .with_ignored_flag(ignore)
 }
 
+/// A test that needs `devices ≥ 2` GPUs of one host (NCCL ranks, transfers
+/// between devices): it receives the process's shared [`Gpu`] (device 0).
+/// Ignored at run time when the host has fewer devices — listed as ignored
+/// on a one-GPU machine, never as passed — except that a host with no GPU
+/// at all and [`gpu_required`] fails it, as [`gpu_trial`] does.
+pub fn multi_gpu_trial<F>(name: impl Into<String>, devices: usize, body: F) -> Trial
+where
+    F: FnOnce(&Arc<Gpu>) -> Result<(), String> + Send + 'static,
+{
+    let have = gpu_status().devices();
+    let ignore = have < devices && !(have == 0 && gpu_required());
+    Trial::test(name, move || {
+        let gpu = Gpu::shared().map_err(|e| Failed::from(format!("no GPU: {e}")))?;
+        body(&gpu).map_err(Failed::from)
+    })
+    .with_ignored_flag(ignore)
+}
+
 /// Runs `trials` and exits with libtest's status. GPU tests share one stream,
 /// so they run on one thread unless `--test-threads` says otherwise.
 pub fn run_trials(trials: Vec<Trial>) -> ! {

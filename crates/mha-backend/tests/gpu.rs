@@ -16,7 +16,7 @@ use std::sync::Arc;
 #[path = "common/kv_pages.rs"]
 mod kv;
 
-use kernel_rt::testing::{gpu_cases, gpu_trial, run_trials, OrFail};
+use kernel_rt::testing::{gpu_cases, gpu_trial, multi_gpu_trial, run_trials, OrFail};
 use kernel_rt::Gpu;
 use mha_backend::part_timing::{attention_flops, ragged_causal_pairs};
 use mha_backend::{
@@ -846,6 +846,12 @@ fn main() {
         "kv_pages_two_pools_round_trip",
         |_g: &Arc<Gpu>| kv::moved_pages_decode_bit_for_bit(Device::Cuda(gpu_ordinal())),
     ));
+    // Issue 17: the export / import round trip between two GPUs' pools.
+    trials.push(multi_gpu_trial(
+        "kv_pages_two_gpus_round_trip",
+        2,
+        |_g: &Arc<Gpu>| kv::moved_pages_between(Device::Cuda(0), Device::Cuda(1)),
+    ));
     // Decode context parallelism simulated on the GPU (issue 17): every mode
     // against the CPU executor's cp::simulate, graph replay == eager.
     for (name, make) in models {
@@ -905,8 +911,9 @@ fn main() {
                 ));
             }
         }
-        trials.push(gpu_trial(
+        trials.push(multi_gpu_trial(
             format!("decode_comm_ranks_vs_cpu/{name}"),
+            2,
             move |_g: &Arc<Gpu>| decode_comm_ranks_vs_cpu(make(), steps),
         ));
     }
@@ -924,8 +931,7 @@ fn one_rank_comm() -> R<Arc<DcpComm>> {
     Ok(Arc::new(DcpComm::new(&gpu, 0, 1, id).or_fail("join")?))
 }
 
-/// One rank a GPU (`N` = the devices, at most 4; at least two, else the
-/// trial passes on the one-rank trials above and says so): each rank's
+/// One rank a GPU (`N` = the devices, at most 4; the trial needs two): each rank's
 /// thread runs the same seeded decode and verify passes with its decode
 /// passes over NCCL and compares with its own CPU executor simulating the
 /// `N` ranks. Every rank finishes every pass before reporting a mismatch
@@ -937,8 +943,7 @@ fn decode_comm_ranks_vs_cpu(base: BackendConfig, steps: u32) -> R {
     };
     let ranks = devices.min(4);
     if ranks < 2 {
-        println!("decode_comm_ranks_vs_cpu: one device, no multi-GPU group (one-rank trials ran)");
-        return Ok(());
+        return Err(format!("{devices} device(s): the trial needs two"));
     }
     let id = DcpId::new().or_fail("nccl id (libnccl on LD_LIBRARY_PATH?)")?;
     let mut config = base;

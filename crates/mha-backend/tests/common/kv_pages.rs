@@ -79,12 +79,18 @@ pub fn decode(b: &mut MhaBackend, r: usize, len: usize, seed: u64) -> Vec<Vec<u1
 /// A: bf16 and e4m3, lengths around page boundaries, both backends on
 /// `device` (two pools on one GPU for the CUDA executor).
 pub fn moved_pages_decode_bit_for_bit(device: Device) -> Result<(), String> {
+    moved_pages_between(device, device)
+}
+
+/// [`moved_pages_decode_bit_for_bit`] from a backend on `src` to one on
+/// `dst` (two GPUs of one host: the same kernels, so the same bits).
+pub fn moved_pages_between(src: Device, dst: Device) -> Result<(), String> {
     for dtype in [KvCacheDtype::Bf16, KvCacheDtype::Fp8E4m3] {
         for len in [1, 4, 11, 17] {
             let mut rng = StdRng::seed_from_u64(len as u64);
-            let mut a = MhaBackend::new(config(dtype), device).map_err(|e| e.to_string())?;
+            let mut a = MhaBackend::new(config(dtype), src).map_err(|e| e.to_string())?;
             let (ra, pa) = prefill(&mut a, &mut rng, len);
-            let mut b = MhaBackend::new(config(dtype), device).map_err(|e| e.to_string())?;
+            let mut b = MhaBackend::new(config(dtype), dst).map_err(|e| e.to_string())?;
             // Shift B's allocation so the request lands on other pages.
             let other = b.alloc_request().unwrap();
             b.alloc_tokens(&[(other, 3 * P)]).unwrap();
