@@ -934,8 +934,10 @@ fn one_rank_comm() -> R<Arc<DcpComm>> {
 /// One rank a GPU (`N` = the devices, at most 4; the trial needs two): each rank's
 /// thread runs the same seeded decode and verify passes with its decode
 /// passes over NCCL and compares with its own CPU executor simulating the
-/// `N` ranks. Every rank finishes every pass before reporting a mismatch
-/// (a rank that stopped early would leave the others in their all-gather).
+/// `N` ranks. Each mode's first mismatch ends that mode on every rank at
+/// the same step (the ranks merge the same gathered states and compare with
+/// the same reference); a failure of one rank alone (driver, device errors)
+/// would leave the others in an all-gather, until the trial's timeout.
 fn decode_comm_ranks_vs_cpu(base: BackendConfig, steps: u32) -> R {
     let devices = match kernel_rt::gpu_status() {
         kernel_rt::GpuStatus::Available { devices } => *devices,

@@ -2,9 +2,7 @@
 //! validation shared by both paths (the launchers' shape rules, with the
 //! public argument names) and the CPU path (paged-attention's f64 reference).
 
-use paged_attention::reference::{
-    self, HostInputs, HostKv, HostLayout, Interleave, KeyPositions, KvData,
-};
+use paged_attention::reference::{self, HostInputs, HostKv, HostLayout, Interleave, KvData};
 use paged_attention::{HalfDtype, KvDtype, HEAD_DIMS, MAX_GROUP};
 
 use crate::desc::{Dtype, Tensor};
@@ -306,6 +304,13 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
                  merge_states, which joins them once",
             ))
         }
+        Some(_) if a.lse.is_none() => {
+            return Err(ArgError::new(
+                "lse",
+                "a context-parallel rank's output merges only with its log-sum-exp: pass lse \
+                 or return_lse=True",
+            ))
+        }
         Some((rank, ranks)) => Some(Interleave {
             rank,
             ranks,
@@ -497,33 +502,9 @@ pub unsafe fn run_cpu(c: &AttnCall) -> Result<(u32, u32), ArgError> {
             return Ok((0, 0));
         }
         match c.interleave {
-            // The rank's local tables (`cp::rank_tables`), keys in global
-            // positions: what the kernel reads of the global table.
-            Some(il) => {
-                let t = paged_attention::cp::rank_tables(
-                    page_table,
-                    m,
-                    input.page_table_stride,
-                    seq_lens,
-                    il.block,
-                    il.rank,
-                    il.ranks,
-                );
-                let global: Vec<i64> = seq_lens.iter().map(|&l| i64::from(l.max(0))).collect();
-                let local = HostInputs {
-                    page_table: &t.page_table,
-                    max_num_pages: t.max_num_pages,
-                    page_table_stride: t.max_num_pages,
-                    cache_seqlens: &t.cache_seqlens,
-                    ..input
-                };
-                let pos = KeyPositions {
-                    key_offset: None,
-                    interleave: Some(il),
-                    seq_lens: Some(&global),
-                };
-                reference::attention_at(&local, &pos)
-            }
+            // The rank's partial state and error word, as its interleaved
+            // launch computes them (`cp::rank_partial`).
+            Some(il) => paged_attention::cp::rank_partial(&input, il.rank, il.ranks),
             None => reference::attention(&input),
         }
     };

@@ -909,9 +909,13 @@ def test_dcp_arguments_are_checked_naming_them():
         mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(dcp_rank=2, dcp_world_size=2))
     with pytest.raises(mha_kit.InvalidArgument, match="dcp_rank"):
         mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(dcp_rank=0, dcp_world_size=0))
+    with pytest.raises(mha_kit.InvalidArgument, match="dcp_rank"):
+        mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(dcp_rank=-1, dcp_world_size=2))
     with pytest.raises(mha_kit.InvalidArgument, match="`sinks`"):
         mha_kit.trtllm_batch_decode_with_kv_cache(
             **_decode_args(dcp_rank=1, dcp_world_size=2, sinks=np.zeros(4, np.float32)))
+    with pytest.raises(mha_kit.InvalidArgument, match="`lse`"):
+        mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(dcp_rank=1, dcp_world_size=2))
     # One rank is the unsplit call, bit for bit.
     a = mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args())
     b = mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(dcp_rank=0, dcp_world_size=1))
@@ -950,3 +954,27 @@ def test_set_kv_buffer_copies_rows_and_skips_bad_slots(layout, dt):
         mha_kit.set_kv_buffer(k.astype(np.float32), v, k_cache, v_cache, loc, layout)
     with pytest.raises(mha_kit.InvalidArgument, match="`cache_loc`"):
         mha_kit.set_kv_buffer(k, v, k_cache, v_cache, loc.astype(np.int32), layout)
+
+
+def test_dcp_ranks_error_words_add_up_to_the_unsplit_call():
+    """A negative length is counted by rank 0 only (the per-request checks)
+    and a bad page by the rank that holds it: the ranks' error counts add up
+    to the unsplit call's."""
+    rng = np.random.default_rng(3)
+    c = ref.random_case(rng, bs=3, hq=4, hkv=2, d=64, p=4, q_lens=[1, 1, 1], dtype=np.float16,
+                        kv_dtype=np.float16, lens=[9, 6, 11])
+    seq = c["seq_lens"].copy()
+    seq[1] = -3
+    bt = c["block_tables"].copy()
+    bt[2, 1] = 10_000  # page 1 of request 2: rank 1 of 2 holds it
+
+    def word(dcp, lse):
+        out = np.zeros_like(c["q"])
+        return _api._decode_impl(c["q"], c["k"], c["v"], _ws(), bt, seq, out, 16, 0.125, 1.0,
+                                 -1, None, 1, None, None, "HND", lse, None, dcp)
+
+    whole = word(None, None)
+    lse = np.zeros((3, 4), np.float32)
+    parts = [word((r, 2), lse) for r in range(2)]
+    assert whole[0] == 2, whole
+    assert [p[0] for p in parts] == [1, 1], parts

@@ -4,7 +4,7 @@
 //! ([`mha_backend::MhaBackend::attach_decode_comm`]), and the join of the
 //! ranks' reports.
 
-use std::sync::Arc;
+use std::sync::{Arc, Barrier, Mutex, PoisonError};
 
 use indicatif::ProgressBar;
 use paged_attention::nccl::{DcpComm, DcpId};
@@ -26,16 +26,19 @@ use crate::report::{gbps, RankReport, Report};
 /// The report is rank 0's, with one [`RankReport`] a rank (device, times,
 /// bytes its decode passes read, its check and its sampled rows' hash);
 /// the whole run's wall time is the slowest rank's. A rank whose hash is
-/// not rank 0's is a mismatch (`check.first_mismatch` names it). Check
-/// figures and device-error events are summed over the ranks, so an event
-/// every rank counts (a K/V write: each rank writes every row) counts once
-/// a rank: nothing a rank saw is hidden.
+/// not rank 0's counts as one mismatched pair (`check.first_mismatch` names
+/// it). Check figures (pairs, rows, elements, mismatches) and device-error
+/// events are summed over the ranks, so an event every rank counts (a K/V
+/// write: each rank writes every row) counts once a rank: nothing a rank
+/// saw is hidden.
 ///
 /// # Errors
 /// As [`run_ranks`]; [`ReplayError::Backend`] when NCCL is missing or
-/// refuses, a device is missing, or a rank fails (the first rank's error;
-/// a rank that fails mid-run leaves the others in their all-gather, so
-/// the process must then be stopped).
+/// refuses, a device is missing, or a rank fails (the first rank's error).
+/// A rank that fails while building its engine or backends, or attaching
+/// them, releases the others at a gate before any NCCL call waits for it;
+/// a rank that fails during the run leaves the others in their all-gather
+/// (no NCCL timeout is set), so the process must then be stopped.
 pub fn run_dcp_ranks(setup: &Setup, progress: &ProgressBar) -> Result<Report> {
     let crate::config::ExecutorChoice::Cuda(base) = setup.executor else {
         return Err(ReplayError::Internal(
@@ -45,17 +48,35 @@ pub fn run_dcp_ranks(setup: &Setup, progress: &ProgressBar) -> Result<Report> {
     let n = setup.dcp;
     let id = DcpId::new().map_err(kernel_error)?;
     let hidden = ProgressBar::hidden();
+    let gate = Gate::new(n);
     let results: Vec<Result<Report>> = std::thread::scope(|sc| {
         let handles: Vec<_> = (0..n)
             .map(|r| {
                 let bar = if r == 0 { progress } else { &hidden };
+                let gate = &gate;
                 sc.spawn(move || -> Result<Report> {
                     let mut rank_setup = setup.clone();
                     rank_setup.executor = crate::config::ExecutorChoice::Cuda(base + r);
-                    let gpu = kernel_rt::Gpu::shared_on(base + r).map_err(kernel_error)?;
-                    let comm = Arc::new(DcpComm::new(&gpu, r, n, id).map_err(kernel_error)?);
-                    let mut engine = crate::engine_for(&rank_setup)?;
-                    run_ranks_with(&rank_setup, &mut [engine.as_mut()], bar, Some(comm))
+                    let engine = kernel_rt::Gpu::shared_on(base + r)
+                        .map_err(kernel_error)
+                        .and_then(|gpu| Ok((gpu, crate::engine_for(&rank_setup)?)));
+                    let (gpu, mut engine) = match engine {
+                        Ok(x) => x,
+                        Err(e) => {
+                            // Its failure releases the others at the
+                            // gate (which hands it back: `e` says more).
+                            let _ = gate.pass(Some(e.to_string()));
+                            return Err(e);
+                        }
+                    };
+                    let join = RankJoin {
+                        gate,
+                        gpu,
+                        rank: r,
+                        ranks: n,
+                        id,
+                    };
+                    run_ranks_with(&rank_setup, &mut [engine.as_mut()], bar, Some(&join))
                 })
             })
             .collect();
@@ -70,6 +91,72 @@ pub fn run_dcp_ranks(setup: &Setup, progress: &ProgressBar) -> Result<Report> {
     });
     let reports = results.into_iter().collect::<Result<Vec<Report>>>()?;
     Ok(join_dcp_reports(reports))
+}
+
+/// A barrier the ranks pass together, twice (before joining the NCCL group
+/// and before the first pass), carrying whether any rank failed: NCCL's
+/// calls wait for every rank, so a rank that failed alone must release the
+/// others first.
+pub(crate) struct Gate {
+    barrier: Barrier,
+    failed: Mutex<Option<String>>,
+}
+
+impl Gate {
+    fn new(ranks: usize) -> Self {
+        Self {
+            barrier: Barrier::new(ranks),
+            failed: Mutex::new(None),
+        }
+    }
+
+    /// Waits for every rank; `Err` with the first failure when any rank
+    /// (this one with `failed`) failed before this pass.
+    fn pass(&self, failed: Option<String>) -> Result<()> {
+        if let Some(f) = failed {
+            let mut g = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+            g.get_or_insert(f);
+        }
+        self.barrier.wait();
+        match &*self.failed.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some(f) => Err(ReplayError::Internal(format!(
+                "a --dcp rank failed before the run: {f}"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What [`run_ranks_with`] needs to join one rank to the group once its
+/// backends are built.
+pub(crate) struct RankJoin<'a> {
+    gate: &'a Gate,
+    gpu: Arc<kernel_rt::Gpu>,
+    rank: usize,
+    ranks: usize,
+    id: DcpId,
+}
+
+impl RankJoin<'_> {
+    /// Passes the gate with this rank's setup result (`failed`), then joins
+    /// the communicator on the rank's GPU.
+    ///
+    /// # Errors
+    /// Any rank's setup failure; NCCL's errors.
+    pub(crate) fn join(&self, failed: Option<String>) -> Result<Arc<DcpComm>> {
+        self.gate.pass(failed)?;
+        Ok(Arc::new(
+            DcpComm::new(&self.gpu, self.rank, self.ranks, self.id).map_err(kernel_error)?,
+        ))
+    }
+
+    /// Passes the gate with this rank's attach result.
+    ///
+    /// # Errors
+    /// Any rank's attach failure.
+    pub(crate) fn confirm(&self, failed: Option<String>) -> Result<()> {
+        self.gate.pass(failed)
+    }
 }
 
 fn kernel_error(e: kernel_rt::KernelError) -> ReplayError {
@@ -111,6 +198,9 @@ fn join_dcp_reports(reports: Vec<Report>) -> Report {
     for (r, rep) in iter.enumerate() {
         let r = r + 1;
         main.totals.wall_s = main.totals.wall_s.max(rep.totals.wall_s);
+        main.check.pairs += rep.check.pairs;
+        main.check.rows += rep.check.rows;
+        main.check.elements += rep.check.elements;
         main.check.mismatched_pairs += rep.check.mismatched_pairs;
         main.check.mismatched_elements += rep.check.mismatched_elements;
         main.check.max_abs_err = main.check.max_abs_err.max(rep.check.max_abs_err);
@@ -200,6 +290,30 @@ mod tests {
         assert_eq!(r.check.mismatched_pairs, 0);
         assert_eq!(r.device_errors.count, 1);
         assert_eq!(r.device_errors.families[0].family, "fp8-kv");
+    }
+
+    #[test]
+    fn a_rank_that_fails_releases_the_others_at_the_gate() {
+        for fail in [None, Some(1)] {
+            let gate = Gate::new(3);
+            let results: Vec<Result<()>> = std::thread::scope(|sc| {
+                let hs: Vec<_> = (0..3)
+                    .map(|r| {
+                        let gate = &gate;
+                        sc.spawn(move || gate.pass((fail == Some(r)).then(|| format!("rank {r}"))))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            match fail {
+                None => assert!(results.iter().all(Result::is_ok)),
+                Some(_) => assert!(results.iter().all(|r| r
+                    .as_ref()
+                    .unwrap_err()
+                    .to_string()
+                    .contains("rank 1"))),
+            }
+        }
     }
 
     #[test]

@@ -42,7 +42,12 @@ fn real_main() -> Result<Report, ReplayError> {
         .iter()
         .map(|n| format!("; {n}"))
         .collect::<String>();
-    // `--dcp-gpus spread`: each rank's thread builds its own engine.
+    // `--dcp-gpus spread`: each rank's thread builds its own engine. NVLink
+    // multicast stays off unless the caller set NCCL_NVLS_ENABLE (set here,
+    // before any thread of this process starts).
+    if setup.dcp_spread && std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+        std::env::set_var("NCCL_NVLS_ENABLE", "0");
+    }
     let mut engines = if setup.dcp_spread {
         println!(
             "mha-replay: {} decode context-parallel ranks, one a GPU ({} executor{notes})",

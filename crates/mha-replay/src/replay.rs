@@ -60,7 +60,9 @@ struct Runner<'a, 'e> {
     concurrent: bool,
     /// Share of a decode-kernel pass's K/V this engine reads: `1 / N` for
     /// a rank of an NCCL decode context-parallel group (`--dcp-gpus
-    /// spread`: it reads its interleaved pages only), else 1.
+    /// spread`: it reads its interleaved pages only; approximately, since a
+    /// request of fewer than `N` pages is read by the ranks holding them),
+    /// else 1.
     decode_kv_share: f64,
     progress: &'a ProgressBar,
     /// Passes submitted whose outputs have not come back yet, oldest first.
@@ -250,14 +252,14 @@ pub fn run_ranks(
     run_ranks_with(setup, engines, progress, None)
 }
 
-/// [`run_ranks`], the backends' decode passes running `comm`'s rank when
-/// one is given (`--dcp-gpus spread`; [`run_dcp_ranks`] calls it once a
-/// rank, each on its own GPU).
+/// [`run_ranks`], the backends' decode passes running a context-parallel
+/// group's rank when `group` is given (`--dcp-gpus spread`;
+/// [`run_dcp_ranks`] calls it once a rank, each on its own GPU).
 pub(crate) fn run_ranks_with(
     setup: &Setup,
     engines: &mut [&mut dyn Engine],
     progress: &ProgressBar,
-    comm: Option<Arc<DcpComm>>,
+    group: Option<&crate::dcp::RankJoin<'_>>,
 ) -> Result<Report> {
     let wall = Instant::now();
     if engines.len() != setup.tp {
@@ -270,32 +272,31 @@ pub(crate) fn run_ranks_with(
     let info = engines[0].info();
     let ceiling = engines[0].copy_ceiling_gbps();
     let gen = Generator::new(setup.seed);
-    let mut ranks = Vec::with_capacity(setup.tp);
-    let mut shards = Vec::with_capacity(setup.tp);
-    for r in 0..setup.tp {
-        let device = setup.rank_executor(r).device();
-        let target = MhaBackend::new(setup.rank_target_config(r)?, device)?;
-        let draft = match setup.rank_draft_config(r)? {
-            None => None,
-            Some(c) if setup.spec_steps == 1 => {
-                Some(Draft::Single(Box::new(MhaBackend::new(c, device)?)))
-            }
-            Some(c) => Some(Draft::Multi(MultiStepDraftBackend::new(c, device)?)),
-        };
-        let mut rank = Rank { target, draft };
-        if let Some(c) = &comm {
-            // The draft's steps share its main backend's executor.
-            rank.target.attach_decode_comm(c.clone())?;
-            if let Some(d) = &mut rank.draft {
-                d.main()?.attach_decode_comm(c.clone())?;
-            }
+    let built = build_ranks(setup);
+    // A context-parallel rank joins its group only once every rank has
+    // built its backends, and runs only once every rank has attached
+    // (`RankJoin`): a rank that failed alone would leave the others
+    // waiting in NCCL.
+    let (ranks, shards, comm) = match group {
+        None => {
+            let (r, s) = built?;
+            (r, s, None)
         }
-        ranks.push(rank);
-        shards.push([
-            setup.rank_layers(&setup.model.layers, r)?,
-            setup.rank_layers(&setup.draft_layers(), r)?,
-        ]);
-    }
+        Some(g) => {
+            let comm = g.join(built.as_ref().err().map(ToString::to_string))?;
+            let (mut r, s) = built?;
+            let attached = r.iter_mut().try_for_each(|rank| -> Result<()> {
+                // The draft's steps share its main backend's executor.
+                rank.target.attach_decode_comm(comm.clone())?;
+                if let Some(d) = &mut rank.draft {
+                    d.main()?.attach_decode_comm(comm.clone())?;
+                }
+                Ok(())
+            });
+            g.confirm(attached.as_ref().err().map(ToString::to_string))?;
+            (r, s, Some(comm))
+        }
+    };
     let mut models = Models { ranks };
     let mut sched = Scheduler::new(setup.sched_config(), setup.jobs.clone())?;
     let mut run = Runner {
@@ -323,7 +324,9 @@ pub(crate) fn run_ranks_with(
         draft_layers: setup.draft_layers(),
         shards,
         concurrent: setup.tp_spread,
-        decode_kv_share: comm.as_ref().map_or(1.0, |c| 1.0 / c.ranks() as f64),
+        decode_kv_share: comm
+            .as_ref()
+            .map_or(1.0, |c: &Arc<DcpComm>| 1.0 / c.ranks() as f64),
         progress,
         in_flight: std::collections::VecDeque::new(),
         pending: vec![std::collections::VecDeque::new(); setup.tp],
@@ -568,6 +571,31 @@ pub(crate) fn run_ranks_with(
         ranks: rank_reports,
     };
     Ok(report)
+}
+
+/// Every rank's backends and head shards ([`run_ranks`]).
+type Built = (Vec<Rank>, Vec<[Vec<HeadShard>; 2]>);
+
+fn build_ranks(setup: &Setup) -> Result<Built> {
+    let mut ranks = Vec::with_capacity(setup.tp);
+    let mut shards = Vec::with_capacity(setup.tp);
+    for r in 0..setup.tp {
+        let device = setup.rank_executor(r).device();
+        let target = MhaBackend::new(setup.rank_target_config(r)?, device)?;
+        let draft = match setup.rank_draft_config(r)? {
+            None => None,
+            Some(c) if setup.spec_steps == 1 => {
+                Some(Draft::Single(Box::new(MhaBackend::new(c, device)?)))
+            }
+            Some(c) => Some(Draft::Multi(MultiStepDraftBackend::new(c, device)?)),
+        };
+        ranks.push(Rank { target, draft });
+        shards.push([
+            setup.rank_layers(&setup.model.layers, r)?,
+            setup.rank_layers(&setup.draft_layers(), r)?,
+        ]);
+    }
+    Ok((ranks, shards))
 }
 
 /// One speculative iteration over the decoding requests `dec`; returns the

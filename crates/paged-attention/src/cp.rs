@@ -99,6 +99,65 @@ fn geometry_errors(input: &HostInputs<'_>) -> ErrorReport {
     e
 }
 
+/// Rank `rank` of `ranks`' partial state of `input` (module docs): its
+/// [`rank_tables`] read in global positions, no sinks, `written` as the
+/// unsplit call's. Its error word is what the rank's interleaved decode
+/// launch counts: the per-request check events on rank 0 only, and the
+/// rank's own bad-page events (so the ranks' words add up to the unsplit
+/// call's).
+///
+/// # Panics
+/// When `rank ≥ ranks` (as [`rank_tables`]).
+pub fn rank_partial(input: &HostInputs<'_>, rank: usize, ranks: usize) -> RefOutput {
+    let ranks = ranks.max(1);
+    let page_size = input.k.shape[2];
+    let global: Vec<i64> = input
+        .cache_seqlens
+        .iter()
+        .map(|&l| i64::from(l.max(0)))
+        .collect();
+    let t = rank_tables(
+        input.page_table,
+        input.max_num_pages,
+        input.page_table_stride,
+        input.cache_seqlens,
+        page_size,
+        rank,
+        ranks,
+    );
+    let local = HostInputs {
+        page_table: &t.page_table,
+        max_num_pages: t.max_num_pages,
+        page_table_stride: t.max_num_pages,
+        cache_seqlens: &t.cache_seqlens,
+        sinks: None,
+        ..*input
+    };
+    let pos = KeyPositions {
+        key_offset: None,
+        interleave: Some(Interleave {
+            rank,
+            ranks,
+            block: page_size.max(1),
+        }),
+        seq_lens: Some(&global),
+    };
+    let mut r = attention_at(&local, &pos);
+    // The rank's page events: its total less its own per-request checks.
+    let pages = r.errors.count - geometry_errors(&local).count;
+    let mut errors = if rank == 0 {
+        geometry_errors(input)
+    } else {
+        ErrorReport::default()
+    };
+    if pages > 0 {
+        errors.count += pages;
+        errors.flags |= crate::ErrorFlags::BAD_PAGE.bits();
+    }
+    r.errors = errors;
+    r
+}
+
 /// Attention of `input` split over `ranks` simulated ranks by page
 /// interleave and merged (module docs): each rank runs
 /// [`attention_at`] over its [`rank_tables`] with global positions and no
@@ -110,49 +169,12 @@ pub fn simulate(input: &HostInputs<'_>, ranks: usize) -> RefOutput {
     if ranks <= 1 {
         return crate::reference::attention(input);
     }
-    let page_size = input.k.shape[2];
-    let global: Vec<i64> = input
-        .cache_seqlens
-        .iter()
-        .map(|&l| i64::from(l.max(0)))
-        .collect();
-    let geom = geometry_errors(input);
-    let mut errors = geom;
+    let mut errors = ErrorReport::default();
     let mut parts = Vec::with_capacity(ranks);
     for rank in 0..ranks {
-        let t = rank_tables(
-            input.page_table,
-            input.max_num_pages,
-            input.page_table_stride,
-            input.cache_seqlens,
-            page_size,
-            rank,
-            ranks,
-        );
-        let local = HostInputs {
-            page_table: &t.page_table,
-            max_num_pages: t.max_num_pages,
-            page_table_stride: t.max_num_pages,
-            cache_seqlens: &t.cache_seqlens,
-            sinks: None,
-            ..*input
-        };
-        let pos = KeyPositions {
-            key_offset: None,
-            interleave: Some(Interleave {
-                rank,
-                ranks,
-                block: page_size.max(1),
-            }),
-            seq_lens: Some(&global),
-        };
-        let r = attention_at(&local, &pos);
-        // The rank's page events: its total less its own per-request checks.
-        let pages = r.errors.count - geometry_errors(&local).count;
-        if pages > 0 {
-            errors.count += pages;
-            errors.flags |= crate::ErrorFlags::BAD_PAGE.bits();
-        }
+        let r = rank_partial(input, rank, ranks);
+        errors.count += r.errors.count;
+        errors.flags |= r.errors.flags;
         parts.push(r);
     }
     let d = input.q_shape[2];

@@ -247,14 +247,19 @@ pub(super) fn attend_ranks(
     let (hq, d) = (r.plan.num_q_heads, r.plan.head_dim);
     let (n_out, n_lse) = (rows * hq * d, rows * hq);
     let ranks = cp.ranks;
-    if cp.parts.len() < ranks * n_out || cp.lse.len() < ranks * n_lse {
-        return Err(kernel_rt::KernelError::Capacity {
-            arg: "decode_cp buffers",
-            needed: ranks * n_out,
-            available: cp.parts.len(),
+    let short = |arg, needed: usize, available: usize| -> Result<()> {
+        if available < needed {
+            return Err(kernel_rt::KernelError::Capacity {
+                arg,
+                needed,
+                available,
+            }
+            .into());
         }
-        .into());
-    }
+        Ok(())
+    };
+    short("decode_cp outputs", ranks * n_out, cp.parts.len())?;
+    short("decode_cp LSE", ranks * n_lse, cp.lse.len())?;
     // Simulated: every rank's launch into its slot of the rank buffers.
     // Over NCCL: this rank's launch into its send buffers, then the
     // all-gather fills the rank buffers (rank-major, the same layout).
@@ -267,14 +272,8 @@ pub(super) fn attend_ranks(
             )
             .into());
         }
-        if c.send_o.len() < n_out || c.send_lse.len() < n_lse {
-            return Err(kernel_rt::KernelError::Capacity {
-                arg: "decode_cp send buffers",
-                needed: n_out,
-                available: c.send_o.len(),
-            }
-            .into());
-        }
+        short("decode_cp send outputs", n_out, c.send_o.len())?;
+        short("decode_cp send LSE", n_lse, c.send_lse.len())?;
     }
     for rank in (0..ranks).filter(|&r| own.is_none_or(|o| o == r)) {
         let (o_dst, lse_dst) = match &mut cp.comm {

@@ -58,9 +58,9 @@ def _split_kv(kv_cache, name="kv_cache"):
     return kv_cache[:, 0], kv_cache[:, 1]
 
 
-def _kv_descs(k_cache, v_cache, kv_layout):
-    k = describe(k_cache, "k_cache")
-    v = describe(v_cache, "v_cache")
+def _kv_descs(k_cache, v_cache, kv_layout, writable=False):
+    k = describe(k_cache, "k_cache", writable)
+    v = describe(v_cache, "v_cache", writable)
     if kv_layout == "NHD":
         if len(k[2]) == 4:
             k = permute(k, (0, 2, 1, 3))
@@ -394,8 +394,9 @@ def trtllm_batch_decode_with_kv_cache(
             hold), causal limits and windows are in global positions, and
             the call returns this rank's partial state — with ``lse`` or
             ``return_lse`` its base-2 log-sum-exp, ``-inf`` where the rank
-            saw no key of a row. ``sinks`` must be ``None`` here (they join
-            once, in :func:`merge_states`). All-gather every rank's
+            saw no key of a row (``lse`` or ``return_lse`` is required).
+            ``sinks`` must be ``None`` here (they join once, in
+            :func:`merge_states`). All-gather every rank's
             ``(out, lse)`` and :func:`merge_states` them into the unsplit
             result.
 
@@ -444,7 +445,12 @@ def trtllm_batch_decode_with_kv_cache(
     skip = skip_softmax_threshold_scale_factor
     if skip is not None and type(skip) is not float:
         skip = scalar(skip, "skip_softmax_threshold_scale_factor")
-    dcp = None if dcp_world_size == 1 and dcp_rank == 0 else (int(dcp_rank), int(dcp_world_size))
+    dcp = None
+    if dcp_world_size != 1 or dcp_rank != 0:
+        dcp = (int(dcp_rank), int(dcp_world_size))
+        if min(dcp) < 0:
+            raise InvalidArgument(
+                f"argument `dcp_rank`: rank {dcp[0]} of dcp_world_size {dcp[1]} (0 ≤ rank < size)")
     if _compiling():
         _ops().trtllm_batch_decode(query, k_cache, v_cache, workspace_buffer, block_tables,
                                    seq_lens, out, int(max_seq_len), bmm1_scale, bmm2_scale,
@@ -899,7 +905,7 @@ def merge_state(v_a, s_a, v_b, s_b):
 
 def _set_kv_impl(k, v, k_cache, v_cache, cache_loc, kv_layout):
     kd = describe(k, "k")
-    kc, vc = _kv_descs(k_cache, v_cache, kv_layout)
+    kc, vc = _kv_descs(k_cache, v_cache, kv_layout, True)
     return _native.set_kv_buffer(kd, describe(v, "v"), kc, vc, describe(cache_loc, "cache_loc"),
                                  stream_of(kd))
 
