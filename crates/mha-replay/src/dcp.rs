@@ -145,9 +145,15 @@ impl RankJoin<'_> {
     /// Any rank's setup failure; NCCL's errors.
     pub(crate) fn join(&self, failed: Option<String>) -> Result<Arc<DcpComm>> {
         self.gate.pass(failed)?;
-        Ok(Arc::new(
-            DcpComm::new(&self.gpu, self.rank, self.ranks, self.id).map_err(kernel_error)?,
-        ))
+        match DcpComm::new(&self.gpu, self.rank, self.ranks, self.id) {
+            Ok(c) => Ok(Arc::new(c)),
+            Err(e) => {
+                // The others, joined, wait at the second pass: release them.
+                let e = kernel_error(e);
+                let _ = self.gate.pass(Some(e.to_string()));
+                Err(e)
+            }
+        }
     }
 
     /// Passes the gate with this rank's attach result.
