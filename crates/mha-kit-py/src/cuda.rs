@@ -656,19 +656,37 @@ pub fn graph(c: &GraphCall, ordinal: usize, handle: u64) -> CallResult<()> {
         .map_err(|e| from_kernel(e, crate::meta::NAMES, &ts))
 }
 
+/// What both K/V writes set up: the tensors `[k, v, k_cache, v_cache,
+/// cache_loc]` checked on device `ordinal`, its stream `handle` and write
+/// launcher, and the buffers of the rows and the slots.
+#[allow(clippy::type_complexity)]
+fn write_setup(
+    ts: &[&Tensor; 5],
+    ordinal: usize,
+    handle: u64,
+) -> CallResult<(
+    Arc<Device>,
+    Arc<CudaStream>,
+    Arc<KvWriteKernel>,
+    [Buf<u16>; 2],
+    Buf<i64>,
+)> {
+    check_device(ts, ordinal)?;
+    let dev = device(ordinal)?;
+    let stream = dev.stream(handle)?;
+    let kernel = dev.launcher(&stream, |l| &mut l.kv, KvWriteKernel::new)?;
+    let rows = [Buf::new(ts[0], &stream)?, Buf::new(ts[1], &stream)?];
+    let loc = Buf::new(ts[4], &stream)?;
+    Ok((dev, stream, kernel, rows, loc))
+}
+
 /// The fused FP8 KV write on the GPU.
 ///
 /// # Errors
 /// [`CallError`] naming the argument; device failures.
 pub fn kv_write(c: &KvWriteCall, ordinal: usize, handle: u64) -> CallResult<()> {
     let ts = [&c.k, &c.v, &c.k_cache, &c.v_cache, &c.cache_loc];
-    check_device(&ts, ordinal)?;
-    let dev = device(ordinal)?;
-    let stream = dev.stream(handle)?;
-    let kernel = dev.launcher(&stream, |l| &mut l.kv, KvWriteKernel::new)?;
-    let k = Buf::<u16>::new(&c.k, &stream)?;
-    let v = Buf::<u16>::new(&c.v, &stream)?;
-    let loc = Buf::<i64>::new(&c.cache_loc, &stream)?;
+    let (dev, stream, kernel, [k, v], loc) = write_setup(&ts, ordinal, handle)?;
     let mut kc = Buf::<u8>::new(&c.k_cache, &stream)?;
     let mut vc = Buf::<u8>::new(&c.v_cache, &stream)?;
     let mut args = fp8_kv::KvWriteArgs {
@@ -733,13 +751,7 @@ pub fn merge(c: &MergeCall, ordinal: usize, handle: u64) -> CallResult<()> {
 /// [`CallError`] naming the argument; device failures.
 pub fn set_kv(c: &SetKvCall, ordinal: usize, handle: u64) -> CallResult<()> {
     let ts = [&c.k, &c.v, &c.k_cache, &c.v_cache, &c.cache_loc];
-    check_device(&ts, ordinal)?;
-    let dev = device(ordinal)?;
-    let stream = dev.stream(handle)?;
-    let kernel = dev.launcher(&stream, |l| &mut l.kv, KvWriteKernel::new)?;
-    let k = Buf::<u16>::new(&c.k, &stream)?;
-    let v = Buf::<u16>::new(&c.v, &stream)?;
-    let loc = Buf::<i64>::new(&c.cache_loc, &stream)?;
+    let (dev, stream, kernel, [k, v], loc) = write_setup(&ts, ordinal, handle)?;
     let mut kc = Buf::<u16>::new(&c.k_cache, &stream)?;
     let mut vc = Buf::<u16>::new(&c.v_cache, &stream)?;
     let mut args = fp8_kv::PagedKvWriteArgs {
