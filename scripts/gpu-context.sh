@@ -75,6 +75,8 @@
 #             context parallelism, --dcp-gpus spread): the decode_comm and
 #             decode_cp_ranks_over_nccl trials (one-rank group on one GPU),
 #             with two or more GPUs a 2,000-request --dcp 2 spread replay
+#   tp2       the whole conv trace with --tp 2 --tp-gpus spread (two GPUs;
+#             its own call)
 #   dtrace    decode experiment 16: per-CTA traces of the one-wave latency
 #             launches (CSV under $OUT/dtrace) and the experiment entries' test
 #   allgpu    every GPU test binary of the bundle, all at once (ALLGPU_TIMEOUT)
@@ -416,6 +418,15 @@ stage_dcp() {
       > "$OUT/replay-dcp2.log" 2>&1
     echo "rc=$?"; grep -E "^\|" "$OUT/replay-dcp2.log" | head -70
   fi
+}
+stage_tp2() {
+  # Issue 17's two-GPU main job: the whole conv trace, llama3-8b, defaults,
+  # heads over two GPUs (--tp 2 --tp-gpus spread): wall time, per-rank
+  # attention time and bandwidth (rank table), 0 mismatches. Its own call.
+  echo "== mha-replay --tp 2 --tp-gpus spread (whole conv trace)"
+  timeout ${TP2_TIMEOUT:-560} bin/mha-replay --tp 2 --tp-gpus spread --json "$OUT/replay-tp2.json" \
+    > "$OUT/replay-tp2.log" 2>&1
+  echo "rc=$?"; grep -E "^\|" "$OUT/replay-tp2.log" | head -80
 }
 stage_dtrace() {
   # Session 21's open question: bs 1 x 32k and bs 8 x 4k read the same bytes
