@@ -325,8 +325,8 @@ stage_pending_replay() {
   REPLAY_ARGS=${REPLAY_ARGS:---requests 2000} stage_replay
   grep -E "output hash" "$OUT/replay-code.log"
   for n in 2 4; do
-    echo "== mha-replay --trace conv --requests 2000 --dcp $n"
-    timeout 300 bin/mha-replay --trace conv --requests 2000 --dcp $n --json "$OUT/replay-dcp$n.json" \
+    echo "== mha-replay --trace conv --requests 2000 --dcp $n --dcp-gpus one (simulated)"
+    timeout 300 bin/mha-replay --trace conv --requests 2000 --dcp $n --dcp-gpus one --json "$OUT/replay-dcp$n.json" \
       > "$OUT/replay-dcp$n.log" 2>&1
     echo "rc=$?"; grep -E "mismatch|attention time|wall" "$OUT/replay-dcp$n.log" | head -6
   done
