@@ -58,7 +58,8 @@ fn replay(device: &str, requests: &str, extra: &[&str]) -> Result<Report, String
 /// `spread`. With fewer than two devices from `cuda:n`, `spread` must be
 /// refused naming the flag and the default (`auto`) must run them as `one`,
 /// with `one`'s output hash; that gives `(one, None)`. Otherwise `(one,
-/// Some(the spread run))`, not yet checked.
+/// Some(the spread run))`, checked clean, with `one`'s counts, placed as
+/// `spread` with rank `r` on `cuda:(n + r)`.
 fn one_then_spread(
     dev: &str,
     n: usize,
@@ -77,7 +78,16 @@ fn one_then_spread(
     let mut spread_args = base.to_vec();
     spread_args.extend_from_slice(&[flag, "spread"]);
     if devices >= n + 2 {
-        return Ok((one, Some(replay(dev, "12", &spread_args)?)));
+        let r = replay(dev, "12", &spread_args)?;
+        let what = format!("{flag} spread");
+        clean(&r, &what)?;
+        same_counts(&one, &r, &what)?;
+        let want: Vec<String> = (0..2).map(|i| format!("cuda:{}", n + i)).collect();
+        let got: Vec<String> = r.ranks.iter().map(|x| x.device.clone()).collect();
+        if placed(&r) != "spread" || got != want {
+            return Err(format!("{what} ran on {got:?} ({})", placed(&r)));
+        }
+        return Ok((one, Some(r)));
     }
     let e = match replay(dev, "12", &spread_args) {
         Ok(_) => {
@@ -332,13 +342,6 @@ fn main() {
             base.extend_from_slice(&["--tp", "2"]);
             let (one, r) = one_then_spread(&dev, n, &base, "--tp-gpus", |r| &r.config.tp_gpus)?;
             let Some(r) = r else { return Ok(()) };
-            clean(&r, "--tp-gpus spread")?;
-            same_counts(&one, &r, "--tp-gpus spread")?;
-            let want: Vec<String> = (0..2).map(|i| format!("cuda:{}", n + i)).collect();
-            let got: Vec<String> = r.ranks.iter().map(|x| x.device.clone()).collect();
-            if r.config.tp_gpus != "spread" || got != want {
-                return Err(format!("spread ran on {got:?} ({})", r.config.tp_gpus));
-            }
             if r.check.output_hash != one.check.output_hash {
                 return Err(format!(
                     "spread output hash {} vs one GPU {}",
@@ -412,13 +415,6 @@ fn main() {
             two.extend_from_slice(&["--dcp", "2"]);
             let (one, r) = one_then_spread(&dev, n, &two, "--dcp-gpus", |r| &r.config.dcp_gpus)?;
             let Some(r) = r else { return Ok(()) };
-            clean(&r, "--dcp 2 --dcp-gpus spread")?;
-            same_counts(&one, &r, "--dcp 2 --dcp-gpus spread")?;
-            let want: Vec<String> = (0..2).map(|i| format!("cuda:{}", n + i)).collect();
-            let got: Vec<String> = r.ranks.iter().map(|x| x.device.clone()).collect();
-            if r.config.dcp_gpus != "spread" || got != want {
-                return Err(format!("spread ran on {got:?} ({})", r.config.dcp_gpus));
-            }
             if r.ranks
                 .iter()
                 .any(|x| x.output_hash != one.check.output_hash)
