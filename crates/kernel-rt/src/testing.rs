@@ -64,6 +64,26 @@ where
     .with_ignored_flag(ignore)
 }
 
+/// Runs `rank(r)` for `r < ranks` at once, one scoped thread each (NCCL
+/// ranks of one process), and returns their results in rank order; a rank
+/// whose thread panicked gives `Err`.
+pub fn per_rank<T, F>(ranks: usize, rank: F) -> Vec<Result<T, String>>
+where
+    T: Send,
+    F: Fn(usize) -> Result<T, String> + Sync,
+{
+    std::thread::scope(|sc| {
+        let rank = &rank;
+        let hs: Vec<_> = (0..ranks).map(|r| sc.spawn(move || rank(r))).collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("rank thread panicked".into()))
+            })
+            .collect()
+    })
+}
+
 /// Runs `trials` and exits with libtest's status. GPU tests share one stream,
 /// so they run on one thread unless `--test-threads` says otherwise.
 pub fn run_trials(trials: Vec<Trial>) -> ! {

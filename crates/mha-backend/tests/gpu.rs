@@ -16,7 +16,7 @@ use std::sync::Arc;
 #[path = "common/kv_pages.rs"]
 mod kv;
 
-use kernel_rt::testing::{gpu_cases, gpu_trial, multi_gpu_trial, run_trials, OrFail};
+use kernel_rt::testing::{gpu_cases, gpu_trial, multi_gpu_trial, per_rank, run_trials, OrFail};
 use kernel_rt::Gpu;
 use mha_backend::part_timing::{attention_flops, ragged_causal_pairs};
 use mha_backend::{
@@ -950,40 +950,27 @@ fn decode_comm_ranks_vs_cpu(base: BackendConfig, steps: u32) -> R {
     let id = DcpId::new().or_fail("nccl id (libnccl on LD_LIBRARY_PATH?)")?;
     let mut config = base;
     config.decode_cp_ranks = ranks;
-    let results: Vec<R> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..ranks)
-            .map(|rank| {
-                let config = config.clone();
-                sc.spawn(move || -> R {
-                    let gpu = Gpu::shared_on(rank).or_fail("gpu")?;
-                    let comm = Arc::new(DcpComm::new(&gpu, rank, ranks, id).or_fail("join")?);
-                    let mut first_err = None;
-                    for (i, mode) in [Mode::Decode, Mode::Verify, Mode::RaggedVerify]
-                        .into_iter()
-                        .enumerate()
-                    {
-                        let r = eager_vs_cpu_on(
-                            config.clone(),
-                            mode,
-                            700 + i as u64,
-                            steps,
-                            rank,
-                            Some(comm.clone()),
-                        );
-                        if let Err(e) = r {
-                            first_err.get_or_insert(format!("rank {rank} {mode:?}: {e}"));
-                        }
-                    }
-                    first_err.map_or(Ok(()), Err)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("rank thread panicked".into()))
-            })
-            .collect()
+    let results = per_rank(ranks, |rank| -> R {
+        let gpu = Gpu::shared_on(rank).or_fail("gpu")?;
+        let comm = Arc::new(DcpComm::new(&gpu, rank, ranks, id).or_fail("join")?);
+        let mut first_err = None;
+        for (i, mode) in [Mode::Decode, Mode::Verify, Mode::RaggedVerify]
+            .into_iter()
+            .enumerate()
+        {
+            let r = eager_vs_cpu_on(
+                config.clone(),
+                mode,
+                700 + i as u64,
+                steps,
+                rank,
+                Some(comm.clone()),
+            );
+            if let Err(e) = r {
+                first_err.get_or_insert(format!("rank {rank} {mode:?}: {e}"));
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     });
     results.into_iter().collect::<R<Vec<()>>>().map(|_| ())
 }

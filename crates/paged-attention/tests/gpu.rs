@@ -883,20 +883,8 @@ fn nccl_ranks(_gpu: &Arc<Gpu>) -> Result<(), String> {
         .filter(|(c, _, _)| paged_attention::mma_supported(c.q_dtype, c.kv_dtype, c.d))
         .collect();
     let id = DcpId::new().or_fail("unique id")?;
-    let results: Vec<Result<Vec<RankOut>, String>> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..ranks)
-            .map(|rank| {
-                let cases = &cases;
-                sc.spawn(move || nccl_rank(rank, ranks, devices, id, cases))
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("rank thread panicked".into()))
-            })
-            .collect()
-    });
+    let results =
+        kernel_rt::testing::per_rank(ranks, |rank| nccl_rank(rank, ranks, devices, id, &cases));
     let results = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     for (i, (c, _, _)) in cases.iter().enumerate() {
         let ctx = || {
