@@ -135,14 +135,7 @@ def _lse_buffer(query, lse, return_lse):
     as FlashInfer does)."""
     if lse is not None or not return_lse:
         return lse
-    shape = (query.shape[0], query.shape[1])
-    if sys.modules.get("torch") is not None and hasattr(query, "new_empty"):
-        import torch
-
-        return query.new_empty(shape, dtype=torch.float32)
-    import numpy as np
-
-    return np.empty(shape, dtype=np.float32)
+    return _new(query, (query.shape[0], query.shape[1]), "float32")
 
 
 def _lse_to_base2(lse):
