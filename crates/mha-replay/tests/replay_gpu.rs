@@ -59,7 +59,8 @@ fn replay(device: &str, requests: &str, extra: &[&str]) -> Result<Report, String
 /// refused naming the flag and the default (`auto`) must run them as `one`,
 /// with `one`'s output hash; that gives `(one, None)`. Otherwise `(one,
 /// Some(the spread run))`, checked clean, with `one`'s counts, placed as
-/// `spread` with rank `r` on `cuda:(n + r)`.
+/// `spread` with rank `r` on `cuda:(n + r)`; its times beside `one`'s and
+/// its table are printed.
 fn one_then_spread(
     dev: &str,
     n: usize,
@@ -87,6 +88,14 @@ fn one_then_spread(
         if placed(&r) != "spread" || got != want {
             return Err(format!("{what} ran on {got:?} ({})", placed(&r)));
         }
+        println!(
+            "{what}: wall {:.2} s, attention {:.3} s ({flag} one: {:.2} s, {:.3} s)\n{}",
+            r.totals.wall_s,
+            r.totals.attention_s,
+            one.totals.wall_s,
+            one.totals.attention_s,
+            r.table()
+        );
         return Ok((one, Some(r)));
     }
     let e = match replay(dev, "12", &spread_args) {
@@ -348,14 +357,6 @@ fn main() {
                     r.check.output_hash, one.check.output_hash
                 ));
             }
-            println!(
-                "spread: wall {:.2} s, attention {:.3} s (one GPU: {:.2} s, {:.3} s)\n{}",
-                r.totals.wall_s,
-                r.totals.attention_s,
-                one.totals.wall_s,
-                one.totals.attention_s,
-                r.table()
-            );
             Ok(())
         }),
         gpu_trial("decode_cp_2_and_4_ranks_on_one_gpu", |gpu| {
@@ -425,14 +426,6 @@ fn main() {
                     one.check.output_hash
                 ));
             }
-            println!(
-                "--dcp 2 spread: wall {:.2} s, attention {:.3} s (simulated: {:.2} s, {:.3} s)\n{}",
-                r.totals.wall_s,
-                r.totals.attention_s,
-                one.totals.wall_s,
-                one.totals.attention_s,
-                r.table()
-            );
             Ok(())
         }),
         gpu_trial("speculative_llama3_8b_graphs_on_400_requests", |gpu| {
