@@ -467,7 +467,9 @@ fn graph_vs_eager(config: BackendConfig, mode: Mode, seed: u64, steps: u32) -> R
 }
 
 /// [`graph_vs_eager`], both backends' decode passes running `comm`'s rank
-/// when one is given (one GPU: both share the rank's stream, in order).
+/// when one is given (one GPU: both share the rank's stream, in order);
+/// then `comm` is aborted and a replay and an eager pass must fail naming
+/// the abort's reason.
 fn graph_vs_eager_with(
     config: BackendConfig,
     mode: Mode,
@@ -478,7 +480,7 @@ fn graph_vs_eager_with(
     let mut rng = StdRng::seed_from_u64(seed);
     let dev = Device::Cuda(gpu_ordinal());
     let mut w = World::new(&config, &[dev, dev])?;
-    if let Some(c) = comm {
+    if let Some(c) = &comm {
         for b in &mut w.backends {
             b.attach_decode_comm(c.clone()).or_fail("attach")?;
         }
@@ -578,6 +580,26 @@ fn graph_vs_eager_with(
         // (cache differences persist, so none is missed).
         if step % 25 == 0 || step + 1 == steps {
             same_caches(eager, graph, &config, true).map_err(|e| format!("step {step}: {e}"))?;
+        }
+    }
+    if let Some(c) = comm {
+        // Once the membership is aborted (a peer rank failed), the graph
+        // that captured its all-gathers is refused and an eager decode
+        // pass fails at its all-gather, both naming the reason.
+        const WHY: &str = "test: a peer rank failed";
+        c.abort(WHY).or_fail("abort")?;
+        let batch = w.batch(&mut rng, mode, max_bs)?;
+        let [eager, graph] = &mut w.backends[..] else {
+            return Err("two backends".into());
+        };
+        match graph.replay_cuda_graph(&batch) {
+            Err(e) if e.to_string().contains(WHY) => {}
+            other => return Err(format!("replay after the abort: {other:?}")),
+        }
+        let io = inputs(&mut rng, &config, batch.out_cache_loc.len());
+        match run_eager(eager, &batch, &io) {
+            Err(e) if e.contains(WHY) => {}
+            other => return Err(format!("eager pass after the abort: {:?}", other.map(|_| ()))),
         }
     }
     Ok(())

@@ -37,8 +37,11 @@ use crate::report::{gbps, RankReport, Report};
 /// refuses, a device is missing, or a rank fails (the first rank's error).
 /// A rank that fails while building its engine or backends, or attaching
 /// them, releases the others at a gate before any NCCL call waits for it;
-/// a rank that fails during the run leaves the others in their all-gather
-/// (no NCCL timeout is set), so the process must then be stopped.
+/// a rank that fails (an error or a panic) during the run aborts every
+/// rank's membership ([`DcpComm::abort`]), which releases the others from
+/// their all-gathers: they fail too, and the error returned is the failed
+/// rank's own. A rank that finished while the group was aborted fails as
+/// well (its last all-gathers' results are unspecified).
 pub fn run_dcp_ranks(setup: &Setup, progress: &ProgressBar) -> Result<Report> {
     let crate::config::ExecutorChoice::Cuda(base) = setup.executor else {
         return Err(ReplayError::Internal(
@@ -76,7 +79,10 @@ pub fn run_dcp_ranks(setup: &Setup, progress: &ProgressBar) -> Result<Report> {
                         ranks: n,
                         id,
                     };
-                    run_ranks_with(&rank_setup, &mut [engine.as_mut()], bar, Some(&join))
+                    let guard = AbortOnPanic { gate, rank: r };
+                    let out = run_ranks_with(&rank_setup, &mut [engine.as_mut()], bar, Some(&join));
+                    std::mem::forget(guard);
+                    gate.finish(r, out)
                 })
             })
             .collect();
@@ -89,17 +95,52 @@ pub fn run_dcp_ranks(setup: &Setup, progress: &ProgressBar) -> Result<Report> {
             })
             .collect()
     });
-    let reports = results.into_iter().collect::<Result<Vec<Report>>>()?;
-    Ok(join_dcp_reports(reports))
+    Ok(join_dcp_reports(gate.first_cause(results)?))
 }
 
 /// A barrier the ranks pass together, twice (before joining the NCCL group
 /// and before the first pass), carrying whether any rank failed: NCCL's
 /// calls wait for every rank, so a rank that failed alone must release the
-/// others first.
+/// others first. Once joined, the ranks' memberships are registered here,
+/// so that a rank failing during the run aborts them all.
 pub(crate) struct Gate {
     barrier: Barrier,
     failed: Mutex<Option<String>>,
+    /// Rank `r`'s membership once it joined.
+    members: Mutex<Vec<Option<Arc<dyn Abort>>>>,
+    /// The first rank whose failure during the run aborted the group.
+    cause: Mutex<Option<usize>>,
+}
+
+/// What the gate needs of a rank's membership ([`DcpComm`]).
+pub(crate) trait Abort: Send + Sync {
+    /// Ends the membership's collectives; see [`DcpComm::abort`].
+    fn abort(&self, why: &str) -> kernel_rt::Result<()>;
+    /// Why it was aborted, if it was.
+    fn aborted(&self) -> Option<String>;
+}
+
+impl Abort for DcpComm {
+    fn abort(&self, why: &str) -> kernel_rt::Result<()> {
+        DcpComm::abort(self, why)
+    }
+
+    fn aborted(&self) -> Option<String> {
+        DcpComm::aborted(self)
+    }
+}
+
+/// Aborts the group when its rank's thread unwinds from a panic (dropped
+/// on unwinding only: the normal path forgets it).
+struct AbortOnPanic<'a> {
+    gate: &'a Gate,
+    rank: usize,
+}
+
+impl Drop for AbortOnPanic<'_> {
+    fn drop(&mut self) {
+        self.gate.abort_all(self.rank, "the rank's thread panicked");
+    }
 }
 
 impl Gate {
@@ -107,7 +148,85 @@ impl Gate {
         Self {
             barrier: Barrier::new(ranks),
             failed: Mutex::new(None),
+            members: Mutex::new((0..ranks).map(|_| None).collect()),
+            cause: Mutex::new(None),
         }
+    }
+
+    /// Registers rank `rank`'s membership (once it joined).
+    fn register(&self, rank: usize, member: Arc<dyn Abort>) {
+        if let Some(m) = self
+            .members
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(rank)
+        {
+            *m = Some(member);
+        }
+    }
+
+    /// Rank `rank` failed during the run (`why`): aborts every registered
+    /// membership (the first failing rank is the group's cause). An abort
+    /// that fails is reported on stderr: nothing else can be done for it.
+    fn abort_all(&self, rank: usize, why: &str) {
+        self.cause
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(rank);
+        // Cloned out: an abort may wait for a rank inside an NCCL call.
+        let members: Vec<(usize, Arc<dyn Abort>)> = self
+            .members
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .enumerate()
+            .filter_map(|(r, m)| m.clone().map(|m| (r, m)))
+            .collect();
+        let why = format!("--dcp rank {rank} failed: {why}");
+        for (r, m) in members {
+            if let Err(e) = m.abort(&why) {
+                eprintln!("mha-replay: aborting --dcp rank {r}'s NCCL membership: {e}");
+            }
+        }
+    }
+
+    /// Rank `rank`'s result once its run returned: a failure aborts the
+    /// group; a success of a rank whose membership was aborted meanwhile
+    /// becomes an error.
+    fn finish(&self, rank: usize, out: Result<Report>) -> Result<Report> {
+        match out {
+            Err(e) => {
+                self.abort_all(rank, &e.to_string());
+                Err(e)
+            }
+            Ok(report) => {
+                let member = self
+                    .members
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(rank)
+                    .cloned()
+                    .flatten();
+                match member.and_then(|m| m.aborted()) {
+                    Some(why) => Err(ReplayError::Internal(format!(
+                        "--dcp rank {rank} finished, but its group was aborted: {why}"
+                    ))),
+                    None => Ok(report),
+                }
+            }
+        }
+    }
+
+    /// Every rank's report, or the error of the rank that caused the
+    /// group's abort (the first failing rank otherwise).
+    fn first_cause(&self, results: Vec<Result<Report>>) -> Result<Vec<Report>> {
+        let cause = *self.cause.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut results = results;
+        if let Some(c) = cause.filter(|&c| matches!(results.get(c), Some(Err(_)))) {
+            // An `Err` (checked above): returned here.
+            results.swap_remove(c)?;
+        }
+        results.into_iter().collect()
     }
 
     /// Waits for every rank; `Err` with the first failure when any rank
@@ -146,7 +265,11 @@ impl RankJoin<'_> {
     pub(crate) fn join(&self, failed: Option<String>) -> Result<Arc<DcpComm>> {
         self.gate.pass(failed)?;
         match DcpComm::new(&self.gpu, self.rank, self.ranks, self.id) {
-            Ok(c) => Ok(Arc::new(c)),
+            Ok(c) => {
+                let c = Arc::new(c);
+                self.gate.register(self.rank, c.clone());
+                Ok(c)
+            }
             Err(e) => {
                 // The others, joined, wait at the second pass: release them.
                 let e = kernel_error(e);
@@ -320,6 +443,129 @@ mod tests {
                     .contains("rank 1"))),
             }
         }
+    }
+
+    /// A membership whose "collective" blocks until it is aborted.
+    #[derive(Default)]
+    struct Member {
+        why: Mutex<Option<String>>,
+        cv: std::sync::Condvar,
+    }
+
+    impl Abort for Member {
+        fn abort(&self, why: &str) -> kernel_rt::Result<()> {
+            self.why
+                .lock()
+                .unwrap()
+                .get_or_insert_with(|| why.to_string());
+            self.cv.notify_all();
+            Ok(())
+        }
+
+        fn aborted(&self) -> Option<String> {
+            self.why.lock().unwrap().clone()
+        }
+    }
+
+    impl Member {
+        /// Blocks like an all-gather whose peer never comes, until aborted
+        /// (a test that would hang fails after 20 s instead).
+        fn collective(&self) -> Result<()> {
+            let g = self.why.lock().unwrap();
+            let (g, t) = self
+                .cv
+                .wait_timeout_while(g, std::time::Duration::from_secs(20), |w| w.is_none())
+                .unwrap();
+            assert!(!t.timed_out(), "the abort never came");
+            Err(ReplayError::Internal(format!(
+                "communicator aborted: {}",
+                g.clone().unwrap_or_default()
+            )))
+        }
+    }
+
+    /// Runs three ranks over `Member`s: rank `fail` fails (`Err`, or a
+    /// panic when `panics`), the others block in a collective (from which
+    /// rank 2 goes on to finish its run when `two_finishes`).
+    fn group_run(fail: usize, panics: bool, two_finishes: bool) -> (Gate, Vec<Result<Report>>) {
+        let gate = Gate::new(3);
+        let members: Vec<Arc<Member>> = (0..3).map(|_| Arc::new(Member::default())).collect();
+        for (r, m) in members.iter().enumerate() {
+            gate.register(r, m.clone());
+        }
+        let results = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..3)
+                .map(|r| {
+                    let (gate, m) = (&gate, members[r].clone());
+                    sc.spawn(move || {
+                        let guard = AbortOnPanic { gate, rank: r };
+                        let out = if r == fail {
+                            assert!(!panics, "rank {r} panics");
+                            Err(ReplayError::Internal(format!("rank {r} ran out of memory")))
+                        } else if r == 2 && two_finishes {
+                            // Its last collective returned after the abort
+                            // (its result unspecified), and the run ended.
+                            let _ = m.collective();
+                            Ok(Report::default())
+                        } else {
+                            m.collective().map(|()| Report::default())
+                        };
+                        std::mem::forget(guard);
+                        gate.finish(r, out)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(ReplayError::Internal("panicked".into())))
+                })
+                .collect()
+        });
+        (gate, results)
+    }
+
+    #[test]
+    fn a_rank_that_fails_mid_run_releases_the_others_from_their_collectives() {
+        let (gate, results) = group_run(1, false, false);
+        for (r, out) in results.iter().enumerate() {
+            let e = out.as_ref().unwrap_err().to_string();
+            assert!(e.contains("ran out of memory"), "rank {r}: {e}");
+            if r != 1 {
+                assert!(
+                    e.contains("aborted") && e.contains("rank 1 failed"),
+                    "rank {r}: {e}"
+                );
+            }
+        }
+        let e = gate.first_cause(results).unwrap_err().to_string();
+        assert_eq!(
+            e, "internal replay error: rank 1 ran out of memory",
+            "the failed rank's own error"
+        );
+    }
+
+    #[test]
+    fn a_panicking_rank_aborts_the_group() {
+        let (gate, results) = group_run(0, true, false);
+        assert!(results.iter().all(Result::is_err));
+        let e = gate.first_cause(results).unwrap_err().to_string();
+        assert!(e.contains("panicked"), "{e}");
+    }
+
+    #[test]
+    fn a_rank_that_finished_in_an_aborted_group_fails() {
+        let (gate, results) = group_run(1, false, true);
+        let e = results[2].as_ref().unwrap_err().to_string();
+        assert!(e.contains("finished, but its group was aborted"), "{e}");
+        assert!(gate.first_cause(results).is_err());
+        // Without a failure every rank's report comes back.
+        let gate = Gate::new(2);
+        let ok = vec![
+            gate.finish(0, Ok(Report::default())),
+            gate.finish(1, Ok(Report::default())),
+        ];
+        assert_eq!(gate.first_cause(ok).unwrap().len(), 2);
     }
 
     #[test]

@@ -43,10 +43,16 @@ fn real_main() -> Result<Report, ReplayError> {
         .map(|n| format!("; {n}"))
         .collect::<String>();
     // `--dcp-gpus spread`: each rank's thread builds its own engine. NVLink
-    // multicast stays off unless the caller set NCCL_NVLS_ENABLE (set here,
-    // before any thread of this process starts).
-    if setup.dcp_spread && std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-        std::env::set_var("NCCL_NVLS_ENABLE", "0");
+    // multicast stays off, and the ranks connect when they join the group
+    // (so that no collective waits for a peer inside a host call, where a
+    // failed rank's abort could not reach it), unless the caller set these
+    // (set here, before any thread of this process starts).
+    if setup.dcp_spread {
+        for (var, value) in [("NCCL_NVLS_ENABLE", "0"), ("NCCL_RUNTIME_CONNECT", "0")] {
+            if std::env::var_os(var).is_none() {
+                std::env::set_var(var, value);
+            }
+        }
     }
     let mut engines = if setup.dcp_spread {
         println!(

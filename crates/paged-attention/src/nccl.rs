@@ -38,7 +38,7 @@
 //! of failing when it does not. A communicator takes one GPU per rank: NCCL
 //! refuses two ranks on one device.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 
 use cudarc::nccl::safe::{Comm, Id};
 use kernel_rt::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
@@ -135,13 +135,15 @@ impl DcpId {
 pub struct DcpComm {
     gpu: Arc<Gpu>,
     comm: Mutex<CommCell>,
+    /// Why the membership was aborted ([`DcpComm::abort`]).
+    why: Mutex<Option<String>>,
     rank: usize,
     ranks: usize,
 }
 
-/// A communicator that may move between threads.
+/// A communicator that may move between threads (`None` once aborted).
 #[derive(Debug)]
-struct CommCell(Comm);
+struct CommCell(Option<Comm>);
 
 // SAFETY: NCCL allows a communicator to be used from any thread, one thread
 // at a time; `DcpComm` only reaches it through its `Mutex`, which gives
@@ -173,7 +175,8 @@ impl DcpComm {
             .map_err(|e| nccl_error("ncclCommInitRank", e))?;
         Ok(Self {
             gpu: Arc::clone(gpu),
-            comm: Mutex::new(CommCell(comm)),
+            comm: Mutex::new(CommCell(Some(comm))),
+            why: Mutex::new(None),
             rank,
             ranks,
         })
@@ -237,19 +240,91 @@ impl DcpComm {
                     .ok_or_else(|| collective("gather view", n * n_o))?,
             )
         };
+        if let Some(why) = self.aborted() {
+            return Err(KernelError::Collective(format!(
+                "communicator aborted: {why}"
+            )));
+        }
         let cell = self
             .comm
             .lock()
             .map_err(|_| collective("communicator", "poisoned by a panic"))?;
-        cell.0
-            .all_gather(&send_b, &mut recv_b)
+        let Some(comm) = &cell.0 else {
+            return Err(collective("communicator", "aborted"));
+        };
+        comm.all_gather(&send_b, &mut recv_b)
             .map_err(|e| nccl_error("ncclAllGather (outputs)", e))?;
-        cell.0
-            .all_gather(send_lse, &mut recv_lse.slice_mut(0..n * n_l))
+        comm.all_gather(send_lse, &mut recv_lse.slice_mut(0..n * n_l))
             .map_err(|e| nccl_error("ncclAllGather (LSE)", e))?;
         Ok(())
     }
+
+    /// Aborts this rank's membership (`ncclCommAbort`): the rank's
+    /// collectives still in flight on its stream end without waiting for
+    /// the other ranks, so a thread blocked on that stream (a
+    /// synchronisation after an all-gather whose peer rank failed) is
+    /// released. Callable from any thread while the rank's own thread is
+    /// blocked on its stream; a later call keeps the first `why`.
+    ///
+    /// From the call on, every collective of this rank fails with
+    /// [`KernelError::Collective`] naming `why`, and a CUDA graph that
+    /// captured this rank's collectives must not be replayed (mha-backend
+    /// checks [`DcpComm::aborted`] first). What the aborted collectives
+    /// left in their receive buffers is unspecified.
+    ///
+    /// The communicator itself is released once no thread is inside one
+    /// of its NCCL calls (a host-side call that waits for peers, e.g. a
+    /// first collective connecting lazily, holds it; mha-replay connects
+    /// at join with `NCCL_RUNTIME_CONNECT=0` so that none does).
+    ///
+    /// # Errors
+    /// [`KernelError::Collective`] when NCCL's abort fails or a thread
+    /// stayed inside an NCCL call of this rank for `ABORT_WAIT` (10 s); the
+    /// rank counts as aborted all the same.
+    pub fn abort(&self, why: &str) -> Result<()> {
+        self.why
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(|| why.to_string());
+        let start = std::time::Instant::now();
+        let mut cell = loop {
+            match self.comm.try_lock() {
+                Ok(c) => break c,
+                // A panic inside an NCCL call left a valid cell.
+                Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(TryLockError::WouldBlock) if start.elapsed() < ABORT_WAIT => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(TryLockError::WouldBlock) => {
+                    return Err(collective(
+                        "ncclCommAbort",
+                        "a thread stayed inside an NCCL call of this rank",
+                    ))
+                }
+            }
+        };
+        let Some(comm) = cell.0.take() else {
+            return Ok(());
+        };
+        // Dropping cudarc's `Comm` calls `ncclCommAbort` (and panics when
+        // it fails): that panic becomes the error.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(comm)))
+            .map_err(|_| collective("ncclCommAbort", "failed"))
+    }
+
+    /// Why this rank's membership was aborted ([`DcpComm::abort`]), or
+    /// `None` while it is usable.
+    pub fn aborted(&self) -> Option<String> {
+        self.why
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
+
+/// How long [`DcpComm::abort`] waits for a thread inside an NCCL call of
+/// the rank.
+const ABORT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// One rank of a decode context-parallel group: its communicator, the merge
 /// launcher and the rank buffers (module docs).
@@ -304,6 +379,12 @@ impl DcpRank {
     /// The rank's device.
     pub fn gpu(&self) -> &Arc<Gpu> {
         self.comm.gpu()
+    }
+
+    /// The rank's membership (to [`DcpComm::abort`] it from another thread
+    /// when a peer rank fails).
+    pub fn comm(&self) -> &DcpComm {
+        &self.comm
     }
 
     /// Sizes the rank buffers for `rows` query rows of `hq` heads of `d`

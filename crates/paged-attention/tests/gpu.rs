@@ -928,6 +928,74 @@ fn nccl_ranks(_gpu: &Arc<Gpu>) -> Result<(), String> {
     Ok(())
 }
 
+/// `DcpComm::abort` (issue 17): a rank whose peer never joins its
+/// all-gather is released by an abort from another thread, and every later
+/// collective of the rank fails naming the reason. With one GPU: a one-rank
+/// group, aborted, refuses its next all-gather (and a second abort keeps
+/// the first reason); with two or more: rank 0 all-gathers while rank 1
+/// never does, a watcher thread aborts rank 0 after 300 ms, and rank 0's
+/// stream synchronisation returns instead of waiting forever.
+#[cfg(feature = "nccl")]
+fn nccl_abort(_gpu: &Arc<Gpu>) -> Result<(), String> {
+    use paged_attention::nccl::{nccl_available, DcpComm, DcpId};
+    if !nccl_available() {
+        return Err("libnccl not found: put the directory of libnccl.so on LD_LIBRARY_PATH".into());
+    }
+    let devices = kernel_rt::gpu_status().devices();
+    let ranks = devices.clamp(1, 2);
+    let id = DcpId::new().or_fail("unique id")?;
+    let done = std::sync::Barrier::new(ranks);
+    let gather = |comm: &DcpComm, g: &Arc<Gpu>| -> Result<(), KernelError> {
+        let s = g.stream();
+        let send = s.alloc_zeros::<u16>(64)?;
+        let mut recv = s.alloc_zeros::<u16>(64 * ranks)?;
+        let send_lse = s.alloc_zeros::<f32>(8)?;
+        let mut recv_lse = s.alloc_zeros::<f32>(8 * ranks)?;
+        comm.all_gather_states(
+            &send.as_view(),
+            &mut recv.as_view_mut(),
+            &send_lse.as_view(),
+            &mut recv_lse.as_view_mut(),
+        )
+    };
+    let results = kernel_rt::testing::per_rank(ranks, |rank| -> Result<(), String> {
+        let g = Gpu::shared_on(rank).or_fail("device")?;
+        let comm = DcpComm::new(&g, rank, ranks, id).or_fail("join")?;
+        if rank == 0 {
+            if ranks == 1 {
+                gather(&comm, &g).or_fail("a one-rank all-gather")?;
+                g.stream().synchronize().or_fail("sync")?;
+            } else {
+                // Rank 1 never comes: without the abort this waits forever.
+                gather(&comm, &g).or_fail("enqueue")?;
+                std::thread::scope(|sc| {
+                    sc.spawn(|| {
+                        std::thread::sleep(std::time::Duration::from_millis(300));
+                        comm.abort("test: peer rank gone")
+                    });
+                    // An aborted collective may leave an error on the
+                    // stream; what matters is that this returns.
+                    let _ = g.stream().synchronize();
+                });
+            }
+            comm.abort("test: peer rank gone").or_fail("abort")?;
+            comm.abort("a second reason").or_fail("second abort")?;
+            if comm.aborted().as_deref() != Some("test: peer rank gone") {
+                return Err(format!("aborted() = {:?}", comm.aborted()));
+            }
+            match gather(&comm, &g) {
+                Err(KernelError::Collective(m)) if m.contains("test: peer rank gone") => {}
+                other => return Err(format!("all-gather after the abort: {other:?}")),
+            }
+        }
+        done.wait();
+        Ok(())
+    });
+    results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    println!("nccl_abort_releases_a_waiting_rank: {ranks} rank(s)");
+    Ok(())
+}
+
 /// Programmatic dependent launch: chains of 6 launches (each reading the
 /// previous one's output as its query) give the same bits with and without
 /// the PDL attribute, eagerly and replayed from a CUDA graph, on random
@@ -1020,6 +1088,8 @@ fn main() {
         ),
         #[cfg(feature = "nccl")]
         gpu_trial("nccl_ranks_merge_to_the_unsplit_output", nccl_ranks),
+        #[cfg(feature = "nccl")]
+        gpu_trial("nccl_abort_releases_a_waiting_rank", nccl_abort),
         gpu_trial("skip_softmax_zero_is_off_and_stays_in_bound", skip_softmax),
         named(
             "masked_nonfinite_keys_never_reach_a_row",

@@ -502,7 +502,11 @@ impl MhaBackend {
     ///
     /// Every rank must run the same passes in the same order (each decode
     /// layer is a collective); a rank whose call fails leaves the others
-    /// waiting in the all-gather. Step backends of a
+    /// waiting in the all-gather until some thread calls
+    /// [`DcpComm::abort`](paged_attention::nccl::DcpComm::abort) on their
+    /// memberships (mha-replay aborts every rank when one fails); from then
+    /// on this backend's decode passes and graph replays return
+    /// [`BackendError::Kernel`] naming the reason. Step backends of a
     /// [`MultiStepDraftBackend`] share one executor, so one call serves
     /// them all; the target and draft backends of one rank may share
     /// `comm` (their collectives run on the one stream, in order).

@@ -158,6 +158,22 @@ impl DecodeCp {
         self.comm.is_some()
     }
 
+    /// `Err` once the communicator was aborted ([`DcpComm::abort`]: a peer
+    /// rank failed): a graph that captured its collectives must then not
+    /// be replayed.
+    ///
+    /// # Errors
+    /// [`crate::BackendError::Kernel`] naming the abort's reason.
+    pub(super) fn live(&self) -> Result<()> {
+        match self.comm.as_ref().and_then(|c| c.comm.aborted()) {
+            Some(why) => Err(kernel_rt::KernelError::Collective(format!(
+                "communicator aborted: {why}"
+            ))
+            .into()),
+            None => Ok(()),
+        }
+    }
+
     /// Grows the buffers to hold `rows` rows of `hq` heads of `d` dims
     /// (eager passes only: never while a graph holds them).
     ///

@@ -123,6 +123,9 @@ impl CudaExecutor {
 
     /// [`Executor::replay_engine_graph`] on the device (the trait impl forwards here).
     pub(super) fn replay_engine_graph_impl(&mut self, key: GraphKey) -> Result<()> {
+        if let Some(cp) = &self.decode_cp {
+            cp.live()?;
+        }
         let g = self.engine_graphs.get(&key).ok_or_else(|| {
             BackendError::GraphUnsupported(format!("no engine graph captured for {key:?}"))
         })?;

@@ -197,6 +197,9 @@ impl CudaExecutor {
         padded: &ForwardBatch,
         pools: &Pools,
     ) -> Result<()> {
+        if let Some(cp) = &self.decode_cp {
+            cp.live()?;
+        }
         let stream = self.gpu.stream().clone();
         if !self
             .graph
