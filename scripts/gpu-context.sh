@@ -406,6 +406,9 @@ stage_dcp() {
   # one rank a GPU with two or more), the replay's decode_cp_ranks_over_nccl
   # (one-rank spread; with two GPUs spread vs simulated, hashes equal), and
   # with two or more GPUs a 2,000-request conv slice with --dcp 2 spread.
+  echo "== paged-attention GPU test: nccl_abort (session 26)"
+  timeout 120 tests/paged-attention-gpu --include-ignored nccl_abort > "$OUT/nccl_abort.log" 2>&1
+  echo "rc=$?"; summary "$OUT/nccl_abort.log"; grep -E "nccl_abort" "$OUT/nccl_abort.log" | head -4
   echo "== mha-backend GPU tests: decode_comm"
   timeout 300 tests/mha-backend-gpu --include-ignored decode_comm > "$OUT/dcp_backend.log" 2>&1
   echo "rc=$?"; summary "$OUT/dcp_backend.log"; grep -E "decode_comm_ranks" "$OUT/dcp_backend.log" | head -4
