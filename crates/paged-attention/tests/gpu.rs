@@ -932,9 +932,10 @@ fn nccl_ranks(_gpu: &Arc<Gpu>) -> Result<(), String> {
 /// all-gather is released by an abort from another thread, and every later
 /// collective of the rank fails naming the reason. With one GPU: a one-rank
 /// group, aborted, refuses its next all-gather (and a second abort keeps
-/// the first reason); with two or more: rank 0 all-gathers while rank 1
-/// never does, a watcher thread aborts rank 0 after 300 ms, and rank 0's
-/// stream synchronisation returns instead of waiting forever.
+/// the first reason); with two or more: after one all-gather together,
+/// rank 0 all-gathers again while rank 1 never does, a watcher thread
+/// aborts rank 0 after 300 ms, and rank 0's stream synchronisation returns
+/// instead of waiting forever.
 #[cfg(feature = "nccl")]
 fn nccl_abort(_gpu: &Arc<Gpu>) -> Result<(), String> {
     use paged_attention::nccl::{nccl_available, DcpComm, DcpId};
@@ -961,6 +962,11 @@ fn nccl_abort(_gpu: &Arc<Gpu>) -> Result<(), String> {
     let results = kernel_rt::testing::per_rank(ranks, |rank| -> Result<(), String> {
         let g = Gpu::shared_on(rank).or_fail("device")?;
         let comm = DcpComm::new(&g, rank, ranks, id).or_fail("join")?;
+        // Every rank's first all-gather together: NCCL may connect the
+        // ranks lazily, inside a first collective's host call (which an
+        // abort cannot reach), so the test's lone all-gather is a second.
+        gather(&comm, &g).or_fail("first all-gather")?;
+        g.stream().synchronize().or_fail("sync")?;
         if rank == 0 {
             if ranks == 1 {
                 gather(&comm, &g).or_fail("a one-rank all-gather")?;
