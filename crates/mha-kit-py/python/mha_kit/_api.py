@@ -16,7 +16,8 @@ directly, saving the dispatcher's overhead.
 import sys
 
 from . import _native, _tensor
-from ._tensor import InvalidArgument, describe, maybe, permute, select, head, scalar, stream_of
+from ._tensor import (InvalidArgument, describe, host_int, maybe, permute, select, head, scalar,
+                      scale, stream_of)
 
 Q_MODE_NONE = _native.Q_MODE_NONE
 Q_MODE_CUMSUM = _native.Q_MODE_CUMSUM
@@ -428,9 +429,9 @@ def trtllm_batch_decode_with_kv_cache(
     else:
         out = _out(query, out, out_dtype)
     if type(bmm1_scale) is not float:
-        bmm1_scale = scalar(bmm1_scale, "bmm1_scale")
+        bmm1_scale = scale(bmm1_scale, "bmm1_scale")
     if type(bmm2_scale) is not float:
-        bmm2_scale = scalar(bmm2_scale, "bmm2_scale")
+        bmm2_scale = scale(bmm2_scale, "bmm2_scale")
     if sinks is not None:
         sinks = _sinks(sinks)
     if return_lse:
@@ -451,9 +452,14 @@ def trtllm_batch_decode_with_kv_cache(
                                    cum_seq_lens_q, kv_layout, lse, skip,
                                    int(dcp_rank), int(dcp_world_size))
     else:
-        _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
-                     max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                     max_q_len, cum_seq_lens_q, kv_layout, lse, skip, dcp)
+        try:
+            _decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
+                         max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
+                         max_q_len, cum_seq_lens_q, kv_layout, lse, skip, dcp)
+        except (TypeError, OverflowError):  # a host int no native integer holds: name it
+            _tensor.host_ints(max_seq_len=(max_seq_len, 0), window_left=(window_left, -1),
+                              q_len_per_req=(q_len_per_req or 1, 0), max_q_len=(max_q_len or 1, 0))
+            raise
     return (out, lse) if return_lse else out
 
 
@@ -592,9 +598,11 @@ def trtllm_batch_context_with_kv_cache(
     k_cache, v_cache = _split_kv(kv_cache)
     out = _out(query, out, out_dtype)
     args = (query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
-            int(max_q_len), int(max_kv_len), scalar(bmm1_scale, "bmm1_scale"),
-            scalar(bmm2_scale, "bmm2_scale"), int(batch_size), cum_seq_lens_q, cum_seq_lens_kv,
-            int(window_left), _sinks(sinks), kv_layout, _lse_buffer(query, lse, return_lse))
+            host_int(max_q_len, "max_q_len"), host_int(max_kv_len, "max_kv_len"),
+            scale(bmm1_scale, "bmm1_scale"), scale(bmm2_scale, "bmm2_scale"),
+            host_int(batch_size, "batch_size"), cum_seq_lens_q, cum_seq_lens_kv,
+            host_int(window_left, "window_left", -(1 << 63)), _sinks(sinks), kv_layout,
+            _lse_buffer(query, lse, return_lse))
     if _compiling():
         _ops().trtllm_batch_context(*args)
     else:
@@ -641,8 +649,8 @@ def build_trtllm_mha_page_table(req_to_token, req_pool_indices, cache_seqlens, p
     Raises:
         mha_kit.InvalidArgument, mha_kit.DeviceError.
     """
-    args = (req_to_token, req_pool_indices, cache_seqlens, page_table, int(page_size),
-            swa_page_table, full_to_swa)
+    args = (req_to_token, req_pool_indices, cache_seqlens, page_table,
+            host_int(page_size, "page_size"), swa_page_table, full_to_swa)
     if _compiling():
         _ops().build_page_table(*args)
     else:
@@ -746,13 +754,15 @@ def update_trtllm_mha_graph_metadata(
     Raises:
         mha_kit.InvalidArgument, mha_kit.DeviceError.
     """
-    bs = int(bs)
+    bs = host_int(bs, "bs")
     if bs == 0:
         return
+    low = -(1 << 63)  # signed: the native side names a negative one
     args = (req_pool_indices, seq_lens, req_to_token, cache_seqlens, cu_seqlens_k, page_table,
-            bs, int(seqlen_offset), int(max_seq_pages), int(page_size), swa_mapping,
-            swa_page_table, out_cache_loc, swa_out_cache_loc, cu_seqlens_q, qlens,
-            int(q_stride), int(q_mode))
+            bs, host_int(seqlen_offset, "seqlen_offset", low),
+            host_int(max_seq_pages, "max_seq_pages"), host_int(page_size, "page_size"),
+            swa_mapping, swa_page_table, out_cache_loc, swa_out_cache_loc, cu_seqlens_q, qlens,
+            host_int(q_stride, "q_stride", low), host_int(q_mode, "q_mode", low))
     if _compiling():
         _ops().update_graph_metadata(*args)
     else:
@@ -796,7 +806,7 @@ def fused_fp8_set_kv_buffer(k, v, k_cache, v_cache, cache_loc, k_scale=None, v_s
         mha_kit.InvalidArgument, mha_kit.DeviceError.
     """
     args = (k, v, k_cache, v_cache, cache_loc, scalar(k_scale, "k_scale"),
-            scalar(v_scale, "v_scale"), int(page_size))
+            scalar(v_scale, "v_scale"), host_int(page_size, "page_size"))
     if _compiling():
         _ops().fused_fp8_set_kv_buffer(*args)
     else:
@@ -873,6 +883,8 @@ def merge_states(v, s, out=None, lse_out=None, sinks=None):
         out = _new(v, (t, h, d), None)
     if lse_out is None:
         lse_out = _new(v, (t, h), "float32")
+    if not hasattr(s, "shape"):
+        raise InvalidArgument(f"argument `s`: expected a float32 array or tensor, got {type(s).__name__}")
     s_nat = s * LN2
     if _compiling():
         _ops().merge_states(v, s_nat, out, lse_out, sinks)

@@ -226,6 +226,37 @@ def _stream_slow(dev):
     return torch.cuda.current_stream(dev).cuda_stream
 
 
+def host_int(x, name, lo=0):
+    """``int(x)`` of a host integer argument, which must lie in ``[lo, 2^63)``;
+    anything else (``None``, a string, a negative count, a value no native
+    integer holds) is an :class:`InvalidArgument` naming it, not the
+    ``TypeError`` / ``OverflowError`` of the conversion."""
+    try:
+        v = int(x)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidArgument(f"argument `{name}`: expected an integer, got {x!r}") from None
+    if v < lo:
+        raise InvalidArgument(f"argument `{name}`: {v} (must be ≥ {lo})")
+    if v >= 1 << 63:
+        raise InvalidArgument(f"argument `{name}`: {v} is too large (< 2^63)")
+    return v
+
+
+def host_ints(**args):
+    """:func:`host_int` of every ``name=(value, lo)``: called after a native
+    call failed with a conversion error, to name the argument that caused it."""
+    for name, (value, lo) in args.items():
+        host_int(value, name, lo)
+
+
+def scale(x, name):
+    """:func:`scalar` of a required scale (``None`` is an error)."""
+    r = scalar(x, name)
+    if r is None:
+        raise InvalidArgument(f"argument `{name}`: None (a float or a one-element host tensor)")
+    return r
+
+
 def scalar(x, name):
     """A Python float from a float, int or one-element host tensor/array.
 
