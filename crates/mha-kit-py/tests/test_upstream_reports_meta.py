@@ -255,3 +255,30 @@ def test_bad_host_scalars_are_argument_errors_naming_them():
     with pytest.raises(mha_kit.InvalidArgument, match="`s`"):
         mha_kit.merge_states(np.zeros((1, 2, 3, 64), np.float16), None)
     assert P == 4 and WIDTH == 64  # the imported engine's geometry
+
+
+def test_device_functions_without_torch_or_gpu_raise_device_error():
+    """Not from a report (found while checking the ones above): on a host
+    without torch, ``device_errors()`` / ``init()`` failed with a bare
+    ``ModuleNotFoundError`` and ``device_errors("cpu")`` with a ``TypeError``
+    (a string's ``.index`` method taken for a device index). They must raise
+    ``mha_kit.DeviceError`` (no torch to pick the current device, not a CUDA
+    device, no GPU)."""
+    import sys
+
+    if mha_kit.gpu_available():
+        pytest.skip("a GPU is present")
+    saved = sys.modules.get("torch")
+    sys.modules["torch"] = None  # `import torch` raises ImportError
+    try:
+        for call in (lambda: mha_kit.device_errors(), lambda: mha_kit.init(),
+                     lambda: mha_kit.init(0), lambda: mha_kit.module_sources("cuda"),
+                     lambda: mha_kit.device_errors("cpu"), lambda: mha_kit.device_errors("cuda:x"),
+                     lambda: mha_kit.device_errors(0), lambda: mha_kit.module_sources("cuda:0")):
+            with pytest.raises(mha_kit.DeviceError):
+                call()
+    finally:
+        if saved is None:
+            del sys.modules["torch"]
+        else:
+            sys.modules["torch"] = saved

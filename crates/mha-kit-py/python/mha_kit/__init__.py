@@ -66,18 +66,24 @@ except ImportError:
 
 
 def _device_index(device):
-    if device is None:
-        import torch
-
-        return torch.cuda.current_device()
     if isinstance(device, int):
         return device
-    index = getattr(device, "index", None)
-    if index is None and str(device).startswith("cuda:"):
-        index = int(str(device).split(":", 1)[1])
+    name = str(device)
+    if device is not None and name != "cuda" and not name.startswith("cuda:"):
+        raise DeviceError(f"device {device!r}: expected a CUDA device (an index, 'cuda:N' or a torch.device)")
+    index = None if isinstance(device, str) or device is None else getattr(device, "index", None)
+    if index is None and name.startswith("cuda:"):
+        try:
+            index = int(name.split(":", 1)[1])
+        except ValueError:
+            raise DeviceError(f"device {device!r}: expected 'cuda:N'") from None
     if index is None:
-        import torch
-
+        try:
+            import torch
+        except ImportError:
+            raise DeviceError(
+                f"device {device!r}: torch's current CUDA device needs torch (not installed); "
+                "pass an index") from None
         return torch.cuda.current_device()
     return index
 
@@ -104,9 +110,11 @@ def init(device=None):
     Raises:
         DeviceError: no GPU, or a module does not load.
     """
-    import torch
-
     index = _device_index(device)
+    try:
+        import torch
+    except ImportError:
+        raise DeviceError("mha_kit.init needs torch (it loads on torch's current stream)") from None
     stream = torch.cuda.current_stream(index).cuda_stream
     _native.init(index, stream)
 
