@@ -146,7 +146,8 @@ def test_split_kv_decode_merged_with_base_2_lse_equals_the_whole_row():
         lens = np.zeros(2, np.int32)
         for b in range(2):
             n = cut[b] if first else -(-int(c["seq_lens"][b]) // p) - cut[b]
-            src = c["block_tables"][b, :cut[b]] if first else c["block_tables"][b, cut[b]:cut[b] + n]
+            lo = 0 if first else cut[b]
+            src = c["block_tables"][b, lo:lo + n]
             bt[b, :n] = src
             lens[b] = cut[b] * p if first else int(c["seq_lens"][b]) - cut[b] * p
         parts.append(mha_kit.trtllm_batch_decode_with_kv_cache(

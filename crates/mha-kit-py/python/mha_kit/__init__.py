@@ -70,7 +70,8 @@ def _device_index(device):
         return device
     name = str(device)
     if device is not None and name != "cuda" and not name.startswith("cuda:"):
-        raise DeviceError(f"device {device!r}: expected a CUDA device (an index, 'cuda:N' or a torch.device)")
+        raise DeviceError(
+            f"device {device!r}: expected a CUDA device (an index, 'cuda:N' or a torch.device)")
     index = None if isinstance(device, str) or device is None else getattr(device, "index", None)
     if index is None and name.startswith("cuda:"):
         try:

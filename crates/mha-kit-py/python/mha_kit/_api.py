@@ -884,7 +884,8 @@ def merge_states(v, s, out=None, lse_out=None, sinks=None):
     if lse_out is None:
         lse_out = _new(v, (t, h), "float32")
     if not hasattr(s, "shape"):
-        raise InvalidArgument(f"argument `s`: expected a float32 array or tensor, got {type(s).__name__}")
+        raise InvalidArgument(
+            f"argument `s`: expected a float32 array or tensor, got {type(s).__name__}")
     s_nat = s * LN2
     if _compiling():
         _ops().merge_states(v, s_nat, out, lse_out, sinks)
