@@ -599,7 +599,12 @@ fn graph_vs_eager_with(
         let io = inputs(&mut rng, &config, batch.out_cache_loc.len());
         match run_eager(eager, &batch, &io) {
             Err(e) if e.contains(WHY) => {}
-            other => return Err(format!("eager pass after the abort: {:?}", other.map(|_| ()))),
+            other => {
+                return Err(format!(
+                    "eager pass after the abort: {:?}",
+                    other.map(|_| ())
+                ))
+            }
         }
     }
     Ok(())

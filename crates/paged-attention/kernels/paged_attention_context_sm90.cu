@@ -578,7 +578,8 @@ MHA_KIT_DEVICE void item_ranges(const ContextParams& p, Item& I) {
 // consumers whose exponential sections alternate, row sums of the 16-bit
 // P (correct results, see SX); 16384 the default overlapped consumers with
 // alternating exponential sections, row sums of the 16-bit P (correct
-// results, see EXT); 8 trace:
+// results, see EXT); 32768 the producer's page cursor and 32-bit
+// strides (correct results, see PC); 8 trace:
 // correct results, and
 // thread 0 of each warpgroup writes %clock stamps of its item's phases to
 // p.partial (see `TR_*`; the launcher points p.partial at its workspace).
@@ -748,6 +749,16 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // near the MUFU's pace while the other warpgroup issues, takes its max
     // or packs.
     constexpr bool EXT = NCW == 2 && !SX && (XV & 16384) != 0;
+    // PC (experiment XV & 32768, the 16-bit gather): the producer's per-tile
+    // page lookup without a division (a page cursor per lane, advanced by
+    // BN / page_size pages and BN % page_size rows a tile; one division per
+    // item) and its K / V row addresses from 32-bit strides (`(u64) id *
+    // stride_page` plus the row's in-page offset, the head's part once per
+    // item), where the default spends ~25 instructions a tile on the
+    // division and ~40 on three 64-bit multiplies per address (SASS, session
+    // 26). The launcher runs it only where every K / V stride and in-page
+    // offset fits i32.
+    constexpr bool PC = !F8 && (XV & 32768) != 0;
     // Row sums from the packed P (SX, EXT) instead of the f32 exponentials.
     constexpr bool PSUM = SX || EXT;
     constexpr bool SERIAL = SERIAL3 || SX;
@@ -917,12 +928,42 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // -1 past the table or negative there; its offset in the page goes to next_off (one
             // division a tile).
             i32 next_off = 0;
+            // PC: the page and in-page row of this lane's key row in the
+            // tile page_id looks up next (it is called for t = 0, 1, ... in
+            // order), and the tile's step in pages and rows.
+            i32 cur_pg = 0, cur_off = 0, step_pg = 0, step_off = 0;
+            if constexpr (PC) {
+                const i32 k0 = t_first * BN + krow;
+                cur_pg = k0 / p.page_size;
+                cur_off = k0 - cur_pg * p.page_size;
+                step_pg = BN / p.page_size;
+                step_off = BN - step_pg * p.page_size;
+            }
             auto page_id = [&](int t) {
                 const i32 k = (t_first + t) * BN + krow;
                 const bool need = has_row && t < ntiles && k >= k_lo && k < k_hi;
-                const i32 pg = k / p.page_size;
-                next_off = k - pg * p.page_size;
+                i32 pg;
+                if constexpr (PC) {
+                    pg = cur_pg;
+                    next_off = cur_off;
+                    cur_off += step_off;
+                    cur_pg += step_pg;
+                    if (cur_off >= p.page_size) {
+                        cur_off -= p.page_size;
+                        ++cur_pg;
+                    }
+                } else {
+                    pg = k / p.page_size;
+                    next_off = k - pg * p.page_size;
+                }
                 // A negative id in the table is bad (-1), never "not needed".
+                // PC: the entry's index in 32 bits (the launcher's check), one
+                // multiply-add instead of the row's 64-bit product each tile.
+                if constexpr (PC)
+                    return !need ? -2
+                           : pg < p.max_num_pages
+                               ? max(__ldg(p.page_table + ((u32)b * (u32)p.page_table_stride + (u32)pg)), -1)
+                               : -1;
                 return !need ? -2 : pg < p.max_num_pages ? max(__ldg(pt_row + pg), -1) : -1;
             };
             // Tile 0's page id (gather) is read before the Q copies go out, so
@@ -1117,6 +1158,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 const u16* v_row = v_base;  // this lane's row of the previous tile (V)
                 const u16* v_next = v_base;
                 u32 k_rd = 0, v_rd = 0;     // rows read, by source lane (ballot)
+                // PC: the head's in-page offsets (elements; i32 by the
+                // launcher's check).
+                const u32 k_head = PC ? (u32)h * (u32)p.k_stride_head : 0u;
+                const u32 v_head = PC ? (u32)h * (u32)p.v_stride_head : 0u;
                 auto lookup = [&](int t) {
                     const i32 id = next_id;
                     const i32 off = next_off;
@@ -1127,8 +1172,19 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     k_row = k_base;
                     v_next = v_base;
                     if (rd) {
-                        k_row = k_base + (i64)id * p.k_stride_page + (i64)h * p.k_stride_head + (i64)off * p.k_stride_tok;
-                        v_next = v_base + (i64)id * p.v_stride_page + (i64)h * p.v_stride_head + (i64)off * p.v_stride_tok;
+                        if constexpr (PC) {
+                            // id >= 0 and off >= 0 here: unsigned products,
+                            // one wide multiply-add per address.
+                            const u32 k_in = k_head + (u32)off * (u32)p.k_stride_tok;
+                            const u32 v_in = v_head + (u32)off * (u32)p.v_stride_tok;
+                            k_row = k_base + ((u64)(u32)id * (u32)p.k_stride_page + k_in);
+                            v_next = v_base + ((u64)(u32)id * (u32)p.v_stride_page + v_in);
+                        } else {
+                            k_row = k_base + (i64)id * p.k_stride_page + (i64)h * p.k_stride_head +
+                                    (i64)off * p.k_stride_tok;
+                            v_next = v_base + (i64)id * p.v_stride_page + (i64)h * p.v_stride_head +
+                                     (i64)off * p.v_stride_tok;
+                        }
                     }
                     k_rd = __ballot_sync(0xffffffffu, rd);
                     // Valid-key mask word of this warp (layout: key_row_of_lane).
@@ -1149,12 +1205,15 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 constexpr int NPC = PAIR ? NP / 2 : NP;
                 const int i0 = PAIR ? (int)rank * NPC : 0;
                 auto copy_rows = [&](u32 dst_tile, const u16* row, u32 rdm) {
+                    // PC: the source lanes' read bits shifted once (pass i
+                    // tests bit i: one instruction instead of three).
+                    const u32 rdl = PC ? rdm >> (pt & 24) : 0u;
 #pragma unroll
                     for (int ii = 0; ii < NPC; ++ii) {
                         const int i = i0 + ii;
                         const int src = (pt & 24) | i;
                         const u16* r = shfl_ptr(row, src) + 8 * c8;
-                        const u32 bytes = ((rdm >> src) << 4) & 16u;
+                        const u32 bytes = PC ? ((rdl >> i) & 1u) * 16u : ((rdm >> src) << 4) & 16u;
 #pragma unroll
                         for (int a = 0; a < D / 64; ++a)
                             cp_async16(dst_tile + dst_lane + i * 16 * 128 + a * C::KV_ATOM, r + 64 * a, bytes);
@@ -2419,6 +2478,7 @@ PAS_XENTRY(1536)
 PAS_XENTRY(2048)
 PAS_XENTRY(4096)
 PAS_XENTRY(16384)
+PAS_XENTRY(32768)
 
 // The polynomial-exponential experiment at D 64 (softmax-bound there).
 PAS_ENTRY_AT(paged_attention_context_sm90_bf16_kv_bf16_d64_x64, 0, 64, 64, false, false, false)

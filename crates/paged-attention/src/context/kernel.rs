@@ -359,7 +359,10 @@ impl ContextKernel {
     /// [`CONTEXT_SM90_PAIR_EXPERIMENT`], 4096 = serial consumers whose
     /// exponential sections alternate, 16384 = the default overlapped
     /// consumers whose exponential sections alternate; both sum the rows
-    /// of the 16-bit P) for D 128 bf16 launches; 0 = off. Results of 1-6 are wrong by
+    /// of the 16-bit P; 32768 = the producer's page cursor and 32-bit
+    /// address products, [`CONTEXT_SM90_CURSOR_EXPERIMENT`], refused with
+    /// [`KernelError::Unsupported`] at launch where
+    /// [`context_sm90_cursor_fits`] fails) for D 128 bf16 launches; 0 = off. Results of 1-6 are wrong by
     /// design: benchmarks only. `xv = 8` is the trace entry: correct
     /// results, and each CTA below [`CONTEXT_SM90_TRACE_CTAS`] records
     /// `%clock` stamps of its items' phases (read them with
@@ -554,6 +557,15 @@ impl ContextKernel {
         // The pair experiment: clusters of two CTAs share each K/V tile
         // (gather only, no split KV; a static item order).
         let pair = experiment && self.experiment & CONTEXT_SM90_PAIR_EXPERIMENT != 0;
+        if experiment
+            && self.experiment & CONTEXT_SM90_CURSOR_EXPERIMENT != 0
+            && !context_sm90_cursor_fits(&p)
+        {
+            return Err(KernelError::unsupported(
+                "experiment",
+                format!("{entry}: a K / V stride, in-page offset or page-table index beyond i32"),
+            ));
+        }
         let mut maps = [TensorMap::default(); 2];
         if plan.sm90 && !duo && !pair {
             if let Some((rows, code, m)) = self.kv_maps(args, &p) {

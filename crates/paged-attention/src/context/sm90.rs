@@ -247,6 +247,35 @@ pub fn context_sm90_duo_wanted(head_dim: usize, kv: KvDtype, keys: usize) -> boo
 /// ring slot, so K/V leave L2 once per two q tiles.
 pub const CONTEXT_SM90_PAIR_EXPERIMENT: u32 = 2048;
 
+/// The sm_90a timing experiment whose producer looks pages up with a
+/// cursor instead of a division a tile and forms K / V row addresses and
+/// page-table indices from 32-bit products (`_x32768`, D 128 bf16, the
+/// 16-bit gather; [`ContextKernel::set_experiment`]). Correct results
+/// where [`context_sm90_cursor_fits`] holds; the launcher refuses it
+/// elsewhere.
+pub const CONTEXT_SM90_CURSOR_EXPERIMENT: u32 = 32768;
+
+/// Whether a launch's K / V strides, in-page offsets and page-table
+/// indices (elements) all fit `i32`, as [`CONTEXT_SM90_CURSOR_EXPERIMENT`]
+/// needs: every stride in `0..=i32::MAX`, `stride_head · (Hkv − 1) +
+/// stride_tok · (page_size − 1)` and `page_table_stride · bs` at most
+/// `i32::MAX`.
+pub fn context_sm90_cursor_fits(p: &ContextParams) -> bool {
+    let max = i64::from(i32::MAX);
+    let fits = |v: Option<i64>| v.is_some_and(|v| (0..=max).contains(&v));
+    let kv = |page: i64, head: i64, tok: i64| {
+        [page, head, tok].iter().all(|&s| fits(Some(s)))
+            && fits(
+                head.checked_mul(i64::from(p.num_kv_heads - 1).max(0))
+                    .zip(tok.checked_mul(i64::from(p.page_size - 1).max(0)))
+                    .and_then(|(a, b)| a.checked_add(b)),
+            )
+    };
+    kv(p.k_stride_page, p.k_stride_head, p.k_stride_tok)
+        && kv(p.v_stride_page, p.v_stride_head, p.v_stride_tok)
+        && fits(p.page_table_stride.checked_mul(i64::from(p.bs.max(0))))
+}
+
 /// Extra shared memory given to the sm_90a experiment entries
 /// ([`ContextKernel::set_experiment`]): `_x16` runs the K / V ring split
 /// 3 / 2, whose valid-key masks take 16 bytes more than the default's;
@@ -360,4 +389,51 @@ pub fn q_tma_layout(
         box_dims: [64, group as u32, u32::try_from(rows / group).ok()?],
     };
     layout.rejection().is_none().then_some(layout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NHD pools of `pages` pages of 16 tokens × 8 heads × 128 dims, a page
+    /// table of `m` entries a request.
+    fn params(bs: i32, m: i64, pages: i64) -> ContextParams {
+        let (p, h, d) = (16i64, 8i64, 128i64);
+        ContextParams {
+            k_stride_page: p * h * d,
+            k_stride_head: d,
+            k_stride_tok: h * d,
+            v_stride_page: p * h * d,
+            v_stride_head: d,
+            v_stride_tok: h * d,
+            page_table_stride: m,
+            bs,
+            num_kv_heads: h as i32,
+            page_size: p as i32,
+            max_num_pages: pages as i32,
+            ..ContextParams::default()
+        }
+    }
+
+    #[test]
+    fn the_cursor_experiment_needs_i32_strides_and_indices() {
+        assert!(context_sm90_cursor_fits(&params(8, 4096, 1 << 20)));
+        // The edge: in-page offsets and page-table indices of i32::MAX.
+        let mut p = params(1, i64::from(i32::MAX), 1);
+        assert!(context_sm90_cursor_fits(&p));
+        p.bs = 2;
+        assert!(!context_sm90_cursor_fits(&p), "page-table index past i32");
+        let mut p = params(8, 4096, 1);
+        p.v_stride_page = i64::from(i32::MAX) + 1;
+        assert!(!context_sm90_cursor_fits(&p), "page stride past i32");
+        let mut p = params(8, 4096, 1);
+        p.k_stride_tok = -128;
+        assert!(!context_sm90_cursor_fits(&p), "negative stride");
+        let mut p = params(8, 4096, 1);
+        p.page_size = 1 << 22;
+        assert!(!context_sm90_cursor_fits(&p), "in-page offset past i32");
+        p.page_size = 1;
+        p.num_kv_heads = 1;
+        assert!(context_sm90_cursor_fits(&p));
+    }
 }
