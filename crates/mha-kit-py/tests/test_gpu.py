@@ -636,3 +636,41 @@ def test_set_kv_buffer_on_cuda_equals_the_cpu_path(layout):
     assert torch.equal(kc.cpu(), host_k) and torch.equal(vc.cpu(), host_v)
     count, _ = mha_kit.device_errors(DEV, reset=True)["kv_write"]
     assert count == 2, count  # -1 and 144 (S = 144)
+
+
+def test_cuda_tensor_scales_equal_floats_and_are_refused_under_capture():
+    """One-element CUDA tensor scales (SGLang passes ``layer.k_scale``) give
+    the float call's bits; during graph capture they raise InvalidArgument
+    (the kernels take scales as launch parameters)."""
+    c, t = _case("tensor-scales", bs=4, hq=16, hkv=4, d=128, p=16, q_lens=[1] * 4, dt="bf16",
+                 kv="e4m3")
+    s1, s2 = 0.0625, 0.5
+
+    def call(b1, b2):
+        return mha_kit.trtllm_batch_decode_with_kv_cache(
+            t["q"], (t["k"], t["v"]), _ws(), t["block_tables"], t["seq_lens"], c["max_seq_len"],
+            bmm1_scale=b1, bmm2_scale=b2, kv_layout=c["layout"])
+
+    want = call(s1, s2)
+    got = call(torch.tensor([s1], device=DEV), torch.tensor(s2, device=DEV))
+    assert torch.equal(got, want)
+    kb = torch.randn(4, 4, 128, device=DEV).to(torch.bfloat16)
+    kc = torch.zeros(8, 16, 4, 128, dtype=torch.uint8, device=DEV)
+    kf = torch.zeros_like(kc)
+    loc = torch.arange(4, dtype=torch.int64, device=DEV)
+    mha_kit.fused_fp8_set_kv_buffer(kb, kb, kc, torch.zeros_like(kc), loc,
+                                    k_scale=torch.tensor([0.5], device=DEV), v_scale=0.5,
+                                    page_size=16)
+    mha_kit.fused_fp8_set_kv_buffer(kb, kb, kf, torch.zeros_like(kc), loc, k_scale=0.5,
+                                    v_scale=0.5, page_size=16)
+    assert torch.equal(kc, kf) and kc.any()
+    ws = _ws()
+    s1_dev = torch.tensor([s1], device=DEV)  # made before the capture (a copy)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    with pytest.raises(mha_kit.InvalidArgument, match="capture"):
+        with torch.cuda.graph(graph, stream=side):
+            mha_kit.trtllm_batch_decode_with_kv_cache(
+                t["q"], (t["k"], t["v"]), ws, t["block_tables"], t["seq_lens"],
+                c["max_seq_len"], bmm1_scale=s1_dev, bmm2_scale=s2, kv_layout=c["layout"])

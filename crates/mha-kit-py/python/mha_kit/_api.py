@@ -341,7 +341,8 @@ def trtllm_batch_decode_with_kv_cache(
         max_seq_len: upper bound on ``seq_lens``, ≥ 0; it only sizes the
             split plan (a larger length is still read whole; 0 counts as 1).
         bmm1_scale: logit scale in natural-log units (``sm_scale · k_scale``);
-            a float (or a one-element host tensor).
+            a float or a one-element tensor (a CUDA one is read at call time,
+            a stream sync, and refused during graph capture).
         bmm2_scale: output scale (``v_scale``).
         window_left: ``-1`` (no window) or ``W ≥ 0``.
         out: ``[num_tokens, Hq, D]`` output of the query's dtype (bfloat16 /
@@ -797,7 +798,7 @@ def fused_fp8_set_kv_buffer(k, v, k_cache, v_cache, cache_loc, k_scale=None, v_s
         k_cache, v_cache: ``[S, Hkv, D]`` or ``[S / P, P, Hkv, D]``,
             float8_e4m3fn or uint8, ``S`` a multiple of ``page_size``.
         cache_loc: ``[T]`` int64 slots.
-        k_scale, v_scale: floats (or one-element host tensors), ``None`` =
+        k_scale, v_scale: floats or one-element tensors (as ``bmm1_scale``), ``None`` =
             1.0; each resolved on its own (mha-kit D8: ≤ 0, NaN, ±∞ → 1.0;
             the seed ignores both when one is missing).
         page_size: ``P ≥ 1``.

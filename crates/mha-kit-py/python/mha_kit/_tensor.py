@@ -253,27 +253,38 @@ def scale(x, name):
     """:func:`scalar` of a required scale (``None`` is an error)."""
     r = scalar(x, name)
     if r is None:
-        raise InvalidArgument(f"argument `{name}`: None (a float or a one-element host tensor)")
+        raise InvalidArgument(f"argument `{name}`: None (a float or a one-element tensor)")
     return r
 
 
 def scalar(x, name):
-    """A Python float from a float, int or one-element host tensor/array.
+    """A Python float from a float, int or one-element tensor/array.
 
-    A CUDA tensor is refused: reading it would synchronise the stream.
+    A one-element CUDA tensor (FlashInfer and SGLang pass scales such as
+    ``layer.k_scale`` that way) is read on the host at call time: a
+    device→host copy that synchronises the current stream, so the value
+    is the one the stream's earlier work left there. During CUDA-graph
+    capture that copy is impossible, and the kernels take the scale as a
+    launch parameter (a captured graph would keep the capture-time value
+    where FlashInfer's kernels read the tensor at replay): refused with
+    :class:`InvalidArgument`; pass a Python float there.
     """
     if x is None:
         return None
     if isinstance(x, (float, int)):
         return float(x)
     if is_torch(x):
-        if x.is_cuda:
-            raise InvalidArgument(
-                f"argument `{name}`: a CUDA tensor scale (shape {list(x.shape)}, dtype {x.dtype}) "
-                "would need a device→host copy (a sync) per call; resolve it once to a Python float"
-            )
         if x.numel() != 1:
             raise InvalidArgument(f"argument `{name}`: expected one element, shape {list(x.shape)}")
+        if x.is_cuda:
+            import torch
+
+            if torch.cuda.is_current_stream_capturing():
+                raise InvalidArgument(
+                    f"argument `{name}`: a CUDA tensor scale during CUDA-graph capture (the "
+                    "kernels take the scale as a launch parameter, so a replay would keep "
+                    "the capture-time value); pass a Python float"
+                )
         return float(x.reshape(-1)[0].item())
     np = sys.modules.get("numpy")
     if np is not None and isinstance(x, (np.ndarray, np.generic)):
