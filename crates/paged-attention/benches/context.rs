@@ -628,6 +628,7 @@ fn main() {
                 32768 => {
                     "experiment: producer page cursor, 32-bit address products (correct results)"
                 }
+                49152 => "experiment: 16384 + 32768 (correct results)",
                 _ => "experiment (side by side)",
             }
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {

@@ -579,7 +579,7 @@ MHA_KIT_DEVICE void item_ranges(const ContextParams& p, Item& I) {
 // P (correct results, see SX); 16384 the default overlapped consumers with
 // alternating exponential sections, row sums of the 16-bit P (correct
 // results, see EXT); 32768 the producer's page cursor and 32-bit
-// strides (correct results, see PC); 8 trace:
+// strides (correct results, see PC); 49152 EXT + PC; 8 trace:
 // correct results, and
 // thread 0 of each warpgroup writes %clock stamps of its item's phases to
 // p.partial (see `TR_*`; the launcher points p.partial at its workspace).
@@ -2479,6 +2479,7 @@ PAS_XENTRY(2048)
 PAS_XENTRY(4096)
 PAS_XENTRY(16384)
 PAS_XENTRY(32768)
+PAS_XENTRY(49152)
 
 // The polynomial-exponential experiment at D 64 (softmax-bound there).
 PAS_ENTRY_AT(paged_attention_context_sm90_bf16_kv_bf16_d64_x64, 0, 64, 64, false, false, false)

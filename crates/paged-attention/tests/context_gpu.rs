@@ -1118,12 +1118,14 @@ fn main() {
             // turn barriers); 32 equals the default bit for bit (the same
             // products in the same order, only issued elsewhere), and so
             // does 32768 (the producer's page cursor and 32-bit address
-            // products: the same rows land in the same slots).
+            // products: the same rows land in the same slots); 49152 (EXT +
+            // PC) equals 16384 bit for bit.
             let _ = k;
             if !sm90_or_skip(gpu, "experiment_entries_with_correct_results")? {
                 return Ok(());
             }
             let base = unsplit_kernel(gpu, 0)?;
+            let mut ext = unsplit_kernel(gpu, 16384)?;
             let cases = gpu_cases(60);
             let entries = [
                 (16u32, 128usize),
@@ -1139,6 +1141,7 @@ fn main() {
                 (4096, 128),
                 (16384, 128),
                 (32768, 128),
+                (49152, 128),
             ];
             for (xv, d) in entries {
                 let mut x = unsplit_kernel(gpu, xv)?;
@@ -1159,8 +1162,19 @@ fn main() {
                             ));
                         }
                     }
+                    if xv == 49152 {
+                        // EXT + PC: EXT's results, bit for bit (same variant).
+                        ext.set_variant([0, 1][i as usize % 2]);
+                        let a = run_gpu(gpu, &ext, &c).or_fail("EXT")?;
+                        if a.out != got.out {
+                            return Err(format!(
+                                "xv {xv} case {i}: differs from xv 16384; {}",
+                                describe(&c)
+                            ));
+                        }
+                    }
                 }
-                if xv == 4096 || xv == 16384 {
+                if xv == 4096 || xv == 16384 || xv == 49152 {
                     // The turns of the exponential sections and the row sums
                     // on the masked tiles' CUDA-core P V path (NaN / Inf in a
                     // masked key's V or K): one-tile and many-tile items, a

@@ -360,7 +360,8 @@ impl ContextKernel {
     /// exponential sections alternate, 16384 = the default overlapped
     /// consumers whose exponential sections alternate; both sum the rows
     /// of the 16-bit P; 32768 = the producer's page cursor and 32-bit
-    /// address products, [`CONTEXT_SM90_CURSOR_EXPERIMENT`], refused with
+    /// address products, [`CONTEXT_SM90_CURSOR_EXPERIMENT`] (49152 = both
+    /// 16384 and 32768), refused with
     /// [`KernelError::Unsupported`] at launch where
     /// [`context_sm90_cursor_fits`] fails) for D 128 bf16 launches; 0 = off. Results of 1-6 are wrong by
     /// design: benchmarks only. `xv = 8` is the trace entry: correct
