@@ -1108,7 +1108,7 @@ fn main() {
         named("experiment_entries_with_correct_results", |gpu, k| {
             // The bench's schedule experiments that keep results correct
             // (16: K / V rings 3 / 2; 32: O rescaled under S; 64: a quarter
-            // of the exponentials by polynomial, also at D 64; 96: both; 128:
+            // of the exponentials by polynomial, also at D 64; 128:
             // row sums on the tensor cores, also at D 64; 512: no V scan (the
             // random cases hold finite V); 4096: serial consumers whose
             // exponential sections alternate, 16384: the overlapped consumers
@@ -1135,7 +1135,6 @@ fn main() {
                 (64, 128),
                 (64, 64),
                 (72, 128),
-                (96, 128),
                 (128, 128),
                 (512, 128),
                 (4096, 128),

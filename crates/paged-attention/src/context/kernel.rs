@@ -350,12 +350,13 @@ impl ContextKernel {
 
     /// Runs the sm_90a kernel's timing experiment `xv` (an entry
     /// `…_bf16_kv_bf16_d128_x{xv}` that leaves stages out, bits 1 softmax
-    /// math, 2 wgmma, 4 global K/V reads; built: 1, 4, 5, 6; with correct
+    /// math, 2 wgmma, 4 global K/V reads; built: 4 (1, 5, 6 and 96 were
+    /// dropped in session 26 for room in the tree); with correct
     /// results: 16 = K / V ring depths 3 / 2 instead of 2 / 3, 32 = O
     /// rescaled under S instead of after the wait for P V, 40 = 32 with the
     /// trace, 64 = one exponential in four by polynomial on the FMA pipe
     /// (within the 16-bit rounding of P; also at D 64), 72 = 64 traced,
-    /// 96 = 64 + 32, 2048 = clusters of two CTAs that share each K/V tile,
+    /// 2048 = clusters of two CTAs that share each K/V tile,
     /// [`CONTEXT_SM90_PAIR_EXPERIMENT`], 4096 = serial consumers whose
     /// exponential sections alternate, 16384 = the default overlapped
     /// consumers whose exponential sections alternate; both sum the rows
