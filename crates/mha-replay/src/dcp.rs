@@ -80,6 +80,11 @@ pub fn run_dcp_ranks(setup: &Setup, progress: &ProgressBar) -> Result<Report> {
                         id,
                     };
                     let guard = AbortOnPanic { gate, rank: r };
+                    // The rank's backends (which own the CUDA graphs that
+                    // captured its all-gathers) live inside run_ranks_with:
+                    // dropped when it returns or unwinds, before this rank
+                    // aborts the group (NCCL's last abort waits for every
+                    // such graph to be destroyed: `DcpComm::abort`).
                     let out = run_ranks_with(&rank_setup, &mut [engine.as_mut()], bar, Some(&join));
                     std::mem::forget(guard);
                     gate.finish(r, out)

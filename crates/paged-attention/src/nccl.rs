@@ -227,6 +227,11 @@ impl DcpComm {
                 });
             }
         }
+        if let Some(why) = self.aborted() {
+            return Err(KernelError::Collective(format!(
+                "communicator aborted: {why}"
+            )));
+        }
         if n_o == 0 && n_l == 0 {
             return Ok(());
         }
@@ -240,11 +245,6 @@ impl DcpComm {
                     .ok_or_else(|| collective("gather view", n * n_o))?,
             )
         };
-        if let Some(why) = self.aborted() {
-            return Err(KernelError::Collective(format!(
-                "communicator aborted: {why}"
-            )));
-        }
         let cell = self
             .comm
             .lock()
@@ -272,10 +272,21 @@ impl DcpComm {
     /// checks [`DcpComm::aborted`] first). What the aborted collectives
     /// left in their receive buffers is unspecified.
     ///
-    /// The communicator itself is released once no thread is inside one
+    /// The communicator is taken out of use once no thread is inside one
     /// of its NCCL calls (a host-side call that waits for peers, e.g. a
     /// first collective connecting lazily, holds it; mha-replay connects
     /// at join with `NCCL_RUNTIME_CONNECT=0` so that none does).
+    ///
+    /// **Blocking.** Where the group's ranks share a process, NCCL frees
+    /// their communicators at the last of their aborts, and that call
+    /// waits until every CUDA graph that captured one of the group's
+    /// collectives has been destroyed (NCCL's teardown counts their
+    /// references). So the thread that aborts last must not itself own
+    /// such a graph (drop the backends whose graphs captured collectives
+    /// first), and the threads that own them must get to drop them: the
+    /// ranks' own threads, once released, fail at their next collective or
+    /// graph replay and drop their backends as they return. A one-rank
+    /// group's graphs hold no such reference.
     ///
     /// # Errors
     /// [`KernelError::Collective`] when NCCL's abort fails or a thread
@@ -306,6 +317,10 @@ impl DcpComm {
         let Some(comm) = cell.0.take() else {
             return Ok(());
         };
+        // Out of the cell, no other thread can reach it: release the lock
+        // before the abort, which may block (below), so that a thread
+        // waiting for the lock sees the cell empty and fails at once.
+        drop(cell);
         // Dropping cudarc's `Comm` calls `ncclCommAbort` (and panics when
         // it fails): that panic becomes the error.
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(comm)))

@@ -965,37 +965,44 @@ fn nccl_abort(_gpu: &Arc<Gpu>) -> Result<(), String> {
         // Every rank's first all-gather together: NCCL may connect the
         // ranks lazily, inside a first collective's host call (which an
         // abort cannot reach), so the test's lone all-gather is a second.
-        gather(&comm, &g).or_fail("first all-gather")?;
-        g.stream().synchronize().or_fail("sync")?;
-        if rank == 0 {
-            if ranks == 1 {
-                gather(&comm, &g).or_fail("a one-rank all-gather")?;
-                g.stream().synchronize().or_fail("sync")?;
-            } else {
-                // Rank 1 never comes: without the abort this waits forever.
-                gather(&comm, &g).or_fail("enqueue")?;
-                std::thread::scope(|sc| {
-                    sc.spawn(|| {
-                        std::thread::sleep(std::time::Duration::from_millis(300));
-                        comm.abort("test: peer rank gone")
+        let first = gather(&comm, &g)
+            .and_then(|()| Ok(g.stream().synchronize()?))
+            .or_fail("first all-gather");
+        let out = match (rank, first) {
+            (_, Err(e)) => Err(e),
+            (0, Ok(())) => (|| -> Result<(), String> {
+                if ranks == 1 {
+                    gather(&comm, &g).or_fail("a one-rank all-gather")?;
+                    g.stream().synchronize().or_fail("sync")?;
+                } else {
+                    // Rank 1 never comes: without the abort this waits forever.
+                    gather(&comm, &g).or_fail("enqueue")?;
+                    std::thread::scope(|sc| {
+                        sc.spawn(|| {
+                            std::thread::sleep(std::time::Duration::from_millis(300));
+                            comm.abort("test: peer rank gone")
+                        });
+                        // An aborted collective may leave an error on the
+                        // stream; what matters is that this returns.
+                        let _ = g.stream().synchronize();
                     });
-                    // An aborted collective may leave an error on the
-                    // stream; what matters is that this returns.
-                    let _ = g.stream().synchronize();
-                });
-            }
-            comm.abort("test: peer rank gone").or_fail("abort")?;
-            comm.abort("a second reason").or_fail("second abort")?;
-            if comm.aborted().as_deref() != Some("test: peer rank gone") {
-                return Err(format!("aborted() = {:?}", comm.aborted()));
-            }
-            match gather(&comm, &g) {
-                Err(KernelError::Collective(m)) if m.contains("test: peer rank gone") => {}
-                other => return Err(format!("all-gather after the abort: {other:?}")),
-            }
-        }
+                }
+                comm.abort("test: peer rank gone").or_fail("abort")?;
+                comm.abort("a second reason").or_fail("second abort")?;
+                if comm.aborted().as_deref() != Some("test: peer rank gone") {
+                    return Err(format!("aborted() = {:?}", comm.aborted()));
+                }
+                match gather(&comm, &g) {
+                    Err(KernelError::Collective(m)) if m.contains("test: peer rank gone") => Ok(()),
+                    other => Err(format!("all-gather after the abort: {other:?}")),
+                }
+            })(),
+            (_, Ok(())) => Ok(()),
+        };
+        // Every rank passes the barrier whatever happened (a rank that
+        // returned early would leave the other waiting there).
         done.wait();
-        Ok(())
+        out
     });
     results.into_iter().collect::<Result<Vec<_>, _>>()?;
     println!("nccl_abort_releases_a_waiting_rank: {ranks} rank(s)");
