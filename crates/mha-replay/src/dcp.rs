@@ -58,6 +58,7 @@ pub fn run_dcp_ranks(setup: &Setup, progress: &ProgressBar) -> Result<Report> {
                 let bar = if r == 0 { progress } else { &hidden };
                 let gate = &gate;
                 sc.spawn(move || -> Result<Report> {
+                    let guard = AbortOnPanic { gate, rank: r };
                     let mut rank_setup = setup.clone();
                     rank_setup.executor = crate::config::ExecutorChoice::Cuda(base + r);
                     let engine = kernel_rt::Gpu::shared_on(base + r)
@@ -68,7 +69,8 @@ pub fn run_dcp_ranks(setup: &Setup, progress: &ProgressBar) -> Result<Report> {
                         Err(e) => {
                             // Its failure releases the others at the
                             // gate (which hands it back: `e` says more).
-                            let _ = gate.pass(Some(e.to_string()));
+                            let _ = gate.pass(r, Some(e.to_string()));
+                            std::mem::forget(guard);
                             return Err(e);
                         }
                     };
@@ -79,7 +81,6 @@ pub fn run_dcp_ranks(setup: &Setup, progress: &ProgressBar) -> Result<Report> {
                         ranks: n,
                         id,
                     };
-                    let guard = AbortOnPanic { gate, rank: r };
                     // The rank's backends (which own the CUDA graphs that
                     // captured its all-gathers) live inside run_ranks_with:
                     // dropped when it returns or unwinds, before this rank
@@ -115,6 +116,8 @@ pub(crate) struct Gate {
     members: Mutex<Vec<Option<Arc<dyn Abort>>>>,
     /// The first rank whose failure during the run aborted the group.
     cause: Mutex<Option<usize>>,
+    /// Gates rank `r` has passed (0, 1 or 2).
+    passed: Vec<std::sync::atomic::AtomicUsize>,
 }
 
 /// What the gate needs of a rank's membership ([`DcpComm`]).
@@ -135,8 +138,10 @@ impl Abort for DcpComm {
     }
 }
 
-/// Aborts the group when its rank's thread unwinds from a panic (dropped
-/// on unwinding only: the normal path forgets it).
+/// Releases the other ranks when its rank's thread unwinds from a panic
+/// (a drop without a panic does nothing; the normal paths forget it): before the
+/// run, by passing the next gate with a failure (every rank returns after
+/// a gate that carries one); during the run, by aborting the group.
 struct AbortOnPanic<'a> {
     gate: &'a Gate,
     rank: usize,
@@ -144,7 +149,15 @@ struct AbortOnPanic<'a> {
 
 impl Drop for AbortOnPanic<'_> {
     fn drop(&mut self) {
-        self.gate.abort_all(self.rank, "the rank's thread panicked");
+        const WHY: &str = "the rank's thread panicked";
+        if !std::thread::panicking() {
+            return;
+        }
+        if self.gate.passes(self.rank) < 2 {
+            let _ = self.gate.pass(self.rank, Some(WHY.into()));
+        } else {
+            self.gate.abort_all(self.rank, WHY);
+        }
     }
 }
 
@@ -155,7 +168,15 @@ impl Gate {
             failed: Mutex::new(None),
             members: Mutex::new((0..ranks).map(|_| None).collect()),
             cause: Mutex::new(None),
+            passed: (0..ranks).map(|_| Default::default()).collect(),
         }
+    }
+
+    /// Gates rank `rank` has passed.
+    fn passes(&self, rank: usize) -> usize {
+        self.passed
+            .get(rank)
+            .map_or(0, |p| p.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     /// Registers rank `rank`'s membership (once it joined).
@@ -236,7 +257,10 @@ impl Gate {
 
     /// Waits for every rank; `Err` with the first failure when any rank
     /// (this one with `failed`) failed before this pass.
-    fn pass(&self, failed: Option<String>) -> Result<()> {
+    fn pass(&self, rank: usize, failed: Option<String>) -> Result<()> {
+        if let Some(p) = self.passed.get(rank) {
+            p.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         if let Some(f) = failed {
             let mut g = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
             g.get_or_insert(f);
@@ -268,7 +292,7 @@ impl RankJoin<'_> {
     /// # Errors
     /// Any rank's setup failure; NCCL's errors.
     pub(crate) fn join(&self, failed: Option<String>) -> Result<Arc<DcpComm>> {
-        self.gate.pass(failed)?;
+        self.gate.pass(self.rank, failed)?;
         match DcpComm::new(&self.gpu, self.rank, self.ranks, self.id) {
             Ok(c) => {
                 let c = Arc::new(c);
@@ -278,7 +302,7 @@ impl RankJoin<'_> {
             Err(e) => {
                 // The others, joined, wait at the second pass: release them.
                 let e = kernel_error(e);
-                let _ = self.gate.pass(Some(e.to_string()));
+                let _ = self.gate.pass(self.rank, Some(e.to_string()));
                 Err(e)
             }
         }
@@ -289,7 +313,7 @@ impl RankJoin<'_> {
     /// # Errors
     /// Any rank's attach failure.
     pub(crate) fn confirm(&self, failed: Option<String>) -> Result<()> {
-        self.gate.pass(failed)
+        self.gate.pass(self.rank, failed)
     }
 }
 
@@ -434,7 +458,9 @@ mod tests {
                 let hs: Vec<_> = (0..3)
                     .map(|r| {
                         let gate = &gate;
-                        sc.spawn(move || gate.pass((fail == Some(r)).then(|| format!("rank {r}"))))
+                        sc.spawn(move || {
+                            gate.pass(r, (fail == Some(r)).then(|| format!("rank {r}")))
+                        })
                     })
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
@@ -503,6 +529,9 @@ mod tests {
                 .map(|r| {
                     let (gate, m) = (&gate, members[r].clone());
                     sc.spawn(move || {
+                        // Past both gates (joined and attached): the run.
+                        gate.pass(r, None)?;
+                        gate.pass(r, None)?;
                         let guard = AbortOnPanic { gate, rank: r };
                         let out = if r == fail {
                             assert!(!panics, "rank {r} panics");
@@ -528,6 +557,45 @@ mod tests {
                 .collect()
         });
         (gate, results)
+    }
+
+    #[test]
+    fn a_rank_that_panics_before_the_run_releases_the_others_at_the_gate() {
+        for panic_after in [0usize, 1] {
+            let gate = Gate::new(3);
+            let results: Vec<Result<()>> = std::thread::scope(|sc| {
+                let hs: Vec<_> = (0..3)
+                    .map(|r| {
+                        let gate = &gate;
+                        sc.spawn(move || {
+                            let guard = AbortOnPanic { gate, rank: r };
+                            for pass in 0..2 {
+                                assert!(
+                                    !(r == 1 && pass == panic_after),
+                                    "rank 1 panics after {pass} gate(s)"
+                                );
+                                gate.pass(r, None)?;
+                            }
+                            std::mem::forget(guard);
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(ReplayError::Internal("panicked".into())))
+                    })
+                    .collect()
+            });
+            for (r, out) in results.iter().enumerate() {
+                let e = out.as_ref().unwrap_err().to_string();
+                assert!(
+                    e.contains("panicked"),
+                    "rank {r} after gate {panic_after}: {e}"
+                );
+            }
+        }
     }
 
     #[test]
