@@ -111,7 +111,10 @@ pub fn run_dcp_ranks(setup: &Setup, progress: &ProgressBar) -> Result<Report> {
 /// so that a rank failing during the run aborts them all.
 pub(crate) struct Gate {
     barrier: Barrier,
-    failed: Mutex<Option<String>>,
+    /// The first failure carried to gate `g` (0: before joining, 1:
+    /// before the run), kept apart so that a rank already failing at the
+    /// next gate cannot be read at this one by a rank slow to leave it.
+    failed: Mutex<[Option<String>; 2]>,
     /// Rank `r`'s membership once it joined.
     members: Mutex<Vec<Option<Arc<dyn Abort>>>>,
     /// The first rank whose failure during the run aborted the group.
@@ -165,7 +168,7 @@ impl Gate {
     fn new(ranks: usize) -> Self {
         Self {
             barrier: Barrier::new(ranks),
-            failed: Mutex::new(None),
+            failed: Mutex::new([None, None]),
             members: Mutex::new((0..ranks).map(|_| None).collect()),
             cause: Mutex::new(None),
             passed: (0..ranks).map(|_| Default::default()).collect(),
@@ -258,15 +261,16 @@ impl Gate {
     /// Waits for every rank; `Err` with the first failure when any rank
     /// (this one with `failed`) failed before this pass.
     fn pass(&self, rank: usize, failed: Option<String>) -> Result<()> {
-        if let Some(p) = self.passed.get(rank) {
-            p.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
+        // A rank's k-th pass is gate k.
+        let g = self.passed.get(rank).map_or(0, |p| {
+            p.fetch_add(1, std::sync::atomic::Ordering::SeqCst).min(1)
+        });
         if let Some(f) = failed {
-            let mut g = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
-            g.get_or_insert(f);
+            let mut all = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+            all[g].get_or_insert(f);
         }
         self.barrier.wait();
-        match &*self.failed.lock().unwrap_or_else(PoisonError::into_inner) {
+        match &self.failed.lock().unwrap_or_else(PoisonError::into_inner)[g] {
             Some(f) => Err(ReplayError::Internal(format!(
                 "a --dcp rank failed before the run: {f}"
             ))),
