@@ -454,21 +454,27 @@ mod tests {
         assert_eq!(r.device_errors.families[0].family, "fp8-kv");
     }
 
+    /// Runs `rank(r)` for three ranks, one scoped thread each; a rank
+    /// whose thread panicked gives `Err("panicked")`.
+    fn three_ranks<T: Send>(rank: impl Fn(usize) -> Result<T> + Sync) -> Vec<Result<T>> {
+        std::thread::scope(|sc| {
+            let rank = &rank;
+            let hs: Vec<_> = (0..3).map(|r| sc.spawn(move || rank(r))).collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(ReplayError::Internal("panicked".into())))
+                })
+                .collect()
+        })
+    }
+
     #[test]
     fn a_rank_that_fails_releases_the_others_at_the_gate() {
         for fail in [None, Some(1)] {
             let gate = Gate::new(3);
-            let results: Vec<Result<()>> = std::thread::scope(|sc| {
-                let hs: Vec<_> = (0..3)
-                    .map(|r| {
-                        let gate = &gate;
-                        sc.spawn(move || {
-                            gate.pass(r, (fail == Some(r)).then(|| format!("rank {r}")))
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().unwrap()).collect()
-            });
+            let results =
+                three_ranks(|r| gate.pass(r, (fail == Some(r)).then(|| format!("rank {r}"))));
             match fail {
                 None => assert!(results.iter().all(Result::is_ok)),
                 Some(_) => assert!(results.iter().all(|r| r
@@ -528,37 +534,28 @@ mod tests {
         for (r, m) in members.iter().enumerate() {
             gate.register(r, m.clone());
         }
-        let results = std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..3)
-                .map(|r| {
-                    let (gate, m) = (&gate, members[r].clone());
-                    sc.spawn(move || {
-                        // Past both gates (joined and attached): the run.
-                        gate.pass(r, None)?;
-                        gate.pass(r, None)?;
-                        let guard = AbortOnPanic { gate, rank: r };
-                        let out = if r == fail {
-                            assert!(!panics, "rank {r} panics");
-                            Err(ReplayError::Internal(format!("rank {r} ran out of memory")))
-                        } else if r == 2 && two_finishes {
-                            // Its last collective returned after the abort
-                            // (its result unspecified), and the run ended.
-                            let _ = m.collective();
-                            Ok(Report::default())
-                        } else {
-                            m.collective().map(|()| Report::default())
-                        };
-                        std::mem::forget(guard);
-                        gate.finish(r, out)
-                    })
-                })
-                .collect();
-            hs.into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(ReplayError::Internal("panicked".into())))
-                })
-                .collect()
+        let results = three_ranks(|r| {
+            let m = &members[r];
+            // Past both gates (joined and attached): the run.
+            gate.pass(r, None)?;
+            gate.pass(r, None)?;
+            let guard = AbortOnPanic {
+                gate: &gate,
+                rank: r,
+            };
+            let out = if r == fail {
+                assert!(!panics, "rank {r} panics");
+                Err(ReplayError::Internal(format!("rank {r} ran out of memory")))
+            } else if r == 2 && two_finishes {
+                // Its last collective returned after the abort (its result
+                // unspecified), and the run ended.
+                let _ = m.collective();
+                Ok(Report::default())
+            } else {
+                m.collective().map(|()| Report::default())
+            };
+            std::mem::forget(guard);
+            gate.finish(r, out)
         });
         (gate, results)
     }
@@ -567,30 +564,20 @@ mod tests {
     fn a_rank_that_panics_before_the_run_releases_the_others_at_the_gate() {
         for panic_after in [0usize, 1] {
             let gate = Gate::new(3);
-            let results: Vec<Result<()>> = std::thread::scope(|sc| {
-                let hs: Vec<_> = (0..3)
-                    .map(|r| {
-                        let gate = &gate;
-                        sc.spawn(move || {
-                            let guard = AbortOnPanic { gate, rank: r };
-                            for pass in 0..2 {
-                                assert!(
-                                    !(r == 1 && pass == panic_after),
-                                    "rank 1 panics after {pass} gate(s)"
-                                );
-                                gate.pass(r, None)?;
-                            }
-                            std::mem::forget(guard);
-                            Ok(())
-                        })
-                    })
-                    .collect();
-                hs.into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| Err(ReplayError::Internal("panicked".into())))
-                    })
-                    .collect()
+            let results = three_ranks(|r| {
+                let guard = AbortOnPanic {
+                    gate: &gate,
+                    rank: r,
+                };
+                for pass in 0..2 {
+                    assert!(
+                        !(r == 1 && pass == panic_after),
+                        "rank 1 panics after {pass} gate(s)"
+                    );
+                    gate.pass(r, None)?;
+                }
+                std::mem::forget(guard);
+                Ok(())
             });
             for (r, out) in results.iter().enumerate() {
                 let e = out.as_ref().unwrap_err().to_string();
