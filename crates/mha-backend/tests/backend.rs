@@ -2,441 +2,29 @@
 //! computation, edge cases 14–19 (SEMANTICS.md §edge-cases), empty / IDLE
 //! batches, pool exhaustion, config errors, multi-step draft.
 
-use std::collections::BTreeMap;
+#[path = "common/models.rs"]
+mod models;
+#[path = "common/sim.rs"]
+mod sim;
 
-use fp8_kv::codec::{e4m3_decode, quantize};
 use mha_backend::{
     AttnMode, BackendConfig, BackendError, Device, ForwardBatch, ForwardMode, HalfDtype,
-    KvCacheDtype, KvSnapshot, LayerConfig, MhaBackend, MultiStepDraftBackend, SpecConfig, SpecInfo,
-    Tensor, TensorRef,
+    KvCacheDtype, KvSnapshot, MhaBackend, MultiStepDraftBackend, SpecConfig, SpecInfo, Tensor,
+    TensorRef,
 };
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use models::{dense_config, fp8_config, hybrid_config};
+use rand::Rng;
+use sim::{bf16, Part, Sim};
 
-// ---------------------------------------------------------------- models
-
-fn dense_config() -> BackendConfig {
-    let mut c = BackendConfig::dense(2, LayerConfig::new(4, 2, 64), 4, 96, 64, 8);
-    c.spec = Some(SpecConfig {
-        num_steps: 3,
-        num_draft_tokens: 3,
-        topk: 1,
-    });
-    c
-}
-
-fn hybrid_config() -> BackendConfig {
-    let mut c = dense_config();
-    c.layers = vec![
-        LayerConfig::new(4, 2, 64),
-        LayerConfig::new(4, 2, 64)
-            .with_window(5)
-            .with_sinks(vec![0.5, -1.0, 0.0, 1.5]),
-        LayerConfig::new(4, 1, 64),
-    ];
-    c.num_swa_pages = Some(40);
-    c
-}
-
-fn fp8_config() -> BackendConfig {
-    let mut c = dense_config();
-    c.kv_dtype = KvCacheDtype::Fp8E4m3;
-    c.layers = vec![
-        LayerConfig::new(4, 2, 64).with_scales(Some(0.5), Some(2.0)),
-        LayerConfig::new(4, 4, 64).with_scales(Some(0.25), None),
-    ];
-    c
-}
-
-fn bf16(x: f64) -> u16 {
-    HalfDtype::Bf16.from_f64(x)
-}
-
-// ---------------------------------------------------------------- oracle
-
-/// Per request row, the (K, V) rows of every token position.
-type History = BTreeMap<usize, Vec<(Vec<u16>, Vec<u16>)>>;
 /// A named config mutation.
 type Mutation = (&'static str, fn(&mut BackendConfig));
 
-/// The test's own model of the caches: per layer, per request row, the K and
-/// V rows (model-dtype bits) of every token position.
-struct Sim {
-    backend: MhaBackend,
-    config: BackendConfig,
-    hist: Vec<History>,
-    rng: StdRng,
-}
-
-/// One request's part of a step: its row, its query rows `n`, its attention
-/// length `L` (rows sit at `L − n + j`).
-#[derive(Debug, Clone, Copy)]
-struct Part {
-    req: usize,
-    n: usize,
-    len: usize,
-}
-
-impl Sim {
-    fn new(config: BackendConfig, seed: u64) -> Self {
-        let backend = MhaBackend::new(config.clone(), Device::Cpu).unwrap();
-        Self {
-            hist: vec![BTreeMap::new(); config.layers.len()],
-            backend,
-            config,
-            rng: StdRng::seed_from_u64(seed),
-        }
-    }
-
-    fn rand_bits(&mut self, n: usize) -> Vec<u16> {
-        (0..n)
-            .map(|_| bf16(self.rng.gen_range(-2.0..2.0)))
-            .collect()
-    }
-
-    fn new_request(&mut self) -> usize {
-        let r = self.backend.alloc_request().unwrap();
-        for h in &mut self.hist {
-            h.insert(r, Vec::new());
-        }
-        r
-    }
-
-    fn len(&self, req: usize) -> usize {
-        self.hist[0][&req].len()
-    }
-
-    /// Runs every layer on `batch` (new tokens appended to `parts`' rows in
-    /// order), checks outputs against the direct computation and the caches
-    /// bit for bit.
-    fn run(&mut self, batch: &ForwardBatch, parts: &[Part]) {
-        self.backend.init_forward_metadata(batch).unwrap();
-        let rows: usize = parts.iter().map(|p| p.n).sum();
-        for layer in 0..self.config.layers.len() {
-            let l = self.config.layers[layer].clone();
-            let q = self.rand_bits(rows * l.q_row_elems());
-            let k = self.rand_bits(rows * l.kv_row_elems());
-            let v = self.rand_bits(rows * l.kv_row_elems());
-            let out = self
-                .backend
-                .forward(
-                    layer,
-                    TensorRef::Host(&q),
-                    Some(TensorRef::Host(&k)),
-                    Some(TensorRef::Host(&v)),
-                    batch,
-                    true,
-                )
-                .unwrap()
-                .into_host()
-                .unwrap();
-            // Append the new tokens to the model, then compute directly.
-            let kv = l.kv_row_elems();
-            let mut t = 0;
-            for p in parts {
-                let h = self.hist[layer].get_mut(&p.req).unwrap();
-                for _ in 0..p.n {
-                    h.push((
-                        k[t * kv..(t + 1) * kv].to_vec(),
-                        v[t * kv..(t + 1) * kv].to_vec(),
-                    ));
-                    t += 1;
-                }
-            }
-            let expect = self.direct(layer, parts, &q);
-            check_close(&out, &expect, l.num_q_heads, l.head_dim, layer);
-        }
-        self.check_caches();
-        assert!(
-            self.backend.device_errors().is_clean(),
-            "{:?}",
-            self.backend.device_errors()
-        );
-    }
-
-    /// SEMANTICS.md §attention.2 written out directly over the model's history.
-    fn direct(&self, layer: usize, parts: &[Part], q: &[u16]) -> Vec<f64> {
-        let l = &self.config.layers[layer];
-        let (hq, hkv, d) = (l.num_q_heads, l.num_kv_heads, l.head_dim);
-        let g = hq / hkv;
-        let fp8 = self.config.kv_dtype == KvCacheDtype::Fp8E4m3;
-        let sc = self.config.layer_scales(l);
-        let (ks, vs) = if fp8 {
-            (sc.k_scale(), sc.v_scale())
-        } else {
-            (1.0, 1.0)
-        };
-        let val = |bits: u16, inv: f32| -> f64 {
-            let x = half::bf16::from_bits(bits).to_f32();
-            if fp8 {
-                f64::from(e4m3_decode(quantize(x, inv)))
-            } else {
-                f64::from(x)
-            }
-        };
-        let sm = f64::from(l.resolved_sm_scale());
-        let mut out = Vec::new();
-        let mut row = 0;
-        for p in parts {
-            let h = &self.hist[layer][&p.req];
-            for j in 0..p.n {
-                let x = p.len as i64 - p.n as i64 + j as i64;
-                let lo = match l.window_left {
-                    Some(w) => (x - i64::from(w)).max(0),
-                    None => 0,
-                };
-                for head in 0..hq {
-                    let kvh = head / g;
-                    let qv: Vec<f64> = (0..d)
-                        .map(|e| half::bf16::from_bits(q[(row * hq + head) * d + e]).to_f64())
-                        .collect();
-                    let keys: Vec<usize> = if x < 0 {
-                        vec![]
-                    } else {
-                        (lo as usize..=x as usize).collect()
-                    };
-                    if keys.is_empty() {
-                        out.extend(std::iter::repeat_n(0.0, d));
-                        continue;
-                    }
-                    let logits: Vec<f64> = keys
-                        .iter()
-                        .map(|&k| {
-                            let kr = &h[k].0[kvh * d..(kvh + 1) * d];
-                            let dot: f64 = (0..d).map(|e| qv[e] * val(kr[e], 1.0 / ks)).sum();
-                            dot * sm * f64::from(ks)
-                        })
-                        .collect();
-                    let sink = l.sinks.as_ref().map(|s| f64::from(s[head]));
-                    let m = logits
-                        .iter()
-                        .copied()
-                        .chain(sink)
-                        .fold(f64::NEG_INFINITY, f64::max);
-                    let w: Vec<f64> = logits.iter().map(|s| (s - m).exp()).collect();
-                    let den: f64 = w.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
-                    for e in 0..d {
-                        let num: f64 = keys
-                            .iter()
-                            .zip(&w)
-                            .map(|(&k, wk)| wk * val(h[k].1[kvh * d + e], 1.0 / vs))
-                            .sum();
-                        out.push(f64::from(vs) * num / den);
-                    }
-                }
-                row += 1;
-            }
-        }
-        out
-    }
-
-    /// Every cached position of every request, in every layer, holds the
-    /// expected bits / bytes at its slot of the layer's own pool.
-    fn check_caches(&self) {
-        let pools = self.backend.pools_snapshot();
-        let p = self.config.page_size;
-        for (layer, l) in self.config.layers.iter().enumerate() {
-            let snap = self.backend.read_kv_cache(layer).unwrap();
-            let kv = l.kv_row_elems();
-            let sc = self.config.layer_scales(l);
-            for (&req, h) in &self.hist[layer] {
-                let slots = pools.request_slots(req).unwrap();
-                assert_eq!(slots.len(), h.len());
-                for (pos, (k, v)) in h.iter().enumerate() {
-                    let mut slot = slots[pos] as usize;
-                    if self.config.is_swa_layer(layer) {
-                        let m = pools.swa_mapping().unwrap().map()[slot];
-                        if m == 0 {
-                            continue; // evicted out of the window
-                        }
-                        slot = m as usize;
-                    }
-                    assert!(slot >= p, "real token in the dummy page");
-                    let at = slot * kv..(slot + 1) * kv;
-                    match &snap {
-                        KvSnapshot::Half { k: kc, v: vc } => {
-                            assert_eq!(
-                                &kc[at.clone()],
-                                &k[..],
-                                "layer {layer} req {req} pos {pos}"
-                            );
-                            assert_eq!(&vc[at], &v[..]);
-                        }
-                        KvSnapshot::Fp8 { k: kc, v: vc } => {
-                            let qk: Vec<u8> = k
-                                .iter()
-                                .map(|&b| {
-                                    quantize(half::bf16::from_bits(b).to_f32(), sc.inv_k_scale())
-                                })
-                                .collect();
-                            let qv: Vec<u8> = v
-                                .iter()
-                                .map(|&b| {
-                                    quantize(half::bf16::from_bits(b).to_f32(), sc.inv_v_scale())
-                                })
-                                .collect();
-                            assert_eq!(&kc[at.clone()], &qk[..]);
-                            assert_eq!(&vc[at], &qv[..]);
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Per (row, head): ‖out − ref‖ / ‖ref‖ ≤ 1e-2; a zero reference row must be
-/// exactly zero.
-fn check_close(out: &[u16], expect: &[f64], hq: usize, d: usize, layer: usize) {
-    assert_eq!(out.len(), expect.len(), "layer {layer}: output size");
-    for (i, (o, e)) in out.chunks(d).zip(expect.chunks(d)).enumerate() {
-        let o: Vec<f64> = o
-            .iter()
-            .map(|&b| half::bf16::from_bits(b).to_f64())
-            .collect();
-        let ref_norm = e.iter().map(|x| x * x).sum::<f64>().sqrt();
-        let diff = o
-            .iter()
-            .zip(e)
-            .map(|(a, b)| (a - b) * (a - b))
-            .sum::<f64>()
-            .sqrt();
-        if ref_norm == 0.0 {
-            assert_eq!(
-                diff,
-                0.0,
-                "layer {layer} row {} head {}: expected zeros",
-                i / hq,
-                i % hq
-            );
-        } else {
-            assert!(
-                diff / ref_norm <= 1e-2,
-                "layer {layer} row {} head {}: rel err {}",
-                i / hq,
-                i % hq,
-                diff / ref_norm
-            );
-        }
-    }
-}
-
-// ---------------------------------------------------------------- step drivers
-
-impl Sim {
-    fn extend(&mut self, reqs: &[(usize, usize)], mixed: bool) {
-        let prefix: Vec<usize> = reqs.iter().map(|&(r, _)| self.len(r)).collect();
-        let loc = self.backend.alloc_tokens(reqs).unwrap();
-        let batch = ForwardBatch::extend(
-            reqs.iter().map(|&(r, _)| r as i64).collect(),
-            prefix.iter().map(|&p| p as i32).collect(),
-            reqs.iter().map(|&(_, n)| n as i32).collect(),
-            loc,
-            mixed,
-        );
-        let parts: Vec<Part> = reqs
-            .iter()
-            .zip(&prefix)
-            .map(|(&(req, n), &p)| Part { req, n, len: p + n })
-            .collect();
-        self.run(&batch, &parts);
-    }
-
-    fn decode(&mut self, reqs: &[usize]) {
-        let grow: Vec<(usize, usize)> = reqs.iter().map(|&r| (r, 1)).collect();
-        let loc = self.backend.alloc_tokens(&grow).unwrap();
-        let seq: Vec<i64> = reqs.iter().map(|&r| self.len(r) as i64 + 1).collect();
-        let batch =
-            ForwardBatch::decode(reqs.iter().map(|&r| r as i64).collect(), seq.clone(), loc);
-        let parts: Vec<Part> = reqs
-            .iter()
-            .zip(&seq)
-            .map(|(&req, &s)| Part {
-                req,
-                n: 1,
-                len: s as usize,
-            })
-            .collect();
-        self.run(&batch, &parts);
-    }
-
-    /// Target verify: uniform `n` per request, or ragged `lens`.
-    fn verify(&mut self, reqs: &[usize], lens: &[usize], ragged: bool) {
-        let grow: Vec<(usize, usize)> = reqs.iter().zip(lens).map(|(&r, &n)| (r, n)).collect();
-        let seq: Vec<i64> = reqs.iter().map(|&r| self.len(r) as i64).collect();
-        let loc = self.backend.alloc_tokens(&grow).unwrap();
-        let batch = ForwardBatch::target_verify(
-            reqs.iter().map(|&r| r as i64).collect(),
-            seq.clone(),
-            loc,
-            ragged.then(|| lens.iter().map(|&n| n as i32).collect()),
-        );
-        let parts: Vec<Part> = grow
-            .iter()
-            .zip(&seq)
-            .map(|(&(req, n), &s)| Part {
-                req,
-                n,
-                len: s as usize + n,
-            })
-            .collect();
-        self.run(&batch, &parts);
-    }
-
-    fn draft_extend(&mut self, reqs: &[usize], n: usize) {
-        let grow: Vec<(usize, usize)> = reqs.iter().map(|&r| (r, n)).collect();
-        let loc = self.backend.alloc_tokens(&grow).unwrap();
-        let seq: Vec<i64> = reqs.iter().map(|&r| (self.len(r) + n) as i64).collect();
-        let batch = ForwardBatch::draft_extend_v2(
-            reqs.iter().map(|&r| r as i64).collect(),
-            seq.clone(),
-            loc,
-            n as i32,
-        );
-        let parts: Vec<Part> = reqs
-            .iter()
-            .zip(&seq)
-            .map(|(&req, &s)| Part {
-                req,
-                n,
-                len: s as usize,
-            })
-            .collect();
-        self.run(&batch, &parts);
-    }
-
-    /// Draft decode step `step` on the target backend (spec_info step given):
-    /// `seq_lens` exclude the `step + 1` draft tokens.
-    fn draft_decode(&mut self, reqs: &[usize], step: u32) {
-        let grow: Vec<(usize, usize)> = reqs.iter().map(|&r| (r, 1)).collect();
-        let seq: Vec<i64> = reqs
-            .iter()
-            .map(|&r| self.len(r) as i64 - i64::from(step))
-            .collect();
-        let loc = self.backend.alloc_tokens(&grow).unwrap();
-        let batch = ForwardBatch::draft_decode(
-            reqs.iter().map(|&r| r as i64).collect(),
-            seq.clone(),
-            loc,
-            Some(step),
-        );
-        let parts: Vec<Part> = reqs
-            .iter()
-            .zip(&seq)
-            .map(|(&req, &s)| Part {
-                req,
-                n: 1,
-                len: (s + i64::from(step) + 1) as usize,
-            })
-            .collect();
-        self.run(&batch, &parts);
-    }
-}
+// ---------------------------------------------------------------- random sessions
 
 /// A random sequence of steps in every mode, requests arriving and finishing,
 /// lengths crossing page boundaries (P = 4).
 fn random_session(config: BackendConfig, seed: u64, steps: usize) {
-    let mut sim = Sim::new(config.clone(), seed);
+    let mut sim = Sim::checked(config.clone(), seed);
     let hybrid = config.num_swa_pages.is_some();
     let mut live: Vec<usize> = Vec::new();
     let mut modes = std::collections::BTreeSet::new();
@@ -470,7 +58,9 @@ fn random_session(config: BackendConfig, seed: u64, steps: usize) {
         let mode = sim.rng.gen_range(0..6);
         modes.insert(mode);
         match mode {
-            0 => sim.decode(&reqs),
+            0 => {
+                sim.decode(&reqs);
+            }
             1 => {
                 let grow: Vec<(usize, usize)> = reqs
                     .iter()
@@ -609,10 +199,8 @@ fn edge_14_plain_prefill_no_prefix() {
 #[test]
 fn edge_15_mixed_batch() {
     // A: prefix 3, extend 2; B (a decode inside the mixed batch): prefix 7, extend 1.
-    let mut sim = Sim::new(dense_config(), 15);
-    let a = sim.new_request();
-    let bq = sim.new_request();
-    sim.extend(&[(a, 3), (bq, 7)], false);
+    let mut sim = Sim::checked(dense_config(), 15);
+    let [a, bq] = sim.prefill([3, 7]);
     let loc = sim.backend.alloc_tokens(&[(a, 2), (bq, 1)]).unwrap();
     let batch = ForwardBatch::extend(
         vec![a as i64, bq as i64],
@@ -644,10 +232,8 @@ fn edge_15_mixed_batch() {
 
 #[test]
 fn edge_16_uniform_target_verify() {
-    let mut sim = Sim::new(dense_config(), 16);
-    let a = sim.new_request();
-    let bq = sim.new_request();
-    sim.extend(&[(a, 10), (bq, 4)], false);
+    let mut sim = Sim::checked(dense_config(), 16);
+    let [a, bq] = sim.prefill([10, 4]);
     let loc = sim.backend.alloc_tokens(&[(a, 3), (bq, 3)]).unwrap();
     let batch = ForwardBatch::target_verify(vec![a as i64, bq as i64], vec![10, 4], loc, None);
     let m = sim.backend.init_forward_metadata(&batch).unwrap();
@@ -722,9 +308,8 @@ fn edge_18_19_ragged_geometry_and_attention() {
     assert_eq!(m.max_seq_len_q, 3);
     // Edge 19: ragged verify is supported (one flavor, D5): attention
     // against the direct computation.
-    let mut sim = Sim::new(hybrid_config(), 19);
-    let reqs: Vec<usize> = (0..3).map(|_| sim.new_request()).collect();
-    sim.extend(&[(reqs[0], 10), (reqs[1], 4), (reqs[2], 6)], false);
+    let mut sim = Sim::checked(hybrid_config(), 19);
+    let reqs = sim.prefill([10, 4, 6]);
     sim.verify(&reqs, &[2, 1, 3], true);
 }
 
@@ -769,14 +354,11 @@ fn exhaustion_is_an_error_and_changes_nothing() {
     let mut c = hybrid_config();
     c.num_pages = 6;
     c.num_swa_pages = Some(4);
-    let mut sim = Sim::new(c, 7);
-    let a = sim.new_request();
-    sim.extend(&[(a, 13)], false); // 4 pages of 6 (P = 4), 4 SWA pages of 4
+    let mut sim = Sim::checked(c, 7);
+    let [a] = sim.prefill([13]); // 4 pages of 6 (P = 4), 4 SWA pages of 4
     let bq = sim.new_request();
     let before = sim.backend.pools_snapshot();
-    let kv: Vec<KvSnapshot> = (0..3)
-        .map(|l| sim.backend.read_kv_cache(l).unwrap())
-        .collect();
+    let kv = sim.caches();
     // Full pool: 3 pages needed (a: 13 → 21 = 2 new pages; b: 1 page), 2 free.
     let e = sim.backend.alloc_tokens(&[(a, 8), (bq, 4)]).unwrap_err();
     assert!(
@@ -1132,9 +714,8 @@ fn eager_metadata_matches_graph_reference() {
     use graph_metadata::reference::{update_graph_metadata, HostInputs, HostOutputs};
     use graph_metadata::GraphMode;
     // Hybrid pool, a few requests, every graph mode on a padded bucket.
-    let mut sim = Sim::new(hybrid_config(), 11);
-    let reqs: Vec<usize> = (0..3).map(|_| sim.new_request()).collect();
-    sim.extend(&[(reqs[0], 10), (reqs[1], 4), (reqs[2], 17)], false);
+    let mut sim = Sim::checked(hybrid_config(), 11);
+    let reqs = sim.prefill([10, 4, 17]);
     let rpi: Vec<i64> = reqs.iter().map(|&r| r as i64).collect();
     let seq: Vec<i64> = reqs.iter().map(|&r| sim.len(r) as i64).collect();
     let loc = sim
@@ -1267,9 +848,8 @@ fn truncating_below_the_swa_eviction_point_is_refused() {
     let mut c = hybrid_config();
     c.num_pages = 12;
     c.num_swa_pages = Some(12);
-    let mut sim = Sim::new(c, 9);
-    let a = sim.new_request();
-    sim.extend(&[(a, 13)], false);
+    let mut sim = Sim::checked(c, 9);
+    let [a] = sim.prefill([13]);
     assert_eq!(sim.backend.evict_swa(a, 13).unwrap(), 2);
     sim.backend.alloc_tokens(&[(a, 3)]).unwrap(); // three draft tokens: 16
     let before = sim.backend.pools_snapshot();

@@ -7,46 +7,22 @@
 
 #[path = "common/engine_mem.rs"]
 mod engine_mem;
+#[path = "common/models.rs"]
+mod models;
 
 use engine_mem::{BatchVecs, Caches, Driver, EngineMem, Geo};
 use mha_backend::{
     AttnMode, BackendConfig, BackendError, Device, EngineBatch, EngineKvCache, EngineLayer,
-    EngineSwaMap, KvCacheDtype, KvLayout, KvSnapshot, LayerConfig, Mem, MemMut, MhaBackend,
-    SpecConfig, TensorRef, View, ViewMut,
+    EngineSwaMap, KvLayout, KvSnapshot, Mem, MemMut, MhaBackend, TensorRef, View, ViewMut,
 };
+use models::{dense_config, fp8_config, hybrid_config};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-fn dense() -> BackendConfig {
-    let mut c = BackendConfig::dense(2, LayerConfig::new(4, 2, 64), 4, 96, 64, 8);
-    c.spec = Some(SpecConfig {
-        num_steps: 3,
-        num_draft_tokens: 3,
-        topk: 1,
-    });
-    c
-}
-
+/// The hybrid model with a window on the last layer too (window 9).
 fn hybrid() -> BackendConfig {
-    let mut c = dense();
-    c.layers = vec![
-        LayerConfig::new(4, 2, 64),
-        LayerConfig::new(4, 2, 64)
-            .with_window(5)
-            .with_sinks(vec![0.5, -1.0, 0.0, 1.5]),
-        LayerConfig::new(4, 1, 64).with_window(9),
-    ];
-    c.num_swa_pages = Some(40);
-    c
-}
-
-fn fp8() -> BackendConfig {
-    let mut c = dense();
-    c.kv_dtype = KvCacheDtype::Fp8E4m3;
-    c.layers = vec![
-        LayerConfig::new(4, 2, 64).with_scales(Some(0.5), Some(2.0)),
-        LayerConfig::new(4, 4, 64).with_scales(Some(0.25), None),
-    ];
+    let mut c = hybrid_config();
+    c.layers[2] = c.layers[2].clone().with_window(9);
     c
 }
 
@@ -274,7 +250,7 @@ fn engine_equals_owning(
 
 #[test]
 fn engine_views_equal_owning_path_dense_nhd_and_hnd() {
-    engine_equals_owning(dense(), 11, 60, |l| {
+    engine_equals_owning(dense_config(), 11, 60, |l| {
         if l % 2 == 0 {
             (KvLayout::Nhd, 0)
         } else {
@@ -296,7 +272,7 @@ fn engine_views_equal_owning_path_hybrid_swa_padded_pages() {
 
 #[test]
 fn engine_views_equal_owning_path_fp8() {
-    engine_equals_owning(fp8(), 13, 60, |l| {
+    engine_equals_owning(fp8_config(), 13, 60, |l| {
         if l % 2 == 0 {
             (KvLayout::Nhd, 32)
         } else {
@@ -419,7 +395,7 @@ fn extend_vecs(rpi: Vec<i64>, prefix: &[i32], ext: &[i32], loc: Vec<i64>) -> Bat
 /// private copy of those pages, and A's pages are never written by B.
 #[test]
 fn requests_sharing_prefix_pages_read_the_shared_pages() {
-    let config = dense();
+    let config = dense_config();
     let mut rng = StdRng::seed_from_u64(5);
     let mut eng = MhaBackend::new(config.clone(), Device::Cpu).unwrap();
     let mut e = OwnPages::new(config.clone(), 16);
@@ -511,7 +487,7 @@ fn requests_sharing_prefix_pages_read_the_shared_pages() {
 /// exactly the output of `2·q` (exact in bf16) with `q_scale = 1`.
 #[test]
 fn q_scale_multiplies_the_logits() {
-    let config = dense();
+    let config = dense_config();
     let mut rng = StdRng::seed_from_u64(6);
     let mut eng = MhaBackend::new(config.clone(), Device::Cpu).unwrap();
     let mut e = OwnPages::new(config.clone(), 8);
@@ -726,7 +702,7 @@ fn bad_engine_views_are_typed_errors_naming_the_argument() {
 /// knowing the cache size); the other request's rows are unaffected.
 #[test]
 fn device_errors_stay_with_their_family() {
-    let config = dense();
+    let config = dense_config();
     let mut rng = StdRng::seed_from_u64(9);
     let mut eng = MhaBackend::new(config.clone(), Device::Cpu).unwrap();
     let mut e = OwnPages::new(config.clone(), 16);

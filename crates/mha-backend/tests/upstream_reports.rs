@@ -5,338 +5,17 @@
 //! every K/V row (never with the backend's own output), and metadata with
 //! the plain definitions of SEMANTICS.md §backend / §page-table / §swa-pool.
 
-use std::collections::BTreeMap;
+#[path = "common/models.rs"]
+mod models;
+#[path = "common/sim.rs"]
+mod sim;
 
-use fp8_kv::codec::{e4m3_decode, quantize};
 use mha_backend::{
-    AttnMode, BackendConfig, BackendError, Device, ForwardBatch, ForwardMode, HalfDtype,
-    KvCacheDtype, KvSnapshot, LayerConfig, MhaBackend, MultiStepDraftBackend, SpecConfig, SpecInfo,
-    TensorRef,
+    AttnMode, BackendConfig, BackendError, Device, ForwardBatch, ForwardMode, KvCacheDtype,
+    KvSnapshot, LayerConfig, MultiStepDraftBackend, SpecConfig, SpecInfo, TensorRef,
 };
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
-// ---------------------------------------------------------------- oracle
-
-fn bf16(x: f64) -> u16 {
-    HalfDtype::Bf16.from_f64(x)
-}
-
-thread_local! {
-    /// The model dtype of the test running on this thread (outputs, K/V, Q).
-    static DT: std::cell::Cell<HalfDtype> = const { std::cell::Cell::new(HalfDtype::Bf16) };
-}
-
-fn f(bits: u16) -> f64 {
-    DT.with(|d| d.get()).to_f64(bits)
-}
-
-/// The D8 rule written out: a scale that is missing, `≤ 0` or not finite is 1.
-fn scale_rule(s: Option<f32>) -> f32 {
-    match s {
-        Some(x) if x.is_finite() && x > 0.0 => x,
-        _ => 1.0,
-    }
-}
-
-/// One request's part of a pass: its row, query rows `n`, attention
-/// length `len` (row `j` sits at position `len − n + j`).
-#[derive(Debug, Clone, Copy)]
-struct Part {
-    req: usize,
-    n: usize,
-    len: usize,
-}
-
-/// Per request row, the (K, V) rows (model-dtype bits) of every position.
-type History = BTreeMap<usize, Vec<(Vec<u16>, Vec<u16>)>>;
-
-/// The backend plus the test's own record of every K/V row it was given.
-struct Model {
-    b: MhaBackend,
-    c: BackendConfig,
-    hist: Vec<History>,
-    rng: StdRng,
-}
-
-impl Model {
-    fn new(c: BackendConfig, seed: u64) -> Self {
-        DT.with(|d| d.set(c.model_dtype));
-        Self {
-            b: MhaBackend::new(c.clone(), Device::Cpu).unwrap(),
-            hist: vec![BTreeMap::new(); c.layers.len()],
-            c,
-            rng: StdRng::seed_from_u64(seed),
-        }
-    }
-
-    fn bits(&mut self, n: usize) -> Vec<u16> {
-        (0..n)
-            .map(|_| self.c.model_dtype.from_f64(self.rng.gen_range(-2.0..2.0)))
-            .collect()
-    }
-
-    fn req(&mut self) -> usize {
-        let r = self.b.alloc_request().unwrap();
-        for h in &mut self.hist {
-            h.insert(r, Vec::new());
-        }
-        r
-    }
-
-    fn len(&self, r: usize) -> usize {
-        self.hist[0][&r].len()
-    }
-
-    /// Runs every layer on `batch`; the first rows belong to `parts` (their
-    /// new K/V appended to the record), any rows after them are padding and
-    /// not checked. Asserts the checked rows against [`Model::direct`] and
-    /// returns every layer's output (with its query).
-    fn run(&mut self, batch: &ForwardBatch, parts: &[Part]) -> Vec<(Vec<u16>, Vec<u16>)> {
-        let rows = self.b.init_forward_metadata(batch).unwrap().num_tokens;
-        let real: usize = parts.iter().map(|p| p.n).sum();
-        assert!(real <= rows);
-        let mut outs = Vec::new();
-        for layer in 0..self.c.layers.len() {
-            let l = self.c.layers[layer].clone();
-            let q = self.bits(rows * l.q_row_elems());
-            let k = self.bits(rows * l.kv_row_elems());
-            let v = self.bits(rows * l.kv_row_elems());
-            let out = self
-                .b
-                .forward(
-                    layer,
-                    TensorRef::Host(&q),
-                    Some(TensorRef::Host(&k)),
-                    Some(TensorRef::Host(&v)),
-                    batch,
-                    true,
-                )
-                .unwrap()
-                .into_host()
-                .unwrap();
-            assert_eq!(out.len(), rows * l.q_row_elems());
-            let kv = l.kv_row_elems();
-            let mut t = 0;
-            for p in parts {
-                let h = self.hist[layer].get_mut(&p.req).unwrap();
-                for _ in 0..p.n {
-                    h.push((
-                        k[t * kv..(t + 1) * kv].to_vec(),
-                        v[t * kv..(t + 1) * kv].to_vec(),
-                    ));
-                    t += 1;
-                }
-            }
-            let expect = self.direct(layer, parts, &q, None);
-            check_close(
-                &out[..real * l.q_row_elems()],
-                &expect,
-                l.head_dim,
-                &format!("layer {layer}"),
-            );
-            outs.push((q, out));
-        }
-        outs
-    }
-
-    /// SEMANTICS.md §attention.2 over the record: row at position `x` sees
-    /// keys `max(0, x − W) ..= x` (`W` = the layer's window or
-    /// `window_override`), softmax with the layer's sinks, K/V through the
-    /// e4m3 round trip with the D8 scales on an FP8 cache.
-    fn direct(
-        &self,
-        layer: usize,
-        parts: &[Part],
-        q: &[u16],
-        window_override: Option<Option<u32>>,
-    ) -> Vec<f64> {
-        let l = &self.c.layers[layer];
-        let (hq, hkv, d) = (l.num_q_heads, l.num_kv_heads, l.head_dim);
-        let g = hq / hkv;
-        let fp8 = self.c.kv_dtype == KvCacheDtype::Fp8E4m3;
-        let (ks, vs) = if fp8 {
-            (scale_rule(l.k_scale), scale_rule(l.v_scale))
-        } else {
-            (1.0, 1.0)
-        };
-        let val = |bits: u16, s: f32| -> f64 {
-            let x = f(bits) as f32;
-            if fp8 {
-                f64::from(e4m3_decode(quantize(x, 1.0 / s))) * f64::from(s)
-            } else {
-                f64::from(x)
-            }
-        };
-        let window = window_override.unwrap_or(l.window_left);
-        let sm = l.sm_scale.map_or(1.0 / (d as f64).sqrt(), f64::from);
-        let mut out = Vec::new();
-        let mut row = 0;
-        for p in parts {
-            let h = &self.hist[layer][&p.req];
-            for j in 0..p.n {
-                let x = (p.len - p.n + j) as i64;
-                let lo = window.map_or(0, |w| (x - i64::from(w)).max(0)) as usize;
-                for head in 0..hq {
-                    let kvh = head / g;
-                    let qv: Vec<f64> = (0..d).map(|e| f(q[(row * hq + head) * d + e])).collect();
-                    let keys: Vec<usize> = (lo..=x as usize).collect();
-                    let logits: Vec<f64> = keys
-                        .iter()
-                        .map(|&k| {
-                            let kr = &h[k].0[kvh * d..(kvh + 1) * d];
-                            (0..d).map(|e| qv[e] * val(kr[e], ks)).sum::<f64>() * sm
-                        })
-                        .collect();
-                    let sink = l.sinks.as_ref().map(|s| f64::from(s[head]));
-                    let m = logits
-                        .iter()
-                        .copied()
-                        .chain(sink)
-                        .fold(f64::NEG_INFINITY, f64::max);
-                    let w: Vec<f64> = logits.iter().map(|s| (s - m).exp()).collect();
-                    let den = w.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
-                    for e in 0..d {
-                        let num: f64 = keys
-                            .iter()
-                            .zip(&w)
-                            .map(|(&k, wk)| wk * val(h[k].1[kvh * d + e], vs))
-                            .sum();
-                        out.push(num / den);
-                    }
-                }
-                row += 1;
-            }
-        }
-        out
-    }
-
-    /// New tokens for `reqs` (`(row, n)`), their slots.
-    fn grow(&self, reqs: &[(usize, usize)]) -> Vec<i64> {
-        self.b.alloc_tokens(reqs).unwrap()
-    }
-
-    /// A prefill / chunk of `reqs` (`(row, n)`) on top of what they hold.
-    fn extend(&mut self, reqs: &[(usize, usize)], mixed: bool) -> Vec<(Vec<u16>, Vec<u16>)> {
-        let prefix: Vec<usize> = reqs.iter().map(|&(r, _)| self.len(r)).collect();
-        let loc = self.grow(reqs);
-        let batch = ForwardBatch::extend(
-            reqs.iter().map(|&(r, _)| r as i64).collect(),
-            prefix.iter().map(|&p| p as i32).collect(),
-            reqs.iter().map(|&(_, n)| n as i32).collect(),
-            loc,
-            mixed,
-        );
-        let parts: Vec<Part> = reqs
-            .iter()
-            .zip(&prefix)
-            .map(|(&(req, n), &p)| Part { req, n, len: p + n })
-            .collect();
-        self.run(&batch, &parts)
-    }
-
-    fn decode(&mut self, reqs: &[usize]) -> Vec<(Vec<u16>, Vec<u16>)> {
-        let grow: Vec<(usize, usize)> = reqs.iter().map(|&r| (r, 1)).collect();
-        let loc = self.grow(&grow);
-        let seq: Vec<i64> = reqs.iter().map(|&r| self.len(r) as i64 + 1).collect();
-        let batch = ForwardBatch::decode(reqs.iter().map(|&r| r as i64).collect(), seq, loc);
-        let parts: Vec<Part> = reqs
-            .iter()
-            .map(|&req| Part {
-                req,
-                n: 1,
-                len: self.len(req) + 1,
-            })
-            .collect();
-        self.run(&batch, &parts)
-    }
-
-    /// Target verify of `lens[i]` draft tokens per request (ragged layout
-    /// when `ragged`).
-    fn verify(&mut self, reqs: &[usize], lens: &[usize], ragged: bool) {
-        let grow: Vec<(usize, usize)> = reqs.iter().zip(lens).map(|(&r, &n)| (r, n)).collect();
-        let seq: Vec<i64> = reqs.iter().map(|&r| self.len(r) as i64).collect();
-        let loc = self.grow(&grow);
-        let batch = ForwardBatch::target_verify(
-            reqs.iter().map(|&r| r as i64).collect(),
-            seq.clone(),
-            loc,
-            ragged.then(|| lens.iter().map(|&n| n as i32).collect()),
-        );
-        let parts: Vec<Part> = grow
-            .iter()
-            .zip(&seq)
-            .map(|(&(req, n), &s)| Part {
-                req,
-                n,
-                len: s as usize + n,
-            })
-            .collect();
-        self.run(&batch, &parts);
-    }
-
-    fn assert_clean(&self) {
-        let e = self.b.device_errors();
-        assert!(e.is_clean(), "{e:?}");
-    }
-}
-
-/// Per (row, head): `‖out − ref‖ / ‖ref‖ ≤ 1e-2`.
-fn check_close(out: &[u16], expect: &[f64], d: usize, what: &str) {
-    assert_eq!(out.len(), expect.len(), "{what}: output size");
-    for (i, (o, e)) in out.chunks(d).zip(expect.chunks(d)).enumerate() {
-        let r = rel_err(o, e);
-        assert!(r <= 1e-2, "{what}: row-head {i}: rel err {r}");
-    }
-}
-
-fn rel_err(o: &[u16], e: &[f64]) -> f64 {
-    let n = e.iter().map(|x| x * x).sum::<f64>().sqrt();
-    let diff = o
-        .iter()
-        .zip(e)
-        .map(|(&a, b)| (f(a) - b) * (f(a) - b))
-        .sum::<f64>()
-        .sqrt();
-    diff / n.max(1e-30)
-}
-
-/// Largest per-(row, head) relative distance of `out` from `other`.
-fn max_rel_err(out: &[u16], other: &[f64], d: usize) -> f64 {
-    out.chunks(d)
-        .zip(other.chunks(d))
-        .map(|(o, e)| rel_err(o, e))
-        .fold(0.0, f64::max)
-}
-
-fn spec(n: usize) -> Option<SpecConfig> {
-    Some(SpecConfig {
-        num_steps: 3,
-        num_draft_tokens: n,
-        topk: 1,
-    })
-}
-
-/// P = 4, 2 dense layers 4/2/64, context 96.
-fn dense() -> BackendConfig {
-    let mut c = BackendConfig::dense(2, LayerConfig::new(4, 2, 64), 4, 96, 64, 8);
-    c.spec = spec(3);
-    c
-}
-
-/// A gpt-oss-like hybrid: full, SWA (window 5, sinks), full; SWA pool.
-fn hybrid() -> BackendConfig {
-    let mut c = dense();
-    c.layers = vec![
-        LayerConfig::new(4, 2, 64),
-        LayerConfig::new(4, 2, 64)
-            .with_window(5)
-            .with_sinks(vec![0.5, -1.0, 0.0, 1.5]),
-        LayerConfig::new(4, 1, 64),
-    ];
-    c.num_swa_pages = Some(40);
-    c
-}
+use models::{dense_config, hybrid_config, spec};
+use sim::{bf16, each, fp8_bytes, ids, max_rel_err, scale_rule, Sim};
 
 // ---------------------------------------------------------------- tests
 
@@ -354,36 +33,19 @@ fn hybrid() -> BackendConfig {
 /// from the one-key-short window.
 #[test]
 fn swa_decode_sees_window_left_plus_one_keys_after_eviction() {
-    let mut m = Model::new(hybrid(), 32087);
-    let a = m.req();
-    let bq = m.req();
-    m.extend(&[(a, 13), (bq, 9)], false);
+    let mut m = Sim::new(hybrid_config(), 32087);
+    let [a, bq] = m.prefill([13, 9]);
     let mut evicted = 0;
     for _ in 0..6 {
         for r in [a, bq] {
-            let len = m.len(r);
-            evicted += m.b.evict_swa(r, len).unwrap();
             // The oldest key the next decode row (position `len`) sees is
             // `len − 5`: its SWA slot must still be mapped.
-            let oldest = len - 5;
-            let slot = m.b.with_pools(|p| p.request_slots(r).unwrap()[oldest]) as usize;
-            let swa = m.b.with_pools(|p| p.swa_mapping().unwrap().map()[slot]);
-            assert!(swa > 0, "position {oldest} of {len} evicted");
+            assert!(m.len(r) >= 5);
+            evicted += m.evict_swa_keeping(r, 5);
         }
+        let parts = m.parts(&[(a, 1), (bq, 1)]);
         let outs = m.decode(&[a, bq]);
         // The checked output used W + 1 keys; the W-key window differs.
-        let parts = [
-            Part {
-                req: a,
-                n: 1,
-                len: m.len(a),
-            },
-            Part {
-                req: bq,
-                n: 1,
-                len: m.len(bq),
-            },
-        ];
         let short = m.direct(1, &parts, &outs[1].0, Some(Some(4)));
         assert!(max_rel_err(&outs[1].1, &short, 64) > 2e-2);
     }
@@ -401,7 +63,7 @@ fn swa_decode_sees_window_left_plus_one_keys_after_eviction() {
 /// direct computation (each row its own window start).
 #[test]
 fn fp8_windowed_verify_with_eight_rows_per_request() {
-    let mut c = dense();
+    let mut c = dense_config();
     c.spec = spec(8);
     c.kv_dtype = KvCacheDtype::Fp8E4m3;
     c.layers = vec![
@@ -410,13 +72,11 @@ fn fp8_windowed_verify_with_eight_rows_per_request() {
             .with_scales(Some(0.5), Some(2.0)),
         LayerConfig::new(4, 4, 64).with_scales(Some(0.25), Some(0.75)),
     ];
-    let mut m = Model::new(c, 3864);
-    let a = m.req();
-    let bq = m.req();
-    m.extend(&[(a, 30), (bq, 5)], false);
+    let mut m = Sim::new(c, 3864);
+    let [a, bq] = m.prefill([30, 5]);
     m.verify(&[a, bq], &[8, 8], false);
     assert_eq!(
-        m.b.metadata().unwrap().mode,
+        m.backend.metadata().unwrap().mode,
         AttnMode::TargetVerify { q_len: 8 }
     );
     m.verify(&[a, bq], &[8, 8], false);
@@ -435,7 +95,7 @@ fn fp8_windowed_verify_with_eight_rows_per_request() {
 /// and verify passes.
 #[test]
 fn fp8_cache_applies_each_layers_own_scales() {
-    let mut c = dense();
+    let mut c = dense_config();
     c.kv_dtype = KvCacheDtype::Fp8E4m3;
     c.layers = vec![
         LayerConfig::new(4, 2, 64).with_scales(Some(0.5), Some(4.0)),
@@ -443,30 +103,21 @@ fn fp8_cache_applies_each_layers_own_scales() {
         LayerConfig::new(4, 2, 64).with_scales(Some(0.0), Some(f32::NAN)),
         LayerConfig::new(4, 2, 64),
     ];
-    let mut m = Model::new(c.clone(), 28144);
-    let a = m.req();
-    let bq = m.req();
-    m.extend(&[(a, 11), (bq, 6)], false);
+    let mut m = Sim::new(c.clone(), 28144);
+    let [a, bq] = m.prefill([11, 6]);
     m.decode(&[a, bq]);
     m.verify(&[a, bq], &[2, 2], false);
     // Cache bytes: each layer quantised with its own resolved scale.
-    let slots = m.b.with_pools(|p| p.request_slots(a).unwrap().to_vec());
+    let slots = m.slots(a);
     for (layer, l) in c.layers.iter().enumerate() {
         let (ks, vs) = (scale_rule(l.k_scale), scale_rule(l.v_scale));
-        let KvSnapshot::Fp8 { k, v } = m.b.read_kv_cache(layer).unwrap() else {
+        let KvSnapshot::Fp8 { k, v } = m.backend.read_kv_cache(layer).unwrap() else {
             panic!("fp8 cache expected")
         };
         let kv = l.kv_row_elems();
         for (pos, (kr, vr)) in m.hist[layer][&a].iter().enumerate() {
             let s = slots[pos] as usize;
-            let qk: Vec<u8> = kr
-                .iter()
-                .map(|&x| quantize(half::bf16::from_bits(x).to_f32(), 1.0 / ks))
-                .collect();
-            let qv: Vec<u8> = vr
-                .iter()
-                .map(|&x| quantize(half::bf16::from_bits(x).to_f32(), 1.0 / vs))
-                .collect();
+            let (qk, qv) = (fp8_bytes(kr, ks), fp8_bytes(vr, vs));
             assert_eq!(&k[s * kv..(s + 1) * kv], &qk[..], "layer {layer} pos {pos}");
             assert_eq!(&v[s * kv..(s + 1) * kv], &qv[..], "layer {layer} pos {pos}");
         }
@@ -489,30 +140,20 @@ fn fp8_cache_applies_each_layers_own_scales() {
 /// the real rows' outputs equal the direct computation.
 #[test]
 fn graph_padding_rows_use_row_zero_length_one_and_the_dummy_page() {
-    let mut m = Model::new(dense(), 7233);
-    let reqs: Vec<usize> = (0..6).map(|_| m.req()).collect();
+    let mut m = Sim::new(dense_config(), 7233);
+    let reqs: Vec<usize> = (0..6).map(|_| m.new_request()).collect();
     let grow: Vec<(usize, usize)> = reqs.iter().map(|&r| (r, 3 + 2 * r)).collect();
     m.extend(&grow, false);
     m.decode(&reqs); // a batch of 6 fills the rows the next one pads
     let live = &reqs[..3];
-    let loc = m.grow(&live.iter().map(|&r| (r, 1)).collect::<Vec<_>>());
     let seq: Vec<i64> = live.iter().map(|&r| m.len(r) as i64 + 1).collect();
-    let batch = ForwardBatch::decode(live.iter().map(|&r| r as i64).collect(), seq.clone(), loc);
+    let (batch, parts) = m.decode_batch(live);
     let padded = batch.pad_to_bucket(8, 8, 1).unwrap();
     assert_eq!(&padded.req_pool_indices[3..], &[0; 5]);
     assert_eq!(&padded.seq_lens[3..], &[1; 5]);
     assert_eq!(&padded.out_cache_loc[3..], &[0; 5]);
     assert_eq!(&padded.seq_lens[..3], &seq[..]);
-    let parts: Vec<Part> = live
-        .iter()
-        .zip(&seq)
-        .map(|(&req, &s)| Part {
-            req,
-            n: 1,
-            len: s as usize,
-        })
-        .collect();
-    let meta = m.b.reference_metadata(&padded).unwrap();
+    let meta = m.backend.reference_metadata(&padded).unwrap();
     let sum: i64 = padded.seq_lens.iter().sum();
     assert_eq!(*meta.cu_seqlens_k.last().unwrap() as i64, sum);
     assert_eq!(meta.cache_seqlens.len(), 8);
@@ -521,9 +162,7 @@ fn graph_padding_rows_use_row_zero_length_one_and_the_dummy_page() {
     }
     // The real rows' tables: page of slot `req_to_token[r][4j]`.
     for (i, &r) in live.iter().enumerate() {
-        let slots = m.b.with_pools(|p| p.request_slots(r).unwrap().to_vec());
-        let want: Vec<i32> = slots.iter().step_by(4).map(|&s| s / 4).collect();
-        assert_eq!(meta.page_row(i, 4), &want[..], "row {i}");
+        assert_eq!(meta.page_row(i, 4), &m.pages(r)[..], "row {i}");
     }
     m.run(&padded, &parts);
     // The dummy page absorbed the padding writes; no real page was touched
@@ -546,35 +185,16 @@ fn graph_padding_rows_use_row_zero_length_one_and_the_dummy_page() {
 /// computation; also through the graph padding of the same batch.
 #[test]
 fn draft_extend_v2_rows_use_the_draft_token_stride() {
-    let mut c = dense();
+    let mut c = dense_config();
     c.spec = Some(SpecConfig {
         num_steps: 2,
-        num_draft_tokens: 4,
-        topk: 1,
+        ..spec(4).unwrap()
     });
-    let mut m = Model::new(c, 27545);
-    let reqs: Vec<usize> = (0..3).map(|_| m.req()).collect();
-    m.extend(&[(reqs[0], 9), (reqs[1], 2), (reqs[2], 17)], false);
+    let mut m = Sim::new(c, 27545);
+    let reqs = m.prefill([9, 2, 17]);
     for round in 0..2 {
-        let n = 4;
-        let grow: Vec<(usize, usize)> = reqs.iter().map(|&r| (r, n)).collect();
-        let loc = m.grow(&grow);
-        let seq: Vec<i64> = reqs.iter().map(|&r| (m.len(r) + n) as i64).collect();
-        let batch = ForwardBatch::draft_extend_v2(
-            reqs.iter().map(|&r| r as i64).collect(),
-            seq.clone(),
-            loc,
-            n as i32,
-        );
-        let parts: Vec<Part> = reqs
-            .iter()
-            .zip(&seq)
-            .map(|(&req, &s)| Part {
-                req,
-                n,
-                len: s as usize,
-            })
-            .collect();
+        let seq: Vec<i64> = reqs.iter().map(|&r| (m.len(r) + 4) as i64).collect();
+        let (batch, parts) = m.draft_extend_batch(&reqs, 4);
         let batch = if round == 1 {
             // Replay padding to a bucket of 5 requests × 4 tokens.
             let p = batch.pad_to_bucket(5, 20, 4).unwrap();
@@ -583,7 +203,7 @@ fn draft_extend_v2_rows_use_the_draft_token_stride() {
         } else {
             batch
         };
-        let meta = m.b.reference_metadata(&batch).unwrap();
+        let meta = m.backend.reference_metadata(&batch).unwrap();
         let bs = batch.batch_size;
         assert_eq!(meta.mode, AttnMode::DraftExtendV2 { q_len: 4 });
         assert_eq!(
@@ -615,12 +235,10 @@ fn draft_extend_v2_rows_use_the_draft_token_stride() {
 /// tokens is valid and computes the others correctly.
 #[test]
 fn token_counts_that_do_not_fit_the_requests_are_typed_errors() {
-    let mut m = Model::new(dense(), 32626);
-    let a = m.req();
-    let bq = m.req();
-    m.extend(&[(a, 6), (bq, 3)], false);
-    let good = m.b.metadata().unwrap().clone();
-    let pools = m.b.pools_snapshot();
+    let mut m = Sim::new(dense_config(), 32626);
+    let [a, bq] = m.prefill([6, 3]);
+    let good = m.backend.metadata().unwrap().clone();
+    let pools = m.backend.pools_snapshot();
     let (ra, rb) = (a as i64, bq as i64);
     let bads = [
         // 2 decode requests, 1 token.
@@ -637,25 +255,32 @@ fn token_counts_that_do_not_fit_the_requests_are_typed_errors() {
         ForwardBatch::extend(vec![ra], vec![6], vec![2], vec![9], false),
     ];
     for bad in &bads {
-        match m.b.init_forward_metadata(bad) {
+        match m.backend.init_forward_metadata(bad) {
             Err(BackendError::Batch { .. }) => {}
             other => panic!("{bad:?}: {other:?}"),
         }
     }
-    assert_eq!(m.b.metadata(), Some(&good));
-    assert_eq!(m.b.pools_snapshot(), pools);
+    assert_eq!(m.backend.metadata(), Some(&good));
+    assert_eq!(m.backend.pools_snapshot(), pools);
     // Ragged verify with accept / draft length 0 for some requests.
-    let c = m.req();
+    let c = m.new_request();
     m.extend(&[(c, 5)], false);
     m.verify(&[a, bq, c], &[0, 3, 0], true);
     m.verify(&[a, bq, c], &[2, 0, 1], true);
     // All zero: no rows, an empty output.
     let seq: Vec<i64> = [a, bq].iter().map(|&r| m.len(r) as i64).collect();
     let all_zero = ForwardBatch::target_verify(vec![ra, rb], seq, vec![], Some(vec![0, 0]));
-    assert_eq!(m.b.init_forward_metadata(&all_zero).unwrap().num_tokens, 0);
-    let out =
-        m.b.forward(0, TensorRef::Host(&[]), None, None, &all_zero, false)
-            .unwrap();
+    assert_eq!(
+        m.backend
+            .init_forward_metadata(&all_zero)
+            .unwrap()
+            .num_tokens,
+        0
+    );
+    let out = m
+        .backend
+        .forward(0, TensorRef::Host(&[]), None, None, &all_zero, false)
+        .unwrap();
     assert!(out.is_empty());
     m.assert_clean();
 }
@@ -674,14 +299,13 @@ fn token_counts_that_do_not_fit_the_requests_are_typed_errors() {
 /// the multi-step draft backend accepts an IDLE draft batch too.
 #[test]
 fn empty_batches_in_every_mode_are_no_ops() {
-    let mut c = hybrid();
+    let mut c = hybrid_config();
     c.kv_dtype = KvCacheDtype::Fp8E4m3;
     c.layers[0] = c.layers[0].clone().with_scales(Some(0.5), Some(2.0));
-    let mut m = Model::new(c.clone(), 34474);
-    let a = m.req();
-    m.extend(&[(a, 7)], false);
-    let pools = m.b.pools_snapshot();
-    let caches: Vec<KvSnapshot> = (0..3).map(|l| m.b.read_kv_cache(l).unwrap()).collect();
+    let mut m = Sim::new(c.clone(), 34474);
+    m.prefill([7]);
+    let pools = m.backend.pools_snapshot();
+    let caches = m.caches();
     let idle_draft = ForwardBatch {
         spec_info: Some(SpecInfo::Draft { step: None }),
         ..ForwardBatch::idle()
@@ -696,13 +320,14 @@ fn empty_batches_in_every_mode_are_no_ops() {
         ForwardBatch::extend(vec![], vec![], vec![], vec![], true),
     ];
     for batch in &batches {
-        let meta = m.b.init_forward_metadata(batch).unwrap();
+        let meta = m.backend.init_forward_metadata(batch).unwrap();
         assert_eq!((meta.num_tokens, meta.batch_size), (0, 0), "{batch:?}");
         assert_eq!(meta.cu_seqlens_q, vec![0]);
         assert_eq!(meta.swa_out_cache_loc.as_deref(), Some(&[][..]));
         for layer in 0..3 {
-            let out =
-                m.b.forward(
+            let out = m
+                .backend
+                .forward(
                     layer,
                     TensorRef::Host(&[]),
                     Some(TensorRef::Host(&[])),
@@ -714,9 +339,9 @@ fn empty_batches_in_every_mode_are_no_ops() {
             assert!(out.is_empty(), "{batch:?} layer {layer}");
         }
     }
-    assert_eq!(m.b.pools_snapshot(), pools);
+    assert_eq!(m.backend.pools_snapshot(), pools);
     for (l, s) in caches.iter().enumerate() {
-        assert_eq!(&m.b.read_kv_cache(l).unwrap(), s);
+        assert_eq!(&m.backend.read_kv_cache(l).unwrap(), s);
     }
     assert_eq!(ForwardMode::Idle as u8, 4);
     let mut d = MultiStepDraftBackend::new(c, Device::Cpu).unwrap();
@@ -741,23 +366,17 @@ fn empty_batches_in_every_mode_are_no_ops() {
 /// SWA layer's attention over them equals the direct computation.
 #[test]
 fn swa_page_table_translates_token_locations_not_page_ids() {
-    let mut m = Model::new(hybrid(), 16267);
-    let reqs: Vec<usize> = (0..3).map(|_| m.req()).collect();
+    let mut m = Sim::new(hybrid_config(), 16267);
+    let reqs: Vec<usize> = (0..3).map(|_| m.new_request()).collect();
     // Interleaved growth: full and SWA page ids diverge.
     m.extend(&[(reqs[0], 3), (reqs[1], 6)], false);
     m.extend(&[(reqs[2], 5), (reqs[0], 7)], false);
     let len0 = m.len(reqs[0]);
-    m.b.evict_swa(reqs[0], len0).unwrap();
+    m.backend.evict_swa(reqs[0], len0).unwrap();
     m.extend(&[(reqs[1], 4), (reqs[0], 2)], true);
-    let seq: Vec<i64> = reqs.iter().map(|&r| m.len(r) as i64).collect();
-    let loc = m.grow(&reqs.iter().map(|&r| (r, 1)).collect::<Vec<_>>());
-    let batch = ForwardBatch::decode(
-        reqs.iter().map(|&r| r as i64).collect(),
-        seq.iter().map(|s| s + 1).collect(),
-        loc.clone(),
-    );
-    let meta = m.b.reference_metadata(&batch).unwrap();
-    let (map, r2t_slots): (Vec<i64>, Vec<Vec<i32>>) = m.b.with_pools(|p| {
+    let (batch, parts) = m.decode_batch(&reqs);
+    let meta = m.backend.reference_metadata(&batch).unwrap();
+    let (map, r2t_slots): (Vec<i64>, Vec<Vec<i32>>) = m.backend.with_pools(|p| {
         (
             p.swa_mapping().unwrap().map().to_vec(),
             reqs.iter()
@@ -787,17 +406,12 @@ fn swa_page_table_translates_token_locations_not_page_ids() {
     }
     assert!(diverged && evicted, "the scenario must separate page ids");
     // The SWA write slots are the translated out_cache_loc (sglang #23552).
-    let want: Vec<i64> = loc.iter().map(|&l| map[l as usize]).collect();
-    assert_eq!(meta.swa_out_cache_loc.as_deref(), Some(&want[..]));
-    let parts: Vec<Part> = reqs
+    let want: Vec<i64> = batch
+        .out_cache_loc
         .iter()
-        .zip(&seq)
-        .map(|(&req, &s)| Part {
-            req,
-            n: 1,
-            len: s as usize + 1,
-        })
+        .map(|&l| map[l as usize])
         .collect();
+    assert_eq!(meta.swa_out_cache_loc.as_deref(), Some(&want[..]));
     m.run(&batch, &parts);
     m.assert_clean();
 }
@@ -819,47 +433,39 @@ fn swa_page_table_translates_token_locations_not_page_ids() {
 /// equal the direct computation.
 #[test]
 fn swa_write_locations_are_translated_once_and_keep_the_minus_one_sentinel() {
-    let mut c = hybrid();
+    let mut c = hybrid_config();
     c.num_pages = 60;
     c.num_swa_pages = Some(12);
-    let mut m = Model::new(c, 23552);
-    let reqs: Vec<usize> = (0..2).map(|_| m.req()).collect();
+    let mut m = Sim::new(c, 23552);
+    let reqs: Vec<usize> = (0..2).map(|_| m.new_request()).collect();
     // Burn full pages so full slots exceed the SWA pool's 13 pages · 4.
-    let filler = m.req();
+    let filler = m.new_request();
     m.extend(&[(filler, 24)], false);
-    m.b.evict_swa(filler, 24).unwrap();
+    m.backend.evict_swa(filler, 24).unwrap();
     m.extend(&[(reqs[0], 30), (reqs[1], 5)], false);
-    m.b.evict_swa(reqs[0], 30).unwrap();
-    let before: Vec<KvSnapshot> = (0..3).map(|l| m.b.read_kv_cache(l).unwrap()).collect();
-    let seq: Vec<i64> = reqs.iter().map(|&r| m.len(r) as i64 + 1).collect();
-    let mut loc = m.grow(&reqs.iter().map(|&r| (r, 1)).collect::<Vec<_>>());
-    let swa_pool_slots = m.b.with_pools(|p| p.swa_slots().unwrap()) as i64;
-    assert!(loc.iter().any(|&l| l >= swa_pool_slots), "{loc:?}");
-    let real = loc.clone();
-    loc.extend([-1, -1]);
+    m.backend.evict_swa(reqs[0], 30).unwrap();
+    let before = m.caches();
+    let (decode, parts) = m.decode_batch(&reqs);
+    let (seq, real) = (&decode.seq_lens, &decode.out_cache_loc);
+    let swa_pool_slots = m.backend.with_pools(|p| p.swa_slots().unwrap()) as i64;
+    assert!(real.iter().any(|&l| l >= swa_pool_slots), "{real:?}");
     let batch = ForwardBatch {
         batch_size: 4,
         req_pool_indices: vec![reqs[0] as i64, reqs[1] as i64, 0, 0],
         seq_lens: vec![seq[0], seq[1], 1, 1],
-        ..ForwardBatch::decode(vec![], vec![], loc)
+        out_cache_loc: real.iter().copied().chain([-1, -1]).collect(),
+        ..decode.clone()
     };
-    let map = m.b.with_pools(|p| p.swa_mapping().unwrap().map().to_vec());
-    let meta = m.b.reference_metadata(&batch).unwrap();
+    let map = m
+        .backend
+        .with_pools(|p| p.swa_mapping().unwrap().map().to_vec());
+    let meta = m.backend.reference_metadata(&batch).unwrap();
     let want: Vec<i64> = real
         .iter()
         .map(|&l| map[l as usize])
         .chain([-1, -1])
         .collect();
     assert_eq!(meta.swa_out_cache_loc.as_deref(), Some(&want[..]));
-    let parts: Vec<Part> = reqs
-        .iter()
-        .zip(&seq)
-        .map(|(&req, &s)| Part {
-            req,
-            n: 1,
-            len: s as usize,
-        })
-        .collect();
     m.run(&batch, &parts);
     // Only the real rows' slots changed, in each layer's own pool.
     for (layer, old) in before.iter().enumerate() {
@@ -870,7 +476,7 @@ fn swa_write_locations_are_translated_once_and_keep_the_minus_one_sentinel() {
             real.iter().map(|&s| s as usize).collect()
         };
         let (KvSnapshot::Half { k: ok, .. }, KvSnapshot::Half { k: nk, .. }) =
-            (old, m.b.read_kv_cache(layer).unwrap())
+            (old, m.backend.read_kv_cache(layer).unwrap())
         else {
             panic!()
         };
@@ -894,12 +500,13 @@ fn swa_write_locations_are_translated_once_and_keep_the_minus_one_sentinel() {
 /// pass without sinks is measurably different).
 #[test]
 fn sinks_apply_per_head_on_their_layer_only_in_every_mode() {
-    let mut c = hybrid();
+    let mut c = hybrid_config();
     c.layers[1].sinks = Some(vec![2.0, -3.0, 0.25, 4.0]);
     c.layers[2] = LayerConfig::new(4, 1, 64).with_sinks(vec![-0.5, 1.0, 3.0, 0.0]);
-    let mut m = Model::new(c, 8834);
-    let a = m.req();
-    let bq = m.req();
+    let mut m = Sim::new(c, 8834);
+    let a = m.new_request();
+    let bq = m.new_request();
+    let parts = m.parts(&[(a, 9), (bq, 4)]);
     let outs = m.extend(&[(a, 9), (bq, 4)], false);
     m.decode(&[a, bq]);
     m.verify(&[a, bq], &[3, 3], false);
@@ -907,21 +514,9 @@ fn sinks_apply_per_head_on_their_layer_only_in_every_mode() {
     // Sinks matter: without them layer 1's extend output differs (the
     // direct computation reads only positions ≤ each row's, so the record
     // grown since is fine).
-    let parts = [
-        Part {
-            req: a,
-            n: 9,
-            len: 9,
-        },
-        Part {
-            req: bq,
-            n: 4,
-            len: 4,
-        },
-    ];
-    let sinks = m.c.layers[1].sinks.take();
+    let sinks = m.config.layers[1].sinks.take();
     let other = m.direct(1, &parts, &outs[1].0, None);
-    m.c.layers[1].sinks = sinks;
+    m.config.layers[1].sinks = sinks;
     assert!(max_rel_err(&outs[1].1, &other, 64) > 2e-2);
     m.assert_clean();
 }
@@ -937,9 +532,8 @@ fn sinks_apply_per_head_on_their_layer_only_in_every_mode() {
 fn batch_size_one_decode_with_a_wide_gqa_group() {
     let mut c = BackendConfig::dense(1, LayerConfig::new(16, 1, 128), 4, 160, 64, 2);
     c.layers.push(LayerConfig::new(32, 2, 256));
-    let mut m = Model::new(c, 1898);
-    let a = m.req();
-    m.extend(&[(a, 117)], false);
+    let mut m = Sim::new(c, 1898);
+    let [a] = m.prefill([117]);
     for _ in 0..5 {
         m.decode(&[a]);
     }
@@ -961,25 +555,24 @@ fn batch_size_one_decode_with_a_wide_gqa_group() {
 /// the SWA layer's window across the chunk boundary).
 #[test]
 fn chunked_prefill_with_prefixes_inside_a_page() {
-    let mut m = Model::new(hybrid(), 55630);
-    let a = m.req();
-    let bq = m.req();
-    m.extend(&[(a, 5), (bq, 11)], false);
+    let mut m = Sim::new(hybrid_config(), 55630);
+    let [a, bq] = m.prefill([5, 11]);
     m.extend(&[(a, 6), (bq, 7)], false);
-    let meta = m.b.metadata().unwrap().clone();
+    let meta = m.backend.metadata().unwrap().clone();
     assert_eq!(meta.cache_seqlens, vec![11, 18]);
     assert_eq!(meta.cu_seqlens_q, vec![0, 6, 13]);
     assert_eq!(meta.max_seq_len_q, 7);
     assert_eq!(meta.page_row(0, 4).len(), 3);
     assert_eq!(meta.page_row(1, 4).len(), 5);
     for (i, r) in [a, bq].into_iter().enumerate() {
-        let slots = m.b.with_pools(|p| p.request_slots(r).unwrap().to_vec());
-        let want: Vec<i32> = slots.iter().step_by(4).map(|&s| s / 4).collect();
-        assert_eq!(meta.page_row(i, 4), &want[..]);
+        assert_eq!(meta.page_row(i, 4), &m.pages(r)[..]);
     }
     // Mixed: a 3-token chunk of `a` (prefix 11) with a decode row of `bq`.
     m.extend(&[(a, 3), (bq, 1)], true);
-    assert_eq!(m.b.metadata().unwrap().forward_mode, ForwardMode::Mixed);
+    assert_eq!(
+        m.backend.metadata().unwrap().forward_mode,
+        ForwardMode::Mixed
+    );
     m.assert_clean();
 }
 
@@ -999,34 +592,33 @@ fn chunked_prefill_with_prefixes_inside_a_page() {
 /// or a clamped silent answer.
 #[test]
 fn odd_context_length_gives_the_native_page_table_width() {
-    let mut c = dense();
+    let mut c = dense_config();
     c.context_len = 97;
     c.num_pages = 40;
-    let mut m = Model::new(c, 39324);
-    assert_eq!(m.b.max_num_pages(), 25);
-    let a = m.req();
-    m.extend(&[(a, 90)], false);
+    let mut m = Sim::new(c, 39324);
+    assert_eq!(m.backend.max_num_pages(), 25);
+    let [a] = m.prefill([90]);
     for _ in 0..7 {
         m.decode(&[a]);
     }
     assert_eq!(m.len(a), 97);
-    let meta = m.b.metadata().unwrap();
+    let meta = m.backend.metadata().unwrap();
     assert_eq!(meta.max_num_pages, 25);
     assert_eq!(meta.page_row(0, 4).len(), 25);
     assert!(matches!(
-        m.b.alloc_tokens(&[(a, 1)]),
+        m.backend.alloc_tokens(&[(a, 1)]),
         Err(BackendError::ContextOverflow {
             context_len: 97,
             ..
         })
     ));
-    let slot = m.b.with_pools(|p| p.request_slots(a).unwrap()[96]);
+    let slot = m.backend.with_pools(|p| p.request_slots(a).unwrap()[96]);
     for bad in [
         ForwardBatch::decode(vec![a as i64], vec![98], vec![i64::from(slot)]),
         ForwardBatch::draft_decode(vec![a as i64], vec![96], vec![i64::from(slot)], Some(1)),
         ForwardBatch::target_verify(vec![a as i64], vec![96], vec![1, 2], None),
     ] {
-        match m.b.init_forward_metadata(&bad) {
+        match m.backend.init_forward_metadata(&bad) {
             Err(BackendError::Batch {
                 field: "seq_lens", ..
             }) => {}
@@ -1046,16 +638,15 @@ fn odd_context_length_gives_the_native_page_table_width() {
 /// https://github.com/NVIDIA/TensorRT-LLM/issues/285
 #[test]
 fn encoder_length_kv_is_refused_before_any_write() {
-    let mut m = Model::new(dense(), 25172);
-    let a = m.req();
-    m.extend(&[(a, 4)], false);
+    let mut m = Sim::new(dense_config(), 25172);
+    let [a] = m.prefill([4]);
     let loc = m.grow(&[(a, 2)]);
     let batch = ForwardBatch::extend(vec![a as i64], vec![4], vec![2], loc, false);
-    m.b.init_forward_metadata(&batch).unwrap();
-    let before = m.b.read_kv_cache(0).unwrap();
+    m.backend.init_forward_metadata(&batch).unwrap();
+    let before = m.backend.read_kv_cache(0).unwrap();
     let q = vec![bf16(0.5); 2 * 256];
     let enc_kv = vec![bf16(1.0); 7 * 128]; // 7 encoder tokens
-    let r = m.b.forward(
+    let r = m.backend.forward(
         0,
         TensorRef::Host(&q),
         Some(TensorRef::Host(&enc_kv)),
@@ -1065,7 +656,7 @@ fn encoder_length_kv_is_refused_before_any_write() {
     );
     assert!(matches!(r, Err(BackendError::Kernel(_))), "{r:?}");
     // Only one of K / V: a typed batch error.
-    let r = m.b.forward(
+    let r = m.backend.forward(
         0,
         TensorRef::Host(&q),
         Some(TensorRef::Host(&enc_kv[..2 * 128])),
@@ -1074,7 +665,7 @@ fn encoder_length_kv_is_refused_before_any_write() {
         true,
     );
     assert!(matches!(r, Err(BackendError::Batch { .. })), "{r:?}");
-    assert_eq!(m.b.read_kv_cache(0).unwrap(), before);
+    assert_eq!(m.backend.read_kv_cache(0).unwrap(), before);
 }
 
 /// sglang-project/sglang issue #8649 (chunk-cache SWA eviction freed tokens
@@ -1093,32 +684,21 @@ fn encoder_length_kv_is_refused_before_any_write() {
 /// computation.
 #[test]
 fn swa_eviction_with_pages_larger_than_the_window() {
-    let mut c = hybrid();
+    let mut c = hybrid_config();
     c.page_size = 16;
     c.context_len = 128;
     c.num_pages = 24;
     c.num_swa_pages = Some(8);
-    let mut m = Model::new(c, 22469);
-    let a = m.req();
-    let bq = m.req();
+    let mut m = Sim::new(c, 22469);
+    let a = m.new_request();
+    let bq = m.new_request();
     let mut evicted = 0;
-    let mut evict = |m: &mut Model, r: usize| {
-        let len = m.len(r);
-        evicted += m.b.evict_swa(r, len).unwrap();
-        if len >= 5 {
-            let slot = m.b.with_pools(|p| p.request_slots(r).unwrap()[len - 5]) as usize;
-            let swa = m.b.with_pools(|p| p.swa_mapping().unwrap().map()[slot]);
-            assert!(swa > 0, "position {} of {len} evicted", len - 5);
-        }
-    };
     for chunk in [20, 13, 7] {
-        evict(&mut m, a);
-        evict(&mut m, bq);
+        evicted += m.evict_swa_keeping(a, 5) + m.evict_swa_keeping(bq, 5);
         m.extend(&[(a, chunk), (bq, chunk / 2 + 1)], false);
     }
     for _ in 0..20 {
-        evict(&mut m, a);
-        evict(&mut m, bq);
+        evicted += m.evict_swa_keeping(a, 5) + m.evict_swa_keeping(bq, 5);
         m.decode(&[a, bq]);
     }
     assert!(
@@ -1142,17 +722,16 @@ fn swa_eviction_with_pages_larger_than_the_window() {
 /// are a typed error.
 #[test]
 fn mixed_pass_with_an_empty_chunk_and_derived_prefixes() {
-    let mut m = Model::new(hybrid(), 315);
-    let reqs: Vec<usize> = (0..3).map(|_| m.req()).collect();
-    m.extend(&[(reqs[0], 6), (reqs[1], 9), (reqs[2], 2)], false);
+    let mut m = Sim::new(hybrid_config(), 315);
+    let reqs = m.prefill([6, 9, 2]);
     let grow = [(reqs[0], 0), (reqs[1], 1), (reqs[2], 3)];
     let loc = m.grow(&grow);
     let seq: Vec<i64> = grow.iter().map(|&(r, n)| (m.len(r) + n) as i64).collect();
     let batch = ForwardBatch {
         forward_mode: ForwardMode::Mixed,
         batch_size: 3,
-        req_pool_indices: reqs.iter().map(|&r| r as i64).collect(),
-        seq_lens: seq.clone(),
+        req_pool_indices: ids(&reqs),
+        seq_lens: seq,
         out_cache_loc: loc,
         extend_seq_lens: Some(vec![0, 1, 3]),
         extend_prefix_lens: None,
@@ -1163,25 +742,17 @@ fn mixed_pass_with_an_empty_chunk_and_derived_prefixes() {
         ..batch.clone()
     };
     assert!(matches!(
-        m.b.init_forward_metadata(&partial),
+        m.backend.init_forward_metadata(&partial),
         Err(BackendError::Batch {
             field: "extend_prefix_lens",
             ..
         })
     ));
-    let meta = m.b.reference_metadata(&batch).unwrap();
+    let meta = m.backend.reference_metadata(&batch).unwrap();
     assert_eq!(meta.cu_seqlens_q, vec![0, 0, 1, 4]);
     assert_eq!(meta.cache_seqlens, vec![6, 10, 5]);
     assert_eq!(meta.max_seq_len_q, 3);
-    let parts: Vec<Part> = grow
-        .iter()
-        .zip(&seq)
-        .map(|(&(req, n), &s)| Part {
-            req,
-            n,
-            len: s as usize,
-        })
-        .collect();
+    let parts = m.parts(&grow);
     m.run(&batch, &parts);
     m.assert_clean();
 }
@@ -1206,21 +777,16 @@ fn mixed_pass_with_an_empty_chunk_and_derived_prefixes() {
 #[test]
 fn ragged_verify_padding_keeps_each_requests_own_lengths() {
     use mha_backend::{GraphKey, GraphKind};
-    let mut c = hybrid();
+    let mut c = hybrid_config();
     c.spec = spec(6);
     c.context_len = 128;
-    let mut m = Model::new(c, 34636);
-    let reqs: Vec<usize> = (0..7).map(|_| m.req()).collect();
+    let mut m = Sim::new(c, 34636);
+    let reqs: Vec<usize> = (0..7).map(|_| m.new_request()).collect();
     let grow: Vec<(usize, usize)> = reqs.iter().map(|&r| (r, 2 + r)).collect();
     m.extend(&grow, false);
     let seq: Vec<i64> = reqs.iter().map(|&r| m.len(r) as i64).collect();
-    let loc = m.grow(&reqs.iter().map(|&r| (r, 6)).collect::<Vec<_>>());
-    let batch = ForwardBatch::target_verify(
-        reqs.iter().map(|&r| r as i64).collect(),
-        seq.clone(),
-        loc,
-        Some(vec![6; 7]),
-    );
+    let loc = m.grow(&each(&reqs, 6));
+    let batch = ForwardBatch::target_verify(ids(&reqs), seq, loc, Some(vec![6; 7]));
     let lens = |b: &ForwardBatch| b.verify_lens().unwrap().to_vec();
     // The 8-slot tier of 48 tokens: real rows keep 6, the padding row takes 6.
     let p = batch.pad_to_bucket(8, 48, 6).unwrap();
@@ -1264,25 +830,17 @@ fn ragged_verify_padding_keeps_each_requests_own_lengths() {
     }
     // No captured bucket (CPU executor): typed errors.
     assert!(matches!(
-        m.b.select_cuda_graph(&batch),
+        m.backend.select_cuda_graph(&batch),
         Err(BackendError::GraphUnsupported(_))
     ));
     assert!(matches!(
-        m.b.init_cuda_graph_state(8, 48),
+        m.backend.init_cuda_graph_state(8, 48),
         Err(BackendError::GraphUnsupported(_))
     ));
     // The padded pass: real rows against the direct computation.
-    let parts: Vec<Part> = reqs
-        .iter()
-        .zip(&seq)
-        .map(|(&req, &s)| Part {
-            req,
-            n: 6,
-            len: s as usize + 6,
-        })
-        .collect();
+    let parts = m.parts(&each(&reqs, 6));
     m.run(&p, &parts);
-    let meta = m.b.metadata().unwrap();
+    let meta = m.backend.metadata().unwrap();
     assert_eq!(meta.max_seq_len_q, 6);
     assert!(meta.is_ragged_verify);
 }
