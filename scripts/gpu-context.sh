@@ -454,6 +454,7 @@ stage_turns() {
     timeout ${BENCH_TIMEOUT:-240} benches/paged-attention-context --bench > "$OUT/turns_bench.log" 2>&1; echo "rc=$?"
   grep -E '^(\||## )' "$OUT/turns_bench.log"
   stage_peers
+  [ "${TURNS_NCU:-1}" = 1 ] || return 0  # TURNS_NCU=0: no Nsight Compute page
   echo "== ncu: _x16384 SASS source page (bs 8 x 4096)"
   MHA_KIT_BENCH_VS=16384 MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16" timeout 200 ncu --clock-control none --set full \
     -k regex:"d128_x16384" --launch-skip 20 --launch-count 1 -o "$OUT/turns" benches/paged-attention-context --bench \
