@@ -72,14 +72,22 @@ where
     T: Send,
     F: Fn(usize) -> Result<T, String> + Sync,
 {
+    per_rank_or(ranks, || "rank thread panicked".into(), rank)
+}
+
+/// [`per_rank`] with any error type: a rank whose thread panicked gives
+/// `Err(panicked())`.
+pub fn per_rank_or<T, E, F>(ranks: usize, panicked: impl Fn() -> E, rank: F) -> Vec<Result<T, E>>
+where
+    T: Send,
+    E: Send,
+    F: Fn(usize) -> Result<T, E> + Sync,
+{
     std::thread::scope(|sc| {
         let rank = &rank;
         let hs: Vec<_> = (0..ranks).map(|r| sc.spawn(move || rank(r))).collect();
         hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("rank thread panicked".into()))
-            })
+            .map(|h| h.join().unwrap_or_else(|_| Err(panicked())))
             .collect()
     })
 }

@@ -457,16 +457,7 @@ mod tests {
     /// Runs `rank(r)` for three ranks, one scoped thread each; a rank
     /// whose thread panicked gives `Err("panicked")`.
     fn three_ranks<T: Send>(rank: impl Fn(usize) -> Result<T> + Sync) -> Vec<Result<T>> {
-        std::thread::scope(|sc| {
-            let rank = &rank;
-            let hs: Vec<_> = (0..3).map(|r| sc.spawn(move || rank(r))).collect();
-            hs.into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(ReplayError::Internal("panicked".into())))
-                })
-                .collect()
-        })
+        kernel_rt::testing::per_rank_or(3, || ReplayError::Internal("panicked".into()), rank)
     }
 
     #[test]

@@ -227,11 +227,7 @@ impl DcpComm {
                 });
             }
         }
-        if let Some(why) = self.aborted() {
-            return Err(KernelError::Collective(format!(
-                "communicator aborted: {why}"
-            )));
-        }
+        self.ensure_live()?;
         if n_o == 0 && n_l == 0 {
             return Ok(());
         }
@@ -325,6 +321,20 @@ impl DcpComm {
         // it fails): that panic becomes the error.
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(comm)))
             .map_err(|_| collective("ncclCommAbort", "failed"))
+    }
+
+    /// `Ok` while the membership is usable.
+    ///
+    /// # Errors
+    /// [`KernelError::Collective`] naming the reason once it was aborted
+    /// ([`DcpComm::abort`]).
+    pub fn ensure_live(&self) -> Result<()> {
+        match self.aborted() {
+            Some(why) => Err(KernelError::Collective(format!(
+                "communicator aborted: {why}"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Why this rank's membership was aborted ([`DcpComm::abort`]), or

@@ -165,11 +165,8 @@ impl DecodeCp {
     /// # Errors
     /// [`crate::BackendError::Kernel`] naming the abort's reason.
     pub(super) fn live(&self) -> Result<()> {
-        match self.comm.as_ref().and_then(|c| c.comm.aborted()) {
-            Some(why) => Err(kernel_rt::KernelError::Collective(format!(
-                "communicator aborted: {why}"
-            ))
-            .into()),
+        match &self.comm {
+            Some(c) => Ok(c.comm.ensure_live()?),
             None => Ok(()),
         }
     }
