@@ -756,8 +756,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // stride_page` plus the row's in-page offset, the head's part once per
     // item), where the default spends ~25 instructions a tile on the
     // division and ~40 on three 64-bit multiplies per address (SASS, session
-    // 26). The launcher runs it only where every K / V stride and in-page
-    // offset fits i32.
+    // 26). The launcher runs it only where every K / V stride, in-page
+    // offset and page-table index fits i32 (`context_sm90_cursor_fits`).
     constexpr bool PC = !F8 && (XV & 32768) != 0;
     // Row sums from the packed P (SX, EXT) instead of the f32 exponentials.
     constexpr bool PSUM = SX || EXT;
