@@ -83,10 +83,9 @@
 #   xbench    the decode bench rows of the x8 experiment beside production
 #             (DBENCH_X8_CASES) and the cuDNN peers (same call)
 #   turns     session 24's exponential-turn experiments (EXT _x16384, SX
-#             _x4096; PERF session 24) and session 26's producer page cursor
-#             (PC _x32768, bit-identical to the default): the experiment-entry test (random
+#             _x4096; PERF session 24): the experiment-entry test (random
 #             cases, masked NaN / Inf keys), the headline and FA3 D 128 cells with
-#             MHA_KIT_BENCH_VS=${TURNS_VS:-16384,4096,32768,49152} beside the default,
+#             MHA_KIT_BENCH_VS=${TURNS_VS:-16384,4096} beside the default,
 #             the cuDNN peers, then Nsight Compute's SASS source page of one
 #             _x16384 launch (bs 8 x 4096) into $OUT/turns_sass.csv.xz
 #   turnsan   memcheck and racecheck on the experiment-entry test (few cases)
@@ -449,8 +448,8 @@ stage_turns() {
   echo "== experiment entries (incl. the turns) vs the reference"
   timeout 200 $T --include-ignored experiment_entries > "$OUT/turns_test.log" 2>&1; echo "rc=$?"
   summary "$OUT/turns_test.log"; grep -E "experiment_entries_with" "$OUT/turns_test.log"
-  echo "== bench: default beside ${TURNS_VS:-16384,4096,32768,49152}"
-  MHA_KIT_BENCH_VS=${TURNS_VS:-16384,4096,32768,49152} MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16|bs 1 × 16384, P 16|FA3 grid D 128" \
+  echo "== bench: default beside ${TURNS_VS:-16384,4096}"
+  MHA_KIT_BENCH_VS=${TURNS_VS:-16384,4096} MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16|bs 1 × 16384, P 16|FA3 grid D 128" \
     timeout ${BENCH_TIMEOUT:-240} benches/paged-attention-context --bench > "$OUT/turns_bench.log" 2>&1; echo "rc=$?"
   grep -E '^(\||## )' "$OUT/turns_bench.log"
   stage_peers

@@ -565,7 +565,7 @@ fn main() {
     // 16-bit case with only the default and these experiment entries (correct
     // results: 2048 the pair clusters sharing K/V, 4096 serial consumers with
     // alternating exponential sections, 16384 the overlapped consumers with
-    // alternating exponential sections, 32768 the producer's page cursor);
+    // alternating exponential sections);
     // MHA_KIT_BENCH_PAIR=1 is VS=2048.
     let vs_list: Vec<u32> = match std::env::var("MHA_KIT_BENCH_VS") {
         Ok(v) => v.split(',').filter_map(|x| x.trim().parse().ok()).collect(),
@@ -625,10 +625,6 @@ fn main() {
                 16384 => {
                     "experiment: overlapped consumers, alternating exp sections (correct results)"
                 }
-                32768 => {
-                    "experiment: producer page cursor, 32-bit address products (correct results)"
-                }
-                49152 => "experiment: 16384 + 32768 (correct results)",
                 _ => "experiment (side by side)",
             }
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {

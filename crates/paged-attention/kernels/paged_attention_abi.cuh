@@ -116,7 +116,7 @@ static_assert(sizeof(PagedAttentionParams::cp_rank) == 4 && alignof(decltype(Pag
 static_assert(sizeof(PagedAttentionParams::skip_log2_factor) == 4 && alignof(decltype(PagedAttentionParams::skip_log2_factor)) == 4, "PagedAttentionParams::skip_log2_factor (offset 264): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::skip_counter) == 8 && alignof(decltype(PagedAttentionParams::skip_counter)) == 8, "PagedAttentionParams::skip_counter (offset 272): size or alignment differs from Rust");
 
-// paged_attention::ContextParams (272 bytes).
+// paged_attention::ContextParams (280 bytes).
 struct ContextParams {
     const u16* q;              // `[num_tokens, Hq, D]`.
     u16* out;                  // `[num_tokens, Hq, D]`.
@@ -188,8 +188,14 @@ struct ContextParams {
     i32 q_tma;
     float* lse;                // `f32*` `[num_tokens, Hq]` row log-sum-exp (natural log), or 0.
     i64 lse_stride_tok;        // Elements between LSE rows (heads contiguous).
+    // sm_90a gather: 1 = every K / V stride, in-page offset and
+    // page-table index fits `i32` ([`context_sm90_cursor_fits`], set by
+    // the launcher), so the producer forms row addresses and page-table
+    // indices from 32-bit products; 0 = 64-bit products. Same results.
+    i32 narrow;
+    i32 reserved;              // Zero (padding to the struct's 8-byte alignment).
 };
-static_assert(sizeof(ContextParams) == 272, "ContextParams: size differs from Rust");
+static_assert(sizeof(ContextParams) == 280, "ContextParams: size differs from Rust");
 static_assert(alignof(ContextParams) == 8, "ContextParams: alignment differs from Rust");
 static_assert(sizeof(ContextParams::q) == 8 && alignof(decltype(ContextParams::q)) == 8, "ContextParams::q (offset 0): size or alignment differs from Rust");
 static_assert(sizeof(ContextParams::out) == 8 && alignof(decltype(ContextParams::out)) == 8, "ContextParams::out (offset 8): size or alignment differs from Rust");
@@ -235,6 +241,8 @@ static_assert(sizeof(ContextParams::o_tma) == 4 && alignof(decltype(ContextParam
 static_assert(sizeof(ContextParams::q_tma) == 4 && alignof(decltype(ContextParams::q_tma)) == 4, "ContextParams::q_tma (offset 252): size or alignment differs from Rust");
 static_assert(sizeof(ContextParams::lse) == 8 && alignof(decltype(ContextParams::lse)) == 8, "ContextParams::lse (offset 256): size or alignment differs from Rust");
 static_assert(sizeof(ContextParams::lse_stride_tok) == 8 && alignof(decltype(ContextParams::lse_stride_tok)) == 8, "ContextParams::lse_stride_tok (offset 264): size or alignment differs from Rust");
+static_assert(sizeof(ContextParams::narrow) == 4 && alignof(decltype(ContextParams::narrow)) == 4, "ContextParams::narrow (offset 272): size or alignment differs from Rust");
+static_assert(sizeof(ContextParams::reserved) == 4 && alignof(decltype(ContextParams::reserved)) == 4, "ContextParams::reserved (offset 276): size or alignment differs from Rust");
 
 // paged_attention::MergeStatesParams (120 bytes).
 struct MergeStatesParams {

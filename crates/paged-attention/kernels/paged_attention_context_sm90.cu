@@ -404,12 +404,14 @@ MHA_KIT_DEVICE u32 swz(int row, int ch, int atom) {
 // rows >= BN, which do not exist; their bits are set.
 MHA_KIT_DEVICE constexpr int key_row_of_lane(int w, int l) { return 4 * w + (l >> 3) + 16 * (l & 7); }
 
-// `ptr` of lane `src` of the warp (every lane calls it).
+// `ptr` of lane (l & ~7) | j of the caller's group of eight lanes (a
+// shuffle of width 8; every lane calls it): with j a constant the lane is
+// an immediate of the SHFL, where `(l & 24) | j` held a register per j.
 template <typename T>
-MHA_KIT_DEVICE const T* shfl_ptr(const T* ptr, int src) {
+MHA_KIT_DEVICE const T* shfl_ptr8(const T* ptr, int j) {
     const u64 v = reinterpret_cast<u64>(ptr);
-    const u32 lo = __shfl_sync(0xffffffffu, (u32)v, src);
-    const u32 hi = __shfl_sync(0xffffffffu, (u32)(v >> 32), src);
+    const u32 lo = __shfl_sync(0xffffffffu, (u32)v, j, 8);
+    const u32 hi = __shfl_sync(0xffffffffu, (u32)(v >> 32), j, 8);
     return reinterpret_cast<const T*>(((u64)hi << 32) | lo);
 }
 
@@ -578,8 +580,7 @@ MHA_KIT_DEVICE void item_ranges(const ContextParams& p, Item& I) {
 // consumers whose exponential sections alternate, row sums of the 16-bit
 // P (correct results, see SX); 16384 the default overlapped consumers with
 // alternating exponential sections, row sums of the 16-bit P (correct
-// results, see EXT); 32768 the producer's page cursor and 32-bit
-// strides (correct results, see PC); 49152 EXT + PC; 8 trace:
+// results, see EXT); 8 trace:
 // correct results, and
 // thread 0 of each warpgroup writes %clock stamps of its item's phases to
 // p.partial (see `TR_*`; the launcher points p.partial at its workspace).
@@ -749,16 +750,24 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // near the MUFU's pace while the other warpgroup issues, takes its max
     // or packs.
     constexpr bool EXT = NCW == 2 && !SX && (XV & 16384) != 0;
-    // PC (experiment XV & 32768, the 16-bit gather): the producer's per-tile
-    // page lookup without a division (a page cursor per lane, advanced by
-    // BN / page_size pages and BN % page_size rows a tile; one division per
-    // item) and its K / V row addresses from 32-bit strides (`(u64) id *
-    // stride_page` plus the row's in-page offset, the head's part once per
-    // item), where the default spends ~25 instructions a tile on the
-    // division and ~40 on three 64-bit multiplies per address (SASS, session
-    // 26). The launcher runs it only where every K / V stride, in-page
-    // offset and page-table index fits i32 (`context_sm90_cursor_fits`).
-    constexpr bool PC = !F8 && (XV & 32768) != 0;
+    // The gather's producer (16-bit and e4m3 K/V) looks its key rows' pages
+    // up with a cursor per lane (advanced by BN / page_size pages and
+    // BN % page_size rows a tile; one division an item, not one a tile)
+    // and, where the launcher found every K / V stride, in-page offset and
+    // page-table index within i32 (p.narrow = 1, `context_sm90_cursor_fits`),
+    // forms its K / V row addresses and page-table indices from 32-bit
+    // products (`(u64) id * stride_page` plus the row's in-page offset, the
+    // head's part once per item) instead of three 64-bit multiplies an
+    // address. Measured as experiment `_x32768` (session 26): the
+    // producer's gather loop 333 -> 284 instructions a tile (SASS), bs 8 x
+    // 4096 -1.5% and bs 1 x 16384 -1.9% in time, bit-identical results.
+    // The experiment entries (XV != 0) build only the 32-bit form (the
+    // launcher refuses them where offsets do not fit): with both, ptxas
+    // spilled in the traced and pair producers.
+    const bool narrow = XV != 0 || p.narrow != 0;
+    // The no-K/V-reads and pair experiments keep a division a tile instead
+    // of the cursor (its four registers made ptxas spill their producers).
+    constexpr bool CURSOR = (XV & (4 | 2048)) == 0;
     // Row sums from the packed P (SX, EXT) instead of the f32 exponentials.
     constexpr bool PSUM = SX || EXT;
     constexpr bool SERIAL = SERIAL3 || SX;
@@ -923,16 +932,15 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             if (I.tile == 0 && h == 0 && I.split == 0) report_bad_pages(p, g, b, pt, 128);
             if (ntiles == 0) continue;  // rows that see no key: the consumers write zeros
             const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
-            // Page id of this lane's key row of tile t: -2 when the row is not
-            // needed (no row, outside [k_lo, k_hi) or past the item's tiles),
-            // -1 past the table or negative there; its offset in the page goes to next_off (one
-            // division a tile).
+            // Page id of this lane's key row of tile t (called for t = 0, 1,
+            // ... in order): -2 when the row is not needed (no row, outside
+            // [k_lo, k_hi) or past the item's tiles), -1 past the table or
+            // negative there; its offset in the page goes to next_off. The
+            // cursor: the page and in-page row of the lane's key row in the
+            // tile looked up next, and a tile's step in pages and rows.
             i32 next_off = 0;
-            // PC: the page and in-page row of this lane's key row in the
-            // tile page_id looks up next (it is called for t = 0, 1, ... in
-            // order), and the tile's step in pages and rows.
             i32 cur_pg = 0, cur_off = 0, step_pg = 0, step_off = 0;
-            if constexpr (PC) {
+            if (CURSOR && !tma) {
                 const i32 k0 = t_first * BN + krow;
                 cur_pg = k0 / p.page_size;
                 cur_off = k0 - cur_pg * p.page_size;
@@ -943,7 +951,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 const i32 k = (t_first + t) * BN + krow;
                 const bool need = has_row && t < ntiles && k >= k_lo && k < k_hi;
                 i32 pg;
-                if constexpr (PC) {
+                if constexpr (CURSOR) {
                     pg = cur_pg;
                     next_off = cur_off;
                     cur_off += step_off;
@@ -957,13 +965,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     next_off = k - pg * p.page_size;
                 }
                 // A negative id in the table is bad (-1), never "not needed".
-                // PC: the entry's index in 32 bits (the launcher's check), one
-                // multiply-add instead of the row's 64-bit product each tile.
-                if constexpr (PC)
-                    return !need ? -2
-                           : pg < p.max_num_pages
-                               ? max(__ldg(p.page_table + ((u32)b * (u32)p.page_table_stride + (u32)pg)), -1)
-                               : -1;
                 return !need ? -2 : pg < p.max_num_pages ? max(__ldg(pt_row + pg), -1) : -1;
             };
             // Tile 0's page id (gather) is read before the Q copies go out, so
@@ -1158,10 +1159,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 const u16* v_row = v_base;  // this lane's row of the previous tile (V)
                 const u16* v_next = v_base;
                 u32 k_rd = 0, v_rd = 0;     // rows read, by source lane (ballot)
-                // PC: the head's in-page offsets (elements; i32 by the
+                // narrow: the head's in-page offsets (elements; i32 by the
                 // launcher's check).
-                const u32 k_head = PC ? (u32)h * (u32)p.k_stride_head : 0u;
-                const u32 v_head = PC ? (u32)h * (u32)p.v_stride_head : 0u;
+                const u32 k_head = (u32)h * (u32)p.k_stride_head;
+                const u32 v_head = (u32)h * (u32)p.v_stride_head;
                 auto lookup = [&](int t) {
                     const i32 id = next_id;
                     const i32 off = next_off;
@@ -1172,7 +1173,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     k_row = k_base;
                     v_next = v_base;
                     if (rd) {
-                        if constexpr (PC) {
+                        if (narrow) {
                             // id >= 0 and off >= 0 here: unsigned products,
                             // one wide multiply-add per address.
                             const u32 k_in = k_head + (u32)off * (u32)p.k_stride_tok;
@@ -1180,9 +1181,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                             k_row = k_base + ((u64)(u32)id * (u32)p.k_stride_page + k_in);
                             v_next = v_base + ((u64)(u32)id * (u32)p.v_stride_page + v_in);
                         } else {
-                            k_row = k_base + (i64)id * p.k_stride_page + (i64)h * p.k_stride_head +
+                            // 64-bit products, the head's from an opaque copy
+                            // of h (not hoisted, as in page_id).
+                            i32 hw = h;
+                            asm volatile("" : "+r"(hw));
+                            k_row = k_base + (i64)id * p.k_stride_page + (i64)hw * p.k_stride_head +
                                     (i64)off * p.k_stride_tok;
-                            v_next = v_base + (i64)id * p.v_stride_page + (i64)h * p.v_stride_head +
+                            v_next = v_base + (i64)id * p.v_stride_page + (i64)hw * p.v_stride_head +
                                      (i64)off * p.v_stride_tok;
                         }
                     }
@@ -1205,15 +1210,14 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 constexpr int NPC = PAIR ? NP / 2 : NP;
                 const int i0 = PAIR ? (int)rank * NPC : 0;
                 auto copy_rows = [&](u32 dst_tile, const u16* row, u32 rdm) {
-                    // PC: the source lanes' read bits shifted once (pass i
-                    // tests bit i: one instruction instead of three).
-                    const u32 rdl = PC ? rdm >> (pt & 24) : 0u;
+                    // The source lanes' read bits shifted once (pass i tests
+                    // bit i, i < 8: one instruction instead of three).
+                    const u32 rdl = rdm >> (pt & 24);
 #pragma unroll
                     for (int ii = 0; ii < NPC; ++ii) {
                         const int i = i0 + ii;
-                        const int src = (pt & 24) | i;
-                        const u16* r = shfl_ptr(row, src) + 8 * c8;
-                        const u32 bytes = PC ? ((rdl >> i) & 1u) * 16u : ((rdm >> src) << 4) & 16u;
+                        const u16* r = shfl_ptr8(row, i) + 8 * c8;  // lane (pt & 24) | i
+                        const u32 bytes = ((rdl >> i) & 1u) * 16u;
 #pragma unroll
                         for (int a = 0; a < D / 64; ++a)
                             cp_async16(dst_tile + dst_lane + i * 16 * 128 + a * C::KV_ATOM, r + 64 * a, bytes);
@@ -1343,7 +1347,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     const bool valid = id >= 0 && id < p.num_pages;
                     k_row = k_base;
                     v_next = v_base;
-                    if (valid) {
+                    if (valid && narrow) {
+                        // As the 16-bit gather's (id >= 0, off >= 0).
+                        const u32 k_in = (u32)h * (u32)p.k_stride_head + (u32)off * (u32)p.k_stride_tok;
+                        const u32 v_in = (u32)h * (u32)p.v_stride_head + (u32)off * (u32)p.v_stride_tok;
+                        k_row = k_base + ((u64)(u32)id * (u32)p.k_stride_page + k_in);
+                        v_next = v_base + ((u64)(u32)id * (u32)p.v_stride_page + v_in);
+                    } else if (valid) {
                         k_row = k_base + (i64)id * p.k_stride_page + (i64)h * p.k_stride_head + (i64)off * p.k_stride_tok;
                         v_next = v_base + (i64)id * p.v_stride_page + (i64)h * p.v_stride_head + (i64)off * p.v_stride_tok;
                     }
@@ -1358,11 +1368,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 asm volatile("" : "+r"(src_lane), "+r"(dst_lane));
                 auto stage = [&](int s, int kv) { return (u32)C::STG_OFF + (u32)(((s % SST) * 2 + kv) * C::F8_BYTES); };
                 auto copy8 = [&](u32 stg, const u8* row, u32 rdm) {
+                    const u32 rdl = rdm >> (pt & 24);  // as the 16-bit gather's
 #pragma unroll
                     for (int i = 0; i < NP; ++i) {
-                        const int src = (pt & 24) | i;
-                        const u8* r = shfl_ptr(row, src) + 16 * c8;
-                        const u32 bytes = ((rdm >> src) << 4) & 16u;
+                        const u8* r = shfl_ptr8(row, i) + 16 * c8;  // lane (pt & 24) | i
+                        const u32 bytes = ((rdl >> i) & 1u) * 16u;
 #pragma unroll
                         for (int a = 0; a < CA; ++a)
                             if (lane_on) cp_async16(base + stg + src_lane + i * 16 * RB + a * 128, r + 128 * a, bytes);
@@ -2474,8 +2484,6 @@ PAS_XENTRY(1536)
 PAS_XENTRY(2048)
 PAS_XENTRY(4096)
 PAS_XENTRY(16384)
-PAS_XENTRY(32768)
-PAS_XENTRY(49152)
 
 // The polynomial-exponential experiment at D 64 (softmax-bound there).
 PAS_ENTRY_AT(paged_attention_context_sm90_bf16_kv_bf16_d64_x64, 0, 64, 64, false, false, false)

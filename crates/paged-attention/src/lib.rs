@@ -103,10 +103,10 @@ pub use context::{
     context_supported, context_variants, context_warps, kv_tma_layout, out_tma_layout,
     q_tma_layout, validate_context, validate_context_for, ContextArgs, ContextKernel,
     ContextKvLoad, ContextParams, ContextPath, ContextPlan, CONTEXT_DUO_ENV, CONTEXT_KERNEL_ENV,
-    CONTEXT_KV_LOAD_ENV, CONTEXT_PTX, CONTEXT_SM90_CURSOR_EXPERIMENT, CONTEXT_SM90_DUO_ROWS,
-    CONTEXT_SM90_DUO_THREADS, CONTEXT_SM90_DUO_TILE_KEYS, CONTEXT_SM90_LSE_SUFFIX,
-    CONTEXT_SM90_PAIR_EXPERIMENT, CONTEXT_SM90_PTX, CONTEXT_SM90_TRACE_CTAS,
-    CONTEXT_SM90_TRACE_EVENTS, CONTEXT_SM90_TRACE_ITEMS, CONTEXT_TILE_KEYS,
+    CONTEXT_KV_LOAD_ENV, CONTEXT_PTX, CONTEXT_SM90_DUO_ROWS, CONTEXT_SM90_DUO_THREADS,
+    CONTEXT_SM90_DUO_TILE_KEYS, CONTEXT_SM90_LSE_SUFFIX, CONTEXT_SM90_PAIR_EXPERIMENT,
+    CONTEXT_SM90_PTX, CONTEXT_SM90_TRACE_CTAS, CONTEXT_SM90_TRACE_EVENTS, CONTEXT_SM90_TRACE_ITEMS,
+    CONTEXT_TILE_KEYS,
 };
 pub use launch::{
     cluster_fold_variant, entry_name, launch_config, mma_entry_name, mma_smem_bytes,

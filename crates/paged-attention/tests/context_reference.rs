@@ -139,7 +139,7 @@ fn edge_23_chunked_prefill_window() {
 #[test]
 fn context_params_layout_matches_cuda() {
     use std::mem::{offset_of, size_of};
-    assert_eq!(size_of::<ContextParams>(), 272);
+    assert_eq!(size_of::<ContextParams>(), 280);
     assert_eq!(offset_of!(ContextParams, errors), 64);
     assert_eq!(offset_of!(ContextParams, q_stride_tok), 72);
     assert_eq!(offset_of!(ContextParams, page_table_stride), 152);
@@ -158,12 +158,13 @@ fn context_params_layout_matches_cuda() {
     assert_eq!(offset_of!(ContextParams, q_tma), 252);
     assert_eq!(offset_of!(ContextParams, lse), 256);
     assert_eq!(offset_of!(ContextParams, lse_stride_tok), 264);
+    assert_eq!(offset_of!(ContextParams, narrow), 272);
     assert!(CONTEXT_PTX
         .ptx
-        .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[272]"));
+        .contains("paged_attention_context_bf16_kv_bf16_d128_param_0[280]"));
     assert!(CONTEXT_SM90_PTX
         .ptx
-        .contains("paged_attention_context_sm90_merge_bf16_kv_bf16_d128_param_0[272]"));
+        .contains("paged_attention_context_sm90_merge_bf16_kv_bf16_d128_param_0[280]"));
 }
 
 #[test]

@@ -34,6 +34,9 @@ pub struct ContextKernel {
     /// ([`context_sm90_duo_wanted`]), `Some(on)` forced where supported;
     /// from [`CONTEXT_DUO_ENV`] (default off).
     duo: Option<bool>,
+    /// sm_90a gather: 32-bit address products where every offset fits
+    /// (default `true`, [`ContextParams::narrow`]), else 64-bit ones.
+    narrow: bool,
     variant: i32,
     experiment: u32,
     /// Clusters of two CTAs of the pair experiment (`_x2048`) that fit on
@@ -199,6 +202,7 @@ impl ContextKernel {
             o_tma: true,
             q_tma: true,
             duo: context_duo_from_env()?,
+            narrow: true,
             variant: 0,
             experiment: 0,
             pair_clusters: 0,
@@ -254,6 +258,15 @@ impl ContextKernel {
     /// results, other timing.
     pub fn set_q_tma(&mut self, on: bool) {
         self.q_tma = on;
+    }
+
+    /// Sets whether the sm_90a gather forms K / V row addresses and
+    /// page-table indices from 32-bit products where
+    /// [`context_sm90_cursor_fits`] holds (default `true`) or always from
+    /// 64-bit ones (the path of launches whose offsets do not fit; tests
+    /// compare the two). Same results, other timing.
+    pub fn set_narrow(&mut self, on: bool) {
+        self.narrow = on;
     }
 
     /// sm_90a launches so far whose Q rows loaded as TMA boxes.
@@ -360,11 +373,13 @@ impl ContextKernel {
     /// [`CONTEXT_SM90_PAIR_EXPERIMENT`], 4096 = serial consumers whose
     /// exponential sections alternate, 16384 = the default overlapped
     /// consumers whose exponential sections alternate; both sum the rows
-    /// of the 16-bit P; 32768 = the producer's page cursor and 32-bit
-    /// address products, [`CONTEXT_SM90_CURSOR_EXPERIMENT`] (49152 = both
-    /// 16384 and 32768), refused with
+    /// of the 16-bit P (32768, the producer's page cursor and 32-bit
+    /// address products, became the default in session 27, see
+    /// [`ContextParams::narrow`]) for D 128 bf16 launches (refused with
     /// [`KernelError::Unsupported`] at launch where
-    /// [`context_sm90_cursor_fits`] fails) for D 128 bf16 launches; 0 = off. Results of 1-6 are wrong by
+    /// [`context_sm90_cursor_fits`] fails: the entries build only the
+    /// 32-bit address products); 0 = off.
+    /// Results of 1-6 are wrong by
     /// design: benchmarks only. `xv = 8` is the trace entry: correct
     /// results, and each CTA below [`CONTEXT_SM90_TRACE_CTAS`] records
     /// `%clock` stamps of its items' phases (read them with
@@ -559,10 +574,10 @@ impl ContextKernel {
         // The pair experiment: clusters of two CTAs share each K/V tile
         // (gather only, no split KV; a static item order).
         let pair = experiment && self.experiment & CONTEXT_SM90_PAIR_EXPERIMENT != 0;
-        if experiment
-            && self.experiment & CONTEXT_SM90_CURSOR_EXPERIMENT != 0
-            && !context_sm90_cursor_fits(&p)
-        {
+        // The gather's 32-bit address products, where every offset fits;
+        // the experiment entries have no other form.
+        p.narrow = i32::from(self.narrow && context_sm90_cursor_fits(&p));
+        if experiment && p.narrow == 0 {
             return Err(KernelError::unsupported(
                 "experiment",
                 format!("{entry}: a K / V stride, in-page offset or page-table index beyond i32"),

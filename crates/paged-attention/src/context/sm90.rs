@@ -247,19 +247,11 @@ pub fn context_sm90_duo_wanted(head_dim: usize, kv: KvDtype, keys: usize) -> boo
 /// ring slot, so K/V leave L2 once per two q tiles.
 pub const CONTEXT_SM90_PAIR_EXPERIMENT: u32 = 2048;
 
-/// The sm_90a timing experiment whose producer looks pages up with a
-/// cursor instead of a division a tile and forms K / V row addresses and
-/// page-table indices from 32-bit products (`_x32768`, D 128 bf16, the
-/// 16-bit gather; [`ContextKernel::set_experiment`]). Correct results
-/// where [`context_sm90_cursor_fits`] holds; the launcher refuses it
-/// elsewhere.
-pub const CONTEXT_SM90_CURSOR_EXPERIMENT: u32 = 32768;
-
 /// Whether a launch's K / V strides, in-page offsets and page-table
-/// indices (elements) all fit `i32`, as [`CONTEXT_SM90_CURSOR_EXPERIMENT`]
-/// needs: every stride in `0..=i32::MAX`, `stride_head · (Hkv − 1) +
-/// stride_tok · (page_size − 1)` and `page_table_stride · bs` at most
-/// `i32::MAX`.
+/// indices (elements) all fit `i32`, so that the sm_90a gather may form
+/// its addresses from 32-bit products ([`ContextParams::narrow`]): every
+/// stride in `0..=i32::MAX`, `stride_head · (Hkv − 1) + stride_tok ·
+/// (page_size − 1)` and `page_table_stride · bs` at most `i32::MAX`.
 pub fn context_sm90_cursor_fits(p: &ContextParams) -> bool {
     let max = i64::from(i32::MAX);
     let fits = |v: Option<i64>| v.is_some_and(|v| (0..=max).contains(&v));
