@@ -473,9 +473,11 @@ def test_bad_device_input_is_an_exception_not_a_crash():
     sl = torch.ones(2, dtype=torch.int32)  # on the host
     with pytest.raises(mha_kit.InvalidArgument, match="seq_lens"):
         mha_kit.trtllm_batch_decode_with_kv_cache(q, (k, k), _ws(), bt, sl, 64)
+    # A one-element CUDA tensor scale is read at call time (session 26, as
+    # SGLang passes `layer.k_scale`); a tensor of two is refused.
     with pytest.raises(mha_kit.InvalidArgument, match="bmm1_scale"):
         mha_kit.trtllm_batch_decode_with_kv_cache(q, (k, k), _ws(), bt, sl.to(DEV), 64,
-                                                  bmm1_scale=torch.ones(1, device=DEV))
+                                                  bmm1_scale=torch.ones(2, device=DEV))
 
 
 def test_backend_class_on_cuda_tensors_matches_its_cpu_path():
