@@ -89,6 +89,9 @@
 #             the cuDNN peers, then Nsight Compute's SASS source page of one
 #             _x16384 launch (bs 8 x 4096) into $OUT/turns_sass.csv.xz
 #   turnsan   memcheck and racecheck on the experiment-entry test (few cases)
+#   loadcost  Nsight Compute on one launch of the default entry and one of
+#             _x4 (no global K/V reads), bs 8 x 4096: details pages and
+#             per-instruction SASS samples ($OUT/ncu_{def,x4}_*)
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries.
 #   usage: OUT=logs STAGES="smoke tests bench peers" bash scripts/gpu-context.sh [bundle.tar.xz]
@@ -474,6 +477,26 @@ stage_turnsan() {
     > "$OUT/turns_memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/turns_memcheck.log"
   MHA_KIT_GPU_CASES=2 timeout 150 compute-sanitizer --tool racecheck $T --include-ignored experiment_entries \
     > "$OUT/turns_racecheck.log" 2>&1; echo "rc=$?"; summary "$OUT/turns_racecheck.log"
+}
+stage_loadcost() {
+  # Where the global K/V reads' 11-14% goes (PERF session 27): Nsight Compute
+  # on one launch of the default entry and one of `_x4` (no global K/V reads,
+  # the same cp.async issue), bs 8 x 4096 P 16: clocks, stall reasons, the
+  # per-instruction SASS samples of each (xz CSV) for a side-by-side diff.
+  local x k
+  for x in def x4; do
+    k='regex:context_sm90_bf16_kv_bf16_d128$'
+    [ $x = x4 ] && k='regex:context_sm90_bf16_kv_bf16_d128_x4$'
+    echo "== ncu: $x"
+    MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16" timeout 200 ncu --clock-control none --set full \
+      --import-source yes -k "$k" -c 1 -o "$OUT/ncu_$x" benches/paged-attention-context --bench > "$OUT/ncu_$x.log" 2>&1
+    echo "rc=$?"
+    ncu -i "$OUT/ncu_$x.ncu-rep" --page details > "$OUT/ncu_${x}_details.txt" 2>&1
+    ncu -i "$OUT/ncu_$x.ncu-rep" --page source --csv --print-source sass 2>/dev/null | xz -6 > "$OUT/ncu_${x}_source.csv.xz"
+    grep -E "Duration|SM Frequency|L2 Hit|DRAM Through|Mem Busy|Max Bandwidth|Issue Slots|Eligible|No Eligible" \
+      "$OUT/ncu_${x}_details.txt" | head -24
+    rm -f "$OUT/ncu_$x.ncu-rep"
+  done
 }
 stage_pending() { stage_pending_tests; stage_pending_python; stage_pending_replay; }
 stage_xbench() {
