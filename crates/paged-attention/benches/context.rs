@@ -449,7 +449,7 @@ fn trace_report(words: &[u32]) -> String {
 fn tile_phase_report(at: &dyn Fn(usize, usize, usize, usize) -> u32) -> String {
     const NI: usize = CONTEXT_SM90_TRACE_ITEMS;
     const EV: usize = CONTEXT_SM90_TRACE_EVENTS;
-    let mut acc = [[0f64; 5]; 2];
+    let mut acc = [[0f64; 6]; 2];
     let mut tiles = [0f64; 2];
     let mut quarters = [0usize; 4];
     let mut offsets = 0usize;
@@ -463,7 +463,8 @@ fn tile_phase_report(at: &dyn Fn(usize, usize, usize, usize) -> u32) -> String {
             }
             for c in 0..2 {
                 for (k, a) in acc[c].iter_mut().enumerate() {
-                    *a += at(cta, n, 1 + c, 16 + k) as f64;
+                    // Events 16..=20, then 23 (the K / V waits).
+                    *a += at(cta, n, 1 + c, if k < 5 { 16 + k } else { 23 }) as f64;
                 }
                 tiles[c] += (nt - 1) as f64;
             }
@@ -486,6 +487,7 @@ fn tile_phase_report(at: &dyn Fn(usize, usize, usize, usize) -> u32) -> String {
         "softmax",
         "wait for P V",
         "rescale, pack",
+        "wait for K, V (before the issue)",
     ];
     let mut out = String::from(
         "\n| per fast tile (items of ≥ 3 tiles) | consumer 0 | consumer 1 |\n|---|---:|---:|\n",

@@ -595,9 +595,11 @@ MHA_KIT_DEVICE void item_ranges(const ContextParams& p, Item& I) {
 // item, 14 V 0 scanned, 15 the last V scanned, 16-20 cycles of the fast
 // tiles 1.. in: issuing S and P V, waiting for S, softmax, waiting for P V,
 // rescale and pack, 21 clock at tile 2's S issue (fast path; the phase of
-// the two consumers), 22 the item's set-up done (its Q wait begins). Slot
-// [cta][TR_ITEMS - 1][role][TR_EV - 1] holds the number of items the role
-// took (stamps of later items are not kept).
+// the two consumers), 22 the item's set-up done (its Q wait begins), 23
+// cycles of tiles 1.. waiting for their K and the previous tile's V (the
+// two-consumer loop; summed). Slot [cta][TR_ITEMS - 1][role][TR_EV - 1]
+// holds the number of items the role took (stamps of later items are not
+// kept).
 constexpr int TR_CTAS = 132, TR_ITEMS = 48, TR_EV = 24;
 MHA_KIT_DEVICE u32 clk32() {
     u32 c;
@@ -1534,11 +1536,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         mark(role, 1, tnow());
         mark(role, 12, (u32)I.ntiles);
         mark(role, 13, (u32)it);
-        // Trace: cycles of the fast tiles 1.. in issue, S wait, softmax, P V wait, rescale.
+        // Trace: cycles of the fast tiles 1.. in issue, S wait, softmax, P V wait, rescale,
+        // and (event 23) of tiles 1.. waiting for their K and the previous V.
         // Summed in the trace slots themselves (red.global.add by thread 0
         // of the warpgroup), so that no register holds them across the loop.
 #pragma unroll
         for (int k = 0; k < 5; ++k) mark(role, 16 + k, 0u);
+        mark(role, 23, 0u);
         if (I.skip) {
             release_item();
             continue;
@@ -2083,6 +2087,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             for (int t = 1; t < ntiles; ++t) {
                 const int st = kslot(t);      // K ring slot of tile t
                 const int sp = vslot(t - 1);  // V ring slot of tile t - 1
+                const u32 tkv = tnow();       // trace: the K / V waits (event 23)
                 mbar_wait(bar_fk + 8 * st, kpar(t));
                 if (t == 1) mark(role, 10, tnow());
 #pragma unroll
@@ -2090,6 +2095,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 const bool full = tile_full(t, vmw);
                 mbar_wait(bar_fv + 8 * sp, vpar(t - 1));
                 if (t == 1) mark(role, 11, tnow());
+                mark_add(role, 23, tnow() - tkv);
                 const bool slow = active && !prev_full && v_nonfinite(sp, t - 1);
                 if (t == 1) mark(role, 14, tnow());
                 // The two paths never merge while a wgmma is in flight (ptxas
