@@ -90,7 +90,8 @@
 #             _x16384 launch (bs 8 x 4096) into $OUT/turns_sass.csv.xz
 #   turnsan   memcheck and racecheck on the experiment-entry test (few cases)
 #   loadcost  the trace entry's per-fast-tile phases with the K / V waits
-#             (headline cells), then Nsight Compute on one launch of the
+#             (headline cells), default vs _x4 on zero K/V (reads vs power),
+#             then Nsight Compute on one launch of the
 #             default entry and one of _x4 (no global K/V reads), bs 8 x 4096:
 #             details pages and per-instruction SASS samples ($OUT/ncu_{def,x4}_*)
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
@@ -489,6 +490,10 @@ stage_loadcost() {
   MHA_KIT_BENCH_TRACE=1 MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16|bs 1 × 16384, P 16" timeout 200 \
     benches/paged-attention-context --bench > "$OUT/loadcost_trace.log" 2>&1
   echo "rc=$?"; grep -E '^(\||## |consumer 1|trace)' "$OUT/loadcost_trace.log" | head -150
+  echo "== the same two cells on zero K/V (MHA_KIT_BENCH_ZERO_KV=1): default vs _x4"
+  MHA_KIT_BENCH_ZERO_KV=1 MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16|bs 1 × 16384, P 16" timeout 150 \
+    benches/paged-attention-context --bench > "$OUT/loadcost_zero.log" 2>&1
+  echo "rc=$?"; grep -E '^\|' "$OUT/loadcost_zero.log" | head -8
   for x in def x4; do
     k='regex:context_sm90_bf16_kv_bf16_d128$'
     [ $x = x4 ] && k='regex:context_sm90_bf16_kv_bf16_d128_x4$'

@@ -17,6 +17,8 @@
 //! sm_90a trace entry on the D 128 bf16 cases and prints where a work item's
 //! cycles go (per phase, by KV tiles per item; see `trace_report`).
 //! `MHA_KIT_BENCH_TRACE_RAW=dir` also writes each trace's raw stamps there.
+//! `MHA_KIT_BENCH_ZERO_KV=1` fills the K/V pools with zeros (the data the
+//! no-K/V-reads experiment computes on) instead of random values.
 //! `MHA_KIT_BENCH_ALL_EXPERIMENTS=1` runs every leave-one-stage-out
 //! experiment on the FA3 grid's D 128 32 × 512 cell too, and the one-CTA-per-
 //! item grid and three experiments on every D 128 cell (by default the
@@ -198,12 +200,26 @@ fn prepare(gpu: &Arc<Gpu>, c: &Shape) -> Result<Prepared> {
     let elems = num_pages * p * c.hkv * c.d;
     let (n8, n16) = if c.fp8 { (elems, 1) } else { (1, elems) };
     // Random data (timing on constants can flatter a kernel): bf16 in
-    // [-1, 1), e4m3 bytes of magnitude ≤ 1.
+    // [-1, 1), e4m3 bytes of magnitude ≤ 1. MHA_KIT_BENCH_ZERO_KV=1 fills
+    // K and V with zeros instead (what the no-K/V-reads experiment's tiles
+    // hold), to tell the reads' cost from the zeros' lower power.
     let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ (c.n * 31 + c.d) as u64;
-    let k8 = st.clone_htod(&random_e4m3(&mut seed, n8))?;
-    let v8 = st.clone_htod(&random_e4m3(&mut seed, n8))?;
-    let k16 = st.clone_htod(&random_bf16(&mut seed, n16))?;
-    let v16 = st.clone_htod(&random_bf16(&mut seed, n16))?;
+    let zero_kv = std::env::var("MHA_KIT_BENCH_ZERO_KV").is_ok_and(|v| v == "1");
+    let (k8, v8, k16, v16) = if zero_kv {
+        (
+            st.alloc_zeros::<u8>(n8)?,
+            st.alloc_zeros::<u8>(n8)?,
+            st.alloc_zeros::<u16>(n16)?,
+            st.alloc_zeros::<u16>(n16)?,
+        )
+    } else {
+        (
+            st.clone_htod(&random_e4m3(&mut seed, n8))?,
+            st.clone_htod(&random_e4m3(&mut seed, n8))?,
+            st.clone_htod(&random_bf16(&mut seed, n16))?,
+            st.clone_htod(&random_bf16(&mut seed, n16))?,
+        )
+    };
     let rows = c.bs * c.n;
     let q = st.clone_htod(&random_bf16(&mut seed, rows * c.hq * c.d))?;
     let out = st.alloc_zeros::<u16>(rows * c.hq * c.d)?;
