@@ -188,10 +188,10 @@ struct ContextParams {
     i32 q_tma;
     float* lse;                // `f32*` `[num_tokens, Hq]` row log-sum-exp (natural log), or 0.
     i64 lse_stride_tok;        // Elements between LSE rows (heads contiguous).
-    // sm_90a gather: 1 = every K / V stride, in-page offset and
-    // page-table index fits `i32` ([`context_sm90_cursor_fits`], set by
-    // the launcher), so the producer forms row addresses and page-table
-    // indices from 32-bit products; 0 = 64-bit products. Same results.
+    // sm_90a gather: 1 = every K / V stride and in-page offset fits
+    // `i32` ([`context_sm90_cursor_fits`], set by the launcher), so the
+    // producer forms K / V row addresses from 32-bit products; 0 =
+    // 64-bit products. Same results.
     i32 narrow;
     i32 reserved;              // Zero (padding to the struct's 8-byte alignment).
 };

@@ -755,12 +755,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // The gather's producer (16-bit and e4m3 K/V) looks its key rows' pages
     // up with a cursor per lane (advanced by BN / page_size pages and
     // BN % page_size rows a tile; one division an item, not one a tile)
-    // and, where the launcher found every K / V stride, in-page offset and
-    // page-table index within i32 (p.narrow = 1, `context_sm90_cursor_fits`),
-    // forms its K / V row addresses and page-table indices from 32-bit
-    // products (`(u64) id * stride_page` plus the row's in-page offset, the
-    // head's part once per item) instead of three 64-bit multiplies an
-    // address. Measured as experiment `_x32768` (session 26): the
+    // and, where the launcher found every K / V stride and in-page offset
+    // within i32 (p.narrow = 1, `context_sm90_cursor_fits`), forms its K / V
+    // row addresses from 32-bit products (`(u64) id * stride_page` plus the
+    // row's in-page offset, the head's part once per item) instead of three
+    // 64-bit multiplies an address; page-table entries are read through the
+    // request's 64-bit row pointer in both forms. Measured as experiment `_x32768` (session 26): the
     // producer's gather loop 333 -> 284 instructions a tile (SASS), bs 8 x
     // 4096 -1.5% and bs 1 x 16384 -1.9% in time, bit-identical results.
     // The experiment entries (XV != 0) build only the 32-bit form (the

@@ -328,10 +328,10 @@ kernel_rt::abi_struct! {
         pub lse: u64 = "float*",
         /// Elements between LSE rows (heads contiguous).
         pub lse_stride_tok: i64 = "i64",
-        /// sm_90a gather: 1 = every K / V stride, in-page offset and
-        /// page-table index fits `i32` ([`context_sm90_cursor_fits`], set by
-        /// the launcher), so the producer forms row addresses and page-table
-        /// indices from 32-bit products; 0 = 64-bit products. Same results.
+        /// sm_90a gather: 1 = every K / V stride and in-page offset fits
+        /// `i32` ([`context_sm90_cursor_fits`], set by the launcher), so the
+        /// producer forms K / V row addresses from 32-bit products; 0 =
+        /// 64-bit products. Same results.
         pub narrow: i32 = "i32",
         /// Zero (padding to the struct's 8-byte alignment).
         pub reserved: i32 = "i32",

@@ -260,8 +260,8 @@ impl ContextKernel {
         self.q_tma = on;
     }
 
-    /// Sets whether the sm_90a gather forms K / V row addresses and
-    /// page-table indices from 32-bit products where
+    /// Sets whether the sm_90a gather forms K / V row addresses from
+    /// 32-bit products where
     /// [`context_sm90_cursor_fits`] holds (default `true`) or always from
     /// 64-bit ones (the path of launches whose offsets do not fit; tests
     /// compare the two). Same results, other timing.
@@ -580,7 +580,7 @@ impl ContextKernel {
         if experiment && p.narrow == 0 {
             return Err(KernelError::unsupported(
                 "experiment",
-                format!("{entry}: a K / V stride, in-page offset or page-table index beyond i32"),
+                format!("{entry}: a K / V stride or in-page offset beyond i32"),
             ));
         }
         let mut maps = [TensorMap::default(); 2];

@@ -247,11 +247,12 @@ pub fn context_sm90_duo_wanted(head_dim: usize, kv: KvDtype, keys: usize) -> boo
 /// ring slot, so K/V leave L2 once per two q tiles.
 pub const CONTEXT_SM90_PAIR_EXPERIMENT: u32 = 2048;
 
-/// Whether a launch's K / V strides, in-page offsets and page-table
-/// indices (elements) all fit `i32`, so that the sm_90a gather may form
-/// its addresses from 32-bit products ([`ContextParams::narrow`]): every
-/// stride in `0..=i32::MAX`, `stride_head · (Hkv − 1) + stride_tok ·
-/// (page_size − 1)` and `page_table_stride · bs` at most `i32::MAX`.
+/// Whether a launch's K / V strides and in-page offsets (elements) all fit
+/// `i32`, so that the sm_90a gather may form its K / V row addresses from
+/// 32-bit products ([`ContextParams::narrow`]): every stride in
+/// `0..=i32::MAX` and `stride_head · (Hkv − 1) + stride_tok ·
+/// (page_size − 1)` at most `i32::MAX` (the page's own offset,
+/// `id · stride_page`, is a 32 × 32 → 64-bit product).
 pub fn context_sm90_cursor_fits(p: &ContextParams) -> bool {
     let max = i64::from(i32::MAX);
     let fits = |v: Option<i64>| v.is_some_and(|v| (0..=max).contains(&v));
@@ -265,7 +266,6 @@ pub fn context_sm90_cursor_fits(p: &ContextParams) -> bool {
     };
     kv(p.k_stride_page, p.k_stride_head, p.k_stride_tok)
         && kv(p.v_stride_page, p.v_stride_head, p.v_stride_tok)
-        && fits(p.page_table_stride.checked_mul(i64::from(p.bs.max(0))))
 }
 
 /// Extra shared memory given to the sm_90a experiment entries
@@ -408,13 +408,20 @@ mod tests {
     }
 
     #[test]
-    fn the_cursor_experiment_needs_i32_strides_and_indices() {
+    fn narrow_addresses_need_i32_strides_and_offsets() {
         assert!(context_sm90_cursor_fits(&params(8, 4096, 1 << 20)));
-        // The edge: in-page offsets and page-table indices of i32::MAX.
-        let mut p = params(1, i64::from(i32::MAX), 1);
+        // Page-table indices past i32 do not matter (the rows' pointers
+        // are 64-bit in both forms).
+        let p = params(2, i64::from(i32::MAX), 1);
         assert!(context_sm90_cursor_fits(&p));
-        p.bs = 2;
-        assert!(!context_sm90_cursor_fits(&p), "page-table index past i32");
+        // The edge: a largest in-page offset of exactly i32::MAX
+        // (1 · (2 − 1) + 1 · (i32::MAX − 1)), then one past it.
+        let mut p = params(1, 4096, 1);
+        (p.k_stride_head, p.k_stride_tok, p.num_kv_heads, p.page_size) = (1, 1, 2, i32::MAX);
+        (p.v_stride_head, p.v_stride_tok) = (1, 1);
+        assert!(context_sm90_cursor_fits(&p));
+        p.num_kv_heads = 3;
+        assert!(!context_sm90_cursor_fits(&p), "in-page offset i32::MAX + 1");
         let mut p = params(8, 4096, 1);
         p.v_stride_page = i64::from(i32::MAX) + 1;
         assert!(!context_sm90_cursor_fits(&p), "page stride past i32");
