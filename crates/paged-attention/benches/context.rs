@@ -465,7 +465,16 @@ fn trace_report(words: &[u32]) -> String {
 fn tile_phase_report(at: &dyn Fn(usize, usize, usize, usize) -> u32) -> String {
     const NI: usize = CONTEXT_SM90_TRACE_ITEMS;
     const EV: usize = CONTEXT_SM90_TRACE_EVENTS;
-    let mut acc = [[0f64; 6]; 2];
+    // (trace event, name) of the accumulated per-tile phases.
+    const PHASES: [(usize, &str); 6] = [
+        (16, "issue S, P V"),
+        (17, "wait for S"),
+        (18, "softmax"),
+        (19, "wait for P V"),
+        (20, "rescale, pack"),
+        (23, "wait for K, V (before the issue)"),
+    ];
+    let mut acc = [[0f64; PHASES.len()]; 2];
     let mut tiles = [0f64; 2];
     let mut quarters = [0usize; 4];
     let mut offsets = 0usize;
@@ -478,9 +487,8 @@ fn tile_phase_report(at: &dyn Fn(usize, usize, usize, usize) -> u32) -> String {
                 continue;
             }
             for c in 0..2 {
-                for (k, a) in acc[c].iter_mut().enumerate() {
-                    // Events 16..=20, then 23 (the K / V waits).
-                    *a += at(cta, n, 1 + c, if k < 5 { 16 + k } else { 23 }) as f64;
+                for (a, (ev, _)) in acc[c].iter_mut().zip(PHASES) {
+                    *a += at(cta, n, 1 + c, ev) as f64;
                 }
                 tiles[c] += (nt - 1) as f64;
             }
@@ -497,18 +505,10 @@ fn tile_phase_report(at: &dyn Fn(usize, usize, usize, usize) -> u32) -> String {
     if tiles[0] == 0.0 {
         return String::new();
     }
-    let names = [
-        "issue S, P V",
-        "wait for S",
-        "softmax",
-        "wait for P V",
-        "rescale, pack",
-        "wait for K, V (before the issue)",
-    ];
     let mut out = String::from(
         "\n| per fast tile (items of ≥ 3 tiles) | consumer 0 | consumer 1 |\n|---|---:|---:|\n",
     );
-    for (k, name) in names.iter().enumerate() {
+    for (k, (_, name)) in PHASES.iter().enumerate() {
         out += &format!(
             "| {name} | {:.0} | {:.0} |\n",
             acc[0][k] / tiles[0],

@@ -373,13 +373,12 @@ impl ContextKernel {
     /// [`CONTEXT_SM90_PAIR_EXPERIMENT`], 4096 = serial consumers whose
     /// exponential sections alternate, 16384 = the default overlapped
     /// consumers whose exponential sections alternate; both sum the rows
-    /// of the 16-bit P (32768, the producer's page cursor and 32-bit
-    /// address products, became the default in session 27, see
-    /// [`ContextParams::narrow`]) for D 128 bf16 launches (refused with
-    /// [`KernelError::Unsupported`] at launch where
-    /// [`context_sm90_cursor_fits`] fails: the entries build only the
-    /// 32-bit address products); 0 = off.
-    /// Results of 1-6 are wrong by
+    /// of the 16-bit P) for D 128 bf16 launches; 0 = off. The experiment
+    /// entries build only the gather's 32-bit address products, so a
+    /// launch where [`context_sm90_cursor_fits`] fails is refused with
+    /// [`KernelError::Unsupported`] (32768, the page cursor and those
+    /// products, became the default in session 27: see
+    /// [`ContextParams::narrow`]). Results of 4 are wrong by
     /// design: benchmarks only. `xv = 8` is the trace entry: correct
     /// results, and each CTA below [`CONTEXT_SM90_TRACE_CTAS`] records
     /// `%clock` stamps of its items' phases (read them with
