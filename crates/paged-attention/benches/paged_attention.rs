@@ -197,6 +197,40 @@ fn cases() -> Vec<Shape> {
             8,
             "x8: Q fragments in shared memory, 4-slot ring, 3 CTAs/SM",
         ),
+        Shape {
+            experiment: 64,
+            ..s(
+                "bs 64, L 8192 (x64: lean copy addresses)",
+                32,
+                8,
+                128,
+                64,
+                8192,
+            )
+        },
+        Shape {
+            experiment: 64,
+            ..s(
+                "bs 256, L 8192 (x64: lean copy addresses)",
+                32,
+                8,
+                128,
+                256,
+                8192,
+            )
+        },
+        fp8_experiment(64, "x64: lean copy addresses"),
+        fp8_experiment(72, "x72: x64 with x8's 3 CTAs/SM"),
+        // x8's best FP8 split (PERF.md session 20: Auto's one-split grid
+        // leaves a second wave 29% full at three CTAs an SM).
+        Shape {
+            split: SplitMode::Fixed { chunk_tokens: 4096 },
+            ..fp8_experiment(72, "x72, Fixed 4096")
+        },
+        Shape {
+            split: SplitMode::Fixed { chunk_tokens: 4096 },
+            ..fp8_experiment(8, "x8, Fixed 4096")
+        },
     ];
     if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
         v.extend(split_sweep());
@@ -257,14 +291,16 @@ fn latency_sweep() -> Vec<Shape> {
     v
 }
 
-/// Fixed split chunks beside Auto for the production kernel and experiment
+/// Fixed split chunks beside Auto for the production kernel and experiments
 /// 8 (3 CTAs/SM: 396 slots on 132 SMs, where Auto's one-split grid of
-/// bs 64 × 8 KV heads = 512 CTAs leaves a second wave 29% full):
-/// `MHA_KIT_BENCH_SPLIT_SWEEP=1`.
+/// bs 64 × 8 KV heads = 512 CTAs leaves a second wave 29% full), 64 (lean
+/// copy addresses) and 72 (both; e4m3 only): `MHA_KIT_BENCH_SPLIT_SWEEP=1`.
 fn split_sweep() -> Vec<Shape> {
     let mut v = Vec::new();
     for (bs, fp8) in [(64, false), (256, false), (64, true)] {
-        for xv in [0u32, 8] {
+        // x72 has only an e4m3 entry.
+        let xvs: &[u32] = if fp8 { &[0, 8, 64, 72] } else { &[0, 8, 64] };
+        for &xv in xvs {
             for chunk_tokens in [4096, 2752, 2048, 1024] {
                 let kv = if fp8 { "FP8 KV, " } else { "" };
                 v.push(Shape {

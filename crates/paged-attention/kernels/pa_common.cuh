@@ -183,4 +183,26 @@ MHA_KIT_DEVICE float half_hi(u32 w) {
     return QT == 0 ? __uint_as_float(w & 0xffff0000u) : f16_to_f32((u16)(w >> 16));
 }
 
+// base + a * b with a, b read as unsigned 32-bit values: one wide
+// multiply-add (`mad.wide.u32` in PTX, so that the compiler does not
+// reassociate a chain of them into separate products and adds); for a, b in
+// [0, 2^31) that is the signed product too.
+MHA_KIT_DEVICE const u8* mad_wide_u32(i32 a, i32 b, const u8* base) {
+    u64 r;
+    asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(r) : "r"(a), "r"(b), "l"(base));
+    return reinterpret_cast<const u8*>(r);
+}
+// v through an empty asm: held in a register, not rebuilt at every use.
+MHA_KIT_DEVICE u32 opaque_u32(u32 v) {
+    asm volatile("" : "+r"(v));
+    return v;
+}
+// p through an empty asm: the compiler holds the value in registers instead
+// of rebuilding it from its operands at every use.
+template <typename T>
+MHA_KIT_DEVICE const T* opaque_ptr(const T* p) {
+    asm volatile("" : "+l"(p));
+    return p;
+}
+
 }  // namespace pac

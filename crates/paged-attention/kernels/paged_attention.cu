@@ -872,7 +872,8 @@ struct Look {
 // for the row's whole 128-byte block (`.L2::128B`; no measured effect).
 // XV: timing experiment of an `_x{XV}` entry (0 = production), all with
 // correct results. XV & 8: Q read from shared memory each slice and a
-// shorter ring (MmaSmem::X8); XV & 16: a per-CTA trace (below). (Sessions
+// shorter ring (MmaSmem::X8); XV & 16: a per-CTA trace (below); XV & 64:
+// lean copy addresses (below, `XA`). (Sessions
 // 9-10's copy-layout experiments x1-x5 — the L2 prefetch hint toggled,
 // lane-quad copies of 16-bit rows, whole-row copies of e4m3 rows — were
 // measured, docs/PERF.md sessions 9-10, and their entries dropped in
@@ -974,7 +975,18 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     const int nrows = sp.rows;
     const int r0 = rt * ROWS;
 
+    // Experiment XV & 64 (XA): the copies' per-slice address work cut down
+    // (SASS, e4m3 D 128: ~75 of the loop's ~560 instructions a slice formed
+    // four row addresses from sign-extended 64-bit products): each row
+    // address is two `mad.wide.u32` (ids, offsets and strides are
+    // non-negative and fit i32 where a row is loaded), the lane's chunk is
+    // folded into its base once (the second chunk an immediate), an
+    // unloaded row keeps the lane's base (a zero-size copy reads nothing),
+    // the ring slot is a counter instead of `t % NST`, and the page-table
+    // row pointer is held, not rebuilt from the parameters every lookup.
+    constexpr bool XA = (XV & 64) != 0;
     const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
+    if constexpr (XA) pt_row = pac::opaque_ptr(pt_row);
     const i64 k_head = (i64)h * p.k_stride_head;
     const i64 v_head = (i64)h * p.v_stride_head;
     const u8* k_base = p.k_cache + k_head * ES;
@@ -990,6 +1002,35 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     const i32 slice0 = ks0 + warp * MWT;  // first key of this warp's slice in tile 0
     u8* ring = smem + warp * L::WRING;
     const u32 ring_u32 = smem_u32(ring);
+    // XA: the lane's copy base (e4m3: its first 16-byte chunk, cq; 16-bit
+    // KV: the row start, since the source lanes of the shuffles below have
+    // cq = 0 and each lane adds its own chunk after the shuffle).
+    const u8* k_lane = k_base + (KV == 2 ? cq * 16 : 0);
+    const u8* v_lane = v_base + (KV == 2 ? cq * 16 : 0);
+    if constexpr (XA) {
+        k_lane = pac::opaque_ptr(k_lane);
+        v_lane = pac::opaque_ptr(v_lane);
+    }
+    // XA, e4m3 KV: the lane's ring offsets, held instead of rebuilt from the
+    // lane index every slice. Copies: K chunk cq + 4 i of row lt at xk_dst +
+    // 64 i (the K swizzle, row & 1, leaves bit 2 of the chunk alone), V at
+    // xv_dst[i]; row lt + 8 at + 8 RRB (both swizzles ignore bit 3 of the
+    // row). Fragment reads: K rows gr (+ 8 RRB for gr + 8), words c at
+    // xk_rd[c]; V rows 2qd, 2qd + 1, 2qd + 8, 2qd + 9 share one swizzled
+    // chunk: xv_rd + {0, 1, 8, 9} RRB.
+    constexpr int XC = KV == 2 ? CPR / 4 : 1;
+    u32 xk_dst = 0, xv_dst[XC], xk_rd[KV == 2 ? D / 64 : 1], xv_rd = 0;
+    if constexpr (XA && KV == 2) {
+        const int gr_ = lane >> 2, qd_ = lane & 3;
+        xk_dst = pac::opaque_u32(lt * RRB + ((cq ^ k8_swz<CPR>(lt)) << 4));
+#pragma unroll
+        for (int i = 0; i < XC; ++i) xv_dst[i] = pac::opaque_u32(lt * RRB + (((cq + 4 * i) ^ v8_swz<CPR>(lt)) << 4));
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c)
+            xk_rd[c] = pac::opaque_u32(gr_ * RRB + (((qd_ * (D / 64) + c) ^ k8_swz<CPR>(gr_)) << 4));
+        const int vbyte = gr_ * (D / 8);
+        xv_rd = pac::opaque_u32(2 * qd_ * RRB + ((((vbyte >> 4) ^ v8_swz<CPR>(2 * qd_))) << 4) + (vbyte & 15));
+    }
 
     // Page cursor: tiles are looked up in order (t = 0, 1, 2, ...), so the
     // (page, offset) of this lane's tokens k0 = slice0 + t MTT + lt and k0 + 8
@@ -1033,9 +1074,10 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             cur_pg1 += cpn;
         }
     };
-    auto issue = [&](const Look& lk, int t) {
+    // xs: the slot under XA (t % NST otherwise).
+    auto issue = [&](const Look& lk, int t, int xs) {
         if (t >= ntiles) return;  // warp-uniform
-        const int slot = t % NST;
+        const int slot = XA ? xs : t % NST;
         const bool ok0 = lk.ok0 && lk.id0 >= 0 && lk.id0 < p.num_pages;
         const bool ok1 = lk.ok1 && lk.id1 >= 0 && lk.id1 < p.num_pages;
         const u32 m0 = __ballot_sync(0xffffffffu, ok0);
@@ -1046,13 +1088,18 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         }
         // Token row addresses: two 32 x 32 -> 64-bit multiply-adds each (the
         // launcher sends this kernel page / token byte strides that fit i32).
-        const u8* k0p = p.k_cache;
-        const u8* v0p = p.v_cache;
-        const u8* k1p = p.k_cache;
-        const u8* v1p = p.v_cache;
+        const u8* k0p = XA ? k_lane : p.k_cache;
+        const u8* v0p = XA ? v_lane : p.v_cache;
+        const u8* k1p = XA ? k_lane : p.k_cache;
+        const u8* v1p = XA ? v_lane : p.v_cache;
         auto rows = [&](const u8*& kp, const u8*& vp, i32 id, i32 off) {
-            kp = k_base + (i64)id * ksp_b + (i64)off * kst_b;
-            vp = v_base + (i64)id * vsp_b + (i64)off * vst_b;
+            if constexpr (XA) {
+                kp = pac::mad_wide_u32(off, kst_b, pac::mad_wide_u32(id, ksp_b, k_lane));
+                vp = pac::mad_wide_u32(off, vst_b, pac::mad_wide_u32(id, vsp_b, v_lane));
+            } else {
+                kp = k_base + (i64)id * ksp_b + (i64)off * kst_b;
+                vp = v_base + (i64)id * vsp_b + (i64)off * vst_b;
+            }
         };
         if (ok0) rows(k0p, v0p, lk.id0, lk.off0);
         if (ok1) rows(k1p, v1p, lk.id1, lk.off1);
@@ -1093,8 +1140,13 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 // K / V swizzles of the register-direct reads (as below).
                 const int kc = KV == 2 ? c ^ k8_swz<CPR>(t) : c ^ (t & 7);
                 const int vc = KV == 2 ? c ^ v8_swz<CPR>(t) : kc;
-                cp(kdst + t * RRB + kc * 16, kp + (ok ? c * 16 : 0), sz);
-                cp(vdst + t * RRB + vc * 16, vp + (ok ? c * 16 : 0), sz);
+                if constexpr (XA) {
+                    cp(kdst + t * RRB + kc * 16, kp + c * 16, sz);
+                    cp(vdst + t * RRB + vc * 16, vp + c * 16, sz);
+                } else {
+                    cp(kdst + t * RRB + kc * 16, kp + (ok ? c * 16 : 0), sz);
+                    cp(vdst + t * RRB + vc * 16, vp + (ok ? c * 16 : 0), sz);
+                }
             }
             return;
         }
@@ -1110,10 +1162,18 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 vc0 = cc ^ v8_swz<CPR>(lt);
                 vc1 = cc ^ v8_swz<CPR>(lt + 8);
             }
-            cp(kdst + lt * RRB + kc0 * 16, k0p + (ok0 ? cc * 16 : 0), sz0);
-            cp(vdst + lt * RRB + vc0 * 16, v0p + (ok0 ? cc * 16 : 0), sz0);
-            cp(kdst + (lt + 8) * RRB + kc1 * 16, k1p + (ok1 ? cc * 16 : 0), sz1);
-            cp(vdst + (lt + 8) * RRB + vc1 * 16, v1p + (ok1 ? cc * 16 : 0), sz1);
+            if constexpr (XA) {  // e4m3 here (16-bit K/V returned above)
+                // The lane's chunk cq is in its base; chunk cq + 4 i is 64 i on.
+                cp(kdst + xk_dst + 64 * i, k0p + 64 * i, sz0);
+                cp(vdst + xv_dst[i], v0p + 64 * i, sz0);
+                cp(kdst + xk_dst + 64 * i + 8 * RRB, k1p + 64 * i, sz1);
+                cp(vdst + xv_dst[i] + 8 * RRB, v1p + 64 * i, sz1);
+            } else {
+                cp(kdst + lt * RRB + kc0 * 16, k0p + (ok0 ? cc * 16 : 0), sz0);
+                cp(vdst + lt * RRB + vc0 * 16, v0p + (ok0 ? cc * 16 : 0), sz0);
+                cp(kdst + (lt + 8) * RRB + kc1 * 16, k1p + (ok1 ? cc * 16 : 0), sz1);
+                cp(vdst + (lt + 8) * RRB + vc1 * 16, v1p + (ok1 ? cc * 16 : 0), sz1);
+            }
         }
     };
 
@@ -1245,7 +1305,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     lookup(lb, NST);
 #pragma unroll
     for (int s = 0; s < NST - 1; ++s) {
-        issue(pro[s], s);
+        issue(pro[s], s, s);
         cp_async_commit();
     }
 
@@ -1339,15 +1399,23 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         }
     };
 
+    // XA: the ring slot of tile i, counted (i % NST otherwise).
+    int cslot = 0;
     auto step = [&](Look& lk, int i) {
+        int xslot = 0;
+        if constexpr (XA) {
+            xslot = cslot;
+            cslot = cslot == NST - 1 ? 0 : cslot + 1;
+        }
         cp_async_wait<NST - 2>();
         if (i == 0) stamp(3);
         __syncwarp();
-        issue(lk, i + NST - 1);
+        // Tile i + NST - 1 goes to the slot tile i - 1 left.
+        issue(lk, i + NST - 1, xslot == 0 ? NST - 1 : xslot - 1);
         cp_async_commit();
         lookup(lk, i + NST + 1);
 
-        const int slot = i % NST;
+        const int slot = XA ? xslot : i % NST;
         const u32 kbase = ring_u32 + slot * L::SLOT;
         const u32 vbase = kbase + MWT * RRB;
         const u8* kraw = ring + slot * L::SLOT;  // e4m3: read straight into fragments
@@ -1368,8 +1436,12 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
 #pragma unroll
                 for (int t = 0; t < 2; ++t) {
                     const int row = gr + 8 * t;
-                    u[t] = *reinterpret_cast<const uint4*>(
-                        kraw + row * RRB + (((qd * (D / 64) + c) ^ k8_swz<CPR>(row)) * 16));
+                    if constexpr (XA) {
+                        u[t] = *reinterpret_cast<const uint4*>(kraw + xk_rd[c] + 8 * t * RRB);
+                    } else {
+                        u[t] = *reinterpret_cast<const uint4*>(
+                            kraw + row * RRB + (((qd * (D / 64) + c) ^ k8_swz<CPR>(row)) * 16));
+                    }
                 }
 #pragma unroll
                 for (int wi = 0; wi < 4; ++wi) {
@@ -1391,8 +1463,13 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 const int row = gr + 8 * t;
 #pragma unroll
                 for (int c = 0; c < D / 64; ++c) {
-                    const uint4 u = *reinterpret_cast<const uint4*>(
-                        kraw + row * RRB + (((qd * (D / 64) + c) ^ k8_swz<CPR>(row)) * 16));
+                    uint4 u;
+                    if constexpr (XA) {
+                        u = *reinterpret_cast<const uint4*>(kraw + xk_rd[c] + 8 * t * RRB);
+                    } else {
+                        u = *reinterpret_cast<const uint4*>(
+                            kraw + row * RRB + (((qd * (D / 64) + c) ^ k8_swz<CPR>(row)) * 16));
+                    }
                     const u32 wv[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
                     for (int wi = 0; wi < 4; ++wi) {
@@ -1508,7 +1585,12 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             u32 va[VW], vb[VW], vc[VW], vd[VW];
             auto vload = [&](u32* dst, int row) {
                 const int byte = gr * (D / 8);
-                const u8* src = vraw + row * RRB + (((byte >> 4) ^ v8_swz<CPR>(row)) << 4) + (byte & 15);
+                const u8* src;
+                if constexpr (XA) {
+                    src = vraw + xv_rd + (row - 2 * qd) * RRB;  // row - 2 qd: 0, 1, 8 or 9
+                } else {
+                    src = vraw + row * RRB + (((byte >> 4) ^ v8_swz<CPR>(row)) << 4) + (byte & 15);
+                }
                 if constexpr (VW == 4) {
                     const uint4 u = *reinterpret_cast<const uint4*>(src);
                     dst[0] = u.x;
@@ -1725,3 +1807,7 @@ PA_MMA_X(bf16, 0, e4m3, 2, 8, 3)
 PA_MMA_X(bf16, 0, bf16, 0, 8, 3)
 // Experiment 16: the production entry with a per-CTA timestamp trace.
 PA_MMA_X(bf16, 0, bf16, 0, 16, 2)
+// Experiment 64: lean copy addresses (mma_body, XA); 72: with experiment 8.
+PA_MMA_X(bf16, 0, e4m3, 2, 64, 2)
+PA_MMA_X(bf16, 0, bf16, 0, 64, 2)
+PA_MMA_X(bf16, 0, e4m3, 2, 72, 3)

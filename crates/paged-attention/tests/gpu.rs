@@ -1111,7 +1111,8 @@ fn main() {
         named("experiment_entries_with_correct_results", |gpu, _| {
             // The timing experiments that compute correct results (`_x8`:
             // e4m3 and bf16 KV with Q in shared memory and a shorter ring;
-            // `_x16`: the production entry traced), on the random cases their
+            // `_x16`: the production entry traced; `_x64`: lean copy
+            // addresses, e4m3 and bf16 KV; `_x72`: both, e4m3), on the random cases their
             // entry serves (bf16 Q, D 128) and on some others (which keep the
             // production entry).
             // MHA_KIT_GPU_EXPERIMENTS=8,16 runs only those experiments
@@ -1125,6 +1126,9 @@ fn main() {
                 (8u32, KvDtype::E4m3),
                 (8, KvDtype::Bf16),
                 (16, KvDtype::Bf16),
+                (64, KvDtype::E4m3),
+                (64, KvDtype::Bf16),
+                (72, KvDtype::E4m3),
             ]
             .into_iter()
             .filter(|&(xv, _)| wanted(xv))

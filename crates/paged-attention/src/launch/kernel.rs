@@ -25,6 +25,9 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_e4m3_d128_x8",
     "paged_attention_mma_bf16_kv_bf16_d128_x8",
     "paged_attention_mma_bf16_kv_bf16_d128_x16",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x64",
+    "paged_attention_mma_bf16_kv_bf16_d128_x64",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x72",
 ];
 
 /// Most splits a tensor-core launch folds inside one thread-block cluster
@@ -54,8 +57,9 @@ fn entry_experiment(entry: &str) -> u32 {
 pub const DECODE_PDL_ENV: &str = "MHA_KIT_DECODE_PDL";
 
 /// Environment variable that sets the decode timing experiment of every
-/// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default)
-/// or `x8` (three CTAs an SM at D 128), so that a whole replay can run it.
+/// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default),
+/// `x8` (three CTAs an SM at D 128), `x64` (lean copy addresses) or `x72`
+/// (both, e4m3 K/V), so that a whole replay can run it.
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
 
 /// Whether the tensor-core entry of (`q`, `kv`, `d`) has a `_cf` twin (the
@@ -172,18 +176,21 @@ impl PagedAttentionKernel {
             cluster_fit,
             cluster_launches: AtomicU64::new(0),
         };
-        k.set_experiment(env_choice(DECODE_EXPERIMENT_ENV, &[("off", 0), ("x8", 8)])?)?;
+        k.set_experiment(env_choice(
+            DECODE_EXPERIMENT_ENV,
+            &[("off", 0), ("x8", 8), ("x64", 64), ("x72", 72)],
+        )?)?;
         Ok(k)
     }
 
     /// Runs timing experiment `xv` where its entry exists (launches of
     /// other shapes keep the production entry); 0 = production. D 128 bf16-Q
-    /// tensor-core entries, correct results (`_x{xv}` in the .cu): `1`
-    /// (bf16 KV) the L2 prefetch hint on its K/V copies, `3` (bf16 KV)
-    /// lane-quad copies with the hint, `4` / `5` (e4m3 KV) whole rows per
-    /// copy instruction with / without the hint, `8` (e4m3 and bf16 KV) Q
-    /// read from shared memory each slice and a shorter ring (4 / 2
-    /// slots), so that three CTAs fit an SM; `16` (bf16 KV) the production
+    /// tensor-core entries, correct results (`_x{xv}` in the .cu): `8`
+    /// (e4m3 and bf16 KV) Q read from shared memory each slice and a
+    /// shorter ring (4 / 2 slots), so that three CTAs fit an SM; `64` (e4m3
+    /// and bf16 KV) lean copy addresses (row addresses by `mad.wide.u32`,
+    /// the lane's ring offsets held, the ring slot counted; same results
+    /// bit for bit); `72` (e4m3 KV) both; `16` (bf16 KV) the production
     /// entry writing a per-CTA trace through `skipped_slices` instead of
     /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
     /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
@@ -422,5 +429,24 @@ impl PagedAttentionKernel {
             self.cluster_launches.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn experiment_entries_are_in_the_ptx_with_their_numbers() {
+        for e in EXPERIMENT_ENTRIES {
+            assert!(PTX.has_entry(e), "{e} missing from the PTX");
+            let xv = entry_experiment(e);
+            assert!(xv != 0 && e.ends_with(&format!("_x{xv}")), "{e}: {xv}");
+        }
+        let numbers: Vec<u32> = EXPERIMENT_ENTRIES
+            .iter()
+            .map(|e| entry_experiment(e))
+            .collect();
+        assert_eq!(numbers, [8, 8, 16, 64, 64, 72]);
     }
 }
