@@ -80,8 +80,9 @@
 #   dtrace    decode experiment 16: per-CTA traces of the one-wave latency
 #             launches (CSV under $OUT/dtrace) and the experiment entries' test
 #   allgpu    every GPU test binary of the bundle, all at once (ALLGPU_TIMEOUT)
-#   lean      session 28's decode experiments x64 / x72 (lean copy
-#             addresses): experiment test, memcheck, bench rows with cuDNN
+#   lean      session 28's decode experiments x64 / x72 / x192 (lean copy
+#             addresses, three CTAs an SM, half-row loop): experiment test,
+#             masked keys, memcheck, bench rows with cuDNN
 #   xbench    the decode bench rows of the x8 experiment beside production
 #             (DBENCH_X8_CASES) and the cuDNN peers (same call)
 #   turns     session 24's exponential-turn experiments (EXT _x16384, SX
@@ -512,15 +513,19 @@ stage_loadcost() {
 }
 stage_pending() { stage_pending_tests; stage_pending_python; stage_pending_replay; }
 stage_lean() {
-  # Session 28's decode experiments x64 (lean copy addresses) and x72 (x64 at
-  # three CTAs an SM, e4m3), built without a GPU: their results against the
-  # reference, memcheck on the zero-size copies from the lane's base, then the
+  # Session 28's decode experiments x64 (lean copy addresses), x72 (x64 at
+  # three CTAs an SM) and x192 (x64 with the half-row loop), built without a
+  # GPU: their results against the reference, the masked non-finite keys on
+  # each, memcheck on the zero-size copies from the lane's base, then the
   # bench rows beside production and cuDNN (same call).
-  echo "== decode experiments x64 / x72 vs the reference"
-  MHA_KIT_GPU_EXPERIMENTS=64,72 timeout 200 tests/paged-attention-gpu --include-ignored experiment_entries \
+  echo "== decode experiments x64 / x72 / x192 vs the reference"
+  MHA_KIT_GPU_EXPERIMENTS=64,72,192 timeout 240 tests/paged-attention-gpu --include-ignored experiment_entries \
     > "$OUT/lean_test.log" 2>&1
   echo "rc=$?"; summary "$OUT/lean_test.log"; grep -E "experiment_entries" "$OUT/lean_test.log"
-  for x in x64 x72; do
+  for x in x64 x72 x192; do
+    MHA_KIT_DECODE_EXPERIMENT=$x timeout 120 tests/paged-attention-gpu --include-ignored masked_nonfinite \
+      > "$OUT/lean_masked_$x.log" 2>&1
+    echo "masked $x rc=$?"; summary "$OUT/lean_masked_$x.log"
     MHA_KIT_DECODE_EXPERIMENT=$x MHA_KIT_GPU_CASES=24 timeout 150 compute-sanitizer --tool memcheck \
       tests/paged-attention-gpu --include-ignored masked_nonfinite > "$OUT/lean_memcheck_$x.log" 2>&1
     echo "memcheck $x rc=$?"; summary "$OUT/lean_memcheck_$x.log"

@@ -24,9 +24,11 @@ MHA_KIT_DEVICE float ex2(float x) {
 // entry; on return mrow[hr] is the new running max, alpha[hr] the rescale of
 // the old sums (2^(old - new), 0 when nothing was seen yet) and mx[hr] the
 // max to subtract (0 for a row that has seen no key: no (-inf) - (-inf)).
+// NHR = 1: row gr only (the other half all padding; its entries untouched).
+template <int NHR = 2>
 MHA_KIT_DEVICE void row_max_update(float (&mx)[2], float (&mrow)[2], float (&alpha)[2]) {
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
+    for (int hr = 0; hr < NHR; ++hr) {
         mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
         mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
         const float mnew = fmaxf(mrow[hr], mx[hr]);

@@ -1401,6 +1401,11 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
 
     // XA: the ring slot of tile i, counted (i % NST otherwise).
     int cslot = 0;
+    // H (XV & 256): rows gr + 8 are all padding (the entry takes this
+    // instantiation when q_len · G <= 8): their masks, maxima, exponentials
+    // and sums are skipped (P = 0 there).
+    constexpr bool H = (XV & 256) != 0;
+    constexpr int NHR = H ? 1 : 2;  // row halves computed
     auto step = [&](Look& lk, int i) {
         int xslot = 0;
         if constexpr (XA) {
@@ -1506,11 +1511,17 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         // decode away from the window edge): one test per row, not per score,
         // with the same outcome as the general path below.
         auto sees_slice = [&](int hr) { return (xr[hr] < 0) | ((kt + MWT - 1 <= xr[hr]) & (kt >= xlo[hr])); };
-        if (__all_sync(0xffffffffu, ((vm0 & vm1) == 0xffffffffu) & sees_slice(0) & sees_slice(1))) {
+        bool whole;
+        if constexpr (H) {
+            whole = ((vm0 & vm1) == 0xffffffffu) & sees_slice(0);
+        } else {
+            whole = ((vm0 & vm1) == 0xffffffffu) & sees_slice(0) & sees_slice(1);
+        }
+        if (__all_sync(0xffffffffu, whole)) {
 #pragma unroll
             for (int t = 0; t < 2; ++t)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
+                for (int e = 0; e < 2 * NHR; ++e) {
                     const int hr = e >> 1;
                     s[t][e] = xr[hr] >= 0 ? s[t][e] * rs[hr] : NEG_INF;
                     mx[hr] = fmaxf(mx[hr], s[t][e]);
@@ -1520,7 +1531,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             for (int t = 0; t < 2; ++t) {
                 const u32 vm = t == 0 ? vm0 : vm1;
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
+                for (int e = 0; e < 2 * NHR; ++e) {
                     const int tk = 2 * qd + (e & 1);  // token inside the n8 tile
                     const i32 k = kt + 8 * t + tk;
                     const int hr = e >> 1;
@@ -1545,16 +1556,20 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 return;
             }
         }
-        row_max_update(mx, mrow, alpha);
+        row_max_update<NHR>(mx, mrow, alpha);
         u32 pa[4];
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
             pa[2 * t] = pack2<MT>(ex2(s[t][0] - mx[0]), ex2(s[t][1] - mx[0]));
-            pa[2 * t + 1] = pack2<MT>(ex2(s[t][2] - mx[1]), ex2(s[t][3] - mx[1]));
+            if constexpr (H) {
+                pa[2 * t + 1] = 0u;
+            } else {
+                pa[2 * t + 1] = pack2<MT>(ex2(s[t][2] - mx[1]), ex2(s[t][3] - mx[1]));
+            }
         }
         // The denominator sums the rounded P the numerator uses.
         drow[0] = drow[0] * alpha[0] + (sum2<MT>(pa[0]) + sum2<MT>(pa[2]));
-        drow[1] = drow[1] * alpha[1] + (sum2<MT>(pa[1]) + sum2<MT>(pa[3]));
+        if constexpr (!H) drow[1] = drow[1] * alpha[1] + (sum2<MT>(pa[1]) + sum2<MT>(pa[3]));
         // O is rescaled only when some row's max moved (alpha != 1): a row
         // that has seen no key yet holds O = 0 (alpha 0 there is a no-op),
         // and x * 1 == x, so the skip is exact; after the first tiles of a
@@ -1564,8 +1579,10 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             for (int n = 0; n < NT8; ++n) {
                 o[n][0] *= alpha[0];
                 o[n][1] *= alpha[0];
-                o[n][2] *= alpha[1];
-                o[n][3] *= alpha[1];
+                if constexpr (!H) {
+                    o[n][2] *= alpha[1];
+                    o[n][3] *= alpha[1];
+                }
             }
         }
         // A slice with a loaded key masked for some row (verify: the causal
@@ -1800,14 +1817,33 @@ PA_MMA_CF(bf16, 0, e4m3, 2, 128, 2)
 // D 128 tensor-core entry of (Q, KV) under experiment XV, named `_x{XV}`,
 // MINB CTAs an SM.
 #define PA_MMA_X(QN, QT, KVN, KV, XV, MINB) PA_MMA_ENTRY(QN, QT, KVN, KV, 128, _x##XV, XV, MINB)
+// Experiment 128 (`_x{XV}` with XV & 128): launches whose row tiles hold at
+// most 8 rows (q_len · G <= 8: a decode at GQA <= 8) run mma_body's
+// instantiation XV | 256, which computes only rows gr of each fragment:
+// about 40 of the e4m3 loop's instructions a slice were the padding rows'
+// masks, maxima, exponentials, packs and sums (P = 0 there; the MMAs still
+// cover 16 rows, whose padding rows are never read).
+#define PA_MMA_XH(QN, QT, KVN, KV, XV, MINB)                                                         \
+    extern "C" __global__ void __launch_bounds__(pa::NT, MINB)                                       \
+        paged_attention_mma_##QN##_kv_##KVN##_d128_x##XV(const PagedAttentionParams p) {             \
+        pa::pdl_wait();                                                                            \
+        if (p.q_len * p.group <= 8) {                                                              \
+            pa::mma_body<QT, KV, 128, XV | 256>(p);                                                \
+        } else {                                                                                   \
+            pa::mma_body<QT, KV, 128, XV>(p);                                                      \
+        }                                                                                          \
+    }
 
 // Experiment 8: Q in shared memory and a shorter ring (MmaSmem::X8),
-// three CTAs an SM.
+// three CTAs an SM (e4m3 K/V; the bf16 entry, measured even with production
+// in PERF.md session 20, was dropped in session 28 for room).
 PA_MMA_X(bf16, 0, e4m3, 2, 8, 3)
-PA_MMA_X(bf16, 0, bf16, 0, 8, 3)
 // Experiment 16: the production entry with a per-CTA timestamp trace.
 PA_MMA_X(bf16, 0, bf16, 0, 16, 2)
-// Experiment 64: lean copy addresses (mma_body, XA); 72: with experiment 8.
+// Experiment 64: lean copy addresses (mma_body, XA); 72: with experiment 8;
+// 192: with experiment 128 (half rows). 200 (all three) spilled 104 bytes at
+// three CTAs an SM: not built.
 PA_MMA_X(bf16, 0, e4m3, 2, 64, 2)
 PA_MMA_X(bf16, 0, bf16, 0, 64, 2)
 PA_MMA_X(bf16, 0, e4m3, 2, 72, 3)
+PA_MMA_XH(bf16, 0, e4m3, 2, 192, 2)

@@ -1110,9 +1110,10 @@ fn main() {
         ),
         named("experiment_entries_with_correct_results", |gpu, _| {
             // The timing experiments that compute correct results (`_x8`:
-            // e4m3 and bf16 KV with Q in shared memory and a shorter ring;
-            // `_x16`: the production entry traced; `_x64`: lean copy
-            // addresses, e4m3 and bf16 KV; `_x72`: both, e4m3), on the random cases their
+            // e4m3 KV with Q in shared memory and a shorter ring; `_x16`:
+            // the production entry traced; `_x64`: lean copy addresses, e4m3
+            // and bf16 KV; `_x72`: both, e4m3; `_x192`: `_x64` with the
+            // half-row loop where q_len · G <= 8, e4m3), on the random cases their
             // entry serves (bf16 Q, D 128) and on some others (which keep the
             // production entry).
             // MHA_KIT_GPU_EXPERIMENTS=8,16 runs only those experiments
@@ -1124,11 +1125,11 @@ fn main() {
             let mut runs = 0usize;
             for (xv, kv) in [
                 (8u32, KvDtype::E4m3),
-                (8, KvDtype::Bf16),
                 (16, KvDtype::Bf16),
                 (64, KvDtype::E4m3),
                 (64, KvDtype::Bf16),
                 (72, KvDtype::E4m3),
+                (192, KvDtype::E4m3),
             ]
             .into_iter()
             .filter(|&(xv, _)| wanted(xv))

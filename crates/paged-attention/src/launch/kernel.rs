@@ -23,11 +23,11 @@ use super::{
 /// Timing experiment entries of the tensor-core kernel (`<entry>_x<n>`).
 const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_e4m3_d128_x8",
-    "paged_attention_mma_bf16_kv_bf16_d128_x8",
     "paged_attention_mma_bf16_kv_bf16_d128_x16",
     "paged_attention_mma_bf16_kv_e4m3_d128_x64",
     "paged_attention_mma_bf16_kv_bf16_d128_x64",
     "paged_attention_mma_bf16_kv_e4m3_d128_x72",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x192",
 ];
 
 /// Most splits a tensor-core launch folds inside one thread-block cluster
@@ -58,8 +58,10 @@ pub const DECODE_PDL_ENV: &str = "MHA_KIT_DECODE_PDL";
 
 /// Environment variable that sets the decode timing experiment of every
 /// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default),
-/// `x8` (three CTAs an SM at D 128), `x64` (lean copy addresses) or `x72`
-/// (both, e4m3 K/V), so that a whole replay can run it.
+/// `x8` (three CTAs an SM at D 128, e4m3 K/V), `x64` (lean copy
+/// addresses), `x72` (both, e4m3) or `x192` (x64 and, where `q_len · G ≤ 8`,
+/// only the valid half of the rows computed; e4m3), so that a whole replay
+/// can run it.
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
 
 /// Whether the tensor-core entry of (`q`, `kv`, `d`) has a `_cf` twin (the
@@ -178,7 +180,13 @@ impl PagedAttentionKernel {
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
-            &[("off", 0), ("x8", 8), ("x64", 64), ("x72", 72)],
+            &[
+                ("off", 0),
+                ("x8", 8),
+                ("x64", 64),
+                ("x72", 72),
+                ("x192", 192),
+            ],
         )?)?;
         Ok(k)
     }
@@ -186,11 +194,14 @@ impl PagedAttentionKernel {
     /// Runs timing experiment `xv` where its entry exists (launches of
     /// other shapes keep the production entry); 0 = production. D 128 bf16-Q
     /// tensor-core entries, correct results (`_x{xv}` in the .cu): `8`
-    /// (e4m3 and bf16 KV) Q read from shared memory each slice and a
-    /// shorter ring (4 / 2 slots), so that three CTAs fit an SM; `64` (e4m3
-    /// and bf16 KV) lean copy addresses (row addresses by `mad.wide.u32`,
-    /// the lane's ring offsets held, the ring slot counted; same results
-    /// bit for bit); `72` (e4m3 KV) both; `16` (bf16 KV) the production
+    /// (e4m3 KV) Q read from shared memory each slice and a shorter ring (4
+    /// slots), so that three CTAs fit an SM; `64` (e4m3 and bf16 KV) lean
+    /// copy addresses (row addresses by `mad.wide.u32`, the lane's ring
+    /// offsets held, the ring slot counted; same results bit for bit); `72`
+    /// (e4m3 KV) both; `192` (e4m3 KV) `64` and, for launches with
+    /// `q_len · G ≤ 8` (every row tile at most 8 rows), a loop that computes
+    /// only the valid half of each MMA fragment's rows (same results bit for
+    /// bit); `16` (bf16 KV) the production
     /// entry writing a per-CTA trace through `skipped_slices` instead of
     /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
     /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
@@ -447,6 +458,6 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [8, 8, 16, 64, 64, 72]);
+        assert_eq!(numbers, [8, 16, 64, 64, 72, 192]);
     }
 }
