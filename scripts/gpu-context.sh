@@ -82,7 +82,8 @@
 #   allgpu    every GPU test binary of the bundle, all at once (ALLGPU_TIMEOUT)
 #   lean      session 28's decode experiments x64 / x72 / x192 (lean copy
 #             addresses, three CTAs an SM, half-row loop): experiment test,
-#             masked keys, memcheck, bench rows with cuDNN
+#             masked keys, memcheck
+#   leanbench their decode bench rows beside production, then cuDNN
 #   xbench    the decode bench rows of the x8 experiment beside production
 #             (DBENCH_X8_CASES) and the cuDNN peers (same call)
 #   turns     session 24's exponential-turn experiments (EXT _x16384, SX
@@ -516,13 +517,12 @@ stage_lean() {
   # Session 28's decode experiments x64 (lean copy addresses), x72 (x64 at
   # three CTAs an SM) and x192 (x64 with the half-row loop), built without a
   # GPU: their results against the reference, the masked non-finite keys on
-  # each, memcheck on the zero-size copies from the lane's base, then the
-  # bench rows beside production and cuDNN (same call).
-  echo "== decode experiments x64 / x72 / x192 vs the reference"
-  MHA_KIT_GPU_EXPERIMENTS=64,72,192 timeout 240 tests/paged-attention-gpu --include-ignored experiment_entries \
-    > "$OUT/lean_test.log" 2>&1
-  echo "rc=$?"; summary "$OUT/lean_test.log"; grep -E "experiment_entries" "$OUT/lean_test.log"
+  # each, memcheck on the zero-size copies from the lane's base.
   for x in x64 x72 x192; do
+    echo "== decode experiment $x vs the reference"
+    MHA_KIT_GPU_EXPERIMENTS=${x#x} timeout 150 tests/paged-attention-gpu --include-ignored experiment_entries \
+      > "$OUT/lean_test_$x.log" 2>&1
+    echo "rc=$?"; summary "$OUT/lean_test_$x.log"; grep -E "experiment_entries" "$OUT/lean_test_$x.log"
     MHA_KIT_DECODE_EXPERIMENT=$x timeout 120 tests/paged-attention-gpu --include-ignored masked_nonfinite \
       > "$OUT/lean_masked_$x.log" 2>&1
     echo "masked $x rc=$?"; summary "$OUT/lean_masked_$x.log"
@@ -530,7 +530,11 @@ stage_lean() {
       tests/paged-attention-gpu --include-ignored masked_nonfinite > "$OUT/lean_memcheck_$x.log" 2>&1
     echo "memcheck $x rc=$?"; summary "$OUT/lean_memcheck_$x.log"
   done
-  MHA_KIT_BENCH_CASES="${DBENCH_LEAN_CASES:-bs 64, L 8192|bs 256, L 8192|FP8 KV, bs 64}" DBENCH_TIMEOUT=240 stage_dbench
+}
+stage_leanbench() {
+  # The decode bench rows of x64 / x72 / x192 beside production, then cuDNN.
+  MHA_KIT_BENCH_CASES="${DBENCH_LEAN_CASES:-bs 64, L 8192|bs 256, L 8192|FP8 KV, bs 64|bs 1, L 1024|bs 16, L 1024|bs 1, L 32768}" \
+    DBENCH_TIMEOUT=300 stage_dbench
 }
 stage_xbench() {
   echo "== decode bench: x8 beside production"

@@ -197,6 +197,42 @@ fn cases() -> Vec<Shape> {
                 8192,
             )
         },
+        Shape {
+            experiment: 192,
+            ..s(
+                "bs 64, L 8192 (x192: x64 with the half-row loop)",
+                32,
+                8,
+                128,
+                64,
+                8192,
+            )
+        },
+        Shape {
+            experiment: 192,
+            ..s(
+                "bs 256, L 8192 (x192: x64 with the half-row loop)",
+                32,
+                8,
+                128,
+                256,
+                8192,
+            )
+        },
+        // The latency rows under x192 (its entry has no cluster-fold twin:
+        // split launches fold through the workspace).
+        Shape {
+            experiment: 192,
+            ..s("bs 1, L 1024 (x192)", 32, 8, 128, 1, 1024)
+        },
+        Shape {
+            experiment: 192,
+            ..s("bs 16, L 1024 (x192)", 32, 8, 128, 16, 1024)
+        },
+        Shape {
+            experiment: 192,
+            ..s("bs 1, L 32768 (x192)", 32, 8, 128, 1, 32768)
+        },
         fp8_experiment(64, "x64: lean copy addresses"),
         fp8_experiment(72, "x72: x64 with x8's 3 CTAs/SM"),
         fp8_experiment(192, "x192: x64 with the half-row loop"),
@@ -222,8 +258,9 @@ fn cases() -> Vec<Shape> {
 
 /// The latency cases (issue 14's ≤ 1.05× cuDNN rows) under the production
 /// kernel (and Auto with the splits folded through the workspace instead of
-/// inside clusters) and experiment 64 (lean copy addresses), Auto and Fixed
-/// chunks around Auto's: `MHA_KIT_BENCH_LATENCY_SWEEP=1`.
+/// inside clusters) and experiments 64 (lean copy addresses) and 192 (with
+/// the half-row loop), Auto and Fixed chunks around Auto's:
+/// `MHA_KIT_BENCH_LATENCY_SWEEP=1`.
 fn latency_sweep() -> Vec<Shape> {
     let mut v = Vec::new();
     for (bs, len, chunks) in [
@@ -244,7 +281,7 @@ fn latency_sweep() -> Vec<Shape> {
                 len,
             )
         });
-        for xv in [0u32, 64] {
+        for xv in [0u32, 64, 192] {
             let mut splits = vec![SplitMode::Auto];
             splits.extend(
                 chunks
@@ -273,13 +310,17 @@ fn latency_sweep() -> Vec<Shape> {
 /// Fixed split chunks beside Auto for the production kernel and experiments
 /// 8 (3 CTAs/SM: 396 slots on 132 SMs, where Auto's one-split grid of
 /// bs 64 × 8 KV heads = 512 CTAs leaves a second wave 29% full), 64 (lean
-/// copy addresses), 72 (both) and 192 (64 with the half-row loop); 8, 72
-/// and 192 have e4m3 entries only: `MHA_KIT_BENCH_SPLIT_SWEEP=1`.
+/// copy addresses), 72 (both) and 192 (64 with the half-row loop); 8 and 72
+/// have e4m3 entries only: `MHA_KIT_BENCH_SPLIT_SWEEP=1`.
 fn split_sweep() -> Vec<Shape> {
     let mut v = Vec::new();
     for (bs, fp8) in [(64, false), (256, false), (64, true)] {
         // x72 has only an e4m3 entry.
-        let xvs: &[u32] = if fp8 { &[0, 8, 64, 72, 192] } else { &[0, 64] };
+        let xvs: &[u32] = if fp8 {
+            &[0, 8, 64, 72, 192]
+        } else {
+            &[0, 64, 192]
+        };
         for &xv in xvs {
             for chunk_tokens in [4096, 2752, 2048, 1024] {
                 let kv = if fp8 { "FP8 KV, " } else { "" };

@@ -1113,7 +1113,7 @@ fn main() {
             // e4m3 KV with Q in shared memory and a shorter ring; `_x16`:
             // the production entry traced; `_x64`: lean copy addresses, e4m3
             // and bf16 KV; `_x72`: both, e4m3; `_x192`: `_x64` with the
-            // half-row loop where q_len · G <= 8, e4m3), on the random cases their
+            // half-row loop where q_len · G <= 8, e4m3 and bf16), on the random cases their
             // entry serves (bf16 Q, D 128) and on some others (which keep the
             // production entry).
             // MHA_KIT_GPU_EXPERIMENTS=8,16 runs only those experiments
@@ -1130,6 +1130,7 @@ fn main() {
                 (64, KvDtype::Bf16),
                 (72, KvDtype::E4m3),
                 (192, KvDtype::E4m3),
+                (192, KvDtype::Bf16),
             ]
             .into_iter()
             .filter(|&(xv, _)| wanted(xv))

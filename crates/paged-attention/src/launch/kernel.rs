@@ -28,6 +28,7 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_bf16_d128_x64",
     "paged_attention_mma_bf16_kv_e4m3_d128_x72",
     "paged_attention_mma_bf16_kv_e4m3_d128_x192",
+    "paged_attention_mma_bf16_kv_bf16_d128_x192",
 ];
 
 /// Most splits a tensor-core launch folds inside one thread-block cluster
@@ -60,8 +61,8 @@ pub const DECODE_PDL_ENV: &str = "MHA_KIT_DECODE_PDL";
 /// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default),
 /// `x8` (three CTAs an SM at D 128, e4m3 K/V), `x64` (lean copy
 /// addresses), `x72` (both, e4m3) or `x192` (x64 and, where `q_len · G ≤ 8`,
-/// only the valid half of the rows computed; e4m3), so that a whole replay
-/// can run it.
+/// only the valid half of the rows computed), so that a whole replay can run
+/// it.
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
 
 /// Whether the tensor-core entry of (`q`, `kv`, `d`) has a `_cf` twin (the
@@ -198,7 +199,7 @@ impl PagedAttentionKernel {
     /// slots), so that three CTAs fit an SM; `64` (e4m3 and bf16 KV) lean
     /// copy addresses (row addresses by `mad.wide.u32`, the lane's ring
     /// offsets held, the ring slot counted; same results bit for bit); `72`
-    /// (e4m3 KV) both; `192` (e4m3 KV) `64` and, for launches with
+    /// (e4m3 KV) both; `192` (e4m3 and bf16 KV) `64` and, for launches with
     /// `q_len · G ≤ 8` (every row tile at most 8 rows), a loop that computes
     /// only the valid half of each MMA fragment's rows (same results bit for
     /// bit); `16` (bf16 KV) the production
@@ -458,6 +459,6 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [8, 16, 64, 64, 72, 192]);
+        assert_eq!(numbers, [8, 16, 64, 64, 72, 192, 192]);
     }
 }
