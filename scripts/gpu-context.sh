@@ -82,17 +82,10 @@
 #   allgpu    every GPU test binary of the bundle, all at once (ALLGPU_TIMEOUT)
 #   lean      session 28's decode experiments x64 / x72 / x192 (lean copy
 #             addresses, three CTAs an SM, half-row loop): experiment test,
-#             masked keys, memcheck
+#             masked keys, memcheck; the head_dim 512 decode test and memcheck
 #   leanbench their decode bench rows beside production, then cuDNN
 #   xbench    the decode bench rows of the x8 experiment beside production
 #             (DBENCH_X8_CASES) and the cuDNN peers (same call)
-#   turns     session 24's exponential-turn experiments (EXT _x16384, SX
-#             _x4096; PERF session 24): the experiment-entry test (random
-#             cases, masked NaN / Inf keys), the headline and FA3 D 128 cells with
-#             MHA_KIT_BENCH_VS=${TURNS_VS:-16384,4096} beside the default,
-#             the cuDNN peers, then Nsight Compute's SASS source page of one
-#             _x16384 launch (bs 8 x 4096) into $OUT/turns_sass.csv.xz
-#   turnsan   memcheck and racecheck on the experiment-entry test (few cases)
 #   loadcost  the trace entry's per-fast-tile phases with the K / V waits
 #             (headline cells), default vs _x4 on zero K/V (reads vs power),
 #             then Nsight Compute on one launch of the
@@ -457,33 +450,6 @@ stage_dtrace() {
   timeout 200 tests/paged-attention-gpu --include-ignored experiment_entries > "$OUT/dtrace_test.log" 2>&1
   echo "rc=$?"; summary "$OUT/dtrace_test.log"
 }
-stage_turns() {
-  echo "== experiment entries (incl. the turns) vs the reference"
-  timeout 200 $T --include-ignored experiment_entries > "$OUT/turns_test.log" 2>&1; echo "rc=$?"
-  summary "$OUT/turns_test.log"; grep -E "experiment_entries_with" "$OUT/turns_test.log"
-  echo "== bench: default beside ${TURNS_VS:-16384,4096}"
-  MHA_KIT_BENCH_VS=${TURNS_VS:-16384,4096} MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16|bs 1 × 16384, P 16|FA3 grid D 128" \
-    timeout ${BENCH_TIMEOUT:-240} benches/paged-attention-context --bench > "$OUT/turns_bench.log" 2>&1; echo "rc=$?"
-  grep -E '^(\||## )' "$OUT/turns_bench.log"
-  stage_peers
-  [ "${TURNS_NCU:-1}" = 1 ] || return 0  # TURNS_NCU=0: no Nsight Compute page
-  echo "== ncu: _x16384 SASS source page (bs 8 x 4096)"
-  MHA_KIT_BENCH_VS=16384 MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16" timeout 200 ncu --clock-control none --set full \
-    -k regex:"d128_x16384" --launch-skip 20 --launch-count 1 -o "$OUT/turns" benches/paged-attention-context --bench \
-    > "$OUT/turns_ncu.log" 2>&1; echo "rc=$?"
-  ncu -i "$OUT/turns.ncu-rep" --page source --csv --print-source sass 2>/dev/null | xz -T0 > "$OUT/turns_sass.csv.xz"
-  ncu -i "$OUT/turns.ncu-rep" --page details 2>/dev/null | grep -E "Duration|Issue Slots|Eligible|Executed Ipc A" | head
-  rm -f "$OUT/turns.ncu-rep"
-}
-stage_turnsan() {
-  # The turns stage's sanitizer runs (a separate call: the whole turns stage
-  # does not fit one 600 s device call with them).
-  echo "== memcheck, racecheck: experiment entries (few cases)"
-  MHA_KIT_GPU_CASES=2 timeout 150 compute-sanitizer --tool memcheck $T --include-ignored experiment_entries \
-    > "$OUT/turns_memcheck.log" 2>&1; echo "rc=$?"; summary "$OUT/turns_memcheck.log"
-  MHA_KIT_GPU_CASES=2 timeout 150 compute-sanitizer --tool racecheck $T --include-ignored experiment_entries \
-    > "$OUT/turns_racecheck.log" 2>&1; echo "rc=$?"; summary "$OUT/turns_racecheck.log"
-}
 stage_loadcost() {
   # Where the global K/V reads' 11-14% goes (PERF session 27): Nsight Compute
   # on one launch of the default entry and one of `_x4` (no global K/V reads,
@@ -530,10 +496,15 @@ stage_lean() {
       tests/paged-attention-gpu --include-ignored masked_nonfinite > "$OUT/lean_memcheck_$x.log" 2>&1
     echo "memcheck $x rc=$?"; summary "$OUT/lean_memcheck_$x.log"
   done
+  echo "== decode head_dim 512 (CUDA-core kernel) vs the reference, then memcheck"
+  timeout 200 tests/paged-attention-gpu --include-ignored d512_decode > "$OUT/d512.log" 2>&1
+  echo "rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
+  MHA_KIT_GPU_CASES=12 timeout 200 compute-sanitizer --tool memcheck tests/paged-attention-gpu --include-ignored \
+    d512_decode > "$OUT/d512_memcheck.log" 2>&1; echo "memcheck rc=$?"; summary "$OUT/d512_memcheck.log"
 }
 stage_leanbench() {
   # The decode bench rows of x64 / x72 / x192 beside production, then cuDNN.
-  MHA_KIT_BENCH_CASES="${DBENCH_LEAN_CASES:-bs 64, L 8192|bs 256, L 8192|FP8 KV, bs 64|bs 1, L 1024|bs 16, L 1024|bs 1, L 32768}" \
+  MHA_KIT_BENCH_CASES="${DBENCH_LEAN_CASES:-bs 64, L 8192|bs 256, L 8192|FP8 KV, bs 64|bs 1, L 1024|bs 16, L 1024|bs 1, L 32768|16/8/512}" \
     DBENCH_TIMEOUT=300 stage_dbench
 }
 stage_xbench() {

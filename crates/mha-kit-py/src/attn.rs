@@ -3,7 +3,7 @@
 //! public argument names) and the CPU path (paged-attention's f64 reference).
 
 use paged_attention::reference::{self, HostInputs, HostKv, HostLayout, Interleave, KvData};
-use paged_attention::{HalfDtype, KvDtype, HEAD_DIMS, MAX_GROUP};
+use paged_attention::{HalfDtype, KvDtype, DECODE_HEAD_DIMS, HEAD_DIMS, MAX_GROUP};
 
 use crate::desc::{Dtype, Tensor};
 use crate::error::ArgError;
@@ -192,10 +192,17 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
     };
     let [t, hq, d] = a.q.dims::<3>();
     a.q.require_last_contiguous()?;
-    if !HEAD_DIMS.contains(&d) {
+    // Decode / verify also run head_dim 512 (CUDA-core kernel); the
+    // context kernels do not.
+    if context && !HEAD_DIMS.contains(&d) {
+        return Err(a.q.err(format!(
+            "head_dim {d} is not supported by the context call (64, 128, 256)"
+        )));
+    }
+    if !context && !DECODE_HEAD_DIMS.contains(&d) {
         return Err(a
             .q
-            .err(format!("head_dim {d} is not supported (64, 128, 256)")));
+            .err(format!("head_dim {d} is not supported (64, 128, 256, 512)")));
     }
     a.out
         .require_rank(3, "[num_tokens, num_qo_heads, head_dim]")?;

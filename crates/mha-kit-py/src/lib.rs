@@ -518,6 +518,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Q_MODE_RAGGED_VERIFY", meta::q_mode::RAGGED_VERIFY)?;
     m.add("MAX_DECODE_Q_LEN", attn::MAX_DECODE_Q_LEN)?;
     m.add("HEAD_DIMS", paged_attention::HEAD_DIMS.to_vec())?;
+    m.add(
+        "DECODE_HEAD_DIMS",
+        paged_attention::DECODE_HEAD_DIMS.to_vec(),
+    )?;
     m.add_function(wrap_pyfunction!(decode, m)?)?;
     m.add_function(wrap_pyfunction!(context, m)?)?;
     m.add_function(wrap_pyfunction!(build_page_table, m)?)?;

@@ -46,6 +46,7 @@ def test_imports_without_torch_or_gpu():
     assert mha_kit.trtllm_batch_decode_with_kv_cache
     assert isinstance(mha_kit.gpu_available(), bool)
     assert mha_kit.HEAD_DIMS == (64, 128, 256)
+    assert mha_kit.DECODE_HEAD_DIMS == (64, 128, 256, 512)
     assert issubclass(mha_kit.InvalidArgument, ValueError)
     assert issubclass(mha_kit.DeviceError, RuntimeError)
     if not mha_kit.gpu_available():
@@ -65,6 +66,8 @@ DECODE_CASES = [
     ("fp8-kv", 3, 8, 2, 64, 16, 1, "bf16", "e4m3", -1, False, "NHD"),
     ("fp8-kv-verify", 2, 8, 8, 128, 32, 2, "f16", "e4m3", 9, True, "HND"),
     ("d256", 2, 2, 1, 256, 16, 1, "f16", "same", -1, False, "HND"),
+    ("d512-gqa4-window-sinks", 2, 4, 1, 512, 16, 1, "bf16", "same", 6, True, "NHD"),
+    ("d512-fp8-verify", 2, 8, 2, 512, 16, 3, "f16", "e4m3", -1, False, "HND"),
     ("group-16", 2, 16, 1, 64, 16, 2, "bf16", "same", -1, False, "HND"),
 ]
 
@@ -187,6 +190,20 @@ CONTEXT_CASES = [
     ("window", "f16", "same", 9, False, "NHD", 128),
     ("fp8", "bf16", "e4m3", -1, False, "HND", 64),
 ]
+
+
+def test_context_refuses_head_dim_512_naming_it():
+    # Decode serves head_dim 512; the context kernels do not (yet).
+    rng = np.random.default_rng(512)
+    q_lens = [3, 2]
+    c = ref.random_case(rng, bs=2, hq=4, hkv=1, d=512, p=8, q_lens=q_lens, dtype=np.float16,
+                        kv_dtype=np.float16, lens=q_lens, sinks=False, window_left=-1,
+                        layout="HND")
+    cu_k = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    with pytest.raises(mha_kit.InvalidArgument, match="head_dim 512"):
+        mha_kit.trtllm_batch_context_with_kv_cache(
+            c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], max(q_lens),
+            c["max_seq_len"], 0.125, 1.0, 2, c["cu"], cu_k)
 
 
 @pytest.mark.parametrize("case", CONTEXT_CASES, ids=[c[0] for c in CONTEXT_CASES])

@@ -26,11 +26,9 @@
 //! entries forced on beside the default on the FA3 grid's D 64 / 128 cells
 //! and the headline cases (session 17: slower on every cell).
 //! `MHA_KIT_BENCH_VS=xv[,xv..]` runs each case with the default kernel and,
-//! on the D 128 16-bit cases, the listed experiment entries only (2048: the
-//! pair clusters sharing each K/V tile; 4096: serial consumers whose
-//! exponential sections alternate; 16384: the default overlapped consumers
-//! whose exponential sections alternate); `MHA_KIT_BENCH_PAIR=1` is
-//! `VS=2048`.
+//! on the D 128 16-bit cases, the listed experiment entries only (e.g.
+//! 2048: the pair clusters sharing each K/V tile; 4: no K/V reads);
+//! `MHA_KIT_BENCH_PAIR=1` is `VS=2048`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -568,7 +566,7 @@ fn main() {
     duo_on.set_duo(Some(true));
     // Leave-one-stage-out timing experiments (wrong results by design).
     let experiments: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
-        [4u32, 16, 32, 64, 128, 512, 1024, 1536]
+        [4u32, 16, 32, 512, 1024, 1536]
             .into_iter()
             .map(|xv| {
                 let mut k = ContextKernel::new(&gpu).expect("load");
@@ -581,9 +579,7 @@ fn main() {
     };
     // Side-by-side experiments: MHA_KIT_BENCH_VS=xv[,xv..] runs every D 128
     // 16-bit case with only the default and these experiment entries (correct
-    // results: 2048 the pair clusters sharing K/V, 4096 serial consumers with
-    // alternating exponential sections, 16384 the overlapped consumers with
-    // alternating exponential sections);
+    // results: 2048 the pair clusters sharing K/V);
     // MHA_KIT_BENCH_PAIR=1 is VS=2048.
     let vs_list: Vec<u32> = match std::env::var("MHA_KIT_BENCH_VS") {
         Ok(v) => v.split(',').filter_map(|x| x.trim().parse().ok()).collect(),
@@ -639,10 +635,6 @@ fn main() {
         } else if let Some((xv, _)) = vs.iter().find(|(_, e)| std::ptr::eq(k, e)) {
             match *xv {
                 2048 => "experiment: pair clusters share K/V (correct results)",
-                4096 => "experiment: serial consumers, alternating exp sections (correct results)",
-                16384 => {
-                    "experiment: overlapped consumers, alternating exp sections (correct results)"
-                }
                 _ => "experiment (side by side)",
             }
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {
@@ -650,8 +642,6 @@ fn main() {
                 4 => "experiment: no K/V reads",
                 16 => "experiment: K / V rings 3 / 2 (correct results)",
                 32 => "experiment: O rescaled under S (correct results)",
-                64 => "experiment: ¼ of exp2 by polynomial (correct results)",
-                128 => "experiment: row sums on the tensor cores (correct results)",
                 512 => "experiment: no V scan of masked tiles (correct on finite V)",
                 1024 => "experiment: no epilogue global stores",
                 1536 => "experiment: no V scan, no epilogue global stores",

@@ -1773,7 +1773,8 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
 #define PA_DECODE_D(QN, QT, KVN, KV) \
     PA_DECODE(QN, QT, KVN, KV, 64)   \
     PA_DECODE(QN, QT, KVN, KV, 128)  \
-    PA_DECODE(QN, QT, KVN, KV, 256)
+    PA_DECODE(QN, QT, KVN, KV, 256)  \
+    PA_DECODE(QN, QT, KVN, KV, 512)
 
 PA_DECODE_D(bf16, 0, bf16, 0)
 PA_DECODE_D(bf16, 0, f16, 1)

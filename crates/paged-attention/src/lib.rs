@@ -159,8 +159,13 @@ pub const ABI: kernel_rt::abi::Header = kernel_rt::abi::Header {
     ],
 };
 
-/// Head dims with a kernel instantiation.
+/// Head dims that every kernel family serves (decode / verify and context).
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// Head dims of the decode / verify kernels: [`HEAD_DIMS`] and 512 (Gemma-
+/// style global layers; CUDA-core kernel only so far, no tensor-core entry:
+/// [`MMA_HEAD_DIMS`]). The context kernels do not serve 512 yet.
+pub const DECODE_HEAD_DIMS: [usize; 4] = [64, 128, 256, 512];
 
 /// Kernel entry point names used by the launcher (pinned by a CPU test):
 /// `paged_attention_decode_{q}_kv_{kv}_d{D}` and the tensor-core `paged_attention_mma_{q}_kv_{kv}_d{D}` ([`mma_variants`]).
@@ -168,7 +173,7 @@ pub fn kernel_names() -> Vec<String> {
     let mut v = Vec::new();
     for q in [HalfDtype::Bf16, HalfDtype::F16] {
         for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
-            for d in HEAD_DIMS {
+            for d in DECODE_HEAD_DIMS {
                 v.push(entry_name(q, kv, d));
             }
         }

@@ -293,7 +293,7 @@ fn masked_nonfinite_keys(gpu: &Arc<Gpu>, k: &PagedAttentionKernel) -> Result<(),
     let mut runs = 0usize;
     for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
         let (nan, inf) = nonfinite_bits(kv);
-        for d in [64, 128, 256] {
+        for d in [64, 128, 256, 512] {
             for (g, p) in [(1, 16), (4, 1), (8, 48)] {
                 // (window, poisoned key, the row that sees it, the row that must not)
                 for (window, key, sees, blind) in
@@ -1218,6 +1218,24 @@ fn main() {
                 "cluster_fold_equals_the_workspace_fold: {same} cases, {} launches as clusters",
                 k.cluster_launches()
             );
+            Ok(())
+        }),
+        named("d512_decode_and_verify_vs_reference", |gpu, k| {
+            // Head dim 512 (CUDA-core kernel, the launcher's only path
+            // there): the random case space (ragged and uniform verify,
+            // GQA 1..16, page sizes, windows, sinks, e4m3 / bf16 / f16 K/V,
+            // split modes, poisoned keys outside every row's range) at D 512.
+            let cases: u64 = std::env::var("MHA_KIT_GPU_CASES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(200);
+            let mut runs = 0usize;
+            for seed in 0..cases {
+                let (c, split, msl) = random_case_with(0xD512_0000 + seed, Some(512));
+                check(gpu, k, &c, split, msl).map_err(|e| format!("seed {seed}: {e}"))?;
+                runs += 1;
+            }
+            println!("d512_decode_and_verify_vs_reference: {runs} cases");
             Ok(())
         }),
         named("gpu_matches_reference_proptest", |gpu, k| {

@@ -396,7 +396,7 @@ fn params_layout_matches_cuda() {
 #[test]
 fn ptx_has_every_kernel_name() {
     let names = kernel_names();
-    assert_eq!(names.len(), 28); // 18 CUDA-core + 10 tensor-core entries
+    assert_eq!(names.len(), 34); // 24 CUDA-core (D 64..512) + 10 tensor-core entries
     for name in &names {
         assert!(PTX.has_entry(name), "{name} missing from the PTX");
     }

@@ -52,8 +52,10 @@ InvalidArgument = _native.InvalidArgument
 DeviceError = _native.DeviceError
 #: Bytes at the end of a decode ``workspace_buffer`` that hold split counters.
 WORKSPACE_COUNTER_BYTES = _native.WORKSPACE_COUNTER_BYTES
-#: Head dims with a kernel.
+#: Head dims that both the decode and the context calls serve.
 HEAD_DIMS = tuple(_native.HEAD_DIMS)
+#: Head dims of the decode call (HEAD_DIMS and 512; the context call refuses 512).
+DECODE_HEAD_DIMS = tuple(_native.DECODE_HEAD_DIMS)
 
 try:  # the custom ops need torch; the package works without it (CPU path on numpy)
     import torch as _torch  # noqa: F401
@@ -141,6 +143,7 @@ def module_sources(device=None):
 
 
 __all__ = [
+    "DECODE_HEAD_DIMS",
     "DeviceError",
     "HAS_TORCH_OPS",
     "HEAD_DIMS",

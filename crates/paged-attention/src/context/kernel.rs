@@ -367,13 +367,12 @@ impl ContextKernel {
     /// dropped in session 26 for room in the tree); with correct
     /// results: 16 = K / V ring depths 3 / 2 instead of 2 / 3, 32 = O
     /// rescaled under S instead of after the wait for P V, 40 = 32 with the
-    /// trace, 64 = one exponential in four by polynomial on the FMA pipe
-    /// (within the 16-bit rounding of P; also at D 64), 72 = 64 traced,
-    /// 2048 = clusters of two CTAs that share each K/V tile,
-    /// [`CONTEXT_SM90_PAIR_EXPERIMENT`], 4096 = serial consumers whose
-    /// exponential sections alternate, 16384 = the default overlapped
-    /// consumers whose exponential sections alternate; both sum the rows
-    /// of the 16-bit P) for D 128 bf16 launches; 0 = off. The experiment
+    /// trace, 512 = no V scan of masked tiles (correct on finite V), 2048 =
+    /// clusters of two CTAs that share each K/V tile,
+    /// [`CONTEXT_SM90_PAIR_EXPERIMENT`]; without: 1024 / 1536 = no epilogue
+    /// stores (and no V scan)) for D 128 bf16 launches; 0 = off (64, 72,
+    /// 128, 4096 and 16384, measured and concluded, were dropped in session
+    /// 28 for room; PERF.md sessions 7, 14, 24, 26). The experiment
     /// entries build only the gather's 32-bit address products, so a
     /// launch where [`context_sm90_cursor_fits`] fails is refused with
     /// [`KernelError::Unsupported`] (32768, the page cursor and those

@@ -11,7 +11,7 @@ use kernel_rt::launch::{EntryAttrs, Launcher};
 use kernel_rt::{DeviceErrors, Gpu, KernelError, Result};
 
 use crate::context::env_choice;
-use crate::{HalfDtype, KvDtype, HEAD_DIMS, PTX};
+use crate::{HalfDtype, KvDtype, DECODE_HEAD_DIMS, PTX};
 
 use super::plan::{plan_path, validate_path};
 use super::views::{base_ptrs, stride_err};
@@ -158,7 +158,7 @@ impl PagedAttentionKernel {
         }
         for q in [HalfDtype::Bf16, HalfDtype::F16] {
             for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
-                for d in HEAD_DIMS {
+                for d in DECODE_HEAD_DIMS {
                     let name = entry_name(q, kv, d);
                     kernel.load(&PTX, &name, EntryAttrs::smem(smem_bytes(d, kv)))?;
                 }

@@ -5,7 +5,7 @@
 use kernel_rt::cudarc::driver::CudaStream;
 use kernel_rt::{to_i64, KernelError, Result, Strided, StridedMut};
 
-use crate::HEAD_DIMS;
+use crate::DECODE_HEAD_DIMS;
 
 use super::{KvCache, MAX_GROUP};
 
@@ -172,10 +172,10 @@ pub(crate) fn validate_views(
     let [num_tokens, hq, dim] = q.shape();
     let (ks, kst, vs, vst) = kv.shapes();
     let [num_pages, hkv, page_size, kdim] = ks;
-    if !HEAD_DIMS.contains(&dim) {
+    if !DECODE_HEAD_DIMS.contains(&dim) {
         return Err(KernelError::unsupported(
             "q",
-            format!("head_dim {dim} (supported: 64, 128, 256)"),
+            format!("head_dim {dim} (supported: 64, 128, 256, 512)"),
         ));
     }
     if out.shape() != q.shape() {

@@ -498,9 +498,18 @@ pub fn nonfinite_bits(kv: KvDtype) -> (u16, u16) {
 /// A random case from `seed`. Keys no row of any request may see (outside
 /// every request's `[k_lo, L)`) hold NaN/Inf bytes.
 pub fn random_case(seed: u64) -> (Case, SplitMode, usize) {
+    random_case_with(seed, None)
+}
+
+/// [`random_case`] with the head dim forced to `force_d` (the other fields
+/// drawn as for the seed's case; the reference's work budget shortens the
+/// lengths at larger head dims): how head dims outside the random draw
+/// (512, decode only) get the same case space.
+pub fn random_case_with(seed: u64, force_d: Option<usize>) -> (Case, SplitMode, usize) {
     let mut r = rand::rngs::StdRng::seed_from_u64(seed);
     let kv = [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3][r.gen_range(0..3)];
-    let d = [64, 128, 256][r.gen_range(0..3)];
+    let drawn_d = [64, 128, 256][r.gen_range(0..3)];
+    let d = force_d.unwrap_or(drawn_d);
     let g = [1, 2, 4, 5, 8, 16][r.gen_range(0..6)];
     let hkv = if r.gen_bool(0.7) { 1 } else { 2 };
     let p = [1, 8, 16, 32, 64, 128, r.gen_range(1..=40)][r.gen_range(0..7)];
