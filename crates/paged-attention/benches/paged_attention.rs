@@ -83,6 +83,14 @@ fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shap
     }
 }
 
+/// 32/8/128 bf16 `bs × len` under timing experiment `xv`.
+fn experiment_row(xv: u32, bs: usize, len: usize, what: &str) -> Shape {
+    Shape {
+        experiment: xv,
+        ..s(&format!("bs {bs}, L {len} ({what})"), 32, 8, 128, bs, len)
+    }
+}
+
 /// FP8 KV bs 64 × 8k under e4m3 timing experiment `xv`.
 fn fp8_experiment(xv: u32, what: &str) -> Shape {
     Shape {
@@ -177,64 +185,15 @@ fn cases() -> Vec<Shape> {
             8,
             "x8: Q fragments in shared memory, 4-slot ring, 3 CTAs/SM",
         ),
-        Shape {
-            experiment: 64,
-            ..s(
-                "bs 64, L 8192 (x64: lean copy addresses)",
-                32,
-                8,
-                128,
-                64,
-                8192,
-            )
-        },
-        Shape {
-            experiment: 64,
-            ..s(
-                "bs 256, L 8192 (x64: lean copy addresses)",
-                32,
-                8,
-                128,
-                256,
-                8192,
-            )
-        },
-        Shape {
-            experiment: 192,
-            ..s(
-                "bs 64, L 8192 (x192: x64 with the half-row loop)",
-                32,
-                8,
-                128,
-                64,
-                8192,
-            )
-        },
-        Shape {
-            experiment: 192,
-            ..s(
-                "bs 256, L 8192 (x192: x64 with the half-row loop)",
-                32,
-                8,
-                128,
-                256,
-                8192,
-            )
-        },
+        experiment_row(64, 64, 8192, "x64: lean copy addresses"),
+        experiment_row(64, 256, 8192, "x64: lean copy addresses"),
+        experiment_row(192, 64, 8192, "x192: x64 with the half-row loop"),
+        experiment_row(192, 256, 8192, "x192: x64 with the half-row loop"),
         // The latency rows under x192 (its entry has no cluster-fold twin:
         // split launches fold through the workspace).
-        Shape {
-            experiment: 192,
-            ..s("bs 1, L 1024 (x192)", 32, 8, 128, 1, 1024)
-        },
-        Shape {
-            experiment: 192,
-            ..s("bs 16, L 1024 (x192)", 32, 8, 128, 16, 1024)
-        },
-        Shape {
-            experiment: 192,
-            ..s("bs 1, L 32768 (x192)", 32, 8, 128, 1, 32768)
-        },
+        experiment_row(192, 1, 1024, "x192"),
+        experiment_row(192, 16, 1024, "x192"),
+        experiment_row(192, 1, 32768, "x192"),
         fp8_experiment(64, "x64: lean copy addresses"),
         fp8_experiment(72, "x72: x64 with x8's 3 CTAs/SM"),
         fp8_experiment(192, "x192: x64 with the half-row loop"),

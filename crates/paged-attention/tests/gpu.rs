@@ -23,6 +23,14 @@ use proptest::test_runner::{Config, TestRunner};
 
 const GPU_CASES: u32 = 1_200;
 
+/// `MHA_KIT_GPU_CASES` (a smaller case set for the sanitizers), else `default`.
+fn env_cases(default: u64) -> u64 {
+    std::env::var("MHA_KIT_GPU_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 struct GpuOut {
     out: Vec<u16>,
     errors: ErrorReport,
@@ -675,10 +683,7 @@ fn interleaved_ranks(gpu: &Arc<Gpu>) -> Result<(), String> {
     use paged_attention::merge::{apply_sinks, merge_states};
     use paged_attention::reference::{attention_at, HostInputs, Interleave, KeyPositions};
     let k = PagedAttentionKernel::new(gpu).or_fail("load")?;
-    let cases = std::env::var("MHA_KIT_GPU_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(600u64);
+    let cases = env_cases(600);
     let mut runs = 0usize;
     for seed in 0..cases {
         let (c, split, msl) = random_case(seed);
@@ -874,10 +879,7 @@ fn nccl_ranks(_gpu: &Arc<Gpu>) -> Result<(), String> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(devices.min(8))
         .max(1);
-    let n_cases = std::env::var("MHA_KIT_GPU_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300u64);
+    let n_cases = env_cases(300);
     let cases: Vec<_> = (0..n_cases)
         .map(|seed| random_case(0xDC9_0000 + seed))
         .filter(|(c, _, _)| paged_attention::mma_supported(c.q_dtype, c.kv_dtype, c.d))
@@ -1185,10 +1187,7 @@ fn main() {
             }
             let mut off = PagedAttentionKernel::new(gpu).or_fail("load")?;
             off.set_cluster_fold(false);
-            let cases: u64 = std::env::var("MHA_KIT_GPU_CASES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(600);
+            let cases = env_cases(600);
             let mut same = 0usize;
             for seed in 0..cases {
                 let (c, _, msl) = random_case(seed);
@@ -1225,10 +1224,7 @@ fn main() {
             // there): the random case space (ragged and uniform verify,
             // GQA 1..16, page sizes, windows, sinks, e4m3 / bf16 / f16 K/V,
             // split modes, poisoned keys outside every row's range) at D 512.
-            let cases: u64 = std::env::var("MHA_KIT_GPU_CASES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(200);
+            let cases = env_cases(200);
             let mut runs = 0usize;
             for seed in 0..cases {
                 let (c, split, msl) = random_case_with(0xD512_0000 + seed, Some(512));
