@@ -387,32 +387,24 @@ impl ContextKernel {
     /// [`KernelError::Load`] when the entry does not exist.
     pub fn set_experiment(&mut self, xv: u32) -> Result<()> {
         if xv != 0 {
-            // The D 128 entry always exists; a D 64 one for some experiments.
-            for d in [128usize, 64] {
-                let bf16 = context_sm90_entry_name(HalfDtype::Bf16, KvDtype::Bf16, d);
-                let name = format!("{bf16}_x{xv}");
-                if d != 128 && !CONTEXT_SM90_PTX.has_entry(&name) {
-                    continue; // no D 64 entry of this experiment
-                }
-                let smem =
-                    context_sm90_smem_bytes(d, KvDtype::Bf16) + CONTEXT_SM90_EXPERIMENT_SLACK;
-                let attrs = EntryAttrs::smem_max_carveout(smem);
-                match self.kernel.load(&CONTEXT_SM90_PTX, &name, attrs) {
-                    Ok(idx) if d == 128 && xv & CONTEXT_SM90_PAIR_EXPERIMENT != 0 => {
-                        let threads = context_sm90_threads(d, KvDtype::Bf16);
-                        self.pair_clusters =
-                            self.kernel
-                                .max_active_clusters(idx, threads, smem as u32, 2)?;
-                        if self.pair_clusters == 0 {
-                            return Err(KernelError::unsupported(
-                                "experiment",
-                                format!("{name}: no cluster of two CTAs fits the device"),
-                            ));
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) if d == 128 => return Err(e),
-                    Err(_) => {}
+            // Every experiment entry is D 128 bf16 (the D 64 one was dropped
+            // in session 28).
+            let d = 128;
+            let bf16 = context_sm90_entry_name(HalfDtype::Bf16, KvDtype::Bf16, d);
+            let name = format!("{bf16}_x{xv}");
+            let smem = context_sm90_smem_bytes(d, KvDtype::Bf16) + CONTEXT_SM90_EXPERIMENT_SLACK;
+            let attrs = EntryAttrs::smem_max_carveout(smem);
+            let idx = self.kernel.load(&CONTEXT_SM90_PTX, &name, attrs)?;
+            if xv & CONTEXT_SM90_PAIR_EXPERIMENT != 0 {
+                let threads = context_sm90_threads(d, KvDtype::Bf16);
+                self.pair_clusters =
+                    self.kernel
+                        .max_active_clusters(idx, threads, smem as u32, 2)?;
+                if self.pair_clusters == 0 {
+                    return Err(KernelError::unsupported(
+                        "experiment",
+                        format!("{name}: no cluster of two CTAs fits the device"),
+                    ));
                 }
             }
         }
