@@ -84,6 +84,8 @@
 #             addresses, three CTAs an SM, half-row loop): experiment test,
 #             masked keys, memcheck; the head_dim 512 decode test and memcheck
 #   leanbench their decode bench rows beside production, then cuDNN
+#   d512      the decode GPU suite with D 512 on tensor cores, memcheck and
+#             racecheck on the D 512 cases, the D 512 / 256 bench rows
 #   xbench    the decode bench rows of the x8 experiment beside production
 #             (DBENCH_X8_CASES) and the cuDNN peers (same call)
 #   loadcost  the trace entry's per-fast-tile phases with the K / V waits
@@ -506,6 +508,22 @@ stage_leanbench() {
   # The decode bench rows of x64 / x72 / x192 beside production, then cuDNN.
   MHA_KIT_BENCH_CASES="${DBENCH_LEAN_CASES:-bs 64, L 8192|bs 256, L 8192|FP8 KV, bs 64|bs 1, L 1024|bs 16, L 1024|bs 1, L 32768|16/8/512}" \
     DBENCH_TIMEOUT=300 stage_dbench
+}
+stage_d512() {
+  # Session 29: head_dim 512 on tensor cores (warp pairs). The whole decode
+  # GPU suite (d512_decode runs every case on both kernels; skip-softmax,
+  # PDL-in-a-graph and interleaved ranks take D 512 cases too), memcheck
+  # and racecheck (the pairs' partial S in shared memory) on the D 512
+  # cases, then the D 512 / 256 bench rows.
+  echo "== decode GPU suite (D 512 on tensor cores)"
+  timeout 420 tests/paged-attention-gpu --include-ignored > "$OUT/d512_suite.log" 2>&1
+  echo "rc=$?"; summary "$OUT/d512_suite.log"
+  grep -E "^(test .*(FAILED|ok)$)|d512_decode|skip_softmax:|pdl_chains|interleaved" "$OUT/d512_suite.log" | grep -v " ok$" | head -20
+  for tool in memcheck racecheck; do
+    MHA_KIT_GPU_CASES=12 timeout 240 compute-sanitizer --tool $tool tests/paged-attention-gpu --include-ignored \
+      d512_decode > "$OUT/d512_$tool.log" 2>&1; echo "$tool rc=$?"; summary "$OUT/d512_$tool.log"
+  done
+  MHA_KIT_BENCH_CASES="${DBENCH_D512_CASES:-/512,|16/8/256}" DBENCH_TIMEOUT=240 stage_dbench
 }
 stage_xbench() {
   echo "== decode bench: x8 beside production"

@@ -156,8 +156,14 @@ fn cases() -> Vec<Shape> {
         },
         s("16/8/256, bs 64, L 8192", 16, 8, 256, 64, 8192),
         s("32/2/256, bs 64, L 8192", 32, 2, 256, 64, 8192),
-        // Head dim 512 (CUDA-core kernel; issue 14's bar: >= 75% of copy).
+        // Head dim 512 (tensor cores by warp pairs for 16-bit K/V; issue
+        // 14's bar: >= 75% of copy), and the CUDA-core kernel beside it.
         s("16/8/512, bs 64, L 8192", 16, 8, 512, 64, 8192),
+        s("32/2/512, bs 64, L 8192", 32, 2, 512, 64, 8192),
+        Shape {
+            simt: true,
+            ..s("16/8/512, bs 64, L 8192 (CUDA-core kernel)", 16, 8, 512, 64, 8192)
+        },
         Shape {
             simt: true,
             ..s("bs 64, L 8192 (CUDA-core kernel)", 32, 8, 128, 64, 8192)

@@ -2,7 +2,7 @@
 // Semantics: SEMANTICS.md §attention.2-7, SEMANTICS.md §fp8-kv.4, DESIGN.md D4-D6,
 // D10, D12, D13. Two kernels:
 // paged_attention_decode_* (CUDA cores, every D/dtype; described here) and
-// paged_attention_mma_* (tensor cores, D 64/128; see "tensor-core path" below).
+// paged_attention_mma_* (tensor cores, D 64-512; see "tensor-core path" below).
 //
 // Work item = (split s, KV head h x row tile rt, request b). A row tile packs up
 // to 16 query rows (token j, head g) of the G heads sharing KV head h,
@@ -774,7 +774,8 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
 
 // ======================= tensor-core path (mma.sync) =======================
 // Same work items, split rule and workspace format as decode_body, with
-// 64-token CTA tiles (p.tile_tokens = 64). Each of the 4 warps owns a
+// 64-token CTA tiles (p.tile_tokens = 64; 32 at D 512, where the warps work
+// in pairs, MmaSmem::DH). Each of the 4 warps owns a
 // 16-token slice of every tile and runs its own cp.async ring of NST slots:
 // it loads and consumes only its own tokens, so the main loop has no CTA
 // barrier. Per slice:
@@ -792,7 +793,6 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
 
 constexpr int MW = 4;         // warps per CTA
 constexpr int MWT = 16;       // tokens per warp slice
-constexpr int MTT = MW * MWT; // tokens per CTA tile
 
 template <int D, int KV, int XV = 0>
 struct MmaSmem {
@@ -804,27 +804,45 @@ struct MmaSmem {
     static constexpr bool X8 = (XV & 8) != 0;
     static constexpr bool Q8_SMEM = KV == 2 && X8;
     static constexpr int NST = KV == 2 ? (X8 ? 4 : 6) : (X8 ? 2 : 3);  // ring slots per warp
-    static constexpr int RRB = D * ES;                 // raw (loaded) row bytes
+    // D 512 (16-bit KV): the warps work in pairs, warp w on slice w / 2 of
+    // the tile and dims [256 (w % 2), 256 (w % 2) + 256) of every K / V row
+    // it loads (DH = 2 dim halves, DW = 256 dims a warp): O splits across
+    // the pair (128 accumulators a thread, as at D 256) and each warp's S
+    // over its half of the dims is summed with its partner's through shared
+    // memory (XS), so each K / V byte is still read once. A tile is then
+    // NSL = 2 slices of 16 keys (TT = 32 tokens).
+    static constexpr int DH = D >= 512 ? 2 : 1;
+    static constexpr int DW = D / DH;                  // dims a warp loads and accumulates
+    static constexpr int NSL = MW / DH;                // warp slices a tile
+    static constexpr int TT = NSL * MWT;               // tokens a CTA tile
+    static constexpr int RRB = DW * ES;                // raw (loaded) ring row bytes
     static constexpr int CPR = RRB / 16;               // 16-byte chunks per raw row
-    static constexpr int HRB = D * 2;                  // 16-bit row bytes
+    static constexpr int HRB = DW * 2;                 // 16-bit ring row bytes
+    static constexpr int QRB = D * 2;                  // Q row bytes (Q_SMEM)
     static constexpr int SLOT = MWT * RRB * 2;         // K rows then V rows
     static constexpr int WRING = NST * SLOT;           // per warp
     static constexpr int RING = MW * WRING;
     static constexpr int OS = D + 8;                   // merge scratch row stride (f32)
-    static constexpr int MERGE = MW * ROWS * OS * 4;   // aliases the ring after the loop
+    static constexpr int MERGE = NSL * ROWS * OS * 4;  // aliases the ring after the loop
     static constexpr int ST_OFF = RING;                // f32 m[MW][16], d[MW][16]
     static constexpr int VM_OFF = ST_OFF + 2 * MW * ROWS * 4;  // u32 [MW][NST][2] valid masks
+    // DH = 2: the pairs' partial S, f32 [NSL][2 parities][DH][32 lanes][8]
+    // (double-buffered by slice parity: one pair barrier a slice).
+    static constexpr int XS_OFF = VM_OFF + MW * NST * 2 * 4;
+    static constexpr int XS_BYTES = DH > 1 ? NSL * 2 * DH * 32 * 8 * 4 : 0;
     // D 256: Q A-fragments are read from shared memory each slice (16 rows
     // of D 16-bit values, 16-byte chunks XOR-swizzled by row & 7) instead of
     // being held in 4 D / 16 registers a thread, which with the 2 D / 8
     // accumulators would spill.
     static constexpr bool Q_SMEM = D >= 256 || (X8 && KV != 2);
-    static constexpr int Q_OFF = (VM_OFF + MW * NST * 2 * 4 + 15) / 16 * 16;
+    static constexpr int Q_OFF = (XS_OFF + XS_BYTES + 15) / 16 * 16;
     // Q8_SMEM: u32 [D / 16 k-steps][32 lanes][4] (each lane's A-fragment of
     // a k-step as one 16-byte word), after the rows of Q_SMEM (never both).
     static constexpr int Q8_OFF = Q_OFF + (Q_SMEM ? ROWS * D * 2 : 0);
     static constexpr int BYTES = Q8_OFF + (Q8_SMEM ? (D / 16) * 32 * 16 : 0);
     static_assert(MERGE <= RING, "merge scratch fits in the ring");
+    static_assert(DH == 1 || (KV != 2 && Q_SMEM && XV == 0), "D 512: 16-bit KV, Q in shared memory, production only");
+    static_assert(XS_OFF % 16 == 0, "pair exchange aligned");
     // The cluster fold: this CTA's partial (O rows, (m, d)) after the merge
     // scratch, then the fold's scratch (CLUSTER_CAP f32: the statistics of
     // up to 8 splits).
@@ -886,8 +904,11 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     constexpr int RRB = L::RRB;
     constexpr int HRB = L::HRB;
     constexpr int CPR = L::CPR;
-    constexpr int KSTEPS = D / 16;
-    constexpr int NT8 = D / 8;
+    constexpr int DH = L::DH;
+    constexpr int DW = L::DW;
+    constexpr int TT = L::TT;
+    constexpr int KSTEPS = DW / 16;  // k-steps of this warp's S (its dims)
+    constexpr int NT8 = DW / 8;      // n8 tiles of this warp's O
     constexpr int MT = KV == 2 ? 1 : QT;  // MMA input type: e4m3 KV runs f16 MMAs
     constexpr int NCH = D / 8;            // epilogue: 8-dim chunks per row
     constexpr int RPT = ROWS * NCH / NT;  // epilogue: rows per thread
@@ -905,6 +926,9 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
+    // D 512 (DH = 2): warp slice ws of the tile, dim half hf (L::DH).
+    const int ws = warp / DH;
+    const int hf = warp % DH;
 
     // Timing experiment XV & 16: a per-CTA trace in place of the skip
     // counter (8 u64 a CTA, linear CTA order): %smid, then %globaltimer at
@@ -971,7 +995,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     }
     const i32 ks0 = sp.k_lo + split * sp.chunk;
     const i32 ke = min(ks0 + sp.chunk, sp.k_hi);
-    const int ntiles = ke > ks0 ? (ke - ks0 + MTT - 1) / MTT : 0;
+    const int ntiles = ke > ks0 ? (ke - ks0 + TT - 1) / TT : 0;
     const int nrows = sp.rows;
     const int r0 = rt * ROWS;
 
@@ -987,8 +1011,9 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     constexpr bool XA = (XV & 64) != 0;
     const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
     if constexpr (XA) pt_row = pac::opaque_ptr(pt_row);
-    const i64 k_head = (i64)h * p.k_stride_head;
-    const i64 v_head = (i64)h * p.v_stride_head;
+    // DH = 2: this warp's dim half starts DW elements into each row.
+    const i64 k_head = (i64)h * p.k_stride_head + (DH > 1 ? hf * DW : 0);
+    const i64 v_head = (i64)h * p.v_stride_head + (DH > 1 ? hf * DW : 0);
     const u8* k_base = p.k_cache + k_head * ES;
     const u8* v_base = p.v_cache + v_head * ES;
     // Page and token strides in bytes; i32 by the launcher's rule
@@ -999,7 +1024,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     // ---- loader: lane loads tokens lt and lt + 8 of the warp slice, chunks cq + 4 i ----
     const int lt = lane >> 2;
     const int cq = lane & 3;
-    const i32 slice0 = ks0 + warp * MWT;  // first key of this warp's slice in tile 0
+    const i32 slice0 = ks0 + ws * MWT;  // first key of this warp's slice in tile 0
     u8* ring = smem + warp * L::WRING;
     const u32 ring_u32 = smem_u32(ring);
     // XA: the lane's copy base (e4m3: its first 16-byte chunk, cq; 16-bit
@@ -1033,16 +1058,16 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     }
 
     // Page cursor: tiles are looked up in order (t = 0, 1, 2, ...), so the
-    // (page, offset) of this lane's tokens k0 = slice0 + t MTT + lt and k0 + 8
-    // advance by (MTT / P, MTT % P) with one carry: two divisions per thread
+    // (page, offset) of this lane's tokens k0 = slice0 + t TT + lt and k0 + 8
+    // advance by (TT / P, TT % P) with one carry: two divisions per thread
     // in place of two per slice (FP8 bs 64 x 8k, session 18: ~45 of the
     // loop's ~680 instructions a slice were the divisions).
     // Under the page interleave the cursor holds page-table columns (local
     // page i is column i N + rank): a carry steps N columns.
     const i32 psz = p.page_size;
     const i32 cpn = p.cp_ranks;
-    const i32 adv_pg = MTT / psz;
-    const i32 adv_off = MTT - adv_pg * psz;
+    const i32 adv_pg = TT / psz;
+    const i32 adv_off = TT - adv_pg * psz;
     const i32 adv_col = adv_pg * cpn;
     i32 cur_pg0 = (slice0 + lt) / psz;
     i32 cur_off0 = slice0 + lt - cur_pg0 * psz;
@@ -1051,7 +1076,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     cur_pg0 = cur_pg0 * cpn + p.cp_rank;
     cur_pg1 = cur_pg1 * cpn + p.cp_rank;
     auto lookup = [&](Look& lk, int t) {
-        const i32 k0 = slice0 + t * MTT + lt;
+        const i32 k0 = slice0 + t * TT + lt;
         const i32 k1 = k0 + 8;
         const bool in = t < ntiles;
         const i32 pg0 = cur_pg0, pg1 = cur_pg1;
@@ -1282,7 +1307,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 u = mha_kit::load16(p.q + (i64)(g.row_start + j) * p.q_stride_tok +
                                     (i64)(h * p.group + gq) * p.q_stride_head + ch * 8);
             }
-            *reinterpret_cast<uint4*>(smem + L::Q_OFF + row * HRB + ((ch ^ (row & 7)) << 4)) = u;
+            *reinterpret_cast<uint4*>(smem + L::Q_OFF + row * L::QRB + ((ch ^ (row & 7)) << 4)) = u;
         }
         __syncthreads();
     }
@@ -1491,7 +1516,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                     // Matrices (rows 0-7 | 8-15) x (k chunk 2kk | 2kk + 1): a0..a3.
                     const int qrow = lane & 15;
                     u32 a[4];
-                    ldsm_x4(a, q_smem + qrow * HRB + (((2 * kk + (lane >> 4)) ^ (qrow & 7)) * 16));
+                    ldsm_x4(a, q_smem + qrow * L::QRB + (((hf * (DW / 8) + 2 * kk + (lane >> 4)) ^ (qrow & 7)) * 16));
                     mma16816<MT>(s[0], a, r[0], r[1]);
                     mma16816<MT>(s[1], a, r[2], r[3]);
                 } else {
@@ -1501,10 +1526,35 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             }
         }
 
+        if constexpr (DH > 1) {
+            // D 512: the slice's S over all dims = this warp's partial (its
+            // dim half) + its partner's. Each stores its partial, one pair
+            // barrier, each adds the other's: a + b in one warp, b + a in
+            // the other, the same bits, so both run the same softmax (same
+            // maxima, P, skips) on their own half of O. Buffers by slice
+            // parity: a warp rewrites one only after its partner passed the
+            // next slice's barrier, i.e. after that partner read it.
+            float* xs = reinterpret_cast<float*>(smem + L::XS_OFF) + (ws * 2 + (i & 1)) * DH * 256;
+            float4* mine = reinterpret_cast<float4*>(xs + hf * 256);
+            mine[lane] = make_float4(s[0][0], s[0][1], s[0][2], s[0][3]);
+            mine[32 + lane] = make_float4(s[1][0], s[1][1], s[1][2], s[1][3]);
+            asm volatile("bar.sync %0, 64;" ::"r"(1 + ws) : "memory");
+            const float4* other = reinterpret_cast<const float4*>(xs + (hf ^ 1) * 256);
+            const float4 a = other[lane], c = other[32 + lane];
+            s[0][0] += a.x;
+            s[0][1] += a.y;
+            s[0][2] += a.z;
+            s[0][3] += a.w;
+            s[1][0] += c.x;
+            s[1][1] += c.y;
+            s[1][2] += c.z;
+            s[1][3] += c.w;
+        }
+
         // Mask, scale, online softmax (rows gr and gr + 8).
         const u32 vm0 = vm_s[(warp * NST + slot) * 2];
         const u32 vm1 = vm_s[(warp * NST + slot) * 2 + 1];
-        const i32 kt = slice0 + i * MTT;  // key of slice token 0
+        const i32 kt = slice0 + i * TT;  // key of slice token 0
         float mx[2] = {NEG_INF, NEG_INF};
         bool masked_loaded = false;  // a loaded key of the slice that a valid row must not see
         // Every key of the slice loaded and inside every valid row's range (a
@@ -1637,7 +1687,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             }
         } else {
 #pragma unroll
-            for (int dn = 0; dn < D / 16; ++dn) {
+            for (int dn = 0; dn < DW / 16; ++dn) {
                 u32 r[4];
                 ldsm_x4_t(r, vbase + v_row * HRB + (((2 * dn + v_cb) ^ (v_row & 7)) * 16));
                 mma16816<MT>(o[2 * dn], pa, r[0], r[1]);
@@ -1656,20 +1706,21 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     pdl_launch_dependents();
     __syncthreads();  // every warp is done with its ring: reuse it as merge scratch
 
-    // ---- merge the 4 warps' (m, d, O) ----
+    // ---- merge the 4 warps' (m, d, O) (DH = 2: the 2 pairs', each pair's
+    // warps holding the same (m, d) and one half of O's dims) ----
     float* osc = reinterpret_cast<float*>(smem);
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
         drow[hr] += __shfl_xor_sync(0xffffffffu, drow[hr], 1);
         drow[hr] += __shfl_xor_sync(0xffffffffu, drow[hr], 2);
         const int row = gr + 8 * hr;
-        if (qd == 0) {
-            ms[warp * ROWS + row] = mrow[hr];
-            dsum[warp * ROWS + row] = drow[hr];
+        if (qd == 0 && hf == 0) {
+            ms[ws * ROWS + row] = mrow[hr];
+            dsum[ws * ROWS + row] = drow[hr];
         }
 #pragma unroll
         for (int n = 0; n < NT8; ++n) {
-            float* orow = osc + (warp * ROWS + row) * L::OS;
+            float* orow = osc + (ws * ROWS + row) * L::OS + hf * DW;
             if constexpr (KV == 2) {
                 orow[NT8 * (2 * qd) + n] = o[n][2 * hr];
                 orow[NT8 * (2 * qd + 1) + n] = o[n][2 * hr + 1];
@@ -1687,13 +1738,13 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         if (rr >= nrows) continue;
         float mm = NEG_INF;
 #pragma unroll
-        for (int w = 0; w < MW; ++w) mm = fmaxf(mm, ms[w * ROWS + rr]);
+        for (int w = 0; w < L::NSL; ++w) mm = fmaxf(mm, ms[w * ROWS + rr]);
         float den = 0.f;
         float acc[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] = 0.f;
 #pragma unroll
-        for (int w = 0; w < MW; ++w) {
+        for (int w = 0; w < L::NSL; ++w) {
             const float mw = ms[w * ROWS + rr];
             const float f = mw == NEG_INF ? 0.f : ex2(mw - mm);
             den += f * dsum[w * ROWS + rr];
@@ -1783,7 +1834,8 @@ PA_DECODE_D(f16, 1, bf16, 0)
 PA_DECODE_D(f16, 1, f16, 1)
 PA_DECODE_D(f16, 1, e4m3, 2)
 
-// Tensor-core entries: D 64 (4 CTAs/SM) and 128 (2 CTAs/SM); Q and a 16-bit
+// Tensor-core entries: D 64 (4 CTAs/SM), 128 (2 CTAs/SM), 256 and 512 (1;
+// 16-bit K/V only, D 512 by warp pairs: MmaSmem::DH); Q and a 16-bit
 // KV share the dtype, or KV is e4m3 (f16 MMAs, each element converted once).
 // One entry, `paged_attention_mma_{QN}_kv_{KVN}_d{D}{SUFFIX}`: mma_body<QT, KV,
 // D, XV> with MINB CTAs an SM.
@@ -1809,6 +1861,8 @@ PA_MMA(f16, 1, e4m3, 2, 64, 4)
 PA_MMA(f16, 1, e4m3, 2, 128, 2)
 PA_MMA(bf16, 0, bf16, 0, 256, 1)
 PA_MMA(f16, 1, f16, 1, 256, 1)
+PA_MMA(bf16, 0, bf16, 0, 512, 1)
+PA_MMA(f16, 1, f16, 1, 512, 1)
 PA_MMA_CF(bf16, 0, bf16, 0, 64, 4)
 PA_MMA_CF(bf16, 0, bf16, 0, 128, 2)
 PA_MMA_CF(bf16, 0, e4m3, 2, 64, 4)

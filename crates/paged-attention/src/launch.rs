@@ -32,10 +32,29 @@ pub const BLOCK_THREADS: u32 = 128;
 pub const ROWS_PER_CTA: usize = 16;
 /// Tokens per KV tile of the CUDA-core kernel.
 pub const TILE_TOKENS: usize = 32;
-/// Tokens per KV tile of the tensor-core kernel (4 warps × 16).
+/// Tokens per KV tile of the tensor-core kernel (4 warps × 16) at head dims
+/// up to 256; [`mma_tile_tokens`] gives it for every head dim.
 pub const MMA_TILE_TOKENS: usize = 64;
-/// Head dims with a tensor-core kernel.
-pub const MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// Head dims with a tensor-core kernel (512: 16-bit K/V only).
+pub const MMA_HEAD_DIMS: [usize; 4] = [64, 128, 256, 512];
+
+/// Dim halves of a tensor-core warp slice: 2 at head dim 512, where the
+/// 4 warps work in pairs (each warp loads and accumulates 256 dims of the
+/// slice's 16 K/V rows and the pair sums its two partial `S`), else 1.
+fn mma_dim_halves(head_dim: usize) -> usize {
+    if head_dim >= 512 {
+        2
+    } else {
+        1
+    }
+}
+
+/// Tokens per KV tile of the tensor-core kernel at `head_dim`: 16 per warp
+/// slice, `4 / halves` slices ([`MMA_TILE_TOKENS`] = 64 up to D 256, 32 at
+/// D 512). Sizes the `Auto` split chunks (a multiple of it).
+pub fn mma_tile_tokens(head_dim: usize) -> usize {
+    16 * 4 / mma_dim_halves(head_dim)
+}
 /// Largest supported GQA group `Hq / Hkv`.
 pub const MAX_GROUP: usize = 16;
 /// Largest uniform `q_len_per_req` / ragged `max_q_len`.
@@ -226,8 +245,9 @@ pub enum KernelPath {
     Simt,
 }
 
-/// Whether the tensor-core kernel handles a call: head dim 64 or 128, and KV
-/// either e4m3 or the same 16-bit dtype as Q (every GQA group and `q_len`).
+/// Whether the tensor-core kernel handles a call: head dim 64, 128, 256 or
+/// 512 ([`MMA_HEAD_DIMS`]), and KV either the same 16-bit dtype as Q or, at
+/// head dim 64 / 128, e4m3 (every GQA group and `q_len`).
 pub fn mma_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
     let kv_ok = match kv {
         KvDtype::E4m3 => true,
@@ -404,10 +424,11 @@ pub fn mma_variants() -> Vec<(HalfDtype, KvDtype, usize)> {
 
 /// Dynamic shared memory of the tensor-core kernel (mirrors `MmaSmem` in the
 /// .cu): per warp a ring of NST slots (3 for 16-bit KV, 6 for e4m3) of 16 K
-/// rows + 16 V rows as loaded (`D·es` bytes each); then row stats `2·4·16`
-/// f32 and valid masks `4·NST·2` u32, rounded up to 16 bytes; at D 256 the
-/// tile's 16 Q rows (`16·D` 16-bit values) follow. The warp-merge scratch
-/// `4·16·(D+8)` f32 aliases the rings.
+/// rows + 16 V rows as loaded (`D·es / halves` bytes each, halves = 2 at
+/// D 512); then row stats `2·4·16` f32 and valid masks `4·NST·2` u32; at
+/// D 512 the warp pairs' partial `S` (`2·2·2·32·8` f32); rounded up to 16
+/// bytes; at D ≥ 256 the tile's 16 Q rows (`16·D` 16-bit values) follow. The
+/// warp-merge scratch `(4 / halves)·16·(D+8)` f32 aliases the rings.
 pub fn mma_smem_bytes(head_dim: usize, kv: KvDtype) -> usize {
     mma_smem_bytes_xv(head_dim, kv, 0)
 }
@@ -427,10 +448,16 @@ pub fn mma_smem_bytes_xv(head_dim: usize, kv: KvDtype, xv: u32) -> usize {
         _ if x8 => 2,
         _ => 3,
     };
-    let slot = 16 * head_dim * kv.size() * 2;
+    let halves = mma_dim_halves(head_dim);
+    let slot = 16 * (head_dim / halves) * kv.size() * 2;
     let ring = 4 * nst * slot;
-    let bytes = (ring + 2 * 4 * ROWS_PER_CTA * 4 + 4 * nst * 2 * 4).div_ceil(16) * 16;
-    // D 256: the tile's 16 Q rows (16-bit) follow.
+    let pair_s = if halves > 1 {
+        (4 / halves) * 2 * halves * 32 * 8 * 4
+    } else {
+        0
+    };
+    let bytes = (ring + 2 * 4 * ROWS_PER_CTA * 4 + 4 * nst * 2 * 4 + pair_s).div_ceil(16) * 16;
+    // D >= 256: the tile's 16 Q rows (16-bit) follow.
     let q = if head_dim >= 256 || (x8 && !q8) {
         ROWS_PER_CTA * head_dim * 2
     } else {

@@ -45,7 +45,7 @@
 //!
 //! **Kernels.** [`KernelPath::Auto`] uses the tensor-core kernel
 //! (`paged_attention_mma_*`) when [`mma_supported`] holds (D 64/128 with KV
-//! e4m3 or the Q dtype, D 256 with KV the Q dtype): CTA = 4 warps, 16 query rows (G heads × q rows,
+//! e4m3 or the Q dtype, D 256 / 512 with KV the Q dtype): CTA = 4 warps, 16 query rows (G heads × q rows,
 //! token-major, padded) as the MMA M dimension, 64-token tiles of which each
 //! warp loads and consumes its own 16-token slice through a private cp.async
 //! ring (3 slots for 16-bit KV, 6 for e4m3), `mma.sync.m16n8k16` with f32
@@ -54,8 +54,12 @@
 //! into MMA fragments, and bf16 Q is scaled per row by a power of two into
 //! f16 range (exact; undone on the scores). At D 256 the Q fragments are
 //! read from shared memory each slice (in registers they would spill beside
-//! the 128 accumulators a thread holds), one CTA per SM. Otherwise (e4m3 at
-//! D 256, mixed 16-bit dtypes, [`KernelPath::Simt`]) the CUDA-core kernel
+//! the 128 accumulators a thread holds), one CTA per SM. At D 512 the warps
+//! work in pairs on 32-token tiles: each warp of a pair loads and accumulates
+//! 256 of the dims of its slice's 16 K/V rows, and the two add their partial
+//! `Q·Kᵀ` through shared memory (one pair barrier a slice) before the same
+//! softmax, so every K/V byte is still read once. Otherwise (e4m3 at
+//! D ≥ 256, mixed 16-bit dtypes, [`KernelPath::Simt`]) the CUDA-core kernel
 //! (`paged_attention_decode_*`) runs. Both share the work split, workspace
 //! format and the fused split merge.
 //!
@@ -110,9 +114,9 @@ pub use context::{
 };
 pub use launch::{
     cluster_fold_variant, entry_name, launch_config, mma_entry_name, mma_smem_bytes,
-    mma_smem_bytes_xv, mma_strides_fit, mma_supported, mma_variants, smem_bytes, validate,
-    validate_path, workspace_elems, workspace_for, DecodeArgs, KernelPath, KvCache, LaunchPlan,
-    PagedAttentionKernel, PagedAttentionParams, QueryLayout, SplitMode, BLOCK_THREADS,
+    mma_smem_bytes_xv, mma_strides_fit, mma_supported, mma_tile_tokens, mma_variants, smem_bytes,
+    validate, validate_path, workspace_elems, workspace_for, DecodeArgs, KernelPath, KvCache,
+    LaunchPlan, PagedAttentionKernel, PagedAttentionParams, QueryLayout, SplitMode, BLOCK_THREADS,
     DECODE_CLUSTER_FOLD_ENV, DECODE_EXPERIMENT_ENV, DECODE_PDL_ENV, MAX_GROUP, MMA_HEAD_DIMS,
     MMA_TILE_TOKENS, ROWS_PER_CTA, TILE_TOKENS,
 };
@@ -163,8 +167,9 @@ pub const ABI: kernel_rt::abi::Header = kernel_rt::abi::Header {
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 /// Head dims of the decode / verify kernels: [`HEAD_DIMS`] and 512 (Gemma-
-/// style global layers; CUDA-core kernel only so far, no tensor-core entry:
-/// [`MMA_HEAD_DIMS`]). The context kernels do not serve 512 yet.
+/// style global layers; tensor cores for 16-bit K/V of the Q dtype,
+/// [`MMA_HEAD_DIMS`], the CUDA-core kernel for e4m3). The context kernels do
+/// not serve 512 yet.
 pub const DECODE_HEAD_DIMS: [usize; 4] = [64, 128, 256, 512];
 
 /// Kernel entry point names used by the launcher (pinned by a CPU test):

@@ -41,6 +41,17 @@ struct GpuOut {
 }
 
 /// Split counters of a launch: the last `bs·Hkv·row_tiles` workspace elements.
+/// Seed `seed` of a test's case list: [`random_case`] for the first `n`,
+/// then the head-dim-512 draw ([`random_case_with`]), so the tests of the
+/// tensor-core paths reach its D 512 entries (outside the random draw).
+fn case_or_d512(seed: u64, n: u64) -> (Case, SplitMode, usize) {
+    if seed < n {
+        random_case(seed)
+    } else {
+        random_case_with(seed, Some(512))
+    }
+}
+
 fn counter_count(c: &Case) -> usize {
     c.bs() * c.hkv * (c.q_len() * (c.hq / c.hkv)).div_ceil(16)
 }
@@ -619,8 +630,8 @@ fn skip_softmax(gpu: &Arc<Gpu>) -> Result<(), String> {
     let k = PagedAttentionKernel::new(gpu).or_fail("load")?;
     let mut runs = 0usize;
     let mut skipped_total = 0u64;
-    for seed in 0..400u64 {
-        let (mut c, split, msl) = random_case(seed);
+    for seed in 0..460u64 {
+        let (mut c, split, msl) = case_or_d512(seed, 400);
         if !paged_attention::mma_supported(c.q_dtype, c.kv_dtype, c.d) {
             continue;
         }
@@ -685,8 +696,8 @@ fn interleaved_ranks(gpu: &Arc<Gpu>) -> Result<(), String> {
     let k = PagedAttentionKernel::new(gpu).or_fail("load")?;
     let cases = env_cases(600);
     let mut runs = 0usize;
-    for seed in 0..cases {
-        let (c, split, msl) = random_case(seed);
+    for seed in 0..cases + cases / 10 {
+        let (c, split, msl) = case_or_d512(seed, cases);
         if !paged_attention::mma_supported(c.q_dtype, c.kv_dtype, c.d) {
             continue;
         }
@@ -1014,7 +1025,7 @@ fn nccl_abort(_gpu: &Arc<Gpu>) -> Result<(), String> {
 /// Programmatic dependent launch: chains of 6 launches (each reading the
 /// previous one's output as its query) give the same bits with and without
 /// the PDL attribute, eagerly and replayed from a CUDA graph, on random
-/// cases (every KV dtype, D, split mode; the split counters of the shared
+/// cases (every KV dtype, D 64..512, split mode; the split counters of the shared
 /// workspace zero after each chain).
 fn pdl_chains(gpu: &Arc<Gpu>) -> Result<(), String> {
     let plain = {
@@ -1030,8 +1041,12 @@ fn pdl_chains(gpu: &Arc<Gpu>) -> Result<(), String> {
     }
     let s = gpu.stream();
     let mut chains = 0usize;
-    for seed in 0u64..300 {
-        let (c, split, msl) = random_case(0x9D1_0000 + seed);
+    for seed in 0u64..330 {
+        let (c, split, msl) = if seed < 300 {
+            random_case(0x9D1_0000 + seed)
+        } else {
+            random_case_with(0x9D1_0000 + seed, Some(512))
+        };
         if c.bs() == 0 {
             continue;
         }
@@ -1220,18 +1235,27 @@ fn main() {
             Ok(())
         }),
         named("d512_decode_and_verify_vs_reference", |gpu, k| {
-            // Head dim 512 (CUDA-core kernel, the launcher's only path
-            // there): the random case space (ragged and uniform verify,
-            // GQA 1..16, page sizes, windows, sinks, e4m3 / bf16 / f16 K/V,
-            // split modes, poisoned keys outside every row's range) at D 512.
+            // Head dim 512: the random case space (ragged and uniform
+            // verify, GQA 1..16, page sizes, windows, sinks, e4m3 / bf16 /
+            // f16 K/V, split modes, poisoned keys outside every row's range)
+            // at D 512 on the launcher's choice (tensor cores, warp pairs,
+            // for 16-bit K/V of the Q dtype; CUDA cores otherwise), every
+            // case also on the CUDA-core kernel (KernelPath::Simt).
+            let simt = PagedAttentionKernel::with_path(gpu, KernelPath::Simt).or_fail("load")?;
             let cases = env_cases(200);
-            let mut runs = 0usize;
+            let (mut runs, mut mma) = (0usize, 0usize);
             for seed in 0..cases {
                 let (c, split, msl) = random_case_with(0xD512_0000 + seed, Some(512));
                 check(gpu, k, &c, split, msl).map_err(|e| format!("seed {seed}: {e}"))?;
+                check(gpu, &simt, &c, split, msl)
+                    .map_err(|e| format!("seed {seed} (simt): {e}"))?;
                 runs += 1;
+                mma += usize::from(paged_attention::mma_supported(c.q_dtype, c.kv_dtype, c.d));
             }
-            println!("d512_decode_and_verify_vs_reference: {runs} cases");
+            if mma == 0 {
+                return Err("no case reached the D 512 tensor-core entries".into());
+            }
+            println!("d512_decode_and_verify_vs_reference: {runs} cases ({mma} on tensor cores)");
             Ok(())
         }),
         named("gpu_matches_reference_proptest", |gpu, k| {

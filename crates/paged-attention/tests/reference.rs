@@ -396,7 +396,10 @@ fn params_layout_matches_cuda() {
 #[test]
 fn ptx_has_every_kernel_name() {
     let names = kernel_names();
-    assert_eq!(names.len(), 34); // 24 CUDA-core (D 64..512) + 10 tensor-core entries
+    assert_eq!(names.len(), 36); // 24 CUDA-core (D 64..512) + 12 tensor-core entries
+    assert!(names.contains(&"paged_attention_mma_bf16_kv_bf16_d512".to_string()));
+    assert!(names.contains(&"paged_attention_mma_f16_kv_f16_d512".to_string()));
+    assert!(!names.contains(&"paged_attention_mma_bf16_kv_e4m3_d512".to_string()));
     for name in &names {
         assert!(PTX.has_entry(name), "{name} missing from the PTX");
     }
@@ -448,6 +451,16 @@ fn smem_fits_the_sm90_budget() {
         4 * 3 * 16 * 512 * 2 + 512 + 96 + 16 * 256 * 2
     );
     assert!(mma_smem_bytes(256, KvDtype::F16) + 1024 <= 228 * 1024);
+    // D 512 (warp pairs, 256 dims a warp): the same rings as D 256, the
+    // pairs' partial S (2 pairs x 2 parities x 2 halves x 32 lanes x 8 f32),
+    // then the 16 Q rows of 512 dims; one CTA an SM.
+    assert_eq!(
+        mma_smem_bytes(512, KvDtype::Bf16),
+        4 * 3 * 16 * 512 * 2 + 512 + 96 + 2 * 2 * 2 * 32 * 8 * 4 + 16 * 512 * 2
+    );
+    assert!(mma_smem_bytes(512, KvDtype::F16) + 1024 <= 228 * 1024);
+    assert_eq!(paged_attention::mma_tile_tokens(512), 32);
+    assert_eq!(paged_attention::mma_tile_tokens(256), 64);
     for (d, ctas) in [(64, 4), (128, 2)] {
         for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
             assert!(ctas * (mma_smem_bytes(d, kv) + 1024) <= 228 * 1024);
@@ -473,6 +486,14 @@ fn kernel_path_choice() {
     assert!(
         !mma_supported(H::Bf16, KvDtype::E4m3, 256),
         "D 256 e4m3 KV: CUDA-core kernel"
+    );
+    assert!(
+        mma_supported(H::Bf16, KvDtype::Bf16, 512) && mma_supported(H::F16, KvDtype::F16, 512),
+        "D 512 16-bit KV: tensor cores (warp pairs)"
+    );
+    assert!(
+        !mma_supported(H::F16, KvDtype::E4m3, 512),
+        "D 512 e4m3 KV: CUDA-core kernel"
     );
 }
 

@@ -10,8 +10,8 @@ use super::views::{
 };
 use super::{
     entry_name, launch_config, mma_entry_name, mma_smem_bytes, mma_strides_fit, mma_supported,
-    smem_bytes, workspace_elems, DecodeArgs, KernelPath, LaunchPlan, PagedAttentionParams,
-    QueryLayout, SplitMode, MAX_Q_LEN, MMA_TILE_TOKENS, ROWS_PER_CTA, TILE_TOKENS, WINDOW_CAP,
+    mma_tile_tokens, smem_bytes, workspace_elems, DecodeArgs, KernelPath, LaunchPlan,
+    PagedAttentionParams, QueryLayout, SplitMode, MAX_Q_LEN, ROWS_PER_CTA, TILE_TOKENS, WINDOW_CAP,
 };
 
 /// Validates `args` for a GPU with `num_sms` SMs and derives the launch plan.
@@ -128,7 +128,7 @@ pub(super) fn plan_path(
         (
             mma_smem_bytes(dim, args.kv.dtype()),
             mma_entry_name(args.q_dtype, args.kv.dtype(), dim),
-            MMA_TILE_TOKENS,
+            mma_tile_tokens(dim),
         )
     } else {
         (
