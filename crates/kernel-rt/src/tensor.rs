@@ -117,6 +117,18 @@ pub struct Strided<'a, T, const N: usize> {
     strides: [usize; N],
 }
 
+impl<T, const N: usize> Clone for Strided<'_, T, N> {
+    /// The same view of the same buffer (no device work).
+    fn clone(&self) -> Self {
+        Self {
+            arg: self.arg,
+            data: self.data.slice(..),
+            shape: self.shape,
+            strides: self.strides,
+        }
+    }
+}
+
 impl<'a, T, const N: usize> Strided<'a, T, N> {
     /// A view with explicit strides (in elements).
     ///
@@ -225,6 +237,17 @@ pub struct StridedMut<'a, T, const N: usize> {
 }
 
 impl<'a, T, const N: usize> StridedMut<'a, T, N> {
+    /// The same writable view, borrowed from this one for a shorter lifetime
+    /// (e.g. to pass it on to another call's arguments; no device work).
+    pub fn reborrow(&mut self) -> StridedMut<'_, T, N> {
+        StridedMut {
+            arg: self.arg,
+            data: self.data.slice_mut(..),
+            shape: self.shape,
+            strides: self.strides,
+        }
+    }
+
     /// A writable view with explicit strides (in elements).
     ///
     /// # Errors

@@ -162,7 +162,14 @@ fn cases() -> Vec<Shape> {
         s("32/2/512, bs 64, L 8192", 32, 2, 512, 64, 8192),
         Shape {
             simt: true,
-            ..s("16/8/512, bs 64, L 8192 (CUDA-core kernel)", 16, 8, 512, 64, 8192)
+            ..s(
+                "16/8/512, bs 64, L 8192 (CUDA-core kernel)",
+                16,
+                8,
+                512,
+                64,
+                8192,
+            )
         },
         Shape {
             simt: true,

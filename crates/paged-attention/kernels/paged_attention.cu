@@ -490,7 +490,7 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
 
     const int split = blockIdx.x;
     const int h = blockIdx.y % p.num_kv_heads;
-    const int rt = blockIdx.y / p.num_kv_heads;
+    const int rt = p.row_tile_base + blockIdx.y / p.num_kv_heads;
     const int b = blockIdx.z;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -921,7 +921,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
 
     const int split = blockIdx.x;
     const int h = blockIdx.y % p.num_kv_heads;
-    const int rt = blockIdx.y / p.num_kv_heads;
+    const int rt = p.row_tile_base + blockIdx.y / p.num_kv_heads;
     const int b = blockIdx.z;
     const int tid = threadIdx.x;
     const int lane = tid & 31;

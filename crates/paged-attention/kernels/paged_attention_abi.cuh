@@ -67,6 +67,12 @@ struct PagedAttentionParams {
     // Skip-softmax: `log2(f)` of [`DecodeArgs::skip_softmax`]'s factor
     // `f`, `−inf` = off (exact attention).
     float skip_log2_factor;
+    // First row tile of this launch: CTA row `blockIdx.y` serves KV
+    // head `blockIdx.y mod Hkv` and row tile `row_tile_base +
+    // blockIdx.y div Hkv`. 0 for decode / verify; the context call's
+    // head-dim-512 path, whose long prompts need more row tiles than
+    // one grid's y dimension holds, covers them in several launches.
+    i32 row_tile_base;
     u32* skip_counter;         // `[1]` count of skipped warp slices (debug), or 0.
 };
 static_assert(sizeof(PagedAttentionParams) == 280, "PagedAttentionParams: size differs from Rust");
@@ -114,6 +120,7 @@ static_assert(sizeof(PagedAttentionParams::tile_tokens) == 4 && alignof(decltype
 static_assert(sizeof(PagedAttentionParams::cp_ranks) == 4 && alignof(decltype(PagedAttentionParams::cp_ranks)) == 4, "PagedAttentionParams::cp_ranks (offset 256): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::cp_rank) == 4 && alignof(decltype(PagedAttentionParams::cp_rank)) == 4, "PagedAttentionParams::cp_rank (offset 260): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::skip_log2_factor) == 4 && alignof(decltype(PagedAttentionParams::skip_log2_factor)) == 4, "PagedAttentionParams::skip_log2_factor (offset 264): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::row_tile_base) == 4 && alignof(decltype(PagedAttentionParams::row_tile_base)) == 4, "PagedAttentionParams::row_tile_base (offset 268): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::skip_counter) == 8 && alignof(decltype(PagedAttentionParams::skip_counter)) == 8, "PagedAttentionParams::skip_counter (offset 272): size or alignment differs from Rust");
 
 // paged_attention::ContextParams (280 bytes).

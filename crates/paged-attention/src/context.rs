@@ -62,7 +62,10 @@ use kernel_rt::{
 use crate::launch::{
     base_ptrs, check_sinks_and_scales, check_vector, validate_views, view_strides, ViewShapes,
 };
-use crate::{HalfDtype, KvCache, KvDtype, HEAD_DIMS};
+use crate::{
+    DecodeArgs, HalfDtype, KernelPath, KvCache, KvDtype, PagedAttentionKernel, QueryLayout,
+    SplitMode, HEAD_DIMS,
+};
 
 /// The embedded PTX of the context kernel (`cargo xtask ptx-build`).
 pub const CONTEXT_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
@@ -424,6 +427,23 @@ pub fn context_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
     kv_ok && HEAD_DIMS.contains(&head_dim)
 }
 
+/// Whether a context call runs the decode kernel's ragged path instead of a
+/// context kernel ([`ContextKernel::launch`]): head dim 512 (a decode head
+/// dim, [`crate::DECODE_HEAD_DIMS`], that no context entry serves), K/V e4m3
+/// or of the Q dtype.
+pub fn context_decode_path(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
+    let kv_ok = match kv {
+        KvDtype::E4m3 => true,
+        KvDtype::Bf16 => q == HalfDtype::Bf16,
+        KvDtype::F16 => q == HalfDtype::F16,
+    };
+    kv_ok && head_dim == 512
+}
+
+/// The split chunk of the head-dim-512 context path: every row tile's keys
+/// in one CTA (`SplitMode::Chunked` with one split; below the `2^30` cap).
+const CONTEXT_DECODE_PATH_CHUNK: usize = (1 << 30) - 1;
+
 /// Every context entry: `(q, kv, head_dim)`.
 pub fn context_variants() -> Vec<(HalfDtype, KvDtype, usize)> {
     let mut v = Vec::new();
@@ -688,6 +708,15 @@ pub fn validate_context_for(args: &ContextArgs<'_>, sm90: bool) -> Result<Contex
         &args.cache_seqlens,
     )?;
     let kv_dtype = args.kv.dtype();
+    if !HEAD_DIMS.contains(&dim) {
+        return Err(KernelError::unsupported(
+            "q",
+            format!(
+                "head_dim {dim}: the context kernels serve {HEAD_DIMS:?} (512 runs the decode \
+                 kernel's path: ContextKernel::launch)"
+            ),
+        ));
+    }
     if !context_supported(args.q_dtype, kv_dtype, dim) {
         return Err(KernelError::unsupported(
             "k_cache",

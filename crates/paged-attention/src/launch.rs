@@ -157,6 +157,12 @@ kernel_rt::abi_struct! {
         /// Skip-softmax: `log2(f)` of [`DecodeArgs::skip_softmax`]'s factor
         /// `f`, `−inf` = off (exact attention).
         pub skip_log2_factor: f32 = "float",
+        /// First row tile of this launch: CTA row `blockIdx.y` serves KV
+        /// head `blockIdx.y mod Hkv` and row tile `row_tile_base +
+        /// blockIdx.y div Hkv`. 0 for decode / verify; the context call's
+        /// head-dim-512 path, whose long prompts need more row tiles than
+        /// one grid's y dimension holds, covers them in several launches.
+        pub row_tile_base: i32 = "i32",
         /// `u32*` `[1]` count of skipped warp slices (debug), or 0.
         pub skip_counter: u64 = "u32*",
     }
@@ -170,7 +176,7 @@ unsafe impl DeviceRepr for PagedAttentionParams {}
 /// K and V pools as `[num_pages, Hkv, P, D]` strided views (element strides;
 /// last dim contiguous; the stride of a size-1 dim is ignored). The HND-shaped
 /// view of the slot-major pool has strides `(P·Hkv·D, D, Hkv·D, 1)`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum KvCache<'a> {
     /// bf16 or f16 bits.
     Half {

@@ -95,22 +95,22 @@ pub mod nccl;
 pub mod reference;
 
 pub use context::{
-    context_block_rows, context_duo_from_env, context_entry_name, context_launch_config,
-    context_sm90_block_rows, context_sm90_consumers, context_sm90_cursor_fits,
-    context_sm90_duo_entry_name, context_sm90_duo_launch_config, context_sm90_duo_max_keys,
-    context_sm90_duo_smem_bytes, context_sm90_duo_stages, context_sm90_duo_supported,
-    context_sm90_duo_wanted, context_sm90_entry_name, context_sm90_grid, context_sm90_kv_splits,
-    context_sm90_launch_config, context_sm90_merge_entry_name, context_sm90_persistent,
-    context_sm90_q_buffers, context_sm90_smem_bytes, context_sm90_stages,
-    context_sm90_staging_steps, context_sm90_supported, context_sm90_threads,
-    context_sm90_tile_keys, context_sm90_tma_rows, context_smem_bytes, context_stages,
-    context_supported, context_variants, context_warps, kv_tma_layout, out_tma_layout,
-    q_tma_layout, validate_context, validate_context_for, ContextArgs, ContextKernel,
-    ContextKvLoad, ContextParams, ContextPath, ContextPlan, CONTEXT_DUO_ENV, CONTEXT_KERNEL_ENV,
-    CONTEXT_KV_LOAD_ENV, CONTEXT_PTX, CONTEXT_SM90_DUO_ROWS, CONTEXT_SM90_DUO_THREADS,
-    CONTEXT_SM90_DUO_TILE_KEYS, CONTEXT_SM90_LSE_SUFFIX, CONTEXT_SM90_PAIR_EXPERIMENT,
-    CONTEXT_SM90_PTX, CONTEXT_SM90_TRACE_CTAS, CONTEXT_SM90_TRACE_EVENTS, CONTEXT_SM90_TRACE_ITEMS,
-    CONTEXT_TILE_KEYS,
+    context_block_rows, context_decode_path, context_duo_from_env, context_entry_name,
+    context_launch_config, context_sm90_block_rows, context_sm90_consumers,
+    context_sm90_cursor_fits, context_sm90_duo_entry_name, context_sm90_duo_launch_config,
+    context_sm90_duo_max_keys, context_sm90_duo_smem_bytes, context_sm90_duo_stages,
+    context_sm90_duo_supported, context_sm90_duo_wanted, context_sm90_entry_name,
+    context_sm90_grid, context_sm90_kv_splits, context_sm90_launch_config,
+    context_sm90_merge_entry_name, context_sm90_persistent, context_sm90_q_buffers,
+    context_sm90_smem_bytes, context_sm90_stages, context_sm90_staging_steps,
+    context_sm90_supported, context_sm90_threads, context_sm90_tile_keys, context_sm90_tma_rows,
+    context_smem_bytes, context_stages, context_supported, context_variants, context_warps,
+    kv_tma_layout, out_tma_layout, q_tma_layout, validate_context, validate_context_for,
+    ContextArgs, ContextKernel, ContextKvLoad, ContextParams, ContextPath, ContextPlan,
+    CONTEXT_DUO_ENV, CONTEXT_KERNEL_ENV, CONTEXT_KV_LOAD_ENV, CONTEXT_PTX, CONTEXT_SM90_DUO_ROWS,
+    CONTEXT_SM90_DUO_THREADS, CONTEXT_SM90_DUO_TILE_KEYS, CONTEXT_SM90_LSE_SUFFIX,
+    CONTEXT_SM90_PAIR_EXPERIMENT, CONTEXT_SM90_PTX, CONTEXT_SM90_TRACE_CTAS,
+    CONTEXT_SM90_TRACE_EVENTS, CONTEXT_SM90_TRACE_ITEMS, CONTEXT_TILE_KEYS,
 };
 pub use launch::{
     cluster_fold_variant, entry_name, launch_config, mma_entry_name, mma_smem_bytes,
@@ -163,13 +163,15 @@ pub const ABI: kernel_rt::abi::Header = kernel_rt::abi::Header {
     ],
 };
 
-/// Head dims that every kernel family serves (decode / verify and context).
+/// Head dims that every kernel family serves (decode / verify and context
+/// kernels).
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 /// Head dims of the decode / verify kernels: [`HEAD_DIMS`] and 512 (Gemma-
 /// style global layers; tensor cores for 16-bit K/V of the Q dtype,
-/// [`MMA_HEAD_DIMS`], the CUDA-core kernel for e4m3). The context kernels do
-/// not serve 512 yet.
+/// [`MMA_HEAD_DIMS`], the CUDA-core kernel for e4m3). A context call
+/// ([`ContextKernel::launch`]) at 512 runs the decode kernel's ragged path
+/// ([`context_decode_path`]): no context entry serves it.
 pub const DECODE_HEAD_DIMS: [usize; 4] = [64, 128, 256, 512];
 
 /// Kernel entry point names used by the launcher (pinned by a CPU test):

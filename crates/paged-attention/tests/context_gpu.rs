@@ -617,7 +617,7 @@ fn main() {
         named("masked_nonfinite_keys_never_reach_a_row", |gpu, k| {
             // Causal: key 25 of a 40-token extend block over a 5-token prefix
             // (same KV tile as the rows before it); window: rows past x + W.
-            for d in [64, 128, 256] {
+            for d in [64, 128, 256, 512] {
                 for (qd, kv) in [
                     (HalfDtype::Bf16, KvDtype::Bf16),
                     (HalfDtype::F16, KvDtype::F16),
@@ -1262,6 +1262,40 @@ fn main() {
                 "pair_clusters_equal_the_default: {} cases bit-identical to the default, {} launches",
                 cases.len(),
                 pair.launches()
+            );
+            Ok(())
+        }),
+        named("d512_runs_the_decode_path_vs_reference", |gpu, k| {
+            // Head dim 512, which no context entry serves, runs the decode
+            // kernel's ragged path (tensor cores for 16-bit K/V, CUDA cores
+            // for e4m3): the random context case space at D 512 against
+            // the f64 reference; every third case also on a launcher
+            // limited to 1..3 row tiles a launch (the multi-launch form
+            // that long prompts take), whose launch count must exceed the
+            // cases'.
+            let cases = gpu_cases(150);
+            let mut small = ContextKernel::new(gpu).or_fail("load")?;
+            let (mut runs, mut multi_cases) = (0u64, 0u64);
+            let before = small.launches();
+            for seed in 0..cases {
+                let c = context_random_case_with(0xD512_C000 + u64::from(seed), BUDGET / 2.0, Some(512));
+                check(gpu, k, &c).map_err(|e| format!("seed {seed}: {e}"))?;
+                if seed % 3 == 0 {
+                    small.set_decode_path_row_tiles(Some(1 + (seed as usize / 3) % 3));
+                    check(gpu, &small, &c)
+                        .map_err(|e| format!("seed {seed}, few row tiles a launch: {e}"))?;
+                    multi_cases += 1;
+                }
+                runs += 1;
+            }
+            let launches = small.launches() - before;
+            if launches <= multi_cases {
+                return Err(format!(
+                    "{launches} launches for {multi_cases} cases: the multi-launch form never ran"
+                ));
+            }
+            println!(
+                "d512_runs_the_decode_path_vs_reference: {runs} cases, {multi_cases} also in {launches} launches of few row tiles"
             );
             Ok(())
         }),

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use kernel_rt::cudarc::driver::sys::CUdevice_attribute;
 use kernel_rt::cudarc::driver::CudaStream;
 use kernel_rt::launch::{EntryAttrs, Launcher};
-use kernel_rt::{DeviceErrors, Gpu, KernelError, Result};
+use kernel_rt::{to_i32, DeviceErrors, Gpu, KernelError, Result};
 
 use crate::context::env_choice;
 use crate::{HalfDtype, KvDtype, DECODE_HEAD_DIMS, PTX};
 
-use super::plan::{plan_path, validate_path};
+use super::plan::plan_path;
 use super::views::{base_ptrs, stride_err};
 use super::{
     entry_name, mma_entry_name, mma_smem_bytes_xv, mma_variants, smem_bytes, DecodeArgs,
@@ -103,6 +103,9 @@ pub struct PagedAttentionKernel {
     cluster_fit: HashMap<usize, (usize, [usize; CLUSTER_FOLD_MAX - 1])>,
     /// Launches issued as clusters (the cluster fold).
     cluster_launches: AtomicU64,
+    /// At most this many row tiles a launch (tests of the multi-launch
+    /// path); `None`: as many as the grid holds.
+    launch_row_tiles: Option<usize>,
 }
 
 impl PagedAttentionKernel {
@@ -178,6 +181,7 @@ impl PagedAttentionKernel {
             cluster_fold: env_choice(DECODE_CLUSTER_FOLD_ENV, &[("on", true), ("off", false)])?,
             cluster_fit,
             cluster_launches: AtomicU64::new(0),
+            launch_row_tiles: None,
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
@@ -268,6 +272,15 @@ impl PagedAttentionKernel {
         self.cluster_launches.load(Ordering::Relaxed)
     }
 
+    /// At most `n` row tiles (16 packed query rows each) a launch: a call
+    /// whose rows need more issues one launch per block of `n` row tiles
+    /// (`row_tile_base` apart), with the same results. `None` (default):
+    /// as many as one grid holds. For tests of the multi-launch path that
+    /// the context call's head-dim-512 path takes on long prompts.
+    pub fn set_launch_row_tiles(&mut self, n: Option<usize>) {
+        self.launch_row_tiles = n.map(|n| n.max(1));
+    }
+
     /// Whether launches are programmatic dependent launches (set and
     /// supported by the device).
     pub fn pdl(&self) -> bool {
@@ -292,7 +305,7 @@ impl PagedAttentionKernel {
     /// # Errors
     /// As [`validate`](super::validate), without the workspace [`KernelError::Capacity`].
     pub fn plan(&self, args: &DecodeArgs<'_>) -> Result<LaunchPlan> {
-        plan_path(args, self.num_sms, self.path, false)
+        plan_path(args, self.num_sms, self.path, false, false)
     }
 
     /// The kernel choice of this launcher.
@@ -328,8 +341,23 @@ impl PagedAttentionKernel {
         args: &mut DecodeArgs<'_>,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
+        self.launch_rows_on(stream, args, errors, false)
+    }
+
+    /// [`PagedAttentionKernel::launch_on`]; `long_rows` (the context
+    /// call's head-dim-512 path, [`crate::ContextKernel`]) lifts the ragged
+    /// `max_q_len` cap to [`crate::CONTEXT_MAX_Q_LEN`] and issues one launch
+    /// per block of `⌊65535 / Hkv⌋` row tiles (`row_tile_base` apart) when
+    /// the rows need more than one grid holds.
+    pub(crate) fn launch_rows_on(
+        &self,
+        stream: &CudaStream,
+        args: &mut DecodeArgs<'_>,
+        errors: &mut DeviceErrors,
+        long_rows: bool,
+    ) -> Result<()> {
         self.kernel.gpu().require_stream(stream)?;
-        let plan = validate_path(args, self.num_sms, self.path)?;
+        let plan = plan_path(args, self.num_sms, self.path, true, long_rows)?;
         let mut p = plan.params;
         if p.bs == 0 {
             return Ok(());
@@ -427,18 +455,31 @@ impl PagedAttentionKernel {
             }
             _ => (entry, 1),
         };
-        // SAFETY: `validate` checked every shape and stride against the
-        // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
-        // alignment, and the workspace size; device data (page ids, lengths,
-        // cu_seqlens_q) is range-checked in the kernel; the params layout is
-        // pinned. Every entry waits (griddepcontrol.wait) before its first
-        // global access, as a PDL launch requires.
-        unsafe {
-            self.kernel
-                .launch_clustered(stream, entry, config, &[&p], self.pdl(), cluster_x)
-        }?;
-        if cluster_x > 1 {
-            self.cluster_launches.fetch_add(1, Ordering::Relaxed);
+        // The row tiles in blocks of the grid's y extent (one block unless
+        // `long_rows` needed more).
+        let hkv = p.num_kv_heads.max(1) as usize;
+        let per = (y as usize / hkv)
+            .min(self.launch_row_tiles.unwrap_or(usize::MAX))
+            .max(1);
+        let total = p.row_tiles.max(1) as usize;
+        for base in (0..total).step_by(per) {
+            p.row_tile_base = to_i32("max_q_len", base)?;
+            config.grid_dim.1 = (hkv * per.min(total - base)) as u32;
+            // SAFETY: `validate` checked every shape and stride against the
+            // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
+            // alignment, and the workspace size; device data (page ids, lengths,
+            // cu_seqlens_q) is range-checked in the kernel; the params layout is
+            // pinned; `row_tile_base + blockIdx.y / Hkv` stays below the
+            // `row_tiles` the workspace was sized for. Every entry waits
+            // (griddepcontrol.wait) before its first global access, as a PDL
+            // launch requires.
+            unsafe {
+                self.kernel
+                    .launch_clustered(stream, entry, config, &[&p], self.pdl(), cluster_x)
+            }?;
+            if cluster_x > 1 {
+                self.cluster_launches.fetch_add(1, Ordering::Relaxed);
+            }
         }
         Ok(())
     }

@@ -1,7 +1,9 @@
 //! Validation of one decode / verify call and its launch plan (params,
 //! entry, geometry, workspace).
 
-use kernel_rt::{to_i32, to_i64, KernelError, Result};
+use kernel_rt::{to_i32, to_i64, KernelError, Result, MAX_GRID_YZ};
+
+use crate::context::CONTEXT_MAX_Q_LEN;
 
 use crate::reference::Interleave;
 
@@ -34,16 +36,22 @@ pub fn validate_path(
     num_sms: usize,
     path: KernelPath,
 ) -> Result<LaunchPlan> {
-    plan_path(args, num_sms, path, true)
+    plan_path(args, num_sms, path, true, false)
 }
 
 /// The launch plan; `check_workspace = false` skips only the workspace
 /// capacity check (so a caller can size the workspace from the plan).
+/// `long_rows` (the context call's head-dim-512 path): a ragged `max_q_len`
+/// up to [`CONTEXT_MAX_Q_LEN`] instead of [`MAX_Q_LEN`], and the grid's y
+/// dimension covers at most `⌊65535 / Hkv⌋` row tiles (the launcher issues
+/// one launch per such block of row tiles, `row_tile_base` apart);
+/// `params.row_tiles` stays the total.
 pub(super) fn plan_path(
     args: &DecodeArgs<'_>,
     num_sms: usize,
     path: KernelPath,
     check_workspace: bool,
+    long_rows: bool,
 ) -> Result<LaunchPlan> {
     let ViewShapes {
         num_tokens,
@@ -83,10 +91,15 @@ pub(super) fn plan_path(
             cu_seqlens_q,
             max_q_len,
         } => {
-            if !(1..=MAX_Q_LEN).contains(max_q_len) {
+            let cap = if long_rows {
+                CONTEXT_MAX_Q_LEN
+            } else {
+                MAX_Q_LEN
+            };
+            if !(1..=cap).contains(max_q_len) {
                 return Err(KernelError::unsupported(
                     "max_q_len",
-                    format!("{max_q_len} (supported 1..=16)"),
+                    format!("{max_q_len} (supported 1..={cap})"),
                 ));
             }
             check_vector("cu_seqlens_q", cu_seqlens_q, bs + 1)?;
@@ -137,10 +150,15 @@ pub(super) fn plan_path(
             TILE_TOKENS,
         )
     };
+    let grid_row_tiles = if long_rows {
+        row_tiles.min(MAX_GRID_YZ as usize / hkv.max(1)).max(1)
+    } else {
+        row_tiles
+    };
     let (max_splits, config) = launch_config(
         bs,
         hkv,
-        row_tiles,
+        grid_row_tiles,
         args.max_seq_len,
         args.split,
         num_sms,

@@ -78,6 +78,14 @@ pub fn reference_work(c: &Case) -> f64 {
 /// Keys no row of any request may see hold NaN/Inf bytes. Sizes are capped so
 /// the f64 reference stays cheap (`budget` row·key·head·dim products).
 pub fn context_random_case(seed: u64, budget: f64) -> Case {
+    context_random_case_with(seed, budget, None)
+}
+
+/// [`context_random_case`] with the head dim forced to `force_d` (the other
+/// fields drawn as for the seed's case, then shrunk to the budget): how the
+/// context call's head dim 512 (the decode kernel's path) gets the same
+/// case space.
+pub fn context_random_case_with(seed: u64, budget: f64, force_d: Option<usize>) -> Case {
     let mut r = rand::rngs::StdRng::seed_from_u64(seed);
     let q_dtype = if r.gen_bool(0.5) {
         HalfDtype::Bf16
@@ -91,7 +99,8 @@ pub fn context_random_case(seed: u64, budget: f64) -> Case {
     } else {
         KvDtype::F16
     };
-    let d = [64, 128, 256][r.gen_range(0..3)];
+    let drawn_d = [64, 128, 256][r.gen_range(0..3)];
+    let d = force_d.unwrap_or(drawn_d);
     let g = [1, 2, 3, 4, 8, 16][r.gen_range(0..6)];
     let hkv = if r.gen_bool(0.7) { 1 } else { 2 };
     let hq = g * hkv;
