@@ -3,7 +3,7 @@
 //! public argument names) and the CPU path (paged-attention's f64 reference).
 
 use paged_attention::reference::{self, HostInputs, HostKv, HostLayout, Interleave, KvData};
-use paged_attention::{HalfDtype, KvDtype, DECODE_HEAD_DIMS, HEAD_DIMS, MAX_GROUP};
+use paged_attention::{HalfDtype, KvDtype, DECODE_HEAD_DIMS, MAX_GROUP};
 
 use crate::desc::{Dtype, Tensor};
 use crate::error::ArgError;
@@ -171,6 +171,22 @@ fn vector(t: &Tensor, dtype: Dtype, len: usize, what: &str) -> Result<(), ArgErr
     t.require_contiguous()
 }
 
+/// Whether paged-attention's `ContextKernel::launch` serves a context call:
+/// a context kernel ([`paged_attention::context_supported`], head dims
+/// [`paged_attention::HEAD_DIMS`]) or, at head dim 512, the decode kernel's
+/// ragged path ([`paged_attention::context_decode_path`]: correct, not
+/// tuned). Either way K/V e4m3 or of the Q dtype.
+fn context_served(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
+    paged_attention::context_supported(q, kv, head_dim)
+        || paged_attention::context_decode_path(q, kv, head_dim)
+}
+
+/// Whether the context call serves head dim `head_dim` with a `q` query
+/// for some K/V dtype (e4m3 goes with every query dtype).
+fn context_head_dim(q: HalfDtype, head_dim: usize) -> bool {
+    context_served(q, KvDtype::E4m3, head_dim)
+}
+
 /// Validates a call: `context` selects the context kernel's rules.
 ///
 /// # Errors
@@ -192,17 +208,24 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
     };
     let [t, hq, d] = a.q.dims::<3>();
     a.q.require_last_contiguous()?;
-    // Decode / verify also run head_dim 512 (CUDA-core kernel); the
-    // context kernels do not.
-    if context && !HEAD_DIMS.contains(&d) {
-        return Err(a.q.err(format!(
-            "head_dim {d} is not supported by the context call (64, 128, 256)"
-        )));
-    }
-    if !context && !DECODE_HEAD_DIMS.contains(&d) {
+    // Both calls serve DECODE_HEAD_DIMS: the context call at 512 through
+    // the decode kernel's ragged path (correct, not tuned).
+    let served = |d: usize| {
+        if context {
+            context_head_dim(q_dtype, d)
+        } else {
+            DECODE_HEAD_DIMS.contains(&d)
+        }
+    };
+    if !served(d) {
+        let ok: Vec<String> = DECODE_HEAD_DIMS
+            .iter()
+            .filter(|&&x| served(x))
+            .map(ToString::to_string)
+            .collect();
         return Err(a
             .q
-            .err(format!("head_dim {d} is not supported (64, 128, 256, 512)")));
+            .err(format!("head_dim {d} is not supported ({})", ok.join(", "))));
     }
     a.out
         .require_rank(3, "[num_tokens, num_qo_heads, head_dim]")?;
@@ -240,7 +263,7 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
              {MAX_GROUP}"
         )));
     }
-    if context && !paged_attention::context_supported(q_dtype, kv_dt, d) {
+    if context && !context_served(q_dtype, kv_dt, d) {
         return Err(a
             .k
             .err("dtype must be the query's or float8_e4m3fn (context kernel)"));
@@ -422,6 +445,8 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
 
 /// The CPU path: the f64 reference on the host tensors, rounded to the
 /// output dtype into the rows of processed requests (other rows untouched).
+/// One definition for every head dim and both calls (the context call at
+/// 512 included, which the GPU runs on the decode kernel's ragged path).
 /// Returns the error word the GPU would hold (`count`, `flags`).
 ///
 /// # Safety
@@ -541,4 +566,85 @@ pub unsafe fn run_cpu(c: &AttnCall) -> Result<(u32, u32), ArgError> {
         unsafe { host::scatter::<f32>(l, &lse)? };
     }
     Ok((result.errors.count, result.errors.flags))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A contiguous host description (validation reads no memory).
+    fn t(arg: &'static str, dtype: &str, shape: &[usize]) -> Tensor {
+        let mut strides = vec![1i64; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * shape[i + 1] as i64;
+        }
+        Tensor::from_raw(arg, (64, dtype.into(), shape.to_vec(), strides, -1)).unwrap()
+    }
+
+    /// A context call of two requests (3 and 2 rows), `Hq` 4, `Hkv` 1.
+    fn context_call(q: &str, kv: &str, d: usize) -> Result<AttnCall, ArgError> {
+        let out = if q == "e4m3" { "bf16" } else { q };
+        validate(
+            AttnInputs {
+                q: t("query", q, &[5, 4, d]),
+                k: t("k_cache", kv, &[4, 1, 8, d]),
+                v: t("v_cache", kv, &[4, 1, 8, d]),
+                workspace: t("workspace_buffer", "u8", &[1024]),
+                page_table: t("block_tables", "i32", &[2, 2]),
+                seq_lens: t("seq_lens", "i32", &[2]),
+                out: t("out", out, &[5, 4, d]),
+                lse: None,
+                cu_q: Some(t("cum_seq_lens_q", "i32", &[3])),
+                cu_k: None,
+                sinks: None,
+                q_len_per_req: None,
+                max_q_len: Some(3),
+                max_seq_len: 16,
+                batch_size: Some(2),
+                bmm1: 0.125,
+                bmm2: 1.0,
+                window_left: -1,
+                skip_softmax: None,
+                dcp: None,
+            },
+            true,
+        )
+    }
+
+    #[test]
+    fn context_serves_head_dim_512_where_the_context_kernel_does() {
+        for (q, kv) in [
+            ("bf16", "bf16"),
+            ("f16", "f16"),
+            ("bf16", "e4m3"),
+            ("f16", "u8"),
+            ("e4m3", "e4m3"),
+        ] {
+            for d in DECODE_HEAD_DIMS {
+                let c = context_call(q, kv, d).unwrap_or_else(|e| panic!("{q} {kv} D {d}: {e}"));
+                assert!(
+                    context_served(c.q_dtype, c.kv_dtype, d),
+                    "{q} {kv} D {d}: accepted but not served by ContextKernel::launch"
+                );
+                assert_eq!(
+                    paged_attention::context_decode_path(c.q_dtype, c.kv_dtype, d),
+                    d == 512
+                );
+            }
+        }
+        for d in DECODE_HEAD_DIMS {
+            let e = context_call("f16", "bf16", d).unwrap_err().to_string();
+            assert!(e.contains("`k_cache`") && e.contains("dtype"), "{e}");
+        }
+        for d in [32, 96, 192, 1024] {
+            let e = context_call("bf16", "bf16", d).unwrap_err().to_string();
+            assert!(
+                e.contains("`query`")
+                    && e.contains(&format!(
+                        "head_dim {d} is not supported (64, 128, 256, 512)"
+                    )),
+                "{e}"
+            );
+        }
+    }
 }

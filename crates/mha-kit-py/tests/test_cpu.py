@@ -185,25 +185,50 @@ def test_single_kv_tensor_with_k_and_v_dim():
 
 
 CONTEXT_CASES = [
+    # name, dtype, kv, window, sinks, layout, d ("prefix" in the name: cached prefixes)
     ("prefill", "f16", "same", -1, False, "HND", 64),
     ("chunked-prefix-nhd", "bf16", "same", -1, True, "NHD", 64),
     ("window", "f16", "same", 9, False, "NHD", 128),
     ("fp8", "bf16", "e4m3", -1, False, "HND", 64),
+    # D 512: the decode kernel's ragged path on the GPU, the same definition.
+    ("d512-prefix-gqa4-window-sinks-nhd", "bf16", "same", 6, True, "NHD", 512),
+    ("d512-prefill-f16", "f16", "same", -1, False, "HND", 512),
+    ("d512-fp8-prefix-window-sinks", "bf16", "e4m3", 11, True, "HND", 512),
+    ("d512-fp8-prefix-f16-nhd", "f16", "e4m3", -1, False, "NHD", 512),
 ]
 
 
-def test_context_refuses_head_dim_512_naming_it():
-    # Decode serves head_dim 512; the context kernels do not (yet).
+@pytest.mark.parametrize("d", [96, 32, 1024])
+def test_head_dims_outside_the_served_ones_are_refused_naming_them(d):
+    """Both calls serve DECODE_HEAD_DIMS (the context call at 512 through the
+    decode kernel's ragged path); any other head dim is refused, naming it."""
+    rng = np.random.default_rng(d)
+    q_lens = [3, 2]
+    c = ref.random_case(rng, bs=2, hq=4, hkv=1, d=d, p=8, q_lens=q_lens, dtype=np.float16,
+                        kv_dtype=np.float16, lens=q_lens)
+    needle = rf"`query`: head_dim {d} is not supported \(64, 128, 256, 512\)"
+    with pytest.raises(mha_kit.InvalidArgument, match=needle):
+        mha_kit.trtllm_batch_context_with_kv_cache(
+            c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], max(q_lens),
+            c["max_seq_len"], 0.125, 1.0, 2, c["cu"], None)
+    with pytest.raises(mha_kit.InvalidArgument, match=needle):
+        mha_kit.trtllm_batch_decode_with_kv_cache(
+            c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], c["max_seq_len"],
+            q_len_per_req=None, max_q_len=max(q_lens), cum_seq_lens_q=c["cu"])
+
+
+@needs_ml_dtypes
+def test_context_at_head_dim_512_keeps_the_dtype_rules():
+    """D 512 takes K/V of the query's dtype or e4m3, as the other head dims."""
     rng = np.random.default_rng(512)
     q_lens = [3, 2]
     c = ref.random_case(rng, bs=2, hq=4, hkv=1, d=512, p=8, q_lens=q_lens, dtype=np.float16,
-                        kv_dtype=np.float16, lens=q_lens, sinks=False, window_left=-1,
-                        layout="HND")
-    cu_k = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    with pytest.raises(mha_kit.InvalidArgument, match="head_dim 512"):
+                        kv_dtype=np.float16, lens=q_lens)
+    with pytest.raises(mha_kit.InvalidArgument, match=r"`k_cache`: dtype must be the query's"):
         mha_kit.trtllm_batch_context_with_kv_cache(
-            c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], max(q_lens),
-            c["max_seq_len"], 0.125, 1.0, 2, c["cu"], cu_k)
+            c["q"], (c["k"].astype(ref.BF16), c["v"].astype(ref.BF16)), _ws(),
+            c["block_tables"], c["seq_lens"], max(q_lens), c["max_seq_len"], 0.125, 1.0, 2,
+            c["cu"], None)
 
 
 @pytest.mark.parametrize("case", CONTEXT_CASES, ids=[c[0] for c in CONTEXT_CASES])
@@ -622,11 +647,12 @@ def test_decode_lse_rejects_a_wrong_shape_or_dtype():
             mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(lse=bad))
 
 
-def test_context_return_lse_with_prefix_and_window():
+@pytest.mark.parametrize("d", [64, 512])
+def test_context_return_lse_with_prefix_and_window(d):
     rng = np.random.default_rng(22)
     q_lens = [5, 1, 17, 0, 9]
     lens = [5, 31, 20, 8, 25]
-    c = ref.random_case(rng, bs=5, hq=8, hkv=2, d=64, p=8, q_lens=q_lens, dtype=np.float16,
+    c = ref.random_case(rng, bs=5, hq=8, hkv=2, d=d, p=8, q_lens=q_lens, dtype=np.float16,
                         kv_dtype=np.float16, lens=lens, sinks=True, window_left=9)
     out, lse = mha_kit.trtllm_batch_context_with_kv_cache(
         c["q"], (c["k"], c["v"]), _ws(), c["block_tables"], c["seq_lens"], max(q_lens),

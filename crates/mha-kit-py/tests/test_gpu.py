@@ -162,6 +162,30 @@ def test_decode_and_context_return_lse_in_base_2(split):
     _check_lse(lse, want_lse, "context lse")
 
 
+@pytest.mark.parametrize("kv", ["same", "e4m3"])
+def test_context_d512_runs_the_decode_path_vs_reference(kv):
+    """Head dim 512: the context call runs the decode kernel's ragged path
+    (no context kernel at 512; max_q_len above the decode cap of 16), with a
+    prefix, GQA 8, a window, sinks and the row LSE."""
+    q_lens = [40, 1, 70, 0, 17]
+    prefix = [0, 100, 17, 8, 300]
+    lens = [a + b for a, b in zip(q_lens, prefix)]
+    c, t = _case(f"context-d512-{kv}", bs=5, hq=16, hkv=2, d=512, p=16, q_lens=q_lens,
+                 dt="bf16", kv=kv, lens=lens, window_left=50, sinks=True, layout="NHD")
+    bmm2 = 0.5 if kv == "e4m3" else 1.0
+    scale = 1 / math.sqrt(512)
+    out, lse = mha_kit.trtllm_batch_context_with_kv_cache(
+        t["q"], (t["k"], t["v"]), _ws(), t["block_tables"], t["seq_lens"], max(q_lens),
+        c["max_seq_len"], scale, bmm2, 5, t["cu"], None, window_left=50, sinks=t["sinks"],
+        kv_layout="NHD", return_lse=True)
+    want, _, want_lse = ref.attention(c["q64"], ref.hnd(c["k64"], "NHD"),
+                                      ref.hnd(c["v64"], "NHD"), c["block_tables"],
+                                      c["seq_lens"], c["rows"], scale, bmm2, 50, c["sinks"],
+                                      with_lse=True)
+    _check(out, want, f"context d512 {kv}")
+    _check_lse(lse, want_lse, f"context d512 {kv} lse")
+
+
 def test_fp8_query_is_cast_in_the_workspace_and_keeps_the_counters():
     """An e4m3 query (the seed's FP8-cache context call): cast exactly into
     the output dtype in the workspace's head; the decode split counters at

@@ -52,9 +52,11 @@ InvalidArgument = _native.InvalidArgument
 DeviceError = _native.DeviceError
 #: Bytes at the end of a decode ``workspace_buffer`` that hold split counters.
 WORKSPACE_COUNTER_BYTES = _native.WORKSPACE_COUNTER_BYTES
-#: Head dims that both the decode and the context calls serve.
+#: Head dims that every kernel family serves (the decode kernels and the
+#: context kernels).
 HEAD_DIMS = tuple(_native.HEAD_DIMS)
-#: Head dims of the decode call (HEAD_DIMS and 512; the context call refuses 512).
+#: Head dims of the decode and the context calls: HEAD_DIMS and 512 (the
+#: context call at 512 runs the decode kernel's ragged path: correct, not tuned).
 DECODE_HEAD_DIMS = tuple(_native.DECODE_HEAD_DIMS)
 
 try:  # the custom ops need torch; the package works without it (CPU path on numpy)

@@ -323,8 +323,8 @@ def trtllm_batch_decode_with_kv_cache(
             (the seed casts the query for FP8 caches; its values are used
             exactly, any query scale belongs in ``bmm1_scale``; a CUDA query
             is cast into ``out``'s dtype in the head of ``workspace_buffer``
-            when it fits, else into a new tensor); ``D`` 64, 128 or 256; last
-            dim contiguous.
+            when it fits, else into a new tensor); ``D`` 64, 128, 256 or 512
+            (``DECODE_HEAD_DIMS``); last dim contiguous.
         kv_cache: ``(k_cache, v_cache)``, each ``[num_pages, Hkv, P, D]``
             (``kv_layout="HND"``) or ``[num_pages, P, Hkv, D]`` (``"NHD"``),
             any strides with a contiguous last dim; or one tensor
@@ -554,9 +554,10 @@ def trtllm_batch_context_with_kv_cache(
     ``max(0, x - window_left) ..= x``, causally.
 
     Args:
-        query: ``[total_q, Hq, D]`` bfloat16 / float16 (D 64, 128, 256), or
-            float8_e4m3fn as for decode (the seed's context call with an FP8
-            cache passes one).
+        query: ``[total_q, Hq, D]`` bfloat16 / float16 (D 64, 128, 256 on
+            the context kernels; D 512 runs the decode kernel's ragged path on
+            the GPU: correct, not tuned), or float8_e4m3fn as for decode (the
+            seed's context call with an FP8 cache passes one).
         kv_cache: as in :func:`trtllm_batch_decode_with_kv_cache`; dtype the
             query's or e4m3.
         workspace_buffer: the context kernel keeps its own split workspace
