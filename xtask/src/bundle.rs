@@ -253,11 +253,13 @@ pub fn build(root: &Path, out: &Path) -> Result<()> {
         .arg("-C")
         .arg(parent)
         .arg(&name)
-        // One thread, preset 9: its 64 MiB dictionary spans several
-        // binaries, each embedding the same PTX and cubins, so they are
-        // stored about once (the full bundle of 2026-12-02: 550 MiB → 18 MiB
-        // in ~3.5 min on 2 cores; `-T0 -6` compresses blocks apart: 53 MiB).
-        .env("XZ_OPT", "-9 -T1")
+        // One thread, preset 9 with a 256 MiB dictionary: it spans several
+        // binaries (each embeds the same PTX and cubins, ~30 MB, in 40 MB
+        // and larger binaries), so they are stored about once (2026-12-05,
+        // 669 MiB: preset 9's 64 MiB dictionary 25.2 MB, this 18.6 MB, both
+        // ~4.3 min on 2 cores; about 2.7 GiB of memory to pack, 256 MiB to
+        // unpack; `-T0 -6` compresses blocks apart: 53 MiB in 2026-12-02).
+        .env("XZ_OPT", "--lzma2=preset=9,dict=256MiB -T1")
         .status()
         .context("cannot run tar (tar and xz are needed to pack the bundle)")?;
     if !status.success() {

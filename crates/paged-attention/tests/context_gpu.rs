@@ -1278,7 +1278,11 @@ fn main() {
             let (mut runs, mut multi_cases) = (0u64, 0u64);
             let before = small.launches();
             for seed in 0..cases {
-                let c = context_random_case_with(0xD512_C000 + u64::from(seed), BUDGET / 2.0, Some(512));
+                let c = context_random_case_with(
+                    0xD512_C000 + u64::from(seed),
+                    BUDGET / 2.0,
+                    Some(512),
+                );
                 check(gpu, k, &c).map_err(|e| format!("seed {seed}: {e}"))?;
                 if seed % 3 == 0 {
                     small.set_decode_path_row_tiles(Some(1 + (seed as usize / 3) % 3));
