@@ -84,8 +84,10 @@
 #             addresses, three CTAs an SM, half-row loop): experiment test,
 #             masked keys, memcheck; the head_dim 512 decode test and memcheck
 #   leanbench their decode bench rows beside production, then cuDNN
-#   d512      the decode GPU suite with D 512 on tensor cores, memcheck and
-#             racecheck on the D 512 cases, the D 512 / 256 bench rows
+#   d512      decode D 512 on tensor cores vs the reference, racecheck and
+#             memcheck on its cases, the D 512 / 256 bench rows
+#   d512more  the whole decode GPU suite, the context calls at D 512 (test,
+#             masked keys, memcheck)
 #   xbench    the decode bench rows of the x8 experiment beside production
 #             (DBENCH_X8_CASES) and the cuDNN peers (same call)
 #   loadcost  the trace entry's per-fast-tile phases with the K / V waits
@@ -510,20 +512,33 @@ stage_leanbench() {
     DBENCH_TIMEOUT=300 stage_dbench
 }
 stage_d512() {
-  # Session 29: head_dim 512 on tensor cores (warp pairs). The whole decode
-  # GPU suite (d512_decode runs every case on both kernels; skip-softmax,
-  # PDL-in-a-graph and interleaved ranks take D 512 cases too), memcheck
-  # and racecheck (the pairs' partial S in shared memory) on the D 512
-  # cases, then the D 512 / 256 bench rows.
-  echo "== decode GPU suite (D 512 on tensor cores)"
-  timeout 420 tests/paged-attention-gpu --include-ignored > "$OUT/d512_suite.log" 2>&1
-  echo "rc=$?"; summary "$OUT/d512_suite.log"
-  grep -E "^(test .*(FAILED|ok)$)|d512_decode|skip_softmax:|pdl_chains|interleaved" "$OUT/d512_suite.log" | grep -v " ok$" | head -20
-  for tool in memcheck racecheck; do
-    MHA_KIT_GPU_CASES=12 timeout 240 compute-sanitizer --tool $tool tests/paged-attention-gpu --include-ignored \
+  # Session 29: head_dim 512 on tensor cores (warp pairs): its test (every
+  # case on both kernels), racecheck and memcheck (the pairs' partial S in
+  # shared memory), then the D 512 / 256 bench rows.
+  echo "== decode D 512 (tensor cores for 16-bit K/V) vs the reference"
+  timeout 200 tests/paged-attention-gpu --include-ignored d512_decode > "$OUT/d512.log" 2>&1
+  echo "rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
+  for tool in racecheck memcheck; do
+    MHA_KIT_GPU_CASES=12 timeout 150 compute-sanitizer --tool $tool tests/paged-attention-gpu --include-ignored \
       d512_decode > "$OUT/d512_$tool.log" 2>&1; echo "$tool rc=$?"; summary "$OUT/d512_$tool.log"
   done
-  MHA_KIT_BENCH_CASES="${DBENCH_D512_CASES:-/512,|16/8/256}" DBENCH_TIMEOUT=240 stage_dbench
+  MHA_KIT_BENCH_CASES="${DBENCH_D512_CASES:-/512,|16/8/256}" DBENCH_TIMEOUT=200 stage_dbench
+}
+stage_d512more() {
+  # The whole decode GPU suite (skip-softmax, PDL in a graph and interleaved
+  # ranks take D 512 cases too), then the context calls at D 512 (the
+  # decode kernel's path): test, masked keys, memcheck.
+  echo "== decode GPU suite"
+  timeout 300 tests/paged-attention-gpu --include-ignored > "$OUT/d512_suite.log" 2>&1
+  echo "rc=$?"; summary "$OUT/d512_suite.log"
+  grep -E "d512_decode|skip_softmax:|pdl_chains|interleaved" "$OUT/d512_suite.log" | head
+  echo "== context calls at D 512 (the decode kernel's path) vs the reference, masked keys, memcheck"
+  timeout 150 $T --include-ignored d512_runs > "$OUT/d512_ctx.log" 2>&1
+  echo "rc=$?"; summary "$OUT/d512_ctx.log"; grep -E "d512_runs" "$OUT/d512_ctx.log"
+  timeout 120 $T --include-ignored masked_nonfinite > "$OUT/d512_ctx_masked.log" 2>&1
+  echo "masked rc=$?"; summary "$OUT/d512_ctx_masked.log"
+  MHA_KIT_GPU_CASES=9 timeout 120 compute-sanitizer --tool memcheck $T --include-ignored d512_runs \
+    > "$OUT/d512_ctx_memcheck.log" 2>&1; echo "memcheck rc=$?"; summary "$OUT/d512_ctx_memcheck.log"
 }
 stage_xbench() {
   echo "== decode bench: x8 beside production"
