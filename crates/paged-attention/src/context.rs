@@ -62,10 +62,7 @@ use kernel_rt::{
 use crate::launch::{
     base_ptrs, check_sinks_and_scales, check_vector, validate_views, view_strides, ViewShapes,
 };
-use crate::{
-    DecodeArgs, HalfDtype, KernelPath, KvCache, KvDtype, PagedAttentionKernel, QueryLayout,
-    SplitMode, HEAD_DIMS,
-};
+use crate::{HalfDtype, KernelPath, KvCache, KvDtype, PagedAttentionKernel, HEAD_DIMS};
 
 /// The embedded PTX of the context kernel (`cargo xtask ptx-build`).
 pub const CONTEXT_PTX: kernel_rt::PtxModule = kernel_rt::PtxModule {
@@ -426,23 +423,6 @@ pub fn context_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
     };
     kv_ok && HEAD_DIMS.contains(&head_dim)
 }
-
-/// Whether a context call runs the decode kernel's ragged path instead of a
-/// context kernel ([`ContextKernel::launch`]): head dim 512 (a decode head
-/// dim, [`crate::DECODE_HEAD_DIMS`], that no context entry serves), K/V e4m3
-/// or of the Q dtype.
-pub fn context_decode_path(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
-    let kv_ok = match kv {
-        KvDtype::E4m3 => true,
-        KvDtype::Bf16 => q == HalfDtype::Bf16,
-        KvDtype::F16 => q == HalfDtype::F16,
-    };
-    kv_ok && head_dim == 512
-}
-
-/// The split chunk of the head-dim-512 context path: every row tile's keys
-/// in one CTA (`SplitMode::Chunked` with one split; below the `2^30` cap).
-const CONTEXT_DECODE_PATH_CHUNK: usize = (1 << 30) - 1;
 
 /// Every context entry: `(q, kv, head_dim)`.
 pub fn context_variants() -> Vec<(HalfDtype, KvDtype, usize)> {

@@ -5,6 +5,9 @@
 use super::*;
 use crate::context::sm90::CONTEXT_SM90_EXPERIMENT_SLACK;
 
+mod decode_path;
+pub use decode_path::context_decode_path;
+
 /// The context-attention launcher: every entry is resolved once, at
 /// construction (dynamic shared memory limit raised); launches are
 /// stream-ordered and graph-capturable (no host sync, allocation or copy).
@@ -447,73 +450,10 @@ impl ContextKernel {
         self.sm90
     }
 
-    /// At most `n` row tiles a launch on the head-dim-512 path
-    /// ([`PagedAttentionKernel::set_launch_row_tiles`]; tests of its
-    /// multi-launch form on small cases). `None` (default): as many as one
-    /// grid holds.
-    pub fn set_decode_path_row_tiles(&mut self, n: Option<usize>) {
-        self.wide.set_launch_row_tiles(n);
-    }
-
     /// Kernel launches issued so far (the head-dim-512 path's decode-kernel
     /// launches included).
     pub fn launches(&self) -> u64 {
         self.kernel.launches() + self.wide.launches()
-    }
-
-    /// The context call at a head dim no context entry serves (512,
-    /// [`context_decode_path`]): the decode kernel's ragged path over the
-    /// same arguments (one split a row tile; the tensor-core entries for
-    /// 16-bit K/V of the Q dtype, the CUDA-core kernel for e4m3), each CTA
-    /// 16 packed rows of one request and KV head against every key they see.
-    /// Same semantics as the context kernels (causal over prefix and new
-    /// tokens, window, sinks, LSE, the ragged rule, bad device data skipped
-    /// and counted with the same [`crate::ErrorFlags`]); correct, not fast
-    /// (each row tile reads its keys again).
-    fn launch_decode_path(
-        &self,
-        stream: &CudaStream,
-        args: &mut ContextArgs<'_>,
-        errors: &mut DeviceErrors,
-    ) -> Result<()> {
-        let bs = args.cache_seqlens.shape()[0];
-        if let Some(k) = &args.cu_seqlens_k {
-            check_vector("cu_seqlens_k", k, bs + 1)?;
-        }
-        if !(1..=CONTEXT_MAX_Q_LEN).contains(&args.max_q_len) {
-            return Err(KernelError::unsupported(
-                "max_q_len",
-                format!("{} (supported 1..=2^24)", args.max_q_len),
-            ));
-        }
-        let mut dargs = DecodeArgs {
-            q: args.q.clone(),
-            q_dtype: args.q_dtype,
-            out: args.out.reborrow(),
-            kv: args.kv.clone(),
-            page_table: args.page_table.clone(),
-            cache_seqlens: args.cache_seqlens.clone(),
-            layout: QueryLayout::Ragged {
-                cu_seqlens_q: args.cu_seqlens_q.clone(),
-                max_q_len: args.max_q_len,
-            },
-            // Sizes splits only: there is one (below).
-            max_seq_len: 1,
-            bmm1_scale: args.bmm1_scale,
-            bmm2_scale: args.bmm2_scale,
-            window_left: args.window_left,
-            sinks: args.sinks.clone(),
-            interleave: None,
-            skip_softmax: None,
-            skipped_slices: None,
-            split: SplitMode::Chunked {
-                chunk_tokens: CONTEXT_DECODE_PATH_CHUNK,
-                max_splits: 1,
-            },
-            lse: args.lse.as_mut().map(StridedMut::reborrow),
-            workspace: None,
-        };
-        self.wide.launch_rows_on(stream, &mut dargs, errors, true)
     }
 
     /// Computes `out` (rows of processed requests only; other rows untouched);
