@@ -43,6 +43,17 @@ const CLUSTER_FOLD_MAX: usize = 8;
 /// session 22).
 const CLUSTER_FOLD_MAX_CHUNK: usize = 1024;
 
+/// The launches of `total` row tiles whose grid holds at most `grid_tiles`
+/// of them (at least 1), or `cap` where that is smaller: `(row_tile_base,
+/// row tiles)` of each, in order, covering `0..total` exactly once.
+fn row_tile_blocks(total: usize, grid_tiles: usize, cap: Option<usize>) -> Vec<(usize, usize)> {
+    let per = grid_tiles.min(cap.unwrap_or(usize::MAX)).max(1);
+    (0..total)
+        .step_by(per)
+        .map(|base| (base, per.min(total - base)))
+        .collect()
+}
+
 /// The experiment number of an `_x{n}` entry name (0 for a production entry).
 fn entry_experiment(entry: &str) -> u32 {
     entry
@@ -458,13 +469,13 @@ impl PagedAttentionKernel {
         // The row tiles in blocks of the grid's y extent (one block unless
         // `long_rows` needed more).
         let hkv = p.num_kv_heads.max(1) as usize;
-        let per = (y as usize / hkv)
-            .min(self.launch_row_tiles.unwrap_or(usize::MAX))
-            .max(1);
-        let total = p.row_tiles.max(1) as usize;
-        for base in (0..total).step_by(per) {
+        for (base, count) in row_tile_blocks(
+            p.row_tiles.max(1) as usize,
+            y as usize / hkv,
+            self.launch_row_tiles,
+        ) {
             p.row_tile_base = to_i32("max_q_len", base)?;
-            config.grid_dim.1 = (hkv * per.min(total - base)) as u32;
+            config.grid_dim.1 = (hkv * count) as u32;
             // SAFETY: `validate` checked every shape and stride against the
             // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
             // alignment, and the workspace size; device data (page ids, lengths,
@@ -488,6 +499,34 @@ impl PagedAttentionKernel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_tile_blocks_cover_every_tile_once() {
+        // One launch when the grid holds them all (every decode launch).
+        assert_eq!(row_tile_blocks(7, 7, None), [(0, 7)]);
+        assert_eq!(row_tile_blocks(1, 1, None), [(0, 1)]);
+        // Blocks of the grid's extent or the cap, the last one short.
+        assert_eq!(row_tile_blocks(7, 3, None), [(0, 3), (3, 3), (6, 1)]);
+        assert_eq!(
+            row_tile_blocks(7, 7, Some(2)),
+            [(0, 2), (2, 2), (4, 2), (6, 1)]
+        );
+        assert_eq!(
+            row_tile_blocks(6, 0, Some(0)),
+            (0..6).map(|b| (b, 1)).collect::<Vec<_>>()
+        );
+        assert_eq!(row_tile_blocks(0, 5, None), []);
+        // Hkv 1, the largest grid: 2^24 row tiles (max_q_len 2^24, G 16).
+        let v = row_tile_blocks(1 << 24, 65_535, None);
+        assert_eq!(v.len(), (1usize << 24).div_ceil(65_535));
+        let mut next = 0;
+        for &(base, n) in &v {
+            assert_eq!(base, next);
+            assert!((1..=65_535).contains(&n));
+            next += n;
+        }
+        assert_eq!(next, 1 << 24);
+    }
 
     #[test]
     fn experiment_entries_are_in_the_ptx_with_their_numbers() {
