@@ -80,7 +80,7 @@
 #   dtrace    decode experiment 16: per-CTA traces of the one-wave latency
 #             launches (CSV under $OUT/dtrace) and the experiment entries' test
 #   allgpu    every GPU test binary of the bundle, all at once (ALLGPU_TIMEOUT)
-#   lean      session 28's decode experiments x64 / x72 / x192 (lean copy
+#   lean      session 28's decode experiments x64 / x192 (lean copy
 #             addresses, three CTAs an SM, half-row loop): experiment test,
 #             masked keys, memcheck; the head_dim 512 decode test and memcheck
 #   leanbench their decode bench rows beside production, then cuDNN
@@ -88,8 +88,6 @@
 #             memcheck on its cases, the D 512 / 256 bench rows
 #   d512more  the whole decode GPU suite, the context calls at D 512 (test,
 #             masked keys, memcheck)
-#   xbench    the decode bench rows of the x8 experiment beside production
-#             (DBENCH_X8_CASES) and the cuDNN peers (same call)
 #   loadcost  the trace entry's per-fast-tile phases with the K / V waits
 #             (headline cells), default vs _x4 on zero K/V (reads vs power),
 #             then Nsight Compute on one launch of the
@@ -484,11 +482,11 @@ stage_loadcost() {
 }
 stage_pending() { stage_pending_tests; stage_pending_python; stage_pending_replay; }
 stage_lean() {
-  # Session 28's decode experiments x64 (lean copy addresses), x72 (x64 at
-  # three CTAs an SM) and x192 (x64 with the half-row loop), built without a
+  # Session 28's decode experiments x64 (lean copy addresses) and x192 (x64
+  # with the half-row loop; x72 dropped in session 29), built without a
   # GPU: their results against the reference, the masked non-finite keys on
   # each, memcheck on the zero-size copies from the lane's base.
-  for x in x64 x72 x192; do
+  for x in x64 x192; do
     echo "== decode experiment $x vs the reference"
     MHA_KIT_GPU_EXPERIMENTS=${x#x} timeout 150 tests/paged-attention-gpu --include-ignored experiment_entries \
       > "$OUT/lean_test_$x.log" 2>&1
@@ -507,7 +505,7 @@ stage_lean() {
     d512_decode > "$OUT/d512_memcheck.log" 2>&1; echo "memcheck rc=$?"; summary "$OUT/d512_memcheck.log"
 }
 stage_leanbench() {
-  # The decode bench rows of x64 / x72 / x192 beside production, then cuDNN.
+  # The decode bench rows of x64 / x192 beside production, then cuDNN.
   MHA_KIT_BENCH_CASES="${DBENCH_LEAN_CASES:-bs 64, L 8192|bs 256, L 8192|FP8 KV, bs 64|bs 1, L 1024|bs 16, L 1024|bs 1, L 32768|16/8/512}" \
     DBENCH_TIMEOUT=300 stage_dbench
 }
@@ -539,9 +537,5 @@ stage_d512more() {
   echo "masked rc=$?"; summary "$OUT/d512_ctx_masked.log"
   MHA_KIT_GPU_CASES=9 timeout 120 compute-sanitizer --tool memcheck $T --include-ignored d512_runs \
     > "$OUT/d512_ctx_memcheck.log" 2>&1; echo "memcheck rc=$?"; summary "$OUT/d512_ctx_memcheck.log"
-}
-stage_xbench() {
-  echo "== decode bench: x8 beside production"
-  MHA_KIT_BENCH_CASES="${DBENCH_X8_CASES:-bs 64, L 8192|bs 256, L 8192|FP8 KV, bs 64}" DBENCH_TIMEOUT=240 stage_dbench
 }
 for st in $STAGES; do "stage_$st"; done

@@ -12,11 +12,13 @@ const DEVICE_CARRY_BYTES: u64 = 64 << 20;
 
 /// Room kept for the tracked tree: `git ls-files -z | xargs -0 du -cb` gave
 /// 37,038,140 bytes (≈ 35.3 MiB, most of it committed PTX and cubins) on
-/// 2026-12-03; 40 MiB leaves ≈ 4.7 MiB for it to grow.
-const TREE_ALLOWANCE_BYTES: u64 = 40 << 20;
+/// 2026-12-03 and 42,553,438 (≈ 40.6 MiB) on 2026-12-05 with the decode
+/// entries at head dim 512 and e4m3 256; 42 MiB since then (the bundle
+/// packs to ≈ 18 MiB with the 256 MiB xz dictionary).
+const TREE_ALLOWANCE_BYTES: u64 = 42 << 20;
 
 /// Largest compressed bundle (`<out>.tar.xz`) we ship to the GPU host:
-/// 64 MiB − 40 MiB = 24 MiB.
+/// 64 MiB − 42 MiB = 22 MiB.
 const MAX_BUNDLE_BYTES: u64 = DEVICE_CARRY_BYTES - TREE_ALLOWANCE_BYTES;
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash

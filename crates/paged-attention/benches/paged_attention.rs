@@ -194,10 +194,6 @@ fn cases() -> Vec<Shape> {
             hnd: true,
             ..s("bs 1, L 32768, HND pages", 32, 8, 128, 1, 32768)
         },
-        fp8_experiment(
-            8,
-            "x8: Q fragments in shared memory, 4-slot ring, 3 CTAs/SM",
-        ),
         experiment_row(64, 64, 8192, "x64: lean copy addresses"),
         experiment_row(64, 256, 8192, "x64: lean copy addresses"),
         experiment_row(192, 64, 8192, "x192: x64 with the half-row loop"),
@@ -208,18 +204,7 @@ fn cases() -> Vec<Shape> {
         experiment_row(192, 16, 1024, "x192"),
         experiment_row(192, 1, 32768, "x192"),
         fp8_experiment(64, "x64: lean copy addresses"),
-        fp8_experiment(72, "x72: x64 with x8's 3 CTAs/SM"),
         fp8_experiment(192, "x192: x64 with the half-row loop"),
-        // x8's best FP8 split (PERF.md session 20: Auto's one-split grid
-        // leaves a second wave 29% full at three CTAs an SM).
-        Shape {
-            split: SplitMode::Fixed { chunk_tokens: 4096 },
-            ..fp8_experiment(72, "x72, Fixed 4096")
-        },
-        Shape {
-            split: SplitMode::Fixed { chunk_tokens: 4096 },
-            ..fp8_experiment(8, "x8, Fixed 4096")
-        },
     ];
     if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
         v.extend(split_sweep());
@@ -282,20 +267,13 @@ fn latency_sweep() -> Vec<Shape> {
 }
 
 /// Fixed split chunks beside Auto for the production kernel and experiments
-/// 8 (3 CTAs/SM: 396 slots on 132 SMs, where Auto's one-split grid of
-/// bs 64 × 8 KV heads = 512 CTAs leaves a second wave 29% full), 64 (lean
-/// copy addresses), 72 (both) and 192 (64 with the half-row loop); 8 and 72
-/// have e4m3 entries only: `MHA_KIT_BENCH_SPLIT_SWEEP=1`.
+/// 64 (lean copy addresses) and 192 (64 with the half-row loop):
+/// `MHA_KIT_BENCH_SPLIT_SWEEP=1`. (Experiments 8 and 72, three CTAs an SM,
+/// measured in PERF.md sessions 20 and 28, were dropped in session 29.)
 fn split_sweep() -> Vec<Shape> {
     let mut v = Vec::new();
     for (bs, fp8) in [(64, false), (256, false), (64, true)] {
-        // x72 has only an e4m3 entry.
-        let xvs: &[u32] = if fp8 {
-            &[0, 8, 64, 72, 192]
-        } else {
-            &[0, 64, 192]
-        };
-        for &xv in xvs {
+        for xv in [0u32, 64, 192] {
             for chunk_tokens in [4096, 2752, 2048, 1024] {
                 let kv = if fp8 { "FP8 KV, " } else { "" };
                 v.push(Shape {

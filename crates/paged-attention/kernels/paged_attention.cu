@@ -804,14 +804,15 @@ struct MmaSmem {
     static constexpr bool X8 = (XV & 8) != 0;
     static constexpr bool Q8_SMEM = KV == 2 && X8;
     static constexpr int NST = KV == 2 ? (X8 ? 4 : 6) : (X8 ? 2 : 3);  // ring slots per warp
-    // D 512 (16-bit KV): the warps work in pairs, warp w on slice w / 2 of
-    // the tile and dims [256 (w % 2), 256 (w % 2) + 256) of every K / V row
-    // it loads (DH = 2 dim halves, DW = 256 dims a warp): O splits across
-    // the pair (128 accumulators a thread, as at D 256) and each warp's S
-    // over its half of the dims is summed with its partner's through shared
-    // memory (XS), so each K / V byte is still read once. A tile is then
-    // NSL = 2 slices of 16 keys (TT = 32 tokens).
-    static constexpr int DH = D >= 512 ? 2 : 1;
+    // D 512 (16-bit KV) and e4m3 KV at D 256 / 512: the warps work in
+    // groups of DH, warp w on slice w / DH of the tile and dims
+    // [DW (w % DH), DW (w % DH) + DW) of every K / V row it loads (DW = 256
+    // dims a warp for 16-bit KV, as at D 256; 128 for e4m3, as at D 128): O
+    // splits across the group (the accumulators a thread of those head
+    // dims) and each warp's S over its share of the dims is summed with the
+    // others' through shared memory (XS), so each K / V byte is still read
+    // once. A tile is then NSL = 4 / DH slices of 16 keys (TT = 16 NSL).
+    static constexpr int DH = KV == 2 ? (D > 128 ? D / 128 : 1) : (D >= 512 ? 2 : 1);
     static constexpr int DW = D / DH;                  // dims a warp loads and accumulates
     static constexpr int NSL = MW / DH;                // warp slices a tile
     static constexpr int TT = NSL * MWT;               // tokens a CTA tile
@@ -826,22 +827,23 @@ struct MmaSmem {
     static constexpr int MERGE = NSL * ROWS * OS * 4;  // aliases the ring after the loop
     static constexpr int ST_OFF = RING;                // f32 m[MW][16], d[MW][16]
     static constexpr int VM_OFF = ST_OFF + 2 * MW * ROWS * 4;  // u32 [MW][NST][2] valid masks
-    // DH = 2: the pairs' partial S, f32 [NSL][2 parities][DH][32 lanes][8]
-    // (double-buffered by slice parity: one pair barrier a slice).
+    // DH > 1: the groups' partial S, f32 [NSL][2 parities][DH][32 lanes][8]
+    // (double-buffered by slice parity: one group barrier a slice).
     static constexpr int XS_OFF = VM_OFF + MW * NST * 2 * 4;
     static constexpr int XS_BYTES = DH > 1 ? NSL * 2 * DH * 32 * 8 * 4 : 0;
     // D 256: Q A-fragments are read from shared memory each slice (16 rows
     // of D 16-bit values, 16-byte chunks XOR-swizzled by row & 7) instead of
     // being held in 4 D / 16 registers a thread, which with the 2 D / 8
     // accumulators would spill.
-    static constexpr bool Q_SMEM = D >= 256 || (X8 && KV != 2);
+    static constexpr bool Q_SMEM = KV != 2 && (D >= 256 || X8);
     static constexpr int Q_OFF = (XS_OFF + XS_BYTES + 15) / 16 * 16;
     // Q8_SMEM: u32 [D / 16 k-steps][32 lanes][4] (each lane's A-fragment of
     // a k-step as one 16-byte word), after the rows of Q_SMEM (never both).
     static constexpr int Q8_OFF = Q_OFF + (Q_SMEM ? ROWS * D * 2 : 0);
     static constexpr int BYTES = Q8_OFF + (Q8_SMEM ? (D / 16) * 32 * 16 : 0);
     static_assert(MERGE <= RING, "merge scratch fits in the ring");
-    static_assert(DH == 1 || (KV != 2 && Q_SMEM && XV == 0), "D 512: 16-bit KV, Q in shared memory, production only");
+    static_assert(DH == 1 || (XV == 0 && (KV == 2 || Q_SMEM)), "dim groups: production entries only");
+    static_assert(DW == 128 || DW == 256 || DH == 1, "dim groups of 128 (e4m3) or 256 (16-bit) dims");
     static_assert(XS_OFF % 16 == 0, "pair exchange aligned");
     // The cluster fold: this CTA's partial (O rows, (m, d)) after the merge
     // scratch, then the fold's scratch (CLUSTER_CAP f32: the statistics of
@@ -1231,10 +1233,12 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             // (the K fragments read the same bytes). bf16 Q becomes f16 exactly
             // after a per-row power-of-two scale 2^e (row max in [2^14, 2^15)),
             // undone in rs; f16 Q is used as is.
-            u32 w[D / 8];
+            // DH > 1: this warp's DW dims, the same order inside them.
+            u32 w[DW / 8];
+            const u16* hsrc = src + (DH > 1 ? hf * DW : 0);
 #pragma unroll
-            for (int c = 0; c < D / 32; ++c) {
-                const uint4 u = valid ? mha_kit::load16(src + qd * (D / 4) + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
+            for (int c = 0; c < DW / 32; ++c) {
+                const uint4 u = valid ? mha_kit::load16(hsrc + qd * (DW / 4) + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
                 w[4 * c] = u.x;
                 w[4 * c + 1] = u.y;
                 w[4 * c + 2] = u.z;
@@ -1243,9 +1247,27 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             if constexpr (QT == 0) {
                 float amax = 0.f;
 #pragma unroll
-                for (int c = 0; c < D / 8; ++c) {
+                for (int c = 0; c < DW / 8; ++c) {
                     amax = fmaxf(amax, fabsf(__uint_as_float(w[c] << 16)));
                     amax = fmaxf(amax, fabsf(__uint_as_float(w[c] & 0xffff0000u)));
+                }
+                if constexpr (DH > 1) {
+                    // The row's scale is the whole row's, the same in every
+                    // warp of the group: this thread's share of the other
+                    // warps' dims too.
+                    for (int oh = 0; oh < DH; ++oh) {
+                        if (oh == hf || !valid) continue;
+#pragma unroll
+                        for (int c = 0; c < DW / 32; ++c) {
+                            const uint4 u = mha_kit::load16(src + oh * DW + qd * (DW / 4) + 8 * c);
+                            const u32 uw[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                amax = fmaxf(amax, fabsf(__uint_as_float(uw[e] << 16)));
+                                amax = fmaxf(amax, fabsf(__uint_as_float(uw[e] & 0xffff0000u)));
+                            }
+                        }
+                    }
                 }
                 amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
                 amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
@@ -1254,7 +1276,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 const float up = __uint_as_float((u32)(127 + sh) << 23);
                 rs[hr] = p.scale_log2 * __uint_as_float((u32)(127 - sh) << 23);
 #pragma unroll
-                for (int c = 0; c < D / 8; ++c) {
+                for (int c = 0; c < DW / 8; ++c) {
                     w[c] = pack2<1>(__uint_as_float(w[c] << 16) * up, __uint_as_float(w[c] & 0xffff0000u) * up);
                 }
             }
@@ -1486,19 +1508,20 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 }
             }
         } else if constexpr (KV == 2) {
-            // Thread (gr, qd) reads bytes [qd*D/4, (qd+1)*D/4) of K rows gr and
-            // gr + 8: word kk -> (b0, b1) of k-step kk, converted once.
+            // Thread (gr, qd) reads bytes [qd*DW/4, (qd+1)*DW/4) of K rows gr
+            // and gr + 8 (of this warp's DW dims): word kk -> (b0, b1) of
+            // k-step kk, converted once.
 #pragma unroll
             for (int t = 0; t < 2; ++t) {
                 const int row = gr + 8 * t;
 #pragma unroll
-                for (int c = 0; c < D / 64; ++c) {
+                for (int c = 0; c < DW / 64; ++c) {
                     uint4 u;
                     if constexpr (XA) {
                         u = *reinterpret_cast<const uint4*>(kraw + xk_rd[c] + 8 * t * RRB);
                     } else {
                         u = *reinterpret_cast<const uint4*>(
-                            kraw + row * RRB + (((qd * (D / 64) + c) ^ k8_swz<CPR>(row)) * 16));
+                            kraw + row * RRB + (((qd * (DW / 64) + c) ^ k8_swz<CPR>(row)) * 16));
                     }
                     const u32 wv[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -1527,28 +1550,36 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         }
 
         if constexpr (DH > 1) {
-            // D 512: the slice's S over all dims = this warp's partial (its
-            // dim half) + its partner's. Each stores its partial, one pair
-            // barrier, each adds the other's: a + b in one warp, b + a in
-            // the other, the same bits, so both run the same softmax (same
-            // maxima, P, skips) on their own half of O. Buffers by slice
-            // parity: a warp rewrites one only after its partner passed the
-            // next slice's barrier, i.e. after that partner read it.
+            // Dim groups: the slice's S over all dims = the sum of the
+            // group's partials (each warp's over its DW dims). Each stores
+            // its partial, one group barrier, each sums all DH in the same
+            // order, the same bits in every warp, so all run the same
+            // softmax (same maxima, P, skips) on their own dims of O.
+            // Buffers by slice parity: a warp rewrites one only after every
+            // warp of its group passed the next slice's barrier, i.e. after
+            // they read it.
             float* xs = reinterpret_cast<float*>(smem + L::XS_OFF) + (ws * 2 + (i & 1)) * DH * 256;
             float4* mine = reinterpret_cast<float4*>(xs + hf * 256);
             mine[lane] = make_float4(s[0][0], s[0][1], s[0][2], s[0][3]);
             mine[32 + lane] = make_float4(s[1][0], s[1][1], s[1][2], s[1][3]);
-            asm volatile("bar.sync %0, 64;" ::"r"(1 + ws) : "memory");
-            const float4* other = reinterpret_cast<const float4*>(xs + (hf ^ 1) * 256);
-            const float4 a = other[lane], c = other[32 + lane];
-            s[0][0] += a.x;
-            s[0][1] += a.y;
-            s[0][2] += a.z;
-            s[0][3] += a.w;
-            s[1][0] += c.x;
-            s[1][1] += c.y;
-            s[1][2] += c.z;
-            s[1][3] += c.w;
+            asm volatile("bar.sync %0, %1;" ::"r"(1 + ws), "n"(32 * DH) : "memory");
+            // Sum in warp order (((p0 + p1) + p2) + p3): the same in every
+            // warp of the group (its own partial read back like the others).
+            float acc[2][4];
+#pragma unroll
+            for (int hh = 0; hh < DH; ++hh) {
+                const float4* part = reinterpret_cast<const float4*>(xs + hh * 256);
+                const float4 a = part[lane], c = part[32 + lane];
+                const float v[2][4] = {{a.x, a.y, a.z, a.w}, {c.x, c.y, c.z, c.w}};
+#pragma unroll
+                for (int t = 0; t < 2; ++t)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[t][e] = hh == 0 ? v[t][e] : acc[t][e] + v[t][e];
+            }
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[t][e] = acc[t][e];
         }
 
         // Mask, scale, online softmax (rows gr and gr + 8).
@@ -1648,10 +1679,10 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             // Thread (gr, qd) reads bytes [gr*D/8, (gr+1)*D/8) of V rows (tokens)
             // 2qd, 2qd+1 (-> b0) and 2qd+8, 2qd+9 (-> b1); byte jn of them is
             // n8 tile jn, column gr: O column (jn, n) is physical dim n*D/8 + jn.
-            constexpr int VW = D / 32;  // words per row
+            constexpr int VW = DW / 32;  // words per row (of this warp's dims)
             u32 va[VW], vb[VW], vc[VW], vd[VW];
             auto vload = [&](u32* dst, int row) {
-                const int byte = gr * (D / 8);
+                const int byte = gr * (DW / 8);
                 const u8* src;
                 if constexpr (XA) {
                     src = vraw + xv_rd + (row - 2 * qd) * RRB;  // row - 2 qd: 0, 1, 8 or 9
@@ -1834,8 +1865,9 @@ PA_DECODE_D(f16, 1, bf16, 0)
 PA_DECODE_D(f16, 1, f16, 1)
 PA_DECODE_D(f16, 1, e4m3, 2)
 
-// Tensor-core entries: D 64 (4 CTAs/SM), 128 (2 CTAs/SM), 256 and 512 (1;
-// 16-bit K/V only, D 512 by warp pairs: MmaSmem::DH); Q and a 16-bit
+// Tensor-core entries: D 64 (4 CTAs/SM), 128 (2 CTAs/SM), 256 and 512 (1
+// for 16-bit K/V, D 512 by warp pairs; 2 for e4m3, by groups of 2 / 4 warps
+// of 128 dims each: MmaSmem::DH); Q and a 16-bit
 // KV share the dtype, or KV is e4m3 (f16 MMAs, each element converted once).
 // One entry, `paged_attention_mma_{QN}_kv_{KVN}_d{D}{SUFFIX}`: mma_body<QT, KV,
 // D, XV> with MINB CTAs an SM.
@@ -1863,6 +1895,10 @@ PA_MMA(bf16, 0, bf16, 0, 256, 1)
 PA_MMA(f16, 1, f16, 1, 256, 1)
 PA_MMA(bf16, 0, bf16, 0, 512, 1)
 PA_MMA(f16, 1, f16, 1, 512, 1)
+PA_MMA(bf16, 0, e4m3, 2, 256, 2)
+PA_MMA(f16, 1, e4m3, 2, 256, 2)
+PA_MMA(bf16, 0, e4m3, 2, 512, 2)
+PA_MMA(f16, 1, e4m3, 2, 512, 2)
 PA_MMA_CF(bf16, 0, bf16, 0, 64, 4)
 PA_MMA_CF(bf16, 0, bf16, 0, 128, 2)
 PA_MMA_CF(bf16, 0, e4m3, 2, 64, 4)
@@ -1889,17 +1925,15 @@ PA_MMA_CF(bf16, 0, e4m3, 2, 128, 2)
         }                                                                                          \
     }
 
-// Experiment 8: Q in shared memory and a shorter ring (MmaSmem::X8),
-// three CTAs an SM (e4m3 K/V; the bf16 entry, measured even with production
-// in PERF.md session 20, was dropped in session 28 for room).
-PA_MMA_X(bf16, 0, e4m3, 2, 8, 3)
+// Experiment 8 (Q in shared memory and a shorter ring, MmaSmem::X8, three
+// CTAs an SM) and 72 (8 with 64) have no entry since session 29 (measured:
+// PERF.md sessions 20 and 28; the code path is kept).
 // Experiment 16: the production entry with a per-CTA timestamp trace.
 PA_MMA_X(bf16, 0, bf16, 0, 16, 2)
-// Experiment 64: lean copy addresses (mma_body, XA); 72: with experiment 8;
-// 192: with experiment 128 (half rows). 200 (all three) spilled 104 bytes at
-// three CTAs an SM: not built.
+// Experiment 64: lean copy addresses (mma_body, XA); 192: with experiment
+// 128 (half rows). 200 (with 8 too) spilled 104 bytes at three CTAs an SM:
+// not built.
 PA_MMA_X(bf16, 0, e4m3, 2, 64, 2)
 PA_MMA_X(bf16, 0, bf16, 0, 64, 2)
-PA_MMA_X(bf16, 0, e4m3, 2, 72, 3)
 PA_MMA_XH(bf16, 0, e4m3, 2, 192, 2)
 PA_MMA_XH(bf16, 0, bf16, 0, 192, 2)

@@ -32,28 +32,33 @@ pub const BLOCK_THREADS: u32 = 128;
 pub const ROWS_PER_CTA: usize = 16;
 /// Tokens per KV tile of the CUDA-core kernel.
 pub const TILE_TOKENS: usize = 32;
-/// Tokens per KV tile of the tensor-core kernel (4 warps × 16) at head dims
-/// up to 256; [`mma_tile_tokens`] gives it for every head dim.
+/// Tokens per KV tile of the tensor-core kernel (4 warps × 16) where each
+/// warp owns whole rows (16-bit K/V up to D 256, e4m3 up to D 128);
+/// [`mma_tile_tokens`] gives it for every entry.
 pub const MMA_TILE_TOKENS: usize = 64;
-/// Head dims with a tensor-core kernel (512: 16-bit K/V only).
+/// Head dims with a tensor-core kernel.
 pub const MMA_HEAD_DIMS: [usize; 4] = [64, 128, 256, 512];
 
-/// Dim halves of a tensor-core warp slice: 2 at head dim 512, where the
-/// 4 warps work in pairs (each warp loads and accumulates 256 dims of the
-/// slice's 16 K/V rows and the pair sums its two partial `S`), else 1.
-fn mma_dim_halves(head_dim: usize) -> usize {
-    if head_dim >= 512 {
-        2
-    } else {
-        1
+/// Warps that share one 16-key slice of the tensor-core kernel, each
+/// loading and accumulating `head_dim / groups` of its dims and adding its
+/// partial `S` to the others' (`MmaSmem::DH` in the .cu): 2 at D 512 for
+/// 16-bit K/V (256 dims a warp, as at D 256), `D / 128` for e4m3 K/V above
+/// D 128 (128 dims a warp, as at D 128), else 1.
+fn mma_dim_groups(head_dim: usize, kv: KvDtype) -> usize {
+    match kv {
+        KvDtype::E4m3 if head_dim > 128 => head_dim / 128,
+        KvDtype::E4m3 => 1,
+        _ if head_dim >= 512 => 2,
+        _ => 1,
     }
 }
 
-/// Tokens per KV tile of the tensor-core kernel at `head_dim`: 16 per warp
-/// slice, `4 / halves` slices ([`MMA_TILE_TOKENS`] = 64 up to D 256, 32 at
-/// D 512). Sizes the `Auto` split chunks (a multiple of it).
-pub fn mma_tile_tokens(head_dim: usize) -> usize {
-    16 * 4 / mma_dim_halves(head_dim)
+/// Tokens per KV tile of the tensor-core kernel for (`head_dim`, `kv`):
+/// 16 per warp slice, `4 / groups` slices ([`MMA_TILE_TOKENS`] = 64 where
+/// each warp owns whole rows; 32 at D 512 16-bit and D 256 e4m3, 16 at
+/// D 512 e4m3). Sizes the `Auto` split chunks (a multiple of it).
+pub fn mma_tile_tokens(head_dim: usize, kv: KvDtype) -> usize {
+    16 * 4 / mma_dim_groups(head_dim, kv)
 }
 /// Largest supported GQA group `Hq / Hkv`.
 pub const MAX_GROUP: usize = 16;
@@ -252,17 +257,15 @@ pub enum KernelPath {
 }
 
 /// Whether the tensor-core kernel handles a call: head dim 64, 128, 256 or
-/// 512 ([`MMA_HEAD_DIMS`]), and KV either the same 16-bit dtype as Q or, at
-/// head dim 64 / 128, e4m3 (every GQA group and `q_len`).
+/// 512 ([`MMA_HEAD_DIMS`]), and KV either e4m3 or the same 16-bit dtype as Q
+/// (every GQA group and `q_len`).
 pub fn mma_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
     let kv_ok = match kv {
         KvDtype::E4m3 => true,
         KvDtype::Bf16 => q == HalfDtype::Bf16,
         KvDtype::F16 => q == HalfDtype::F16,
     };
-    // e4m3 KV at D 256 stays on CUDA cores (its register-direct fragment
-    // reads hold Q in registers, which at D 256 would spill).
-    kv_ok && MMA_HEAD_DIMS.contains(&head_dim) && !(kv == KvDtype::E4m3 && head_dim > 128)
+    kv_ok && MMA_HEAD_DIMS.contains(&head_dim)
 }
 
 /// Whether the tensor-core kernel can address a K/V layout: it forms each
@@ -430,11 +433,12 @@ pub fn mma_variants() -> Vec<(HalfDtype, KvDtype, usize)> {
 
 /// Dynamic shared memory of the tensor-core kernel (mirrors `MmaSmem` in the
 /// .cu): per warp a ring of NST slots (3 for 16-bit KV, 6 for e4m3) of 16 K
-/// rows + 16 V rows as loaded (`D·es / halves` bytes each, halves = 2 at
-/// D 512); then row stats `2·4·16` f32 and valid masks `4·NST·2` u32; at
-/// D 512 the warp pairs' partial `S` (`2·2·2·32·8` f32); rounded up to 16
-/// bytes; at D ≥ 256 the tile's 16 Q rows (`16·D` 16-bit values) follow. The
-/// warp-merge scratch `(4 / halves)·16·(D+8)` f32 aliases the rings.
+/// rows + 16 V rows as loaded (`D·es / groups` bytes each, [`mma_tile_tokens`]'s
+/// warp groups); then row stats `2·4·16` f32 and valid masks `4·NST·2` u32;
+/// with groups the warps' partial `S` (`(4 / groups)·2·groups·32·8` f32);
+/// rounded up to 16 bytes; for 16-bit K/V at D ≥ 256 the tile's 16 Q rows
+/// (`16·D` values) follow. The warp-merge scratch `(4 / groups)·16·(D+8)`
+/// f32 aliases the rings.
 pub fn mma_smem_bytes(head_dim: usize, kv: KvDtype) -> usize {
     mma_smem_bytes_xv(head_dim, kv, 0)
 }
@@ -454,17 +458,17 @@ pub fn mma_smem_bytes_xv(head_dim: usize, kv: KvDtype, xv: u32) -> usize {
         _ if x8 => 2,
         _ => 3,
     };
-    let halves = mma_dim_halves(head_dim);
-    let slot = 16 * (head_dim / halves) * kv.size() * 2;
+    let groups = mma_dim_groups(head_dim, kv);
+    let slot = 16 * (head_dim / groups) * kv.size() * 2;
     let ring = 4 * nst * slot;
-    let pair_s = if halves > 1 {
-        (4 / halves) * 2 * halves * 32 * 8 * 4
+    let pair_s = if groups > 1 {
+        (4 / groups) * 2 * groups * 32 * 8 * 4
     } else {
         0
     };
     let bytes = (ring + 2 * 4 * ROWS_PER_CTA * 4 + 4 * nst * 2 * 4 + pair_s).div_ceil(16) * 16;
-    // D >= 256: the tile's 16 Q rows (16-bit) follow.
-    let q = if head_dim >= 256 || (x8 && !q8) {
+    // 16-bit K/V at D >= 256: the tile's 16 Q rows follow.
+    let q = if (head_dim >= 256 && kv != KvDtype::E4m3) || (x8 && !q8) {
         ROWS_PER_CTA * head_dim * 2
     } else {
         0

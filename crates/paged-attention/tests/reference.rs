@@ -396,10 +396,11 @@ fn params_layout_matches_cuda() {
 #[test]
 fn ptx_has_every_kernel_name() {
     let names = kernel_names();
-    assert_eq!(names.len(), 36); // 24 CUDA-core (D 64..512) + 12 tensor-core entries
+    assert_eq!(names.len(), 40); // 24 CUDA-core (D 64..512) + 16 tensor-core entries
     assert!(names.contains(&"paged_attention_mma_bf16_kv_bf16_d512".to_string()));
     assert!(names.contains(&"paged_attention_mma_f16_kv_f16_d512".to_string()));
-    assert!(!names.contains(&"paged_attention_mma_bf16_kv_e4m3_d512".to_string()));
+    assert!(names.contains(&"paged_attention_mma_bf16_kv_e4m3_d512".to_string()));
+    assert!(names.contains(&"paged_attention_mma_f16_kv_e4m3_d256".to_string()));
     for name in &names {
         assert!(PTX.has_entry(name), "{name} missing from the PTX");
     }
@@ -459,8 +460,22 @@ fn smem_fits_the_sm90_budget() {
         4 * 3 * 16 * 512 * 2 + 512 + 96 + 2 * 2 * 2 * 32 * 8 * 4 + 16 * 512 * 2
     );
     assert!(mma_smem_bytes(512, KvDtype::F16) + 1024 <= 228 * 1024);
-    assert_eq!(paged_attention::mma_tile_tokens(512), 32);
-    assert_eq!(paged_attention::mma_tile_tokens(256), 64);
+    // e4m3 above D 128: groups of D / 128 warps of 128 dims (as D 128), 6
+    // ring slots, the groups' partial S, no Q rows (Q stays in registers);
+    // two CTAs an SM.
+    for (d, groups) in [(256, 2), (512, 4)] {
+        assert_eq!(
+            mma_smem_bytes(d, KvDtype::E4m3),
+            4 * 6 * 16 * 128 * 2 + 512 + 192 + (4 / groups) * 2 * groups * 32 * 8 * 4
+        );
+        assert!(2 * (mma_smem_bytes(d, KvDtype::E4m3) + 1024) <= 228 * 1024);
+    }
+    use paged_attention::mma_tile_tokens as tt;
+    assert_eq!(tt(512, KvDtype::Bf16), 32);
+    assert_eq!(tt(256, KvDtype::F16), 64);
+    assert_eq!(tt(128, KvDtype::E4m3), 64);
+    assert_eq!(tt(256, KvDtype::E4m3), 32);
+    assert_eq!(tt(512, KvDtype::E4m3), 16);
     for (d, ctas) in [(64, 4), (128, 2)] {
         for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
             assert!(ctas * (mma_smem_bytes(d, kv) + 1024) <= 228 * 1024);
@@ -484,16 +499,16 @@ fn kernel_path_choice() {
         "D 256 16-bit KV: tensor cores (Q from shared memory)"
     );
     assert!(
-        !mma_supported(H::Bf16, KvDtype::E4m3, 256),
-        "D 256 e4m3 KV: CUDA-core kernel"
+        mma_supported(H::Bf16, KvDtype::E4m3, 256),
+        "D 256 e4m3 KV: tensor cores (warp pairs of 128 dims)"
     );
     assert!(
         mma_supported(H::Bf16, KvDtype::Bf16, 512) && mma_supported(H::F16, KvDtype::F16, 512),
         "D 512 16-bit KV: tensor cores (warp pairs)"
     );
     assert!(
-        !mma_supported(H::F16, KvDtype::E4m3, 512),
-        "D 512 e4m3 KV: CUDA-core kernel"
+        mma_supported(H::F16, KvDtype::E4m3, 512),
+        "D 512 e4m3 KV: tensor cores (groups of 4 warps of 128 dims)"
     );
 }
 

@@ -22,11 +22,9 @@ use super::{
 
 /// Timing experiment entries of the tensor-core kernel (`<entry>_x<n>`).
 const EXPERIMENT_ENTRIES: &[&str] = &[
-    "paged_attention_mma_bf16_kv_e4m3_d128_x8",
     "paged_attention_mma_bf16_kv_bf16_d128_x16",
     "paged_attention_mma_bf16_kv_e4m3_d128_x64",
     "paged_attention_mma_bf16_kv_bf16_d128_x64",
-    "paged_attention_mma_bf16_kv_e4m3_d128_x72",
     "paged_attention_mma_bf16_kv_e4m3_d128_x192",
     "paged_attention_mma_bf16_kv_bf16_d128_x192",
 ];
@@ -70,8 +68,7 @@ pub const DECODE_PDL_ENV: &str = "MHA_KIT_DECODE_PDL";
 
 /// Environment variable that sets the decode timing experiment of every
 /// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default),
-/// `x8` (three CTAs an SM at D 128, e4m3 K/V), `x64` (lean copy
-/// addresses), `x72` (both, e4m3) or `x192` (x64 and, where `q_len · G ≤ 8`,
+/// `x64` (lean copy addresses) or `x192` (x64 and, where `q_len · G ≤ 8`,
 /// only the valid half of the rows computed), so that a whole replay can run
 /// it.
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
@@ -138,7 +135,7 @@ impl PagedAttentionKernel {
         for (q, kv, d) in mma_variants() {
             let name = mma_entry_name(q, kv, d);
             // The entry and its timing experiments (each with its own
-            // shared memory size: x8 lays it out otherwise).
+            // shared memory size: `MmaSmem::X8` lays it out otherwise).
             let experiments = EXPERIMENT_ENTRIES
                 .iter()
                 .filter(|e| {
@@ -196,25 +193,17 @@ impl PagedAttentionKernel {
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
-            &[
-                ("off", 0),
-                ("x8", 8),
-                ("x64", 64),
-                ("x72", 72),
-                ("x192", 192),
-            ],
+            &[("off", 0), ("x64", 64), ("x192", 192)],
         )?)?;
         Ok(k)
     }
 
     /// Runs timing experiment `xv` where its entry exists (launches of
     /// other shapes keep the production entry); 0 = production. D 128 bf16-Q
-    /// tensor-core entries, correct results (`_x{xv}` in the .cu): `8`
-    /// (e4m3 KV) Q read from shared memory each slice and a shorter ring (4
-    /// slots), so that three CTAs fit an SM; `64` (e4m3 and bf16 KV) lean
-    /// copy addresses (row addresses by `mad.wide.u32`, the lane's ring
-    /// offsets held, the ring slot counted; same results bit for bit); `72`
-    /// (e4m3 KV) both; `192` (e4m3 and bf16 KV) `64` and, for launches with
+    /// tensor-core entries, correct results (`_x{xv}` in the .cu): `64`
+    /// (e4m3 and bf16 KV) lean copy addresses (row addresses by
+    /// `mad.wide.u32`, the lane's ring offsets held, the ring slot counted;
+    /// same results bit for bit); `192` (e4m3 and bf16 KV) `64` and, for launches with
     /// `q_len · G ≤ 8` (every row tile at most 8 rows), a loop that computes
     /// only the valid half of each MMA fragment's rows (same results bit for
     /// bit); `16` (bf16 KV) the production
@@ -539,6 +528,6 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [8, 16, 64, 64, 72, 192, 192]);
+        assert_eq!(numbers, [16, 64, 64, 192, 192]);
     }
 }

@@ -141,7 +141,7 @@ pub(super) fn plan_path(
         (
             mma_smem_bytes(dim, args.kv.dtype()),
             mma_entry_name(args.q_dtype, args.kv.dtype(), dim),
-            mma_tile_tokens(dim),
+            mma_tile_tokens(dim, args.kv.dtype()),
         )
     } else {
         (
