@@ -171,6 +171,28 @@ fn cases() -> Vec<Shape> {
                 8192,
             )
         },
+        // e4m3 K/V above D 128 (tensor cores by warp groups of 128 dims
+        // since session 29; the CUDA-core kernel before).
+        Shape {
+            fp8: true,
+            ..s("FP8 KV, 16/8/256, bs 64, L 8192", 16, 8, 256, 64, 8192)
+        },
+        Shape {
+            fp8: true,
+            ..s("FP8 KV, 16/8/512, bs 64, L 8192", 16, 8, 512, 64, 8192)
+        },
+        Shape {
+            fp8: true,
+            simt: true,
+            ..s(
+                "FP8 KV, 16/8/256, bs 64, L 8192 (CUDA-core kernel)",
+                16,
+                8,
+                256,
+                64,
+                8192,
+            )
+        },
         Shape {
             simt: true,
             ..s("bs 64, L 8192 (CUDA-core kernel)", 32, 8, 128, 64, 8192)
