@@ -510,12 +510,15 @@ stage_leanbench() {
     DBENCH_TIMEOUT=300 stage_dbench
 }
 stage_d512() {
-  # Session 29: head_dim 512 on tensor cores (warp pairs): its test (every
-  # case on both kernels), racecheck and memcheck (the pairs' partial S in
-  # shared memory), then the D 512 / 256 bench rows.
-  echo "== decode D 512 (tensor cores for 16-bit K/V) vs the reference"
+  # Session 29: head_dim 512 and e4m3 256 on tensor cores (warp groups): the
+  # D 512 test (every case on both kernels), the random suite (e4m3 D 256),
+  # racecheck and memcheck (the groups' partial S in shared memory), then
+  # the D 512 / 256 bench rows (FP8 too).
+  echo "== decode D 512 (tensor cores) vs the reference, then the random suite (e4m3 D 256 on tensor cores)"
   timeout 200 tests/paged-attention-gpu --include-ignored d512_decode > "$OUT/d512.log" 2>&1
   echo "rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
+  timeout 150 tests/paged-attention-gpu --include-ignored gpu_matches_reference > "$OUT/d512_prop.log" 2>&1
+  echo "rc=$?"; summary "$OUT/d512_prop.log"; grep -E "gpu_matches" "$OUT/d512_prop.log"
   for tool in racecheck memcheck; do
     MHA_KIT_GPU_CASES=12 timeout 150 compute-sanitizer --tool $tool tests/paged-attention-gpu --include-ignored \
       d512_decode > "$OUT/d512_$tool.log" 2>&1; echo "$tool rc=$?"; summary "$OUT/d512_$tool.log"
