@@ -514,6 +514,8 @@ stage_d512() {
   # D 512 test (every case on both kernels), the random suite (e4m3 D 256),
   # racecheck and memcheck (the groups' partial S in shared memory), then
   # the D 512 / 256 bench rows (FP8 too).
+  # The wide entries run only with MHA_KIT_DECODE_WIDE_MMA=on until they pass here.
+  export MHA_KIT_DECODE_WIDE_MMA=on
   echo "== decode D 512 (tensor cores) vs the reference, then the random suite (e4m3 D 256 on tensor cores)"
   timeout 200 tests/paged-attention-gpu --include-ignored d512_decode > "$OUT/d512.log" 2>&1
   echo "rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
@@ -529,6 +531,7 @@ stage_d512more() {
   # The whole decode GPU suite (skip-softmax, PDL in a graph and interleaved
   # ranks take D 512 cases too), then the context calls at D 512 (the
   # decode kernel's path): test, masked keys, memcheck.
+  export MHA_KIT_DECODE_WIDE_MMA=on
   echo "== decode GPU suite"
   timeout 300 tests/paged-attention-gpu --include-ignored > "$OUT/d512_suite.log" 2>&1
   echo "rc=$?"; summary "$OUT/d512_suite.log"

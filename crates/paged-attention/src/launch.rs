@@ -17,7 +17,7 @@ mod views;
 
 pub use kernel::{
     cluster_fold_variant, PagedAttentionKernel, DECODE_CLUSTER_FOLD_ENV, DECODE_EXPERIMENT_ENV,
-    DECODE_PDL_ENV,
+    DECODE_PDL_ENV, DECODE_WIDE_MMA_ENV,
 };
 pub(crate) use plan::lse_stride_tok;
 pub use plan::{validate, validate_path};
@@ -266,6 +266,14 @@ pub fn mma_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
         KvDtype::F16 => q == HalfDtype::F16,
     };
     kv_ok && MMA_HEAD_DIMS.contains(&head_dim)
+}
+
+/// Whether (`kv`, `head_dim`) is a shape whose tensor-core entry splits the
+/// dims between warps (session 29: head dim 512, e4m3 K/V at 256 and 512):
+/// [`KernelPath::Auto`] runs it only with
+/// [`PagedAttentionKernel::set_wide_mma`] on, the CUDA-core kernel otherwise.
+pub fn mma_wide(kv: KvDtype, head_dim: usize) -> bool {
+    mma_dim_groups(head_dim, kv) > 1
 }
 
 /// Whether the tensor-core kernel can address a K/V layout: it forms each

@@ -1231,26 +1231,37 @@ fn main() {
             );
             Ok(())
         }),
-        named("d512_decode_and_verify_vs_reference", |gpu, k| {
-            // Head dim 512: the random case space (ragged and uniform
-            // verify, GQA 1..16, page sizes, windows, sinks, e4m3 / bf16 /
-            // f16 K/V, split modes, poisoned keys outside every row's range)
-            // at D 512 on the launcher's choice (tensor cores, warp pairs,
-            // for 16-bit K/V of the Q dtype; CUDA cores otherwise), every
-            // case also on the CUDA-core kernel (KernelPath::Simt).
+        named("d512_decode_and_verify_vs_reference", |gpu, _| {
+            // Head dim 512 and e4m3 K/V at 256 (the tensor-core entries that
+            // split the dims between warps, `mma_wide`, run with
+            // `set_wide_mma(true)`): the random case space (ragged and
+            // uniform verify, GQA 1..16, page sizes, windows, sinks, e4m3 /
+            // bf16 / f16 K/V, split modes, poisoned keys outside every row's
+            // range) at D 512, and at D 256 for e4m3 K/V, on the launcher's
+            // choice with the wide entries on, and every case also on the
+            // CUDA-core kernel (KernelPath::Simt).
+            let mut wide = PagedAttentionKernel::new(gpu).or_fail("load")?;
+            wide.set_wide_mma(true);
             let simt = PagedAttentionKernel::with_path(gpu, KernelPath::Simt).or_fail("load")?;
             let cases = env_cases(200);
             let (mut runs, mut mma) = (0usize, 0usize);
-            for seed in 0..cases {
-                let (c, split, msl) = random_case_with(0xD512_0000 + seed, Some(512));
-                check(gpu, k, &c, split, msl).map_err(|e| format!("seed {seed}: {e}"))?;
+            for seed in 0..2 * cases {
+                let (c, split, msl) = if seed < cases {
+                    random_case_with(0xD512_0000 + seed, Some(512))
+                } else {
+                    random_case_with(0xD256_0000 + seed, Some(256))
+                };
+                if seed >= cases && c.kv_dtype != KvDtype::E4m3 {
+                    continue; // D 256: the e4m3 draws (a third)
+                }
+                check(gpu, &wide, &c, split, msl).map_err(|e| format!("seed {seed}: {e}"))?;
                 check(gpu, &simt, &c, split, msl)
                     .map_err(|e| format!("seed {seed} (simt): {e}"))?;
                 runs += 1;
                 mma += usize::from(paged_attention::mma_supported(c.q_dtype, c.kv_dtype, c.d));
             }
             if mma == 0 {
-                return Err("no case reached the D 512 tensor-core entries".into());
+                return Err("no case reached the wide tensor-core entries".into());
             }
             println!("d512_decode_and_verify_vs_reference: {runs} cases ({mma} on tensor cores)");
             Ok(())

@@ -510,6 +510,12 @@ fn kernel_path_choice() {
         mma_supported(H::F16, KvDtype::E4m3, 512),
         "D 512 e4m3 KV: tensor cores (groups of 4 warps of 128 dims)"
     );
+    // The entries that split the dims between warps (run by Auto only with
+    // set_wide_mma(true) until measured on a GPU).
+    use paged_attention::mma_wide;
+    assert!(mma_wide(KvDtype::Bf16, 512) && mma_wide(KvDtype::E4m3, 512));
+    assert!(mma_wide(KvDtype::E4m3, 256) && !mma_wide(KvDtype::Bf16, 256));
+    assert!(!mma_wide(KvDtype::E4m3, 128) && !mma_wide(KvDtype::F16, 64));
 }
 
 #[test]

@@ -66,6 +66,11 @@ fn entry_experiment(entry: &str) -> u32 {
 /// session 18) or `on`.
 pub const DECODE_PDL_ENV: &str = "MHA_KIT_DECODE_PDL";
 
+/// Environment variable that sets whether new launchers run the tensor-core
+/// entries of [`mma_wide`] shapes ([`PagedAttentionKernel::set_wide_mma`]):
+/// `off` (default) or `on`.
+pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
+
 /// Environment variable that sets the decode timing experiment of every
 /// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default),
 /// `x64` (lean copy addresses) or `x192` (x64 and, where `q_len · G ≤ 8`,
@@ -114,6 +119,9 @@ pub struct PagedAttentionKernel {
     /// At most this many row tiles a launch (tests of the multi-launch
     /// path); `None`: as many as the grid holds.
     launch_row_tiles: Option<usize>,
+    /// [`KernelPath::Auto`] also runs the tensor-core entries of
+    /// [`mma_wide`] shapes ([`PagedAttentionKernel::set_wide_mma`]).
+    wide_mma: bool,
 }
 
 impl PagedAttentionKernel {
@@ -190,6 +198,7 @@ impl PagedAttentionKernel {
             cluster_fit,
             cluster_launches: AtomicU64::new(0),
             launch_row_tiles: None,
+            wide_mma: env_choice(DECODE_WIDE_MMA_ENV, &[("off", false), ("on", true)])?,
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
@@ -281,6 +290,21 @@ impl PagedAttentionKernel {
         self.launch_row_tiles = n.map(|n| n.max(1));
     }
 
+    /// Whether [`KernelPath::Auto`] runs the session-29 tensor-core entries
+    /// ([`mma_wide`]: head dim 512, e4m3 K/V at 256 and 512, by warp
+    /// groups that split the dims) instead of the CUDA-core kernel for those
+    /// shapes. Default from [`DECODE_WIDE_MMA_ENV`] (`off` until they have
+    /// run against the reference on a GPU; the results either way are the
+    /// reference's within tolerance).
+    pub fn set_wide_mma(&mut self, on: bool) {
+        self.wide_mma = on;
+    }
+
+    /// Whether [`PagedAttentionKernel::set_wide_mma`] is on.
+    pub fn wide_mma(&self) -> bool {
+        self.wide_mma
+    }
+
     /// Whether launches are programmatic dependent launches (set and
     /// supported by the device).
     pub fn pdl(&self) -> bool {
@@ -305,7 +329,7 @@ impl PagedAttentionKernel {
     /// # Errors
     /// As [`validate`](super::validate), without the workspace [`KernelError::Capacity`].
     pub fn plan(&self, args: &DecodeArgs<'_>) -> Result<LaunchPlan> {
-        plan_path(args, self.num_sms, self.path, false, false)
+        plan_path(args, self.num_sms, self.path, false, false, self.wide_mma)
     }
 
     /// The kernel choice of this launcher.
@@ -357,7 +381,14 @@ impl PagedAttentionKernel {
         long_rows: bool,
     ) -> Result<()> {
         self.kernel.gpu().require_stream(stream)?;
-        let plan = plan_path(args, self.num_sms, self.path, true, long_rows)?;
+        let plan = plan_path(
+            args,
+            self.num_sms,
+            self.path,
+            true,
+            long_rows,
+            self.wide_mma,
+        )?;
         let mut p = plan.params;
         if p.bs == 0 {
             return Ok(());

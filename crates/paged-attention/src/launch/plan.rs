@@ -12,7 +12,7 @@ use super::views::{
 };
 use super::{
     entry_name, launch_config, mma_entry_name, mma_smem_bytes, mma_strides_fit, mma_supported,
-    mma_tile_tokens, smem_bytes, workspace_elems, DecodeArgs, KernelPath, LaunchPlan,
+    mma_tile_tokens, mma_wide, smem_bytes, workspace_elems, DecodeArgs, KernelPath, LaunchPlan,
     PagedAttentionParams, QueryLayout, SplitMode, MAX_Q_LEN, ROWS_PER_CTA, TILE_TOKENS, WINDOW_CAP,
 };
 
@@ -36,7 +36,7 @@ pub fn validate_path(
     num_sms: usize,
     path: KernelPath,
 ) -> Result<LaunchPlan> {
-    plan_path(args, num_sms, path, true, false)
+    plan_path(args, num_sms, path, true, false, false)
 }
 
 /// The launch plan; `check_workspace = false` skips only the workspace
@@ -45,13 +45,17 @@ pub fn validate_path(
 /// up to [`CONTEXT_MAX_Q_LEN`] instead of [`MAX_Q_LEN`], and the grid's y
 /// dimension covers at most `⌊65535 / Hkv⌋` row tiles (the launcher issues
 /// one launch per such block of row tiles, `row_tile_base` apart);
-/// `params.row_tiles` stays the total.
+/// `params.row_tiles` stays the total. `wide_mma`: [`KernelPath::Auto`]
+/// also takes the tensor-core entries of [`mma_wide`] shapes
+/// ([`crate::PagedAttentionKernel::set_wide_mma`]; [`validate`] plans
+/// without them).
 pub(super) fn plan_path(
     args: &DecodeArgs<'_>,
     num_sms: usize,
     path: KernelPath,
     check_workspace: bool,
     long_rows: bool,
+    wide_mma: bool,
 ) -> Result<LaunchPlan> {
     let ViewShapes {
         num_tokens,
@@ -134,6 +138,7 @@ pub(super) fn plan_path(
     let st = view_strides(&args.q, &args.out, &args.kv, &args.page_table, bs, m)?;
     let use_mma = path == KernelPath::Auto
         && mma_supported(args.q_dtype, args.kv.dtype(), dim)
+        && (wide_mma || !mma_wide(args.kv.dtype(), dim))
         && mma_strides_fit(st.k, st.v, args.kv.dtype().size() as i64);
     let (cp_ranks, cp_rank) =
         interleave_params(args.interleave, page_size, m, args.sinks.is_some(), use_mma)?;
