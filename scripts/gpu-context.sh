@@ -527,6 +527,20 @@ stage_d512() {
   done
   MHA_KIT_BENCH_CASES="${DBENCH_D512_CASES:-/512,|16/8/256}" DBENCH_TIMEOUT=200 stage_dbench
 }
+stage_d512q() {
+  # stage d512 for a short device budget: the tests with tight timeouts,
+  # racecheck on 6 cases, the bench rows without the cuDNN peers.
+  export MHA_KIT_DECODE_WIDE_MMA=on
+  timeout 110 tests/paged-attention-gpu --include-ignored d512_decode > "$OUT/d512.log" 2>&1
+  echo "d512 rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
+  timeout 100 tests/paged-attention-gpu --include-ignored gpu_matches_reference > "$OUT/d512_prop.log" 2>&1
+  echo "prop rc=$?"; summary "$OUT/d512_prop.log"; grep -E "gpu_matches" "$OUT/d512_prop.log"
+  MHA_KIT_GPU_CASES=6 timeout 80 compute-sanitizer --tool racecheck tests/paged-attention-gpu --include-ignored \
+    d512_decode > "$OUT/d512_racecheck.log" 2>&1; echo "racecheck rc=$?"; summary "$OUT/d512_racecheck.log"
+  MHA_KIT_BENCH_CASES="${DBENCH_D512_CASES:-/512,|16/8/256}" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
+    timeout 150 benches/paged-attention-paged_attention --bench > "$OUT/dbench.log" 2>&1
+  echo "bench rc=$?"; grep -E '^(\||## )' "$OUT/dbench.log"
+}
 stage_d512more() {
   # The whole decode GPU suite (skip-softmax, PDL in a graph and interleaved
   # ranks take D 512 cases too), then the context calls at D 512 (the
