@@ -52,6 +52,14 @@ fn case_or_d512(seed: u64, n: u64) -> (Case, SplitMode, usize) {
     }
 }
 
+/// Whether launcher `k` runs `c` on the tensor-core kernel (its Auto
+/// choice: an entry exists, and the dim-splitting ones only with
+/// `set_wide_mma(true)`).
+fn runs_mma(k: &PagedAttentionKernel, c: &Case) -> bool {
+    paged_attention::mma_supported(c.q_dtype, c.kv_dtype, c.d)
+        && (k.wide_mma() || !paged_attention::mma_wide(c.kv_dtype, c.d))
+}
+
 fn counter_count(c: &Case) -> usize {
     c.bs() * c.hkv * (c.q_len() * (c.hq / c.hkv)).div_ceil(16)
 }
@@ -632,7 +640,7 @@ fn skip_softmax(gpu: &Arc<Gpu>) -> Result<(), String> {
     let mut skipped_total = 0u64;
     for seed in 0..460u64 {
         let (mut c, split, msl) = case_or_d512(seed, 400);
-        if !paged_attention::mma_supported(c.q_dtype, c.kv_dtype, c.d) {
+        if !runs_mma(&k, &c) {
             continue;
         }
         let peaked = seed % 4 == 0;
@@ -698,7 +706,7 @@ fn interleaved_ranks(gpu: &Arc<Gpu>) -> Result<(), String> {
     let mut runs = 0usize;
     for seed in 0..cases + cases / 10 {
         let (c, split, msl) = case_or_d512(seed, cases);
-        if !paged_attention::mma_supported(c.q_dtype, c.kv_dtype, c.d) {
+        if !runs_mma(&k, &c) {
             continue;
         }
         let ranks = 2 + (seed % 3) as usize;
@@ -893,7 +901,12 @@ fn nccl_ranks(_gpu: &Arc<Gpu>) -> Result<(), String> {
     let n_cases = env_cases(300);
     let cases: Vec<_> = (0..n_cases)
         .map(|seed| random_case(0xDC9_0000 + seed))
-        .filter(|(c, _, _)| paged_attention::mma_supported(c.q_dtype, c.kv_dtype, c.d))
+        .filter(|(c, _, _)| {
+            // The tensor-core shapes every launcher runs there (the
+            // dim-splitting ones need set_wide_mma).
+            paged_attention::mma_supported(c.q_dtype, c.kv_dtype, c.d)
+                && !paged_attention::mma_wide(c.kv_dtype, c.d)
+        })
         .collect();
     let id = DcpId::new().or_fail("unique id")?;
     let results =
