@@ -541,6 +541,15 @@ stage_d512q() {
     timeout 150 benches/paged-attention-paged_attention --bench > "$OUT/dbench.log" 2>&1
   echo "bench rc=$?"; grep -E '^(\||## )' "$OUT/dbench.log"
 }
+stage_d512mini() {
+  # The least of stage d512: its test and the D 512 bench rows.
+  export MHA_KIT_DECODE_WIDE_MMA=on
+  timeout 90 tests/paged-attention-gpu --include-ignored d512_decode > "$OUT/d512.log" 2>&1
+  echo "d512 rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
+  MHA_KIT_BENCH_CASES="${DBENCH_D512_CASES:-/512,|FP8 KV, 16/8/256}" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
+    timeout 110 benches/paged-attention-paged_attention --bench > "$OUT/dbench.log" 2>&1
+  echo "bench rc=$?"; grep -E '^(\||## )' "$OUT/dbench.log"
+}
 stage_d512more() {
   # The whole decode GPU suite (skip-softmax, PDL in a graph and interleaved
   # ranks take D 512 cases too), then the context calls at D 512 (the
