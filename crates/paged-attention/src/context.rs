@@ -708,15 +708,7 @@ pub fn validate_context_for(args: &ContextArgs<'_>, sm90: bool) -> Result<Contex
         ));
     }
     check_vector("cu_seqlens_q", &args.cu_seqlens_q, bs + 1)?;
-    if let Some(k) = &args.cu_seqlens_k {
-        check_vector("cu_seqlens_k", k, bs + 1)?;
-    }
-    if !(1..=CONTEXT_MAX_Q_LEN).contains(&args.max_q_len) {
-        return Err(KernelError::unsupported(
-            "max_q_len",
-            format!("{} (supported 1..=2^24)", args.max_q_len),
-        ));
-    }
+    kernel::check_context_rows(args, bs)?;
     check_sinks_and_scales(args.sinks.as_ref(), hq, args.bmm1_scale, args.bmm2_scale)?;
     let lse_stride_tok = crate::launch::lse_stride_tok(args.lse.as_ref(), num_tokens, hq)?;
     let use_sm90 = sm90 && context_sm90_supported(args.q_dtype, kv_dtype, dim);

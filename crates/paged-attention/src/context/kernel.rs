@@ -6,6 +6,7 @@ use super::*;
 use crate::context::sm90::CONTEXT_SM90_EXPERIMENT_SLACK;
 
 mod decode_path;
+pub(super) use decode_path::check_context_rows;
 pub use decode_path::context_decode_path;
 
 /// The context-attention launcher: every entry is resolved once, at

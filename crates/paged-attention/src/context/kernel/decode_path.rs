@@ -26,6 +26,21 @@ pub fn context_decode_path(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
 /// in one CTA (`SplitMode::Chunked` with one split; below the `2^30` cap).
 const CONTEXT_DECODE_PATH_CHUNK: usize = (1 << 30) - 1;
 
+/// The context-only row arguments of a call of `bs` requests: the shape of
+/// `cu_seqlens_k` (not read) and `max_q_len` in `1..=CONTEXT_MAX_Q_LEN`.
+pub(crate) fn check_context_rows(args: &ContextArgs<'_>, bs: usize) -> Result<()> {
+    if let Some(k) = &args.cu_seqlens_k {
+        check_vector("cu_seqlens_k", k, bs + 1)?;
+    }
+    if !(1..=CONTEXT_MAX_Q_LEN).contains(&args.max_q_len) {
+        return Err(KernelError::unsupported(
+            "max_q_len",
+            format!("{} (supported 1..=2^24)", args.max_q_len),
+        ));
+    }
+    Ok(())
+}
+
 impl ContextKernel {
     /// At most `n` row tiles a launch on the head-dim-512 path
     /// ([`crate::PagedAttentionKernel::set_launch_row_tiles`]; tests of its
@@ -50,16 +65,7 @@ impl ContextKernel {
         args: &mut ContextArgs<'_>,
         errors: &mut DeviceErrors,
     ) -> Result<()> {
-        let bs = args.cache_seqlens.shape()[0];
-        if let Some(k) = &args.cu_seqlens_k {
-            check_vector("cu_seqlens_k", k, bs + 1)?;
-        }
-        if !(1..=CONTEXT_MAX_Q_LEN).contains(&args.max_q_len) {
-            return Err(KernelError::unsupported(
-                "max_q_len",
-                format!("{} (supported 1..=2^24)", args.max_q_len),
-            ));
-        }
+        check_context_rows(args, args.cache_seqlens.shape()[0])?;
         let mut dargs = DecodeArgs {
             q: args.q.clone(),
             q_dtype: args.q_dtype,
