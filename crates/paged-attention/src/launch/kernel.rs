@@ -67,7 +67,7 @@ fn entry_experiment(entry: &str) -> u32 {
 pub const DECODE_PDL_ENV: &str = "MHA_KIT_DECODE_PDL";
 
 /// Environment variable that sets whether new launchers run the tensor-core
-/// entries of [`mma_wide`] shapes ([`PagedAttentionKernel::set_wide_mma`]):
+/// entries of [`crate::mma_wide`] shapes ([`PagedAttentionKernel::set_wide_mma`]):
 /// `off` (default) or `on`.
 pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 
@@ -120,7 +120,7 @@ pub struct PagedAttentionKernel {
     /// path); `None`: as many as the grid holds.
     launch_row_tiles: Option<usize>,
     /// [`KernelPath::Auto`] also runs the tensor-core entries of
-    /// [`mma_wide`] shapes ([`PagedAttentionKernel::set_wide_mma`]).
+    /// [`crate::mma_wide`] shapes ([`PagedAttentionKernel::set_wide_mma`]).
     wide_mma: bool,
 }
 
@@ -291,7 +291,7 @@ impl PagedAttentionKernel {
     }
 
     /// Whether [`KernelPath::Auto`] runs the session-29 tensor-core entries
-    /// ([`mma_wide`]: head dim 512, e4m3 K/V at 256 and 512, by warp
+    /// ([`crate::mma_wide`]: head dim 512, e4m3 K/V at 256 and 512, by warp
     /// groups that split the dims) instead of the CUDA-core kernel for those
     /// shapes. Default from [`DECODE_WIDE_MMA_ENV`] (`off` until they have
     /// run against the reference on a GPU; the results either way are the
