@@ -416,12 +416,7 @@ pub fn context_entry_name(q: HalfDtype, kv: KvDtype, head_dim: usize) -> String 
 
 /// Whether a context kernel exists: KV e4m3 or the Q dtype, D 64/128/256.
 pub fn context_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
-    let kv_ok = match kv {
-        KvDtype::E4m3 => true,
-        KvDtype::Bf16 => q == HalfDtype::Bf16,
-        KvDtype::F16 => q == HalfDtype::F16,
-    };
-    kv_ok && HEAD_DIMS.contains(&head_dim)
+    kv.goes_with(q) && HEAD_DIMS.contains(&head_dim)
 }
 
 /// Every context entry: `(q, kv, head_dim)`.

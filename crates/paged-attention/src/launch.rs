@@ -260,12 +260,7 @@ pub enum KernelPath {
 /// 512 ([`MMA_HEAD_DIMS`]), and KV either e4m3 or the same 16-bit dtype as Q
 /// (every GQA group and `q_len`).
 pub fn mma_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
-    let kv_ok = match kv {
-        KvDtype::E4m3 => true,
-        KvDtype::Bf16 => q == HalfDtype::Bf16,
-        KvDtype::F16 => q == HalfDtype::F16,
-    };
-    kv_ok && MMA_HEAD_DIMS.contains(&head_dim)
+    kv.goes_with(q) && MMA_HEAD_DIMS.contains(&head_dim)
 }
 
 /// Whether (`kv`, `head_dim`) is a shape whose tensor-core entry splits the
@@ -469,12 +464,12 @@ pub fn mma_smem_bytes_xv(head_dim: usize, kv: KvDtype, xv: u32) -> usize {
     let groups = mma_dim_groups(head_dim, kv);
     let slot = 16 * (head_dim / groups) * kv.size() * 2;
     let ring = 4 * nst * slot;
-    let pair_s = if groups > 1 {
+    let group_s = if groups > 1 {
         (4 / groups) * 2 * groups * 32 * 8 * 4
     } else {
         0
     };
-    let bytes = (ring + 2 * 4 * ROWS_PER_CTA * 4 + 4 * nst * 2 * 4 + pair_s).div_ceil(16) * 16;
+    let bytes = (ring + 2 * 4 * ROWS_PER_CTA * 4 + 4 * nst * 2 * 4 + group_s).div_ceil(16) * 16;
     // 16-bit K/V at D >= 256: the tile's 16 Q rows follow.
     let q = if (head_dim >= 256 && kv != KvDtype::E4m3) || (x8 && !q8) {
         ROWS_PER_CTA * head_dim * 2

@@ -219,6 +219,16 @@ impl KvDtype {
             _ => 2,
         }
     }
+
+    /// Whether the tensor-core and context kernels take this K/V dtype with
+    /// a `q` query: e4m3 with either, a 16-bit K/V only of the query's dtype.
+    pub fn goes_with(self, q: HalfDtype) -> bool {
+        match self {
+            Self::E4m3 => true,
+            Self::Bf16 => q == HalfDtype::Bf16,
+            Self::F16 => q == HalfDtype::F16,
+        }
+    }
 }
 
 /// Flag bits of the paged-attention family in the device error word

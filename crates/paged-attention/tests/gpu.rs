@@ -1055,11 +1055,7 @@ fn pdl_chains(gpu: &Arc<Gpu>) -> Result<(), String> {
     let s = gpu.stream();
     let mut chains = 0usize;
     for seed in 0u64..330 {
-        let (c, split, msl) = if seed < 300 {
-            random_case(0x9D1_0000 + seed)
-        } else {
-            random_case_with(0x9D1_0000 + seed, Some(512))
-        };
+        let (c, split, msl) = case_or_d512(0x9D1_0000 + seed, 0x9D1_0000 + 300);
         if c.bs() == 0 {
             continue;
         }

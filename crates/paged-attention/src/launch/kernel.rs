@@ -44,12 +44,15 @@ const CLUSTER_FOLD_MAX_CHUNK: usize = 1024;
 /// The launches of `total` row tiles whose grid holds at most `grid_tiles`
 /// of them (at least 1), or `cap` where that is smaller: `(row_tile_base,
 /// row tiles)` of each, in order, covering `0..total` exactly once.
-fn row_tile_blocks(total: usize, grid_tiles: usize, cap: Option<usize>) -> Vec<(usize, usize)> {
+fn row_tile_blocks(
+    total: usize,
+    grid_tiles: usize,
+    cap: Option<usize>,
+) -> impl Iterator<Item = (usize, usize)> {
     let per = grid_tiles.min(cap.unwrap_or(usize::MAX)).max(1);
     (0..total)
         .step_by(per)
-        .map(|base| (base, per.min(total - base)))
-        .collect()
+        .map(move |base| (base, per.min(total - base)))
 }
 
 /// The experiment number of an `_x{n}` entry name (0 for a production entry).
@@ -522,22 +525,20 @@ mod tests {
 
     #[test]
     fn row_tile_blocks_cover_every_tile_once() {
+        let blocks = |t, g, c| row_tile_blocks(t, g, c).collect::<Vec<_>>();
         // One launch when the grid holds them all (every decode launch).
-        assert_eq!(row_tile_blocks(7, 7, None), [(0, 7)]);
-        assert_eq!(row_tile_blocks(1, 1, None), [(0, 1)]);
+        assert_eq!(blocks(7, 7, None), [(0, 7)]);
+        assert_eq!(blocks(1, 1, None), [(0, 1)]);
         // Blocks of the grid's extent or the cap, the last one short.
-        assert_eq!(row_tile_blocks(7, 3, None), [(0, 3), (3, 3), (6, 1)]);
+        assert_eq!(blocks(7, 3, None), [(0, 3), (3, 3), (6, 1)]);
+        assert_eq!(blocks(7, 7, Some(2)), [(0, 2), (2, 2), (4, 2), (6, 1)]);
         assert_eq!(
-            row_tile_blocks(7, 7, Some(2)),
-            [(0, 2), (2, 2), (4, 2), (6, 1)]
-        );
-        assert_eq!(
-            row_tile_blocks(6, 0, Some(0)),
+            blocks(6, 0, Some(0)),
             (0..6).map(|b| (b, 1)).collect::<Vec<_>>()
         );
-        assert_eq!(row_tile_blocks(0, 5, None), []);
+        assert_eq!(blocks(0, 5, None), []);
         // Hkv 1, the largest grid: 2^24 row tiles (max_q_len 2^24, G 16).
-        let v = row_tile_blocks(1 << 24, 65_535, None);
+        let v = blocks(1 << 24, 65_535, None);
         assert_eq!(v.len(), (1usize << 24).div_ceil(65_535));
         let mut next = 0;
         for &(base, n) in &v {

@@ -14,12 +14,7 @@ use crate::{DecodeArgs, HalfDtype, KvDtype, QueryLayout, SplitMode};
 /// dim, [`crate::DECODE_HEAD_DIMS`], that no context entry serves), K/V e4m3
 /// or of the Q dtype.
 pub fn context_decode_path(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
-    let kv_ok = match kv {
-        KvDtype::E4m3 => true,
-        KvDtype::Bf16 => q == HalfDtype::Bf16,
-        KvDtype::F16 => q == HalfDtype::F16,
-    };
-    kv_ok && head_dim == 512
+    kv.goes_with(q) && head_dim == 512
 }
 
 /// The split chunk of the head-dim-512 context path: every row tile's keys
@@ -52,9 +47,11 @@ impl ContextKernel {
 
     /// The context call at a head dim no context entry serves (512,
     /// [`context_decode_path`]): the decode kernel's ragged path over the
-    /// same arguments (one split a row tile; the tensor-core entries for
-    /// 16-bit K/V of the Q dtype, the CUDA-core kernel for e4m3), each CTA
-    /// 16 packed rows of one request and KV head against every key they see.
+    /// same arguments (one split a row tile; the CUDA-core kernel, or the
+    /// tensor-core entries where the launcher's
+    /// [`crate::PagedAttentionKernel::set_wide_mma`] is on, from
+    /// [`crate::DECODE_WIDE_MMA_ENV`]), each CTA 16 packed rows of one
+    /// request and KV head against every key they see.
     /// Same semantics as the context kernels (causal over prefix and new
     /// tokens, window, sinks, LSE, the ragged rule, bad device data skipped
     /// and counted with the same [`crate::ErrorFlags`]); correct, not fast
