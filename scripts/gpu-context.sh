@@ -88,6 +88,9 @@
 #             memcheck on its cases, the D 512 / 256 bench rows
 #   d512more  the whole decode GPU suite, the context calls at D 512 (test,
 #             masked keys, memcheck)
+#   d512q / d512mini  stage d512 cut down for a short device budget
+#   s30       one call: d512q's tests and racecheck, then the D 256 / 512,
+#             FP8 and latency bench rows (x64 / x192 beside production), cuDNN
 #   loadcost  the trace entry's per-fast-tile phases with the K / V waits
 #             (headline cells), default vs _x4 on zero K/V (reads vs power),
 #             then Nsight Compute on one launch of the
@@ -566,5 +569,20 @@ stage_d512more() {
   echo "masked rc=$?"; summary "$OUT/d512_ctx_masked.log"
   MHA_KIT_GPU_CASES=9 timeout 120 compute-sanitizer --tool memcheck $T --include-ignored d512_runs \
     > "$OUT/d512_ctx_memcheck.log" 2>&1; echo "memcheck rc=$?"; summary "$OUT/d512_ctx_memcheck.log"
+}
+stage_s30() {
+  # One call for a short device budget (session 30): the wide entries'
+  # tests and racecheck (stage d512q), then the D 256 / 512 rows (16-bit
+  # and FP8, with their CUDA-core twins), the FP8 and latency rows beside
+  # the x64 / x192 experiments, then cuDNN.
+  export MHA_KIT_DECODE_WIDE_MMA=on
+  timeout 100 tests/paged-attention-gpu --include-ignored d512_decode > "$OUT/d512.log" 2>&1
+  echo "d512 rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
+  timeout 80 tests/paged-attention-gpu --include-ignored gpu_matches_reference > "$OUT/d512_prop.log" 2>&1
+  echo "prop rc=$?"; summary "$OUT/d512_prop.log"; grep -E "gpu_matches" "$OUT/d512_prop.log"
+  MHA_KIT_GPU_CASES=6 timeout 60 compute-sanitizer --tool racecheck tests/paged-attention-gpu --include-ignored \
+    d512_decode > "$OUT/d512_racecheck.log" 2>&1; echo "racecheck rc=$?"; summary "$OUT/d512_racecheck.log"
+  MHA_KIT_BENCH_CASES="${DBENCH_S30_CASES:-/512, bs|/256, bs|FP8 KV, bs 64|bs 1, L 1024|bs 16, L 1024|bs 1, L 32768}" \
+    DBENCH_TIMEOUT=170 stage_dbench
 }
 for st in $STAGES; do "stage_$st"; done
