@@ -91,6 +91,7 @@
 #   d512q / d512mini  stage d512 cut down for a short device budget
 #   s30       one call: d512q's tests and racecheck, then the D 256 / 512,
 #             FP8 and latency bench rows (x64 / x192 beside production), cuDNN
+#   s30b      s30 for a bundle of branch x192prod (D 128 in the x192 form)
 #   loadcost  the trace entry's per-fast-tile phases with the K / V waits
 #             (headline cells), default vs _x4 on zero K/V (reads vs power),
 #             then Nsight Compute on one launch of the
@@ -584,5 +585,25 @@ stage_s30() {
     d512_decode > "$OUT/d512_racecheck.log" 2>&1; echo "racecheck rc=$?"; summary "$OUT/d512_racecheck.log"
   MHA_KIT_BENCH_CASES="${DBENCH_S30_CASES:-/512, bs|/256, bs|FP8 KV, bs 64|bs 1, L 1024|bs 16, L 1024|bs 1, L 32768}" \
     DBENCH_TIMEOUT=170 stage_dbench
+}
+stage_s30b() {
+  # Session 30, one call, for a bundle of branch x192prod (the D 128
+  # entries in the x192 form): the wide entries' test, the D 128 entries in
+  # both row forms, the bench rows (D 256 / 512, FP8, latency) and cuDNN,
+  # then the cluster fold, masked keys and racecheck on the D 512 cases.
+  export MHA_KIT_DECODE_WIDE_MMA=on
+  local gt=tests/paged-attention-gpu
+  timeout 80 $gt --include-ignored d512_decode > "$OUT/d512.log" 2>&1
+  echo "d512 rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
+  timeout 80 $gt --include-ignored d128_entries > "$OUT/d128.log" 2>&1
+  echo "d128 rc=$?"; summary "$OUT/d128.log"; grep -E "d128_entries" "$OUT/d128.log"
+  MHA_KIT_BENCH_CASES="${DBENCH_S30_CASES:-/512, bs|/256, bs|FP8 KV, bs 64|bs 64, L 8192|bs 256, L 8192|bs 1, L 1024|bs 16, L 1024|bs 1, L 32768}" \
+    DBENCH_TIMEOUT=170 stage_dbench
+  for t in cluster_fold masked_nonfinite; do
+    timeout 50 $gt --include-ignored $t > "$OUT/s30_$t.log" 2>&1
+    echo "$t rc=$?"; summary "$OUT/s30_$t.log"
+  done
+  MHA_KIT_GPU_CASES=6 timeout 50 compute-sanitizer --tool racecheck $gt --include-ignored \
+    d512_decode > "$OUT/d512_racecheck.log" 2>&1; echo "racecheck rc=$?"; summary "$OUT/d512_racecheck.log"
 }
 for st in $STAGES; do "stage_$st"; done
