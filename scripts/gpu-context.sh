@@ -92,6 +92,7 @@
 #   s30       one call: d512q's tests and racecheck, then the D 256 / 512,
 #             FP8 and latency bench rows (x64 / x192 beside production), cuDNN
 #   s30b      s30 for a bundle of branch x192prod (D 128 in the x192 form)
+#   s30c      s30b in about 400 s (fewer cases and rows)
 #   loadcost  the trace entry's per-fast-tile phases with the K / V waits
 #             (headline cells), default vs _x4 on zero K/V (reads vs power),
 #             then Nsight Compute on one launch of the
@@ -605,5 +606,16 @@ stage_s30b() {
   done
   MHA_KIT_GPU_CASES=6 timeout 50 compute-sanitizer --tool racecheck $gt --include-ignored \
     d512_decode > "$OUT/d512_racecheck.log" 2>&1; echo "racecheck rc=$?"; summary "$OUT/d512_racecheck.log"
+}
+stage_s30c() {
+  # s30b in about 400 s: the two tests with fewer cases, fewer bench rows.
+  export MHA_KIT_DECODE_WIDE_MMA=on
+  local gt=tests/paged-attention-gpu
+  MHA_KIT_GPU_CASES=${S30C_CASES:-120} timeout 60 $gt --include-ignored d512_decode > "$OUT/d512.log" 2>&1
+  echo "d512 rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
+  MHA_KIT_GPU_CASES=${S30C_CASES:-120} timeout 60 $gt --include-ignored d128_entries > "$OUT/d128.log" 2>&1
+  echo "d128 rc=$?"; summary "$OUT/d128.log"; grep -E "d128_entries" "$OUT/d128.log"
+  MHA_KIT_BENCH_CASES="${DBENCH_S30_CASES:-16/8/512, bs|16/8/256, bs|FP8 KV, bs 64|bs 1, L 32768|bs 1, L 1024|bs 16, L 1024}" \
+    DBENCH_TIMEOUT=120 stage_dbench
 }
 for st in $STAGES; do "stage_$st"; done
