@@ -93,6 +93,7 @@
 #             FP8 and latency bench rows (x64 / x192 beside production), cuDNN
 #   s30b      s30 for a bundle of branch x192prod (D 128 in the x192 form)
 #   s30c      s30b in about 400 s (fewer cases and rows)
+#   s30t      s30b's tests only (about 200 s)
 #   loadcost  the trace entry's per-fast-tile phases with the K / V waits
 #             (headline cells), default vs _x4 on zero K/V (reads vs power),
 #             then Nsight Compute on one launch of the
@@ -617,5 +618,15 @@ stage_s30c() {
   echo "d128 rc=$?"; summary "$OUT/d128.log"; grep -E "d128_entries" "$OUT/d128.log"
   MHA_KIT_BENCH_CASES="${DBENCH_S30_CASES:-16/8/512, bs|16/8/256, bs|FP8 KV, bs 64|bs 1, L 32768|bs 1, L 1024|bs 16, L 1024}" \
     DBENCH_TIMEOUT=120 stage_dbench
+}
+stage_s30t() {
+  # s30b's tests only (about 200 s): the wide entries, the D 128 entries
+  # in both row forms, the cluster fold, the masked non-finite keys.
+  export MHA_KIT_DECODE_WIDE_MMA=on
+  local gt=tests/paged-attention-gpu
+  for t in d512_decode d128_entries cluster_fold masked_nonfinite; do
+    MHA_KIT_GPU_CASES=${S30C_CASES:-120} timeout 50 $gt --include-ignored $t > "$OUT/s30_$t.log" 2>&1
+    echo "$t rc=$?"; summary "$OUT/s30_$t.log"; grep -E "^$t" "$OUT/s30_$t.log" | head -3
+  done
 }
 for st in $STAGES; do "stage_$st"; done
