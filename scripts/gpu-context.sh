@@ -533,16 +533,21 @@ stage_d512() {
   done
   MHA_KIT_BENCH_CASES="${DBENCH_D512_CASES:-/512,|16/8/256}" DBENCH_TIMEOUT=200 stage_dbench
 }
+d512_tests() {
+  # The wide entries' test, the random suite and racecheck on 6 cases, with
+  # timeouts $1, $2 and $3 (s).
+  export MHA_KIT_DECODE_WIDE_MMA=on
+  timeout "$1" tests/paged-attention-gpu --include-ignored d512_decode > "$OUT/d512.log" 2>&1
+  echo "d512 rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
+  timeout "$2" tests/paged-attention-gpu --include-ignored gpu_matches_reference > "$OUT/d512_prop.log" 2>&1
+  echo "prop rc=$?"; summary "$OUT/d512_prop.log"; grep -E "gpu_matches" "$OUT/d512_prop.log"
+  MHA_KIT_GPU_CASES=6 timeout "$3" compute-sanitizer --tool racecheck tests/paged-attention-gpu --include-ignored \
+    d512_decode > "$OUT/d512_racecheck.log" 2>&1; echo "racecheck rc=$?"; summary "$OUT/d512_racecheck.log"
+}
 stage_d512q() {
   # stage d512 for a short device budget: the tests with tight timeouts,
   # racecheck on 6 cases, the bench rows without the cuDNN peers.
-  export MHA_KIT_DECODE_WIDE_MMA=on
-  timeout 110 tests/paged-attention-gpu --include-ignored d512_decode > "$OUT/d512.log" 2>&1
-  echo "d512 rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
-  timeout 100 tests/paged-attention-gpu --include-ignored gpu_matches_reference > "$OUT/d512_prop.log" 2>&1
-  echo "prop rc=$?"; summary "$OUT/d512_prop.log"; grep -E "gpu_matches" "$OUT/d512_prop.log"
-  MHA_KIT_GPU_CASES=6 timeout 80 compute-sanitizer --tool racecheck tests/paged-attention-gpu --include-ignored \
-    d512_decode > "$OUT/d512_racecheck.log" 2>&1; echo "racecheck rc=$?"; summary "$OUT/d512_racecheck.log"
+  d512_tests 110 100 80
   MHA_KIT_BENCH_CASES="${DBENCH_D512_CASES:-/512,|16/8/256}" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
     timeout 150 benches/paged-attention-paged_attention --bench > "$OUT/dbench.log" 2>&1
   echo "bench rc=$?"; grep -E '^(\||## )' "$OUT/dbench.log"
@@ -578,13 +583,7 @@ stage_s30() {
   # tests and racecheck (stage d512q), then the D 256 / 512 rows (16-bit
   # and FP8, with their CUDA-core twins), the FP8 and latency rows beside
   # the x64 / x192 experiments, then cuDNN.
-  export MHA_KIT_DECODE_WIDE_MMA=on
-  timeout 100 tests/paged-attention-gpu --include-ignored d512_decode > "$OUT/d512.log" 2>&1
-  echo "d512 rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
-  timeout 80 tests/paged-attention-gpu --include-ignored gpu_matches_reference > "$OUT/d512_prop.log" 2>&1
-  echo "prop rc=$?"; summary "$OUT/d512_prop.log"; grep -E "gpu_matches" "$OUT/d512_prop.log"
-  MHA_KIT_GPU_CASES=6 timeout 60 compute-sanitizer --tool racecheck tests/paged-attention-gpu --include-ignored \
-    d512_decode > "$OUT/d512_racecheck.log" 2>&1; echo "racecheck rc=$?"; summary "$OUT/d512_racecheck.log"
+  d512_tests 100 80 60
   MHA_KIT_BENCH_CASES="${DBENCH_S30_CASES:-/512, bs|/256, bs|FP8 KV, bs 64|bs 1, L 1024|bs 16, L 1024|bs 1, L 32768}" \
     DBENCH_TIMEOUT=170 stage_dbench
 }
