@@ -91,20 +91,30 @@ fn experiment_row(xv: u32, bs: usize, len: usize, what: &str) -> Shape {
     }
 }
 
+/// `sh` with e4m3 K/V, its name prefixed `FP8 KV, `.
+fn fp8(sh: Shape) -> Shape {
+    let name = format!("FP8 KV, {}", sh.name);
+    Shape {
+        name,
+        fp8: true,
+        ..sh
+    }
+}
+
+/// `sh` on the CUDA-core kernel (a comparison row), its name suffixed
+/// ` (CUDA-core kernel)`.
+fn on_cuda_cores(sh: Shape) -> Shape {
+    let name = format!("{} (CUDA-core kernel)", sh.name);
+    Shape {
+        name,
+        simt: true,
+        ..sh
+    }
+}
+
 /// FP8 KV bs 64 × 8k under e4m3 timing experiment `xv`.
 fn fp8_experiment(xv: u32, what: &str) -> Shape {
-    Shape {
-        fp8: true,
-        experiment: xv,
-        ..s(
-            &format!("FP8 KV, bs 64, L 8192 ({what})"),
-            32,
-            8,
-            128,
-            64,
-            8192,
-        )
-    }
+    fp8(experiment_row(xv, 64, 8192, what))
 }
 
 /// A latency case under a fixed split chunk (variant rows beside Auto).
@@ -129,10 +139,7 @@ fn cases() -> Vec<Shape> {
         s("bs 1, L 1024", 32, 8, 128, 1, 1024),
         s("bs 16, L 1024", 32, 8, 128, 16, 1024),
         s("bs 1, L 32768", 32, 8, 128, 1, 32768),
-        Shape {
-            fp8: true,
-            ..s("FP8 KV, bs 64, L 8192", 32, 8, 128, 64, 8192)
-        },
+        fp8(s("bs 64, L 8192", 32, 8, 128, 64, 8192)),
         Shape {
             q_len: 4,
             ..s("verify q_len 4, bs 64, L 8192", 32, 8, 128, 64, 8192)
@@ -160,43 +167,13 @@ fn cases() -> Vec<Shape> {
         // 14's bar: >= 75% of copy), and the CUDA-core kernel beside it.
         s("16/8/512, bs 64, L 8192", 16, 8, 512, 64, 8192),
         s("32/2/512, bs 64, L 8192", 32, 2, 512, 64, 8192),
-        Shape {
-            simt: true,
-            ..s(
-                "16/8/512, bs 64, L 8192 (CUDA-core kernel)",
-                16,
-                8,
-                512,
-                64,
-                8192,
-            )
-        },
+        on_cuda_cores(s("16/8/512, bs 64, L 8192", 16, 8, 512, 64, 8192)),
         // e4m3 K/V above D 128 (tensor cores by warp groups of 128 dims
         // since session 29; the CUDA-core kernel before).
-        Shape {
-            fp8: true,
-            ..s("FP8 KV, 16/8/256, bs 64, L 8192", 16, 8, 256, 64, 8192)
-        },
-        Shape {
-            fp8: true,
-            ..s("FP8 KV, 16/8/512, bs 64, L 8192", 16, 8, 512, 64, 8192)
-        },
-        Shape {
-            fp8: true,
-            simt: true,
-            ..s(
-                "FP8 KV, 16/8/256, bs 64, L 8192 (CUDA-core kernel)",
-                16,
-                8,
-                256,
-                64,
-                8192,
-            )
-        },
-        Shape {
-            simt: true,
-            ..s("bs 64, L 8192 (CUDA-core kernel)", 32, 8, 128, 64, 8192)
-        },
+        fp8(s("16/8/256, bs 64, L 8192", 16, 8, 256, 64, 8192)),
+        fp8(s("16/8/512, bs 64, L 8192", 16, 8, 512, 64, 8192)),
+        on_cuda_cores(fp8(s("16/8/256, bs 64, L 8192", 16, 8, 256, 64, 8192))),
+        on_cuda_cores(s("bs 64, L 8192", 32, 8, 128, 64, 8192)),
         fixed("bs 1, L 1024", 1, 1024, 64),
         fixed("bs 1, L 1024", 1, 1024, 256),
         fixed("bs 16, L 1024", 16, 1024, 128),
