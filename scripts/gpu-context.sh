@@ -94,6 +94,12 @@
 #   s30b      s30 for a bundle of branch x192prod (D 128 in the x192 form)
 #   s30c      s30b in about 400 s (fewer cases and rows)
 #   s30t      s30b's tests only (about 200 s)
+#   s31ab     A/B of the decode bench: the bundle's bench and AB_BENCH (an
+#             xz-packed bench binary of another build) on DBENCH_S31_CASES,
+#             each with the cluster fold on and off, then cuDNN once
+#   s31tr     experiment 16's per-CTA trace of the latency rows from the
+#             bundle's bench (A) and AB_BENCH's (B), CSVs under $OUT/tr_{A,B};
+#             then the decode suite's tests not in S31_DONE (--skip each)
 #   loadcost  the trace entry's per-fast-tile phases with the K / V waits
 #             (headline cells), default vs _x4 on zero K/V (reads vs power),
 #             then Nsight Compute on one launch of the
@@ -520,7 +526,7 @@ stage_d512() {
   # D 512 test (every case on both kernels), the random suite (e4m3 D 256),
   # racecheck and memcheck (the groups' partial S in shared memory), then
   # the D 512 / 256 bench rows (FP8 too).
-  # The wide entries run only with MHA_KIT_DECODE_WIDE_MMA=on until they pass here.
+  # The wide entries are the default since session 31; the stages still say so.
   export MHA_KIT_DECODE_WIDE_MMA=on
   echo "== decode D 512 (tensor cores) vs the reference, then the random suite (e4m3 D 256 on tensor cores)"
   timeout 200 tests/paged-attention-gpu --include-ignored d512_decode > "$OUT/d512.log" 2>&1
@@ -627,5 +633,39 @@ stage_s30t() {
     MHA_KIT_GPU_CASES=${S30C_CASES:-120} timeout 50 $gt --include-ignored $t > "$OUT/s30_$t.log" 2>&1
     echo "$t rc=$?"; summary "$OUT/s30_$t.log"; grep -E "^$t" "$OUT/s30_$t.log" | head -3
   done
+}
+stage_s31ab() {
+  # Same call, same machine: this bundle's decode bench (A) against another
+  # build's (B, AB_BENCH), each with the cluster fold on and off.
+  local b=$work/ab_bench
+  xz -dc "$AB_BENCH" > "$b" && chmod +x "$b"
+  local cases="${DBENCH_S31_CASES:-bs 1, L 1024|bs 16, L 1024|bs 1, L 32768|FP8 KV, bs 64|bs 64, L 8192|bs 256, L 8192}"
+  for run in A:benches/paged-attention-paged_attention B:$b; do
+    for cf in on off; do
+      echo "== decode bench ${run%%:*} (cluster fold $cf)"
+      MHA_KIT_DECODE_CLUSTER_FOLD=$cf MHA_KIT_BENCH_CASES="$cases" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
+        timeout 150 "${run#*:}" --bench > "$OUT/ab_${run%%:*}_$cf.log" 2>&1
+      echo "rc=$?"; grep -E '^(\||## )' "$OUT/ab_${run%%:*}_$cf.log" | grep -v 'CUDA-core\|HND\|verify'
+    done
+  done
+  echo "== decode peers (cuDNN SDPA, dense KV)"
+  timeout 120 python3 peers/decode_peers.py > "$OUT/dpeers.log" 2>&1; echo "rc=$?"
+  grep -E '^(\||## )' "$OUT/dpeers.log"
+}
+stage_s31tr() {
+  local b=$work/ab_bench
+  xz -dc "$AB_BENCH" > "$b" && chmod +x "$b"
+  local cases="${DTRACE_CASES:-latency bs 1, L 1024, x0, Auto|latency bs 16, L 1024, x0, Auto|latency bs 1, L 32768, x0, Auto|latency bs 1, L 1024, Auto|latency bs 16, L 1024, Auto|latency bs 1, L 32768, Auto}"
+  for run in A:benches/paged-attention-paged_attention B:$b; do
+    echo "== per-CTA trace ${run%%:*}"
+    MHA_KIT_BENCH_LATENCY_SWEEP=1 MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 MHA_KIT_BENCH_DECODE_TRACE="$OUT/tr_${run%%:*}" \
+      MHA_KIT_BENCH_CASES="$cases" timeout 120 "${run#*:}" --bench > "$OUT/tr_${run%%:*}.log" 2>&1
+    echo "rc=$?"; grep -E '^\| lat|^trace' "$OUT/tr_${run%%:*}.log"
+  done
+  local skips=()
+  for t in ${S31_DONE:-}; do skips+=(--skip "$t"); done
+  echo "== decode suite, the rest (${#skips[@]} skip args)"
+  timeout ${S31_SUITE_TIMEOUT:-300} tests/paged-attention-gpu --include-ignored "${skips[@]}" > "$OUT/s31_suite.log" 2>&1
+  echo "rc=$?"; summary "$OUT/s31_suite.log"; grep -E '^test ' "$OUT/s31_suite.log" | cut -c1-160
 }
 for st in $STAGES; do "stage_$st"; done

@@ -265,8 +265,8 @@ pub fn mma_supported(q: HalfDtype, kv: KvDtype, head_dim: usize) -> bool {
 
 /// Whether (`kv`, `head_dim`) is a shape whose tensor-core entry splits the
 /// dims between warps (session 29: head dim 512, e4m3 K/V at 256 and 512):
-/// [`KernelPath::Auto`] runs it only with
-/// [`PagedAttentionKernel::set_wide_mma`] on, the CUDA-core kernel otherwise.
+/// [`KernelPath::Auto`] runs it while [`PagedAttentionKernel::set_wide_mma`]
+/// is on (the default), the CUDA-core kernel otherwise.
 pub fn mma_wide(kv: KvDtype, head_dim: usize) -> bool {
     mma_dim_groups(head_dim, kv) > 1
 }

@@ -510,8 +510,8 @@ fn kernel_path_choice() {
         mma_supported(H::F16, KvDtype::E4m3, 512),
         "D 512 e4m3 KV: tensor cores (groups of 4 warps of 128 dims)"
     );
-    // The entries that split the dims between warps (run by Auto only with
-    // set_wide_mma(true) until measured on a GPU).
+    // The entries that split the dims between warps (run by Auto while
+    // set_wide_mma is on, the default).
     use paged_attention::mma_wide;
     assert!(mma_wide(KvDtype::Bf16, 512) && mma_wide(KvDtype::E4m3, 512));
     assert!(mma_wide(KvDtype::E4m3, 256) && !mma_wide(KvDtype::Bf16, 256));

@@ -71,7 +71,7 @@ pub const DECODE_PDL_ENV: &str = "MHA_KIT_DECODE_PDL";
 
 /// Environment variable that sets whether new launchers run the tensor-core
 /// entries of [`crate::mma_wide`] shapes ([`PagedAttentionKernel::set_wide_mma`]):
-/// `off` (default) or `on`.
+/// `on` (default since session 31) or `off` (the CUDA-core kernel there).
 pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 
 /// Environment variable that sets the decode timing experiment of every
@@ -201,7 +201,7 @@ impl PagedAttentionKernel {
             cluster_fit,
             cluster_launches: AtomicU64::new(0),
             launch_row_tiles: None,
-            wide_mma: env_choice(DECODE_WIDE_MMA_ENV, &[("off", false), ("on", true)])?,
+            wide_mma: env_choice(DECODE_WIDE_MMA_ENV, &[("on", true), ("off", false)])?,
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
@@ -296,9 +296,9 @@ impl PagedAttentionKernel {
     /// Whether [`KernelPath::Auto`] runs the session-29 tensor-core entries
     /// ([`crate::mma_wide`]: head dim 512, e4m3 K/V at 256 and 512, by warp
     /// groups that split the dims) instead of the CUDA-core kernel for those
-    /// shapes. Default from [`DECODE_WIDE_MMA_ENV`] (`off` until they have
-    /// run against the reference on a GPU; the results either way are the
-    /// reference's within tolerance).
+    /// shapes. Default from [`DECODE_WIDE_MMA_ENV`] (`on` since they passed
+    /// against the reference on an H100 in session 31; the results either
+    /// way are the reference's within tolerance).
     pub fn set_wide_mma(&mut self, on: bool) {
         self.wide_mma = on;
     }
