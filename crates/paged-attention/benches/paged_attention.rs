@@ -193,17 +193,19 @@ fn cases() -> Vec<Shape> {
             hnd: true,
             ..s("bs 1, L 32768, HND pages", 32, 8, 128, 1, 32768)
         },
-        experiment_row(64, 64, 8192, "x64: lean copy addresses"),
-        experiment_row(64, 256, 8192, "x64: lean copy addresses"),
-        experiment_row(192, 64, 8192, "x192: x64 with the half-row loop"),
-        experiment_row(192, 256, 8192, "x192: x64 with the half-row loop"),
-        // The latency rows under x192 (its entry has no cluster-fold twin:
-        // split launches fold through the workspace).
+        // The half-row loop: with the full loop in one entry (x192), alone
+        // in its entry (x256). Their entries have no cluster-fold twin:
+        // split launches fold through the workspace.
+        experiment_row(192, 64, 8192, "x192: the half-row loop beside the full one"),
+        experiment_row(256, 64, 8192, "x256: the half-row loop alone"),
         experiment_row(192, 1, 1024, "x192"),
+        experiment_row(256, 1, 1024, "x256"),
         experiment_row(192, 16, 1024, "x192"),
+        experiment_row(256, 16, 1024, "x256"),
         experiment_row(192, 1, 32768, "x192"),
-        fp8_experiment(64, "x64: lean copy addresses"),
-        fp8_experiment(192, "x192: x64 with the half-row loop"),
+        experiment_row(256, 1, 32768, "x256"),
+        fp8_experiment(192, "x192: the half-row loop beside the full one"),
+        fp8_experiment(256, "x256: the half-row loop alone"),
     ];
     if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
         v.extend(split_sweep());
@@ -216,8 +218,9 @@ fn cases() -> Vec<Shape> {
 
 /// The latency cases (issue 14's ≤ 1.05× cuDNN rows) under the production
 /// kernel (and Auto with the splits folded through the workspace instead of
-/// inside clusters) and experiments 64 (lean copy addresses) and 192 (with
-/// the half-row loop), Auto and Fixed chunks around Auto's:
+/// inside clusters) and experiments 192 (the half-row loop beside the full
+/// one in an entry) and 256 (the half-row loop alone), Auto and Fixed chunks
+/// around Auto's:
 /// `MHA_KIT_BENCH_LATENCY_SWEEP=1`.
 fn latency_sweep() -> Vec<Shape> {
     let mut v = Vec::new();
@@ -239,7 +242,7 @@ fn latency_sweep() -> Vec<Shape> {
                 len,
             )
         });
-        for xv in [0u32, 64, 192] {
+        for xv in [0u32, 192, 256] {
             let mut splits = vec![SplitMode::Auto];
             splits.extend(
                 chunks

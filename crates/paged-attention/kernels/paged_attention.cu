@@ -890,10 +890,11 @@ struct Look {
 // lane-quad layout below with the hint, session 9's copy, 558.4). e4m3 KV:
 // each lane quad copies 64-byte parts of rows lt and lt + 8 and asks the L2
 // for the row's whole 128-byte block (`.L2::128B`; no measured effect).
-// XV: timing experiment of an `_x{XV}` entry (0 = production), all with
-// correct results. XV & 8: Q read from shared memory each slice and a
-// shorter ring (MmaSmem::X8); XV & 16: a per-CTA trace (below); XV & 64:
-// lean copy addresses (below, `XA`). (Sessions
+// XV: the form of an entry, all with correct results (the entries' table
+// at the end of this file). XV & 8: Q read from shared memory each slice
+// and a shorter ring (MmaSmem::X8); XV & 16: a per-CTA trace (below); XV &
+// 32: the cluster fold; XV & 64: lean copy addresses (below, `XA`; the D 128
+// entries' form since session 31); XV & 256: the half-row loop (`H`). (Sessions
 // 9-10's copy-layout experiments x1-x5 — the L2 prefetch hint toggled,
 // lane-quad copies of 16-bit rows, whole-row copies of e4m3 rows — were
 // measured, docs/PERF.md sessions 9-10, and their entries dropped in
@@ -1001,7 +1002,8 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     const int nrows = sp.rows;
     const int r0 = rt * ROWS;
 
-    // Experiment XV & 64 (XA): the copies' per-slice address work cut down
+    // XV & 64 (XA; session 28's experiment 64, the D 128 entries' form since
+    // session 31): the copies' per-slice address work cut down
     // (SASS, e4m3 D 128: ~75 of the loop's ~560 instructions a slice formed
     // four row addresses from sign-extended 64-bit products): each row
     // address is two `mad.wide.u32` (ids, offsets and strides are
@@ -1877,11 +1879,16 @@ PA_DECODE_D(f16, 1, e4m3, 2)
         pa::pdl_wait();                                                                            \
         pa::mma_body<QT, KV, D, XV>(p);                                                            \
     }
-#define PA_MMA(QN, QT, KVN, KV, D, MINB) PA_MMA_ENTRY(QN, QT, KVN, KV, D, , 0, MINB)
+// D 128 entries take the lean copy addresses (XV & 64, mma_body's XA;
+// session 28's experiment 64, production since session 31: on an H100 it
+// tied or beat the old form on every decode row measured, PERF.md session
+// 31). At D 64 the same form was not measured; D 256 / 512 keep theirs.
+#define PA_XA(D) ((D) == 128 ? 64 : 0)
+#define PA_MMA(QN, QT, KVN, KV, D, MINB) PA_MMA_ENTRY(QN, QT, KVN, KV, D, , PA_XA(D), MINB)
 // The `_cf` twin: the same kernel folding its splits inside a thread-block
 // cluster when launched as clusters (XV & 32). For bf16 Q at D 64 / 128
 // (src/launch.rs `cluster_fold_variant`; each twin adds ~250 KB of PTX).
-#define PA_MMA_CF(QN, QT, KVN, KV, D, MINB) PA_MMA_ENTRY(QN, QT, KVN, KV, D, _cf, 32, MINB)
+#define PA_MMA_CF(QN, QT, KVN, KV, D, MINB) PA_MMA_ENTRY(QN, QT, KVN, KV, D, _cf, 32 | PA_XA(D), MINB)
 
 PA_MMA(bf16, 0, bf16, 0, 64, 4)
 PA_MMA(bf16, 0, bf16, 0, 128, 2)
@@ -1906,8 +1913,9 @@ PA_MMA_CF(bf16, 0, e4m3, 2, 128, 2)
 
 // Timing experiment entries (PagedAttentionKernel::set_experiment): the
 // D 128 tensor-core entry of (Q, KV) under experiment XV, named `_x{XV}`,
-// MINB CTAs an SM.
-#define PA_MMA_X(QN, QT, KVN, KV, XV, MINB) PA_MMA_ENTRY(QN, QT, KVN, KV, 128, _x##XV, XV, MINB)
+// MINB CTAs an SM; mma_body runs XV | 64, the production form's lean copy
+// addresses (XA) with the experiment's bits.
+#define PA_MMA_X(QN, QT, KVN, KV, XV, MINB) PA_MMA_ENTRY(QN, QT, KVN, KV, 128, _x##XV, XV | 64, MINB)
 // Experiment 128 (`_x{XV}` with XV & 128): launches whose row tiles hold at
 // most 8 rows (q_len · G <= 8: a decode at GQA <= 8) run mma_body's
 // instantiation XV | 256, which computes only rows gr of each fragment:
@@ -1930,10 +1938,15 @@ PA_MMA_CF(bf16, 0, e4m3, 2, 128, 2)
 // PERF.md sessions 20 and 28; the code path is kept).
 // Experiment 16: the production entry with a per-CTA timestamp trace.
 PA_MMA_X(bf16, 0, bf16, 0, 16, 2)
-// Experiment 64: lean copy addresses (mma_body, XA); 192: with experiment
-// 128 (half rows). 200 (with 8 too) spilled 104 bytes at three CTAs an SM:
-// not built.
-PA_MMA_X(bf16, 0, e4m3, 2, 64, 2)
-PA_MMA_X(bf16, 0, bf16, 0, 64, 2)
+// Experiment 192: the half rows (128) in the same entry as the full loop,
+// picked per launch (session 28; on an H100 in session 31 it lost 1.4–5 µs
+// on the one-wave latency rows, in the phases before the first K/V tile,
+// and won 4–10 µs at bs 1 × 32k).
 PA_MMA_XH(bf16, 0, e4m3, 2, 192, 2)
 PA_MMA_XH(bf16, 0, bf16, 0, 192, 2)
+// Experiment 256: the half-row loop alone, one instantiation an entry (the
+// launcher runs it only where q_len · G <= 8, the production entry
+// otherwise): whether the half rows or the second instantiation in one
+// entry cost 192 its starts.
+PA_MMA_X(bf16, 0, e4m3, 2, 256, 2)
+PA_MMA_X(bf16, 0, bf16, 0, 256, 2)

@@ -1136,12 +1136,12 @@ fn main() {
         ),
         named("experiment_entries_with_correct_results", |gpu, _| {
             // The timing experiments that compute correct results (`_x16`:
-            // the production entry traced; `_x64`: lean copy addresses, e4m3
-            // and bf16 KV; `_x192`: `_x64` with the half-row loop where
-            // q_len · G <= 8, e4m3 and bf16), on the random cases their
-            // entry serves (bf16 Q, D 128) and on some others (which keep the
-            // production entry).
-            // MHA_KIT_GPU_EXPERIMENTS=16,64 runs only those experiments
+            // the production entry traced; `_x192`: the production loop and
+            // the half-row loop where q_len · G <= 8 in one entry, e4m3 and
+            // bf16 KV; `_x256`: the half-row loop alone, launched only where
+            // q_len · G <= 8), on the random cases their entry serves (bf16
+            // Q, D 128) and on some others (which keep the production entry).
+            // MHA_KIT_GPU_EXPERIMENTS=16,192 runs only those experiments
             // (default: all).
             let only: Option<Vec<u32>> = std::env::var("MHA_KIT_GPU_EXPERIMENTS")
                 .ok()
@@ -1150,16 +1150,18 @@ fn main() {
             let mut runs = 0usize;
             for (xv, kv) in [
                 (16u32, KvDtype::Bf16),
-                (64, KvDtype::E4m3),
-                (64, KvDtype::Bf16),
                 (192, KvDtype::E4m3),
                 (192, KvDtype::Bf16),
+                (256, KvDtype::E4m3),
+                (256, KvDtype::Bf16),
             ]
             .into_iter()
             .filter(|&(xv, _)| wanted(xv))
             {
                 let mut k = PagedAttentionKernel::new(gpu).or_fail("load")?;
                 k.set_experiment(xv).or_fail("experiment")?;
+                // Cases of this entry in each row form (q_len · G <= 8 or not).
+                let mut forms = [0usize; 2];
                 for seed in 0u64..4000 {
                     let (c, split, msl) = random_case(seed);
                     let theirs = c.d == 128 && c.kv_dtype == kv && c.q_dtype == HalfDtype::Bf16;
@@ -1168,7 +1170,15 @@ fn main() {
                     }
                     check(gpu, &k, &c, split, msl)
                         .map_err(|e| format!("_x{xv}, seed {seed}: {e}"))?;
+                    if theirs {
+                        forms[usize::from(c.q_len() * (c.hq / c.hkv) <= 8)] += 1;
+                    }
                     runs += 1;
+                }
+                if forms.contains(&0) {
+                    return Err(format!(
+                        "_x{xv} ({kv:?}): both row forms needed, cases {forms:?}"
+                    ));
                 }
             }
             // Experiment 16 writes 16 u32 a CTA through `skipped_slices`:

@@ -23,11 +23,16 @@ use super::{
 /// Timing experiment entries of the tensor-core kernel (`<entry>_x<n>`).
 const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_bf16_d128_x16",
-    "paged_attention_mma_bf16_kv_e4m3_d128_x64",
-    "paged_attention_mma_bf16_kv_bf16_d128_x64",
     "paged_attention_mma_bf16_kv_e4m3_d128_x192",
     "paged_attention_mma_bf16_kv_bf16_d128_x192",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x256",
+    "paged_attention_mma_bf16_kv_bf16_d128_x256",
 ];
+
+/// Experiment bit of the entries that compute only the first 8 rows of each
+/// 16-row tile: they run only where `q_len · G ≤ 8` (the production entry
+/// otherwise).
+const EXPERIMENT_HALF_ROWS: u32 = 256;
 
 /// Most splits a tensor-core launch folds inside one thread-block cluster
 /// (the portable cluster size); launches with more fold through the
@@ -76,9 +81,9 @@ pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 
 /// Environment variable that sets the decode timing experiment of every
 /// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default),
-/// `x64` (lean copy addresses) or `x192` (x64 and, where `q_len · G ≤ 8`,
-/// only the valid half of the rows computed), so that a whole replay can run
-/// it.
+/// `x192` (where `q_len · G ≤ 8`, only the valid half of the rows computed,
+/// in the production entry's code) or `x256` (the same half-row loop alone
+/// in its entry), so that a whole replay can run it.
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
 
 /// Whether the tensor-core entry of (`q`, `kv`, `d`) has a `_cf` twin (the
@@ -205,20 +210,21 @@ impl PagedAttentionKernel {
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
-            &[("off", 0), ("x64", 64), ("x192", 192)],
+            &[("off", 0), ("x192", 192), ("x256", 256)],
         )?)?;
         Ok(k)
     }
 
     /// Runs timing experiment `xv` where its entry exists (launches of
     /// other shapes keep the production entry); 0 = production. D 128 bf16-Q
-    /// tensor-core entries, correct results (`_x{xv}` in the .cu): `64`
-    /// (e4m3 and bf16 KV) lean copy addresses (row addresses by
-    /// `mad.wide.u32`, the lane's ring offsets held, the ring slot counted;
-    /// same results bit for bit); `192` (e4m3 and bf16 KV) `64` and, for launches with
-    /// `q_len · G ≤ 8` (every row tile at most 8 rows), a loop that computes
-    /// only the valid half of each MMA fragment's rows (same results bit for
-    /// bit); `16` (bf16 KV) the production
+    /// tensor-core entries, correct results (`_x{xv}` in the .cu; each in
+    /// the production form, lean copy addresses, since session 31): `192`
+    /// (e4m3 and bf16 KV) the production loop and, in the same entry for
+    /// launches with `q_len · G ≤ 8` (every row tile at most 8 rows), a loop
+    /// that computes only the valid half of each MMA fragment's rows (same
+    /// results bit for bit); `256` (e4m3 and bf16 KV) that half-row loop
+    /// alone, run only for launches with `q_len · G ≤ 8` (the production
+    /// entry otherwise); `16` (bf16 KV) the production
     /// entry writing a per-CTA trace through `skipped_slices` instead of
     /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
     /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
@@ -436,7 +442,8 @@ impl PagedAttentionKernel {
             p.skip_counter = c.device_ptr_mut(stream);
         }
         p.errors = errors.device_ptr();
-        let experiment = (self.experiment != 0)
+        let experiment = (self.experiment != 0
+            && (self.experiment & EXPERIMENT_HALF_ROWS == 0 || p.q_len * p.group <= 8))
             .then(|| {
                 self.kernel
                     .index(&format!("{}_x{}", plan.entry, self.experiment))
@@ -560,6 +567,6 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [16, 64, 64, 192, 192]);
+        assert_eq!(numbers, [16, 192, 192, 256, 256]);
     }
 }
