@@ -80,9 +80,9 @@
 #   dtrace    decode experiment 16: per-CTA traces of the one-wave latency
 #             launches (CSV under $OUT/dtrace) and the experiment entries' test
 #   allgpu    every GPU test binary of the bundle, all at once (ALLGPU_TIMEOUT)
-#   lean      session 28's decode experiments x64 / x192 (lean copy
-#             addresses, three CTAs an SM, half-row loop): experiment test,
-#             masked keys, memcheck; the head_dim 512 decode test and memcheck
+#   lean      the decode experiments x192 / x256 (the half-row loop in a
+#             two-body entry / alone): experiment test, masked keys, memcheck;
+#             memcheck on the f16-Q D 128 entries; the head_dim 512 test and memcheck
 #   leanbench their decode bench rows beside production, then cuDNN
 #   d512      decode D 512 on tensor cores vs the reference, racecheck and
 #             memcheck on its cases, the D 512 / 256 bench rows
@@ -90,10 +90,7 @@
 #             masked keys, memcheck)
 #   d512q / d512mini  stage d512 cut down for a short device budget
 #   s30       one call: d512q's tests and racecheck, then the D 256 / 512,
-#             FP8 and latency bench rows (x64 / x192 beside production), cuDNN
-#   s30b      s30 for a bundle of branch x192prod (D 128 in the x192 form)
-#   s30c      s30b in about 400 s (fewer cases and rows)
-#   s30t      s30b's tests only (about 200 s)
+#             FP8 and latency bench rows (x192 / x256 beside production), cuDNN
 #   s31ab     A/B of the decode bench: the bundle's bench and AB_BENCH (an
 #             xz-packed bench binary of another build) on DBENCH_S31_CASES,
 #             each with the cluster fold on and off, then cuDNN once
@@ -494,11 +491,12 @@ stage_loadcost() {
 }
 stage_pending() { stage_pending_tests; stage_pending_python; stage_pending_replay; }
 stage_lean() {
-  # Session 28's decode experiments x64 (lean copy addresses) and x192 (x64
-  # with the half-row loop; x72 dropped in session 29), built without a
-  # GPU: their results against the reference, the masked non-finite keys on
-  # each, memcheck on the zero-size copies from the lane's base.
-  for x in x64 x192; do
+  # The decode experiments x192 (the half-row loop beside the full one in
+  # an entry) and x256 (the half-row loop alone): their results against the
+  # reference, the masked non-finite keys on each, memcheck on the zero-size
+  # copies from the lane's base; then memcheck on the production D 128
+  # entries at f16 Q (session 31's new instantiations of the lean form).
+  for x in x192 x256; do
     echo "== decode experiment $x vs the reference"
     MHA_KIT_GPU_EXPERIMENTS=${x#x} timeout 150 tests/paged-attention-gpu --include-ignored experiment_entries \
       > "$OUT/lean_test_$x.log" 2>&1
@@ -510,6 +508,10 @@ stage_lean() {
       tests/paged-attention-gpu --include-ignored masked_nonfinite > "$OUT/lean_memcheck_$x.log" 2>&1
     echo "memcheck $x rc=$?"; summary "$OUT/lean_memcheck_$x.log"
   done
+  echo "== memcheck: the random decode cases (f16-Q D 128 entries among them)"
+  MHA_KIT_GPU_CASES=40 timeout 200 compute-sanitizer --tool memcheck tests/paged-attention-gpu --include-ignored \
+    gpu_matches_reference_proptest > "$OUT/lean_memcheck_prop.log" 2>&1
+  echo "rc=$?"; summary "$OUT/lean_memcheck_prop.log"
   echo "== decode head_dim 512 (CUDA-core kernel) vs the reference, then memcheck"
   timeout 200 tests/paged-attention-gpu --include-ignored d512_decode > "$OUT/d512.log" 2>&1
   echo "rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
@@ -517,7 +519,7 @@ stage_lean() {
     d512_decode > "$OUT/d512_memcheck.log" 2>&1; echo "memcheck rc=$?"; summary "$OUT/d512_memcheck.log"
 }
 stage_leanbench() {
-  # The decode bench rows of x64 / x192 beside production, then cuDNN.
+  # The decode bench rows of x192 / x256 beside production, then cuDNN.
   MHA_KIT_BENCH_CASES="${DBENCH_LEAN_CASES:-bs 64, L 8192|bs 256, L 8192|FP8 KV, bs 64|bs 1, L 1024|bs 16, L 1024|bs 1, L 32768|16/8/512}" \
     DBENCH_TIMEOUT=300 stage_dbench
 }
@@ -588,51 +590,10 @@ stage_s30() {
   # One call for a short device budget (session 30): the wide entries'
   # tests and racecheck (stage d512q), then the D 256 / 512 rows (16-bit
   # and FP8, with their CUDA-core twins), the FP8 and latency rows beside
-  # the x64 / x192 experiments, then cuDNN.
+  # the x192 / x256 experiments, then cuDNN.
   d512_tests 100 80 60
   MHA_KIT_BENCH_CASES="${DBENCH_S30_CASES:-/512, bs|/256, bs|FP8 KV, bs 64|bs 1, L 1024|bs 16, L 1024|bs 1, L 32768}" \
     DBENCH_TIMEOUT=170 stage_dbench
-}
-stage_s30b() {
-  # Session 30, one call, for a bundle of branch x192prod (the D 128
-  # entries in the x192 form): the wide entries' test, the D 128 entries in
-  # both row forms, the bench rows (D 256 / 512, FP8, latency) and cuDNN,
-  # then the cluster fold, masked keys and racecheck on the D 512 cases.
-  export MHA_KIT_DECODE_WIDE_MMA=on
-  local gt=tests/paged-attention-gpu
-  timeout 80 $gt --include-ignored d512_decode > "$OUT/d512.log" 2>&1
-  echo "d512 rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
-  timeout 80 $gt --include-ignored d128_entries > "$OUT/d128.log" 2>&1
-  echo "d128 rc=$?"; summary "$OUT/d128.log"; grep -E "d128_entries" "$OUT/d128.log"
-  MHA_KIT_BENCH_CASES="${DBENCH_S30_CASES:-/512, bs|/256, bs|FP8 KV, bs 64|bs 64, L 8192|bs 256, L 8192|bs 1, L 1024|bs 16, L 1024|bs 1, L 32768}" \
-    DBENCH_TIMEOUT=170 stage_dbench
-  for t in cluster_fold masked_nonfinite; do
-    timeout 50 $gt --include-ignored $t > "$OUT/s30_$t.log" 2>&1
-    echo "$t rc=$?"; summary "$OUT/s30_$t.log"
-  done
-  MHA_KIT_GPU_CASES=6 timeout 50 compute-sanitizer --tool racecheck $gt --include-ignored \
-    d512_decode > "$OUT/d512_racecheck.log" 2>&1; echo "racecheck rc=$?"; summary "$OUT/d512_racecheck.log"
-}
-stage_s30c() {
-  # s30b in about 400 s: the two tests with fewer cases, fewer bench rows.
-  export MHA_KIT_DECODE_WIDE_MMA=on
-  local gt=tests/paged-attention-gpu
-  MHA_KIT_GPU_CASES=${S30C_CASES:-120} timeout 60 $gt --include-ignored d512_decode > "$OUT/d512.log" 2>&1
-  echo "d512 rc=$?"; summary "$OUT/d512.log"; grep -E "d512_decode" "$OUT/d512.log"
-  MHA_KIT_GPU_CASES=${S30C_CASES:-120} timeout 60 $gt --include-ignored d128_entries > "$OUT/d128.log" 2>&1
-  echo "d128 rc=$?"; summary "$OUT/d128.log"; grep -E "d128_entries" "$OUT/d128.log"
-  MHA_KIT_BENCH_CASES="${DBENCH_S30_CASES:-16/8/512, bs|16/8/256, bs|FP8 KV, bs 64|bs 1, L 32768|bs 1, L 1024|bs 16, L 1024}" \
-    DBENCH_TIMEOUT=120 stage_dbench
-}
-stage_s30t() {
-  # s30b's tests only (about 200 s): the wide entries, the D 128 entries
-  # in both row forms, the cluster fold, the masked non-finite keys.
-  export MHA_KIT_DECODE_WIDE_MMA=on
-  local gt=tests/paged-attention-gpu
-  for t in d512_decode d128_entries cluster_fold masked_nonfinite; do
-    MHA_KIT_GPU_CASES=${S30C_CASES:-120} timeout 50 $gt --include-ignored $t > "$OUT/s30_$t.log" 2>&1
-    echo "$t rc=$?"; summary "$OUT/s30_$t.log"; grep -E "^$t" "$OUT/s30_$t.log" | head -3
-  done
 }
 stage_s31ab() {
   # Same call, same machine: this bundle's decode bench (A) against another

@@ -1288,8 +1288,10 @@ fn main() {
         named("gpu_matches_reference_proptest", |gpu, k| {
             // One case in four also runs the CUDA-core kernel (KernelPath::Simt).
             let simt = PagedAttentionKernel::with_path(gpu, KernelPath::Simt).or_fail("load")?;
+            // MHA_KIT_GPU_CASES: fewer cases under the sanitizers.
+            let cases = u32::try_from(env_cases(u64::from(GPU_CASES))).unwrap_or(GPU_CASES);
             let mut runner = TestRunner::new(Config {
-                cases: GPU_CASES,
+                cases,
                 failure_persistence: None,
                 ..Config::default()
             });
@@ -1306,7 +1308,7 @@ fn main() {
                 })
                 .map_err(|e| e.to_string())?;
             println!(
-                "gpu_matches_reference_proptest: {GPU_CASES} cases, {} launches",
+                "gpu_matches_reference_proptest: {cases} cases, {} launches",
                 k.launches()
             );
             Ok(())
