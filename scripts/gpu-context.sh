@@ -623,6 +623,8 @@ stage_s31tr() {
       MHA_KIT_BENCH_CASES="$cases" timeout 120 "${run#*:}" --bench > "$OUT/tr_${run%%:*}.log" 2>&1
     echo "rc=$?"; grep -E '^\| lat|^trace' "$OUT/tr_${run%%:*}.log"
   done
+  # One archive: $OUT comes back only below a file count.
+  (cd "$OUT" && tar -cJf traces.tar.xz tr_A tr_B && rm -rf tr_A tr_B)
   local skips=()
   for t in ${S31_DONE:-}; do skips+=(--skip "$t"); done
   echo "== decode suite, the rest (${#skips[@]} skip args)"
