@@ -600,7 +600,7 @@ stage_s31ab() {
   # build's (B, AB_BENCH), each with the cluster fold on and off.
   local b=$work/ab_bench
   xz -dc "$AB_BENCH" > "$b" && chmod +x "$b"
-  local cases="${DBENCH_S31_CASES:-bs 1, L 1024|bs 16, L 1024|bs 1, L 32768|FP8 KV, bs 64|bs 64, L 8192|bs 256, L 8192}"
+  local cases="${DBENCH_S31_CASES:-bs 1, L 1024|bs 16, L 1024|bs 1, L 32768|FP8 KV, bs 64, L 8192|bs 256, L 8192}"
   for run in A:benches/paged-attention-paged_attention B:$b; do
     for cf in on off; do
       echo "== decode bench ${run%%:*} (cluster fold $cf)"
