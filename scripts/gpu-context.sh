@@ -204,6 +204,9 @@ stage_dbench() {
   MHA_KIT_BENCH_RAGGED=$r MHA_KIT_BENCH_GRID=$g timeout ${DBENCH_TIMEOUT:-200} benches/paged-attention-paged_attention --bench \
     > "$OUT/dbench.log" 2>&1
   echo "rc=$?"; grep -E '^(\||## )' "$OUT/dbench.log"
+  decode_peers
+}
+decode_peers() {
   echo "== decode peers (cuDNN SDPA, dense KV)"
   timeout 120 python3 peers/decode_peers.py > "$OUT/dpeers.log" 2>&1; echo "rc=$?"
   grep -E '^(\||## )' "$OUT/dpeers.log"
@@ -595,11 +598,18 @@ stage_s30() {
   MHA_KIT_BENCH_CASES="${DBENCH_S30_CASES:-/512, bs|/256, bs|FP8 KV, bs 64|bs 1, L 1024|bs 16, L 1024|bs 1, L 32768}" \
     DBENCH_TIMEOUT=170 stage_dbench
 }
+ab_bench() {
+  # AB_BENCH (an xz-packed bench binary of another build) unpacked once a
+  # call; prints its path.
+  local b=$work/ab_bench
+  [ -x "$b" ] || { xz -dc "$AB_BENCH" > "$b" && chmod +x "$b"; } || return
+  echo "$b"
+}
 stage_s31ab() {
   # Same call, same machine: this bundle's decode bench (A) against another
   # build's (B, AB_BENCH), each with the cluster fold on and off.
-  local b=$work/ab_bench
-  xz -dc "$AB_BENCH" > "$b" && chmod +x "$b"
+  local b
+  b=$(ab_bench) || return
   local cases="${DBENCH_S31_CASES:-bs 1, L 1024|bs 16, L 1024|bs 1, L 32768|FP8 KV, bs 64, L 8192|bs 256, L 8192}"
   for run in A:benches/paged-attention-paged_attention B:$b; do
     for cf in on off; do
@@ -609,13 +619,11 @@ stage_s31ab() {
       echo "rc=$?"; grep -E '^(\||## )' "$OUT/ab_${run%%:*}_$cf.log" | grep -v 'CUDA-core\|HND\|verify'
     done
   done
-  echo "== decode peers (cuDNN SDPA, dense KV)"
-  timeout 120 python3 peers/decode_peers.py > "$OUT/dpeers.log" 2>&1; echo "rc=$?"
-  grep -E '^(\||## )' "$OUT/dpeers.log"
+  decode_peers
 }
 stage_s31tr() {
-  local b=$work/ab_bench
-  xz -dc "$AB_BENCH" > "$b" && chmod +x "$b"
+  local b
+  b=$(ab_bench) || return
   local cases="${DTRACE_CASES:-latency bs 1, L 1024, x0, Auto|latency bs 16, L 1024, x0, Auto|latency bs 1, L 32768, x0, Auto|latency bs 1, L 1024, Auto|latency bs 16, L 1024, Auto|latency bs 1, L 32768, Auto}"
   for run in A:benches/paged-attention-paged_attention B:$b; do
     echo "== per-CTA trace ${run%%:*}"
