@@ -245,6 +245,40 @@ MHA_KIT_DEVICE Split tile_split(const PagedAttentionParams& p, const Geom& g, in
 }
 
 
+// D10 for the tensor-core entries: count bad entries among request b's
+// needed pages once, shared by the `nb` splits of row tile 0 of KV head 0
+// (split `part` walks the part-th of nb equal page ranges), so no CTA walks
+// a long request's whole page table alone (PERF.md session 31: at bs 1 x 32k
+// the single walker landed its first K/V tile ~40 us after the others).
+// Needed pages: from the window start of the request's first row to its
+// last key; under the page interleave this rank's local pages, read at their
+// page-table columns. Out-of-range columns and ids are counted, never read
+// through.
+MHA_KIT_DEVICE void count_bad_pages(const PagedAttentionParams& p, int b, const Geom& g, int part, int nb,
+                                    int tid, int nt) {
+    i32 k_lo_req = p.window_left >= 0 ? max(g.len - g.n - p.window_left, 0) : 0;
+    i32 k_end = g.len;
+    if (p.cp_ranks > 1) {
+        k_lo_req = p.window_left >= 0 ? cp_count_below(p, g.len - g.n - p.window_left) : 0;
+        k_end = cp_count_below(p, g.len);
+    }
+    if (k_lo_req >= k_end) return;
+    const i32 p_first = k_lo_req / p.page_size;
+    const i32 npages = (k_end - 1) / p.page_size - p_first + 1;
+    const i32 per = (npages + nb - 1) / nb;
+    const i32 lo = p_first + (i32)part * per;
+    const i32 hi = p_first + min((i32)(part + 1) * per, npages);  // exclusive
+    for (i32 pg = lo + tid; pg < hi; pg += nt) {
+        const i32 col = pg * p.cp_ranks + p.cp_rank;
+        bool bad = col >= p.max_num_pages;
+        if (!bad) {
+            const i32 id = __ldg(p.page_table + (i64)b * p.page_table_stride + col);
+            bad = id < 0 || id >= p.num_pages;
+        }
+        if (bad) mha_kit::report_error(p.errors, PA_BAD_PAGE);
+    }
+}
+
 // ---- fused split merge (last-arriving CTA of a work item) ----
 // Workspace: ws_o [items, S_max, 16, D] f32, ws_ml [items, S_max, 16, 2] f32,
 // then one u32 arrival counter per item (items = bs * Hkv * row_tiles). The
@@ -1358,32 +1392,11 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         cp_async_commit();
     }
 
-    // D10: count bad entries among the request's needed pages, once (the
-    // reporter CTA always runs: split 0 of row tile 0 exists when g.n > 0);
-    // after the prologue so its loads overlap the first KV tiles.
-    // Under the page interleave: this rank's needed pages (local indices,
-    // read at their page-table columns).
-    if (reporter_cta && g.n > 0) {
-        i32 k_lo_req = p.window_left >= 0 ? max(g.len - g.n - p.window_left, 0) : 0;
-        i32 k_end = g.len;
-        if (p.cp_ranks > 1) {
-            k_lo_req = p.window_left >= 0 ? cp_count_below(p, g.len - g.n - p.window_left) : 0;
-            k_end = cp_count_below(p, g.len);
-        }
-        if (k_lo_req < k_end) {
-            const i32 p_first = k_lo_req / p.page_size;
-            const i32 p_last = (k_end - 1) / p.page_size;
-            for (i32 pg = p_first + tid; pg <= p_last; pg += NT) {
-                const i32 col = pg * p.cp_ranks + p.cp_rank;
-                bool bad = col >= p.max_num_pages;
-                if (!bad) {
-                    const i32 id = __ldg(p.page_table + (i64)b * p.page_table_stride + col);
-                    bad = id < 0 || id >= p.num_pages;
-                }
-                if (bad) mha_kit::report_error(p.errors, PA_BAD_PAGE);
-            }
-        }
-    }
+    // D10: count bad entries among the request's needed pages, once, shared
+    // by the splits of row tile 0 of KV head 0 (they all run: tile 0 has
+    // rows when g.n > 0, and every split < sp.nb reaches here); after the
+    // prologue so its loads overlap the first KV tiles.
+    if (h == 0 && rt == 0 && g.n > 0) count_bad_pages(p, b, g, split, sp.nb, tid, NT);
 
     // Per-lane ldmatrix offsets (bytes inside a 16-row block).
     const int mi = lane >> 3;
