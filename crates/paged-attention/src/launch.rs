@@ -288,7 +288,10 @@ pub fn mma_strides_fit(k: [i64; 3], v: [i64; 3], elem_bytes: i64) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SplitMode {
     /// Splits chosen from the launch shape to fill the GPU (`S_max =
-    /// ⌊2·SMs / (bs·Hkv·row_tiles)⌋`, capped by `⌈max_seq_len/128⌉`);
+    /// ⌊2·SMs / items⌋`, capped by `⌈max_seq_len/128⌉`, with `items =
+    /// bs·Hkv·row_tiles`; 1 when `4·items ≥ 3·SMs`: an unsplit grid already
+    /// puts a CTA on most SMs, and one CTA an SM reads at the bus's rate, so
+    /// a second split would add only its fold — docs/PERF.md session 32);
     /// deterministic run to run, not across batch compositions.
     Auto,
     /// Every request's key range is cut into chunks of `chunk_tokens` from its
@@ -556,6 +559,7 @@ pub fn launch_config(
 ) -> Result<(usize, LaunchConfig)> {
     let items = (bs * num_kv_heads * row_tiles).max(1);
     let max_splits = match split {
+        SplitMode::Auto if 4 * items >= 3 * num_sms => 1,
         SplitMode::Auto => ((2 * num_sms) / items).clamp(1, max_seq_len.div_ceil(128).max(1)),
         SplitMode::Fixed { chunk_tokens } => max_seq_len.div_ceil(chunk_tokens.max(1)).max(1),
         SplitMode::Chunked {

@@ -567,6 +567,8 @@ proptest! {
             Some(c) => prop_assert!(s * c >= max_len && (s - 1) * c < max_len),
             None => {
                 prop_assert!(s == 1 || s * bs * hkv * rt <= 2 * sms);
+                // An unsplit grid covering >= 3/4 of the SMs is not split.
+                prop_assert!(4 * bs * hkv * rt < 3 * sms || s == 1);
                 prop_assert!(s <= max_len.div_ceil(128).max(1));
             }
         }
