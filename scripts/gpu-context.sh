@@ -97,9 +97,18 @@
 #   s31tr     experiment 16's per-CTA trace of the latency rows from the
 #             bundle's bench (A) and AB_BENCH's (B), CSVs under $OUT/tr_{A,B};
 #             then the decode suite's tests not in S31_DONE (--skip each)
-#   loadcost  the trace entry's per-fast-tile phases with the K / V waits
-#             (headline cells), default vs _x4 on zero K/V (reads vs power),
-#             then Nsight Compute on one launch of the
+#   s32       session 32's shared page-table walk (count_bad_pages): the
+#             latency and FP8 / bs 256 rows of the bundle's bench (A) and
+#             AB_BENCH's (B), cuDNN, the per-CTA trace of bs 1 x 32k (A),
+#             then the decode suite, its random cases first (S32_PROP_TIMEOUT,
+#             default 200 s; the rest S32_SUITE_TIMEOUT, default 280 s)
+#   s32c      session 32's Auto rule (no split where the unsplit grid
+#             covers >= 3/4 of the SMs): the latency rows, cuDNN, the random
+#             decode cases and the named decode tests call 1 did not reach
+#   s32m      memcheck on session 32's decode walk: the random decode cases
+#             (MHA_KIT_GPU_CASES=40) and the page-interleave ranks
+#   loadcost  default vs _x4 on random and on zero K/V with the SM clock and
+#             power sampled (the power cap), then Nsight Compute on one launch of the
 #             default entry and one of _x4 (no global K/V reads), bs 8 x 4096:
 #             details pages and per-instruction SASS samples ($OUT/ncu_{def,x4}_*)
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
@@ -465,19 +474,24 @@ stage_dtrace() {
   echo "rc=$?"; summary "$OUT/dtrace_test.log"
 }
 stage_loadcost() {
-  # Where the global K/V reads' 11-14% goes (PERF session 27): Nsight Compute
-  # on one launch of the default entry and one of `_x4` (no global K/V reads,
-  # the same cp.async issue), bs 8 x 4096 P 16: clocks, stall reasons, the
+  # Where the headline cells' gap goes (PERF sessions 27, 32): the default on
+  # random and on zero K/V, nvidia-smi sampling SM clock and power every
+  # 50 ms (random data runs into the power cap); then Nsight Compute on one
+  # launch of the default entry and one of `_x4` (no global K/V reads, the
+  # same cp.async issue), bs 8 x 4096 P 16: clocks, stall reasons, the
   # per-instruction SASS samples of each (xz CSV) for a side-by-side diff.
-  local x k
-  echo "== trace (bs 8 x 4096, bs 1 x 16384): per fast tile, with the K / V waits"
-  MHA_KIT_BENCH_TRACE=1 MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16|bs 1 × 16384, P 16" timeout 200 \
-    benches/paged-attention-context --bench > "$OUT/loadcost_trace.log" 2>&1
-  echo "rc=$?"; grep -E '^(\||## |consumer 1|trace)' "$OUT/loadcost_trace.log" | head -150
-  echo "== the same two cells on zero K/V (MHA_KIT_BENCH_ZERO_KV=1): default vs _x4"
-  MHA_KIT_BENCH_ZERO_KV=1 MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16|bs 1 × 16384, P 16" timeout 150 \
-    benches/paged-attention-context --bench > "$OUT/loadcost_zero.log" 2>&1
-  echo "rc=$?"; grep -E '^\|' "$OUT/loadcost_zero.log" | head -8
+  # (The context trace entry it once ran was dropped for room.)
+  local x k z sp
+  for z in 0 1; do
+    echo "== bs 8 x 4096, bs 1 x 16384, MHA_KIT_BENCH_ZERO_KV=$z (default vs _x4)"
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 50 \
+      > "$OUT/loadcost_smi_z$z.csv" & sp=$!
+    MHA_KIT_BENCH_ZERO_KV=$z MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16|bs 1 × 16384, P 16" timeout 150 \
+      benches/paged-attention-context --bench > "$OUT/loadcost_z$z.log" 2>&1
+    echo "rc=$?"; kill $sp; grep -E '^\|' "$OUT/loadcost_z$z.log" | head -8
+    awk -F', ' '{gsub(" MHz","",$2); gsub(" W","",$3); if ($3+0>300) {n++; c+=$2; p+=$3}}
+      END {if (n) print "busy samples", n, "mean SM MHz", c/n, "mean W", p/n}' "$OUT/loadcost_smi_z$z.csv"
+  done
   for x in def x4; do
     k='regex:context_sm90_bf16_kv_bf16_d128$'
     [ $x = x4 ] && k='regex:context_sm90_bf16_kv_bf16_d128_x4$'
@@ -638,5 +652,53 @@ stage_s31tr() {
   echo "== decode suite, the rest (${#skips[@]} skip args)"
   timeout ${S31_SUITE_TIMEOUT:-300} tests/paged-attention-gpu --include-ignored "${skips[@]}" > "$OUT/s31_suite.log" 2>&1
   echo "rc=$?"; summary "$OUT/s31_suite.log"; grep -E '^test ' "$OUT/s31_suite.log" | cut -c1-160
+}
+stage_s32() {
+  local b
+  b=$(ab_bench) || return
+  local cases="${DBENCH_S32_CASES:-bs 1, L 1024|bs 16, L 1024|bs 1, L 32768|FP8 KV, bs 64, L 8192|bs 256, L 8192}"
+  for run in A:benches/paged-attention-paged_attention B:$b; do
+    echo "== decode bench ${run%%:*}"
+    MHA_KIT_BENCH_CASES="$cases" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
+      timeout 130 "${run#*:}" --bench > "$OUT/s32_${run%%:*}.log" 2>&1
+    echo "rc=$?"; grep -E '^(\||## )' "$OUT/s32_${run%%:*}.log" | grep -v 'CUDA-core\|verify'
+  done
+  decode_peers
+  echo "== per-CTA trace A (bs 1 x 32k)"
+  MHA_KIT_BENCH_LATENCY_SWEEP=1 MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 MHA_KIT_BENCH_DECODE_TRACE="$OUT/tr_A" \
+    MHA_KIT_BENCH_CASES="latency bs 1, L 32768, x0, Auto|latency bs 1, L 1024, x0, Auto|latency bs 16, L 1024, x0, Auto" timeout 60 \
+    benches/paged-attention-paged_attention --bench > "$OUT/tr_A.log" 2>&1
+  echo "rc=$?"; grep -E '^\| lat|^trace' "$OUT/tr_A.log"
+  (cd "$OUT" && tar -cJf traces.tar.xz tr_A && rm -rf tr_A)
+  echo "== decode suite: the random cases first"
+  timeout ${S32_PROP_TIMEOUT:-200} tests/paged-attention-gpu --include-ignored gpu_matches_reference_proptest \
+    > "$OUT/s32_prop.log" 2>&1
+  echo "rc=$?"; summary "$OUT/s32_prop.log"; grep -E 'cases' "$OUT/s32_prop.log" | cut -c1-160
+  echo "== decode suite, the rest"
+  timeout ${S32_SUITE_TIMEOUT:-280} tests/paged-attention-gpu --include-ignored --skip gpu_matches_reference_proptest \
+    > "$OUT/s32_suite.log" 2>&1
+  echo "rc=$?"; summary "$OUT/s32_suite.log"; grep -E 'cases|launches' "$OUT/s32_suite.log" | cut -c1-160
+}
+stage_s32c() {
+  echo "== decode bench (latency rows)"
+  MHA_KIT_BENCH_CASES="${DBENCH_S32_CASES:-bs 1, L 1024|bs 16, L 1024|bs 1, L 32768}" MHA_KIT_BENCH_RAGGED=0 \
+    MHA_KIT_BENCH_GRID=0 timeout 120 benches/paged-attention-paged_attention --bench > "$OUT/s32c.log" 2>&1
+  echo "rc=$?"; grep -E '^(\||## )' "$OUT/s32c.log" | grep -v 'CUDA-core\|verify\|x192\|x256'
+  decode_peers
+  echo "== decode suite: the random cases, then the named tests"
+  timeout 170 tests/paged-attention-gpu --include-ignored gpu_matches_reference_proptest > "$OUT/s32c_prop.log" 2>&1
+  echo "rc=$?"; summary "$OUT/s32c_prop.log"; grep -E 'cases' "$OUT/s32c_prop.log" | cut -c1-160
+  for t in must_pass batch_invariance bad_arguments; do
+    timeout 100 tests/paged-attention-gpu --include-ignored "$t" > "$OUT/s32c_$t.log" 2>&1
+    echo "rc=$?"; summary "$OUT/s32c_$t.log"
+  done
+}
+stage_s32m() {
+  for t in gpu_matches_reference_proptest interleaved_ranks; do
+    echo "== memcheck: $t"
+    MHA_KIT_GPU_CASES=40 timeout 200 compute-sanitizer --tool memcheck tests/paged-attention-gpu --include-ignored "$t" \
+      > "$OUT/s32m_$t.log" 2>&1
+    echo "rc=$?"; summary "$OUT/s32m_$t.log"; grep -E "ERROR SUMMARY|cases" "$OUT/s32m_$t.log" | head -5
+  done
 }
 for st in $STAGES; do "stage_$st"; done
