@@ -94,12 +94,10 @@
 #   s31ab     A/B of the decode bench: the bundle's bench and AB_BENCH (an
 #             xz-packed bench binary of another build) on DBENCH_S31_CASES,
 #             each with the cluster fold on and off, then cuDNN once
-#   s31tr     experiment 16's per-CTA trace of the latency rows from the
-#             bundle's bench (A) and AB_BENCH's (B), CSVs under $OUT/tr_{A,B};
-#             then the decode suite's tests not in S31_DONE (--skip each)
 #   s32       session 32's shared page-table walk (count_bad_pages): the
 #             latency and FP8 / bs 256 rows of the bundle's bench (A) and
-#             AB_BENCH's (B), cuDNN, the per-CTA trace of bs 1 x 32k (A),
+#             AB_BENCH's (B), cuDNN, the per-CTA trace (experiment 16) of the
+#             latency rows from A (CSVs in $OUT/traces.tar.xz),
 #             then the decode suite, its random cases first (S32_PROP_TIMEOUT,
 #             default 200 s; the rest S32_SUITE_TIMEOUT, default 280 s)
 #   s32c      session 32's Auto rule (no split where the unsplit grid
@@ -634,24 +632,6 @@ stage_s31ab() {
     done
   done
   decode_peers
-}
-stage_s31tr() {
-  local b
-  b=$(ab_bench) || return
-  local cases="${DTRACE_CASES:-latency bs 1, L 1024, x0, Auto|latency bs 16, L 1024, x0, Auto|latency bs 1, L 32768, x0, Auto|latency bs 1, L 1024, Auto|latency bs 16, L 1024, Auto|latency bs 1, L 32768, Auto}"
-  for run in A:benches/paged-attention-paged_attention B:$b; do
-    echo "== per-CTA trace ${run%%:*}"
-    MHA_KIT_BENCH_LATENCY_SWEEP=1 MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 MHA_KIT_BENCH_DECODE_TRACE="$OUT/tr_${run%%:*}" \
-      MHA_KIT_BENCH_CASES="$cases" timeout 120 "${run#*:}" --bench > "$OUT/tr_${run%%:*}.log" 2>&1
-    echo "rc=$?"; grep -E '^\| lat|^trace' "$OUT/tr_${run%%:*}.log"
-  done
-  # One archive: $OUT comes back only below a file count.
-  (cd "$OUT" && tar -cJf traces.tar.xz tr_A tr_B && rm -rf tr_A tr_B)
-  local skips=()
-  for t in ${S31_DONE:-}; do skips+=(--skip "$t"); done
-  echo "== decode suite, the rest (${#skips[@]} skip args)"
-  timeout ${S31_SUITE_TIMEOUT:-300} tests/paged-attention-gpu --include-ignored "${skips[@]}" > "$OUT/s31_suite.log" 2>&1
-  echo "rc=$?"; summary "$OUT/s31_suite.log"; grep -E '^test ' "$OUT/s31_suite.log" | cut -c1-160
 }
 stage_s32() {
   local b
