@@ -105,6 +105,15 @@
 #             decode cases and the named decode tests call 1 did not reach
 #   s32m      memcheck on session 32's decode walk: the random decode cases
 #             (MHA_KIT_GPU_CASES=40) and the page-interleave ranks
+#   s33       session 33's uniform wgmma descriptors: this bundle's context
+#             bench (A) and AB_BENCH's (B) in turns A B A B on the two headline
+#             cells (random K/V, SM clock and power sampled), the FA3 grid and
+#             chunked rows of A and B once, cuDNN, then the quick context tests
+#   s33d      session 33's decode fold (each batch of split partials and weights
+#             loaded before its first use): the latency rows of this bundle's
+#             decode bench (A) and AB_BENCH's (B), cuDNN, the per-CTA trace of
+#             B, then the random decode cases and the named decode tests (with
+#             TESTS_OVERRIDE holding the new build's decode test binary)
 #   loadcost  default vs _x4 on random and on zero K/V with the SM clock and
 #             power sampled (the power cap), then Nsight Compute on one launch of the
 #             default entry and one of _x4 (no global K/V reads), bs 8 x 4096:
@@ -126,6 +135,9 @@ override=${BENCH_OVERRIDE:+$(realpath "$BENCH_OVERRIDE")}
 peers=$(realpath "${PEERS_DIR:-.gpu/peers}" 2>/dev/null || true)
 tar -xJf "$archive" -C "$work" && cd "$work"/* || exit 1
 if [ -n "$override" ]; then for f in "$override"/*.xz; do xz -dc "$f" > "benches/$(basename "$f" .xz)"; chmod +x "benches/$(basename "$f" .xz)"; done; echo "benches from $override: $(ls "$override")"; fi
+# TESTS_OVERRIDE: the same for test binaries (copied over the bundle's tests/).
+tov=${TESTS_OVERRIDE:+$(realpath "$TESTS_OVERRIDE")}
+if [ -n "$tov" ]; then for f in "$tov"/*.xz; do xz -dc "$f" > "tests/$(basename "$f" .xz)"; chmod +x "tests/$(basename "$f" .xz)"; done; echo "tests from $tov: $(ls "$tov")"; fi
 export MHA_KIT_REQUIRE_GPU=1
 # Issue 17: NVLink multicast (NVLS) stays off on the lent multi-GPU hosts.
 export NCCL_NVLS_ENABLE=0
@@ -658,6 +670,58 @@ stage_s32() {
   timeout ${S32_SUITE_TIMEOUT:-280} tests/paged-attention-gpu --include-ignored --skip gpu_matches_reference_proptest \
     > "$OUT/s32_suite.log" 2>&1
   echo "rc=$?"; summary "$OUT/s32_suite.log"; grep -E 'cases|launches' "$OUT/s32_suite.log" | cut -c1-160
+}
+smi_summary() {
+  awk -F', ' '{gsub(" MHz","",$2); gsub(" W","",$3); if ($3+0>300) {n++; c+=$2; p+=$3; if ($3+0>m) m=$3+0}}
+    END {if (n) printf "busy samples %d, mean SM MHz %.0f, mean W %.0f, max W %.1f\n", n, c/n, p/n, m}' "$1"
+}
+stage_s33() {
+  local b i run tag sp
+  b=$(ab_bench) || return
+  for i in 1 2; do
+    for run in A:benches/paged-attention-context B:$b; do
+      tag=${run%%:*}$i
+      echo "== context bench $tag: headline cells"
+      nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 50 \
+        > "$OUT/s33_smi_$tag.csv" & sp=$!
+      MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16|bs 1 × 16384, P 16" timeout 120 \
+        "${run#*:}" --bench > "$OUT/s33_$tag.log" 2>&1
+      echo "rc=$?"; kill $sp; grep -E '^\|' "$OUT/s33_$tag.log" | head -8; smi_summary "$OUT/s33_smi_$tag.csv"
+    done
+  done
+  for run in A:benches/paged-attention-context B:$b; do
+    tag=${run%%:*}
+    echo "== context bench $tag: FA3 grid, chunked, TP-8"
+    MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="FA3 grid|chunked|TP-8" timeout 150 "${run#*:}" --bench \
+      > "$OUT/s33_grid_$tag.log" 2>&1
+    echo "rc=$?"; grep -E '^\|' "$OUT/s33_grid_$tag.log" | head -40
+  done
+  stage_peers
+  stage_quick
+}
+stage_s33d() {
+  local b run
+  b=$(ab_bench) || return
+  for run in A:benches/paged-attention-paged_attention B:$b A2:benches/paged-attention-paged_attention B2:$b; do
+    echo "== decode bench ${run%%:*}"
+    MHA_KIT_BENCH_CASES="${DBENCH_S33_CASES:-bs 1, L 1024|bs 16, L 1024|bs 1, L 32768}" MHA_KIT_BENCH_RAGGED=0 \
+      MHA_KIT_BENCH_GRID=0 timeout 100 "${run#*:}" --bench > "$OUT/s33d_${run%%:*}.log" 2>&1
+    echo "rc=$?"; grep -E '^(\||## )' "$OUT/s33d_${run%%:*}.log" | grep -v 'CUDA-core\|verify\|x192\|x256'
+  done
+  decode_peers
+  echo "== per-CTA trace B"
+  MHA_KIT_BENCH_LATENCY_SWEEP=1 MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 MHA_KIT_BENCH_DECODE_TRACE="$OUT/tr_B" \
+    MHA_KIT_BENCH_CASES="latency bs 1, L 32768, x0, Auto|latency bs 1, L 1024, x0, Auto|latency bs 16, L 1024, x0, Auto" timeout 60 \
+    "$b" --bench > "$OUT/tr_B.log" 2>&1
+  echo "rc=$?"; grep -E '^\| lat|^trace' "$OUT/tr_B.log"
+  (cd "$OUT" && tar -cJf traces_B.tar.xz tr_B && rm -rf tr_B)
+  echo "== decode suite: the random cases"
+  timeout 150 tests/paged-attention-gpu --include-ignored gpu_matches_reference_proptest > "$OUT/s33d_prop.log" 2>&1
+  echo "rc=$?"; summary "$OUT/s33d_prop.log"; grep -E 'cases' "$OUT/s33d_prop.log" | cut -c1-160
+  for t in must_pass batch_invariance cluster masked_nonfinite; do
+    timeout 100 tests/paged-attention-gpu --include-ignored "$t" > "$OUT/s33d_$t.log" 2>&1
+    echo "$t rc=$?"; summary "$OUT/s33d_$t.log"
+  done
 }
 stage_s32c() {
   echo "== decode bench (latency rows)"
