@@ -97,7 +97,7 @@
 #   s32       session 32's shared page-table walk (count_bad_pages): the
 #             latency and FP8 / bs 256 rows of the bundle's bench (A) and
 #             AB_BENCH's (B), cuDNN, the per-CTA trace (experiment 16) of the
-#             latency rows from A (CSVs in $OUT/traces.tar.xz),
+#             latency rows from A (CSVs in $OUT/traces_A.tar.xz),
 #             then the decode suite, its random cases first (S32_PROP_TIMEOUT,
 #             default 200 s; the rest S32_SUITE_TIMEOUT, default 280 s)
 #   s32c      session 32's Auto rule (no split where the unsplit grid
@@ -107,7 +107,8 @@
 #             (MHA_KIT_GPU_CASES=40) and the page-interleave ranks
 #   s33       session 33's uniform wgmma descriptors: this bundle's context
 #             bench (A) and AB_BENCH's (B) in turns A B A B on the two headline
-#             cells (random K/V, SM clock and power sampled), the FA3 grid and
+#             cells (random K/V, SM clock and power sampled), A with P 16 TMA
+#             boxes forced (MHA_KIT_CONTEXT_KV_LOAD=tma) on the same cells, the FA3 grid and
 #             chunked rows of A and B once, cuDNN, then the quick context tests
 #   s33d      session 33's decode fold (each batch of split partials and weights
 #             loaded before its first use): the latency rows of this bundle's
@@ -645,6 +646,16 @@ stage_s31ab() {
   done
   decode_peers
 }
+latency_trace() {
+  # Decode experiment 16: the per-CTA traces of the three one-wave latency
+  # rows of bench binary $1, CSVs packed into $OUT/traces_$2.tar.xz.
+  echo "== per-CTA trace $2"
+  MHA_KIT_BENCH_LATENCY_SWEEP=1 MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 MHA_KIT_BENCH_DECODE_TRACE="$OUT/tr_$2" \
+    MHA_KIT_BENCH_CASES="latency bs 1, L 32768, x0, Auto|latency bs 1, L 1024, x0, Auto|latency bs 16, L 1024, x0, Auto" timeout 60 \
+    "$1" --bench > "$OUT/tr_$2.log" 2>&1
+  echo "rc=$?"; grep -E '^\| lat|^trace' "$OUT/tr_$2.log"
+  (cd "$OUT" && tar -cJf "traces_$2.tar.xz" "tr_$2" && rm -rf "tr_$2")
+}
 stage_s32() {
   local b
   b=$(ab_bench) || return
@@ -656,12 +667,7 @@ stage_s32() {
     echo "rc=$?"; grep -E '^(\||## )' "$OUT/s32_${run%%:*}.log" | grep -v 'CUDA-core\|verify'
   done
   decode_peers
-  echo "== per-CTA trace A (bs 1 x 32k)"
-  MHA_KIT_BENCH_LATENCY_SWEEP=1 MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 MHA_KIT_BENCH_DECODE_TRACE="$OUT/tr_A" \
-    MHA_KIT_BENCH_CASES="latency bs 1, L 32768, x0, Auto|latency bs 1, L 1024, x0, Auto|latency bs 16, L 1024, x0, Auto" timeout 60 \
-    benches/paged-attention-paged_attention --bench > "$OUT/tr_A.log" 2>&1
-  echo "rc=$?"; grep -E '^\| lat|^trace' "$OUT/tr_A.log"
-  (cd "$OUT" && tar -cJf traces.tar.xz tr_A && rm -rf tr_A)
+  latency_trace benches/paged-attention-paged_attention A
   echo "== decode suite: the random cases first"
   timeout ${S32_PROP_TIMEOUT:-200} tests/paged-attention-gpu --include-ignored gpu_matches_reference_proptest \
     > "$OUT/s32_prop.log" 2>&1
@@ -689,6 +695,14 @@ stage_s33() {
       echo "rc=$?"; kill $sp; grep -E '^\|' "$OUT/s33_$tag.log" | head -8; smi_summary "$OUT/s33_smi_$tag.csv"
     done
   done
+  # P 16 TMA boxes (16 keys x 64 columns, 32 a tile pair) on the power-capped
+  # headline cells: session 2's 222 vs 372 TFLOP/s was an issue-bound kernel.
+  echo "== context bench A, MHA_KIT_CONTEXT_KV_LOAD=tma: headline cells"
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 50 \
+    > "$OUT/s33_smi_tma.csv" & sp=$!
+  MHA_KIT_CONTEXT_KV_LOAD=tma MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16|bs 1 × 16384, P 16" timeout 120 \
+    benches/paged-attention-context --bench > "$OUT/s33_tma.log" 2>&1
+  echo "rc=$?"; kill $sp; grep -E '^\||TMA boxes' "$OUT/s33_tma.log" | head -8; smi_summary "$OUT/s33_smi_tma.csv"
   for run in A:benches/paged-attention-context B:$b; do
     tag=${run%%:*}
     echo "== context bench $tag: FA3 grid, chunked, TP-8"
@@ -709,12 +723,7 @@ stage_s33d() {
     echo "rc=$?"; grep -E '^(\||## )' "$OUT/s33d_${run%%:*}.log" | grep -v 'CUDA-core\|verify\|x192\|x256'
   done
   decode_peers
-  echo "== per-CTA trace B"
-  MHA_KIT_BENCH_LATENCY_SWEEP=1 MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 MHA_KIT_BENCH_DECODE_TRACE="$OUT/tr_B" \
-    MHA_KIT_BENCH_CASES="latency bs 1, L 32768, x0, Auto|latency bs 1, L 1024, x0, Auto|latency bs 16, L 1024, x0, Auto" timeout 60 \
-    "$b" --bench > "$OUT/tr_B.log" 2>&1
-  echo "rc=$?"; grep -E '^\| lat|^trace' "$OUT/tr_B.log"
-  (cd "$OUT" && tar -cJf traces_B.tar.xz tr_B && rm -rf tr_B)
+  latency_trace "$b" B
   echo "== decode suite: the random cases"
   timeout 150 tests/paged-attention-gpu --include-ignored gpu_matches_reference_proptest > "$OUT/s33d_prop.log" 2>&1
   echo "rc=$?"; summary "$OUT/s33d_prop.log"; grep -E 'cases' "$OUT/s33d_prop.log" | cut -c1-160
