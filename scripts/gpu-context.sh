@@ -484,6 +484,25 @@ stage_dtrace() {
   timeout 200 tests/paged-attention-gpu --include-ignored experiment_entries > "$OUT/dtrace_test.log" 2>&1
   echo "rc=$?"; summary "$OUT/dtrace_test.log"
 }
+# The two headline cells of the context bench.
+HEADLINE="bs 8 × 4096, P 16|bs 1 × 16384, P 16"
+# sampled CSV CMD...: runs CMD while nvidia-smi records the SM clock and
+# board power every 50 ms into CSV; returns CMD's status.
+sampled() {
+  local csv=$1 sp rc
+  shift
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 50 > "$csv" &
+  sp=$!
+  "$@"; rc=$?
+  kill $sp
+  return $rc
+}
+# Busy samples (board power > 300 W) of a `sampled` CSV: count, mean SM clock,
+# mean and max power.
+smi_summary() {
+  awk -F', ' '{gsub(" MHz","",$2); gsub(" W","",$3); if ($3+0>300) {n++; c+=$2; p+=$3; if ($3+0>m) m=$3+0}}
+    END {if (n) printf "busy samples %d, mean SM MHz %.0f, mean W %.0f, max W %.1f\n", n, c/n, p/n, m}' "$1"
+}
 stage_loadcost() {
   # Where the headline cells' gap goes (PERF sessions 27, 32): the default on
   # random and on zero K/V, nvidia-smi sampling SM clock and power every
@@ -492,16 +511,12 @@ stage_loadcost() {
   # same cp.async issue), bs 8 x 4096 P 16: clocks, stall reasons, the
   # per-instruction SASS samples of each (xz CSV) for a side-by-side diff.
   # (The context trace entry it once ran was dropped for room.)
-  local x k z sp
+  local x k z
   for z in 0 1; do
     echo "== bs 8 x 4096, bs 1 x 16384, MHA_KIT_BENCH_ZERO_KV=$z (default vs _x4)"
-    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 50 \
-      > "$OUT/loadcost_smi_z$z.csv" & sp=$!
-    MHA_KIT_BENCH_ZERO_KV=$z MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16|bs 1 × 16384, P 16" timeout 150 \
-      benches/paged-attention-context --bench > "$OUT/loadcost_z$z.log" 2>&1
-    echo "rc=$?"; kill $sp; grep -E '^\|' "$OUT/loadcost_z$z.log" | head -8
-    awk -F', ' '{gsub(" MHz","",$2); gsub(" W","",$3); if ($3+0>300) {n++; c+=$2; p+=$3}}
-      END {if (n) print "busy samples", n, "mean SM MHz", c/n, "mean W", p/n}' "$OUT/loadcost_smi_z$z.csv"
+    sampled "$OUT/loadcost_smi_z$z.csv" env MHA_KIT_BENCH_ZERO_KV=$z MHA_KIT_BENCH_VS=4 \
+      MHA_KIT_BENCH_CASES="$HEADLINE" timeout 150 benches/paged-attention-context --bench > "$OUT/loadcost_z$z.log" 2>&1
+    echo "rc=$?"; grep -E '^\|' "$OUT/loadcost_z$z.log" | head -8; smi_summary "$OUT/loadcost_smi_z$z.csv"
   done
   for x in def x4; do
     k='regex:context_sm90_bf16_kv_bf16_d128$'
@@ -677,32 +692,24 @@ stage_s32() {
     > "$OUT/s32_suite.log" 2>&1
   echo "rc=$?"; summary "$OUT/s32_suite.log"; grep -E 'cases|launches' "$OUT/s32_suite.log" | cut -c1-160
 }
-smi_summary() {
-  awk -F', ' '{gsub(" MHz","",$2); gsub(" W","",$3); if ($3+0>300) {n++; c+=$2; p+=$3; if ($3+0>m) m=$3+0}}
-    END {if (n) printf "busy samples %d, mean SM MHz %.0f, mean W %.0f, max W %.1f\n", n, c/n, p/n, m}' "$1"
-}
 stage_s33() {
-  local b i run tag sp
+  local b i run tag
   b=$(ab_bench) || return
   for i in 1 2; do
     for run in A:benches/paged-attention-context B:$b; do
       tag=${run%%:*}$i
       echo "== context bench $tag: headline cells"
-      nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 50 \
-        > "$OUT/s33_smi_$tag.csv" & sp=$!
-      MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16|bs 1 × 16384, P 16" timeout 120 \
+      sampled "$OUT/s33_smi_$tag.csv" env MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="$HEADLINE" timeout 120 \
         "${run#*:}" --bench > "$OUT/s33_$tag.log" 2>&1
-      echo "rc=$?"; kill $sp; grep -E '^\|' "$OUT/s33_$tag.log" | head -8; smi_summary "$OUT/s33_smi_$tag.csv"
+      echo "rc=$?"; grep -E '^\|' "$OUT/s33_$tag.log" | head -8; smi_summary "$OUT/s33_smi_$tag.csv"
     done
   done
   # P 16 TMA boxes (16 keys x 64 columns, 32 a tile pair) on the power-capped
   # headline cells: session 2's 222 vs 372 TFLOP/s was an issue-bound kernel.
   echo "== context bench A, MHA_KIT_CONTEXT_KV_LOAD=tma: headline cells"
-  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 50 \
-    > "$OUT/s33_smi_tma.csv" & sp=$!
-  MHA_KIT_CONTEXT_KV_LOAD=tma MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16|bs 1 × 16384, P 16" timeout 120 \
-    benches/paged-attention-context --bench > "$OUT/s33_tma.log" 2>&1
-  echo "rc=$?"; kill $sp; grep -E '^\||TMA boxes' "$OUT/s33_tma.log" | head -8; smi_summary "$OUT/s33_smi_tma.csv"
+  sampled "$OUT/s33_smi_tma.csv" env MHA_KIT_CONTEXT_KV_LOAD=tma MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="$HEADLINE" \
+    timeout 120 benches/paged-attention-context --bench > "$OUT/s33_tma.log" 2>&1
+  echo "rc=$?"; grep -E '^\||TMA boxes' "$OUT/s33_tma.log" | head -8; smi_summary "$OUT/s33_smi_tma.csv"
   for run in A:benches/paged-attention-context B:$b; do
     tag=${run%%:*}
     echo "== context bench $tag: FA3 grid, chunked, TP-8"
