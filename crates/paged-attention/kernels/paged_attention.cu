@@ -304,22 +304,10 @@ MHA_KIT_DEVICE void fold_splits(const PagedAttentionParams& p, const Geom& g, in
                                 float* scratch, int cap, int u_lo, int u_hi, ML ml_at, O o_at) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     // Per (row, split) statistics in shared memory when they fit: m at
-    // sm_m[rr nb + s] (overwritten by the weight 2^(m - M), -1 where d = 0),
-    // d at sm_d.
+    // sm_m[rr nb + s] (overwritten by the weight 2^(m - M)), d at sm_d.
     float* sm_m = scratch + 2 * ROWS + 4;
     float* sm_d = sm_m + nb * nrows;
     const bool in_smem = SMEM && 2 * ROWS + 4 + 2 * nb * nrows <= cap;
-    constexpr int C4 = D / 4;
-    constexpr int FB = D >= 128 ? 16 : 8;  // split partials in flight a thread (in_smem)
-    // The first batch of this thread's first output group is loaded before
-    // the row statistics (it depends on none of them), so that its loads
-    // overlap the statistics' own.
-    const int u0 = u_lo + (int)threadIdx.x;
-    const bool pre = in_smem && u0 < u_hi;
-    float4 ov0[FB];
-#pragma unroll
-    for (int j = 0; j < FB; ++j)
-        ov0[j] = pre && j < nb ? o_at(u0 / C4, j, u0 % C4) : make_float4(0.f, 0.f, 0.f, 0.f);
     // Row statistics: M = max m over splits with d > 0, den = sum d 2^(m - M).
     for (int rr = warp; rr < nrows; rr += NT / 32) {
         float mx = NEG_INF;
@@ -336,12 +324,11 @@ MHA_KIT_DEVICE void fold_splits(const PagedAttentionParams& p, const Geom& g, in
         if (mx != NEG_INF) {
             for (int s = lane; s < nb; s += 32) {
                 const float2 ml = in_smem ? make_float2(sm_m[rr * nb + s], sm_d[rr * nb + s]) : ml_at(rr, s);
-                float w = -1.f;  // in shared memory: -1 marks a split that saw no key
                 if (ml.y > 0.f) {
-                    w = ex2(ml.x - mx);
+                    const float w = ex2(ml.x - mx);
                     den += ml.y * w;
+                    if (in_smem) sm_m[rr * nb + s] = w;
                 }
-                if (in_smem) sm_m[rr * nb + s] = w;
             }
         }
         den = warp_sum(den);  // butterfly: every lane gets the same bits
@@ -353,6 +340,7 @@ MHA_KIT_DEVICE void fold_splits(const PagedAttentionParams& p, const Geom& g, in
     __syncthreads();
 
     // Numerators: one 4-dim group of one row per thread and step.
+    constexpr int C4 = D / 4;
     for (int u = u_lo + (int)threadIdx.x; u < u_hi; u += NT) {
         const int rr = u / C4, c4 = u % C4;
         const float mx = scratch[rr];
@@ -360,31 +348,17 @@ MHA_KIT_DEVICE void fold_splits(const PagedAttentionParams& p, const Geom& g, in
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         if (den > 0.f) {
             if (in_smem) {
-                // FB partials and their weights a batch, all loaded before
-                // the first use; then FMAs selected by the weight's sign, in
-                // the order of s (the bits do not depend on FB). No branch
-                // sits between a load and its use, so the batch's loads and
-                // shared reads are all in flight together.
                 const float* wr = sm_m + rr * nb;
-                for (int s0 = 0; s0 < nb; s0 += FB) {
-                    float4 ov[FB];
-                    float wv[FB];
-#pragma unroll
-                    for (int j = 0; j < FB; ++j) {
-                        const bool in = s0 + j < nb;
-                        if (u == u0 && s0 == 0)
-                            ov[j] = ov0[j];
-                        else
-                            ov[j] = in ? o_at(rr, s0 + j, c4) : make_float4(0.f, 0.f, 0.f, 0.f);
-                        wv[j] = in ? wr[s0 + j] : -1.f;
-                    }
-#pragma unroll
-                    for (int j = 0; j < FB; ++j) {
-                        const bool ok = wv[j] >= 0.f;
-                        acc.x = ok ? fmaf(wv[j], ov[j].x, acc.x) : acc.x;
-                        acc.y = ok ? fmaf(wv[j], ov[j].y, acc.y) : acc.y;
-                        acc.z = ok ? fmaf(wv[j], ov[j].z, acc.z) : acc.z;
-                        acc.w = ok ? fmaf(wv[j], ov[j].w, acc.w) : acc.w;
+                const float* dr = sm_d + rr * nb;
+#pragma unroll 8
+                for (int s = 0; s < nb; ++s) {
+                    const float4 o = o_at(rr, s, c4);
+                    if (dr[s] > 0.f) {
+                        const float w = wr[s];
+                        acc.x = fmaf(w, o.x, acc.x);
+                        acc.y = fmaf(w, o.y, acc.y);
+                        acc.z = fmaf(w, o.z, acc.z);
+                        acc.w = fmaf(w, o.w, acc.w);
                     }
                 }
             } else {
