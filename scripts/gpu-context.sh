@@ -115,6 +115,9 @@
 #             decode bench (A) and AB_BENCH's (B), cuDNN, the per-CTA trace of
 #             B, then the random decode cases and the named decode tests (with
 #             TESTS_OVERRIDE holding the new build's decode test binary)
+#   s34       ours and cuDNN on two input distributions (full-mantissa and
+#             torch.rand(bf16) * 2 - 1), in turns, clock and power sampled
+#             (BENCH_OVERRIDE holding a context bench with MHA_KIT_BENCH_DATA)
 #   loadcost  default vs _x4 on random and on zero K/V with the SM clock and
 #             power sampled (the power cap), then Nsight Compute on one launch of the
 #             default entry and one of _x4 (no global K/V reads), bs 8 x 4096:
@@ -134,10 +137,14 @@ override=${BENCH_OVERRIDE:+$(realpath "$BENCH_OVERRIDE")}
 # PEERS_DIR: a copy of the shared peer folder (FlashInfer 0.7.4 trimmed, its
 # sm_90a modules prebuilt) in an ignored folder of the checkout, for pybench.
 peers=$(realpath "${PEERS_DIR:-.gpu/peers}" 2>/dev/null || true)
+# TESTS_OVERRIDE: the same for test binaries (copied over the bundle's tests/;
+# resolved here, before the cd below: session 33's s33d call lost it).
+tov=${TESTS_OVERRIDE:+$(realpath "$TESTS_OVERRIDE")}
+# The checkout this script runs from (its scripts, e.g. the peer scripts as
+# edited since the bundle was built).
+repo=$(pwd)
 tar -xJf "$archive" -C "$work" && cd "$work"/* || exit 1
 if [ -n "$override" ]; then for f in "$override"/*.xz; do xz -dc "$f" > "benches/$(basename "$f" .xz)"; chmod +x "benches/$(basename "$f" .xz)"; done; echo "benches from $override: $(ls "$override")"; fi
-# TESTS_OVERRIDE: the same for test binaries (copied over the bundle's tests/).
-tov=${TESTS_OVERRIDE:+$(realpath "$TESTS_OVERRIDE")}
 if [ -n "$tov" ]; then for f in "$tov"/*.xz; do xz -dc "$f" > "tests/$(basename "$f" .xz)"; chmod +x "tests/$(basename "$f" .xz)"; done; echo "tests from $tov: $(ls "$tov")"; fi
 export MHA_KIT_REQUIRE_GPU=1
 # Issue 17: NVLink multicast (NVLS) stays off on the lent multi-GPU hosts.
@@ -738,6 +745,36 @@ stage_s33d() {
     timeout 100 tests/paged-attention-gpu --include-ignored "$t" > "$OUT/s33d_$t.log" 2>&1
     echo "$t rc=$?"; summary "$OUT/s33d_$t.log"
   done
+}
+stage_s34() {
+  # Session 34: the input data and the power cap. Ours (BENCH_OVERRIDE: a
+  # context bench with MHA_KIT_BENCH_DATA) and cuDNN (this checkout's peer
+  # script, --data) on the same two input distributions, in turns, with the
+  # SM clock and board power sampled: `full` (an f32 uniform cut to bf16,
+  # the Rust bench's default) and `torch` (torch.rand(bf16) * 2 - 1, the
+  # peer script's old inputs). Then the FA3 grid of both on `full`.
+  local py="$repo/crates/paged-attention/benches/context_peers.py" i data tag
+  for i in 1 2; do
+    for data in full torch; do
+      tag=${data}$i
+      echo "== ours, data $tag"
+      sampled "$OUT/s34_smi_ours_$tag.csv" env MHA_KIT_BENCH_DATA=$data MHA_KIT_BENCH_CASES="$HEADLINE" timeout 100 \
+        benches/paged-attention-context --bench > "$OUT/s34_ours_$tag.log" 2>&1
+      echo "rc=$?"; grep -E '^\|' "$OUT/s34_ours_$tag.log" | grep -v 'Q by cp.async\|by threads' | head -8
+      smi_summary "$OUT/s34_smi_ours_$tag.csv"
+      echo "== cuDNN, data $tag"
+      sampled "$OUT/s34_smi_cudnn_$tag.csv" timeout 90 python3 "$py" --cases headline --data $data \
+        > "$OUT/s34_cudnn_$tag.log" 2>&1
+      echo "rc=$?"; grep -E '^(\||## )' "$OUT/s34_cudnn_$tag.log" | tail -2
+      smi_summary "$OUT/s34_smi_cudnn_$tag.csv"
+    done
+  done
+  echo "== FA3 grid, data full: ours, then cuDNN"
+  MHA_KIT_BENCH_CASES="FA3 grid" timeout 100 benches/paged-attention-context --bench > "$OUT/s34_grid_ours.log" 2>&1
+  echo "rc=$?"; grep -E '^\|' "$OUT/s34_grid_ours.log"
+  timeout 100 python3 "$py" --data full > "$OUT/s34_grid_cudnn.log" 2>&1
+  echo "rc=$?"; grep -E '^(\||## )' "$OUT/s34_grid_cudnn.log"
+  (cd "$OUT" && tar -cJf s34_logs.tar.xz s34_* && rm -f s34_*.log s34_*.csv)
 }
 stage_s32c() {
   echo "== decode bench (latency rows)"

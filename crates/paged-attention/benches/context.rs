@@ -19,6 +19,9 @@
 //! `MHA_KIT_BENCH_TRACE_RAW=dir` also writes each trace's raw stamps there.
 //! `MHA_KIT_BENCH_ZERO_KV=1` fills the K/V pools with zeros (the data the
 //! no-K/V-reads experiment computes on) instead of random values.
+//! `MHA_KIT_BENCH_DATA=torch` makes Q, K and V as torch's
+//! `torch.rand(bf16) * 2 - 1` does (values on a 1/256 grid; see
+//! `random_bf16`) instead of cutting an f32 uniform to bf16.
 //! `MHA_KIT_BENCH_ALL_EXPERIMENTS=1` runs every leave-one-stage-out
 //! experiment on the FA3 grid's D 128 32 × 512 cell too, and the one-CTA-per-
 //! item grid and three experiments on every D 128 cell (by default the
@@ -162,12 +165,30 @@ fn next(state: &mut u64) -> u64 {
     state.wrapping_mul(0x2545_F491_4F6C_DD1D)
 }
 
-/// `n` bf16 values uniform in [-1, 1) (bits).
-fn random_bf16(state: &mut u64, n: usize) -> Vec<u16> {
+/// `n` bf16 values uniform in [-1, 1) (bits): an f32 uniform cut to bf16,
+/// so every magnitude carries a random 7-bit mantissa. With `torch_like`
+/// the values are made the way the peer scripts' `torch.rand(…, dtype=
+/// torch.bfloat16) * 2 - 1` makes them: u rounded to bf16 first, then
+/// 2u − 1 rounded to bf16, which leaves the values on a 1/256 grid (a
+/// value of magnitude 2^-e keeps ~8 − e random mantissa bits). The kernel
+/// runs at its power cap in graph replay (PERF.md session 32), where the
+/// multipliers' power depends on the bits, so the two inputs time
+/// differently; `MHA_KIT_BENCH_DATA=torch` selects the second.
+fn random_bf16(state: &mut u64, n: usize, torch_like: bool) -> Vec<u16> {
+    // Round to nearest even (finite inputs).
+    let rne = |x: f32| {
+        let b = x.to_bits();
+        ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+    };
+    let widen = |h: u16| f32::from_bits((h as u32) << 16);
     (0..n)
         .map(|_| {
             let u = (next(state) >> 40) as f32 / (1u64 << 24) as f32;
-            ((2.0 * u - 1.0).to_bits() >> 16) as u16
+            if torch_like {
+                rne(2.0 * widen(rne(u)) - 1.0)
+            } else {
+                ((2.0 * u - 1.0).to_bits() >> 16) as u16
+            }
         })
         .collect()
 }
@@ -203,6 +224,7 @@ fn prepare(gpu: &Arc<Gpu>, c: &Shape) -> Result<Prepared> {
     // hold), to tell the reads' cost from the zeros' lower power.
     let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ (c.n * 31 + c.d) as u64;
     let zero_kv = std::env::var("MHA_KIT_BENCH_ZERO_KV").is_ok_and(|v| v == "1");
+    let torch_like = std::env::var("MHA_KIT_BENCH_DATA").is_ok_and(|v| v == "torch");
     let (k8, v8, k16, v16) = if zero_kv {
         (
             st.alloc_zeros::<u8>(n8)?,
@@ -214,12 +236,12 @@ fn prepare(gpu: &Arc<Gpu>, c: &Shape) -> Result<Prepared> {
         (
             st.clone_htod(&random_e4m3(&mut seed, n8))?,
             st.clone_htod(&random_e4m3(&mut seed, n8))?,
-            st.clone_htod(&random_bf16(&mut seed, n16))?,
-            st.clone_htod(&random_bf16(&mut seed, n16))?,
+            st.clone_htod(&random_bf16(&mut seed, n16, torch_like))?,
+            st.clone_htod(&random_bf16(&mut seed, n16, torch_like))?,
         )
     };
     let rows = c.bs * c.n;
-    let q = st.clone_htod(&random_bf16(&mut seed, rows * c.hq * c.d))?;
+    let q = st.clone_htod(&random_bf16(&mut seed, rows * c.hq * c.d, torch_like))?;
     let out = st.alloc_zeros::<u16>(rows * c.hq * c.d)?;
     let pt = st.clone_htod(&ids)?;
     let lens = st.clone_htod(&vec![len as i32; c.bs])?;

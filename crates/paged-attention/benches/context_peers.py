@@ -3,14 +3,22 @@
 of the same shapes as benches/context.rs, printed as a markdown table.
 
 Method (the same as the Rust bench's graph timing): inputs random bf16 in
-[-1, 1); each call captured `n` times in one CUDA graph (n sized to ~20 ms of
+[-1, 1) (`--data`, below); each call captured `n` times in one CUDA graph (n sized to ~20 ms of
 work), time per call = replay time / n, median of 30 replays after 3 warm-up
 replays. FLOPs count the causal (row, key) pairs only: a request with prefix
 p and n new tokens has n*p + n(n+1)/2 pairs, each 4*Hq*D FLOPs.
 
-Usage: python3 context_peers.py [--cases all|headline]. Needs torch with CUDA;
-prints one line and exits 0 without a GPU.
+Usage: python3 context_peers.py [--cases all|headline] [--data torch|full].
+`--data` (default: $MHA_KIT_PEER_DATA, else `torch`): `torch` makes each
+input as `torch.rand(..., dtype=bfloat16) * 2 - 1` (values on a 1/256 grid:
+a value of magnitude 2^-e keeps ~8 - e random mantissa bits); `full` as an
+f32 uniform in [-1, 1) rounded to bf16 (every mantissa bit random), the
+distribution of the Rust bench's default. In graph replay these kernels run
+at the board's power cap, where the multipliers' power depends on the bits,
+so the two inputs time differently (PERF.md session 34). Needs torch with
+CUDA; prints one line and exits 0 without a GPU.
 """
+import os
 import argparse
 import statistics
 import sys
@@ -67,6 +75,7 @@ def time_call(torch, fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="all")
+    ap.add_argument("--data", default=os.environ.get("MHA_KIT_PEER_DATA", "torch"), choices=["torch", "full"])
     args = ap.parse_args()
     try:
         import torch
@@ -83,9 +92,14 @@ def main():
     rows = []
     for name, hq, hkv, d, bs, n, prefix in cases:
         L = prefix + n
-        q = torch.rand(bs, hq, n, d, device="cuda", dtype=torch.bfloat16) * 2 - 1
-        k = torch.rand(bs, hkv, L, d, device="cuda", dtype=torch.bfloat16) * 2 - 1
-        v = torch.rand(bs, hkv, L, d, device="cuda", dtype=torch.bfloat16) * 2 - 1
+        def rand(*shape):
+            if args.data == "full":
+                return (torch.rand(*shape, device="cuda", dtype=torch.float32) * 2 - 1).to(torch.bfloat16)
+            return torch.rand(*shape, device="cuda", dtype=torch.bfloat16) * 2 - 1
+
+        q = rand(bs, hq, n, d)
+        k = rand(bs, hkv, L, d)
+        v = rand(bs, hkv, L, d)
         sm = d ** -0.5
         if prefix == 0:
             call = lambda: F.scaled_dot_product_attention(q, k, v, scale=sm, is_causal=True, enable_gqa=True)
@@ -102,7 +116,7 @@ def main():
         del q, k, v
         torch.cuda.empty_cache()
     print(f"\n## context peers on {torch.cuda.get_device_name()} (torch {torch.__version__}, "
-          f"cuDNN {torch.backends.cudnn.version()})\n")
+          f"cuDNN {torch.backends.cudnn.version()}; data: {args.data})\n")
     print("| case | Hq/Hkv/D | peer | µs | TFLOP/s (causal pairs) |\n|---|---|---|---:|---:|")
     for r in rows:
         print(r)
