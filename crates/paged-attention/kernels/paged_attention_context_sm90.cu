@@ -1618,17 +1618,24 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // Broadcasts (shfl from lane 0) mark a value warp-uniform for ptxas,
         // which then keeps the wgmma descriptors derived from it in uniform
         // registers (else each wgmma pays R2UR moves of both descriptors).
-        const int qb = __shfl_sync(0xffffffffu, nq % QBUF, 0);  // this item's Q buffer (when it loads one)
+        // 16-bit K/V only: the e4m3 entries ran 2-6% slower with them
+        // (PERF.md session 34, H100: FP8 bs 1 x 16384 457 / 466 against
+        // 487 / 487 TFLOP/s), the bf16 entries the same.
+        auto uni = [](int v) -> int {
+            if constexpr (F8) return v;
+            else return __shfl_sync(0xffffffffu, v, 0);
+        };
+        const int qb = uni(nq % QBUF);  // this item's Q buffer (when it loads one)
         const u32 q_lo = (u32)sdesc(base + C::Q_OFF + qb * C::Q_BYTES + wrow0 * 128, 16, 1024);
         const u32 k_lo0 = (u32)sdesc(base + C::K_OFF, 16, 1024);
         const u32 v_lo0 = (u32)sdesc(base + C::V_OFF, C::KV_ATOM, 1024);
         auto qk = [&](int st) {
             if constexpr ((XV & 2) != 0) return;
             wg_fence();
-            const u32 kd = k_lo0 + (u32)((__shfl_sync(0xffffffffu, st, 0) * C::KV_BYTES) >> 4);
+            const u32 kd = k_lo0 + (u32)((uni(st) * C::KV_BYTES) >> 4);
             u32 qd0 = q_lo;
             asm volatile("" : "+r"(qd0));  // not hoisted: D / 16 descriptors would stay live
-            qd0 = __shfl_sync(0xffffffffu, qd0, 0);  // and uniform (see `qb`)
+            qd0 = (u32)uni((int)qd0);      // and uniform (see `qb`)
 #pragma unroll
             for (int ks = 0; ks < D / 16; ++ks) {
                 const u32 qo = ((ks >> 2) * C::Q_ATOM + (ks & 3) * 32) >> 4;
@@ -1646,7 +1653,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         auto pv = [&](int st) {
             if constexpr ((XV & 2) != 0) return;
             wg_fence();
-            const u32 vd = v_lo0 + (u32)((__shfl_sync(0xffffffffu, st, 0) * C::KV_BYTES) >> 4);
+            const u32 vd = v_lo0 + (u32)((uni(st) * C::KV_BYTES) >> 4);
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk) {
                 if constexpr (SERIAL) {
