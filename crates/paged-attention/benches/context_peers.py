@@ -9,14 +9,16 @@ replays. FLOPs count the causal (row, key) pairs only: a request with prefix
 p and n new tokens has n*p + n(n+1)/2 pairs, each 4*Hq*D FLOPs.
 
 Usage: python3 context_peers.py [--cases all|headline] [--data torch|full].
-`--data` (default: $MHA_KIT_PEER_DATA, else `torch`): `torch` makes each
-input as `torch.rand(..., dtype=bfloat16) * 2 - 1` (values on a 1/256 grid:
-a value of magnitude 2^-e keeps ~8 - e random mantissa bits); `full` as an
-f32 uniform in [-1, 1) rounded to bf16 (every mantissa bit random), the
-distribution of the Rust bench's default. In graph replay these kernels run
-at the board's power cap, where the multipliers' power depends on the bits,
-so the two inputs time differently (PERF.md session 34). Needs torch with
-CUDA; prints one line and exits 0 without a GPU.
+`--data` (default: $MHA_KIT_PEER_DATA, else `full`): `full` makes each input
+as an f32 uniform in [-1, 1) rounded to bf16 (every mantissa bit random),
+the distribution of the Rust bench's default, so both sides of a ratio run
+on the same kind of data; `torch` as `torch.rand(..., dtype=bfloat16) * 2 - 1`
+(this script's inputs before session 34: values on a 1/256 grid, a value of
+magnitude 2^-e keeps ~8 - e random mantissa bits). In graph replay these
+kernels run at the board's power cap, where the multipliers' power depends
+on the bits: on an H100 cuDNN read ~2% faster on `torch` inputs (PERF.md
+session 34). Needs torch with CUDA; prints one line and exits 0 without a
+GPU.
 """
 import os
 import argparse
@@ -75,7 +77,7 @@ def time_call(torch, fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="all")
-    ap.add_argument("--data", default=os.environ.get("MHA_KIT_PEER_DATA", "torch"), choices=["torch", "full"])
+    ap.add_argument("--data", default=os.environ.get("MHA_KIT_PEER_DATA", "full"), choices=["torch", "full"])
     args = ap.parse_args()
     try:
         import torch
