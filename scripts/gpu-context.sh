@@ -118,6 +118,8 @@
 #   s34       ours and cuDNN on two input distributions (full-mantissa and
 #             torch.rand(bf16) * 2 - 1), in turns, clock and power sampled
 #             (BENCH_OVERRIDE holding a context bench with MHA_KIT_BENCH_DATA)
+#   s35       bs 8 x 4096 soaked alone (S35_REPLAYS graph replays), ours and
+#             cuDNN, random and zero K/V, clock and power sampled
 #   loadcost  default vs _x4 on random and on zero K/V with the SM clock and
 #             power sampled (the power cap), then Nsight Compute on one launch of the
 #             default entry and one of _x4 (no global K/V reads), bs 8 x 4096:
@@ -778,6 +780,30 @@ stage_s34() {
     echo "rc=$?"; grep -E '^(\||## )' "$OUT/s34_grid_cudnn.log"
   fi
   (cd "$OUT" && tar -cJf s34_logs.tar.xz s34_* && rm -f s34_*.log s34_*.csv)
+}
+stage_s35() {
+  # Issue 13's energy question (PERF.md session 34, Next): bs 8 x 4096 soaked
+  # for ~S35_REPLAYS x 20 ms of graph replays, alone, with the SM clock and
+  # board power sampled: ours (default kernel only) and cuDNN, each on full
+  # random inputs and on zero K/V. If both kernels rise by the same watts
+  # from zeros to random, the extra energy a tile is per instruction or per
+  # cycle, not per multiply. Needs a bundle whose context bench and peer
+  # script know MHA_KIT_BENCH_REPLAYS / --replays (session 34 on).
+  local py="$repo/crates/paged-attention/benches/context_peers.py" n=${S35_REPLAYS:-400} data
+  for data in full zero; do
+    echo "== ours, $data K/V, $n replays"
+    sampled "$OUT/s35_smi_ours_$data.csv" env MHA_KIT_BENCH_ZERO_KV=$([ $data = zero ] && echo 1 || echo 0) \
+      MHA_KIT_BENCH_DEFAULT_ONLY=1 MHA_KIT_BENCH_REPLAYS=$n MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16" timeout 120 \
+      benches/paged-attention-context --bench > "$OUT/s35_ours_$data.log" 2>&1
+    echo "rc=$?"; grep -E '^\| bs 8' "$OUT/s35_ours_$data.log" | grep -v FP8
+    smi_summary "$OUT/s35_smi_ours_$data.csv"
+    echo "== cuDNN, $data K/V, $n replays"
+    sampled "$OUT/s35_smi_cudnn_$data.csv" timeout 120 python3 "$py" --cases "bs 8 × 4096" --replays "$n" \
+      --data $([ $data = zero ] && echo zero-kv || echo full) > "$OUT/s35_cudnn_$data.log" 2>&1
+    echo "rc=$?"; grep -E '^\| bs' "$OUT/s35_cudnn_$data.log"
+    smi_summary "$OUT/s35_smi_cudnn_$data.csv"
+  done
+  (cd "$OUT" && tar -cJf s35_logs.tar.xz s35_* && rm -f s35_*.log s35_*.csv)
 }
 stage_s32c() {
   echo "== decode bench (latency rows)"

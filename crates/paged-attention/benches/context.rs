@@ -28,6 +28,9 @@
 //! experiments run only on the two headline cases), and the two-CTA (duo)
 //! entries forced on beside the default on the FA3 grid's D 64 / 128 cells
 //! and the headline cases (session 17: slower on every cell).
+//! `MHA_KIT_BENCH_DEFAULT_ONLY=1` runs the default kernel only;
+//! `MHA_KIT_BENCH_REPLAYS=n` takes the graph column's median over n
+//! replays instead of 30 (a soak at the power cap).
 //! `MHA_KIT_BENCH_VS=xv[,xv..]` runs each case with the default kernel and,
 //! on the D 128 16-bit cases, the listed experiment entries only (e.g.
 //! 2048: the pair clusters sharing each K/V tile; 4: no K/V reads);
@@ -611,6 +614,14 @@ fn main() {
         Err(_) => Vec::new(),
     };
     let vs_only = !vs_list.is_empty();
+    // MHA_KIT_BENCH_DEFAULT_ONLY=1: only the default kernel on every case;
+    // MHA_KIT_BENCH_REPLAYS=n: n graph replays a row instead of 30 (a soak
+    // of n × ~20 ms, long enough for the clock to settle at the power cap).
+    let default_only = std::env::var("MHA_KIT_BENCH_DEFAULT_ONLY").is_ok_and(|v| v == "1");
+    let replays: usize = std::env::var("MHA_KIT_BENCH_REPLAYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
     let vs: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
         vs_list
             .iter()
@@ -745,7 +756,7 @@ fn main() {
                 kernels.extend(experiments.iter().map(|(_, e)| e));
             }
         }
-        if vs_only {
+        if vs_only || default_only {
             kernels = vec![&kernel];
             if c.d == 128 && !c.fp8 {
                 kernels.extend(vs.iter().map(|(_, e)| e));
@@ -761,7 +772,8 @@ fn main() {
             let tflops = p.flops / (us * 1e-6) / 1e12;
             let calls = peer_graph_calls(us);
             let graph =
-                match graph_replay_us(&gpu, calls, 30, |_| launch(k, &c, &mut p, &mut errors)) {
+                match graph_replay_us(&gpu, calls, replays, |_| launch(k, &c, &mut p, &mut errors))
+                {
                     Ok(g) => {
                         let g_tflops = p.flops / (g.median_us * 1e-6) / 1e12;
                         format!("{:.1} | {g_tflops:.0}", g.median_us)

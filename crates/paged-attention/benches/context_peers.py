@@ -3,12 +3,14 @@
 of the same shapes as benches/context.rs, printed as a markdown table.
 
 Method (the same as the Rust bench's graph timing): inputs random bf16 in
-[-1, 1) (`--data`, below); each call captured `n` times in one CUDA graph (n sized to ~20 ms of
-work), time per call = replay time / n, median of 30 replays after 3 warm-up
-replays. FLOPs count the causal (row, key) pairs only: a request with prefix
-p and n new tokens has n*p + n(n+1)/2 pairs, each 4*Hq*D FLOPs.
+[-1, 1) (`--data`, below); each call captured `n` times in one CUDA graph
+(n sized to ~20 ms of work), time per call = replay time / n, median of 30
+replays (`--replays`) after 3 warm-up replays. FLOPs count the causal
+(row, key) pairs only: a request with prefix p and n new tokens has
+n*p + n(n+1)/2 pairs, each 4*Hq*D FLOPs.
 
-Usage: python3 context_peers.py [--cases all|headline] [--data torch|full].
+Usage: python3 context_peers.py [--cases all|headline|SUBSTRING]
+[--data torch|full|zero-kv] [--replays N].
 `--data` (default: $MHA_KIT_PEER_DATA, else `full`): `full` makes each input
 as an f32 uniform in [-1, 1) rounded to bf16 (every mantissa bit random),
 the distribution of the Rust bench's default, so both sides of a ratio run
@@ -17,8 +19,10 @@ on the same kind of data; `torch` as `torch.rand(..., dtype=bfloat16) * 2 - 1`
 magnitude 2^-e keeps ~8 - e random mantissa bits). In graph replay these
 kernels run at the board's power cap, where the multipliers' power depends
 on the bits: on an H100 cuDNN read ~2% faster on `torch` inputs (PERF.md
-session 34). Needs torch with CUDA; prints one line and exits 0 without a
-GPU.
+session 34). `zero-kv`: Q as `full`, K and V zeros (the Rust bench's
+MHA_KIT_BENCH_ZERO_KV=1). `--replays N`: the median over N replays instead of
+30 (a soak, long enough for the clock to settle at the power cap). Needs
+torch with CUDA; prints one line and exits 0 without a GPU.
 """
 import os
 import argparse
@@ -42,7 +46,7 @@ def flops(hq, d, bs, n, prefix):
     return 4.0 * hq * d * bs * (n * prefix + n * (n + 1) / 2)
 
 
-def time_call(torch, fn):
+def time_call(torch, fn, replays=30):
     fn()
     torch.cuda.synchronize()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -65,7 +69,7 @@ def time_call(torch, fn):
         g.replay()
     torch.cuda.synchronize()
     ts = []
-    for _ in range(30):
+    for _ in range(replays):
         s.record()
         g.replay()
         e.record()
@@ -77,7 +81,9 @@ def time_call(torch, fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="all")
-    ap.add_argument("--data", default=os.environ.get("MHA_KIT_PEER_DATA", "full"), choices=["torch", "full"])
+    ap.add_argument("--data", default=os.environ.get("MHA_KIT_PEER_DATA", "full"),
+                    choices=["torch", "full", "zero-kv"])
+    ap.add_argument("--replays", type=int, default=30)
     args = ap.parse_args()
     try:
         import torch
@@ -90,18 +96,27 @@ def main():
     if not torch.cuda.is_available():
         print("context peers: no GPU; nothing measured")
         return 0
-    cases = CASES if args.cases == "all" else CASES[:2]
+    if args.cases == "all":
+        cases = CASES
+    elif args.cases == "headline":
+        cases = CASES[:2]
+    else:  # a substring of the case names
+        cases = [c for c in CASES if args.cases in c[0]]
     rows = []
     for name, hq, hkv, d, bs, n, prefix in cases:
         L = prefix + n
         def rand(*shape):
-            if args.data == "full":
+            if args.data in ("full", "zero-kv"):
                 return (torch.rand(*shape, device="cuda", dtype=torch.float32) * 2 - 1).to(torch.bfloat16)
             return torch.rand(*shape, device="cuda", dtype=torch.bfloat16) * 2 - 1
 
         q = rand(bs, hq, n, d)
-        k = rand(bs, hkv, L, d)
-        v = rand(bs, hkv, L, d)
+        if args.data == "zero-kv":
+            k = torch.zeros(bs, hkv, L, d, device="cuda", dtype=torch.bfloat16)
+            v = torch.zeros(bs, hkv, L, d, device="cuda", dtype=torch.bfloat16)
+        else:
+            k = rand(bs, hkv, L, d)
+            v = rand(bs, hkv, L, d)
         sm = d ** -0.5
         if prefix == 0:
             call = lambda: F.scaled_dot_product_attention(q, k, v, scale=sm, is_causal=True, enable_gqa=True)
@@ -110,7 +125,7 @@ def main():
             call = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=sm, enable_gqa=True)
         try:
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                us = time_call(torch, call)
+                us = time_call(torch, call, max(1, args.replays))
             tf = flops(hq, d, bs, n, prefix) / (us * 1e-6) / 1e12
             rows.append(f"| {name} | {hq}/{hkv}/{d} | cuDNN SDPA (dense) | {us:.1f} | {tf:.0f} |")
         except Exception as ex:
