@@ -793,9 +793,9 @@ stage_s35() {
   for data in full zero; do
     echo "== ours, $data K/V, $n replays"
     sampled "$OUT/s35_smi_ours_$data.csv" env MHA_KIT_BENCH_ZERO_KV=$([ $data = zero ] && echo 1 || echo 0) \
-      MHA_KIT_BENCH_DEFAULT_ONLY=1 MHA_KIT_BENCH_REPLAYS=$n MHA_KIT_BENCH_CASES="bs 8 × 4096, P 16" timeout 120 \
+      MHA_KIT_BENCH_DEFAULT_ONLY=1 MHA_KIT_BENCH_REPLAYS=$n MHA_KIT_BENCH_CASES="=bs 8 × 4096, P 16" timeout 120 \
       benches/paged-attention-context --bench > "$OUT/s35_ours_$data.log" 2>&1
-    echo "rc=$?"; grep -E '^\| bs 8' "$OUT/s35_ours_$data.log" | grep -v FP8
+    echo "rc=$?"; grep -E '^\| bs 8' "$OUT/s35_ours_$data.log"
     smi_summary "$OUT/s35_smi_ours_$data.csv"
     echo "== cuDNN, $data K/V, $n replays"
     sampled "$OUT/s35_smi_cudnn_$data.csv" timeout 120 python3 "$py" --cases "bs 8 × 4096" --replays "$n" \

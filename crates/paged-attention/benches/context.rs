@@ -13,7 +13,7 @@
 //! over the pool (P 16) unless the case says "contiguous" (one page of
 //! `L` tokens per request). Prints a line and exits 0 without a GPU.
 //! `MHA_KIT_BENCH_CASES=a|b|…` runs only the cases whose name contains one of
-//! the `|`-separated substrings. `MHA_KIT_BENCH_TRACE=1` also runs the
+//! the `|`-separated substrings (`=name`: that name exactly). `MHA_KIT_BENCH_TRACE=1` also runs the
 //! sm_90a trace entry on the D 128 bf16 cases and prints where a work item's
 //! cycles go (per phase, by KV tiles per item; see `trace_report`).
 //! `MHA_KIT_BENCH_TRACE_RAW=dir` also writes each trace's raw stamps there.
@@ -194,6 +194,15 @@ fn random_bf16(state: &mut u64, n: usize, torch_like: bool) -> Vec<u16> {
             }
         })
         .collect()
+}
+
+/// Whether case `name` matches one `|`-alternative of `MHA_KIT_BENCH_CASES`:
+/// a substring, or with a leading `=` the whole name.
+fn case_matches(name: &str, alt: &str) -> bool {
+    match alt.strip_prefix('=') {
+        Some(exact) => name == exact,
+        None => name.contains(alt),
+    }
 }
 
 /// `n` e4m3 bytes with exponent ≤ 7 (|x| < 1), random sign and mantissa.
@@ -696,7 +705,7 @@ fn main() {
     for (i, c) in cases().into_iter().enumerate() {
         if only
             .as_ref()
-            .is_some_and(|f| !f.split('|').any(|alt| c.name.contains(alt)))
+            .is_some_and(|f| !f.split('|').any(|alt| case_matches(&c.name, alt)))
         {
             continue;
         }
