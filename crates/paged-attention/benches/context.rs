@@ -178,17 +178,13 @@ fn next(state: &mut u64) -> u64 {
 /// multipliers' power depends on the bits, so the two inputs time
 /// differently; `MHA_KIT_BENCH_DATA=torch` selects the second.
 fn random_bf16(state: &mut u64, n: usize, torch_like: bool) -> Vec<u16> {
-    // Round to nearest even (finite inputs).
-    let rne = |x: f32| {
-        let b = x.to_bits();
-        ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
-    };
-    let widen = |h: u16| f32::from_bits((h as u32) << 16);
+    use half::bf16;
     (0..n)
         .map(|_| {
             let u = (next(state) >> 40) as f32 / (1u64 << 24) as f32;
             if torch_like {
-                rne(2.0 * widen(rne(u)) - 1.0)
+                // `from_f32` rounds to nearest even, as torch's casts do.
+                bf16::from_f32(2.0 * bf16::from_f32(u).to_f32() - 1.0).to_bits()
             } else {
                 ((2.0 * u - 1.0).to_bits() >> 16) as u16
             }
