@@ -142,12 +142,18 @@ peers=$(realpath "${PEERS_DIR:-.gpu/peers}" 2>/dev/null || true)
 # TESTS_OVERRIDE: the same for test binaries (copied over the bundle's tests/;
 # resolved here, before the cd below: session 33's s33d call lost it).
 tov=${TESTS_OVERRIDE:+$(realpath "$TESTS_OVERRIDE")}
-# The checkout this script runs from (its scripts, e.g. the peer scripts as
-# edited since the bundle was built).
-repo=$(pwd)
+# The checkout this script runs from, and its context peer script (as edited
+# since the bundle was built; stage peers runs the bundle's copy).
+tree_peers_py="$(pwd)/crates/paged-attention/benches/context_peers.py"
 tar -xJf "$archive" -C "$work" && cd "$work"/* || exit 1
-if [ -n "$override" ]; then for f in "$override"/*.xz; do xz -dc "$f" > "benches/$(basename "$f" .xz)"; chmod +x "benches/$(basename "$f" .xz)"; done; echo "benches from $override: $(ls "$override")"; fi
-if [ -n "$tov" ]; then for f in "$tov"/*.xz; do xz -dc "$f" > "tests/$(basename "$f" .xz)"; chmod +x "tests/$(basename "$f" .xz)"; done; echo "tests from $tov: $(ls "$tov")"; fi
+# unpack_over DIR DEST: each DIR/NAME.xz unpacked to DEST/NAME (executable).
+unpack_over() {
+  local f
+  for f in "$1"/*.xz; do xz -dc "$f" > "$2/$(basename "$f" .xz)"; chmod +x "$2/$(basename "$f" .xz)"; done
+  echo "$2 from $1: $(ls "$1")"
+}
+if [ -n "$override" ]; then unpack_over "$override" benches; fi
+if [ -n "$tov" ]; then unpack_over "$tov" tests; fi
 export MHA_KIT_REQUIRE_GPU=1
 # Issue 17: NVLink multicast (NVLS) stays off on the lent multi-GPU hosts.
 export NCCL_NVLS_ENABLE=0
@@ -756,7 +762,7 @@ stage_s34() {
   # the Rust bench's default) and `torch` (torch.rand(bf16) * 2 - 1, the
   # peer script's old inputs). With S34_GRID=1, then the FA3 grid of both
   # on `full`.
-  local py="$repo/crates/paged-attention/benches/context_peers.py" i data tag
+  local py=$tree_peers_py i data tag
   for i in 1 2; do
     for data in full torch; do
       tag=${data}$i
@@ -789,7 +795,7 @@ stage_s35() {
   # from zeros to random, the extra energy a tile is per instruction or per
   # cycle, not per multiply. Needs a bundle whose context bench and peer
   # script know MHA_KIT_BENCH_REPLAYS / --replays (session 34 on).
-  local py="$repo/crates/paged-attention/benches/context_peers.py" n=${S35_REPLAYS:-400} data
+  local py=$tree_peers_py n=${S35_REPLAYS:-400} data
   for data in full zero; do
     echo "== ours, $data K/V, $n replays"
     sampled "$OUT/s35_smi_ours_$data.csv" env MHA_KIT_BENCH_ZERO_KV=$([ $data = zero ] && echo 1 || echo 0) \
