@@ -120,6 +120,18 @@
 #             (BENCH_OVERRIDE holding a context bench with MHA_KIT_BENCH_DATA)
 #   s35       bs 8 x 4096 soaked alone (S35_REPLAYS graph replays), ours and
 #             cuDNN, random and zero K/V, clock and power sampled
+#   s36       the e4m3 producer (session 36; C is branch s36-e4m3-early-copies,
+#             B2 branch s36-e4m3-two-q-buffers): this bundle's context bench (A),
+#             S36_DIR/C_bench.xz (C: an item's first two staging steps copied
+#             before its Q) and
+#             S36_DIR/B_bench.xz (B: C with two Q buffers and one staging step
+#             at e4m3 D 128) and S36_DIR/B2_bench.xz (B2: B with the step's K and
+#             V halves pipelined; S36_VARIANTS picks, default "C B B2") in turns
+#             A C B B2 A C B B2 on the headline
+#             cells (16-bit and FP8 KV), clock and power sampled; then the
+#             quick context tests of C (S36_DIR/tests; also S36_CASES random
+#             cases, default 200) and B2 (S36_DIR/testsB2)
+#   s36z      the bundle's bench (A) and B2 on zero K/V, clock and power sampled
 #   loadcost  default vs _x4 on random and on zero K/V with the SM clock and
 #             power sampled (the power cap), then Nsight Compute on one launch of the
 #             default entry and one of _x4 (no global K/V reads), bs 8 x 4096:
@@ -142,6 +154,8 @@ peers=$(realpath "${PEERS_DIR:-.gpu/peers}" 2>/dev/null || true)
 # TESTS_OVERRIDE: the same for test binaries (copied over the bundle's tests/;
 # resolved here, before the cd below: session 33's s33d call lost it).
 tov=${TESTS_OVERRIDE:+$(realpath "$TESTS_OVERRIDE")}
+# S36_DIR: session 36's variant binaries (stage s36), resolved before the cd.
+s36_dir=$(realpath "${S36_DIR:-.gpu/s36}" 2>/dev/null || true)
 # The checkout this script runs from, and its context peer script (as edited
 # since the bundle was built; stage peers runs the bundle's copy).
 tree_peers_py="$(pwd)/crates/paged-attention/benches/context_peers.py"
@@ -810,6 +824,50 @@ stage_s35() {
     smi_summary "$OUT/s35_smi_cudnn_$data.csv"
   done
   (cd "$OUT" && tar -cJf s35_logs.tar.xz s35_* && rm -f s35_*.log s35_*.csv)
+}
+stage_s36() {
+  local i run tag t v x
+  local runs=A:benches/paged-attention-context
+  for x in ${S36_VARIANTS:-C B B2}; do
+    xz -dc "$s36_dir/${x}_bench.xz" > "$work/s36_$x" && chmod +x "$work/s36_$x" || return
+    runs="$runs $x:$work/s36_$x"
+  done
+  for i in 1 2; do
+    for run in $runs; do
+      tag=${run%%:*}$i
+      echo "== context bench $tag: headline cells"
+      sampled "$OUT/s36_smi_$tag.csv" env MHA_KIT_BENCH_DEFAULT_ONLY=1 MHA_KIT_BENCH_CASES="$HEADLINE" timeout 100 \
+        "${run#*:}" --bench > "$OUT/s36_$tag.log" 2>&1
+      echo "rc=$?"; grep -E '^\|' "$OUT/s36_$tag.log" | head -8; smi_summary "$OUT/s36_smi_$tag.csv"
+    done
+  done
+  for v in tests:C testsB2:B2; do
+    mkdir -p "$work/s36t_${v#*:}" && xz -dc "$s36_dir/${v%%:*}/paged-attention-context_gpu.xz" > "$work/s36t_${v#*:}/t" \
+      && chmod +x "$work/s36t_${v#*:}/t" || continue
+    echo "== quick context tests of ${v#*:}"
+    for t in named_shapes_of_the_sm90_issue masked_nonfinite_keys must_pass persistent_grid q_tma e4m3 kv_split; do
+      timeout 90 "$work/s36t_${v#*:}/t" --include-ignored $t >> "$OUT/s36_quick_${v#*:}.log" 2>&1; echo "$t rc=$?"
+    done
+    if [ "${v#*:}" = C ]; then
+      MHA_KIT_GPU_CASES=${S36_CASES:-200} timeout 150 "$work/s36t_C/t" --include-ignored proptest \
+        >> "$OUT/s36_quick_C.log" 2>&1; echo "proptest rc=$?"
+    fi
+    summary "$OUT/s36_quick_${v#*:}.log"
+  done
+  (cd "$OUT" && tar -cJf s36_logs.tar.xz s36_* && rm -f s36_*.log s36_*.csv)
+}
+stage_s36z() {
+  # Stage s36's bundle bench (A) and B2 on zero K/V (MHA_KIT_BENCH_ZERO_KV=1),
+  # clock and power sampled: is the FP8 / bf16 gap the power cap's?
+  local run
+  xz -dc "$s36_dir/B2_bench.xz" > "$work/s36_B2" && chmod +x "$work/s36_B2" || return
+  for run in A:benches/paged-attention-context B2:$work/s36_B2; do
+    echo "== context bench ${run%%:*}, zero K/V: headline cells"
+    sampled "$OUT/s36z_smi_${run%%:*}.csv" env MHA_KIT_BENCH_ZERO_KV=1 MHA_KIT_BENCH_DEFAULT_ONLY=1 \
+      MHA_KIT_BENCH_CASES="$HEADLINE" timeout 100 "${run#*:}" --bench > "$OUT/s36z_${run%%:*}.log" 2>&1
+    echo "rc=$?"; grep -E '^\|' "$OUT/s36z_${run%%:*}.log" | head -8; smi_summary "$OUT/s36z_smi_${run%%:*}.csv"
+  done
+  (cd "$OUT" && tar -cJf s36z_logs.tar.xz s36z_* && rm -f s36z_*.log s36z_*.csv)
 }
 stage_s32c() {
   echo "== decode bench (latency rows)"
