@@ -120,7 +120,7 @@
 #             (BENCH_OVERRIDE holding a context bench with MHA_KIT_BENCH_DATA)
 #   s35       bs 8 x 4096 soaked alone (S35_REPLAYS graph replays), ours and
 #             cuDNN, random and zero K/V, clock and power sampled
-#   s36       the e4m3 producer (session 36; C is branch s36-e4m3-early-copies,
+#   s36       the e4m3 producer (session 35; C is branch s36-e4m3-early-copies,
 #             B2 branch s36-e4m3-two-q-buffers): this bundle's context bench (A),
 #             S36_DIR/C_bench.xz (C: an item's first two staging steps copied
 #             before its Q) and
@@ -154,7 +154,7 @@ peers=$(realpath "${PEERS_DIR:-.gpu/peers}" 2>/dev/null || true)
 # TESTS_OVERRIDE: the same for test binaries (copied over the bundle's tests/;
 # resolved here, before the cd below: session 33's s33d call lost it).
 tov=${TESTS_OVERRIDE:+$(realpath "$TESTS_OVERRIDE")}
-# S36_DIR: session 36's variant binaries (stage s36), resolved before the cd.
+# S36_DIR: session 35's variant binaries (stage s36), resolved before the cd.
 s36_dir=$(realpath "${S36_DIR:-.gpu/s36}" 2>/dev/null || true)
 # The checkout this script runs from, and its context peer script (as edited
 # since the bundle was built; stage peers runs the bundle's copy).
