@@ -129,8 +129,8 @@
 #             V halves pipelined; S36_VARIANTS picks, default "C B B2") in turns
 #             A C B B2 A C B B2 on the headline
 #             cells (16-bit and FP8 KV), clock and power sampled; then the
-#             quick context tests of C (S36_DIR/tests; also S36_CASES random
-#             cases, default 200) and B2 (S36_DIR/testsB2)
+#             quick context tests and S36_CASES random cases (default 200) of
+#             each DIR:NAME in S36_TESTS (default "tests:C testsB2:B2")
 #   s36z      the bundle's bench (A) and B2 on zero K/V, clock and power sampled
 #   loadcost  default vs _x4 on random and on zero K/V with the SM clock and
 #             power sampled (the power cap), then Nsight Compute on one launch of the
@@ -841,17 +841,15 @@ stage_s36() {
       echo "rc=$?"; grep -E '^\|' "$OUT/s36_$tag.log" | head -8; smi_summary "$OUT/s36_smi_$tag.csv"
     done
   done
-  for v in tests:C testsB2:B2; do
+  for v in ${S36_TESTS:-tests:C testsB2:B2}; do
     mkdir -p "$work/s36t_${v#*:}" && xz -dc "$s36_dir/${v%%:*}/paged-attention-context_gpu.xz" > "$work/s36t_${v#*:}/t" \
       && chmod +x "$work/s36t_${v#*:}/t" || continue
     echo "== quick context tests of ${v#*:}"
     for t in named_shapes_of_the_sm90_issue masked_nonfinite_keys must_pass persistent_grid q_tma e4m3 kv_split; do
       timeout 90 "$work/s36t_${v#*:}/t" --include-ignored $t >> "$OUT/s36_quick_${v#*:}.log" 2>&1; echo "$t rc=$?"
     done
-    if [ "${v#*:}" = C ]; then
-      MHA_KIT_GPU_CASES=${S36_CASES:-200} timeout 150 "$work/s36t_C/t" --include-ignored proptest \
-        >> "$OUT/s36_quick_C.log" 2>&1; echo "proptest rc=$?"
-    fi
+    MHA_KIT_GPU_CASES=${S36_CASES:-200} timeout 150 "$work/s36t_${v#*:}/t" --include-ignored proptest \
+      >> "$OUT/s36_quick_${v#*:}.log" 2>&1; echo "proptest rc=$?"
     summary "$OUT/s36_quick_${v#*:}.log"
   done
   (cd "$OUT" && tar -cJf s36_logs.tar.xz s36_* && rm -f s36_*.log s36_*.csv)
