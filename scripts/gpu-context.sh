@@ -528,6 +528,17 @@ sampled() {
 }
 # Busy samples (board power > 300 W) of a `sampled` CSV: count, mean SM clock,
 # mean and max power.
+# headline_run PREFIX TAG BIN [VAR=VALUE...]: the headline cells of context
+# bench BIN (VARs set) with the SM clock and board power sampled; logs in
+# $OUT/PREFIX_TAG.log and $OUT/PREFIX_smi_TAG.csv.
+headline_run() {
+  local pre=$1 tag=$2 bin=$3
+  shift 3
+  echo "== context bench $tag: headline cells"
+  sampled "$OUT/${pre}_smi_$tag.csv" env "$@" MHA_KIT_BENCH_CASES="$HEADLINE" timeout 120 "$bin" --bench \
+    > "$OUT/${pre}_$tag.log" 2>&1
+  echo "rc=$?"; grep -E '^\|' "$OUT/${pre}_$tag.log" | head -8; smi_summary "$OUT/${pre}_smi_$tag.csv"
+}
 smi_summary() {
   awk -F', ' '{gsub(" MHz","",$2); gsub(" W","",$3); if ($3+0>300) {n++; c+=$2; p+=$3; if ($3+0>m) m=$3+0}}
     END {if (n) printf "busy samples %d, mean SM MHz %.0f, mean W %.0f, max W %.1f\n", n, c/n, p/n, m}' "$1"
@@ -726,11 +737,7 @@ stage_s33() {
   b=$(ab_bench) || return
   for i in 1 2; do
     for run in A:benches/paged-attention-context B:$b; do
-      tag=${run%%:*}$i
-      echo "== context bench $tag: headline cells"
-      sampled "$OUT/s33_smi_$tag.csv" env MHA_KIT_BENCH_VS=4 MHA_KIT_BENCH_CASES="$HEADLINE" timeout 120 \
-        "${run#*:}" --bench > "$OUT/s33_$tag.log" 2>&1
-      echo "rc=$?"; grep -E '^\|' "$OUT/s33_$tag.log" | head -8; smi_summary "$OUT/s33_smi_$tag.csv"
+      headline_run s33 "${run%%:*}$i" "${run#*:}" MHA_KIT_BENCH_VS=4
     done
   done
   # P 16 TMA boxes (16 keys x 64 columns, 32 a tile pair) on the power-capped
@@ -826,7 +833,7 @@ stage_s35() {
   (cd "$OUT" && tar -cJf s35_logs.tar.xz s35_* && rm -f s35_*.log s35_*.csv)
 }
 stage_s36() {
-  local i run tag t v x
+  local i run t v x
   local runs=A:benches/paged-attention-context
   for x in ${S36_VARIANTS:-C B B2}; do
     xz -dc "$s36_dir/${x}_bench.xz" > "$work/s36_$x" && chmod +x "$work/s36_$x" || return
@@ -834,11 +841,7 @@ stage_s36() {
   done
   for i in 1 2; do
     for run in $runs; do
-      tag=${run%%:*}$i
-      echo "== context bench $tag: headline cells"
-      sampled "$OUT/s36_smi_$tag.csv" env MHA_KIT_BENCH_DEFAULT_ONLY=1 MHA_KIT_BENCH_CASES="$HEADLINE" timeout 100 \
-        "${run#*:}" --bench > "$OUT/s36_$tag.log" 2>&1
-      echo "rc=$?"; grep -E '^\|' "$OUT/s36_$tag.log" | head -8; smi_summary "$OUT/s36_smi_$tag.csv"
+      headline_run s36 "${run%%:*}$i" "${run#*:}" MHA_KIT_BENCH_DEFAULT_ONLY=1
     done
   done
   for v in ${S36_TESTS:-tests:C testsB2:B2}; do
@@ -860,10 +863,7 @@ stage_s36z() {
   local run
   xz -dc "$s36_dir/B2_bench.xz" > "$work/s36_B2" && chmod +x "$work/s36_B2" || return
   for run in A:benches/paged-attention-context B2:$work/s36_B2; do
-    echo "== context bench ${run%%:*}, zero K/V: headline cells"
-    sampled "$OUT/s36z_smi_${run%%:*}.csv" env MHA_KIT_BENCH_ZERO_KV=1 MHA_KIT_BENCH_DEFAULT_ONLY=1 \
-      MHA_KIT_BENCH_CASES="$HEADLINE" timeout 100 "${run#*:}" --bench > "$OUT/s36z_${run%%:*}.log" 2>&1
-    echo "rc=$?"; grep -E '^\|' "$OUT/s36z_${run%%:*}.log" | head -8; smi_summary "$OUT/s36z_smi_${run%%:*}.csv"
+    headline_run s36z "${run%%:*}" "${run#*:}" MHA_KIT_BENCH_ZERO_KV=1 MHA_KIT_BENCH_DEFAULT_ONLY=1
   done
   (cd "$OUT" && tar -cJf s36z_logs.tar.xz s36z_* && rm -f s36z_*.log s36z_*.csv)
 }
