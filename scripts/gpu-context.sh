@@ -120,17 +120,17 @@
 #             (BENCH_OVERRIDE holding a context bench with MHA_KIT_BENCH_DATA)
 #   s35       bs 8 x 4096 soaked alone (S35_REPLAYS graph replays), ours and
 #             cuDNN, random and zero K/V, clock and power sampled
-#   s36       the e4m3 producer (session 35; C is branch s36-e4m3-early-copies,
-#             B2 branch s36-e4m3-two-q-buffers): this bundle's context bench (A),
-#             S36_DIR/C_bench.xz (C: an item's first two staging steps copied
-#             before its Q) and
-#             S36_DIR/B_bench.xz (B: C with two Q buffers and one staging step
-#             at e4m3 D 128) and S36_DIR/B2_bench.xz (B2: B with the step's K and
-#             V halves pipelined; S36_VARIANTS picks, default "C B B2") in turns
-#             A C B B2 A C B B2 on the headline
-#             cells (16-bit and FP8 KV), clock and power sampled; then the
-#             quick context tests and S36_CASES random cases (default 200) of
-#             each DIR:NAME in S36_TESTS (default "tests:C testsB2:B2")
+#   s36       the e4m3 producer variants (session 35) against this bundle's
+#             context bench (A): the benches S36_DIR/NAME_bench.xz for each NAME
+#             in S36_VARIANTS (default "C B B2": C = branch s36-e4m3-early-copies,
+#             an item's first two staging steps copied before its Q; B = C with
+#             two Q buffers and one staging step at e4m3 D 128; B2 = branch
+#             s36-e4m3-two-q-buffers, B with the step's K and V halves
+#             pipelined; D in .gpu/s35d = branch s35-e4m3-bulk-rows) in turns
+#             A C B B2 A C B B2 on the headline cells (16-bit and FP8 KV), clock
+#             and power sampled; then the quick context tests and S36_CASES
+#             random cases (default 200) of each DIR:NAME in S36_TESTS (default
+#             "tests:C testsB2:B2", DIR/paged-attention-context_gpu.xz)
 #   s36z      the bundle's bench (A) and B2 on zero K/V, clock and power sampled
 #   loadcost  default vs _x4 on random and on zero K/V with the SM clock and
 #             power sampled (the power cap), then Nsight Compute on one launch of the
@@ -528,6 +528,10 @@ sampled() {
 }
 # Busy samples (board power > 300 W) of a `sampled` CSV: count, mean SM clock,
 # mean and max power.
+smi_summary() {
+  awk -F', ' '{gsub(" MHz","",$2); gsub(" W","",$3); if ($3+0>300) {n++; c+=$2; p+=$3; if ($3+0>m) m=$3+0}}
+    END {if (n) printf "busy samples %d, mean SM MHz %.0f, mean W %.0f, max W %.1f\n", n, c/n, p/n, m}' "$1"
+}
 # headline_run PREFIX TAG BIN [VAR=VALUE...]: the headline cells of context
 # bench BIN (VARs set) with the SM clock and board power sampled; logs in
 # $OUT/PREFIX_TAG.log and $OUT/PREFIX_smi_TAG.csv.
@@ -538,10 +542,6 @@ headline_run() {
   sampled "$OUT/${pre}_smi_$tag.csv" env "$@" MHA_KIT_BENCH_CASES="$HEADLINE" timeout 120 "$bin" --bench \
     > "$OUT/${pre}_$tag.log" 2>&1
   echo "rc=$?"; grep -E '^\|' "$OUT/${pre}_$tag.log" | head -8; smi_summary "$OUT/${pre}_smi_$tag.csv"
-}
-smi_summary() {
-  awk -F', ' '{gsub(" MHz","",$2); gsub(" W","",$3); if ($3+0>300) {n++; c+=$2; p+=$3; if ($3+0>m) m=$3+0}}
-    END {if (n) printf "busy samples %d, mean SM MHz %.0f, mean W %.0f, max W %.1f\n", n, c/n, p/n, m}' "$1"
 }
 stage_loadcost() {
   # Where the headline cells' gap goes (PERF sessions 27, 32): the default on
