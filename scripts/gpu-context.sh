@@ -160,10 +160,12 @@ s36_dir=$(realpath "${S36_DIR:-.gpu/s36}" 2>/dev/null || true)
 # since the bundle was built; stage peers runs the bundle's copy).
 tree_peers_py="$(pwd)/crates/paged-attention/benches/context_peers.py"
 tar -xJf "$archive" -C "$work" && cd "$work"/* || exit 1
+# unxz_exe SRC.xz DEST: SRC unpacked to DEST, executable.
+unxz_exe() { xz -dc "$1" > "$2" && chmod +x "$2"; }
 # unpack_over DIR DEST: each DIR/NAME.xz unpacked to DEST/NAME (executable).
 unpack_over() {
   local f
-  for f in "$1"/*.xz; do xz -dc "$f" > "$2/$(basename "$f" .xz)"; chmod +x "$2/$(basename "$f" .xz)"; done
+  for f in "$1"/*.xz; do unxz_exe "$f" "$2/$(basename "$f" .xz)"; done
   echo "$2 from $1: $(ls "$1")"
 }
 if [ -n "$override" ]; then unpack_over "$override" benches; fi
@@ -682,7 +684,7 @@ ab_bench() {
   # AB_BENCH (an xz-packed bench binary of another build) unpacked once a
   # call; prints its path.
   local b=$work/ab_bench
-  [ -x "$b" ] || { xz -dc "$AB_BENCH" > "$b" && chmod +x "$b"; } || return
+  [ -x "$b" ] || unxz_exe "$AB_BENCH" "$b" || return
   echo "$b"
 }
 stage_s31ab() {
@@ -836,7 +838,7 @@ stage_s36() {
   local i run t v x
   local runs=A:benches/paged-attention-context
   for x in ${S36_VARIANTS:-C B B2}; do
-    xz -dc "$s36_dir/${x}_bench.xz" > "$work/s36_$x" && chmod +x "$work/s36_$x" || return
+    unxz_exe "$s36_dir/${x}_bench.xz" "$work/s36_$x" || return
     runs="$runs $x:$work/s36_$x"
   done
   for i in 1 2; do
@@ -845,8 +847,8 @@ stage_s36() {
     done
   done
   for v in ${S36_TESTS:-tests:C testsB2:B2}; do
-    mkdir -p "$work/s36t_${v#*:}" && xz -dc "$s36_dir/${v%%:*}/paged-attention-context_gpu.xz" > "$work/s36t_${v#*:}/t" \
-      && chmod +x "$work/s36t_${v#*:}/t" || continue
+    mkdir -p "$work/s36t_${v#*:}" && unxz_exe "$s36_dir/${v%%:*}/paged-attention-context_gpu.xz" "$work/s36t_${v#*:}/t" \
+      || continue
     echo "== quick context tests of ${v#*:}"
     for t in named_shapes_of_the_sm90_issue masked_nonfinite_keys must_pass persistent_grid q_tma e4m3 kv_split; do
       timeout 90 "$work/s36t_${v#*:}/t" --include-ignored $t >> "$OUT/s36_quick_${v#*:}.log" 2>&1; echo "$t rc=$?"
@@ -861,7 +863,7 @@ stage_s36z() {
   # Stage s36's bundle bench (A) and B2 on zero K/V (MHA_KIT_BENCH_ZERO_KV=1),
   # clock and power sampled: is the FP8 / bf16 gap the power cap's?
   local run
-  xz -dc "$s36_dir/B2_bench.xz" > "$work/s36_B2" && chmod +x "$work/s36_B2" || return
+  unxz_exe "$s36_dir/B2_bench.xz" "$work/s36_B2" || return
   for run in A:benches/paged-attention-context B2:$work/s36_B2; do
     headline_run s36z "${run%%:*}" "${run#*:}" MHA_KIT_BENCH_ZERO_KV=1 MHA_KIT_BENCH_DEFAULT_ONLY=1
   done
