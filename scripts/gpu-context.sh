@@ -132,6 +132,9 @@
 #             random cases (default 200) of each DIR:NAME in S36_TESTS (default
 #             "tests:C testsB2:B2", DIR/paged-attention-context_gpu.xz)
 #   s36z      the bundle's bench (A) and B2 on zero K/V, clock and power sampled
+#   fenceprobe  the checkout's crates/paged-attention/kernels/probes/fence_probe.cu,
+#             built with the device's nvcc and run (seconds): does
+#             fence.proxy.async wait for the thread's in-flight cp.async copies?
 #   loadcost  default vs _x4 on random and on zero K/V with the SM clock and
 #             power sampled (the power cap), then Nsight Compute on one launch of the
 #             default entry and one of _x4 (no global K/V reads), bs 8 x 4096:
@@ -158,7 +161,8 @@ tov=${TESTS_OVERRIDE:+$(realpath "$TESTS_OVERRIDE")}
 s36_dir=$(realpath "${S36_DIR:-.gpu/s36}" 2>/dev/null || true)
 # The checkout this script runs from, and its context peer script (as edited
 # since the bundle was built; stage peers runs the bundle's copy).
-tree_peers_py="$(pwd)/crates/paged-attention/benches/context_peers.py"
+tree_root=$(pwd)
+tree_peers_py="$tree_root/crates/paged-attention/benches/context_peers.py"
 tar -xJf "$archive" -C "$work" && cd "$work"/* || exit 1
 # unxz_exe SRC.xz DEST: SRC unpacked to DEST, executable.
 unxz_exe() { xz -dc "$1" > "$2" && chmod +x "$2"; }
@@ -868,6 +872,12 @@ stage_s36z() {
     headline_run s36z "${run%%:*}" "${run#*:}" MHA_KIT_BENCH_ZERO_KV=1 MHA_KIT_BENCH_DEFAULT_ONLY=1
   done
   (cd "$OUT" && tar -cJf s36z_logs.tar.xz s36z_* && rm -f s36z_*.log s36z_*.csv)
+}
+stage_fenceprobe() {
+  echo "== fence probe (nvcc $(nvcc --version | grep -o 'release [0-9.]*'))"
+  nvcc -O2 -arch=sm_90a -o "$work/fence_probe" "$tree_root/crates/paged-attention/kernels/probes/fence_probe.cu" \
+    > "$OUT/fenceprobe.log" 2>&1 && timeout 60 "$work/fence_probe" >> "$OUT/fenceprobe.log" 2>&1
+  echo "rc=$?"; cat "$OUT/fenceprobe.log"
 }
 stage_s32c() {
   echo "== decode bench (latency rows)"
