@@ -132,7 +132,7 @@
 #             random cases (default 200) of each DIR:NAME in S36_TESTS (default
 #             "tests:C testsB2:B2", DIR/paged-attention-context_gpu.xz)
 #   s36z      the bundle's bench (A) and B2 on zero K/V, clock and power sampled
-#   fenceprobe  the checkout's crates/paged-attention/kernels/probes/fence_probe.cu,
+#   fenceprobe  the checkout's scripts/probes/fence_probe.cu,
 #             built with the device's nvcc and run (seconds): does
 #             fence.proxy.async wait for the thread's in-flight cp.async copies?
 #   loadcost  default vs _x4 on random and on zero K/V with the SM clock and
@@ -157,7 +157,7 @@ peers=$(realpath "${PEERS_DIR:-.gpu/peers}" 2>/dev/null || true)
 # TESTS_OVERRIDE: the same for test binaries (copied over the bundle's tests/;
 # resolved here, before the cd below: session 33's s33d call lost it).
 tov=${TESTS_OVERRIDE:+$(realpath "$TESTS_OVERRIDE")}
-# S36_DIR: session 35's variant binaries (stage s36), resolved before the cd.
+# S36_DIR: the variant binaries of stages s36 / s36z, resolved before the cd.
 s36_dir=$(realpath "${S36_DIR:-.gpu/s36}" 2>/dev/null || true)
 # The checkout this script runs from, and its context peer script (as edited
 # since the bundle was built; stage peers runs the bundle's copy).
@@ -875,7 +875,7 @@ stage_s36z() {
 }
 stage_fenceprobe() {
   echo "== fence probe (nvcc $(nvcc --version | grep -o 'release [0-9.]*'))"
-  nvcc -O2 -arch=sm_90a -o "$work/fence_probe" "$tree_root/crates/paged-attention/kernels/probes/fence_probe.cu" \
+  nvcc -O2 -arch=sm_90a -o "$work/fence_probe" "$tree_root/scripts/probes/fence_probe.cu" \
     > "$OUT/fenceprobe.log" 2>&1 && timeout 60 "$work/fence_probe" >> "$OUT/fenceprobe.log" 2>&1
   echo "rc=$?"; cat "$OUT/fenceprobe.log"
 }

@@ -1,4 +1,5 @@
-// Probe (not part of any crate's build): does `fence.proxy.async.shared::cta`
+// Probe (not part of any crate's build; stage `fenceprobe` of
+// scripts/gpu-context.sh builds and runs it): does `fence.proxy.async.shared::cta`
 // wait for the executing thread's in-flight `cp.async` copies?
 //
 // Why it matters (docs/PERF.md, sessions 35-36): the e4m3 producer of the
@@ -8,8 +9,8 @@
 // waits for the next step's copies and the staging ring overlaps nothing.
 //
 // Each thread of one warp per CTA issues N 16-byte `cp.async` copies from a
-// cold global buffer (a fresh 64 MiB region per launch, so the copies go to
-// DRAM), then times, with `clock64`:
+// global buffer that a 256 MiB memset has just pushed out of L2 (so the
+// copies go to DRAM), then times, with `clock64`:
 //   mode 0: the fence with the copies in flight;
 //   mode 1: `cp.async.wait_all`, then the fence (the fence alone, copies done);
 //   mode 2: `cp.async.wait_all` alone (the copies' remaining latency);
@@ -17,7 +18,7 @@
 // If mode 0 ~ mode 2 and mode 1 ~ mode 3, the fence drains the copies.
 //
 // Build and run on the device (nvcc 13 is there):
-//   nvcc -O2 -arch=sm_90a -o /tmp/fence_probe crates/paged-attention/kernels/probes/fence_probe.cu
+//   nvcc -O2 -arch=sm_90a -o /tmp/fence_probe scripts/probes/fence_probe.cu
 //   /tmp/fence_probe
 #include <cstdio>
 #include <cstdint>
@@ -59,11 +60,13 @@ __global__ void probe(const uint8_t* __restrict__ src, int n, int mode, long lon
 int main() {
     const int ctas = 132, reps = 9;
     const int ns[] = {1, 4, 16};
-    const size_t region = (size_t)ctas * 16 * 32 * 4096;  // the largest n's footprint per launch
-    const size_t bytes = region * (size_t)(reps + 1);
+    const size_t bytes = (size_t)ctas * 16 * 32 * 4096;  // the largest n's footprint
+    const size_t flush_bytes = (size_t)256 << 20;         // several times any Hopper L2
     uint8_t* src = nullptr;
+    uint8_t* flush = nullptr;
     long long* out = nullptr;
-    if (cudaMalloc(&src, bytes) != cudaSuccess || cudaMalloc(&out, ctas * sizeof(long long)) != cudaSuccess) {
+    if (cudaMalloc(&src, bytes) != cudaSuccess || cudaMalloc(&flush, flush_bytes) != cudaSuccess ||
+        cudaMalloc(&out, ctas * sizeof(long long)) != cudaSuccess) {
         std::printf("cudaMalloc failed\n");
         return 1;
     }
@@ -75,8 +78,10 @@ int main() {
         for (int mode = 0; mode < 4; ++mode) {
             std::vector<long long> med;
             for (int r = 0; r < reps; ++r) {
-                // A fresh region each launch (cold L2); the warm-up launch r = 0 is kept too.
-                probe<<<ctas, 32>>>(src + region * (size_t)((r + mode) % (reps + 1)), n, mode, out);
+                // L2 emptied of src before each launch (the median of the nine
+                // absorbs launch 0's warm-up).
+                cudaMemset(flush, r, flush_bytes);
+                probe<<<ctas, 32>>>(src, n, mode, out);
                 std::vector<long long> h(ctas);
                 cudaMemcpy(h.data(), out, ctas * sizeof(long long), cudaMemcpyDeviceToHost);
                 std::sort(h.begin(), h.end());
