@@ -180,6 +180,151 @@ MHA_KIT_DEVICE Geom request_geom(const PagedAttentionParams& p, int b, bool repo
     return g;
 }
 
+// ---- length order (p.length_order != 0, PagedAttentionKernel::set_length_order) ----
+// The CTAs (x, y, z) of a launch serve the work units (request, split) in
+// longest-first order: v = x + S_max z numbers the units of the requests in
+// descending order of their length bucket k = ceil(cache_seqlens / 128)
+// (capped at LO_BUCKETS - 1; a length <= 0 is bucket 0; ties by request
+// index), ub(k) consecutive units a request, split s = 0 .. ub(k) - 1, and y
+// keeps the KV head and row tile. ub(k) bounds the splits tile_split can
+// give any request of bucket k: its needed keys are at most 128 k, so
+// n = ceil(leff / fixed_chunk) <= ceil(128 k / fixed_chunk) (Auto: nb <=
+// ceil(leff / 128) <= k), never more than S_max, and at least 1 (a request
+// without keys still writes its rows); bucket LO_BUCKETS - 1 takes S_max.
+// Units v past the last request's are empty and come last in grid order,
+// so the block scheduler, which starts CTAs in grid order, starts the
+// longest requests first and runs the empty CTAs at the launch's tail
+// instead of between the work (longest processing time first). Every
+// (request, split < nb) is still served by exactly one CTA per (head, row
+// tile), with the same key range, partials and fold: results are
+// bit-identical to the grid order. Not for the cluster fold (its cluster
+// must be the splits of one item).
+// Block-cooperative (every thread calls it, before any other use of
+// `scratch`: LO_WORDS u32 of shared memory, free again on return). Cost:
+// one pass over cache_seqlens (bs / NT loads a thread, issued together up to
+// bs 512) and three barriers, and for a CTA with work a second pass (L1
+// hits) and three more.
+// Not inlined: its registers stay out of the kernels' budgets (inlined, the
+// CUDA-core D 64 entries spilled 8 bytes).
+constexpr int LO_BUCKETS = 256;
+constexpr int LO_WORDS = LO_BUCKETS + NT / 32 + 3;
+
+// Length bucket of request j in descending order: 0 holds the longest.
+MHA_KIT_DEVICE int lo_rank_bucket(const i32* cache_seqlens, int j) {
+    const i32 len = cache_seqlens[j];
+    const i32 k = len <= 0 ? 0 : min((len >> 7) + ((len & 127) != 0 ? 1 : 0), LO_BUCKETS - 1);
+    return LO_BUCKETS - 1 - k;
+}
+
+// ub(k): splits tile_split can give a request of length bucket k (see above).
+MHA_KIT_DEVICE u32 lo_splits_bound(int k, int smax, int fixed_chunk) {
+    if (k >= LO_BUCKETS - 1) return (u32)smax;
+    const u32 keys = (u32)k * 128u;
+    const u32 n = fixed_chunk > 0 ? (keys + (u32)fixed_chunk - 1u) / (u32)fixed_chunk : (u32)k;
+    return max(1u, min(n, (u32)smax));
+}
+
+// The unit (request, split) of CTA (x, z), or request -1 for an empty CTA.
+__device__ __noinline__ int2 unit_in_length_order(const i32* cache_seqlens, int bs, int smax, int fixed_chunk,
+                                                  int x, int z, u32* scratch) {
+    u32* hist = scratch;               // [LO_BUCKETS] requests per bucket (descending)
+    u32* wsum = scratch + LO_BUCKETS;  // [NT / 32] per-warp counts of one pass
+    u32* sel = wsum + NT / 32;         // bucket (or ~0: empty), rank inside it, split
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const u32 v = (u32)x + (u32)smax * (u32)z;
+    for (int i = tid; i < LO_BUCKETS; i += NT) hist[i] = 0u;
+    __syncthreads();
+    constexpr int LO_LOADS = 4;  // lengths a thread loads at once (one round trip up to bs 512)
+    for (int base = 0; base < bs; base += NT * LO_LOADS) {
+        int k[LO_LOADS];
+#pragma unroll
+        for (int u = 0; u < LO_LOADS; ++u) {
+            const int j = base + u * NT + tid;
+            k[u] = j < bs ? lo_rank_bucket(cache_seqlens, j) : -1;
+        }
+        // One shared atomic per distinct bucket of a warp (the batch's
+        // requests share few buckets: same-address atomics would serialize).
+#pragma unroll
+        for (int u = 0; u < LO_LOADS; ++u) {
+            const u32 same = __match_any_sync(0xffffffffu, k[u]);
+            if (k[u] >= 0 && (same & ((1u << lane) - 1u)) == 0u) atomicAdd(&hist[k[u]], (u32)__popc(same));
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {
+        // Lane l scans rank buckets PER l .. PER l + PER - 1, each holding
+        // hist * ub units; the bucket holding unit v (if any).
+        constexpr int PER = LO_BUCKETS / 32;
+        u32 c[PER];
+        u32 sum = 0u;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            c[i] = hist[PER * lane + i];
+            if (c[i] != 0u) c[i] *= lo_splits_bound(LO_BUCKETS - 1 - (PER * lane + i), smax, fixed_chunk);
+            sum += c[i];
+        }
+        u32 incl = sum;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 t = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += t;
+        }
+        if (lane == 31 && v >= incl) sel[0] = ~0u;  // past the last unit
+        u32 start = incl - sum;
+        int hit = -1;
+        u32 hit_start = 0u;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            if (v >= start && v < start + c[i]) {
+                hit = i;
+                hit_start = start;
+            }
+            start += c[i];
+        }
+        if (hit >= 0) {
+            const int d = PER * lane + hit;
+            const u32 ub = lo_splits_bound(LO_BUCKETS - 1 - d, smax, fixed_chunk);
+            const u32 off = v - hit_start;
+            sel[0] = (u32)d;
+            sel[1] = off / ub;
+            sel[2] = off - (off / ub) * ub;
+        }
+    }
+    __syncthreads();
+    const u32 d = sel[0];
+    if (d == ~0u) {
+        __syncthreads();  // every thread has read sel before the caller reuses scratch
+        return make_int2(-1, 0);
+    }
+    const u32 r = sel[1];
+    const int split = (int)sel[2];
+    // The r-th request (by index) of rank bucket d, NT requests a pass.
+    u32 seen = 0u;
+    for (int base = 0; base < bs; base += NT) {
+        const int j = base + tid;
+        const bool f = j < bs && lo_rank_bucket(cache_seqlens, j) == (int)d;
+        const u32 bal = __ballot_sync(0xffffffffu, f);
+        if (lane == 0) wsum[warp] = (u32)__popc(bal);
+        __syncthreads();
+        u32 before = seen + (u32)__popc(bal & ((1u << lane) - 1u));
+        u32 total = 0u;
+#pragma unroll
+        for (int q = 0; q < NT / 32; ++q) {
+            before += q < warp ? wsum[q] : 0u;
+            total += wsum[q];
+        }
+        if (f && before == r) sel[0] = (u32)j;
+        seen += total;
+        __syncthreads();
+        if (seen > r) break;  // CTA-uniform
+    }
+    const int b = (int)sel[0];
+    __syncthreads();  // every thread has read sel before the caller reuses scratch
+    return make_int2(b, split);
+}
+
 // ---- decode context parallelism: page interleave (p.cp_ranks > 1) ----
 // Rank p.cp_rank of p.cp_ranks holds every request's pages e with
 // e mod N = rank, as its local pages e div N: local key k sits at global
@@ -522,10 +667,17 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
     float* d_s = reinterpret_cast<float*>(smem + L::DN_OFF);
     u32* valid_s = reinterpret_cast<u32*>(smem + L::VAL_OFF);
 
-    const int split = blockIdx.x;
     const int h = blockIdx.y % p.num_kv_heads;
     const int rt = p.row_tile_base + blockIdx.y / p.num_kv_heads;
-    const int b = blockIdx.z;
+    // Unit (request, split): grid order, or longest requests first.
+    static_assert(L::BYTES >= LO_WORDS * 4, "length order scratch");
+    const int2 unit = p.length_order != 0
+                          ? unit_in_length_order(p.cache_seqlens, p.bs, p.max_splits, p.fixed_chunk, blockIdx.x,
+                                                 blockIdx.z, reinterpret_cast<u32*>(smem))
+                          : make_int2((int)blockIdx.z, (int)blockIdx.x);
+    if (unit.x < 0) return;  // length order: past the last unit
+    const int split = unit.y;
+    const int b = unit.x;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
@@ -956,10 +1108,17 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     float* dsum = ms + MW * ROWS;
     u32* vm_s = reinterpret_cast<u32*>(smem + L::VM_OFF);
 
-    const int split = blockIdx.x;
     const int h = blockIdx.y % p.num_kv_heads;
     const int rt = p.row_tile_base + blockIdx.y / p.num_kv_heads;
-    const int b = blockIdx.z;
+    // Unit (request, split): grid order, or longest requests first.
+    static_assert(L::BYTES >= LO_WORDS * 4, "length order scratch");
+    const int2 unit = p.length_order != 0
+                          ? unit_in_length_order(p.cache_seqlens, p.bs, p.max_splits, p.fixed_chunk, blockIdx.x,
+                                                 blockIdx.z, reinterpret_cast<u32*>(smem))
+                          : make_int2((int)blockIdx.z, (int)blockIdx.x);
+    if (unit.x < 0) return;  // length order: past the last unit
+    const int split = unit.y;
+    const int b = unit.x;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;

@@ -16,7 +16,7 @@
 #define PAC_NEGATIVE_SEQLEN 4u  // `cache_seqlens[i] < 0`: read as 0 (once per request).
 #define PAC_BAD_PAGE        8u  // A needed page (one overlapping `[k_lo, L)`) lies past `max_num_pages` or its id is outside `[0, num_pages)`: its keys are masked (once per page, D10).
 
-// paged_attention::PagedAttentionParams (280 bytes).
+// paged_attention::PagedAttentionParams (288 bytes).
 struct PagedAttentionParams {
     const u16* q;              // `[num_tokens, Hq, D]`.
     u16* out;                  // `[num_tokens, Hq, D]`.
@@ -73,9 +73,14 @@ struct PagedAttentionParams {
     // head-dim-512 path, whose long prompts need more row tiles than
     // one grid's y dimension holds, covers them in several launches.
     i32 row_tile_base;
+    // Length order ([`PagedAttentionKernel::set_length_order`]): 1 =
+    // CTA `(x, y, z)` serves unit `x + S_max·z` of the requests in
+    // descending order of `⌈cache_seqlens / 128⌉` (ties by index); 0 =
+    // request `z`, split `x`.
+    i32 length_order;
     u32* skip_counter;         // `[1]` count of skipped warp slices (debug), or 0.
 };
-static_assert(sizeof(PagedAttentionParams) == 280, "PagedAttentionParams: size differs from Rust");
+static_assert(sizeof(PagedAttentionParams) == 288, "PagedAttentionParams: size differs from Rust");
 static_assert(alignof(PagedAttentionParams) == 8, "PagedAttentionParams: alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::q) == 8 && alignof(decltype(PagedAttentionParams::q)) == 8, "PagedAttentionParams::q (offset 0): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::out) == 8 && alignof(decltype(PagedAttentionParams::out)) == 8, "PagedAttentionParams::out (offset 8): size or alignment differs from Rust");
@@ -121,7 +126,8 @@ static_assert(sizeof(PagedAttentionParams::cp_ranks) == 4 && alignof(decltype(Pa
 static_assert(sizeof(PagedAttentionParams::cp_rank) == 4 && alignof(decltype(PagedAttentionParams::cp_rank)) == 4, "PagedAttentionParams::cp_rank (offset 260): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::skip_log2_factor) == 4 && alignof(decltype(PagedAttentionParams::skip_log2_factor)) == 4, "PagedAttentionParams::skip_log2_factor (offset 264): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::row_tile_base) == 4 && alignof(decltype(PagedAttentionParams::row_tile_base)) == 4, "PagedAttentionParams::row_tile_base (offset 268): size or alignment differs from Rust");
-static_assert(sizeof(PagedAttentionParams::skip_counter) == 8 && alignof(decltype(PagedAttentionParams::skip_counter)) == 8, "PagedAttentionParams::skip_counter (offset 272): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::length_order) == 4 && alignof(decltype(PagedAttentionParams::length_order)) == 4, "PagedAttentionParams::length_order (offset 272): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::skip_counter) == 8 && alignof(decltype(PagedAttentionParams::skip_counter)) == 8, "PagedAttentionParams::skip_counter (offset 280): size or alignment differs from Rust");
 
 // paged_attention::ContextParams (280 bytes).
 struct ContextParams {

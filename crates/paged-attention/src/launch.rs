@@ -17,7 +17,7 @@ mod views;
 
 pub use kernel::{
     cluster_fold_variant, PagedAttentionKernel, DECODE_CLUSTER_FOLD_ENV, DECODE_EXPERIMENT_ENV,
-    DECODE_PDL_ENV, DECODE_WIDE_MMA_ENV,
+    DECODE_LENGTH_ORDER_ENV, DECODE_PDL_ENV, DECODE_WIDE_MMA_ENV,
 };
 pub(crate) use plan::lse_stride_tok;
 pub use plan::{validate, validate_path};
@@ -168,6 +168,11 @@ kernel_rt::abi_struct! {
         /// head-dim-512 path, whose long prompts need more row tiles than
         /// one grid's y dimension holds, covers them in several launches.
         pub row_tile_base: i32 = "i32",
+        /// Length order ([`PagedAttentionKernel::set_length_order`]): 1 =
+        /// CTA `(x, y, z)` serves unit `x + S_max·z` of the requests in
+        /// descending order of `⌈cache_seqlens / 128⌉` (ties by index); 0 =
+        /// request `z`, split `x`.
+        pub length_order: i32 = "i32",
         /// `u32*` `[1]` count of skipped warp slices (debug), or 0.
         pub skip_counter: u64 = "u32*",
     }

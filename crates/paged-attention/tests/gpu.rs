@@ -1250,6 +1250,90 @@ fn main() {
             );
             Ok(())
         }),
+        named("length_order_equals_grid_order", |gpu, _| {
+            // `set_length_order(Some(0))` (the longest requests' CTAs first,
+            // whatever the launch's size) against `None` (grid order):
+            // rows, LSE and error words bit-identical to the grid order on
+            // the random cases (their split modes and chunked splits of
+            // 1..97 keys, cluster folds where they fit), and batches of 129
+            // to 300 ragged requests (more than one 128-request pass of the
+            // in-kernel selection; empty requests; many requests per length
+            // bucket) against the f64 reference.
+            let mut on = PagedAttentionKernel::new(gpu).or_fail("load")?;
+            on.set_length_order(Some(0));
+            let mut off = PagedAttentionKernel::new(gpu).or_fail("load")?;
+            off.set_length_order(None);
+            let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let same = |c: &Case, split: SplitMode, msl: usize| -> Result<(), String> {
+                let a = launch_edited(gpu, &on, c, split, msl, |_| {})?;
+                let b = launch_edited(gpu, &off, c, split, msl, |_| {})?;
+                if a.out != b.out || bits(&a.lse) != bits(&b.lse) || a.errors != b.errors {
+                    return Err(format!(
+                        "{split:?}: the length order differs from the grid order ({})",
+                        describe(c)
+                    ));
+                }
+                Ok(())
+            };
+            let cases = env_cases(400);
+            for seed in 0..cases {
+                let (c, drawn, msl) = random_case(seed);
+                let split = if seed % 2 == 0 {
+                    drawn
+                } else {
+                    SplitMode::Chunked {
+                        chunk_tokens: 1 + (seed % 97) as usize,
+                        max_splits: 1 + (seed % 9) as usize,
+                    }
+                };
+                same(&c, split, msl).map_err(|e| format!("seed {seed}: {e}"))?;
+            }
+            let mut big = 0usize;
+            for (bs, group, d, seed) in [
+                (300usize, 4usize, 128usize, 1u64),
+                (200, 1, 64, 2),
+                (129, 8, 256, 3),
+            ] {
+                let mut x = seed;
+                let lens: Vec<i32> = (0..bs)
+                    .map(|_| {
+                        x = x
+                            .wrapping_mul(6_364_136_223_846_793_005)
+                            .wrapping_add(1_442_695_040_888_963_407);
+                        let r = (x >> 33) as i32;
+                        if r % 11 == 0 {
+                            0
+                        } else {
+                            1 + r % 700
+                        }
+                    })
+                    .collect();
+                let c = uniform_weights_case(
+                    KvDtype::Bf16,
+                    d,
+                    group,
+                    16,
+                    &lens,
+                    Some(1),
+                    bs,
+                    |b, pos| ((b * 7 + pos) % 13) as f64 / 13.0 - 0.5,
+                );
+                let msl = lens.iter().copied().max().unwrap_or(1).max(1) as usize;
+                for split in [
+                    SplitMode::Auto,
+                    SplitMode::Chunked {
+                        chunk_tokens: 128,
+                        max_splits: 4,
+                    },
+                ] {
+                    check(gpu, &on, &c, split, msl).map_err(|e| format!("bs {bs}: {e}"))?;
+                    same(&c, split, msl).map_err(|e| format!("bs {bs}: {e}"))?;
+                    big += 1;
+                }
+            }
+            println!("length_order_equals_grid_order: {cases} random cases, {big} large batches");
+            Ok(())
+        }),
         named("d512_decode_and_verify_vs_reference", |gpu, _| {
             // Head dim 512 and e4m3 K/V at 256 (the tensor-core entries that
             // split the dims between warps, `mma_wide`, run with

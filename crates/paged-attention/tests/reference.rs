@@ -374,7 +374,7 @@ fn window_ragged_seed_15297217940233036951() {
 #[test]
 fn params_layout_matches_cuda() {
     use std::mem::{offset_of, size_of};
-    assert_eq!(size_of::<PagedAttentionParams>(), 280);
+    assert_eq!(size_of::<PagedAttentionParams>(), 288);
     assert_eq!(offset_of!(PagedAttentionParams, errors), 80);
     assert_eq!(offset_of!(PagedAttentionParams, lse), 88);
     assert_eq!(offset_of!(PagedAttentionParams, lse_stride_tok), 96);
@@ -387,10 +387,12 @@ fn params_layout_matches_cuda() {
     assert_eq!(offset_of!(PagedAttentionParams, cp_ranks), 256);
     assert_eq!(offset_of!(PagedAttentionParams, cp_rank), 260);
     assert_eq!(offset_of!(PagedAttentionParams, skip_log2_factor), 264);
-    assert_eq!(offset_of!(PagedAttentionParams, skip_counter), 272);
+    assert_eq!(offset_of!(PagedAttentionParams, row_tile_base), 268);
+    assert_eq!(offset_of!(PagedAttentionParams, length_order), 272);
+    assert_eq!(offset_of!(PagedAttentionParams, skip_counter), 280);
     assert!(PTX
         .ptx
-        .contains("paged_attention_decode_bf16_kv_bf16_d128_param_0[280]"));
+        .contains("paged_attention_decode_bf16_kv_bf16_d128_param_0[288]"));
 }
 
 #[test]

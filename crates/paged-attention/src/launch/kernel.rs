@@ -99,6 +99,12 @@ pub fn cluster_fold_variant(q: HalfDtype, kv: KvDtype, d: usize) -> bool {
 /// `on` (default) or `off`.
 pub const DECODE_CLUSTER_FOLD_ENV: &str = "MHA_KIT_DECODE_CLUSTER_FOLD";
 
+/// Environment variable that sets when new launchers start the CTAs of the
+/// longest requests first ([`PagedAttentionKernel::set_length_order`]):
+/// `on` (default: launches of at least `2·SMs` work items), `always` or
+/// `off`.
+pub const DECODE_LENGTH_ORDER_ENV: &str = "MHA_KIT_DECODE_LENGTH_ORDER";
+
 /// The decode/verify launcher: every kernel function is resolved once, at
 /// construction (with its dynamic shared memory limit raised); launches are
 /// stream-ordered and graph-capturable (no host sync, allocation or copy).
@@ -130,6 +136,9 @@ pub struct PagedAttentionKernel {
     /// [`KernelPath::Auto`] also runs the tensor-core entries of
     /// [`crate::mma_wide`] shapes ([`PagedAttentionKernel::set_wide_mma`]).
     wide_mma: bool,
+    /// Work units in descending order of request length for launches of
+    /// at least this many work items ([`PagedAttentionKernel::set_length_order`]).
+    length_order: Option<usize>,
 }
 
 impl PagedAttentionKernel {
@@ -207,6 +216,14 @@ impl PagedAttentionKernel {
             cluster_launches: AtomicU64::new(0),
             launch_row_tiles: None,
             wide_mma: env_choice(DECODE_WIDE_MMA_ENV, &[("on", true), ("off", false)])?,
+            length_order: env_choice(
+                DECODE_LENGTH_ORDER_ENV,
+                &[
+                    ("on", Some(2 * num_sms)),
+                    ("always", Some(0)),
+                    ("off", None),
+                ],
+            )?,
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
@@ -278,6 +295,40 @@ impl PagedAttentionKernel {
     /// through the workspace as before.
     pub fn set_cluster_fold(&mut self, on: bool) {
         self.cluster_fold = on;
+    }
+
+    /// Sets which launches start the CTAs of their longest requests first:
+    /// `Some(min_items)` those of more than one request with at least
+    /// `min_items` work items (`bs·Hkv·row_tiles`), `None` none. Default
+    /// from [`DECODE_LENGTH_ORDER_ENV`], unset: `Some(2·SMs)`.
+    ///
+    /// The block scheduler starts CTAs in grid order, and in grid order CTA
+    /// slice `z` is request `z`, so in a ragged batch a long request late in
+    /// the batch starts last and runs alone at the end. With the length
+    /// order every CTA first ranks the batch by `⌈cache_seqlens / 128⌉`
+    /// (descending, ties by index: a counting sort over 256 buckets in
+    /// shared memory, one or two passes over `cache_seqlens`) and serves the
+    /// work units (request, split) in that order, each request's possible
+    /// splits consecutive (at most `⌈128·⌈L/128⌉ / chunk⌉`, ≤ `S_max`), the
+    /// CTAs left over (units no request has) last: longest processing time
+    /// first. Each request is still computed by the same splits, partials
+    /// and fold, so rows, LSE and error words are bit-identical to the
+    /// launch without it. Launches whose splits fold inside clusters keep
+    /// the grid order. Cost: ~1.3–1.8 µs at the start of every CTA (H100,
+    /// docs/PERF.md session 37), so it pays where there are many CTAs a
+    /// slot: on an H200 an unsplit ragged batch of 224 requests (Azure conv
+    /// lengths) went from 89% / 97% of the copy ceiling to 100% / 100%; a
+    /// uniform bs 64 / 256 × 8k moved < 0.3%. Split launches with many
+    /// empty CTAs (`max_splits` far above the batch's need) lose: each
+    /// empty CTA pays the ranking too.
+    pub fn set_length_order(&mut self, min_items: Option<usize>) {
+        self.length_order = min_items;
+    }
+
+    /// Launches of at least this many work items start their longest
+    /// requests first (`None`: none).
+    pub fn length_order(&self) -> Option<usize> {
+        self.length_order
     }
 
     /// Whether split launches may fold inside clusters.
@@ -496,6 +547,14 @@ impl PagedAttentionKernel {
             }
             _ => (entry, 1),
         };
+        // Longest requests first (not with the cluster fold: a cluster must
+        // hold the splits of one item).
+        let items = (p.bs.max(0) as usize)
+            * (p.num_kv_heads.max(1) as usize)
+            * (p.row_tiles.max(1) as usize);
+        p.length_order = i32::from(
+            p.bs > 1 && cluster_x == 1 && self.length_order.is_some_and(|min| items >= min),
+        );
         // The row tiles in blocks of the grid's y extent (one block unless
         // `long_rows` needed more).
         let hkv = p.num_kv_heads.max(1) as usize;
