@@ -408,7 +408,7 @@ const AZURE_CONV_2023_DECODE_LEN: [(f64, f64); 17] = [
 const RAGGED_MAX_SEQ_LEN: usize = 16384;
 
 /// Split modes compared on each ragged batch.
-const RAGGED_SPLITS: [SplitMode; 6] = [
+const RAGGED_SPLITS: [SplitMode; 5] = [
     SplitMode::Auto,
     SplitMode::Chunked {
         chunk_tokens: 512,
@@ -425,10 +425,6 @@ const RAGGED_SPLITS: [SplitMode; 6] = [
     SplitMode::Chunked {
         chunk_tokens: 2048,
         max_splits: 4,
-    },
-    SplitMode::Chunked {
-        chunk_tokens: 2048,
-        max_splits: 8,
     },
 ];
 
@@ -973,14 +969,22 @@ fn ragged_table(
     );
     println!("| batch | split | isolated µs | back-to-back µs | TB/s (isolated) | % of ceiling |");
     println!("|---|---|---:|---:|---:|---:|");
+    // Grid order and the longest requests' CTAs first, on every launch.
+    let mut grid = PagedAttentionKernel::new(gpu).expect("load");
+    grid.set_length_order(None);
+    let mut ordered = PagedAttentionKernel::new(gpu).expect("load");
+    ordered.set_length_order(Some(0));
     for (bs, seed) in [(224, 1), (224, 2), (64, 1), (64, 2)] {
         let c = ragged(bs, seed);
         let mut p =
             prepare(gpu, kernel, &c, false, &RAGGED_SPLITS, false).expect("prepare ragged case");
-        for split in RAGGED_SPLITS {
-            let us = median_us(gpu, 5, 30, || launch(kernel, &c, &mut p, 0, split, errors))
-                .expect("median");
-            let b2b = per_launch_us(gpu, 20, || launch(kernel, &c, &mut p, 0, split, errors))
+        for (split, k) in RAGGED_SPLITS
+            .iter()
+            .flat_map(|&s| [(s, &grid), (s, &ordered)])
+        {
+            let us =
+                median_us(gpu, 5, 30, || launch(k, &c, &mut p, 0, split, errors)).expect("median");
+            let b2b = per_launch_us(gpu, 20, || launch(k, &c, &mut p, 0, split, errors))
                 .expect("back-to-back");
             let gbps = p.bytes / (us * 1e-6) / 1e9;
             let name = match split {
@@ -990,6 +994,11 @@ fn ragged_table(
                     chunk_tokens,
                     max_splits,
                 } => format!("Chunked {chunk_tokens}×{max_splits}"),
+            };
+            let name = if k.length_order().is_some() {
+                format!("{name}, longest first")
+            } else {
+                name
             };
             println!(
                 "| {} | {name} | {us:.1} | {b2b:.1} | {:.2} | {:.0} % |",
