@@ -585,6 +585,15 @@ pub(super) fn decode_args<'v>(
     })
 }
 
+/// Work items (request, KV head, row tile) per SM from which a full decode
+/// launch runs unsplit: the kernel's length order (longest requests first,
+/// `PagedAttentionKernel::set_length_order`) balances it better than the
+/// chunked split, whose extra CTAs each pay the order's ranking (H200, Azure
+/// conv lengths: 224 requests × 8 KV heads unsplit and ordered 100% / 100% of
+/// the copy ceiling, chunked 2048 × 4 94% / 96%; 64 requests: chunked and
+/// ordered 85% / 82%, unsplit and ordered 64% / 71%; docs/PERF.md session 37).
+const UNSPLIT_ITEMS_PER_SM: usize = 8;
+
 /// Plans and launches one decode call on `stream`: Auto's split, or the
 /// executor's chunked split when Auto would not split and the workspace
 /// holds it; the split counters zeroed unless known zero.
@@ -598,8 +607,16 @@ pub(super) fn launch_decode(
     let args = &mut args;
     let mut lp = cx.decode.plan(args)?;
     // A launch Auto does not split fills the GPU: cut long requests into
-    // chunks (length-aware, batch-independent) unless the workspace is short.
-    if lp.params.max_splits == 1 && matches!(cx.decode_split, SplitMode::Chunked { .. }) {
+    // chunks (length-aware, batch-independent) unless the workspace is short,
+    // or the launch holds so many work items that the kernel's length order
+    // alone balances it (UNSPLIT_ITEMS_PER_SM, crate docs).
+    let items = (lp.params.bs.max(0) as usize)
+        * (lp.params.num_kv_heads.max(1) as usize)
+        * (lp.params.row_tiles.max(1) as usize);
+    if lp.params.max_splits == 1
+        && items < UNSPLIT_ITEMS_PER_SM * cx.decode.num_sms()
+        && matches!(cx.decode_split, SplitMode::Chunked { .. })
+    {
         args.split = cx.decode_split;
         let chunked = cx.decode.plan(args)?;
         if chunked.workspace_elems <= cx.workspace.len() {
