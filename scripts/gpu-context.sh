@@ -132,6 +132,10 @@
 #             random cases (default 200) of each DIR:NAME in S36_TESTS (default
 #             "tests:C testsB2:B2", DIR/paged-attention-context_gpu.xz)
 #   s36z      the bundle's bench (A) and B2 on zero K/V, clock and power sampled
+#   ragged    the decode bench's ragged serving-batch table alone (grid order
+#             and length order for each split mode), the length-order test,
+#             then the whole conv trace with MHA_KIT_MIXED_OVERLAP=off and the
+#             bundle's defaults (decode bandwidth bar of issue 14), ~6 min
 #   fenceprobe  the checkout's scripts/probes/fence_probe.cu,
 #             built with the device's nvcc and run (seconds): does
 #             fence.proxy.async wait for the thread's in-flight cp.async copies?
@@ -878,6 +882,18 @@ stage_fenceprobe() {
   nvcc -O2 -arch=sm_90a -o "$work/fence_probe" "$tree_root/scripts/probes/fence_probe.cu" \
     > "$OUT/fenceprobe.log" 2>&1 && timeout 60 "$work/fence_probe" >> "$OUT/fenceprobe.log" 2>&1
   echo "rc=$?"; cat "$OUT/fenceprobe.log"
+}
+stage_ragged() {
+  echo "== decode ragged serving batches"
+  MHA_KIT_BENCH_CASES=none MHA_KIT_BENCH_GRID=0 timeout 200 benches/paged-attention-paged_attention --bench \
+    > "$OUT/ragged.log" 2>&1
+  echo "rc=$?"; grep -E '^\| bs' "$OUT/ragged.log"
+  timeout 120 tests/paged-attention-gpu --include-ignored length_order > "$OUT/length_order.log" 2>&1
+  echo "rc=$?"; summary "$OUT/length_order.log"
+  echo "== mha-replay, whole conv trace, overlap off"
+  MHA_KIT_MIXED_OVERLAP=off timeout 400 bin/mha-replay --trace conv --json "$OUT/replay-conv.json" \
+    > "$OUT/replay-conv.log" 2>&1
+  echo "rc=$?"; grep -E "^\|" "$OUT/replay-conv.log" | tail -14
 }
 stage_s32c() {
   echo "== decode bench (latency rows)"
