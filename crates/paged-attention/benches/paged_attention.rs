@@ -408,7 +408,7 @@ const AZURE_CONV_2023_DECODE_LEN: [(f64, f64); 17] = [
 const RAGGED_MAX_SEQ_LEN: usize = 16384;
 
 /// Split modes compared on each ragged batch.
-const RAGGED_SPLITS: [SplitMode; 5] = [
+const RAGGED_SPLITS: [SplitMode; 7] = [
     SplitMode::Auto,
     SplitMode::Chunked {
         chunk_tokens: 512,
@@ -424,7 +424,16 @@ const RAGGED_SPLITS: [SplitMode; 5] = [
     },
     SplitMode::Chunked {
         chunk_tokens: 2048,
+        max_splits: 2,
+    },
+    SplitMode::Chunked {
+        chunk_tokens: 2048,
         max_splits: 4,
+    },
+    // Few empty CTAs: the length order's ranking costs every CTA.
+    SplitMode::Chunked {
+        chunk_tokens: 4096,
+        max_splits: 2,
     },
 ];
 
