@@ -136,6 +136,13 @@
 #             and length order for each split mode), the length-order test,
 #             then the whole conv trace with MHA_KIT_MIXED_OVERLAP=off and the
 #             bundle's defaults (decode bandwidth bar of issue 14), ~6 min
+#   s37ab     (bundle: any with benches/paged-attention-paged_attention, e.g.
+#             .gpu/s37mini.tar.xz, main's decode bench alone)
+#             the ragged table of this bundle's decode bench (main) and of
+#             S37_DIR/dbench.xz (default .gpu/s37v4: branch
+#             s37-length-order-warp-rank, the ranking by warp 0 alone), in
+#             turns, bs 16 x 1k with the order forced on for both, then that
+#             build's length-order test and 600 random cases (S37_DIR/dtest.xz)
 #   fenceprobe  the checkout's scripts/probes/fence_probe.cu,
 #             built with the device's nvcc and run (seconds): does
 #             fence.proxy.async wait for the thread's in-flight cp.async copies?
@@ -161,6 +168,8 @@ peers=$(realpath "${PEERS_DIR:-.gpu/peers}" 2>/dev/null || true)
 # TESTS_OVERRIDE: the same for test binaries (copied over the bundle's tests/;
 # resolved here, before the cd below: session 33's s33d call lost it).
 tov=${TESTS_OVERRIDE:+$(realpath "$TESTS_OVERRIDE")}
+# S37_DIR: the variant binaries of stage s37ab, resolved before the cd.
+s37_dir=$(realpath "${S37_DIR:-.gpu/s37v4}" 2>/dev/null || true)
 # S36_DIR: the variant binaries of stages s36 / s36z, resolved before the cd.
 s36_dir=$(realpath "${S36_DIR:-.gpu/s36}" 2>/dev/null || true)
 # The checkout this script runs from, and its context peer script (as edited
@@ -901,6 +910,25 @@ stage_ragged() {
   MHA_KIT_MIXED_OVERLAP=off timeout 400 bin/mha-replay --trace conv --json "$OUT/replay-conv.json" \
     > "$OUT/replay-conv.log" 2>&1
   echo "rc=$?"; grep -E "^\|" "$OUT/replay-conv.log" | tail -14
+}
+stage_s37ab() {
+  unxz_exe "$s37_dir/dbench.xz" "$work/s37_bench" || return
+  mkdir -p "$work/s37t" && unxz_exe "$s37_dir/dtest.xz" "$work/s37t/t" || return
+  for run in main1:benches/paged-attention-paged_attention v4_1:$work/s37_bench \
+             main2:benches/paged-attention-paged_attention v4_2:$work/s37_bench; do
+    echo "== ragged table, ${run%%:*}"
+    MHA_KIT_BENCH_CASES=none MHA_KIT_BENCH_GRID=0 timeout 200 "${run#*:}" --bench > "$OUT/s37_ragged_${run%%:*}.log" 2>&1
+    echo "rc=$?"; grep -E '^\| bs' "$OUT/s37_ragged_${run%%:*}.log"
+  done
+  for run in main:benches/paged-attention-paged_attention v4:$work/s37_bench; do
+    echo "== bs 16 x 1k, length order always, ${run%%:*}"
+    MHA_KIT_DECODE_LENGTH_ORDER=always MHA_KIT_BENCH_CASES="bs 16, L 1024" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
+      timeout 100 "${run#*:}" --bench > "$OUT/s37_b16_${run%%:*}.log" 2>&1
+    echo "rc=$?"; grep -E '^\| bs 16, L 1024 \|' "$OUT/s37_b16_${run%%:*}.log"
+  done
+  timeout 120 "$work/s37t/t" --include-ignored length_order > "$OUT/s37_test.log" 2>&1; echo "length_order rc=$?"
+  MHA_KIT_GPU_CASES=600 timeout 150 "$work/s37t/t" --include-ignored gpu_matches_reference_proptest >> "$OUT/s37_test.log" 2>&1
+  echo "proptest rc=$?"; summary "$OUT/s37_test.log"
 }
 stage_s32c() {
   echo "== decode bench (latency rows)"
