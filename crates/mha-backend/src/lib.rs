@@ -137,10 +137,10 @@
 //! own length and the policy, so eager and graph launches of a bucket agree
 //! bit for bit. If the workspace cannot hold the chunked partials, Auto runs.
 //! A launch of at least 8 work items (request, KV head, row tile) an SM runs
-//! unsplit: there the decode kernel's length order (its CTAs serve the
-//! longest requests first, `PagedAttentionKernel::set_length_order`, on by
-//! default from `2·SMs` items) balances the batch better than chunks, whose
-//! extra CTAs each pay that order's ranking (docs/PERF.md session 37).
+//! unsplit (`paged_attention::chunk_full_launch`): there the decode kernel's
+//! length order (its CTAs serve the longest requests first, on by default
+//! from `2·SMs` items) balances the batch better than chunks, whose extra
+//! CTAs each pay that order's ranking (docs/PERF.md session 37).
 //!
 //! **Status:** the CUDA executor and the graph path pass their GPU tests on
 //! an H200 (`tests/gpu.rs`: 48 trials, every mode eager == CPU executor,

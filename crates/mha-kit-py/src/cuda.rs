@@ -21,8 +21,8 @@ use kernel_rt::cudarc::driver::CudaStream;
 use kernel_rt::{DeviceErrors, ErrorReport, ExternalBuffer, Gpu, Strided, StridedMut};
 use page_table::{PageTableArgs, PageTableKernel, SwaTables};
 use paged_attention::{
-    ContextArgs, ContextKernel, DecodeArgs, KvCache, MergeStatesArgs, MergeStatesKernel,
-    PagedAttentionKernel, QueryLayout, SplitMode,
+    chunk_full_launch, ContextArgs, ContextKernel, DecodeArgs, KvCache, MergeStatesArgs,
+    MergeStatesKernel, PagedAttentionKernel, QueryLayout, SplitMode,
 };
 
 use crate::attn::{AttnCall, Layout};
@@ -53,7 +53,9 @@ pub const FAMILIES: [&str; 4] = ["attention", "page_table", "graph_metadata", "k
 /// written there (see [`decode`]).
 pub const COUNTER_ELEMS: usize = 1 << 16;
 
-/// Decode splits of launches that fill the GPU (mha-backend's default).
+/// Decode splits of launches that fill the GPU with fewer than
+/// `paged_attention::UNSPLIT_ITEMS_PER_SM` work items an SM
+/// (`chunk_full_launch`; mha-backend's default).
 const CHUNKED: SplitMode = SplitMode::Chunked {
     chunk_tokens: 2048,
     max_splits: 4,
@@ -410,13 +412,13 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
     let counter_start = ws_elems.saturating_sub(COUNTER_ELEMS) / 4 * 4;
     let fits = |lp: &paged_attention::LaunchPlan| {
         let p = &lp.params;
-        let items = (p.bs * p.num_kv_heads * p.row_tiles) as usize;
+        let items = p.work_items();
         let partial = lp.workspace_elems.saturating_sub(items);
         lp.workspace_elems == 0
             || (ws_elems >= COUNTER_ELEMS && items <= COUNTER_ELEMS && partial <= counter_start)
     };
     let mut lp = kernel.plan(&args).map_err(ke)?;
-    if lp.params.max_splits == 1 {
+    if chunk_full_launch(&lp, kernel.num_sms()) {
         args.split = CHUNKED;
         let chunked = kernel.plan(&args).map_err(ke)?;
         if fits(&chunked) {
@@ -435,7 +437,7 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
     let mut ws_buf = None;
     if lp.workspace_elems > 0 {
         let p = &lp.params;
-        let items = (p.bs * p.num_kv_heads * p.row_tiles) as usize;
+        let items = p.work_items();
         let start = counter_start - (lp.workspace_elems - items);
         let t = Tensor {
             ptr: ws.ptr + 4 * start as u64,

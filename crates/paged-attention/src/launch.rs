@@ -394,6 +394,37 @@ pub struct DecodeArgs<'a> {
     pub workspace: Option<StridedMut<'a, f32, 1>>,
 }
 
+impl PagedAttentionParams {
+    /// Work items of the launch: `bs · Hkv · row_tiles` (request, KV head,
+    /// row tile); also the number of split counters at the end of its
+    /// workspace.
+    pub fn work_items(&self) -> usize {
+        (self.bs.max(0) as usize)
+            * (self.num_kv_heads.max(0) as usize)
+            * (self.row_tiles.max(0) as usize)
+    }
+}
+
+/// Work items an SM from which a launch that fills the GPU runs unsplit
+/// ([`chunk_full_launch`]).
+pub const UNSPLIT_ITEMS_PER_SM: usize = 8;
+
+/// Whether a decode / verify launch planned with [`SplitMode::Auto`] should
+/// be planned again with a chunked split ([`SplitMode::Chunked`]): Auto
+/// left it unsplit (`max_splits == 1`: the batch fills the GPU) and it holds
+/// fewer than [`UNSPLIT_ITEMS_PER_SM`] work items an SM. In a ragged batch
+/// that fills the GPU, one CTA per item leaves the longest request's CTAs
+/// running alone at the end; chunks cut it. From 8 items an SM the
+/// kernel's length order ([`PagedAttentionKernel::set_length_order`], on by
+/// default from `2·SMs` items) balances the batch better than chunks, whose
+/// extra CTAs each pay that order's ranking (H200, Azure conv lengths: 224
+/// requests × 8 KV heads unsplit and ordered 100% / 100% of the copy ceiling,
+/// chunked 2048 × 4 94% / 96%; 64 requests: chunked and ordered 85% / 82%,
+/// unsplit and ordered 64% / 71%; docs/PERF.md session 37).
+pub fn chunk_full_launch(plan: &LaunchPlan, num_sms: usize) -> bool {
+    plan.params.max_splits == 1 && plan.params.work_items() < UNSPLIT_ITEMS_PER_SM * num_sms
+}
+
 /// Everything [`validate`] derives from the arguments.
 #[derive(Debug, Clone)]
 pub struct LaunchPlan {

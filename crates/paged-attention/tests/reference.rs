@@ -656,3 +656,42 @@ fn committed_abi_header_is_current() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     kernel_rt::abi::check_committed(dir, &paged_attention::ABI).unwrap();
 }
+
+/// The full-launch rule shared by mha-backend and the Python package: only a
+/// launch Auto left unsplit is chunked, and only below
+/// `UNSPLIT_ITEMS_PER_SM` work items an SM.
+#[test]
+fn chunk_full_launch_rule() {
+    use kernel_rt::cudarc::driver::LaunchConfig;
+    use paged_attention::{chunk_full_launch, LaunchPlan, UNSPLIT_ITEMS_PER_SM};
+    let plan = |bs: i32, hkv: i32, row_tiles: i32, max_splits: i32| LaunchPlan {
+        params: PagedAttentionParams {
+            bs,
+            num_kv_heads: hkv,
+            row_tiles,
+            max_splits,
+            ..Default::default()
+        },
+        entry: String::new(),
+        config: LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        workspace_elems: 0,
+        head_dim: 128,
+    };
+    let sms = 132;
+    assert_eq!(UNSPLIT_ITEMS_PER_SM, 8);
+    assert_eq!(plan(64, 8, 1, 1).params.work_items(), 512);
+    assert_eq!(plan(3, 2, 5, 1).params.work_items(), 30);
+    // bs 64 × 8 KV heads: 512 < 1,056 items → chunked.
+    assert!(chunk_full_launch(&plan(64, 8, 1, 1), sms));
+    // bs 132 × 8 = 1,056 items → unsplit; one below → chunked.
+    assert!(!chunk_full_launch(&plan(132, 8, 1, 1), sms));
+    assert!(chunk_full_launch(&plan(131, 8, 1, 1), sms));
+    // Row tiles count: 33 requests × 8 heads × 4 row tiles = 1,056.
+    assert!(!chunk_full_launch(&plan(33, 8, 4, 1), sms));
+    // Auto already split it (the grid was not full): never re-planned.
+    assert!(!chunk_full_launch(&plan(4, 8, 1, 8), sms));
+}

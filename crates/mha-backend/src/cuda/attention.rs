@@ -8,8 +8,8 @@ use kernel_rt::cudarc::driver::sys::CUevent_flags;
 use kernel_rt::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut};
 use kernel_rt::{DeviceErrors, KernelError, Strided, StridedMut};
 use paged_attention::{
-    ContextArgs, ContextKernel, DecodeArgs, HalfDtype, KvCache, PagedAttentionKernel, QueryLayout,
-    SplitMode,
+    chunk_full_launch, ContextArgs, ContextKernel, DecodeArgs, HalfDtype, KvCache,
+    PagedAttentionKernel, QueryLayout, SplitMode,
 };
 
 use crate::batch::AttnMode;
@@ -585,15 +585,6 @@ pub(super) fn decode_args<'v>(
     })
 }
 
-/// Work items (request, KV head, row tile) per SM from which a full decode
-/// launch runs unsplit: the kernel's length order (longest requests first,
-/// `PagedAttentionKernel::set_length_order`) balances it better than the
-/// chunked split, whose extra CTAs each pay the order's ranking (H200, Azure
-/// conv lengths: 224 requests × 8 KV heads unsplit and ordered 100% / 100% of
-/// the copy ceiling, chunked 2048 × 4 94% / 96%; 64 requests: chunked and
-/// ordered 85% / 82%, unsplit and ordered 64% / 71%; docs/PERF.md session 37).
-const UNSPLIT_ITEMS_PER_SM: usize = 8;
-
 /// Plans and launches one decode call on `stream`: Auto's split, or the
 /// executor's chunked split when Auto would not split and the workspace
 /// holds it; the split counters zeroed unless known zero.
@@ -607,14 +598,10 @@ pub(super) fn launch_decode(
     let args = &mut args;
     let mut lp = cx.decode.plan(args)?;
     // A launch Auto does not split fills the GPU: cut long requests into
-    // chunks (length-aware, batch-independent) unless the workspace is short,
-    // or the launch holds so many work items that the kernel's length order
-    // alone balances it (UNSPLIT_ITEMS_PER_SM, crate docs).
-    let items = (lp.params.bs.max(0) as usize)
-        * (lp.params.num_kv_heads.max(1) as usize)
-        * (lp.params.row_tiles.max(1) as usize);
-    if lp.params.max_splits == 1
-        && items < UNSPLIT_ITEMS_PER_SM * cx.decode.num_sms()
+    // chunks (length-aware, batch-independent) unless the workspace is short
+    // or the launch holds enough work items for the kernel's length order
+    // alone (`paged_attention::chunk_full_launch`).
+    if chunk_full_launch(&lp, cx.decode.num_sms())
         && matches!(cx.decode_split, SplitMode::Chunked { .. })
     {
         args.split = cx.decode_split;
@@ -637,7 +624,7 @@ pub(super) fn launch_decode(
         // The last `items` elements are the split counters: zero them unless
         // the previous launch (same counter range) left them zero.
         let p = &lp.params;
-        let items = (p.bs as usize) * (p.num_kv_heads as usize) * (p.row_tiles as usize);
+        let items = p.work_items();
         let region = (elems - items, elems);
         if cx.foreign_workspace || *cx.ws_zero != Some(region) {
             stream

@@ -478,7 +478,7 @@ impl PagedAttentionKernel {
                     format!("base address {ws:#x} is not 16-byte aligned"),
                 ));
             }
-            let items = (p.bs * p.num_kv_heads * p.row_tiles) as usize;
+            let items = p.work_items();
             let o_elems = items * p.max_splits as usize * ROWS_PER_CTA * plan.head_dim;
             p.ws_o = ws;
             p.ws_ml = ws + 4 * o_elems as u64;
@@ -549,11 +549,10 @@ impl PagedAttentionKernel {
         };
         // Longest requests first (not with the cluster fold: a cluster must
         // hold the splits of one item).
-        let items = (p.bs.max(0) as usize)
-            * (p.num_kv_heads.max(1) as usize)
-            * (p.row_tiles.max(1) as usize);
         p.length_order = i32::from(
-            p.bs > 1 && cluster_x == 1 && self.length_order.is_some_and(|min| items >= min),
+            p.bs > 1
+                && cluster_x == 1
+                && self.length_order.is_some_and(|min| p.work_items() >= min),
         );
         // The row tiles in blocks of the grid's y extent (one block unless
         // `long_rows` needed more).
