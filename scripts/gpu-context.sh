@@ -540,7 +540,7 @@ stage_dtrace() {
   echo "rc=$?"; summary "$OUT/dtrace_test.log"
 }
 # The two headline cells of the context bench.
-HEADLINE="bs 8 × 4096, P 16|bs 1 × 16384, P 16"
+HEADLINE="${HEADLINE:-bs 8 × 4096, P 16|bs 1 × 16384, P 16}"
 # sampled CSV CMD...: runs CMD while nvidia-smi records the SM clock and
 # board power every 50 ms into CSV; returns CMD's status.
 sampled() {
@@ -567,7 +567,7 @@ headline_run() {
   echo "== context bench $tag: headline cells"
   sampled "$OUT/${pre}_smi_$tag.csv" env "$@" MHA_KIT_BENCH_CASES="$HEADLINE" timeout 120 "$bin" --bench \
     > "$OUT/${pre}_$tag.log" 2>&1
-  echo "rc=$?"; grep -E '^\|' "$OUT/${pre}_$tag.log" | head -8; smi_summary "$OUT/${pre}_smi_$tag.csv"
+  echo "rc=$?"; grep -E '^\|' "$OUT/${pre}_$tag.log" | head -24; smi_summary "$OUT/${pre}_smi_$tag.csv"
 }
 stage_loadcost() {
   # Where the headline cells' gap goes (PERF sessions 27, 32): the default on

@@ -638,6 +638,36 @@ fn main() {
             let c = extend_case(KvDtype::Bf16, HalfDtype::Bf16, 128, 4, 16, 11, 2, 7);
             masked_key_case(gpu, k, &c, 12, 0)
         }),
+        named("masked_nonfinite_keys_across_tiles", |gpu, k| {
+            // 260 new tokens over a 300-token prefix: work items whose rows
+            // straddle a KV tile boundary, keys masked causally in the last
+            // tiles and (window 100) before the window in the first ones, seen
+            // by one consumer warpgroup's rows and not the other's.
+            for d in [64, 128, 256] {
+                for w in [None, Some(100u32)] {
+                    for g in [1usize, 4] {
+                        let mut c = extend_case(
+                            KvDtype::Bf16,
+                            HalfDtype::Bf16,
+                            d,
+                            g,
+                            16,
+                            300,
+                            260,
+                            11 + d as u64,
+                        );
+                        c.window = w;
+                        for t in [250usize, 383, 400, 520] {
+                            for kind in 0..2 {
+                                masked_key_case(gpu, k, &c, t, kind)
+                                    .map_err(|e| format!("D {d} G {g} W {w:?} key {t}: {e}"))?;
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }),
         named("e4m3_kv_with_large_bf16_q", |gpu, k| {
             // bf16 Q far past f16's range over e4m3 K/V (a kernel that runs
             // e4m3 GEMMs in f16 must rescale such Q, and per row): rows of
