@@ -130,7 +130,10 @@
 #             A C B B2 A C B B2 on the headline cells (16-bit and FP8 KV), clock
 #             and power sampled; then the quick context tests and S36_CASES
 #             random cases (default 200) of each DIR:NAME in S36_TESTS (default
-#             "tests:C testsB2:B2", DIR/paged-attention-context_gpu.xz)
+#             "tests:C testsB2:B2", DIR/paged-attention-context_gpu.xz). The
+#             cells are HEADLINE's (env; default the two headline cells, which
+#             also match their FP8 KV rows; session 38 added the FA3 grid's
+#             D 128 32 x 512 and 16 x 1k)
 #   s36z      the bundle's bench (A) and B2 on zero K/V, clock and power sampled
 #   ragged    the decode bench's ragged serving-batch table alone (grid order
 #             and length order for each split mode), the length-order test,
