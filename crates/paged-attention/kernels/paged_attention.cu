@@ -325,6 +325,17 @@ __device__ __noinline__ int2 unit_in_length_order(const i32* cache_seqlens, int 
     return make_int2(b, split);
 }
 
+// The unit (request, split) of this CTA, or request -1 for an empty one:
+// grid order (z, x), or with `p.length_order` longest requests first (the
+// block's shared memory as scratch, L::BYTES of it).
+template <class L, class Params>
+MHA_KIT_DEVICE int2 decode_unit(const Params& p, u8* smem) {
+    static_assert(L::BYTES >= LO_WORDS * 4, "length order scratch");
+    return p.length_order != 0 ? unit_in_length_order(p.cache_seqlens, p.bs, p.max_splits, p.fixed_chunk, blockIdx.x,
+                                                      blockIdx.z, reinterpret_cast<u32*>(smem))
+                               : make_int2((int)blockIdx.z, (int)blockIdx.x);
+}
+
 // ---- decode context parallelism: page interleave (p.cp_ranks > 1) ----
 // Rank p.cp_rank of p.cp_ranks holds every request's pages e with
 // e mod N = rank, as its local pages e div N: local key k sits at global
@@ -669,12 +680,7 @@ MHA_KIT_DEVICE void decode_body(const PagedAttentionParams& p) {
 
     const int h = blockIdx.y % p.num_kv_heads;
     const int rt = p.row_tile_base + blockIdx.y / p.num_kv_heads;
-    // Unit (request, split): grid order, or longest requests first.
-    static_assert(L::BYTES >= LO_WORDS * 4, "length order scratch");
-    const int2 unit = p.length_order != 0
-                          ? unit_in_length_order(p.cache_seqlens, p.bs, p.max_splits, p.fixed_chunk, blockIdx.x,
-                                                 blockIdx.z, reinterpret_cast<u32*>(smem))
-                          : make_int2((int)blockIdx.z, (int)blockIdx.x);
+    const int2 unit = decode_unit<L>(p, smem);
     if (unit.x < 0) return;  // length order: past the last unit
     const int split = unit.y;
     const int b = unit.x;
@@ -1110,12 +1116,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
 
     const int h = blockIdx.y % p.num_kv_heads;
     const int rt = p.row_tile_base + blockIdx.y / p.num_kv_heads;
-    // Unit (request, split): grid order, or longest requests first.
-    static_assert(L::BYTES >= LO_WORDS * 4, "length order scratch");
-    const int2 unit = p.length_order != 0
-                          ? unit_in_length_order(p.cache_seqlens, p.bs, p.max_splits, p.fixed_chunk, blockIdx.x,
-                                                 blockIdx.z, reinterpret_cast<u32*>(smem))
-                          : make_int2((int)blockIdx.z, (int)blockIdx.x);
+    const int2 unit = decode_unit<L>(p, smem);
     if (unit.x < 0) return;  // length order: past the last unit
     const int split = unit.y;
     const int b = unit.x;
