@@ -124,13 +124,13 @@ struct Cfg {
     // Q buffers: two on the persistent grid (the next item's Q loads while
     // the consumers finish the current one), one at D 256 (one item per CTA).
     // e4m3 at D 128: one, so that the staging ring fits.
-    static constexpr int QBUF = PERSISTENT && !(F8 && D == 128) ? 2 : 1;
+    static constexpr int QBUF = PERSISTENT && !(F8 && D == 128) ? (D == 128 && !F8 && !DUO && !SWAP ? 3 : 2) : 1;
     // The epilogue stages each warpgroup's output rows in its rows of the
     // item's Q buffer and writes them as whole 16-byte chunks (coalesced
     // rows); the Q buffer is then released after the epilogue, not after the
     // item's last S. Not with one Q buffer on the persistent grid (e4m3 at
     // D 128): the next item's Q would wait for this item's epilogue.
-    static constexpr bool STAGE_O = QBUF == 2 || !PERSISTENT;
+    static constexpr bool STAGE_O = QBUF >= 2 || !PERSISTENT;
     static constexpr int Q_OFF = 0;
     static constexpr int K_OFF = Q_OFF + QBUF * Q_BYTES;  // KST slots
     // Ring depths. The producer issues K_t and then V_{t-1}; V's slot frees
@@ -142,7 +142,7 @@ struct Cfg {
     static constexpr bool D128_16 = D == 128 && !F8;
     // DUO: 2 / 2 at D 128 (two CTAs' shared memory must fit one SM), 3 / 3 at D 64.
     static constexpr int KST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (SWAP ? 3 : 2) : D == 256 || (F8 && D == 128) ? 2 : 3;
-    static constexpr int VST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (SWAP ? 2 : 3) : D == 64 ? 3 : 2;
+    static constexpr int VST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? 2 : D == 64 ? 3 : 2;
     static_assert(!SWAP || (D == 128 && !F8), "ring swap: D 128 16-bit only");
     static constexpr int V_OFF = K_OFF + KST * KV_BYTES;
     // Valid-key masks, u32 [KST][4]: one word per producer warp (see `key_bit`).

@@ -68,7 +68,7 @@ pub fn context_sm90_tile_keys(head_dim: usize) -> usize {
 /// takes the room), D 256 → (2, 2).
 pub fn context_sm90_stages(head_dim: usize, kv: KvDtype) -> (usize, usize) {
     match (head_dim, kv) {
-        (256, _) | (128, KvDtype::E4m3) => (2, 2),
+        (256, _) | (128, _) => (2, 2),
         (64, _) => (3, 3),
         _ => (2, 3),
     }
@@ -79,7 +79,9 @@ pub fn context_sm90_stages(head_dim: usize, kv: KvDtype) -> (usize, usize) {
 /// loads while the consumers finish the current item), one otherwise and
 /// for e4m3 KV at D 128 (the staging ring takes the room).
 pub fn context_sm90_q_buffers(head_dim: usize, kv: KvDtype) -> usize {
-    if context_sm90_persistent(head_dim) && !(head_dim == 128 && kv == KvDtype::E4m3) {
+    if context_sm90_persistent(head_dim) && head_dim == 128 && kv != KvDtype::E4m3 {
+        3
+    } else if context_sm90_persistent(head_dim) && !(head_dim == 128 && kv == KvDtype::E4m3) {
         2
     } else {
         1
