@@ -122,8 +122,11 @@ struct Cfg {
     static constexpr int Q_BYTES = BM * D * 2;
     static constexpr int KV_BYTES = BN * D * 2;     // one K or V tile
     // Q buffers: two on the persistent grid (the next item's Q loads while
-    // the consumers finish the current one), one at D 256 (one item per CTA).
-    // e4m3 at D 128: one, so that the staging ring fits.
+    // the consumers finish the current one), three at D 128 16-bit (Q3, in
+    // the room of the V ring's third slot: with the output staged in the Q
+    // buffer a buffer frees only after its item's TMA stores have read it),
+    // one at D 256 (one item per CTA). e4m3 at D 128: one, so that the
+    // staging ring fits.
     static constexpr int QBUF = PERSISTENT && !(F8 && D == 128) ? (D == 128 && !F8 && !DUO && !SWAP ? 3 : 2) : 1;
     // The epilogue stages each warpgroup's output rows in its rows of the
     // item's Q buffer and writes them as whole 16-byte chunks (coalesced
@@ -139,6 +142,8 @@ struct Cfg {
     // 16-bit, K 2 / V 3 measured 504 vs 471 TFLOP/s at bs 8 x 4096 and 2-4%
     // fewer cycles per item from 4 x 4096 up, ~1% more at bs 32 x 512
     // (H200, session 6; the split of session 5 and before was K 3 / V 2).
+    // Q3 (session 39, H100): K 2 / V 2 with a third Q buffer read +1-2% at
+    // bs 8 x 4096 and bs 1 x 16384 and the same at the short cells.
     static constexpr bool D128_16 = D == 128 && !F8;
     // DUO: 2 / 2 at D 128 (two CTAs' shared memory must fit one SM), 3 / 3 at D 64.
     static constexpr int KST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (SWAP ? 3 : 2) : D == 256 || (F8 && D == 128) ? 2 : 3;
