@@ -126,8 +126,10 @@ struct Cfg {
     // the room of the V ring's third slot: with the output staged in the Q
     // buffer a buffer frees only after its item's TMA stores have read it),
     // one at D 256 (one item per CTA). e4m3 at D 128: one, so that the
-    // staging ring fits.
-    static constexpr int QBUF = PERSISTENT && !(F8 && D == 128) ? (D == 128 && !F8 && !DUO && !SWAP ? 3 : 2) : 1;
+    // staging ring fits. The pair experiment (PAIR) keeps two Q buffers and
+    // a 3-deep V ring, the layout its forwarding was built and measured on.
+    static constexpr bool Q3 = D == 128 && !F8 && !DUO && !SWAP && !PAIR;
+    static constexpr int QBUF = PERSISTENT && !(F8 && D == 128) ? (Q3 ? 3 : 2) : 1;
     // The epilogue stages each warpgroup's output rows in its rows of the
     // item's Q buffer and writes them as whole 16-byte chunks (coalesced
     // rows); the Q buffer is then released after the epilogue, not after the
@@ -147,7 +149,7 @@ struct Cfg {
     static constexpr bool D128_16 = D == 128 && !F8;
     // DUO: 2 / 2 at D 128 (two CTAs' shared memory must fit one SM), 3 / 3 at D 64.
     static constexpr int KST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (SWAP ? 3 : 2) : D == 256 || (F8 && D == 128) ? 2 : 3;
-    static constexpr int VST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? 2 : D == 64 ? 3 : 2;
+    static constexpr int VST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (Q3 || SWAP ? 2 : 3) : D == 64 ? 3 : 2;
     static_assert(!SWAP || (D == 128 && !F8), "ring swap: D 128 16-bit only");
     static constexpr int V_OFF = K_OFF + KST * KV_BYTES;
     // Valid-key masks, u32 [KST][4]: one word per producer warp (see `key_bit`).
