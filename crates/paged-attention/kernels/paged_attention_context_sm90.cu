@@ -144,8 +144,9 @@ struct Cfg {
     // 16-bit, K 2 / V 3 measured 504 vs 471 TFLOP/s at bs 8 x 4096 and 2-4%
     // fewer cycles per item from 4 x 4096 up, ~1% more at bs 32 x 512
     // (H200, session 6; the split of session 5 and before was K 3 / V 2).
-    // Q3 (session 39, H100): K 2 / V 2 with a third Q buffer read +1-2% at
-    // bs 8 x 4096 and bs 1 x 16384 and the same at the short cells.
+    // K 2 / V 2 with a third Q buffer (sessions 39-40, H100, in turns with
+    // K 2 / V 3 and two Q buffers): +1% at bs 8 x 4096, +3% at bs 1 x 16384,
+    // the short cells the same.
     static constexpr bool D128_16 = D == 128 && !F8;
     // DUO: 2 / 2 at D 128 (two CTAs' shared memory must fit one SM), 3 / 3 at D 64.
     static constexpr int KST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (SWAP ? 3 : 2) : D == 256 || (F8 && D == 128) ? 2 : 3;

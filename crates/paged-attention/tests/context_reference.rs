@@ -294,9 +294,9 @@ fn context_sm90_plan_fits() {
         let bn = context_sm90_tile_keys(d);
         let (kst, vst) = context_sm90_stages(d, kv);
         assert!(kst >= 2 && vst >= 2);
-        // Q buffers where the grid is persistent: three at D 128 16-bit
-        // (experiment Q3), two elsewhere, one for e4m3 at D 128 (its staging
-        // ring takes the room).
+        // Q buffers where the grid is persistent: three at D 128 16-bit,
+        // two elsewhere, one for e4m3 at D 128 (its staging ring takes the
+        // room).
         let qbuf = context_sm90_q_buffers(d, kv);
         let persistent = context_sm90_persistent(d);
         let want = match (persistent, d, kv) {

@@ -64,8 +64,8 @@ pub fn context_sm90_tile_keys(head_dim: usize) -> usize {
 }
 
 /// K and V ring slots of the sm_90a kernel (mirrors `Cfg::KST`/`Cfg::VST`):
-/// D 64 → (3, 3), D 128 → (2, 2) (experiment Q3: the room of a third V slot
-/// holds a third Q buffer; e4m3 KV: its staging ring), D 256 → (2, 2).
+/// D 64 → (3, 3), D 128 → (2, 2) (16-bit KV: the room of a third V slot holds a
+/// third Q buffer; e4m3 KV: its staging ring), D 256 → (2, 2).
 pub fn context_sm90_stages(head_dim: usize, kv: KvDtype) -> (usize, usize) {
     match (head_dim, kv) {
         (256, _) | (128, _) => (2, 2),
@@ -77,7 +77,7 @@ pub fn context_sm90_stages(head_dim: usize, kv: KvDtype) -> (usize, usize) {
 /// Q buffers of the sm_90a kernel (mirrors `Cfg::QBUF`): on the persistent
 /// grid ([`context_sm90_persistent`]: the next work items' Q load while the
 /// consumers finish the current item) three at D 128 with 16-bit KV
-/// (experiment Q3) and two otherwise; one off it and for e4m3 KV at D 128
+/// and two otherwise; one off it and for e4m3 KV at D 128
 /// (the staging ring takes the room).
 pub fn context_sm90_q_buffers(head_dim: usize, kv: KvDtype) -> usize {
     if context_sm90_persistent(head_dim) && head_dim == 128 && kv != KvDtype::E4m3 {
