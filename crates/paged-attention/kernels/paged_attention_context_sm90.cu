@@ -122,15 +122,20 @@ struct Cfg {
     static constexpr int Q_BYTES = BM * D * 2;
     static constexpr int KV_BYTES = BN * D * 2;     // one K or V tile
     // Q buffers: two on the persistent grid (the next item's Q loads while
-    // the consumers finish the current one), one at D 256 (one item per CTA).
-    // e4m3 at D 128: one, so that the staging ring fits.
-    static constexpr int QBUF = PERSISTENT && !(F8 && D == 128) ? 2 : 1;
+    // the consumers finish the current one), three at D 128 16-bit (Q3, in
+    // the room of the V ring's third slot: with the output staged in the Q
+    // buffer a buffer frees only after its item's TMA stores have read it),
+    // one at D 256 (one item per CTA). e4m3 at D 128: one, so that the
+    // staging ring fits. The pair experiment (PAIR) keeps two Q buffers and
+    // a 3-deep V ring, the layout its forwarding was built and measured on.
+    static constexpr bool Q3 = D == 128 && !F8 && !DUO && !SWAP && !PAIR;
+    static constexpr int QBUF = PERSISTENT && !(F8 && D == 128) ? (Q3 ? 3 : 2) : 1;
     // The epilogue stages each warpgroup's output rows in its rows of the
     // item's Q buffer and writes them as whole 16-byte chunks (coalesced
     // rows); the Q buffer is then released after the epilogue, not after the
     // item's last S. Not with one Q buffer on the persistent grid (e4m3 at
     // D 128): the next item's Q would wait for this item's epilogue.
-    static constexpr bool STAGE_O = QBUF == 2 || !PERSISTENT;
+    static constexpr bool STAGE_O = QBUF >= 2 || !PERSISTENT;
     static constexpr int Q_OFF = 0;
     static constexpr int K_OFF = Q_OFF + QBUF * Q_BYTES;  // KST slots
     // Ring depths. The producer issues K_t and then V_{t-1}; V's slot frees
@@ -139,10 +144,13 @@ struct Cfg {
     // 16-bit, K 2 / V 3 measured 504 vs 471 TFLOP/s at bs 8 x 4096 and 2-4%
     // fewer cycles per item from 4 x 4096 up, ~1% more at bs 32 x 512
     // (H200, session 6; the split of session 5 and before was K 3 / V 2).
+    // K 2 / V 2 with a third Q buffer (sessions 39-40, H100, in turns with
+    // K 2 / V 3 and two Q buffers): +1% at bs 8 x 4096, +3% at bs 1 x 16384,
+    // the short cells the same.
     static constexpr bool D128_16 = D == 128 && !F8;
     // DUO: 2 / 2 at D 128 (two CTAs' shared memory must fit one SM), 3 / 3 at D 64.
     static constexpr int KST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (SWAP ? 3 : 2) : D == 256 || (F8 && D == 128) ? 2 : 3;
-    static constexpr int VST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (SWAP ? 2 : 3) : D == 64 ? 3 : 2;
+    static constexpr int VST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (Q3 || SWAP ? 2 : 3) : D == 64 ? 3 : 2;
     static_assert(!SWAP || (D == 128 && !F8), "ring swap: D 128 16-bit only");
     static constexpr int V_OFF = K_OFF + KST * KV_BYTES;
     // Valid-key masks, u32 [KST][4]: one word per producer warp (see `key_bit`).

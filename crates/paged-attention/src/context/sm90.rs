@@ -64,22 +64,25 @@ pub fn context_sm90_tile_keys(head_dim: usize) -> usize {
 }
 
 /// K and V ring slots of the sm_90a kernel (mirrors `Cfg::KST`/`Cfg::VST`):
-/// D 64 → (3, 3), D 128 → (2, 3) ((2, 2) for e4m3 KV, whose staging ring
-/// takes the room), D 256 → (2, 2).
+/// D 64 → (3, 3), D 128 → (2, 2) (16-bit KV: the room of a third V slot holds a
+/// third Q buffer; e4m3 KV: its staging ring), D 256 → (2, 2).
 pub fn context_sm90_stages(head_dim: usize, kv: KvDtype) -> (usize, usize) {
     match (head_dim, kv) {
-        (256, _) | (128, KvDtype::E4m3) => (2, 2),
+        (256, _) | (128, _) => (2, 2),
         (64, _) => (3, 3),
         _ => (2, 3),
     }
 }
 
-/// Q buffers of the sm_90a kernel (mirrors `Cfg::QBUF`): two on the
-/// persistent grid ([`context_sm90_persistent`]: the next work item's Q
-/// loads while the consumers finish the current item), one otherwise and
-/// for e4m3 KV at D 128 (the staging ring takes the room).
+/// Q buffers of the sm_90a kernel (mirrors `Cfg::QBUF`): on the persistent
+/// grid ([`context_sm90_persistent`]: the next work items' Q load while the
+/// consumers finish the current item) three at D 128 with 16-bit KV
+/// and two otherwise; one off it and for e4m3 KV at D 128
+/// (the staging ring takes the room).
 pub fn context_sm90_q_buffers(head_dim: usize, kv: KvDtype) -> usize {
-    if context_sm90_persistent(head_dim) && !(head_dim == 128 && kv == KvDtype::E4m3) {
+    if context_sm90_persistent(head_dim) && head_dim == 128 && kv != KvDtype::E4m3 {
+        3
+    } else if context_sm90_persistent(head_dim) && !(head_dim == 128 && kv == KvDtype::E4m3) {
         2
     } else {
         1
