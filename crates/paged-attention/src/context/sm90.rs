@@ -76,16 +76,14 @@ pub fn context_sm90_stages(head_dim: usize, kv: KvDtype) -> (usize, usize) {
 
 /// Q buffers of the sm_90a kernel (mirrors `Cfg::QBUF`): on the persistent
 /// grid ([`context_sm90_persistent`]: the next work items' Q load while the
-/// consumers finish the current item) three at D 128 with 16-bit KV
-/// and two otherwise; one off it and for e4m3 KV at D 128
-/// (the staging ring takes the room).
+/// consumers finish the current item) three at D 128 with 16-bit KV and
+/// two otherwise; one off it and for e4m3 KV at D 128 (the staging ring
+/// takes the room).
 pub fn context_sm90_q_buffers(head_dim: usize, kv: KvDtype) -> usize {
-    if context_sm90_persistent(head_dim) && head_dim == 128 && kv != KvDtype::E4m3 {
-        3
-    } else if context_sm90_persistent(head_dim) && !(head_dim == 128 && kv == KvDtype::E4m3) {
-        2
-    } else {
-        1
+    match (context_sm90_persistent(head_dim), head_dim, kv) {
+        (false, _, _) | (true, 128, KvDtype::E4m3) => 1,
+        (true, 128, _) => 3,
+        _ => 2,
     }
 }
 
