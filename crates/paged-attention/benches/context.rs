@@ -33,8 +33,7 @@
 //! replays instead of 30 (a soak at the power cap).
 //! `MHA_KIT_BENCH_VS=xv[,xv..]` runs each case with the default kernel and,
 //! on the D 128 16-bit cases, the listed experiment entries only (e.g.
-//! 2048: the pair clusters sharing each K/V tile; 4: no K/V reads);
-//! `MHA_KIT_BENCH_PAIR=1` is `VS=2048`.
+//! 4: no K/V reads).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -608,14 +607,9 @@ fn main() {
         Vec::new()
     };
     // Side-by-side experiments: MHA_KIT_BENCH_VS=xv[,xv..] runs every D 128
-    // 16-bit case with only the default and these experiment entries (correct
-    // results: 2048 the pair clusters sharing K/V);
-    // MHA_KIT_BENCH_PAIR=1 is VS=2048.
+    // 16-bit case with only the default and these experiment entries.
     let vs_list: Vec<u32> = match std::env::var("MHA_KIT_BENCH_VS") {
         Ok(v) => v.split(',').filter_map(|x| x.trim().parse().ok()).collect(),
-        Err(_) if std::env::var("MHA_KIT_BENCH_PAIR").is_ok_and(|v| v == "1") => {
-            vec![paged_attention::CONTEXT_SM90_PAIR_EXPERIMENT]
-        }
         Err(_) => Vec::new(),
     };
     let vs_only = !vs_list.is_empty();
@@ -633,12 +627,6 @@ fn main() {
             .map(|&xv| {
                 let mut k = ContextKernel::new(&gpu).expect("load");
                 k.set_experiment(xv).expect("experiment entry");
-                if xv == paged_attention::CONTEXT_SM90_PAIR_EXPERIMENT {
-                    eprintln!(
-                        "pair experiment: {} clusters of two CTAs fit",
-                        k.pair_clusters()
-                    );
-                }
                 (xv, k)
             })
             .collect()
@@ -670,11 +658,8 @@ fn main() {
             "sm90a wgmma, Q by cp.async"
         } else if std::ptr::eq(k, &duo_on) {
             "sm90a wgmma, duo entries forced"
-        } else if let Some((xv, _)) = vs.iter().find(|(_, e)| std::ptr::eq(k, e)) {
-            match *xv {
-                2048 => "experiment: pair clusters share K/V (correct results)",
-                _ => "experiment (side by side)",
-            }
+        } else if vs.iter().any(|(_, e)| std::ptr::eq(k, e)) {
+            "experiment (side by side)"
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {
             match xv {
                 4 => "experiment: no K/V reads",

@@ -79,12 +79,7 @@ using namespace pac;
 // fewer masked scores on the causal diagonal. Each CTA reads the K/V of its
 // 64 rows, twice the bytes per FLOP of the 128-row items: for short KV
 // ranges only.
-// PAIR (timing experiment XV & 2048, D 128 16-bit K/V, the gather): the
-// two CTAs of a cluster take the two q tiles of one (request, KV head) pair
-// and share each K/V tile: each gathers half of its key rows and forwards
-// that half into the other CTA's ring slot (a bulk shared-to-distributed-
-// shared copy), so every K/V byte leaves L2 once per two q tiles.
-template <int D, bool F8 = false, bool SWAP = false, bool DUO = false, bool PAIR = false>
+template <int D, bool F8 = false, bool SWAP = false, bool DUO = false>
 struct Cfg {
     static_assert(!DUO || (!F8 && !SWAP && D != 256), "two CTAs per SM: D 64 / 128, 16-bit K/V");
     static constexpr int CTAS = DUO ? 2 : 1;        // CTAs resident per SM (launch bounds)
@@ -126,9 +121,8 @@ struct Cfg {
     // the room of the V ring's third slot: with the output staged in the Q
     // buffer a buffer frees only after its item's TMA stores have read it),
     // one at D 256 (one item per CTA). e4m3 at D 128: one, so that the
-    // staging ring fits. The pair experiment (PAIR) keeps two Q buffers and
-    // a 3-deep V ring, the layout its forwarding was built and measured on.
-    static constexpr bool Q3 = D == 128 && !F8 && !DUO && !SWAP && !PAIR;
+    // staging ring fits.
+    static constexpr bool Q3 = D == 128 && !F8 && !DUO && !SWAP;
     static constexpr int QBUF = PERSISTENT && !(F8 && D == 128) ? (Q3 ? 3 : 2) : 1;
     // The epilogue stages each warpgroup's output rows in its rows of the
     // item's Q buffer and writes them as whole 16-byte chunks (coalesced
@@ -187,13 +181,7 @@ struct Cfg {
     static constexpr int QMAP_OFF = OMAP_OFF + 8;
     static constexpr int QX_OFF = QMAP_OFF + 8;
     static constexpr int QX_BYTES = F8 ? QBUF * BM : 0;
-    // PAIR: the "own half landed" barriers of the K and V slots (the
-    // forwarding thread waits on them) and the "other CTA's slot free"
-    // barriers, then per work-item slot the own tiles' offset in the pair's
-    // tile range and their count (i32 [2][2]).
-    static constexpr int LAND_OFF = (QX_OFF + QX_BYTES + 7) & ~7;
-    static constexpr int OWN_OFF = LAND_OFF + (PAIR ? 2 * (KST + VST) * 8 : 0);
-    static constexpr int BYTES = PAIR ? OWN_OFF + 16 : QX_OFF + QX_BYTES;
+    static constexpr int BYTES = QX_OFF + QX_BYTES;
     static constexpr int ALLOC = BYTES + 1024;  // slack: the base is rounded up to 1024
     static_assert(BAR_OFF % 8 == 0, "mbarrier alignment");
     static_assert((BN * CPR) % 128 == 0 && (BM * CPR) % 128 == 0, "producer split");
@@ -441,39 +429,6 @@ MHA_KIT_DEVICE void e4m3x4_cvt(u32 w, u32& lo, u32& hi) {
     }
 }
 
-// ---- clusters (PAIR) ------------------------------------------------------------
-// This CTA's rank in its cluster.
-MHA_KIT_DEVICE u32 cluster_rank() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-// The shared::cluster address of shared address `a` in the CTA of rank `rank`.
-MHA_KIT_DEVICE u32 mapa(u32 a, u32 rank) {
-    u32 r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    return r;
-}
-// Arrives (release, cluster scope) on the mbarrier at shared::cluster address `bar`.
-MHA_KIT_DEVICE void mbar_arrive_cluster(u32 bar) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Bulk copy of `bytes` (a multiple of 16) from this CTA's shared memory at
-// `src` to shared::cluster address `dst`, completing its bytes on the
-// transaction count of the mbarrier at shared::cluster address `bar` (the
-// receiving CTA's).
-MHA_KIT_DEVICE void bulk_copy_to_cluster(u32 dst, u32 src, u32 bytes, u32 bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-        "r"(src), "r"(bytes), "r"(bar)
-        : "memory");
-}
-// Every thread of the cluster that has not exited meets here (release /
-// acquire at cluster scope).
-MHA_KIT_DEVICE void cluster_sync_all() {
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-
 // Orders this thread's generic-proxy shared-memory stores before later
 // async-proxy reads (wgmma operands) of the threads it then signals.
 MHA_KIT_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -518,44 +473,6 @@ MHA_KIT_DEVICE Item item_geom(const ContextParams& p, int it, bool report) {
     return I;
 }
 
-// PAIR: item `it` of the pair order (pairs of q tiles fastest, the heaviest
-// first; then KV heads; then requests; no split KV) for cluster rank `rank`:
-// q tile 2 x + rank of the pair x. Its rows are its own; its KV range
-// (t_first, ntiles, k_lo, k_hi: what the producers load) is the union of
-// both tiles' ranges, and `own_off` / `own_ntiles` give its own tiles in it.
-// skip only when neither tile has rows (both CTAs then skip the item).
-template <int BN, int BM>
-MHA_KIT_DEVICE Item item_geom_pair(const ContextParams& p, int it, int rank, bool report, int& own_off,
-                                   int& own_ntiles) {
-    const int pairs = (p.q_tiles + 1) >> 1;
-    const int x = it % pairs;
-    const int rest = it / pairs;
-    Item I;
-    I.split = 0;
-    I.h = rest % p.num_kv_heads;
-    I.b = rest / p.num_kv_heads;
-    const int tp = pairs - 1 - x;
-    I.tile = 2 * tp + rank;
-    I.g = request_geom_warp(p, I.b, report && tp == 0 && rank == 0 && I.h == 0);
-    Item J = I;
-    J.tile = 2 * tp + (rank ^ 1);
-    item_ranges<BN, BM>(p, I);
-    item_ranges<BN, BM>(p, J);
-    own_off = 0;
-    own_ntiles = I.ntiles;
-    if (J.ntiles > 0) {
-        const int tf = I.ntiles > 0 ? min(I.t_first, J.t_first) : J.t_first;
-        const int te = I.ntiles > 0 ? max(I.t_first + I.ntiles, J.t_first + J.ntiles) : J.t_first + J.ntiles;
-        own_off = I.ntiles > 0 ? I.t_first - tf : 0;
-        I.k_lo = I.ntiles > 0 ? min(I.k_lo, J.k_lo) : J.k_lo;
-        I.k_hi = I.ntiles > 0 ? max(I.k_hi, J.k_hi) : J.k_hi;
-        I.t_first = tf;
-        I.ntiles = te - tf;
-    }
-    I.skip = I.skip && J.skip;
-    return I;
-}
-
 // The rows, positions and KV range of item I (tile, split and g set).
 template <int BN, int BM>
 MHA_KIT_DEVICE void item_ranges(const ContextParams& p, Item& I) {
@@ -583,8 +500,7 @@ MHA_KIT_DEVICE void item_ranges(const ContextParams& p, Item& I) {
 // instead of 2 / 3 (correct results); 32 O rescaled under S instead of
 // after the wait for P V (correct results, see `rescale_o`); 64 one
 // exponential in four by polynomial on the FMA pipe (results within the
-// 16-bit rounding of P, see `ex2_poly`); 2048 clusters of two CTAs
-// sharing each K/V tile (correct results, see Cfg PAIR); 4096 serial
+// 16-bit rounding of P, see `ex2_poly`); 4096 serial
 // consumers whose exponential sections alternate, row sums of the 16-bit
 // P (correct results, see SX); 16384 the default overlapped consumers with
 // alternating exponential sections, row sums of the 16-bit P (correct
@@ -620,9 +536,7 @@ MHA_KIT_DEVICE u32 clk32() {
 template <int QT, int D, int XV = 0, bool F8 = false, bool DUO = false, bool LSE = false>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v,
                                       const TmaMap& tmap_o, const TmaMap& tmap_q) {
-    constexpr bool PAIR = (XV & 2048) != 0;
-    static_assert(!PAIR || (D == 128 && !F8 && !DUO), "pair clusters: D 128 16-bit K/V");
-    using C = Cfg<D, F8, (XV & 16) != 0, DUO, PAIR>;
+    using C = Cfg<D, F8, (XV & 16) != 0, DUO>;
     constexpr int BM = C::BM;
     constexpr int NCW = C::NCW;
     constexpr int NTHREADS = C::NTHREADS;
@@ -658,11 +572,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const u32 bar_ie = bar_if + 16;               // [2] work item read by all
     const u32 bar_ig = bar_ie + 16;               // [2] work item's geometry published
     const u32 bar_qr = bar_ig + 16;               // [QBUF] e4m3 only: Q's TMA boxes landed
-    const u32 bar_lk = base + C::LAND_OFF;        // [KST] PAIR: this CTA's half of the K tile landed
-    const u32 bar_lv = bar_lk + 8 * KST;          // [VST] PAIR: this CTA's half of the V tile landed
-    const u32 bar_pk = bar_lv + 8 * VST;          // [KST] PAIR: the other CTA's K slot free (its producer arrives)
-    const u32 bar_pv = bar_pk + 8 * KST;          // [VST] PAIR: the other CTA's V slot free
-    i32* own_s = reinterpret_cast<i32*>(smem + C::OWN_OFF);  // PAIR: [2 slots] own_off, own_ntiles
     // The rings run on across a CTA's items: T0 counts the KV tiles of the
     // CTA's earlier items (per role, the same count), tile t of an item is
     // ring tile T0 + t; nq counts the items that loaded a Q tile (item nq
@@ -687,14 +596,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // start (the producer runs ahead of them).
     const int tid = threadIdx.x;
     const int G = p.group;
-    // PAIR: a work item is a pair of q tiles (no split KV), taken by both
-    // CTAs of a cluster (rank = which tile), in a static order: cluster c
-    // takes items c, c + clusters, ... (both CTAs derive the same sequence).
-    const int items = (PAIR ? (p.q_tiles + 1) >> 1 : p.q_tiles) * p.kv_splits * p.num_kv_heads * p.bs;  // <= i32::MAX (launcher)
-    const bool persistent = PAIR || (C::PERSISTENT && (int)gridDim.x < items);
-    const u32 rank = PAIR ? cluster_rank() : 0u;
-    const int cid = PAIR ? (int)(blockIdx.x >> 1) : 0;
-    const int nclusters = PAIR ? (int)(gridDim.x >> 1) : 1;
+    const int items = p.q_tiles * p.kv_splits * p.num_kv_heads * p.bs;  // <= i32::MAX (launcher)
+    const bool persistent = C::PERSISTENT && (int)gridDim.x < items;
     i32* item_s = reinterpret_cast<i32*>(smem + C::ITEM_OFF);
     int n_items = 0;  // items taken by this thread so far (the stop included)
     // Thread 0 fetches each counter value one item ahead (the atomic's round
@@ -712,12 +615,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         int it;
         if (tid == 0) {
             if (n >= 2) mbar_wait(bar_ie + 8 * slot, par ^ 1);
-            const u32 u = PAIR ? (u32)cid + (u32)n * (u32)nclusters : n == 0 ? blockIdx.x : gridDim.x + *pending;
+            const u32 u = n == 0 ? blockIdx.x : gridDim.x + *pending;
             it = u < (u32)items ? (int)u : items;
-            if (!PAIR && it < items) *pending = atomicAdd(p.work, 1u);
+            if (it < items) *pending = atomicAdd(p.work, 1u);
             item_s[slot] = (i32)it;
             mbar_arrive(bar_if + 8 * slot);
-            if (!PAIR && it == items) {
+            if (it == items) {
                 __threadfence();
                 if (atomicAdd(p.work + 1, 1u) == gridDim.x - 1) {
                     __threadfence();
@@ -735,7 +638,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 
     // K/V by TMA boxes of tma_rows keys (one producer thread arrives, the
     // copies complete the transaction count) or by the cp.async row gather.
-    const bool tma = !PAIR && !F8 && p.tma_rows > 0;  // e4m3 (and PAIR) always gathers
+    const bool tma = !F8 && p.tma_rows > 0;  // e4m3 always gathers
     constexpr bool TR = (XV & 8) != 0;
     static_assert(!TR || NCW == 2, "trace layout: three roles");
     // Three consumers (D 64 16-bit): each warpgroup runs its tiles one step
@@ -773,11 +676,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // 4096 -1.5% and bs 1 x 16384 -1.9% in time, bit-identical results.
     // The experiment entries (XV != 0) build only the 32-bit form (the
     // launcher refuses them where offsets do not fit): with both, ptxas
-    // spilled in the traced and pair producers.
+    // spilled in the traced producer.
     const bool narrow = XV != 0 || p.narrow != 0;
-    // The no-K/V-reads and pair experiments keep a division a tile instead
-    // of the cursor (its four registers made ptxas spill their producers).
-    constexpr bool CURSOR = (XV & (4 | 2048)) == 0;
+    // The no-K/V-reads experiment keeps a division a tile instead of the
+    // cursor (its four registers made ptxas spill its producer).
+    constexpr bool CURSOR = (XV & 4) == 0;
     // Row sums from the packed P (SX, EXT) instead of the f32 exponentials.
     constexpr bool PSUM = SX || EXT;
     constexpr bool SERIAL = SERIAL3 || SX;
@@ -864,35 +767,19 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             mbar_init(bar_ie + 8 * s, NTHREADS - 1);
             mbar_init(bar_ig + 8 * s, 1);
         }
-        // PAIR: the full barriers also take one expect-tx arrival for the
-        // other CTA's half (its bulk copy completes the bytes); the other
-        // CTA's producer arrives on bar_pk / bar_pv once its consumers have
-        // released its slot (this CTA's forward writes there).
 #pragma unroll
         for (int s = 0; s < KST; ++s) {
             // gather: 128 cp.async + 128 thread arrivals; e4m3: 128 thread arrivals
-            mbar_init(bar_fk + 8 * s, tma ? 1 : F8 ? 128 : 256 + (PAIR ? 1 : 0));
+            mbar_init(bar_fk + 8 * s, tma ? 1 : F8 ? 128 : 256);
             mbar_init(bar_ek + 8 * s, NC);
-            if (PAIR) {
-                mbar_init(bar_lk + 8 * s, 128);
-                mbar_init(bar_pk + 8 * s, 1);
-            }
         }
 #pragma unroll
         for (int s = 0; s < VST; ++s) {
-            mbar_init(bar_fv + 8 * s, tma ? 1 : 128 + (PAIR ? 1 : 0));
+            mbar_init(bar_fv + 8 * s, tma ? 1 : 128);
             mbar_init(bar_ev + 8 * s, NC);
-            if (PAIR) {
-                mbar_init(bar_lv + 8 * s, 128);
-                mbar_init(bar_pv + 8 * s, 1);
-            }
         }
-        if (PAIR) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    // PAIR: both CTAs' barriers exist before either arrives on or copies
-    // into the other's.
-    if (PAIR) cluster_sync_all();
 
     if (tid < 128) {
         // ================================ producer ================================
@@ -919,24 +806,15 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             const int rg = (int)ptv >> 3;  // row of pass 0: 4 w + (l >> 3)
             const bool has_row = c8 < NP;
             const int krow = key_row_of_lane((int)ptv >> 5, (int)ptv & 31);
-            int own_off = 0, own_ntiles = 0;
-            const Item I = PAIR ? item_geom_pair<BN, BM>(p, it, (int)rank, pt == 0, own_off, own_ntiles)
-                                : item_geom<BN, BM>(p, it, pt == 0);
+            const Item I = item_geom<BN, BM>(p, it, pt == 0);
             if (pt == 0) {
                 // Published for the consumers (they release the slot, bar_ie,
                 // after their epilogue).
                 item_geom_s[(n_items - 1) & 1] = I;
-                if (PAIR) {
-                    own_s[2 * ((n_items - 1) & 1)] = own_off;
-                    own_s[2 * ((n_items - 1) & 1) + 1] = own_ntiles;
-                }
                 mbar_arrive(bar_ig + 8 * ((n_items - 1) & 1));
             }
             if (I.skip) continue;
-            // PAIR: ntiles is the pair's range (both CTAs load every tile of
-            // it); this CTA's Q only when its own rows see keys.
             const int h = I.h, b = I.b, rows = I.rows, ntiles = I.ntiles;
-            const bool own_q = !PAIR || own_ntiles > 0;
             const Geom& g = I.g;
             const i32 r0 = I.r0, k_lo = I.k_lo, k_hi = I.k_hi, t_first = I.t_first;
             if (I.tile == 0 && h == 0 && I.split == 0) report_bad_pages(p, g, b, pt, 128);
@@ -984,7 +862,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // copies write zeros past `rows`, TMA the next tokens' q), once
             // the last S of the item that used it before is done.
             const int qb = nq % QBUF;
-            if (own_q) {
             if (nq >= QBUF) mbar_wait(bar_qe + 8 * qb, (u32)(((nq - QBUF) / QBUF) & 1));
             // Thread pt copies chunk pt % CPR of rows pt / CPR + QRS m; the
             // row's (token j, head gq) advances by QRS rows a step.
@@ -1067,7 +944,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 if (!qtma) mbar_arrive_cp_async(bar_q + 8 * qb);
                 mark(0, 1, tnow());
             }
-            }  // own_q
 
             if (tma) {
                 // One warp: lane j looks up the page of box j of a tile (one
@@ -1214,18 +1090,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 // compiler does not keep every pass's address in registers.
                 u32 dst_lane = (u32)rg * 128u + ((u32)(c8 ^ (rg & 7)) << 4);
                 asm volatile("" : "+r"(dst_lane));
-                // PAIR: only this CTA's half of the passes (key rows
-                // 64 rank .. 64 rank + 63 of each tile; the lookups and the
-                // valid mask still cover every row).
-                constexpr int NPC = PAIR ? NP / 2 : NP;
-                const int i0 = PAIR ? (int)rank * NPC : 0;
                 auto copy_rows = [&](u32 dst_tile, const u16* row, u32 rdm) {
                     // The source lanes' read bits shifted once (pass i tests
                     // bit i, i < 8: one instruction instead of three).
                     const u32 rdl = rdm >> (pt & 24);
 #pragma unroll
-                    for (int ii = 0; ii < NPC; ++ii) {
-                        const int i = i0 + ii;
+                    for (int i = 0; i < NP; ++i) {
                         const u16* r = shfl_ptr8(row, i) + 8 * c8;  // lane (pt & 24) | i
                         const u32 bytes = ((rdl >> i) & 1u) * 16u;
 #pragma unroll
@@ -1233,83 +1103,17 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                             cp_async16(dst_tile + dst_lane + i * 16 * 128 + a * C::KV_ATOM, r + 64 * a, bytes);
                     }
                 };
-                // PAIR: this CTA's half of the tile at ring slot `slot_off`
-                // (byte offset) into the other CTA's same slot (a bulk
-                // shared-to-distributed-shared copy completing on its full
-                // barrier `full`), once the half has landed here (landed
-                // barrier `land`, parity `par`) and, past the ring's first
-                // lap, the other CTA's slot is free (its producer's arrival
-                // on `free_bar`). One thread, `fwd`: warp 1's lane 0 for K,
-                // warp 2's for V (warp 0 issues Q), at the end of the
-                // iteration that issued the tile. Measured forms (session
-                // 23): this one; one iteration later (too late for the
-                // two-deep K ring: far slower); a polling forwarder that
-                // never blocks (slower still: its lane diverges from its
-                // warp's shuffles and ballots).
-                constexpr u32 HALF_ROWS_BYTES = (u32)(BN / 2) * 128u;  // per 64-column atom
-                auto forward = [&](int fwd, u32 slot_off, u32 land, u32 par, u32 full, u32 free_bar, bool wait_free) {
-                    if constexpr (PAIR) {
-                        if (pt == fwd) {
-                            mbar_wait(land, par);
-                            if (wait_free) mbar_wait(free_bar, par ^ 1u);
-                            fence_proxy_async();
-                            const u32 peer = rank ^ 1u;
-                            const u32 rbar = mapa(full, peer);
-#pragma unroll
-                            for (int a = 0; a < D / 64; ++a) {
-                                const u32 src = base + slot_off + (u32)(a * C::KV_ATOM) + rank * HALF_ROWS_BYTES;
-                                bulk_copy_to_cluster(mapa(src, peer), src, HALF_ROWS_BYTES, rbar);
-                            }
-                        }
-                    }
-                };
-                auto forward_k = [&](int t) {
-                    forward(32, (u32)(C::K_OFF + kslot(t) * C::KV_BYTES), bar_lk + 8 * kslot(t), kpar(t),
-                            bar_fk + 8 * kslot(t), bar_pk + 8 * kslot(t), T0 + t >= KST);
-                };
-                auto forward_v = [&](int t) {
-                    forward(64, (u32)(C::V_OFF + vslot(t) * C::KV_BYTES), bar_lv + 8 * vslot(t), vpar(t),
-                            bar_fv + 8 * vslot(t), bar_pv + 8 * vslot(t), T0 + t >= VST);
-                };
-                // PAIR: tells the other CTA's forwarder that this CTA's slot
-                // (K: kv 0, V: kv 1) is free for ring tile t (after the wait
-                // on this CTA's empty barrier; warp 3's lane 0, off the
-                // consumers' path: a cluster-scope release arrival takes
-                // hundreds of cycles).
-                auto slot_free = [&](int kv, int t) {
-                    if constexpr (PAIR) {
-                        const bool past = kv == 0 ? T0 + t >= KST : T0 + t >= VST;
-                        if (pt == 96 && past)
-                            mbar_arrive_cluster(mapa(kv == 0 ? bar_pk + 8 * kslot(t) : bar_pv + 8 * vslot(t), rank ^ 1u));
-                    }
-                };
-                // PAIR: the other CTA's half of a tile completes as bytes.
-                constexpr u32 PEER_TX = (u32)(D / 64) * HALF_ROWS_BYTES;
                 for (int t = 0; t < ntiles; ++t) {
                     if (T0 + t >= KST) mbar_wait(bar_ek + 8 * kslot(t), kpar(t) ^ 1);
                     lookup(t);
                     copy_rows(base + C::K_OFF + kslot(t) * C::KV_BYTES, k_row, k_rd);
                     mbar_arrive_cp_async(bar_fk + 8 * kslot(t));
                     mbar_arrive(bar_fk + 8 * kslot(t));  // releases the valid mask written by lookup
-                    if constexpr (PAIR) {
-                        mbar_arrive_cp_async(bar_lk + 8 * kslot(t));
-                        if (pt == 0) mbar_arrive_expect_tx(bar_fk + 8 * kslot(t), PEER_TX);
-                        slot_free(0, t);  // after this warp's copies
-                    }
                     if (t <= 1) mark(0, 2 + t, tnow());
                     if (t >= 1) {
                         if (T0 + t - 1 >= VST) mbar_wait(bar_ev + 8 * vslot(t - 1), vpar(t - 1) ^ 1);
                         copy_rows(base + C::V_OFF + vslot(t - 1) * C::KV_BYTES, v_row, v_rd);
                         mbar_arrive_cp_async(bar_fv + 8 * vslot(t - 1));
-                        if constexpr (PAIR) {
-                            mbar_arrive_cp_async(bar_lv + 8 * vslot(t - 1));
-                            if (pt == 0) mbar_arrive_expect_tx(bar_fv + 8 * vslot(t - 1), PEER_TX);
-                            slot_free(1, t - 1);
-                        }
-                    }
-                    if constexpr (PAIR) {
-                        forward_k(t);
-                        if (t >= 1) forward_v(t - 1);
                     }
                     v_row = v_next;
                     v_rd = k_rd;
@@ -1319,12 +1123,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     if (T0 + t >= VST) mbar_wait(bar_ev + 8 * vslot(t), vpar(t) ^ 1);
                     copy_rows(base + C::V_OFF + vslot(t) * C::KV_BYTES, v_row, v_rd);
                     mbar_arrive_cp_async(bar_fv + 8 * vslot(t));
-                    if constexpr (PAIR) {
-                        mbar_arrive_cp_async(bar_lv + 8 * vslot(t));
-                        if (pt == 0) mbar_arrive_expect_tx(bar_fv + 8 * vslot(t), PEER_TX);
-                        slot_free(1, t);
-                        forward_v(t);
-                    }
                 }
             } else {
                 // e4m3 K/V: the same row gather (lane roles, page lookups and
@@ -1467,7 +1265,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 }
             }  // gather
             T0 += ntiles;
-            if (own_q) ++nq;
+            ++nq;
         }  // items
         cp_async_wait<0>();
         return;
@@ -1511,9 +1309,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             bulk_wait_if(OTMA && o_pend != 0);
             if (persistent) mbar_arrive(bar_ie + 8 * ((n_items - 1) & 1));
             done(1 + cw);
-            // PAIR: the other CTA may still copy into this CTA's slots and
-            // arrive on its barriers until its consumers are done.
-            if (PAIR) cluster_sync_all();
             break;
         }
         const int role = 1 + cw;
@@ -1535,12 +1330,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 o_pend = 0;
             }
         };
-        // PAIR: this CTA's own tiles, a sub-range of the pair's (I.ntiles,
-        // which the producers load); the rest this CTA's consumers only
-        // release (skip_tiles).
-        const int own_off = PAIR ? own_s[2 * islot] : 0;
-        const int own_n = PAIR ? own_s[2 * islot + 1] : I.ntiles;
-        if (I.skip || own_n == 0) release_o();
+        const int item_tiles = I.ntiles;
+        if (I.skip || item_tiles == 0) release_o();
         mark(role, 1, tnow());
         mark(role, 12, (u32)I.ntiles);
         mark(role, 13, (u32)it);
@@ -1555,26 +1346,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             release_item();
             continue;
         }
-        const int h = I.h, rows = I.rows, ntiles = own_n;
+        const int h = I.h, rows = I.rows, ntiles = item_tiles;
         const Geom& g = I.g;
-        const i32 r0 = I.r0, x_base = I.x_base, t_first = I.t_first + own_off;
-        // PAIR: tiles u < n of the ring from T0 on that this CTA does not
-        // compute: wait until each has landed (so that this arrival counts
-        // for that fill, never for a later one of the slot), then release it.
-        auto skip_tiles = [&](int u0, int n) {
-            if constexpr (PAIR) {
-#pragma unroll 1
-                for (int u = u0; u < n; ++u) {
-                    mbar_wait(bar_fk + 8 * kslot(u), kpar(u));
-                    mbar_arrive(bar_ek + 8 * kslot(u));
-                    mbar_wait(bar_fv + 8 * vslot(u), vpar(u));
-                    mbar_arrive(bar_ev + 8 * vslot(u));
-                }
-            }
-        };
-        skip_tiles(0, own_off);
-        T0 += own_off;
-        const int pair_rest = PAIR ? I.ntiles - own_off - ntiles : 0;  // the pair's tiles after this CTA's
+        const i32 r0 = I.r0, x_base = I.x_base, t_first = I.t_first;
         const bool active = wrow0 < rows;    // warpgroup-uniform
         const i32 xw_min = x_base + (r0 + wrow0) / G;
         const i32 xw_max = x_base + (r0 + min(wrow0 + 63, rows - 1)) / G;
@@ -2211,7 +1985,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 drow[1] = 0.25f * lacc[2];
             }
         }
-        skip_tiles(ntiles, ntiles + pair_rest);  // PAIR: before the epilogue (the other CTA's producer waits on them)
         // ---- epilogue ----
         if (C::STAGE_O && ntiles > 0 && p.kv_splits == 1) {
             // Each thread scales its two rows' columns into this warpgroup's
@@ -2357,8 +2130,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         }
         release_item();
         mark(role, 9, tnow());
-        // PAIR: T0 moved by own_off already; the ring moves by the pair's tiles.
-        T0 += ntiles + pair_rest;
+        T0 += ntiles;
         if (ntiles > 0) ++nq;
     }  // items
 }
@@ -2503,7 +2275,6 @@ PAS_XENTRY(40)
 PAS_XENTRY(512)
 PAS_XENTRY(1024)
 PAS_XENTRY(1536)
-PAS_XENTRY(2048)
 // Dropped for room (session 28; measured and concluded, PERF.md sessions 7,
 // 14, 24, 26): 64 and 72 (a quarter of the exponentials by polynomial, and
 // traced; also the D 64 entry), 128 (row sums on the tensor cores), 4096

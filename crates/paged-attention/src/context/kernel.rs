@@ -43,9 +43,6 @@ pub struct ContextKernel {
     narrow: bool,
     variant: i32,
     experiment: u32,
-    /// Clusters of two CTAs of the pair experiment (`_x2048`) that fit on
-    /// the device at once (`cuOccupancyMaxActiveClusters`), set with it.
-    pair_clusters: usize,
     tma_launches: AtomicU64,
     o_tma_launches: AtomicU64,
     q_tma_launches: AtomicU64,
@@ -213,7 +210,6 @@ impl ContextKernel {
             narrow: true,
             variant: 0,
             experiment: 0,
-            pair_clusters: 0,
             tma_launches: AtomicU64::new(0),
             o_tma_launches: AtomicU64::new(0),
             q_tma_launches: AtomicU64::new(0),
@@ -376,12 +372,12 @@ impl ContextKernel {
     /// dropped in session 26 for room in the tree); with correct
     /// results: 16 = K / V ring depths 3 / 2 instead of 2 / 3, 32 = O
     /// rescaled under S instead of after the wait for P V, 40 = 32 with the
-    /// trace, 512 = no V scan of masked tiles (correct on finite V), 2048 =
-    /// clusters of two CTAs that share each K/V tile,
-    /// [`CONTEXT_SM90_PAIR_EXPERIMENT`]; without: 1024 / 1536 = no epilogue
+    /// trace, 512 = no V scan of masked tiles (correct on finite V); without:
+    /// 1024 / 1536 = no epilogue
     /// stores (and no V scan)) for D 128 bf16 launches; 0 = off (64, 72,
     /// 128, 4096 and 16384, measured and concluded, were dropped in session
-    /// 28 for room; PERF.md sessions 7, 14, 24, 26). The experiment
+    /// 28 for room, and 2048, two CTAs of a cluster sharing each K/V tile,
+    /// in session 40; PERF.md sessions 7, 14, 23, 24, 26, 40). The experiment
     /// entries build only the gather's 32-bit address products, so a
     /// launch where [`context_sm90_cursor_fits`] fails is refused with
     /// [`KernelError::Unsupported`] (32768, the page cursor and those
@@ -403,19 +399,7 @@ impl ContextKernel {
             let name = format!("{bf16}_x{xv}");
             let smem = context_sm90_smem_bytes(d, KvDtype::Bf16) + CONTEXT_SM90_EXPERIMENT_SLACK;
             let attrs = EntryAttrs::smem_max_carveout(smem);
-            let idx = self.kernel.load(&CONTEXT_SM90_PTX, &name, attrs)?;
-            if xv & CONTEXT_SM90_PAIR_EXPERIMENT != 0 {
-                let threads = context_sm90_threads(d, KvDtype::Bf16);
-                self.pair_clusters =
-                    self.kernel
-                        .max_active_clusters(idx, threads, smem as u32, 2)?;
-                if self.pair_clusters == 0 {
-                    return Err(KernelError::unsupported(
-                        "experiment",
-                        format!("{name}: no cluster of two CTAs fits the device"),
-                    ));
-                }
-            }
+            self.kernel.load(&CONTEXT_SM90_PTX, &name, attrs)?;
         }
         self.experiment = xv;
         Ok(())
@@ -438,12 +422,6 @@ impl ContextKernel {
         let n = CONTEXT_SM90_TRACE_CTAS * CONTEXT_SM90_TRACE_ITEMS * 3 * CONTEXT_SM90_TRACE_EVENTS;
         let words: Vec<f32> = self.kernel.gpu().stream().clone_dtoh(&ws.slice(0..n))?;
         Ok(words.into_iter().map(f32::to_bits).collect())
-    }
-
-    /// Clusters of two CTAs of the pair experiment that fit on the device
-    /// at once (0 before [`ContextKernel::set_experiment`] with it).
-    pub fn pair_clusters(&self) -> usize {
-        self.pair_clusters
     }
 
     /// Whether launches run the sm_90a kernel (every supported dtype).
@@ -575,9 +553,6 @@ impl ContextKernel {
             .kernel
             .index(&entry)
             .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {entry}")))?;
-        // The pair experiment: clusters of two CTAs share each K/V tile
-        // (gather only, no split KV; a static item order).
-        let pair = experiment && self.experiment & CONTEXT_SM90_PAIR_EXPERIMENT != 0;
         // The gather's 32-bit address products, where every offset fits;
         // the experiment entries have no other form.
         p.narrow = i32::from(self.narrow && context_sm90_cursor_fits(&p));
@@ -588,7 +563,7 @@ impl ContextKernel {
             ));
         }
         let mut maps = [TensorMap::default(); 2];
-        if plan.sm90 && !duo && !pair {
+        if plan.sm90 && !duo {
             if let Some((rows, code, m)) = self.kv_maps(args, &p) {
                 (p.tma_rows, p.tma_dims, maps) = (rows, code, m);
             }
@@ -605,9 +580,7 @@ impl ContextKernel {
             }
         }
         let items = config.grid_dim.0;
-        if let (true, false, false, true, Some(ws)) =
-            (plan.sm90, duo, pair, d != 256, &self.partial)
-        {
+        if let (true, false, true, Some(ws)) = (plan.sm90, duo, d != 256, &self.partial) {
             // Split KV when the items do not fill the GPU: the keys of a
             // request are bounded by its page-table row (and the window).
             let bn = context_sm90_tile_keys(d);
@@ -648,13 +621,7 @@ impl ContextKernel {
                 .max_ctas
                 .unwrap_or(self.sm_count * per_sm)
                 .min(self.sm_count * per_sm);
-            config.grid_dim.0 = if pair {
-                // One cluster per pair of q tiles up to the clusters that fit.
-                let pairs = (p.q_tiles as u32).div_ceil(2) * p.num_kv_heads as u32 * p.bs as u32;
-                2 * pairs.min(self.pair_clusters.min(ctas / 2).max(1) as u32)
-            } else {
-                context_sm90_grid(config.grid_dim.0, d, p.variant, ctas)
-            };
+            config.grid_dim.0 = context_sm90_grid(config.grid_dim.0, d, p.variant, ctas);
         }
         let sm90_args: [&dyn KernelArg; 5] = [&p, &maps[0], &maps[1], &o_map, &q_map];
         let params: &[&dyn KernelArg] = if plan.sm90 {
@@ -672,17 +639,10 @@ impl ContextKernel {
         // stores only boxes of rows it owns), and the validated query view
         // (Q boxes are read-only and zero-filled past it); `work` is
         // this launcher's own 2-word buffer, used by its launches in stream
-        // order only. The pair experiment's grid is a multiple of its
-        // cluster size (2).
+        // order only.
         unsafe {
-            self.kernel.launch_clustered(
-                stream,
-                func,
-                config,
-                params,
-                false,
-                if pair { 2 } else { 1 },
-            )
+            self.kernel
+                .launch_clustered(stream, func, config, params, false, 1)
         }?;
         if p.tma_rows > 0 {
             self.tma_launches.fetch_add(1, Ordering::Relaxed);

@@ -242,12 +242,6 @@ pub fn context_sm90_duo_wanted(head_dim: usize, kv: KvDtype, keys: usize) -> boo
     context_sm90_duo_supported(head_dim, kv) && keys <= context_sm90_duo_max_keys(head_dim)
 }
 
-/// The sm_90a timing experiment whose clusters of two CTAs share each K/V
-/// tile (`_x2048`, D 128 bf16; [`ContextKernel::set_experiment`]): each CTA
-/// gathers half of a tile's key rows and forwards them into the other's
-/// ring slot, so K/V leave L2 once per two q tiles.
-pub const CONTEXT_SM90_PAIR_EXPERIMENT: u32 = 2048;
-
 /// Whether a launch's K / V strides and in-page offsets (elements) all fit
 /// `i32`, so that the sm_90a gather may form its K / V row addresses from
 /// 32-bit products ([`ContextParams::narrow`]): every stride in
@@ -271,8 +265,7 @@ pub fn context_sm90_cursor_fits(p: &ContextParams) -> bool {
 
 /// Extra shared memory given to the sm_90a experiment entries
 /// ([`ContextKernel::set_experiment`]): `_x16` runs the K / V ring split
-/// 3 / 2, whose valid-key masks take 16 bytes more than the default's;
-/// the pair experiment's barriers and own-tile ranges take 96 more.
+/// 3 / 2, whose valid-key masks take 16 bytes more than the default's.
 pub(super) const CONTEXT_SM90_EXPERIMENT_SLACK: usize = 128;
 
 /// Shared memory of one work-item slot's published geometry (mirrors
