@@ -1212,7 +1212,7 @@ fn main() {
         }),
         named("d128_cases_on_capped_persistent_grids", |gpu, k| {
             // The default sm_90a kernel (unsplit) against the reference on
-            // the case set of the former pair experiment's test (session 40
+            // the case set of the former pair experiment's test (session 41
             // removed that experiment; its case 236 of 500 failed there):
             // random ragged cases widened to D 128 bf16, extend cases whose
             // neighbouring q tiles need different KV tiles (G 1 / 3 / 5 / 16,

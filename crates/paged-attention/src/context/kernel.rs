@@ -377,7 +377,7 @@ impl ContextKernel {
     /// stores (and no V scan)) for D 128 bf16 launches; 0 = off (64, 72,
     /// 128, 4096 and 16384, measured and concluded, were dropped in session
     /// 28 for room, and 2048, two CTAs of a cluster sharing each K/V tile,
-    /// in session 40; PERF.md sessions 7, 14, 23, 24, 26, 40). The experiment
+    /// in session 41; PERF.md sessions 7, 14, 23, 24, 26, 40, 41). The experiment
     /// entries build only the gather's 32-bit address products, so a
     /// launch where [`context_sm90_cursor_fits`] fails is refused with
     /// [`KernelError::Unsupported`] (32768, the page cursor and those
@@ -640,10 +640,7 @@ impl ContextKernel {
         // (Q boxes are read-only and zero-filled past it); `work` is
         // this launcher's own 2-word buffer, used by its launches in stream
         // order only.
-        unsafe {
-            self.kernel
-                .launch_clustered(stream, func, config, params, false, 1)
-        }?;
+        unsafe { self.kernel.launch_with(stream, func, config, params, false) }?;
         if p.tma_rows > 0 {
             self.tma_launches.fetch_add(1, Ordering::Relaxed);
         }
