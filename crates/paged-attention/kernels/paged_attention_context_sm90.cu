@@ -376,6 +376,13 @@ MHA_KIT_DEVICE void mma_ss(float (&d)[N / 2], u64 a, u64 b) {
         if constexpr (QT == 1 && N == 128) wg::wgmma_ss_f16_n128(d, a, b, 1);
     }
 }
+// d (+)= A B for e4m3 A and B (m64n128k32, both K-major in shared memory);
+// INIT as in mma_ss.
+template <bool INIT>
+MHA_KIT_DEVICE void mma_ss8(float (&d)[64], u64 a, u64 b) {
+    if constexpr (INIT) wg::wgmma_ss_e4m3_n128_init(d, a, b);
+    else wg::wgmma_ss_e4m3_n128(d, a, b, 1);
+}
 template <int QT, int N>
 MHA_KIT_DEVICE void mma_rs(float (&d)[N / 2], const u32 (&a)[4], u64 b, int scale_d) {
     if constexpr (QT == 0 && N == 8) wg::wgmma_rs_bf16_n8(d, a, b, scale_d);
@@ -427,6 +434,24 @@ MHA_KIT_DEVICE void e4m3x4_cvt(u32 w, u32& lo, u32& hi) {
         lo = pack2<0>(f16_to_f32((u16)(h0 & 0xffffu)), f16_to_f32((u16)(h0 >> 16)));
         hi = pack2<0>(f16_to_f32((u16)(h1 & 0xffffu)), f16_to_f32((u16)(h1 >> 16)));
     }
+}
+
+// An f16 pair x (element 0 in the low half) -> its e4m3 parts hi = rn(x)
+// and lo = rn(x - hi) (each a 16-bit pair, element 0 in the low byte; the
+// high 16 bits of hi / lo are zero). x - hi is exact in f16 (hi is within a
+// factor 2 of x, or 0). Non-finite x: hi and lo NaN (x + (x - x); e4m3 has no
+// infinity, and satfinite would clamp one to 448).
+MHA_KIT_DEVICE void e4m3x2_split(u32 x, u32& hi, u32& lo) {
+    asm("{\n.reg .b32 z, xs, bk, r;\n.reg .b16 hh, ll;\n"
+        "sub.rn.f16x2 z, %2, %2;\n"
+        "add.rn.f16x2 xs, %2, z;\n"
+        "cvt.rn.satfinite.e4m3x2.f16x2 hh, xs;\n"
+        "cvt.rn.f16x2.e4m3x2 bk, hh;\n"
+        "sub.rn.f16x2 r, xs, bk;\n"
+        "cvt.rn.satfinite.e4m3x2.f16x2 ll, r;\n"
+        "cvt.u32.u16 %0, hh;\ncvt.u32.u16 %1, ll;\n}\n"
+        : "=r"(hi), "=r"(lo)
+        : "r"(x));
 }
 
 // Orders this thread's generic-proxy shared-memory stores before later
@@ -547,6 +572,18 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // when its largest finite |q| is 2^15 or more; P is then f16).
     constexpr int MT = F8 ? 1 : QT;
     constexpr bool QCONV = F8 && QT == 0;
+    // K8 (e4m3 K/V at D 128 with a bf16 Q): S = Q K^T runs on the e4m3 K
+    // tile as copied (no conversion of K), as two e4m3 GEMMs into one
+    // accumulator: Q = hi + lo, hi = e4m3(q 2^e), lo = e4m3(q 2^e - hi), with
+    // the power of two 2^e per row that brings the row's largest finite |q|
+    // into [128, 256). For a bf16 q (8 significant bits) hi + lo is q 2^e
+    // exactly when |q| >= 2^-9 of the row's largest, else within 2^-10 (the
+    // e4m3 subnormal step): hi keeps 4 bits, and q 2^e - hi is a multiple of
+    // hi's last bit / 16 below half of it. The two GEMMs of k32 steps take
+    // the tensor time of one 16-bit GEMM. V is still converted to f16 by the
+    // producer (the e4m3 P V needs V transposed and P in 8 bits); the
+    // consumers multiply the row's logit scale by 2^-e (QX, as QCONV's).
+    constexpr bool K8 = F8 && D == 128 && QT == 0;
     constexpr int BN = C::BN;
     constexpr int CPR = C::CPR;
     constexpr int NS = BN / 2;   // S accumulator registers per thread
@@ -770,7 +807,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll
         for (int s = 0; s < KST; ++s) {
             // gather: 128 cp.async + 128 thread arrivals; e4m3: 128 thread arrivals
-            mbar_init(bar_fk + 8 * s, tma ? 1 : F8 ? 128 : 256);
+            mbar_init(bar_fk + 8 * s, tma ? 1 : F8 && !K8 ? 128 : 256);
             mbar_init(bar_ek + 8 * s, NC);
         }
 #pragma unroll
@@ -864,12 +901,17 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             const int qb = nq % QBUF;
             if (nq >= QBUF) mbar_wait(bar_qe + 8 * qb, (u32)(((nq - QBUF) / QBUF) & 1));
             // Thread pt copies chunk pt % CPR of rows pt / CPR + QRS m; the
-            // row's (token j, head gq) advances by QRS rows a step.
+            // row's (token j, head gq) advances by QRS rows a step. K8: into
+            // the staging ring's K half (unused there: K is copied into its
+            // ring slot as it is), from where the conversion writes the e4m3
+            // parts into the Q buffer.
+            static_assert(!K8 || C::SST * C::F8_BYTES >= C::Q_BYTES, "K8: Q lands in the staging ring's K half");
+            constexpr u32 Q8_OFF = (u32)(C::STG_OFF + C::SST * C::F8_BYTES);  // K8: where Q lands
             if (qtma) {
                 if (pt == 0) {
                     u64 map;
                     asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(map) : "r"(base + C::QMAP_OFF));
-                    const u32 qdst = base + C::Q_OFF + qb * C::Q_BYTES;
+                    const u32 qdst = K8 ? base + Q8_OFF : base + C::Q_OFF + qb * C::Q_BYTES;
                     const int tok = g.row_start + r0 / G;  // G divides r0 (launcher: G | BM)
                     const u32 qbar = (QCONV ? bar_qr : bar_q) + 8 * qb;
                     mbar_arrive_expect_tx(qbar, (u32)C::Q_BYTES);
@@ -889,7 +931,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     const u16* src = p.q;
                     if (valid)
                         src += (i64)(g.row_start + j) * p.q_stride_tok + (i64)(h * G + gq) * p.q_stride_head + ch * 8;
-                    cp_async16(base + C::Q_OFF + qb * C::Q_BYTES + swz(row, ch, C::Q_ATOM), src, valid ? 16u : 0u);
+                    cp_async16((K8 ? base + Q8_OFF : base + C::Q_OFF + qb * C::Q_BYTES) + swz(row, ch, C::Q_ATOM), src,
+                               valid ? 16u : 0u);
                     j += sj;
                     gq += sg;
                     if (gq >= G) {
@@ -914,6 +957,53 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 const int ch = (int)ptv % CPR;
                 u8* const qt = smem + C::Q_OFF + qb * C::Q_BYTES;
                 u8* const qsr = smem + C::QX_OFF + qb * BM;
+                if constexpr (K8) {
+                    // Chunk ch (columns 8 ch .. 8 ch + 7) of each row: hi and
+                    // lo, 8 bytes each, at byte 8 (ch & 1) of 16-byte chunk
+                    // ch / 2 of the row in the e4m3 operand layout (rows of
+                    // 128 bytes; hi in the buffer's first BM x 128 bytes, lo
+                    // in the next). Non-finite q: hi and lo NaN (x - x is NaN
+                    // there; e4m3 has no infinity, satfinite would clamp it).
+                    const u8* const ql = smem + Q8_OFF;
+#pragma unroll 2
+                    for (int row = (int)ptv / CPR; row < BM; row += QRS) {
+                        const uint4 u = *reinterpret_cast<const uint4*>(ql + swz(row, ch, C::Q_ATOM));
+                        const u32 w4[4] = {u.x, u.y, u.z, u.w};
+                        u32 mx = 0;
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const u32 lo = w4[e] & 0x7FFFu, hi = (w4[e] >> 16) & 0x7FFFu;
+                            mx = max(mx, lo < 0x7F80u ? lo : 0u);
+                            mx = max(mx, hi < 0x7F80u ? hi : 0u);
+                        }
+#pragma unroll
+                        for (int o = CPR / 2; o >= 1; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                        // 2^e brings the largest |q| (biased exponent E) into
+                        // [128, 256): e = 134 - E, within [-126, 126].
+                        const int e = mx == 0 ? 0 : max(-126, min(126, 134 - (int)(mx >> 7)));
+                        const float f = __int_as_float((127 + e) << 23);
+                        u32 hw[2], lw[2];
+#pragma unroll
+                        for (int k = 0; k < 4; k += 2) {
+                            u32 h2[2], l2[2];
+#pragma unroll
+                            for (int j = 0; j < 2; ++j) {
+                                const u32 w = w4[k + j];
+                                const u32 x = pack2<1>(__uint_as_float(w << 16) * f, __uint_as_float(w & 0xffff0000u) * f);
+                                e4m3x2_split(x, h2[j], l2[j]);
+                            }
+                            hw[k / 2] = h2[0] | (h2[1] << 16);
+                            lw[k / 2] = l2[0] | (l2[1] << 16);
+                        }
+                        const u32 d = (u32)(row * 128 + ((((ch >> 1) ^ (row & 7))) << 4) + (ch & 1) * 8);
+                        const u32 qb0 = base + C::Q_OFF + qb * C::Q_BYTES;
+                        asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(qb0 + d), "r"(hw[0]), "r"(hw[1]) : "memory");
+                        asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(qb0 + C::Q_ATOM + d), "r"(lw[0]), "r"(lw[1])
+                                     : "memory");
+                        // The consumers scale the row's logits by 2^-e (a signed byte).
+                        if (ch == 0) qsr[row] = (u8)(-e);
+                    }
+                } else
 #pragma unroll 2
                 for (int row = (int)ptv / CPR; row < BM; row += QRS) {
                     uint4* a = reinterpret_cast<uint4*>(qt + swz(row, ch, C::Q_ATOM));
@@ -1174,7 +1264,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 // Its 16-bit destination: chunks 2 c and 2 c + 1 of the row, c = c8 + 8 a.
                 u32 dst_lane = (u32)(c8 >> 2) * C::KV_ATOM + (u32)rg * 128u + ((u32)((2 * (c8 & 3)) ^ (rg & 7)) << 4);
                 asm volatile("" : "+r"(src_lane), "+r"(dst_lane));
-                auto stage = [&](int s, int kv) { return (u32)C::STG_OFF + (u32)(((s % SST) * 2 + kv) * C::F8_BYTES); };
+                // K8: V's staging tile of step s at slot s % SST (K is not
+                // staged; slots SST.. hold the item's Q before its conversion).
+                auto stage = [&](int s, int kv) {
+                    return (u32)C::STG_OFF + (u32)((K8 ? s % SST : (s % SST) * 2 + kv) * C::F8_BYTES);
+                };
                 auto copy8 = [&](u32 stg, const u8* row, u32 rdm) {
                     const u32 rdl = rdm >> (pt & 24);  // as the 16-bit gather's
 #pragma unroll
@@ -1216,9 +1310,28 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         }
                     }
                 };
+                // K8: the K tile's 128-byte rows straight into its ring slot
+                // (the wgmma operand layout: chunk c of row r at c ^ (r & 7)),
+                // completed on the slot's full barrier as the 16-bit gather's.
+                const u32 dst_k8 = (u32)rg * 128u + ((u32)(c8 ^ (rg & 7)) << 4);
+                auto copy_k8 = [&](u32 dst_tile, const u8* row, u32 rdm) {
+                    const u32 rdl = rdm >> (pt & 24);
+#pragma unroll
+                    for (int i = 0; i < NP; ++i) {
+                        const u8* r = shfl_ptr8(row, i) + 16 * c8;  // lane (pt & 24) | i
+                        cp_async16(dst_tile + dst_k8 + i * 16 * 128, r, ((rdl >> i) & 1u) * 16u);
+                    }
+                };
                 // Step s: copies of K tile s (s < ntiles) and V tile s - 1 (s >= 1).
                 auto issue_step = [&](int s) {
-                    if (s < ntiles) {
+                    if (K8 && s < ntiles) {
+                        if (T0 + s >= KST) mbar_wait(bar_ek + 8 * kslot(s), kpar(s) ^ 1);
+                        lookup(s);
+                        if ((pt & 31) == 0) vm_s[kslot(s) * VMW + (pt >> 5)] = m_last;
+                        copy_k8(base + C::K_OFF + kslot(s) * C::KV_BYTES, k_row, k_rd);
+                        mbar_arrive_cp_async(bar_fk + 8 * kslot(s));
+                        mbar_arrive(bar_fk + 8 * kslot(s));  // also releases the mask
+                    } else if (s < ntiles) {
                         lookup(s);
                         copy8(stage(s, 0), k_row, k_rd);
                     }
@@ -1229,7 +1342,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     }
                 };
                 auto convert_step = [&](int s, u32 mask) {
-                    if (s < ntiles) {
+                    if (!K8 && s < ntiles) {
                         if (T0 + s >= KST) mbar_wait(bar_ek + 8 * kslot(s), kpar(s) ^ 1);
                         if ((pt & 31) == 0) vm_s[kslot(s) * VMW + (pt >> 5)] = mask;
                         convert((u32)C::K_OFF + (u32)(kslot(s) * C::KV_BYTES), stage(s, 0));
@@ -1420,15 +1533,24 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             qd0 = (u32)uni((int)qd0);      // and uniform (see `qb`)
 #pragma unroll
             for (int ks = 0; ks < D / 16; ++ks) {
+                // K8: steps 0-3 run Q's hi part (the buffer's first atom), 4-7
+                // its lo part (the second), each over the e4m3 K tile's
+                // 128-byte rows: k32 steps of 32 bytes, as the 16-bit steps.
                 const u32 qo = ((ks >> 2) * C::Q_ATOM + (ks & 3) * 32) >> 4;
-                const u32 ko = ((ks >> 2) * C::KV_ATOM + (ks & 3) * 32) >> 4;
+                const u32 ko = ((K8 ? 0 : (ks >> 2) * C::KV_ATOM) + (ks & 3) * 32) >> 4;
                 // The first step is write-only (scale-d 0, s not read: dead
                 // since the last P was packed), so its registers are free
                 // until here.
-                if (ks == 0)
+                if constexpr (K8) {
+                    if (ks == 0)
+                        mma_ss8<true>(s, dsc(qd0 + qo), dsc(kd + ko));
+                    else
+                        mma_ss8<false>(s, dsc(qd0 + qo), dsc(kd + ko));
+                } else if (ks == 0) {
                     mma_ss<MT, BN, true>(s, dsc(qd0 + qo), dsc(kd + ko));
-                else
+                } else {
                     mma_ss<MT, BN, false>(s, dsc(qd0 + qo), dsc(kd + ko));
+                }
             }
             wg_commit();
         };
@@ -1465,7 +1587,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // are volatile so that they stay ahead of the wait for P V (they are the
         // work that overlaps the tensor cores).
         // Logit scale of this thread's row hr: scale_log2, for a converted
-        // bf16 Q (QCONV) times 2^qs of the row (set after the Q wait).
+        // bf16 Q (QCONV) times 2^qs of the row, for K8 2^-e (set after the Q wait).
         const float c = p.scale_log2;
         const bool cpos = c > 0.f;
         float cq[2] = {c, c};
@@ -1786,7 +1908,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
                     const int row = wrow0 + 16 * warp + gr + 8 * hr;
-                    cq[hr] *= __int_as_float((127 + (int)smem[C::QX_OFF + qb * BM + row]) << 23);
+                    // qs >= 0 (QCONV), or -e as a signed byte (K8).
+                    const u8 x = smem[C::QX_OFF + qb * BM + row];
+                    cq[hr] *= __int_as_float((127 + (K8 ? (int)(i8)x : (int)x)) << 23);
                 }
             }
             u32 vmw[VMW];
