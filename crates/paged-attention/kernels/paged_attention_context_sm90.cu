@@ -577,10 +577,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // accumulator: Q = hi + lo, hi = e4m3(q 2^e), lo = e4m3(q 2^e - hi), with
     // the power of two 2^e per row that brings the row's largest finite |q|
     // into [128, 256). For a bf16 q (8 significant bits) hi + lo is q 2^e
-    // exactly when |q| >= 2^-9 of the row's largest, else within 2^-10 (the
-    // e4m3 subnormal step): hi keeps 4 bits, and q 2^e - hi is a multiple of
-    // hi's last bit / 16 below half of it. The two GEMMs of k32 steps take
-    // the tensor time of one 16-bit GEMM. V is still converted to f16 by the
+    // exactly when |q 2^e| >= 2^-2 (|q| >= 2^-9 of the row's largest): hi
+    // keeps q's top 4 bits, and q 2^e - hi (at most half of hi's last bit, a
+    // multiple of q's last bit) has at most 4 significant bits, all above
+    // e4m3's subnormal step 2^-9. Smaller elements are within 2^-10 of it
+    // (2^-17 of the row's largest). The two GEMMs of k32 steps take the
+    // tensor time of one 16-bit GEMM. V is still converted to f16 by the
     // producer (the e4m3 P V needs V transposed and P in 8 bits); the
     // consumers multiply the row's logit scale by 2^-e (QX, as QCONV's).
     constexpr bool K8 = F8 && D == 128 && QT == 0;
