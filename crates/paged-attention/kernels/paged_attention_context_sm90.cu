@@ -79,9 +79,13 @@ using namespace pac;
 // fewer masked scores on the causal diagonal. Each CTA reads the K/V of its
 // 64 rows, twice the bytes per FLOP of the 128-row items: for short KV
 // ranges only.
-template <int D, bool F8 = false, bool SWAP = false, bool DUO = false>
+// K8 (e4m3 K/V at D 128 with a bf16 Q, see context_sm90_body): the K ring
+// holds the e4m3 tiles as copied (BN x D bytes a slot), which leaves room
+// for two Q buffers; the staging ring holds V only.
+template <int D, bool F8 = false, bool SWAP = false, bool DUO = false, bool K8 = false>
 struct Cfg {
     static_assert(!DUO || (!F8 && !SWAP && D != 256), "two CTAs per SM: D 64 / 128, 16-bit K/V");
+    static_assert(!K8 || (F8 && D == 128 && !DUO && !SWAP), "K8: e4m3 K/V at D 128");
     static constexpr int CTAS = DUO ? 2 : 1;        // CTAs resident per SM (launch bounds)
     static constexpr int BN = D == 256 || DUO ? 64 : 128;  // keys per KV tile
     // Consumer warpgroups, 64 query rows each: three at D 64 with 16-bit
@@ -116,6 +120,7 @@ struct Cfg {
     static constexpr int KV_ATOM = BN * 128;
     static constexpr int Q_BYTES = BM * D * 2;
     static constexpr int KV_BYTES = BN * D * 2;     // one K or V tile
+    static constexpr int K_BYTES = K8 ? BN * D : KV_BYTES;  // one K ring slot
     // Q buffers: two on the persistent grid (the next item's Q loads while
     // the consumers finish the current one), three at D 128 16-bit (Q3, in
     // the room of the V ring's third slot: with the output staged in the Q
@@ -123,7 +128,7 @@ struct Cfg {
     // one at D 256 (one item per CTA). e4m3 at D 128: one, so that the
     // staging ring fits.
     static constexpr bool Q3 = D == 128 && !F8 && !DUO && !SWAP;
-    static constexpr int QBUF = PERSISTENT && !(F8 && D == 128) ? (Q3 ? 3 : 2) : 1;
+    static constexpr int QBUF = K8 ? 2 : PERSISTENT && !(F8 && D == 128) ? (Q3 ? 3 : 2) : 1;
     // The epilogue stages each warpgroup's output rows in its rows of the
     // item's Q buffer and writes them as whole 16-byte chunks (coalesced
     // rows); the Q buffer is then released after the epilogue, not after the
@@ -146,7 +151,7 @@ struct Cfg {
     static constexpr int KST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (SWAP ? 3 : 2) : D == 256 || (F8 && D == 128) ? 2 : 3;
     static constexpr int VST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (Q3 || SWAP ? 2 : 3) : D == 64 ? 3 : 2;
     static_assert(!SWAP || (D == 128 && !F8), "ring swap: D 128 16-bit only");
-    static constexpr int V_OFF = K_OFF + KST * KV_BYTES;
+    static constexpr int V_OFF = K_OFF + KST * K_BYTES;
     // Valid-key masks, u32 [KST][4]: one word per producer warp (see `key_bit`).
     static constexpr int VMW = 4;
     // e4m3 staging ring: SST steps of one 8-bit K tile and one 8-bit V tile
@@ -156,7 +161,7 @@ struct Cfg {
     static constexpr int SST = !F8 ? 0 : D == 256 ? 1 : 2;
     static constexpr int F8_BYTES = BN * D;         // one 8-bit K or V tile
     static constexpr int STG_OFF = V_OFF + VST * KV_BYTES;
-    static constexpr int VM_OFF = STG_OFF + SST * 2 * F8_BYTES;
+    static constexpr int VM_OFF = STG_OFF + SST * (K8 ? 1 : 2) * F8_BYTES;
     static constexpr int BAR_OFF = VM_OFF + KST * VMW * 4;
     // Q full/empty; K full/empty; V full/empty; work-item slots full/empty;
     // work-item geometry published; e4m3: Q's TMA boxes landed (before the
@@ -561,7 +566,7 @@ MHA_KIT_DEVICE u32 clk32() {
 template <int QT, int D, int XV = 0, bool F8 = false, bool DUO = false, bool LSE = false>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v,
                                       const TmaMap& tmap_o, const TmaMap& tmap_q) {
-    using C = Cfg<D, F8, (XV & 16) != 0, DUO>;
+    using C = Cfg<D, F8, (XV & 16) != 0, DUO, F8 && D == 128 && QT == 0>;
     constexpr int BM = C::BM;
     constexpr int NCW = C::NCW;
     constexpr int NTHREADS = C::NTHREADS;
@@ -903,17 +908,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             const int qb = nq % QBUF;
             if (nq >= QBUF) mbar_wait(bar_qe + 8 * qb, (u32)(((nq - QBUF) / QBUF) & 1));
             // Thread pt copies chunk pt % CPR of rows pt / CPR + QRS m; the
-            // row's (token j, head gq) advances by QRS rows a step. K8: into
-            // the staging ring's K half (unused there: K is copied into its
-            // ring slot as it is), from where the conversion writes the e4m3
-            // parts into the Q buffer.
-            static_assert(!K8 || C::SST * C::F8_BYTES >= C::Q_BYTES, "K8: Q lands in the staging ring's K half");
-            constexpr u32 Q8_OFF = (u32)(C::STG_OFF + C::SST * C::F8_BYTES);  // K8: where Q lands
+            // row's (token j, head gq) advances by QRS rows a step.
             if (qtma) {
                 if (pt == 0) {
                     u64 map;
                     asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(map) : "r"(base + C::QMAP_OFF));
-                    const u32 qdst = K8 ? base + Q8_OFF : base + C::Q_OFF + qb * C::Q_BYTES;
+                    const u32 qdst = base + C::Q_OFF + qb * C::Q_BYTES;
                     const int tok = g.row_start + r0 / G;  // G divides r0 (launcher: G | BM)
                     const u32 qbar = (QCONV ? bar_qr : bar_q) + 8 * qb;
                     mbar_arrive_expect_tx(qbar, (u32)C::Q_BYTES);
@@ -933,8 +933,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     const u16* src = p.q;
                     if (valid)
                         src += (i64)(g.row_start + j) * p.q_stride_tok + (i64)(h * G + gq) * p.q_stride_head + ch * 8;
-                    cp_async16((K8 ? base + Q8_OFF : base + C::Q_OFF + qb * C::Q_BYTES) + swz(row, ch, C::Q_ATOM), src,
-                               valid ? 16u : 0u);
+                    cp_async16(base + C::Q_OFF + qb * C::Q_BYTES + swz(row, ch, C::Q_ATOM), src, valid ? 16u : 0u);
                     j += sj;
                     gq += sg;
                     if (gq >= G) {
@@ -966,7 +965,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     // 128 bytes; hi in the buffer's first BM x 128 bytes, lo
                     // in the next). Non-finite q: hi and lo NaN (x - x is NaN
                     // there; e4m3 has no infinity, satfinite would clamp it).
-                    const u8* const ql = smem + Q8_OFF;
+                    // In place: a row's 256 bytes (its f16 chunks, then its
+                    // hi and lo) are read and written by the CPR lanes of that
+                    // row alone, and every lane's stores follow the row max's
+                    // shuffles, which follow every lane's loads.
+                    const u8* const ql = qt;
 #pragma unroll 2
                     for (int row = (int)ptv / CPR; row < BM; row += QRS) {
                         const uint4 u = *reinterpret_cast<const uint4*>(ql + swz(row, ch, C::Q_ATOM));
@@ -1266,8 +1269,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 // Its 16-bit destination: chunks 2 c and 2 c + 1 of the row, c = c8 + 8 a.
                 u32 dst_lane = (u32)(c8 >> 2) * C::KV_ATOM + (u32)rg * 128u + ((u32)((2 * (c8 & 3)) ^ (rg & 7)) << 4);
                 asm volatile("" : "+r"(src_lane), "+r"(dst_lane));
-                // K8: V's staging tile of step s at slot s % SST (K is not
-                // staged; slots SST.. hold the item's Q before its conversion).
+                // K8: V's staging tile of step s at slot s % SST (K is not staged).
                 auto stage = [&](int s, int kv) {
                     return (u32)C::STG_OFF + (u32)((K8 ? s % SST : (s % SST) * 2 + kv) * C::F8_BYTES);
                 };
@@ -1330,7 +1332,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         if (T0 + s >= KST) mbar_wait(bar_ek + 8 * kslot(s), kpar(s) ^ 1);
                         lookup(s);
                         if ((pt & 31) == 0) vm_s[kslot(s) * VMW + (pt >> 5)] = m_last;
-                        copy_k8(base + C::K_OFF + kslot(s) * C::KV_BYTES, k_row, k_rd);
+                        copy_k8(base + C::K_OFF + kslot(s) * C::K_BYTES, k_row, k_rd);
                         mbar_arrive_cp_async(bar_fk + 8 * kslot(s));
                         mbar_arrive(bar_fk + 8 * kslot(s));  // also releases the mask
                     } else if (s < ntiles) {
@@ -1347,7 +1349,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     if (!K8 && s < ntiles) {
                         if (T0 + s >= KST) mbar_wait(bar_ek + 8 * kslot(s), kpar(s) ^ 1);
                         if ((pt & 31) == 0) vm_s[kslot(s) * VMW + (pt >> 5)] = mask;
-                        convert((u32)C::K_OFF + (u32)(kslot(s) * C::KV_BYTES), stage(s, 0));
+                        convert((u32)C::K_OFF + (u32)(kslot(s) * C::K_BYTES), stage(s, 0));
                         fence_proxy_async();
                         mbar_arrive(bar_fk + 8 * kslot(s));  // also releases the mask
                     }
@@ -1529,7 +1531,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         auto qk = [&](int st) {
             if constexpr ((XV & 2) != 0) return;
             wg_fence();
-            const u32 kd = k_lo0 + (u32)((uni(st) * C::KV_BYTES) >> 4);
+            const u32 kd = k_lo0 + (u32)((uni(st) * C::K_BYTES) >> 4);
             u32 qd0 = q_lo;
             asm volatile("" : "+r"(qd0));  // not hoisted: D / 16 descriptors would stay live
             qd0 = (u32)uni((int)qd0);      // and uniform (see `qb`)
