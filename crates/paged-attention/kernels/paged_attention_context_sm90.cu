@@ -148,7 +148,10 @@ struct Cfg {
     // the short cells the same.
     static constexpr bool D128_16 = D == 128 && !F8;
     // DUO: 2 / 2 at D 128 (two CTAs' shared memory must fit one SM), 3 / 3 at D 64.
-    static constexpr int KST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (SWAP ? 3 : 2) : D == 256 || (F8 && D == 128) ? 2 : 3;
+    // K8: four K slots of 16 KB (the producer's wait for a free K slot is
+    // then for the S of three tiles back, never on the path of the V
+    // conversion the consumers wait for next).
+    static constexpr int KST = K8 ? 4 : DUO ? (D == 64 ? 3 : 2) : D128_16 ? (SWAP ? 3 : 2) : D == 256 || (F8 && D == 128) ? 2 : 3;
     static constexpr int VST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (Q3 || SWAP ? 2 : 3) : D == 64 ? 3 : 2;
     static_assert(!SWAP || (D == 128 && !F8), "ring swap: D 128 16-bit only");
     static constexpr int V_OFF = K_OFF + KST * K_BYTES;
