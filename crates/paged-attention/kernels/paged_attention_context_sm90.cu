@@ -34,7 +34,9 @@
 //    thread converts the chunks it copied to f16 into the 16-bit ring slot
 //    (fence.proxy.async, then the full barrier); both GEMMs then run in f16
 //    (a bf16 Q tile converted once per item with a power-of-two shift per
-//    row, see QCONV).
+//    row, see QCONV). At D 128 with a bf16 Q (K8) only V is staged and
+//    converted: K's rows go straight into 8-bit K ring slots and S runs as
+//    e4m3 GEMMs on them, Q split into two e4m3 parts (see K8).
 //  * two consumers (warpgroups 1-2, setmaxnreg 224; three of 152 at D 64
 //    16-bit), 64 rows each: S = Q K^T
 //    with wgmma (both operands in shared memory, 128-byte swizzle), online

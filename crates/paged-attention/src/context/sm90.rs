@@ -78,7 +78,9 @@ pub fn context_sm90_stages(head_dim: usize, kv: KvDtype) -> (usize, usize) {
 /// grid ([`context_sm90_persistent`]: the next work items' Q load while the
 /// consumers finish the current item) three at D 128 with 16-bit KV and
 /// two otherwise; one off it and for e4m3 KV at D 128 (the staging ring
-/// takes the room).
+/// takes the room). The bf16-Q e4m3 entries at D 128 (K8: S on the 8-bit K
+/// tiles) have two, with four 8-bit K slots and two V slots (see
+/// [`context_sm90_smem_bytes`]); these mirrors give the f16-Q layout.
 pub fn context_sm90_q_buffers(head_dim: usize, kv: KvDtype) -> usize {
     match (context_sm90_persistent(head_dim), head_dim, kv) {
         (false, _, _) | (true, 128, KvDtype::E4m3) => 1,
@@ -109,7 +111,9 @@ pub fn context_sm90_staging_steps(head_dim: usize, kv: KvDtype) -> usize {
 /// f32 per consumer thread, four i32 (two work-item slots, the prefetched work counter, a spare),
 /// the two slots' published geometry (64 bytes each), the output and query tensor maps' addresses
 /// (8 bytes each), for e4m3 KV one byte per Q row and buffer (the row's shift of its conversion to
-/// f16), and 1024 bytes of slack to align the swizzled tiles.
+/// f16), and 1024 bytes of slack to align the swizzled tiles. e4m3 at D 128: the larger of the
+/// f16-Q layout and the bf16-Q (K8) layout (K ring slots of `[BN, D]` byte tiles, four, two Q
+/// buffers, a V-only staging ring), so one size serves both entries.
 pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
     let plan = SmemPlan {
         head_dim,
