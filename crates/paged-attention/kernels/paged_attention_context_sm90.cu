@@ -446,6 +446,24 @@ MHA_KIT_DEVICE void e4m3x4_cvt(u32 w, u32& lo, u32& hi) {
     }
 }
 
+// The bits of the largest finite |q| (sign cleared; NaN and infinity, whose
+// exponent field is all ones, count as 0) of a row of bf16 q held as one
+// 16-byte chunk (4 words, 8 values) by each of the row's CPR consecutive
+// lanes: a larger value has larger bits, so the biased exponent is mx >> 7.
+template <int CPR>
+MHA_KIT_DEVICE u32 bf16_row_absmax(const u32 (&w4)[4]) {
+    u32 mx = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const u32 lo = w4[e] & 0x7FFFu, hi = (w4[e] >> 16) & 0x7FFFu;
+        mx = max(mx, lo < 0x7F80u ? lo : 0u);
+        mx = max(mx, hi < 0x7F80u ? hi : 0u);
+    }
+#pragma unroll
+    for (int o = CPR / 2; o >= 1; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    return mx;
+}
+
 // An f16 pair x (element 0 in the low half) -> its e4m3 parts hi = rn(x)
 // and lo = rn(x - hi) (each a 16-bit pair, element 0 in the low byte; the
 // high 16 bits of hi / lo are zero). x - hi is exact in f16 (hi is within a
@@ -979,15 +997,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     for (int row = (int)ptv / CPR; row < BM; row += QRS) {
                         const uint4 u = *reinterpret_cast<const uint4*>(ql + swz(row, ch, C::Q_ATOM));
                         const u32 w4[4] = {u.x, u.y, u.z, u.w};
-                        u32 mx = 0;
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const u32 lo = w4[e] & 0x7FFFu, hi = (w4[e] >> 16) & 0x7FFFu;
-                            mx = max(mx, lo < 0x7F80u ? lo : 0u);
-                            mx = max(mx, hi < 0x7F80u ? hi : 0u);
-                        }
-#pragma unroll
-                        for (int o = CPR / 2; o >= 1; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                        const u32 mx = bf16_row_absmax<CPR>(w4);
                         // 2^e brings the largest |q| (biased exponent E) into
                         // [128, 256): e = 134 - E, within [-126, 126].
                         const int e = mx == 0 ? 0 : max(-126, min(126, 134 - (int)(mx >> 7)));
@@ -1019,15 +1029,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     uint4* a = reinterpret_cast<uint4*>(qt + swz(row, ch, C::Q_ATOM));
                     const uint4 u = *a;
                     const u32 w4[4] = {u.x, u.y, u.z, u.w};
-                    u32 mx = 0;
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const u32 lo = w4[e] & 0x7FFFu, hi = (w4[e] >> 16) & 0x7FFFu;
-                        mx = max(mx, lo < 0x7F80u ? lo : 0u);
-                        mx = max(mx, hi < 0x7F80u ? hi : 0u);
-                    }
-#pragma unroll
-                    for (int o = CPR / 2; o >= 1; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                    const u32 mx = bf16_row_absmax<CPR>(w4);
                     const int e = (int)(mx >> 7);  // biased exponent of the row's largest finite |q|
                     const int qs = e >= 142 ? e - 141 : 0;
                     const float f = __int_as_float((127 - qs) << 23);  // 2^-qs (qs <= 113)
