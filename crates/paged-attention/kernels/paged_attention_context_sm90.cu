@@ -34,7 +34,9 @@
 //    thread converts the chunks it copied to f16 into the 16-bit ring slot
 //    (fence.proxy.async, then the full barrier); both GEMMs then run in f16
 //    (a bf16 Q tile converted once per item with a power-of-two shift per
-//    row, see QCONV).
+//    row, see QCONV). At D 128 with a bf16 Q (K8) only V is staged and
+//    converted: K's rows go straight into 8-bit K ring slots and S runs as
+//    e4m3 GEMMs on them, Q split into two e4m3 parts (see K8).
 //  * two consumers (warpgroups 1-2, setmaxnreg 224; three of 152 at D 64
 //    16-bit), 64 rows each: S = Q K^T
 //    with wgmma (both operands in shared memory, 128-byte swizzle), online
@@ -79,9 +81,13 @@ using namespace pac;
 // fewer masked scores on the causal diagonal. Each CTA reads the K/V of its
 // 64 rows, twice the bytes per FLOP of the 128-row items: for short KV
 // ranges only.
-template <int D, bool F8 = false, bool SWAP = false, bool DUO = false>
+// K8 (e4m3 K/V at D 128 with a bf16 Q, see context_sm90_body): the K ring
+// holds the e4m3 tiles as copied (BN x D bytes a slot), which leaves room
+// for two Q buffers; the staging ring holds V only.
+template <int D, bool F8 = false, bool SWAP = false, bool DUO = false, bool K8 = false>
 struct Cfg {
     static_assert(!DUO || (!F8 && !SWAP && D != 256), "two CTAs per SM: D 64 / 128, 16-bit K/V");
+    static_assert(!K8 || (F8 && D == 128 && !DUO && !SWAP), "K8: e4m3 K/V at D 128");
     static constexpr int CTAS = DUO ? 2 : 1;        // CTAs resident per SM (launch bounds)
     static constexpr int BN = D == 256 || DUO ? 64 : 128;  // keys per KV tile
     // Consumer warpgroups, 64 query rows each: three at D 64 with 16-bit
@@ -116,6 +122,7 @@ struct Cfg {
     static constexpr int KV_ATOM = BN * 128;
     static constexpr int Q_BYTES = BM * D * 2;
     static constexpr int KV_BYTES = BN * D * 2;     // one K or V tile
+    static constexpr int K_BYTES = K8 ? BN * D : KV_BYTES;  // one K ring slot
     // Q buffers: two on the persistent grid (the next item's Q loads while
     // the consumers finish the current one), three at D 128 16-bit (Q3, in
     // the room of the V ring's third slot: with the output staged in the Q
@@ -123,7 +130,7 @@ struct Cfg {
     // one at D 256 (one item per CTA). e4m3 at D 128: one, so that the
     // staging ring fits.
     static constexpr bool Q3 = D == 128 && !F8 && !DUO && !SWAP;
-    static constexpr int QBUF = PERSISTENT && !(F8 && D == 128) ? (Q3 ? 3 : 2) : 1;
+    static constexpr int QBUF = K8 ? 2 : PERSISTENT && !(F8 && D == 128) ? (Q3 ? 3 : 2) : 1;
     // The epilogue stages each warpgroup's output rows in its rows of the
     // item's Q buffer and writes them as whole 16-byte chunks (coalesced
     // rows); the Q buffer is then released after the epilogue, not after the
@@ -143,10 +150,13 @@ struct Cfg {
     // the short cells the same.
     static constexpr bool D128_16 = D == 128 && !F8;
     // DUO: 2 / 2 at D 128 (two CTAs' shared memory must fit one SM), 3 / 3 at D 64.
-    static constexpr int KST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (SWAP ? 3 : 2) : D == 256 || (F8 && D == 128) ? 2 : 3;
+    // K8: four K slots of 16 KB (the producer's wait for a free K slot is
+    // then for the S of three tiles back, never on the path of the V
+    // conversion the consumers wait for next).
+    static constexpr int KST = K8 ? 4 : DUO ? (D == 64 ? 3 : 2) : D128_16 ? (SWAP ? 3 : 2) : D == 256 || (F8 && D == 128) ? 2 : 3;
     static constexpr int VST = DUO ? (D == 64 ? 3 : 2) : D128_16 ? (Q3 || SWAP ? 2 : 3) : D == 64 ? 3 : 2;
     static_assert(!SWAP || (D == 128 && !F8), "ring swap: D 128 16-bit only");
-    static constexpr int V_OFF = K_OFF + KST * KV_BYTES;
+    static constexpr int V_OFF = K_OFF + KST * K_BYTES;
     // Valid-key masks, u32 [KST][4]: one word per producer warp (see `key_bit`).
     static constexpr int VMW = 4;
     // e4m3 staging ring: SST steps of one 8-bit K tile and one 8-bit V tile
@@ -156,7 +166,7 @@ struct Cfg {
     static constexpr int SST = !F8 ? 0 : D == 256 ? 1 : 2;
     static constexpr int F8_BYTES = BN * D;         // one 8-bit K or V tile
     static constexpr int STG_OFF = V_OFF + VST * KV_BYTES;
-    static constexpr int VM_OFF = STG_OFF + SST * 2 * F8_BYTES;
+    static constexpr int VM_OFF = STG_OFF + SST * (K8 ? 1 : 2) * F8_BYTES;
     static constexpr int BAR_OFF = VM_OFF + KST * VMW * 4;
     // Q full/empty; K full/empty; V full/empty; work-item slots full/empty;
     // work-item geometry published; e4m3: Q's TMA boxes landed (before the
@@ -376,6 +386,13 @@ MHA_KIT_DEVICE void mma_ss(float (&d)[N / 2], u64 a, u64 b) {
         if constexpr (QT == 1 && N == 128) wg::wgmma_ss_f16_n128(d, a, b, 1);
     }
 }
+// d (+)= A B for e4m3 A and B (m64n128k32, both K-major in shared memory);
+// INIT as in mma_ss.
+template <bool INIT>
+MHA_KIT_DEVICE void mma_ss8(float (&d)[64], u64 a, u64 b) {
+    if constexpr (INIT) wg::wgmma_ss_e4m3_n128_init(d, a, b);
+    else wg::wgmma_ss_e4m3_n128(d, a, b, 1);
+}
 template <int QT, int N>
 MHA_KIT_DEVICE void mma_rs(float (&d)[N / 2], const u32 (&a)[4], u64 b, int scale_d) {
     if constexpr (QT == 0 && N == 8) wg::wgmma_rs_bf16_n8(d, a, b, scale_d);
@@ -427,6 +444,42 @@ MHA_KIT_DEVICE void e4m3x4_cvt(u32 w, u32& lo, u32& hi) {
         lo = pack2<0>(f16_to_f32((u16)(h0 & 0xffffu)), f16_to_f32((u16)(h0 >> 16)));
         hi = pack2<0>(f16_to_f32((u16)(h1 & 0xffffu)), f16_to_f32((u16)(h1 >> 16)));
     }
+}
+
+// The bits of the largest finite |q| (sign cleared; NaN and infinity, whose
+// exponent field is all ones, count as 0) of a row of bf16 q held as one
+// 16-byte chunk (4 words, 8 values) by each of the row's CPR consecutive
+// lanes: a larger value has larger bits, so the biased exponent is mx >> 7.
+template <int CPR>
+MHA_KIT_DEVICE u32 bf16_row_absmax(const u32 (&w4)[4]) {
+    u32 mx = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const u32 lo = w4[e] & 0x7FFFu, hi = (w4[e] >> 16) & 0x7FFFu;
+        mx = max(mx, lo < 0x7F80u ? lo : 0u);
+        mx = max(mx, hi < 0x7F80u ? hi : 0u);
+    }
+#pragma unroll
+    for (int o = CPR / 2; o >= 1; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    return mx;
+}
+
+// An f16 pair x (element 0 in the low half) -> its e4m3 parts hi = rn(x)
+// and lo = rn(x - hi) (each a 16-bit pair, element 0 in the low byte; the
+// high 16 bits of hi / lo are zero). x - hi is exact in f16 (hi is within a
+// factor 2 of x, or 0). Non-finite x: hi and lo NaN (x + (x - x); e4m3 has no
+// infinity, and satfinite would clamp one to 448).
+MHA_KIT_DEVICE void e4m3x2_split(u32 x, u32& hi, u32& lo) {
+    asm("{\n.reg .b32 z, xs, bk, r;\n.reg .b16 hh, ll;\n"
+        "sub.rn.f16x2 z, %2, %2;\n"
+        "add.rn.f16x2 xs, %2, z;\n"
+        "cvt.rn.satfinite.e4m3x2.f16x2 hh, xs;\n"
+        "cvt.rn.f16x2.e4m3x2 bk, hh;\n"
+        "sub.rn.f16x2 r, xs, bk;\n"
+        "cvt.rn.satfinite.e4m3x2.f16x2 ll, r;\n"
+        "cvt.u32.u16 %0, hh;\ncvt.u32.u16 %1, ll;\n}\n"
+        : "=r"(hi), "=r"(lo)
+        : "r"(x));
 }
 
 // Orders this thread's generic-proxy shared-memory stores before later
@@ -536,7 +589,7 @@ MHA_KIT_DEVICE u32 clk32() {
 template <int QT, int D, int XV = 0, bool F8 = false, bool DUO = false, bool LSE = false>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v,
                                       const TmaMap& tmap_o, const TmaMap& tmap_q) {
-    using C = Cfg<D, F8, (XV & 16) != 0, DUO>;
+    using C = Cfg<D, F8, (XV & 16) != 0, DUO, F8 && D == 128 && QT == 0>;
     constexpr int BM = C::BM;
     constexpr int NCW = C::NCW;
     constexpr int NTHREADS = C::NTHREADS;
@@ -547,6 +600,20 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // when its largest finite |q| is 2^15 or more; P is then f16).
     constexpr int MT = F8 ? 1 : QT;
     constexpr bool QCONV = F8 && QT == 0;
+    // K8 (e4m3 K/V at D 128 with a bf16 Q): S = Q K^T runs on the e4m3 K
+    // tile as copied (no conversion of K), as two e4m3 GEMMs into one
+    // accumulator: Q = hi + lo, hi = e4m3(q 2^e), lo = e4m3(q 2^e - hi), with
+    // the power of two 2^e per row that brings the row's largest finite |q|
+    // into [128, 256). For a bf16 q (8 significant bits) hi + lo is q 2^e
+    // exactly when |q 2^e| >= 2^-2 (|q| >= 2^-9 of the row's largest): hi
+    // keeps q's top 4 bits, and q 2^e - hi (at most half of hi's last bit, a
+    // multiple of q's last bit) has at most 4 significant bits, all above
+    // e4m3's subnormal step 2^-9. Smaller elements are within 2^-10 of it
+    // (2^-17 of the row's largest). The two GEMMs of k32 steps take the
+    // tensor time of one 16-bit GEMM. V is still converted to f16 by the
+    // producer (the e4m3 P V needs V transposed and P in 8 bits); the
+    // consumers multiply the row's logit scale by 2^-e (QX, as QCONV's).
+    constexpr bool K8 = F8 && D == 128 && QT == 0;
     constexpr int BN = C::BN;
     constexpr int CPR = C::CPR;
     constexpr int NS = BN / 2;   // S accumulator registers per thread
@@ -770,7 +837,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll
         for (int s = 0; s < KST; ++s) {
             // gather: 128 cp.async + 128 thread arrivals; e4m3: 128 thread arrivals
-            mbar_init(bar_fk + 8 * s, tma ? 1 : F8 ? 128 : 256);
+            mbar_init(bar_fk + 8 * s, tma ? 1 : F8 && !K8 ? 128 : 256);
             mbar_init(bar_ek + 8 * s, NC);
         }
 #pragma unroll
@@ -914,20 +981,55 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 const int ch = (int)ptv % CPR;
                 u8* const qt = smem + C::Q_OFF + qb * C::Q_BYTES;
                 u8* const qsr = smem + C::QX_OFF + qb * BM;
+                if constexpr (K8) {
+                    // Chunk ch (columns 8 ch .. 8 ch + 7) of each row: hi and
+                    // lo, 8 bytes each, at byte 8 (ch & 1) of 16-byte chunk
+                    // ch / 2 of the row in the e4m3 operand layout (rows of
+                    // 128 bytes; hi in the buffer's first BM x 128 bytes, lo
+                    // in the next). Non-finite q: hi and lo NaN (x - x is NaN
+                    // there; e4m3 has no infinity, satfinite would clamp it).
+                    // In place: a row's 256 bytes (its f16 chunks, then its
+                    // hi and lo) are read and written by the CPR lanes of that
+                    // row alone, and every lane's stores follow the row max's
+                    // shuffles, which follow every lane's loads.
+                    const u8* const ql = qt;
+#pragma unroll 2
+                    for (int row = (int)ptv / CPR; row < BM; row += QRS) {
+                        const uint4 u = *reinterpret_cast<const uint4*>(ql + swz(row, ch, C::Q_ATOM));
+                        const u32 w4[4] = {u.x, u.y, u.z, u.w};
+                        const u32 mx = bf16_row_absmax<CPR>(w4);
+                        // 2^e brings the largest |q| (biased exponent E) into
+                        // [128, 256): e = 134 - E, within [-126, 126].
+                        const int e = mx == 0 ? 0 : max(-126, min(126, 134 - (int)(mx >> 7)));
+                        const float f = __int_as_float((127 + e) << 23);
+                        u32 hw[2], lw[2];
+#pragma unroll
+                        for (int k = 0; k < 4; k += 2) {
+                            u32 h2[2], l2[2];
+#pragma unroll
+                            for (int j = 0; j < 2; ++j) {
+                                const u32 w = w4[k + j];
+                                const u32 x = pack2<1>(__uint_as_float(w << 16) * f, __uint_as_float(w & 0xffff0000u) * f);
+                                e4m3x2_split(x, h2[j], l2[j]);
+                            }
+                            hw[k / 2] = h2[0] | (h2[1] << 16);
+                            lw[k / 2] = l2[0] | (l2[1] << 16);
+                        }
+                        const u32 d = (u32)(row * 128 + ((((ch >> 1) ^ (row & 7))) << 4) + (ch & 1) * 8);
+                        const u32 qb0 = base + C::Q_OFF + qb * C::Q_BYTES;
+                        asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(qb0 + d), "r"(hw[0]), "r"(hw[1]) : "memory");
+                        asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(qb0 + C::Q_ATOM + d), "r"(lw[0]), "r"(lw[1])
+                                     : "memory");
+                        // The consumers scale the row's logits by 2^-e (a signed byte).
+                        if (ch == 0) qsr[row] = (u8)(-e);
+                    }
+                } else
 #pragma unroll 2
                 for (int row = (int)ptv / CPR; row < BM; row += QRS) {
                     uint4* a = reinterpret_cast<uint4*>(qt + swz(row, ch, C::Q_ATOM));
                     const uint4 u = *a;
                     const u32 w4[4] = {u.x, u.y, u.z, u.w};
-                    u32 mx = 0;
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const u32 lo = w4[e] & 0x7FFFu, hi = (w4[e] >> 16) & 0x7FFFu;
-                        mx = max(mx, lo < 0x7F80u ? lo : 0u);
-                        mx = max(mx, hi < 0x7F80u ? hi : 0u);
-                    }
-#pragma unroll
-                    for (int o = CPR / 2; o >= 1; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                    const u32 mx = bf16_row_absmax<CPR>(w4);
                     const int e = (int)(mx >> 7);  // biased exponent of the row's largest finite |q|
                     const int qs = e >= 142 ? e - 141 : 0;
                     const float f = __int_as_float((127 - qs) << 23);  // 2^-qs (qs <= 113)
@@ -1174,7 +1276,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 // Its 16-bit destination: chunks 2 c and 2 c + 1 of the row, c = c8 + 8 a.
                 u32 dst_lane = (u32)(c8 >> 2) * C::KV_ATOM + (u32)rg * 128u + ((u32)((2 * (c8 & 3)) ^ (rg & 7)) << 4);
                 asm volatile("" : "+r"(src_lane), "+r"(dst_lane));
-                auto stage = [&](int s, int kv) { return (u32)C::STG_OFF + (u32)(((s % SST) * 2 + kv) * C::F8_BYTES); };
+                // K8: V's staging tile of step s at slot s % SST (K is not staged).
+                auto stage = [&](int s, int kv) {
+                    return (u32)C::STG_OFF + (u32)((K8 ? s % SST : (s % SST) * 2 + kv) * C::F8_BYTES);
+                };
                 auto copy8 = [&](u32 stg, const u8* row, u32 rdm) {
                     const u32 rdl = rdm >> (pt & 24);  // as the 16-bit gather's
 #pragma unroll
@@ -1216,9 +1321,28 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         }
                     }
                 };
+                // K8: the K tile's 128-byte rows straight into its ring slot
+                // (the wgmma operand layout: chunk c of row r at c ^ (r & 7)),
+                // completed on the slot's full barrier as the 16-bit gather's.
+                const u32 dst_k8 = (u32)rg * 128u + ((u32)(c8 ^ (rg & 7)) << 4);
+                auto copy_k8 = [&](u32 dst_tile, const u8* row, u32 rdm) {
+                    const u32 rdl = rdm >> (pt & 24);
+#pragma unroll
+                    for (int i = 0; i < NP; ++i) {
+                        const u8* r = shfl_ptr8(row, i) + 16 * c8;  // lane (pt & 24) | i
+                        cp_async16(dst_tile + dst_k8 + i * 16 * 128, r, ((rdl >> i) & 1u) * 16u);
+                    }
+                };
                 // Step s: copies of K tile s (s < ntiles) and V tile s - 1 (s >= 1).
                 auto issue_step = [&](int s) {
-                    if (s < ntiles) {
+                    if (K8 && s < ntiles) {
+                        if (T0 + s >= KST) mbar_wait(bar_ek + 8 * kslot(s), kpar(s) ^ 1);
+                        lookup(s);
+                        if ((pt & 31) == 0) vm_s[kslot(s) * VMW + (pt >> 5)] = m_last;
+                        copy_k8(base + C::K_OFF + kslot(s) * C::K_BYTES, k_row, k_rd);
+                        mbar_arrive_cp_async(bar_fk + 8 * kslot(s));
+                        mbar_arrive(bar_fk + 8 * kslot(s));  // also releases the mask
+                    } else if (s < ntiles) {
                         lookup(s);
                         copy8(stage(s, 0), k_row, k_rd);
                     }
@@ -1229,10 +1353,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     }
                 };
                 auto convert_step = [&](int s, u32 mask) {
-                    if (s < ntiles) {
+                    if (!K8 && s < ntiles) {
                         if (T0 + s >= KST) mbar_wait(bar_ek + 8 * kslot(s), kpar(s) ^ 1);
                         if ((pt & 31) == 0) vm_s[kslot(s) * VMW + (pt >> 5)] = mask;
-                        convert((u32)C::K_OFF + (u32)(kslot(s) * C::KV_BYTES), stage(s, 0));
+                        convert((u32)C::K_OFF + (u32)(kslot(s) * C::K_BYTES), stage(s, 0));
                         fence_proxy_async();
                         mbar_arrive(bar_fk + 8 * kslot(s));  // also releases the mask
                     }
@@ -1414,21 +1538,30 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         auto qk = [&](int st) {
             if constexpr ((XV & 2) != 0) return;
             wg_fence();
-            const u32 kd = k_lo0 + (u32)((uni(st) * C::KV_BYTES) >> 4);
+            const u32 kd = k_lo0 + (u32)((uni(st) * C::K_BYTES) >> 4);
             u32 qd0 = q_lo;
             asm volatile("" : "+r"(qd0));  // not hoisted: D / 16 descriptors would stay live
             qd0 = (u32)uni((int)qd0);      // and uniform (see `qb`)
 #pragma unroll
             for (int ks = 0; ks < D / 16; ++ks) {
+                // K8: steps 0-3 run Q's hi part (the buffer's first atom), 4-7
+                // its lo part (the second), each over the e4m3 K tile's
+                // 128-byte rows: k32 steps of 32 bytes, as the 16-bit steps.
                 const u32 qo = ((ks >> 2) * C::Q_ATOM + (ks & 3) * 32) >> 4;
-                const u32 ko = ((ks >> 2) * C::KV_ATOM + (ks & 3) * 32) >> 4;
+                const u32 ko = ((K8 ? 0 : (ks >> 2) * C::KV_ATOM) + (ks & 3) * 32) >> 4;
                 // The first step is write-only (scale-d 0, s not read: dead
                 // since the last P was packed), so its registers are free
                 // until here.
-                if (ks == 0)
+                if constexpr (K8) {
+                    if (ks == 0)
+                        mma_ss8<true>(s, dsc(qd0 + qo), dsc(kd + ko));
+                    else
+                        mma_ss8<false>(s, dsc(qd0 + qo), dsc(kd + ko));
+                } else if (ks == 0) {
                     mma_ss<MT, BN, true>(s, dsc(qd0 + qo), dsc(kd + ko));
-                else
+                } else {
                     mma_ss<MT, BN, false>(s, dsc(qd0 + qo), dsc(kd + ko));
+                }
             }
             wg_commit();
         };
@@ -1465,7 +1598,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // are volatile so that they stay ahead of the wait for P V (they are the
         // work that overlaps the tensor cores).
         // Logit scale of this thread's row hr: scale_log2, for a converted
-        // bf16 Q (QCONV) times 2^qs of the row (set after the Q wait).
+        // bf16 Q (QCONV) times 2^qs of the row, for K8 2^-e (set after the Q wait).
         const float c = p.scale_log2;
         const bool cpos = c > 0.f;
         float cq[2] = {c, c};
@@ -1786,7 +1919,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
                     const int row = wrow0 + 16 * warp + gr + 8 * hr;
-                    cq[hr] *= __int_as_float((127 + (int)smem[C::QX_OFF + qb * BM + row]) << 23);
+                    // qs >= 0 (QCONV), or -e as a signed byte (K8).
+                    const u8 x = smem[C::QX_OFF + qb * BM + row];
+                    cq[hr] *= __int_as_float((127 + (K8 ? (int)(i8)x : (int)x)) << 23);
                 }
             }
             u32 vmw[VMW];

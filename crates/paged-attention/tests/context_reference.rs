@@ -319,13 +319,15 @@ fn context_sm90_plan_fits() {
         );
         // Q, K, V full + empty; work-item slots full + empty + geometry published.
         // e4m3: one more per Q buffer (its TMA boxes landed, before the conversion).
-        let qr = if kv == KvDtype::E4m3 { qbuf } else { 0 };
-        let bars = 8 * (2 * qbuf + 2 * kst + 2 * vst + 6 + qr);
-        assert_eq!(
-            b,
+        // `k8`: the layout of the bf16-Q e4m3 entries at D 128 (K ring slots of
+        // 8-bit tiles, V-only staging).
+        let layout = |qbuf: usize, kst: usize, vst: usize, k8: bool| {
+            let qr = if kv == KvDtype::E4m3 { qbuf } else { 0 };
+            let bars = 8 * (2 * qbuf + 2 * kst + 2 * vst + 6 + qr);
             qbuf * bm * d * 2
-                + (kst + vst) * bn * d * 2
-                + sst * 2 * bn * d
+                + kst * bn * d * if k8 { 1 } else { 2 }
+                + vst * bn * d * 2
+                + sst * if k8 { 1 } else { 2 } * bn * d
                 + kst * 16
                 + bars
                 + 128 * ncw * 4
@@ -334,7 +336,15 @@ fn context_sm90_plan_fits() {
                 + 16 // the output and query tensor maps' addresses
                 + if kv == KvDtype::E4m3 { qbuf * bm } else { 0 }
                 + 1024
-        );
+        };
+        // e4m3 at D 128: one launch size for the f16-Q layout and the bf16-Q
+        // K8 layout (two Q buffers, four K slots of 8-bit tiles, two V slots).
+        let k8 = if (d, kv) == (128, KvDtype::E4m3) {
+            layout(2, 4, 2, true)
+        } else {
+            0
+        };
+        assert_eq!(b, layout(qbuf, kst, vst, false).max(k8));
         for (max_q, g) in [(1, 1), (128, 1), (129, 1), (33, 4), (5000, 16)] {
             let (tiles, cfg) = context_sm90_launch_config(3, 2, g, max_q, d, kv).unwrap();
             assert!(tiles * bm >= max_q * g);

@@ -78,7 +78,9 @@ pub fn context_sm90_stages(head_dim: usize, kv: KvDtype) -> (usize, usize) {
 /// grid ([`context_sm90_persistent`]: the next work items' Q load while the
 /// consumers finish the current item) three at D 128 with 16-bit KV and
 /// two otherwise; one off it and for e4m3 KV at D 128 (the staging ring
-/// takes the room).
+/// takes the room). The bf16-Q e4m3 entries at D 128 (K8: S on the 8-bit K
+/// tiles) have two, with four 8-bit K slots and two V slots (see
+/// [`context_sm90_smem_bytes`]); these mirrors give the f16-Q layout.
 pub fn context_sm90_q_buffers(head_dim: usize, kv: KvDtype) -> usize {
     match (context_sm90_persistent(head_dim), head_dim, kv) {
         (false, _, _) | (true, 128, KvDtype::E4m3) => 1,
@@ -109,9 +111,11 @@ pub fn context_sm90_staging_steps(head_dim: usize, kv: KvDtype) -> usize {
 /// f32 per consumer thread, four i32 (two work-item slots, the prefetched work counter, a spare),
 /// the two slots' published geometry (64 bytes each), the output and query tensor maps' addresses
 /// (8 bytes each), for e4m3 KV one byte per Q row and buffer (the row's shift of its conversion to
-/// f16), and 1024 bytes of slack to align the swizzled tiles.
+/// f16), and 1024 bytes of slack to align the swizzled tiles. e4m3 at D 128: the larger of the
+/// f16-Q layout and the bf16-Q (K8) layout (K ring slots of `[BN, D]` byte tiles, four, two Q
+/// buffers, a V-only staging ring), so one size serves both entries.
 pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
-    SmemPlan {
+    let plan = SmemPlan {
         head_dim,
         rows: context_sm90_block_rows(head_dim, kv_dtype),
         tile_keys: context_sm90_tile_keys(head_dim),
@@ -120,12 +124,28 @@ pub fn context_sm90_smem_bytes(head_dim: usize, kv_dtype: KvDtype) -> usize {
         staging_steps: context_sm90_staging_steps(head_dim, kv_dtype),
         consumers: context_sm90_consumers(head_dim, kv_dtype),
         e4m3: kv_dtype == KvDtype::E4m3,
-    }
-    .bytes()
+        k8: false,
+    };
+    // e4m3 at D 128: the bf16-Q entries' K8 layout (`Cfg` with K8: K ring
+    // slots of 8-bit tiles, four of them, two Q buffers, V-only staging)
+    // beside the f16-Q entries' layout; one launch size serves both.
+    let k8 = if kv_dtype == KvDtype::E4m3 && head_dim == 128 {
+        SmemPlan {
+            stages: (4, 2),
+            q_buffers: 2,
+            k8: true,
+            ..plan
+        }
+        .bytes()
+    } else {
+        0
+    };
+    plan.bytes().max(k8)
 }
 
 /// The compile-time shape of one sm_90a entry that its shared memory
 /// follows from (see [`context_sm90_smem_bytes`]).
+#[derive(Clone, Copy)]
 struct SmemPlan {
     head_dim: usize,
     rows: usize,
@@ -135,6 +155,7 @@ struct SmemPlan {
     staging_steps: usize,
     consumers: usize,
     e4m3: bool,
+    k8: bool,
 }
 
 impl SmemPlan {
@@ -143,12 +164,14 @@ impl SmemPlan {
         let (kst, vst) = self.stages;
         let q = qbuf * self.rows * d * 2;
         let kv = bn * d * 2;
-        let staging = self.staging_steps * 2 * bn * d;
+        let k_slot = if self.k8 { bn * d } else { kv };
+        let staging = self.staging_steps * if self.k8 { 1 } else { 2 } * bn * d;
         // e4m3: each Q row's shift (one byte per row and Q buffer), see the kernel's Q conversion.
         let q_conv = if self.e4m3 { qbuf * self.rows } else { 0 };
         // e4m3: one more per Q buffer (its TMA boxes landed, before the conversion).
         let bars = 2 * qbuf + 2 * kst + 2 * vst + 6 + if self.e4m3 { qbuf } else { 0 };
-        q + (kst + vst) * kv
+        q + kst * k_slot
+            + vst * kv
             + staging
             + kst * 4 * 4
             + bars * 8
@@ -217,6 +240,7 @@ pub fn context_sm90_duo_smem_bytes(head_dim: usize) -> usize {
         staging_steps: 0,
         consumers: 1,
         e4m3: false,
+        k8: false,
     }
     .bytes()
 }
