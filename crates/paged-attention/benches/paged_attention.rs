@@ -191,6 +191,12 @@ fn cases() -> Vec<Shape> {
             hnd: true,
             ..s("bs 256, L 8192, HND pages", 32, 8, 128, 256, 8192)
         },
+        // e4m3 K/V in HND pages: each KV head's 16 rows of 128 bytes in one
+        // 2 KB run (NHD: 128-byte rows 1 KB apart), beside the NHD row.
+        fp8(Shape {
+            hnd: true,
+            ..s("bs 64, L 8192, HND pages", 32, 8, 128, 64, 8192)
+        }),
         Shape {
             hnd: true,
             ..s("bs 1, L 32768, HND pages", 32, 8, 128, 1, 32768)
