@@ -1332,7 +1332,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         const u32 vdst = kdst + MWT * RRB;
         // 16-byte copy; with HINT the L2 is asked for the row's whole 128/256-byte block.
         auto cp = [&](u32 dst, const u8* src, u32 sz) {
-            constexpr bool HINT = KV == 2;
+            constexpr bool HINT = KV == 2 && !XA;
             if constexpr (!HINT || RRB < 128) {
                 cp_async16(dst, src, sz);
             } else if constexpr (RRB >= 256) {
@@ -1341,7 +1341,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 pac::cp_async16_l2_128(dst, src, sz);
             }
         };
-        if constexpr (KV != 2) {
+        if constexpr (KV != 2 || XA) {
             // Instruction j: tokens j (32 / CPR) + lane / CPR, chunk lane % CPR.
             // Token t's page address lives in lane 4 (t & 7) (k0p for t < 8,
             // k1p after): tokens of the first CPR / 4 instructions are < 8.
