@@ -1079,9 +1079,12 @@ struct Look {
 // rows (lane = 16-byte chunk), the rows' page addresses passed by shuffles,
 // so that a row reaches the L2 as one request, with no L2 prefetch hint
 // (H200, bs 64 x 8k bf16, session 10: 499.2 us; with the hint 535.7; the
-// lane-quad layout below with the hint, session 9's copy, 558.4). e4m3 KV:
-// each lane quad copies 64-byte parts of rows lt and lt + 8 and asks the L2
-// for the row's whole 128-byte block (`.L2::128B`; no measured effect).
+// lane-quad layout below with the hint, session 9's copy, 558.4). e4m3 KV
+// at D 128 (the XA entries) the same, 4 rows of 128 bytes an instruction
+// (H100, FP8 bs 64 x 8k, session 42: 400.2 -> 395.6 us; the lane quads
+// with the hint had the L2 78.6% busy at 79% of the DRAM peak). Other
+// e4m3 entries: each lane quad copies 64-byte parts of rows lt and lt + 8
+// and asks the L2 for the row's whole 128-byte block (`.L2::128B`).
 // XV: the form of an entry, all with correct results (the entries' table
 // at the end of this file). XV & 8: Q read from shared memory each slice
 // and a shorter ring (MmaSmem::X8); XV & 16: a per-CTA trace (below); XV &
@@ -1330,9 +1333,10 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         const u32 sz1 = ok1 ? 16u : 0u;
         const u32 kdst = ring_u32 + slot * L::SLOT;
         const u32 vdst = kdst + MWT * RRB;
-        // 16-byte copy; with HINT the L2 is asked for the row's whole 128/256-byte block.
+        // 16-byte copy; with HINT (the lane-quad e4m3 copies) the L2 is
+        // asked for the row's whole 128/256-byte block.
         auto cp = [&](u32 dst, const u8* src, u32 sz) {
-            constexpr bool HINT = KV == 2;
+            constexpr bool HINT = KV == 2 && !XA;
             if constexpr (!HINT || RRB < 128) {
                 cp_async16(dst, src, sz);
             } else if constexpr (RRB >= 256) {
@@ -1341,7 +1345,9 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 pac::cp_async16_l2_128(dst, src, sz);
             }
         };
-        if constexpr (KV != 2) {
+        if constexpr (KV != 2 || XA) {
+            // Whole rows (16-bit KV; e4m3 KV in the XA entries, whose lane
+            // base adds its chunk cq, 0 in the source lanes 4 (t & 7)).
             // Instruction j: tokens j (32 / CPR) + lane / CPR, chunk lane % CPR.
             // Token t's page address lives in lane 4 (t & 7) (k0p for t < 8,
             // k1p after): tokens of the first CPR / 4 instructions are < 8.
