@@ -219,6 +219,19 @@ pub fn launch_floor_us(gpu: &Gpu) -> Result<f64> {
     })
 }
 
+/// Whether a bench case named `name` is selected by `filter`, the value of a
+/// bench's `MHA_KIT_BENCH_CASES`: `|`-separated alternatives, each a
+/// substring of the name or, with a leading `=`, the whole name. `None`
+/// (the variable unset) selects every case.
+pub fn bench_case_selected(name: &str, filter: Option<&str>) -> bool {
+    filter.is_none_or(|f| {
+        f.split('|').any(|alt| match alt.strip_prefix('=') {
+            Some(exact) => name == exact,
+            None => name.contains(alt),
+        })
+    })
+}
+
 /// Median of a non-empty sample (mean of the two middle values for even n);
 /// NaN for an empty one. Sorts `v` in place (ascending).
 pub fn median(v: &mut [f64]) -> f64 {
@@ -259,5 +272,15 @@ mod tests {
         assert_eq!(super::median(&mut [3.0, 1.0, 2.0]), 2.0);
         assert_eq!(super::median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(super::median(&mut []).is_nan());
+    }
+
+    #[test]
+    fn bench_case_filter() {
+        use super::bench_case_selected as sel;
+        assert!(sel("bs 64, L 8192", None));
+        assert!(sel("FP8 KV, bs 64, L 8192", Some("bs 64, L 8192")));
+        assert!(!sel("FP8 KV, bs 64, L 8192", Some("=bs 64, L 8192")));
+        assert!(sel("bs 64, L 8192", Some("bs 1, L 1024|=bs 64, L 8192")));
+        assert!(!sel("bs 1, L 1024 (x256)", Some("=bs 1, L 1024|bs 16")));
     }
 }

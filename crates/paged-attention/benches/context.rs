@@ -40,7 +40,9 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use kernel_rt::cudarc::driver::CudaSlice;
-use kernel_rt::timing::{graph_replay_us, median_us, per_launch_us, time_iters};
+use kernel_rt::timing::{
+    bench_case_selected, graph_replay_us, median_us, per_launch_us, time_iters,
+};
 use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
 use paged_attention::{
     ContextArgs, ContextKernel, ContextKvLoad, ContextPath, HalfDtype, KvCache,
@@ -189,15 +191,6 @@ fn random_bf16(state: &mut u64, n: usize, torch_like: bool) -> Vec<u16> {
             }
         })
         .collect()
-}
-
-/// Whether case `name` matches one `|`-alternative of `MHA_KIT_BENCH_CASES`:
-/// a substring, or with a leading `=` the whole name.
-fn case_matches(name: &str, alt: &str) -> bool {
-    match alt.strip_prefix('=') {
-        Some(exact) => name == exact,
-        None => name.contains(alt),
-    }
 }
 
 /// `n` e4m3 bytes with exponent ≤ 7 (|x| < 1), random sign and mantissa.
@@ -684,10 +677,7 @@ fn main() {
     let only = std::env::var("MHA_KIT_BENCH_CASES").ok();
     let mut warmed = false;
     for (i, c) in cases().into_iter().enumerate() {
-        if only
-            .as_ref()
-            .is_some_and(|f| !f.split('|').any(|alt| case_matches(&c.name, alt)))
-        {
+        if !bench_case_selected(&c.name, only.as_deref()) {
             continue;
         }
         let mut p = prepare(&gpu, &c).expect("prepare");

@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use kernel_rt::cudarc::driver::CudaSlice;
-use kernel_rt::timing::{copy_ceiling_gbps, graph_replay_us, median_us, per_launch_us, time_iters};
+use kernel_rt::timing::{
+    bench_case_selected, copy_ceiling_gbps, graph_replay_us, median_us, per_launch_us, time_iters,
+};
 use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
 use paged_attention::{
     workspace_for, DecodeArgs, HalfDtype, KernelPath, KvCache, PagedAttentionKernel, QueryLayout,
@@ -834,13 +836,10 @@ fn main() {
         k.set_experiment(16).expect("decode experiment 16");
         k
     });
-    // MHA_KIT_BENCH_CASES=a|b runs only the cases whose name contains one of them.
+    // MHA_KIT_BENCH_CASES=a|=b runs only the cases whose name contains a or is b.
     let only = std::env::var("MHA_KIT_BENCH_CASES").ok();
     for c in all {
-        if only
-            .as_ref()
-            .is_some_and(|f| !f.split('|').any(|alt| c.name.contains(alt)))
-        {
+        if !bench_case_selected(&c.name, only.as_deref()) {
             continue;
         }
         let mut p = prepare(&gpu, &kernel, &c, false, &[c.split], true).expect("prepare");
