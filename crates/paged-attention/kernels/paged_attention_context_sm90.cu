@@ -992,10 +992,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     // hi and lo) are read and written by the CPR lanes of that
                     // row alone, and every lane's stores follow the row max's
                     // shuffles, which follow every lane's loads.
-                    const u8* const ql = qt;
 #pragma unroll 2
                     for (int row = (int)ptv / CPR; row < BM; row += QRS) {
-                        const uint4 u = *reinterpret_cast<const uint4*>(ql + swz(row, ch, C::Q_ATOM));
+                        const uint4 u = *reinterpret_cast<const uint4*>(qt + swz(row, ch, C::Q_ATOM));
                         const u32 w4[4] = {u.x, u.y, u.z, u.w};
                         const u32 mx = bf16_row_absmax<CPR>(w4);
                         // 2^e brings the largest |q| (biased exponent E) into
@@ -1454,6 +1453,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 o_pend = 0;
             }
         };
+        // The item's tile count read once from the published geometry (I is
+        // a shared-memory reference; reading it again where `ntiles` is
+        // declared below changes every entry's SASS).
         const int item_tiles = I.ntiles;
         if (I.skip || item_tiles == 0) release_o();
         mark(role, 1, tnow());
