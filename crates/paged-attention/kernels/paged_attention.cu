@@ -1228,29 +1228,21 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     const i32 slice0 = ks0 + ws * MWT;  // first key of this warp's slice in tile 0
     u8* ring = smem + warp * L::WRING;
     const u32 ring_u32 = smem_u32(ring);
-    // XA: the lane's copy base (e4m3: its first 16-byte chunk, cq; 16-bit
-    // KV: the row start, since the source lanes of the shuffles below have
-    // cq = 0 and each lane adds its own chunk after the shuffle).
-    const u8* k_lane = k_base + (KV == 2 ? cq * 16 : 0);
-    const u8* v_lane = v_base + (KV == 2 ? cq * 16 : 0);
+    // XA: the lane's copy base, the row start (the XA entries copy whole
+    // rows: each lane adds its own chunk after the shuffle of a row address).
+    const u8* k_lane = k_base;
+    const u8* v_lane = v_base;
     if constexpr (XA) {
         k_lane = pac::opaque_ptr(k_lane);
         v_lane = pac::opaque_ptr(v_lane);
     }
-    // XA, e4m3 KV: the lane's ring offsets, held instead of rebuilt from the
-    // lane index every slice. Copies: K chunk cq + 4 i of row lt at xk_dst +
-    // 64 i (the K swizzle, row & 1, leaves bit 2 of the chunk alone), V at
-    // xv_dst[i]; row lt + 8 at + 8 RRB (both swizzles ignore bit 3 of the
-    // row). Fragment reads: K rows gr (+ 8 RRB for gr + 8), words c at
-    // xk_rd[c]; V rows 2qd, 2qd + 1, 2qd + 8, 2qd + 9 share one swizzled
-    // chunk: xv_rd + {0, 1, 8, 9} RRB.
-    constexpr int XC = KV == 2 ? CPR / 4 : 1;
-    u32 xk_dst = 0, xv_dst[XC], xk_rd[KV == 2 ? D / 64 : 1], xv_rd = 0;
+    // XA, e4m3 KV: the lane's fragment read offsets, held instead of rebuilt
+    // from the lane index every slice: K rows gr (+ 8 RRB for gr + 8), words
+    // c at xk_rd[c]; V rows 2qd, 2qd + 1, 2qd + 8, 2qd + 9 share one
+    // swizzled chunk: xv_rd + {0, 1, 8, 9} RRB.
+    u32 xk_rd[KV == 2 ? D / 64 : 1], xv_rd = 0;
     if constexpr (XA && KV == 2) {
         const int gr_ = lane >> 2, qd_ = lane & 3;
-        xk_dst = pac::opaque_u32(lt * RRB + ((cq ^ k8_swz<CPR>(lt)) << 4));
-#pragma unroll
-        for (int i = 0; i < XC; ++i) xv_dst[i] = pac::opaque_u32(lt * RRB + (((cq + 4 * i) ^ v8_swz<CPR>(lt)) << 4));
 #pragma unroll
         for (int c = 0; c < D / 64; ++c)
             xk_rd[c] = pac::opaque_u32(gr_ * RRB + (((qd_ * (D / 64) + c) ^ k8_swz<CPR>(gr_)) << 4));
@@ -1346,8 +1338,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             }
         };
         if constexpr (KV != 2 || XA) {
-            // Whole rows (16-bit KV; e4m3 KV in the XA entries, whose lane
-            // base adds its chunk cq, 0 in the source lanes 4 (t & 7)).
+            // Whole rows (16-bit KV; e4m3 KV in the XA entries).
             // Instruction j: tokens j (32 / CPR) + lane / CPR, chunk lane % CPR.
             // Token t's page address lives in lane 4 (t & 7) (k0p for t < 8,
             // k1p after): tokens of the first CPR / 4 instructions are < 8.
@@ -1391,18 +1382,11 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 vc0 = cc ^ v8_swz<CPR>(lt);
                 vc1 = cc ^ v8_swz<CPR>(lt + 8);
             }
-            if constexpr (XA) {  // e4m3 here (16-bit K/V returned above)
-                // The lane's chunk cq is in its base; chunk cq + 4 i is 64 i on.
-                cp(kdst + xk_dst + 64 * i, k0p + 64 * i, sz0);
-                cp(vdst + xv_dst[i], v0p + 64 * i, sz0);
-                cp(kdst + xk_dst + 64 * i + 8 * RRB, k1p + 64 * i, sz1);
-                cp(vdst + xv_dst[i] + 8 * RRB, v1p + 64 * i, sz1);
-            } else {
-                cp(kdst + lt * RRB + kc0 * 16, k0p + (ok0 ? cc * 16 : 0), sz0);
-                cp(vdst + lt * RRB + vc0 * 16, v0p + (ok0 ? cc * 16 : 0), sz0);
-                cp(kdst + (lt + 8) * RRB + kc1 * 16, k1p + (ok1 ? cc * 16 : 0), sz1);
-                cp(vdst + (lt + 8) * RRB + vc1 * 16, v1p + (ok1 ? cc * 16 : 0), sz1);
-            }
+            // e4m3 outside the XA entries (16-bit K/V and XA returned above).
+            cp(kdst + lt * RRB + kc0 * 16, k0p + (ok0 ? cc * 16 : 0), sz0);
+            cp(vdst + lt * RRB + vc0 * 16, v0p + (ok0 ? cc * 16 : 0), sz0);
+            cp(kdst + (lt + 8) * RRB + kc1 * 16, k1p + (ok1 ? cc * 16 : 0), sz1);
+            cp(vdst + (lt + 8) * RRB + vc1 * 16, v1p + (ok1 ? cc * 16 : 0), sz1);
         }
     };
 
