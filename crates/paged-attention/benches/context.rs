@@ -33,7 +33,10 @@
 //! replays instead of 30 (a soak at the power cap).
 //! `MHA_KIT_BENCH_VS=xv[,xv..]` runs each case with the default kernel and,
 //! on the D 128 16-bit cases, the listed experiment entries only (e.g.
-//! 4: no K/V reads).
+//! 4: no K/V reads), in the listed order, each row labelled
+//! `experiment x{xv}`; `0` is a second instance of the default kernel, a
+//! control for the rows' order in the run (every case runs the default
+//! first).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -614,13 +617,16 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(30);
-    let vs: Vec<(u32, ContextKernel)> = if kernel.uses_sm90() {
+    // (xv, kernel, row label); the labels live as long as the bench.
+    let vs: Vec<(u32, ContextKernel, &'static str)> = if kernel.uses_sm90() {
         vs_list
             .iter()
             .map(|&xv| {
                 let mut k = ContextKernel::new(&gpu).expect("load");
                 k.set_experiment(xv).expect("experiment entry");
-                (xv, k)
+                let label: &'static str =
+                    Box::leak(format!("experiment x{xv} (side by side)").into_boxed_str());
+                (xv, k, label)
             })
             .collect()
     } else {
@@ -651,8 +657,8 @@ fn main() {
             "sm90a wgmma, Q by cp.async"
         } else if std::ptr::eq(k, &duo_on) {
             "sm90a wgmma, duo entries forced"
-        } else if vs.iter().any(|(_, e)| std::ptr::eq(k, e)) {
-            "experiment (side by side)"
+        } else if let Some((_, _, l)) = vs.iter().find(|(_, e, _)| std::ptr::eq(k, e)) {
+            l
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {
             match xv {
                 4 => "experiment: no K/V reads",
@@ -739,7 +745,7 @@ fn main() {
         if vs_only || default_only {
             kernels = vec![&kernel];
             if c.d == 128 && !c.fp8 {
-                kernels.extend(vs.iter().map(|(_, e)| e));
+                kernels.extend(vs.iter().map(|(_, e, _)| e));
             }
         }
         for k in kernels {
