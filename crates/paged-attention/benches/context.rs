@@ -617,8 +617,8 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(30);
-    // (xv, kernel, row label); the labels live as long as the bench.
-    let vs: Vec<(u32, ContextKernel, &'static str)> = if kernel.uses_sm90() {
+    // (kernel, row label); the labels live as long as the bench.
+    let vs: Vec<(ContextKernel, &'static str)> = if kernel.uses_sm90() {
         vs_list
             .iter()
             .map(|&xv| {
@@ -626,7 +626,7 @@ fn main() {
                 k.set_experiment(xv).expect("experiment entry");
                 let label: &'static str =
                     Box::leak(format!("experiment x{xv} (side by side)").into_boxed_str());
-                (xv, k, label)
+                (k, label)
             })
             .collect()
     } else {
@@ -657,7 +657,7 @@ fn main() {
             "sm90a wgmma, Q by cp.async"
         } else if std::ptr::eq(k, &duo_on) {
             "sm90a wgmma, duo entries forced"
-        } else if let Some((_, _, l)) = vs.iter().find(|(_, e, _)| std::ptr::eq(k, e)) {
+        } else if let Some((_, l)) = vs.iter().find(|(e, _)| std::ptr::eq(k, e)) {
             l
         } else if let Some((xv, _)) = experiments.iter().find(|(_, e)| std::ptr::eq(k, e)) {
             match xv {
@@ -745,7 +745,7 @@ fn main() {
         if vs_only || default_only {
             kernels = vec![&kernel];
             if c.d == 128 && !c.fp8 {
-                kernels.extend(vs.iter().map(|(_, e, _)| e));
+                kernels.extend(vs.iter().map(|(e, _)| e));
             }
         }
         for k in kernels {
