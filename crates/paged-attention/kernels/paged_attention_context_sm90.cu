@@ -589,17 +589,6 @@ MHA_KIT_DEVICE u32 clk32() {
 template <int QT, int D, int XV = 0, bool F8 = false, bool DUO = false, bool LSE = false>
 MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap_k, const TmaMap& tmap_v,
                                       const TmaMap& tmap_o, const TmaMap& tmap_q) {
-    using C = Cfg<D, F8, (XV & 16) != 0, DUO, F8 && D == 128 && QT == 0>;
-    constexpr int BM = C::BM;
-    constexpr int NCW = C::NCW;
-    constexpr int NTHREADS = C::NTHREADS;
-    constexpr int NC = 128 * NCW;  // consumer threads
-    // Operand dtype of both GEMMs: the Q dtype, or f16 for e4m3 K/V (every
-    // e4m3 value is an f16 value: one conversion instruction per two; a bf16
-    // Q tile is converted to f16 once per item, each row scaled by 2^-qs
-    // when its largest finite |q| is 2^15 or more; P is then f16).
-    constexpr int MT = F8 ? 1 : QT;
-    constexpr bool QCONV = F8 && QT == 0;
     // K8 (e4m3 K/V at D 128 with a bf16 Q): S = Q K^T runs on the e4m3 K
     // tile as copied (no conversion of K), as two e4m3 GEMMs into one
     // accumulator: Q = hi + lo, hi = e4m3(q 2^e), lo = e4m3(q 2^e - hi), with
@@ -614,6 +603,17 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // producer (the e4m3 P V needs V transposed and P in 8 bits); the
     // consumers multiply the row's logit scale by 2^-e (QX, as QCONV's).
     constexpr bool K8 = F8 && D == 128 && QT == 0;
+    using C = Cfg<D, F8, (XV & 16) != 0, DUO, K8>;
+    constexpr int BM = C::BM;
+    constexpr int NCW = C::NCW;
+    constexpr int NTHREADS = C::NTHREADS;
+    constexpr int NC = 128 * NCW;  // consumer threads
+    // Operand dtype of both GEMMs: the Q dtype, or f16 for e4m3 K/V (every
+    // e4m3 value is an f16 value: one conversion instruction per two; a bf16
+    // Q tile is converted to f16 once per item, each row scaled by 2^-qs
+    // when its largest finite |q| is 2^15 or more; P is then f16).
+    constexpr int MT = F8 ? 1 : QT;
+    constexpr bool QCONV = F8 && QT == 0;
     constexpr int BN = C::BN;
     constexpr int CPR = C::CPR;
     constexpr int NS = BN / 2;   // S accumulator registers per thread
@@ -992,6 +992,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     // hi and lo) are read and written by the CPR lanes of that
                     // row alone, and every lane's stores follow the row max's
                     // shuffles, which follow every lane's loads.
+                    const u32 qb0 = base + C::Q_OFF + qb * C::Q_BYTES;  // qt's shared address
 #pragma unroll 2
                     for (int row = (int)ptv / CPR; row < BM; row += QRS) {
                         const uint4 u = *reinterpret_cast<const uint4*>(qt + swz(row, ch, C::Q_ATOM));
@@ -1015,7 +1016,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                             lw[k / 2] = l2[0] | (l2[1] << 16);
                         }
                         const u32 d = (u32)(row * 128 + ((((ch >> 1) ^ (row & 7))) << 4) + (ch & 1) * 8);
-                        const u32 qb0 = base + C::Q_OFF + qb * C::Q_BYTES;
                         asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(qb0 + d), "r"(hw[0]), "r"(hw[1]) : "memory");
                         asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(qb0 + C::Q_ATOM + d), "r"(lw[0]), "r"(lw[1])
                                      : "memory");
