@@ -159,6 +159,25 @@ fn built_artifacts(root: &Path, args: &[&str]) -> Result<Vec<Artifact>> {
     Ok(found)
 }
 
+/// The first file under `crates/*/ptx/` (the committed PTX, cubins and
+/// stamps the binaries embed) modified at or after `since`, if any.
+/// Session 44 packed a bench whose build had read a new PTX beside the
+/// previous cubin while `ptx-build` was still writing: the loader took the
+/// cubin, which lacked the new entry.
+fn ptx_changed_since(root: &Path, since: std::time::SystemTime) -> Result<Option<PathBuf>> {
+    for krate in std::fs::read_dir(root.join("crates"))?.filter_map(|e| e.ok()) {
+        let Ok(entries) = std::fs::read_dir(krate.path().join("ptx")) else {
+            continue;
+        };
+        for e in entries.filter_map(|e| e.ok()) {
+            if e.metadata()?.modified()? >= since {
+                return Ok(Some(e.path()));
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// Builds the bundle into `out`.
 pub fn build(root: &Path, out: &Path) -> Result<()> {
     let out = if out.is_absolute() {
@@ -166,6 +185,7 @@ pub fn build(root: &Path, out: &Path) -> Result<()> {
     } else {
         root.join(out)
     };
+    let started = std::time::SystemTime::now();
     let mut artifacts = built_artifacts(
         root,
         &[
@@ -197,6 +217,14 @@ pub fn build(root: &Path, out: &Path) -> Result<()> {
             "--message-format=json-render-diagnostics",
         ],
     )?);
+    if let Some(p) = ptx_changed_since(root, started)? {
+        bail!(
+            "{} changed while the binaries were building (a `ptx-build` running?): \
+             they may embed one build's PTX with another's cubin, which the loader \
+             prefers; run gpu-bundle again",
+            p.display()
+        );
+    }
     let _ = std::fs::remove_dir_all(&out);
     for sub in ["tests", "benches", "bin", "peers"] {
         std::fs::create_dir_all(out.join(sub))?;
@@ -282,6 +310,34 @@ pub fn build(root: &Path, out: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A PTX-folder file written after the build started is found; one
+    /// written before is not, nor are files outside `crates/*/ptx/`.
+    #[test]
+    fn ptx_written_during_the_build_is_found() {
+        let root = std::env::temp_dir().join(format!("xtask-ptx-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let ptx = root.join("crates").join("k").join("ptx");
+        std::fs::create_dir_all(&ptx).unwrap();
+        std::fs::create_dir_all(root.join("crates").join("k").join("src")).unwrap();
+        std::fs::write(ptx.join("k.ptx"), "old").unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(ptx.join("k.ptx"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let started = std::time::SystemTime::now() - std::time::Duration::from_secs(1);
+        std::fs::write(root.join("crates").join("k").join("src").join("lib.rs"), "").unwrap();
+        assert_eq!(ptx_changed_since(&root, started).unwrap(), None);
+        std::fs::write(ptx.join("k.sm_90a.cubin"), "new").unwrap();
+        assert_eq!(
+            ptx_changed_since(&root, started).unwrap(),
+            Some(ptx.join("k.sm_90a.cubin"))
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     /// The bundle limit still leaves room for today's tracked tree: fails
     /// when the tree outgrows `TREE_ALLOWANCE_BYTES` (then lower the limit
