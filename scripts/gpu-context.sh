@@ -81,7 +81,7 @@
 #   dtrace    decode experiment 16: per-CTA traces of the one-wave latency
 #             launches (CSV under $OUT/dtrace) and the experiment entries' test
 #   allgpu    every GPU test binary of the bundle, all at once (ALLGPU_TIMEOUT)
-#   lean      the decode experiments x192 / x256 (the half-row loop in a
+#   lean      the decode experiment x256 (x192 dropped in session 44; the half-row loop in a
 #             two-body entry / alone): experiment test, masked keys, memcheck;
 #             memcheck on the f16-Q D 128 entries; the head_dim 512 test and memcheck
 #   leanbench their decode bench rows beside production, then cuDNN
@@ -604,12 +604,12 @@ stage_loadcost() {
 }
 stage_pending() { stage_pending_tests; stage_pending_python; stage_pending_replay; }
 stage_lean() {
-  # The decode experiments x192 (the half-row loop beside the full one in
-  # an entry) and x256 (the half-row loop alone): their results against the
+  # The decode experiment x256 (the half-row loop alone; x192, the loop
+  # beside the full one in an entry, was dropped in session 44): its results against the
   # reference, the masked non-finite keys on each, memcheck on the zero-size
   # copies from the lane's base; then memcheck on the production D 128
   # entries at f16 Q (session 31's new instantiations of the lean form).
-  for x in x192 x256; do
+  for x in x256; do
     echo "== decode experiment $x vs the reference"
     MHA_KIT_GPU_EXPERIMENTS=${x#x} timeout 150 tests/paged-attention-gpu --include-ignored experiment_entries \
       > "$OUT/lean_test_$x.log" 2>&1

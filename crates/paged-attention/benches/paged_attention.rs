@@ -203,18 +203,12 @@ fn cases() -> Vec<Shape> {
             hnd: true,
             ..s("bs 1, L 32768, HND pages", 32, 8, 128, 1, 32768)
         },
-        // The half-row loop: with the full loop in one entry (x192), alone
-        // in its entry (x256). Their entries have no cluster-fold twin:
-        // split launches fold through the workspace.
-        experiment_row(192, 64, 8192, "x192: the half-row loop beside the full one"),
+        // The half-row loop alone in its entry (x256), which has no
+        // cluster-fold twin: split launches fold through the workspace.
         experiment_row(256, 64, 8192, "x256: the half-row loop alone"),
-        experiment_row(192, 1, 1024, "x192"),
         experiment_row(256, 1, 1024, "x256"),
-        experiment_row(192, 16, 1024, "x192"),
         experiment_row(256, 16, 1024, "x256"),
-        experiment_row(192, 1, 32768, "x192"),
         experiment_row(256, 1, 32768, "x256"),
-        fp8_experiment(192, "x192: the half-row loop beside the full one"),
         fp8_experiment(256, "x256: the half-row loop alone"),
     ];
     if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
@@ -228,8 +222,7 @@ fn cases() -> Vec<Shape> {
 
 /// The latency cases (issue 14's ≤ 1.05× cuDNN rows) under the production
 /// kernel (and Auto with the splits folded through the workspace instead of
-/// inside clusters) and experiments 192 (the half-row loop beside the full
-/// one in an entry) and 256 (the half-row loop alone), Auto and Fixed chunks
+/// inside clusters) and experiment 256 (the half-row loop), Auto and Fixed chunks
 /// around Auto's:
 /// `MHA_KIT_BENCH_LATENCY_SWEEP=1`.
 fn latency_sweep() -> Vec<Shape> {
@@ -252,7 +245,7 @@ fn latency_sweep() -> Vec<Shape> {
                 len,
             )
         });
-        for xv in [0u32, 192, 256] {
+        for xv in [0u32, 256] {
             let mut splits = vec![SplitMode::Auto];
             splits.extend(
                 chunks
@@ -278,14 +271,15 @@ fn latency_sweep() -> Vec<Shape> {
     v
 }
 
-/// Fixed split chunks beside Auto for the production kernel and experiments
-/// 64 (lean copy addresses) and 192 (64 with the half-row loop):
-/// `MHA_KIT_BENCH_SPLIT_SWEEP=1`. (Experiments 8 and 72, three CTAs an SM,
-/// measured in PERF.md sessions 20 and 28, were dropped in session 29.)
+/// Fixed split chunks beside Auto for the production kernel and experiment
+/// 256 (the half-row loop): `MHA_KIT_BENCH_SPLIT_SWEEP=1`. (Experiments 8
+/// and 72, three CTAs an SM, measured in PERF.md sessions 20 and 28, were
+/// dropped in session 29; 64, the lean copy addresses, became production in
+/// session 31 and 192 was dropped in session 44.)
 fn split_sweep() -> Vec<Shape> {
     let mut v = Vec::new();
     for (bs, fp8) in [(64, false), (256, false), (64, true)] {
-        for xv in [0u32, 64, 192] {
+        for xv in [0u32, 256] {
             for chunk_tokens in [4096, 2752, 2048, 1024] {
                 let kv = if fp8 { "FP8 KV, " } else { "" };
                 v.push(Shape {

@@ -2079,37 +2079,21 @@ PA_MMA_CF(bf16, 0, e4m3, 2, 128, 2)
 // MINB CTAs an SM; mma_body runs XV | 64, the production form's lean copy
 // addresses (XA) with the experiment's bits.
 #define PA_MMA_X(QN, QT, KVN, KV, XV, MINB) PA_MMA_ENTRY(QN, QT, KVN, KV, 128, _x##XV, XV | 64, MINB)
-// Experiment 128 (`_x{XV}` with XV & 128): launches whose row tiles hold at
-// most 8 rows (q_len · G <= 8: a decode at GQA <= 8) run mma_body's
-// instantiation XV | 256, which computes only rows gr of each fragment:
-// about 40 of the e4m3 loop's instructions a slice were the padding rows'
-// masks, maxima, exponentials, packs and sums (P = 0 there; the MMAs still
-// cover 16 rows, whose padding rows are never read).
-#define PA_MMA_XH(QN, QT, KVN, KV, XV, MINB)                                                         \
-    extern "C" __global__ void __launch_bounds__(pa::NT, MINB)                                       \
-        paged_attention_mma_##QN##_kv_##KVN##_d128_x##XV(const PagedAttentionParams p) {             \
-        pa::pdl_wait();                                                                            \
-        if (p.q_len * p.group <= 8) {                                                              \
-            pa::mma_body<QT, KV, 128, XV | 256>(p);                                                \
-        } else {                                                                                   \
-            pa::mma_body<QT, KV, 128, XV>(p);                                                      \
-        }                                                                                          \
-    }
-
 // Experiment 8 (Q in shared memory and a shorter ring, MmaSmem::X8, three
 // CTAs an SM) and 72 (8 with 64) have no entry since session 29 (measured:
 // PERF.md sessions 20 and 28; the code path is kept).
 // Experiment 16: the production entry with a per-CTA timestamp trace.
 PA_MMA_X(bf16, 0, bf16, 0, 16, 2)
-// Experiment 192: the half rows (128) in the same entry as the full loop,
-// picked per launch (session 28; on an H100 in session 31 it lost 1.4–5 µs
-// on the one-wave latency rows, in the phases before the first K/V tile,
-// and won 4–10 µs at bs 1 × 32k).
-PA_MMA_XH(bf16, 0, e4m3, 2, 192, 2)
-PA_MMA_XH(bf16, 0, bf16, 0, 192, 2)
 // Experiment 256: the half-row loop alone, one instantiation an entry (the
 // launcher runs it only where q_len · G <= 8, the production entry
-// otherwise): whether the half rows or the second instantiation in one
-// entry cost 192 its starts.
+// otherwise): mma_body's H (XV & 256) computes only rows gr of each
+// fragment: about 40 of the e4m3 loop's instructions a slice were the
+// padding rows' masks, maxima, exponentials, packs and sums (P = 0 there;
+// the MMAs still cover 16 rows, whose padding rows are never read). On the
+// H200 it read 2.4-4% faster on FP8 bs 64 x 8k than production (PERF.md
+// sessions 32, 44), flat on H100s. (Experiment 192, the same loop beside
+// the full one in the production entry, chosen per launch at the entry:
+// slower on the one-wave latency rows, faster at bs 1 x 32k, sessions 28
+// and 31; dropped in session 44 for room.)
 PA_MMA_X(bf16, 0, e4m3, 2, 256, 2)
 PA_MMA_X(bf16, 0, bf16, 0, 256, 2)

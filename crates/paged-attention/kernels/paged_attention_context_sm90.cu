@@ -2406,13 +2406,12 @@ PAS_ENTRY8(f16, 1, 256, _lse, true)
     PAS_ENTRY_AT(paged_attention_context_sm90_bf16_kv_bf16_d128_x##XV, 0, 128, XV, false, false, false)
 PAS_XENTRY(4)
 PAS_XENTRY(8)
-PAS_XENTRY(16)
-PAS_XENTRY(32)
-PAS_XENTRY(40)
 PAS_XENTRY(512)
 PAS_XENTRY(1024)
 PAS_XENTRY(1536)
-// Dropped for room (session 28; measured and concluded, PERF.md sessions 7,
-// 14, 24, 26): 64 and 72 (a quarter of the exponentials by polynomial, and
+// Dropped for room (session 44; concluded, PERF.md sessions 14, 32): 16 (K /
+// V rings 3 / 2), 32 (O rescaled under S) and 40 (32 traced). Dropped for
+// room (session 28; measured and concluded, PERF.md sessions 7, 14, 24, 26):
+// 64 and 72 (a quarter of the exponentials by polynomial, and
 // traced; also the D 64 entry), 128 (row sums on the tensor cores), 4096
 // (SX) and 16384 (EXT). Their code paths stay in context_sm90_body.

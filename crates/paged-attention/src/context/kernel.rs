@@ -370,14 +370,13 @@ impl ContextKernel {
     /// `…_bf16_kv_bf16_d128_x{xv}` that leaves stages out, bits 1 softmax
     /// math, 2 wgmma, 4 global K/V reads; built: 4 (1, 5, 6 and 96 were
     /// dropped in session 26 for room in the tree); with correct
-    /// results: 16 = K / V ring depths 3 / 2 instead of 2 / 3, 32 = O
-    /// rescaled under S instead of after the wait for P V, 40 = 32 with the
-    /// trace, 512 = no V scan of masked tiles (correct on finite V); without:
-    /// 1024 / 1536 = no epilogue
-    /// stores (and no V scan)) for D 128 bf16 launches; 0 = off (64, 72,
-    /// 128, 4096 and 16384, measured and concluded, were dropped in session
-    /// 28 for room, and 2048, two CTAs of a cluster sharing each K/V tile,
-    /// in session 41; PERF.md sessions 7, 14, 23, 24, 26, 40, 41). The experiment
+    /// results: 512 = no V scan of masked tiles (correct on finite V);
+    /// without: 1024 / 1536 = no epilogue stores (and no V scan)) for D 128
+    /// bf16 launches; 0 = off (64, 72, 128, 4096 and 16384, measured and
+    /// concluded, were dropped in session 28 for room, 2048, two CTAs of a
+    /// cluster sharing each K/V tile, in session 41, and 16 (K / V ring
+    /// depths 3 / 2), 32 (O rescaled under S) and 40 (32 traced) in session
+    /// 44; PERF.md sessions 7, 14, 23, 24, 26, 40, 41, 44). The experiment
     /// entries build only the gather's 32-bit address products, so a
     /// launch where [`context_sm90_cursor_fits`] fails is refused with
     /// [`KernelError::Unsupported`] (32768, the page cursor and those

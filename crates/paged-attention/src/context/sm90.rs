@@ -288,8 +288,9 @@ pub fn context_sm90_cursor_fits(p: &ContextParams) -> bool {
 }
 
 /// Extra shared memory given to the sm_90a experiment entries
-/// ([`ContextKernel::set_experiment`]): `_x16` runs the K / V ring split
-/// 3 / 2, whose valid-key masks take 16 bytes more than the default's.
+/// ([`ContextKernel::set_experiment`]): the K / V ring split 3 / 2 (`XV &
+/// 16` in the kernel; its entry `_x16` was dropped in session 44, the code
+/// path kept) takes 16 bytes more for its valid-key masks than the default.
 pub(super) const CONTEXT_SM90_EXPERIMENT_SLACK: usize = 128;
 
 /// Shared memory of one work-item slot's published geometry (mirrors

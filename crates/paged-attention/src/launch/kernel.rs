@@ -23,8 +23,6 @@ use super::{
 /// Timing experiment entries of the tensor-core kernel (`<entry>_x<n>`).
 const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_bf16_d128_x16",
-    "paged_attention_mma_bf16_kv_e4m3_d128_x192",
-    "paged_attention_mma_bf16_kv_bf16_d128_x192",
     "paged_attention_mma_bf16_kv_e4m3_d128_x256",
     "paged_attention_mma_bf16_kv_bf16_d128_x256",
 ];
@@ -80,10 +78,11 @@ pub const DECODE_PDL_ENV: &str = "MHA_KIT_DECODE_PDL";
 pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 
 /// Environment variable that sets the decode timing experiment of every
-/// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default),
-/// `x192` (where `q_len · G ≤ 8`, only the valid half of the rows computed,
-/// in the production entry's code) or `x256` (the same half-row loop alone
-/// in its entry), so that a whole replay can run it.
+/// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default)
+/// or `x256` (where `q_len · G ≤ 8`, only the valid half of the rows
+/// computed, in an entry of its own), so that a whole replay can run it.
+/// (`x192`, the same loop beside the full one in the production entry, was
+/// dropped in session 44.)
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
 
 /// Whether the tensor-core entry of (`q`, `kv`, `d`) has a `_cf` twin (the
@@ -227,7 +226,7 @@ impl PagedAttentionKernel {
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
-            &[("off", 0), ("x192", 192), ("x256", 256)],
+            &[("off", 0), ("x256", 256)],
         )?)?;
         Ok(k)
     }
@@ -235,13 +234,12 @@ impl PagedAttentionKernel {
     /// Runs timing experiment `xv` where its entry exists (launches of
     /// other shapes keep the production entry); 0 = production. D 128 bf16-Q
     /// tensor-core entries, correct results (`_x{xv}` in the .cu; each in
-    /// the production form, lean copy addresses, since session 31): `192`
-    /// (e4m3 and bf16 KV) the production loop and, in the same entry for
-    /// launches with `q_len · G ≤ 8` (every row tile at most 8 rows), a loop
-    /// that computes only the valid half of each MMA fragment's rows (same
-    /// results bit for bit); `256` (e4m3 and bf16 KV) that half-row loop
-    /// alone, run only for launches with `q_len · G ≤ 8` (the production
-    /// entry otherwise); `16` (bf16 KV) the production
+    /// the production form, lean copy addresses, since session 31): `256`
+    /// (e4m3 and bf16 KV), for launches with `q_len · G ≤ 8` (every row
+    /// tile at most 8 rows), a loop that computes only the valid half of
+    /// each MMA fragment's rows (the production entry otherwise; `192`, the
+    /// same loop beside the full one in one entry, was dropped in session
+    /// 44: PERF.md sessions 31, 44); `16` (bf16 KV) the production
     /// entry writing a per-CTA trace through `skipped_slices` instead of
     /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
     /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
@@ -625,6 +623,6 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [16, 192, 192, 256, 256]);
+        assert_eq!(numbers, [16, 256, 256]);
     }
 }
