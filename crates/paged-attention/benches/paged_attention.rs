@@ -210,6 +210,13 @@ fn cases() -> Vec<Shape> {
         experiment_row(256, 16, 1024, "x256"),
         experiment_row(256, 1, 32768, "x256"),
         fp8_experiment(256, "x256: the half-row loop alone"),
+        // The e4m3 copies as before W (session 42): lane quads with the
+        // L2's 128-byte hint (W: whole rows, no hint), NHD and HND pages.
+        fp8_experiment(1024, "x1024: lane-quad copies with the L2 hint, before W"),
+        Shape {
+            hnd: true,
+            ..fp8_experiment(1024, "x1024, HND pages")
+        },
     ];
     if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
         v.extend(split_sweep());

@@ -1089,7 +1089,8 @@ struct Look {
 // at the end of this file). XV & 8: Q read from shared memory each slice
 // and a shorter ring (MmaSmem::X8); XV & 16: a per-CTA trace (below); XV &
 // 32: the cluster fold; XV & 64: lean copy addresses (below, `XA`; the D 128
-// entries' form since session 31); XV & 256: the half-row loop (`H`). (Sessions
+// entries' form since session 31); XV & 256: the half-row loop (`H`); XV &
+// 1024: the e4m3 copies of the XA entries before W (`LQ`). (Sessions
 // 9-10's copy-layout experiments x1-x5 — the L2 prefetch hint toggled,
 // lane-quad copies of 16-bit rows, whole-row copies of e4m3 rows — were
 // measured, docs/PERF.md sessions 9-10, and their entries dropped in
@@ -1210,6 +1211,14 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     // the ring slot is a counter instead of `t % NST`, and the page-table
     // row pointer is held, not rebuilt from the parameters every lookup.
     constexpr bool XA = (XV & 64) != 0;
+    // LQ (XV & 1024, timing experiment of the e4m3 XA entry): K/V copied as
+    // before W (session 42), each lane quad 64-byte parts of rows lt and
+    // lt + 8 with the L2 asked for the row's whole 128-byte block, instead
+    // of W's whole rows without the hint. W read -1.2% on an H100; on the
+    // H200 of session 44 the FP8 rows read 3.5-5% slower than on the H200s
+    // before W (PERF.md session 44): this entry measures W there.
+    constexpr bool LQ = (XV & 1024) != 0;
+    static_assert(!LQ || (XA && KV == 2), "LQ: the e4m3 XA entries");
     const i32* pt_row = p.page_table + (i64)b * p.page_table_stride;
     if constexpr (XA) pt_row = pac::opaque_ptr(pt_row);
     // DH = 2: this warp's dim half starts DW elements into each row.
@@ -1328,7 +1337,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         // 16-byte copy; with HINT (the lane-quad e4m3 copies) the L2 is
         // asked for the row's whole 128/256-byte block.
         auto cp = [&](u32 dst, const u8* src, u32 sz) {
-            constexpr bool HINT = KV == 2 && !XA;
+            constexpr bool HINT = KV == 2 && (!XA || LQ);
             if constexpr (!HINT || RRB < 128) {
                 cp_async16(dst, src, sz);
             } else if constexpr (RRB >= 256) {
@@ -1337,7 +1346,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 pac::cp_async16_l2_128(dst, src, sz);
             }
         };
-        if constexpr (KV != 2 || XA) {
+        if constexpr (KV != 2 || (XA && !LQ)) {
             // Whole rows (16-bit KV; e4m3 KV in the XA entries).
             // Instruction j: tokens j (32 / CPR) + lane / CPR, chunk lane % CPR.
             // Token t's page address lives in lane 4 (t & 7) (k0p for t < 8,
@@ -1382,7 +1391,9 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
                 vc0 = cc ^ v8_swz<CPR>(lt);
                 vc1 = cc ^ v8_swz<CPR>(lt + 8);
             }
-            // e4m3 outside the XA entries (16-bit K/V and XA returned above).
+            // e4m3 outside the XA entries and under LQ (16-bit K/V and the
+            // other XA entries returned above). Row addresses are row starts
+            // in both (an unloaded row's is a valid base, copied with size 0).
             cp(kdst + lt * RRB + kc0 * 16, k0p + (ok0 ? cc * 16 : 0), sz0);
             cp(vdst + lt * RRB + vc0 * 16, v0p + (ok0 ? cc * 16 : 0), sz0);
             cp(kdst + (lt + 8) * RRB + kc1 * 16, k1p + (ok1 ? cc * 16 : 0), sz1);
@@ -2097,3 +2108,6 @@ PA_MMA_X(bf16, 0, bf16, 0, 16, 2)
 // and 31; dropped in session 44 for room.)
 PA_MMA_X(bf16, 0, e4m3, 2, 256, 2)
 PA_MMA_X(bf16, 0, bf16, 0, 256, 2)
+// Experiment 1024 (e4m3): the K/V copies of the XA entries before W (lane
+// quads, the L2 hint; mma_body's LQ), the production entry otherwise.
+PA_MMA_X(bf16, 0, e4m3, 2, 1024, 2)

@@ -1137,7 +1137,8 @@ fn main() {
         named("experiment_entries_with_correct_results", |gpu, _| {
             // The timing experiments that compute correct results (`_x16`:
             // the production entry traced; `_x256`: the half-row loop alone,
-            // launched only where q_len · G <= 8, e4m3 and bf16 KV), on the
+            // launched only where q_len · G <= 8, e4m3 and bf16 KV; `_x1024`:
+            // the e4m3 copies as before W, lane quads with the L2 hint), on the
             // random cases their entry serves (bf16 Q, D 128) and on some
             // others (which keep the production entry).
             // MHA_KIT_GPU_EXPERIMENTS=16,256 runs only those experiments
@@ -1151,6 +1152,7 @@ fn main() {
                 (16u32, KvDtype::Bf16),
                 (256, KvDtype::E4m3),
                 (256, KvDtype::Bf16),
+                (1024, KvDtype::E4m3),
             ]
             .into_iter()
             .filter(|&(xv, _)| wanted(xv))

@@ -25,6 +25,7 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_bf16_d128_x16",
     "paged_attention_mma_bf16_kv_e4m3_d128_x256",
     "paged_attention_mma_bf16_kv_bf16_d128_x256",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x1024",
 ];
 
 /// Experiment bit of the entries that compute only the first 8 rows of each
@@ -78,9 +79,10 @@ pub const DECODE_PDL_ENV: &str = "MHA_KIT_DECODE_PDL";
 pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 
 /// Environment variable that sets the decode timing experiment of every
-/// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default)
-/// or `x256` (where `q_len · G ≤ 8`, only the valid half of the rows
-/// computed, in an entry of its own), so that a whole replay can run it.
+/// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default),
+/// `x256` (where `q_len · G ≤ 8`, only the valid half of the rows
+/// computed, in an entry of its own) or `x1024` (e4m3 K/V copied as before
+/// session 42's W), so that a whole replay can run it.
 /// (`x192`, the same loop beside the full one in the production entry, was
 /// dropped in session 44.)
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
@@ -226,7 +228,7 @@ impl PagedAttentionKernel {
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
-            &[("off", 0), ("x256", 256)],
+            &[("off", 0), ("x256", 256), ("x1024", 1024)],
         )?)?;
         Ok(k)
     }
@@ -239,7 +241,10 @@ impl PagedAttentionKernel {
     /// tile at most 8 rows), a loop that computes only the valid half of
     /// each MMA fragment's rows (the production entry otherwise; `192`, the
     /// same loop beside the full one in one entry, was dropped in session
-    /// 44: PERF.md sessions 31, 44); `16` (bf16 KV) the production
+    /// 44: PERF.md sessions 31, 44); `1024` (e4m3 KV) the e4m3 K/V copies
+    /// of the D 128 entries before session 42's W (lane quads of 64-byte row
+    /// parts with the L2's 128-byte hint, where W copies whole rows without
+    /// it: whether W costs the H200, PERF.md session 44); `16` (bf16 KV) the production
     /// entry writing a per-CTA trace through `skipped_slices` instead of
     /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
     /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
@@ -623,6 +628,6 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [16, 256, 256]);
+        assert_eq!(numbers, [16, 256, 256, 1024]);
     }
 }
