@@ -81,6 +81,10 @@
 #   dtrace    decode experiment 16: per-CTA traces of the one-wave latency
 #             launches (CSV under $OUT/dtrace) and the experiment entries' test
 #   allgpu    every GPU test binary of the bundle, all at once (ALLGPU_TIMEOUT)
+#   s44       session 44's unrun work: the decode bench's FP8 / bs 64 / bs 256
+#             rows twice with _x256 and _x1024 (the e4m3 copies before W)
+#             beside production, cuDNN, the decode experiment test (256,
+#             1024), masked keys and memcheck under x1024, stage quick
 #   lean      the decode experiment x256 (x192 dropped in session 44; the half-row loop in a
 #             two-body entry / alone): experiment test, masked keys, memcheck;
 #             memcheck on the f16-Q D 128 entries; the head_dim 512 test and memcheck
@@ -955,5 +959,31 @@ stage_s32m() {
       > "$OUT/s32m_$t.log" 2>&1
     echo "rc=$?"; summary "$OUT/s32m_$t.log"; grep -E "ERROR SUMMARY|cases" "$OUT/s32m_$t.log" | head -5
   done
+}
+stage_s44() {
+  # Session 44's unrun work, one call (~6 min): the decode bench's FP8 and
+  # bs 64 / 256 rows twice (production beside _x256 and _x1024, the e4m3
+  # copies before W), cuDNN, then the decode experiment test for 256 and
+  # 1024, the masked non-finite keys under x1024 and memcheck on a few of its
+  # cases, then the context experiment test (the trace entry _x8 bit for bit
+  # against the default) and the quick context tests.
+  local i
+  for i in 1 2; do
+    MHA_KIT_BENCH_CASES="${DBENCH_S44_CASES:-FP8 KV, bs 64, L 8192|bs 64, L 8192|bs 256, L 8192}" \
+      MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 timeout 150 benches/paged-attention-paged_attention --bench \
+      > "$OUT/s44_dbench_$i.log" 2>&1
+    echo "== decode bench, turn $i: rc=$?"; grep -E '^\| (FP8|bs)' "$OUT/s44_dbench_$i.log" | grep -v 'CUDA-core' | cut -d'|' -f2-6
+  done
+  decode_peers
+  MHA_KIT_GPU_EXPERIMENTS=256,1024 timeout 200 tests/paged-attention-gpu --include-ignored experiment_entries \
+    > "$OUT/s44_dexp.log" 2>&1
+  echo "decode experiments rc=$?"; summary "$OUT/s44_dexp.log"; grep -E "experiment_entries" "$OUT/s44_dexp.log"
+  MHA_KIT_DECODE_EXPERIMENT=x1024 timeout 120 tests/paged-attention-gpu --include-ignored masked_nonfinite \
+    > "$OUT/s44_masked.log" 2>&1
+  echo "masked x1024 rc=$?"; summary "$OUT/s44_masked.log"
+  MHA_KIT_DECODE_EXPERIMENT=x1024 MHA_KIT_GPU_CASES=24 timeout 150 compute-sanitizer --tool memcheck \
+    tests/paged-attention-gpu --include-ignored masked_nonfinite > "$OUT/s44_memcheck.log" 2>&1
+  echo "memcheck x1024 rc=$?"; summary "$OUT/s44_memcheck.log"
+  stage_quick
 }
 for st in $STAGES; do "stage_$st"; done
