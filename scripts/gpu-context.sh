@@ -85,8 +85,8 @@
 #             rows twice with _x256 and _x1024 (the e4m3 copies before W)
 #             beside production, cuDNN, the decode experiment test (256,
 #             1024), masked keys and memcheck under x1024, stage quick
-#   lean      the decode experiment x256 (x192 dropped in session 44; the half-row loop in a
-#             two-body entry / alone): experiment test, masked keys, memcheck;
+#   lean      the decode experiment x256 (the half-row loop alone; x192, the
+#             two-body entry, dropped in session 44): experiment test, masked keys, memcheck;
 #             memcheck on the f16-Q D 128 entries; the head_dim 512 test and memcheck
 #   leanbench their decode bench rows beside production, then cuDNN
 #   d512      decode D 512 on tensor cores vs the reference, racecheck and
