@@ -85,6 +85,8 @@
 #             rows twice with _x256 and _x1024 (the e4m3 copies before W)
 #             beside production, cuDNN, the decode experiment test (256,
 #             1024), masked keys and memcheck under x1024, stage quick
+#   s45       stage s44 with the decode experiments x2048 / x2304 (S a step
+#             ahead) beside them: bench rows, their test, masked keys, memcheck
 #   lean      the decode experiment x256 (the half-row loop alone; x192, the
 #             two-body entry, dropped in session 44): experiment test, masked keys, memcheck;
 #             memcheck on the f16-Q D 128 entries; the head_dim 512 test and memcheck
@@ -975,15 +977,26 @@ stage_s44() {
     echo "== decode bench, turn $i: rc=$?"; grep -E '^\| (FP8|bs)' "$OUT/s44_dbench_$i.log" | grep -v 'CUDA-core' | cut -d'|' -f2-6
   done
   decode_peers
-  MHA_KIT_GPU_EXPERIMENTS=256,1024 timeout 200 tests/paged-attention-gpu --include-ignored experiment_entries \
-    > "$OUT/s44_dexp.log" 2>&1
+  MHA_KIT_GPU_EXPERIMENTS=${S44_EXPS:-256,1024} timeout ${S44_EXP_TIMEOUT:-200} tests/paged-attention-gpu \
+    --include-ignored experiment_entries > "$OUT/s44_dexp.log" 2>&1
   echo "decode experiments rc=$?"; summary "$OUT/s44_dexp.log"; grep -E "experiment_entries" "$OUT/s44_dexp.log"
-  MHA_KIT_DECODE_EXPERIMENT=x1024 timeout 120 tests/paged-attention-gpu --include-ignored masked_nonfinite \
-    > "$OUT/s44_masked.log" 2>&1
-  echo "masked x1024 rc=$?"; summary "$OUT/s44_masked.log"
-  MHA_KIT_DECODE_EXPERIMENT=x1024 MHA_KIT_GPU_CASES=24 timeout 150 compute-sanitizer --tool memcheck \
+  local x
+  for x in ${S44_MASKED:-x1024}; do
+    MHA_KIT_DECODE_EXPERIMENT=$x timeout 120 tests/paged-attention-gpu --include-ignored masked_nonfinite \
+      > "$OUT/s44_masked_$x.log" 2>&1
+    echo "masked $x rc=$?"; summary "$OUT/s44_masked_$x.log"
+  done
+  x=${S44_MEMCHECK:-x1024}
+  MHA_KIT_DECODE_EXPERIMENT=$x MHA_KIT_GPU_CASES=24 timeout 150 compute-sanitizer --tool memcheck \
     tests/paged-attention-gpu --include-ignored masked_nonfinite > "$OUT/s44_memcheck.log" 2>&1
-  echo "memcheck x1024 rc=$?"; summary "$OUT/s44_memcheck.log"
+  echo "memcheck $x rc=$?"; summary "$OUT/s44_memcheck.log"
   stage_quick
+}
+stage_s45() {
+  # Session 45: stage s44 with the decode experiments x2048 / x2304 (each
+  # slice's S a step ahead, full and half-row loop) beside production,
+  # x256 and x1024; their test (bits equal to the loop they pipeline),
+  # masked keys under both, memcheck under x2304.
+  S44_EXPS=256,1024,2048,2304 S44_EXP_TIMEOUT=300 S44_MASKED="x2048 x2304" S44_MEMCHECK=x2304 stage_s44
 }
 for st in $STAGES; do "stage_$st"; done

@@ -217,6 +217,10 @@ fn cases() -> Vec<Shape> {
             hnd: true,
             ..fp8_experiment(1024, "x1024, HND pages")
         },
+        // Each slice's S issued a step ahead, under the previous slice's
+        // softmax and P V (session 45): the full and the half-row loop.
+        fp8_experiment(2048, "x2048: S a step ahead"),
+        fp8_experiment(2304, "x2304: S a step ahead, half rows"),
     ];
     if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
         v.extend(split_sweep());

@@ -1134,13 +1134,15 @@ fn main() {
             "masked_nonfinite_keys_never_reach_a_row",
             masked_nonfinite_keys,
         ),
-        named("experiment_entries_with_correct_results", |gpu, _| {
+        named("experiment_entries_with_correct_results", |gpu, prod| {
             // The timing experiments that compute correct results (`_x16`:
             // the production entry traced; `_x256`: the half-row loop alone,
             // launched only where q_len · G <= 8, e4m3 and bf16 KV; `_x1024`:
-            // the e4m3 copies as before W, lane quads with the L2 hint), on the
-            // random cases their entry serves (bf16 Q, D 128) and on some
-            // others (which keep the production entry).
+            // the e4m3 copies as before W, lane quads with the L2 hint;
+            // `_x2048` / `_x2304`: each slice's S a step ahead, the full and
+            // the half-row loop, whose outputs must also be the production
+            // entries' bits), on the random cases their entry serves (bf16
+            // Q, D 128) and on some others (which keep the production entry).
             // MHA_KIT_GPU_EXPERIMENTS=16,256 runs only those experiments
             // (default: all).
             let only: Option<Vec<u32>> = std::env::var("MHA_KIT_GPU_EXPERIMENTS")
@@ -1153,12 +1155,24 @@ fn main() {
                 (256, KvDtype::E4m3),
                 (256, KvDtype::Bf16),
                 (1024, KvDtype::E4m3),
+                (2048, KvDtype::E4m3),
+                (2304, KvDtype::E4m3),
             ]
             .into_iter()
             .filter(|&(xv, _)| wanted(xv))
             {
                 let mut k = PagedAttentionKernel::new(gpu).or_fail("load")?;
                 k.set_experiment(xv).or_fail("experiment")?;
+                // PF's reference entry: the half-row loop's for 2304 (the
+                // production launcher `prod` for 2048).
+                let base = match xv {
+                    2304 => {
+                        let mut b = PagedAttentionKernel::new(gpu).or_fail("load")?;
+                        b.set_experiment(256).or_fail("experiment")?;
+                        Some(b)
+                    }
+                    _ => None,
+                };
                 // Cases of this entry in each row form (q_len · G <= 8 or not).
                 let mut forms = [0usize; 2];
                 for seed in 0u64..4000 {
@@ -1169,6 +1183,26 @@ fn main() {
                     }
                     check(gpu, &k, &c, split, msl)
                         .map_err(|e| format!("_x{xv}, seed {seed}: {e}"))?;
+                    if xv & 2048 != 0 {
+                        // PF runs the production (or half-row) loop's
+                        // operations in the same order: the same bits.
+                        let a = launch_edited(gpu, &k, &c, split, msl, |_| {})?;
+                        let b = launch_edited(
+                            gpu,
+                            base.as_ref().unwrap_or(prod),
+                            &c,
+                            split,
+                            msl,
+                            |_| {},
+                        )?;
+                        let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        if a.out != b.out || bits(&a.lse) != bits(&b.lse) {
+                            return Err(format!(
+                                "_x{xv}, seed {seed}: not the bits of _x{}",
+                                xv & !2048
+                            ));
+                        }
+                    }
                     if theirs {
                         forms[usize::from(c.q_len() * (c.hq / c.hkv) <= 8)] += 1;
                     }

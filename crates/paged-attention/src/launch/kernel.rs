@@ -26,6 +26,8 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_e4m3_d128_x256",
     "paged_attention_mma_bf16_kv_bf16_d128_x256",
     "paged_attention_mma_bf16_kv_e4m3_d128_x1024",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x2048",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x2304",
 ];
 
 /// Experiment bit of the entries that compute only the first 8 rows of each
@@ -81,8 +83,9 @@ pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 /// Environment variable that sets the decode timing experiment of every
 /// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default),
 /// `x256` (where `q_len · G ≤ 8`, only the valid half of the rows
-/// computed, in an entry of its own) or `x1024` (e4m3 K/V copied as before
-/// session 42's W), so that a whole replay can run it.
+/// computed, in an entry of its own), `x1024` (e4m3 K/V copied as before
+/// session 42's W), `x2048` (e4m3: each slice's S a step ahead) or `x2304`
+/// (`x2048` on the half-row loop), so that a whole replay can run it.
 /// (`x192`, the same loop beside the full one in the production entry, was
 /// dropped in session 44.)
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
@@ -228,7 +231,13 @@ impl PagedAttentionKernel {
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
-            &[("off", 0), ("x256", 256), ("x1024", 1024)],
+            &[
+                ("off", 0),
+                ("x256", 256),
+                ("x1024", 1024),
+                ("x2048", 2048),
+                ("x2304", 2304),
+            ],
         )?)?;
         Ok(k)
     }
@@ -244,7 +253,11 @@ impl PagedAttentionKernel {
     /// 44: PERF.md sessions 31, 44); `1024` (e4m3 KV) the e4m3 K/V copies
     /// of the D 128 entries before session 42's W (lane quads of 64-byte row
     /// parts with the L2's 128-byte hint, where W copies whole rows without
-    /// it: whether W costs the H200, PERF.md session 44); `16` (bf16 KV) the production
+    /// it: whether W costs the H200, PERF.md session 44); `2048` (e4m3 KV)
+    /// each warp slice's S issued a step ahead, under the previous slice's
+    /// softmax and P·V (bit-identical to the production entry; the loop
+    /// waits one tile less ahead), and `2304` the same on the half-row loop
+    /// (`q_len · G ≤ 8` only, as `256`); `16` (bf16 KV) the production
     /// entry writing a per-CTA trace through `skipped_slices` instead of
     /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
     /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
@@ -628,6 +641,6 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [16, 256, 256, 1024]);
+        assert_eq!(numbers, [16, 256, 256, 1024, 2048, 2304]);
     }
 }
