@@ -85,6 +85,8 @@
 #             rows twice with _x256 and _x1024 (the e4m3 copies before W)
 #             beside production, cuDNN, the decode experiment test (256,
 #             1024), masked keys and memcheck under x1024, stage quick
+#   dcmp      Nsight Compute counters of our bs 64 x 8k decode launch beside
+#             cuDNN SDPA's kernels on the same shape (DCMP_CASE, DCMP_SHAPE)
 #   s45       stage s44 with the decode experiments x2048 / x2304 (S a step
 #             ahead) beside them: bench rows, their test, masked keys, memcheck
 #   lean      the decode experiment x256 (the half-row loop alone; x192, the
@@ -303,6 +305,28 @@ stage_dncu() {
     grep -E "Duration|Throughput|Issue Slots|Eligible|Active Warps|No Eligible|Registers|Occupancy|Hit Rate|L1/TEX|Mem Busy|Max Bandwidth|Stall|warp cycles" \
       "$OUT/dncu-$n-details.txt" | head -50
   done
+}
+stage_dcmp() {
+  # Session 45: the same counters for our bs 64 x 8k bf16 decode launch and
+  # cuDNN SDPA's kernels on dense K/V of that shape (launch shape, DRAM and L2
+  # traffic and throughput, occupancy): what cuDNN's 4.59 TB/s does
+  # differently from our 4.38 (PERF.md session 44).
+  local m="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum"
+  m="$m,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_hit_rate.pct"
+  m="$m,lts__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size"
+  m="$m,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,launch__shared_mem_per_block_static"
+  m="$m,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,sm__warps_active.avg.pct_of_peak_sustained_active"
+  m="$m,sm__inst_executed.sum,smsp__inst_executed.avg.per_cycle_active,lts__t_requests_srcunit_tex_op_read.sum"
+  m="$m,l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts.sum,sm__cycles_active.avg,gpc__cycles_elapsed.max"
+  echo "== ncu: our decode (${DCMP_CASE:-bs 64, L 8192})"
+  MHA_KIT_BENCH_CASES="=${DCMP_CASE:-bs 64, L 8192}" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 timeout 150 \
+    ncu --clock-control none --metrics "$m" -k regex:paged_attention_mma -c 1 \
+    benches/paged-attention-paged_attention --bench > "$OUT/dcmp_ours.log" 2>&1
+  echo "rc=$?"; grep -E "paged_attention_mma|^ +[a-z_]+__" "$OUT/dcmp_ours.log" | head -40
+  echo "== ncu: cuDNN SDPA decode (${DCMP_SHAPE:-64 8192})"
+  timeout 150 ncu --clock-control none --metrics "$m" --profile-from-start off \
+    python3 "$tree_root/scripts/probes/sdpa_decode_once.py" ${DCMP_SHAPE:-64 8192} > "$OUT/dcmp_cudnn.log" 2>&1
+  echo "rc=$?"; grep -vE "^==PROF==|^$" "$OUT/dcmp_cudnn.log" | head -80
 }
 stage_sanitize() {
   echo "== memcheck, racecheck (sm90a, small cases)"
