@@ -1021,6 +1021,6 @@ stage_s45() {
   # slice's S a step ahead, full and half-row loop) beside production,
   # x256 and x1024; their test (bits equal to the loop they pipeline),
   # masked keys under both, memcheck under x2304.
-  S44_EXPS=256,1024,2048,2304 S44_EXP_TIMEOUT=300 S44_MASKED="x2048 x2304" S44_MEMCHECK=x2304 stage_s44
+  S44_EXPS=${S45_EXPS:-256,1024,2048,2304} S44_EXP_TIMEOUT=300 S44_MASKED="x2048 x2304" S44_MEMCHECK=x2304 stage_s44
 }
 for st in $STAGES; do "stage_$st"; done
