@@ -221,6 +221,9 @@ fn cases() -> Vec<Shape> {
         // softmax and P V (session 45): the full and the half-row loop.
         fp8_experiment(2048, "x2048: S a step ahead"),
         fp8_experiment(2304, "x2304: S a step ahead, half rows"),
+        // Two tiles a step, one softmax over their 32 keys (session 45).
+        fp8_experiment(4096, "x4096: two tiles a step"),
+        fp8_experiment(4352, "x4352: two tiles a step, half rows"),
     ];
     if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
         v.extend(split_sweep());

@@ -1539,16 +1539,28 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     float mrow[2] = {NEG_INF, NEG_INF};
     float drow[2] = {0.f, 0.f};
 
+    // P2 (XV & 4096, timing experiment of the e4m3 XA entries): a step
+    // takes two consecutive tiles of the warp (slices of 16 keys, TT keys
+    // apart) with one softmax over their 32 keys: four independent S chains
+    // instead of two, one row-max exchange, rescale and set of votes for 32
+    // keys instead of 16, and P V as two k-steps (session 45; the FP8
+    // decode is latency-bound at two warps a scheduler, PERF.md session
+    // 42). The ring then keeps NST - 2 tiles in flight beyond the pair.
+    constexpr bool P2 = (XV & 4096) != 0;
+    static_assert(!P2 || (KV == 2 && XA && !L::Q8_SMEM && DH == 1 && NST >= 4), "P2: the e4m3 D 128 XA entries");
+
     // ---- pipeline: ids two tiles ahead of their issue, data NST-1 tiles ahead ----
+    // (P2: NST - 2 tiles ahead.)
     // All prologue page ids are requested before the first issue waits on one.
-    Look pro[NST - 1];
+    constexpr int PRO = P2 ? NST - 2 : NST - 1;
+    Look pro[PRO];
     Look la, lb;
 #pragma unroll
-    for (int s = 0; s < NST - 1; ++s) lookup(pro[s], s);
-    lookup(la, NST - 1);
-    lookup(lb, NST);
+    for (int s = 0; s < PRO; ++s) lookup(pro[s], s);
+    lookup(la, PRO);
+    lookup(lb, PRO + 1);
 #pragma unroll
-    for (int s = 0; s < NST - 1; ++s) {
+    for (int s = 0; s < PRO; ++s) {
         issue(pro[s], s, s);
         cp_async_commit();
     }
@@ -1622,6 +1634,60 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         }
     };
 
+    // O += P V of one warp slice (its V rows at vraw / vbase; P in the
+    // m16n8k16 A layout).
+    auto pv_slice = [&](const u8* vraw, u32 vbase, const u32 (&pa)[4]) {
+        if constexpr (KV == 2) {
+            // Thread (gr, qd) reads bytes [gr*D/8, (gr+1)*D/8) of V rows (tokens)
+            // 2qd, 2qd+1 (-> b0) and 2qd+8, 2qd+9 (-> b1); byte jn of them is
+            // n8 tile jn, column gr: O column (jn, n) is physical dim n*D/8 + jn.
+            constexpr int VW = DW / 32;  // words per row (of this warp's dims)
+            u32 va[VW], vb[VW], vc[VW], vd[VW];
+            auto vload = [&](u32* dst, int row) {
+                const int byte = gr * (DW / 8);
+                const u8* src;
+                if constexpr (XA) {
+                    src = vraw + xv_rd + (row - 2 * qd) * RRB;  // row - 2 qd: 0, 1, 8 or 9
+                } else {
+                    src = vraw + row * RRB + (((byte >> 4) ^ v8_swz<CPR>(row)) << 4) + (byte & 15);
+                }
+                if constexpr (VW == 4) {
+                    const uint4 u = *reinterpret_cast<const uint4*>(src);
+                    dst[0] = u.x;
+                    dst[1] = u.y;
+                    dst[2] = u.z;
+                    dst[3] = u.w;
+                } else {
+                    const uint2 u = *reinterpret_cast<const uint2*>(src);
+                    dst[0] = u.x;
+                    dst[1] = u.y;
+                }
+            };
+            vload(va, 2 * qd);
+            vload(vb, 2 * qd + 1);
+            vload(vc, 2 * qd + 8);
+            vload(vd, 2 * qd + 9);
+#pragma unroll
+            for (int wi = 0; wi < VW; ++wi) {
+                const u32 ab01 = __byte_perm(va[wi], vb[wi], 0x5140);  // a0 b0 a1 b1
+                const u32 ab23 = __byte_perm(va[wi], vb[wi], 0x7362);  // a2 b2 a3 b3
+                const u32 cd01 = __byte_perm(vc[wi], vd[wi], 0x5140);
+                const u32 cd23 = __byte_perm(vc[wi], vd[wi], 0x7362);
+                mma16816<MT>(o[4 * wi], pa, e4m3x2_lo(ab01), e4m3x2_lo(cd01));
+                mma16816<MT>(o[4 * wi + 1], pa, e4m3x2_hi(ab01), e4m3x2_hi(cd01));
+                mma16816<MT>(o[4 * wi + 2], pa, e4m3x2_lo(ab23), e4m3x2_lo(cd23));
+                mma16816<MT>(o[4 * wi + 3], pa, e4m3x2_hi(ab23), e4m3x2_hi(cd23));
+            }
+        } else {
+#pragma unroll
+            for (int dn = 0; dn < DW / 16; ++dn) {
+                u32 r[4];
+                ldsm_x4_t(r, vbase + v_row * HRB + (((2 * dn + v_cb) ^ (v_row & 7)) * 16));
+                mma16816<MT>(o[2 * dn], pa, r[0], r[1]);
+                mma16816<MT>(o[2 * dn + 1], pa, r[2], r[3]);
+            }
+        }
+    };
     // S = Q K^T over one warp slice (the ring slot at kraw / kbase): two
     // n8 tiles (tokens 0-7, 8-15).
     auto s_slice = [&](float (&s)[2][4], const u8* kraw, u32 kbase) {
@@ -1881,57 +1947,140 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             pv_scalar_slice(vraw, pa);
             return;
         }
-        // O += P V.
-        if constexpr (KV == 2) {
-            // Thread (gr, qd) reads bytes [gr*D/8, (gr+1)*D/8) of V rows (tokens)
-            // 2qd, 2qd+1 (-> b0) and 2qd+8, 2qd+9 (-> b1); byte jn of them is
-            // n8 tile jn, column gr: O column (jn, n) is physical dim n*D/8 + jn.
-            constexpr int VW = DW / 32;  // words per row (of this warp's dims)
-            u32 va[VW], vb[VW], vc[VW], vd[VW];
-            auto vload = [&](u32* dst, int row) {
-                const int byte = gr * (DW / 8);
-                const u8* src;
-                if constexpr (XA) {
-                    src = vraw + xv_rd + (row - 2 * qd) * RRB;  // row - 2 qd: 0, 1, 8 or 9
-                } else {
-                    src = vraw + row * RRB + (((byte >> 4) ^ v8_swz<CPR>(row)) << 4) + (byte & 15);
-                }
-                if constexpr (VW == 4) {
-                    const uint4 u = *reinterpret_cast<const uint4*>(src);
-                    dst[0] = u.x;
-                    dst[1] = u.y;
-                    dst[2] = u.z;
-                    dst[3] = u.w;
-                } else {
-                    const uint2 u = *reinterpret_cast<const uint2*>(src);
-                    dst[0] = u.x;
-                    dst[1] = u.y;
-                }
-            };
-            vload(va, 2 * qd);
-            vload(vb, 2 * qd + 1);
-            vload(vc, 2 * qd + 8);
-            vload(vd, 2 * qd + 9);
+        pv_slice(vraw, vbase, pa);
+    };
+
+    // P2: tiles i and i + 1 (slots cslot, cslot + 1) in one step; the
+    // tiles NST - 2 and NST - 1 ahead go to the slots tiles i - 2 and i - 1
+    // left. A last odd tile runs alone (u = false: the second slot's S, P V
+    // and masks are not touched; its data may be stale).
+    auto step2 = [&](int i) {
+        const int sa = cslot;
+        const int sb = sa == NST - 1 ? 0 : sa + 1;
+        const int f1 = sa == 0 ? NST - 1 : sa - 1;  // tile i - 1's slot
+        const int f2 = f1 == 0 ? NST - 1 : f1 - 1;  // tile i - 2's slot
+        cslot = sb == NST - 1 ? 0 : sb + 1;
+        cp_async_wait<NST - 4>();  // tiles i and i + 1 landed
+        if (i == 0) stamp(3);
+        __syncwarp();
+        issue(la, i + NST - 2, f2);
+        cp_async_commit();
+        issue(lb, i + NST - 1, f1);
+        cp_async_commit();
+        lookup(la, i + NST);
+        lookup(lb, i + NST + 1);
+        const bool u = i + 1 < ntiles;  // warp-uniform: the second tile exists
+        const u8* kra = ring + sa * L::SLOT;
+        const u8* krb = ring + sb * L::SLOT;
+        const u8* vra = kra + MWT * RRB;
+        const u8* vrb = krb + MWT * RRB;
+        float s[4][4];  // n8 tiles 0, 1: tile i; 2, 3: tile i + 1
+        {
+            float sx[2][4], sy[2][4];
+            s_slice(sx, kra, 0u);
+            if (u) {
+                s_slice(sy, krb, 0u);
+            } else {
 #pragma unroll
-            for (int wi = 0; wi < VW; ++wi) {
-                const u32 ab01 = __byte_perm(va[wi], vb[wi], 0x5140);  // a0 b0 a1 b1
-                const u32 ab23 = __byte_perm(va[wi], vb[wi], 0x7362);  // a2 b2 a3 b3
-                const u32 cd01 = __byte_perm(vc[wi], vd[wi], 0x5140);
-                const u32 cd23 = __byte_perm(vc[wi], vd[wi], 0x7362);
-                mma16816<MT>(o[4 * wi], pa, e4m3x2_lo(ab01), e4m3x2_lo(cd01));
-                mma16816<MT>(o[4 * wi + 1], pa, e4m3x2_hi(ab01), e4m3x2_hi(cd01));
-                mma16816<MT>(o[4 * wi + 2], pa, e4m3x2_lo(ab23), e4m3x2_lo(cd23));
-                mma16816<MT>(o[4 * wi + 3], pa, e4m3x2_hi(ab23), e4m3x2_hi(cd23));
+                for (int t = 0; t < 2; ++t)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) sy[t][e] = 0.f;
             }
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[t][e] = sx[t][e];
+                    s[2 + t][e] = sy[t][e];
+                }
+        }
+        // Valid-key words of the four n8 tiles (none for a missing tile).
+        u32 vm[4];
+        vm[0] = vm_s[(warp * NST + sa) * 2];
+        vm[1] = vm_s[(warp * NST + sa) * 2 + 1];
+        vm[2] = u ? vm_s[(warp * NST + sb) * 2] : 0u;
+        vm[3] = u ? vm_s[(warp * NST + sb) * 2 + 1] : 0u;
+        const i32 kt = slice0 + i * TT;  // key of tile i's slice token 0
+        float mx[2] = {NEG_INF, NEG_INF};
+        bool masked_loaded = false;
+        // Both slices whole (every key loaded and visible to every valid row).
+        auto sees_pair = [&](int hr) {
+            return (xr[hr] < 0) | ((kt + TT + MWT - 1 <= xr[hr]) & (kt >= xlo[hr]));
+        };
+        bool whole = ((vm[0] & vm[1] & vm[2] & vm[3]) == 0xffffffffu) & sees_pair(0);
+        if constexpr (!H) whole = whole & sees_pair(1);
+        if (__all_sync(0xffffffffu, whole)) {
+#pragma unroll
+            for (int t = 0; t < 4; ++t)
+#pragma unroll
+                for (int e = 0; e < 2 * NHR; ++e) {
+                    const int hr = e >> 1;
+                    s[t][e] = xr[hr] >= 0 ? s[t][e] * rs[hr] : NEG_INF;
+                    mx[hr] = fmaxf(mx[hr], s[t][e]);
+                }
         } else {
 #pragma unroll
-            for (int dn = 0; dn < DW / 16; ++dn) {
-                u32 r[4];
-                ldsm_x4_t(r, vbase + v_row * HRB + (((2 * dn + v_cb) ^ (v_row & 7)) * 16));
-                mma16816<MT>(o[2 * dn], pa, r[0], r[1]);
-                mma16816<MT>(o[2 * dn + 1], pa, r[2], r[3]);
+            for (int t = 0; t < 4; ++t) {
+#pragma unroll
+                for (int e = 0; e < 2 * NHR; ++e) {
+                    const int tk = 2 * qd + (e & 1);  // token inside the n8 tile
+                    const i32 k = kt + (t >> 1) * TT + 8 * (t & 1) + tk;
+                    const int hr = e >> 1;
+                    const bool loaded = (vm[t] >> (4 * tk)) & 1u;
+                    const bool vis = loaded && k <= xr[hr] && k >= xlo[hr];
+                    masked_loaded = masked_loaded || (loaded && !vis && xr[hr] >= 0);
+                    s[t][e] = vis ? s[t][e] * rs[hr] : NEG_INF;
+                    mx[hr] = fmaxf(mx[hr], s[t][e]);
+                }
             }
         }
+        float alpha[2];
+        const bool had0 = mrow[0] != NEG_INF, had1 = mrow[1] != NEG_INF;
+        if (skip_on) {
+            // As step's test, over the pair's 32 keys (counted as its slices).
+            const bool low0 = mx[0] == NEG_INF || (had0 && mx[0] - mrow[0] < skip_thr);
+            const bool low1 = mx[1] == NEG_INF || (had1 && mx[1] - mrow[1] < skip_thr);
+            if (__all_sync(0xffffffffu, low0 && low1)) {
+                if (!TR && lane == 0 && p.skip_counter != nullptr) atomicAdd(p.skip_counter, u ? 2u : 1u);
+                return;
+            }
+        }
+        row_max_update<NHR>(mx, mrow, alpha);
+        u32 pa[2][4];  // P of tile i, tile i + 1 (A layout)
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            pa[t >> 1][2 * (t & 1)] = pack2<MT>(ex2(s[t][0] - mx[0]), ex2(s[t][1] - mx[0]));
+            if constexpr (H) {
+                pa[t >> 1][2 * (t & 1) + 1] = 0u;
+            } else {
+                pa[t >> 1][2 * (t & 1) + 1] = pack2<MT>(ex2(s[t][2] - mx[1]), ex2(s[t][3] - mx[1]));
+            }
+        }
+        drow[0] = drow[0] * alpha[0] +
+                  ((sum2<MT>(pa[0][0]) + sum2<MT>(pa[0][2])) + (sum2<MT>(pa[1][0]) + sum2<MT>(pa[1][2])));
+        if constexpr (!H)
+            drow[1] = drow[1] * alpha[1] +
+                      ((sum2<MT>(pa[0][1]) + sum2<MT>(pa[0][3])) + (sum2<MT>(pa[1][1]) + sum2<MT>(pa[1][3])));
+        if (__any_sync(0xffffffffu, (had0 && alpha[0] != 1.f) || (had1 && alpha[1] != 1.f))) {
+#pragma unroll
+            for (int n = 0; n < NT8; ++n) {
+                o[n][0] *= alpha[0];
+                o[n][1] *= alpha[0];
+                if constexpr (!H) {
+                    o[n][2] *= alpha[1];
+                    o[n][3] *= alpha[1];
+                }
+            }
+        }
+        // As step: a masked loaded key with NaN / Inf in V runs P V on CUDA
+        // cores (zero weights skipped), here for both slices.
+        if (__any_sync(0xffffffffu, masked_loaded) && (slice_nonfinite(vra) || (u && slice_nonfinite(vrb)))) {
+            pv_scalar_slice(vra, pa[0]);
+            if (u) pv_scalar_slice(vrb, pa[1]);
+            return;
+        }
+        pv_slice(vra, 0u, pa[0]);
+        if (u) pv_slice(vrb, 0u, pa[1]);
     };
 
     if constexpr (PF) {
@@ -1941,9 +2090,13 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             s_slice(s_pf, ring, ring_u32);
         }
     }
-    for (int i = 0; i < ntiles; i += 2) {
-        step(la, i);
-        if (i + 1 < ntiles) step(lb, i + 1);
+    if constexpr (P2) {
+        for (int i = 0; i < ntiles; i += 2) step2(i);
+    } else {
+        for (int i = 0; i < ntiles; i += 2) {
+            step(la, i);
+            if (i + 1 < ntiles) step(lb, i + 1);
+        }
     }
     cp_async_wait<0>();
     if (ntiles == 0) stamp(3);
@@ -2155,3 +2308,7 @@ PA_MMA_X(bf16, 0, e4m3, 2, 1024, 2)
 // (launched only where q_len · G <= 8).
 PA_MMA_X(bf16, 0, e4m3, 2, 2048, 2)
 PA_MMA_X(bf16, 0, e4m3, 2, 2304, 2)
+// Experiment 4096 (e4m3): two tiles a step, one softmax over their 32 keys
+// (mma_body's P2); 4352 = 4096 | 256, the same on the half-row loop.
+PA_MMA_X(bf16, 0, e4m3, 2, 4096, 2)
+PA_MMA_X(bf16, 0, e4m3, 2, 4352, 2)

@@ -1141,8 +1141,10 @@ fn main() {
             // the e4m3 copies as before W, lane quads with the L2 hint;
             // `_x2048` / `_x2304`: each slice's S a step ahead, the full and
             // the half-row loop, whose outputs must also be the production
-            // entries' bits), on the random cases their entry serves (bf16
-            // Q, D 128) and on some others (which keep the production entry).
+            // entries' bits; `_x4096` / `_x4352`: two tiles a step, one
+            // softmax over their keys, full and half-row loop), on the
+            // random cases their entry serves (bf16 Q, D 128) and on some
+            // others (which keep the production entry).
             // MHA_KIT_GPU_EXPERIMENTS=16,256 runs only those experiments
             // (default: all).
             let only: Option<Vec<u32>> = std::env::var("MHA_KIT_GPU_EXPERIMENTS")
@@ -1157,6 +1159,8 @@ fn main() {
                 (1024, KvDtype::E4m3),
                 (2048, KvDtype::E4m3),
                 (2304, KvDtype::E4m3),
+                (4096, KvDtype::E4m3),
+                (4352, KvDtype::E4m3),
             ]
             .into_iter()
             .filter(|&(xv, _)| wanted(xv))

@@ -28,6 +28,8 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_e4m3_d128_x1024",
     "paged_attention_mma_bf16_kv_e4m3_d128_x2048",
     "paged_attention_mma_bf16_kv_e4m3_d128_x2304",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x4096",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x4352",
 ];
 
 /// Experiment bit of the entries that compute only the first 8 rows of each
@@ -84,8 +86,10 @@ pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 /// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default),
 /// `x256` (where `q_len · G ≤ 8`, only the valid half of the rows
 /// computed, in an entry of its own), `x1024` (e4m3 K/V copied as before
-/// session 42's W), `x2048` (e4m3: each slice's S a step ahead) or `x2304`
-/// (`x2048` on the half-row loop), so that a whole replay can run it.
+/// session 42's W), `x2048` (e4m3: each slice's S a step ahead), `x2304`
+/// (`x2048` on the half-row loop), `x4096` (e4m3: two tiles a step, one
+/// softmax over their keys) or `x4352` (`x4096` on the half-row loop), so
+/// that a whole replay can run it.
 /// (`x192`, the same loop beside the full one in the production entry, was
 /// dropped in session 44.)
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
@@ -237,6 +241,8 @@ impl PagedAttentionKernel {
                 ("x1024", 1024),
                 ("x2048", 2048),
                 ("x2304", 2304),
+                ("x4096", 4096),
+                ("x4352", 4352),
             ],
         )?)?;
         Ok(k)
@@ -257,7 +263,10 @@ impl PagedAttentionKernel {
     /// each warp slice's S issued a step ahead, under the previous slice's
     /// softmax and P·V (bit-identical to the production entry; the loop
     /// waits one tile less ahead), and `2304` the same on the half-row loop
-    /// (`q_len · G ≤ 8` only, as `256`); `16` (bf16 KV) the production
+    /// (`q_len · G ≤ 8` only, as `256`); `4096` (e4m3 KV) two consecutive
+    /// tiles of a warp a step, with one online-softmax update over their 32
+    /// keys (results equal the production entry's within rounding, not bit
+    /// for bit) and `4352` the same on the half-row loop; `16` (bf16 KV) the production
     /// entry writing a per-CTA trace through `skipped_slices` instead of
     /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
     /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
@@ -641,6 +650,6 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [16, 256, 256, 1024, 2048, 2304]);
+        assert_eq!(numbers, [16, 256, 256, 1024, 2048, 2304, 4096, 4352]);
     }
 }
