@@ -1016,7 +1016,7 @@ stage_s44() {
   MHA_KIT_DECODE_EXPERIMENT=$x MHA_KIT_GPU_CASES=24 timeout 150 compute-sanitizer --tool memcheck \
     tests/paged-attention-gpu --include-ignored masked_nonfinite > "$OUT/s44_memcheck.log" 2>&1
   echo "memcheck $x rc=$?"; summary "$OUT/s44_memcheck.log"
-  stage_quick
+  if [ "${S44_QUICK:-1}" = 1 ]; then stage_quick; fi
 }
 stage_s45() {
   # Session 45: stage s44 with the decode experiments x2048 / x2304 (each
