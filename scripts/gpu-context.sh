@@ -1018,6 +1018,16 @@ stage_s44() {
   echo "memcheck $x rc=$?"; summary "$OUT/s44_memcheck.log"
   if [ "${S44_QUICK:-1}" = 1 ]; then stage_quick; fi
 }
+stage_s45mini() {
+  # Stage s45 cut to a short device budget: one turn of the FP8 rows, then
+  # the masked non-finite keys under x4096.
+  MHA_KIT_BENCH_CASES="FP8 KV, bs 64, L 8192" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 timeout 120 \
+    benches/paged-attention-paged_attention --bench > "$OUT/s45mini_dbench.log" 2>&1
+  echo "== decode bench: rc=$?"; grep -E '^\| (FP8|bs)' "$OUT/s45mini_dbench.log" | cut -d'|' -f2-6
+  MHA_KIT_DECODE_EXPERIMENT=x4096 timeout 60 tests/paged-attention-gpu --include-ignored masked_nonfinite \
+    > "$OUT/s45mini_masked.log" 2>&1
+  echo "masked x4096 rc=$?"; summary "$OUT/s45mini_masked.log"
+}
 stage_s45() {
   # Session 45: stage s44 with the decode experiments x2048 / x2304 (each
   # slice's S a step ahead, full and half-row loop) and x4096 / x4352 (two
