@@ -88,9 +88,9 @@
 #   dcmp      Nsight Compute counters of our bs 64 x 8k decode launch beside
 #             cuDNN SDPA's kernels on the same shape (DCMP_CASE, DCMP_SHAPE)
 #   s45       stage s44 with the decode experiments x2048 / x2304 (S a step
-#             ahead) and x4096 / x4352 (two tiles a step) beside them: bench
-#             rows, their test, masked keys, memcheck (S45_EXPS, S45_MASKED,
-#             S45_MEMCHECK)
+#             ahead) beside them and the pair loop (production since session
+#             45): bench rows, their test, masked keys, memcheck (S45_EXPS,
+#             S45_MASKED, S45_MEMCHECK)
 #   lean      the decode experiment x256 (the half-row loop alone; x192, the
 #             two-body entry, dropped in session 44): experiment test, masked keys, memcheck;
 #             memcheck on the f16-Q D 128 entries; the head_dim 512 test and memcheck
@@ -1020,20 +1020,20 @@ stage_s44() {
 }
 stage_s45mini() {
   # Stage s45 cut to a short device budget: one turn of the FP8 rows, then
-  # the masked non-finite keys under x4096.
+  # the masked non-finite keys (the pair loop, the default since session 45).
   MHA_KIT_BENCH_CASES="FP8 KV, bs 64, L 8192" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 timeout 120 \
     benches/paged-attention-paged_attention --bench > "$OUT/s45mini_dbench.log" 2>&1
   echo "== decode bench: rc=$?"; grep -E '^\| (FP8|bs)' "$OUT/s45mini_dbench.log" | cut -d'|' -f2-6
-  MHA_KIT_DECODE_EXPERIMENT=x4096 timeout 60 tests/paged-attention-gpu --include-ignored masked_nonfinite \
-    > "$OUT/s45mini_masked.log" 2>&1
-  echo "masked x4096 rc=$?"; summary "$OUT/s45mini_masked.log"
+  timeout 60 tests/paged-attention-gpu --include-ignored masked_nonfinite > "$OUT/s45mini_masked.log" 2>&1
+  echo "masked rc=$?"; summary "$OUT/s45mini_masked.log"
 }
 stage_s45() {
   # Session 45: stage s44 with the decode experiments x2048 / x2304 (each
-  # slice's S a step ahead, full and half-row loop) and x4096 / x4352 (two
-  # tiles a step) beside production, x256 and x1024; their test (x2048 /
-  # x2304: bits equal to the loop they pipeline), masked keys, memcheck.
-  S44_EXPS=${S45_EXPS:-256,1024,2048,2304,4096,4352} S44_EXP_TIMEOUT=${S45_EXP_TIMEOUT:-300} \
-    S44_MASKED=${S45_MASKED:-"x2304 x4096 x4352"} S44_MEMCHECK=${S45_MEMCHECK:-x4096} stage_s44
+  # slice's S a step ahead, full and half-row loop) beside production (the
+  # pair loop since session 45, whose measured forms were x4096 / x4352),
+  # the one-tile loop, x256 and x1024; their test (x2048 / x2304: bits
+  # equal to the one-tile loop they pipeline), masked keys, memcheck.
+  S44_EXPS=${S45_EXPS:-256,1024,2048,2304} S44_EXP_TIMEOUT=${S45_EXP_TIMEOUT:-300} \
+    S44_MASKED=${S45_MASKED:-"x2048 x2304"} S44_MEMCHECK=${S45_MEMCHECK:-x2304} stage_s44
 }
 for st in $STAGES; do "stage_$st"; done

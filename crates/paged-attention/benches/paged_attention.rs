@@ -61,6 +61,9 @@ struct Shape {
     /// Split launches fold through the workspace even where the launcher
     /// would fold them inside clusters (comparison row).
     workspace_fold: bool,
+    /// The one-tile loop where the launcher would run the pair loop
+    /// ([`PagedAttentionKernel::set_pair_loop`] off; comparison row).
+    one_tile: bool,
 }
 
 fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shape {
@@ -82,6 +85,7 @@ fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shap
         split: SplitMode::Auto,
         ragged_q: false,
         workspace_fold: false,
+        one_tile: false,
     }
 }
 
@@ -221,9 +225,12 @@ fn cases() -> Vec<Shape> {
         // softmax and P V (session 45): the full and the half-row loop.
         fp8_experiment(2048, "x2048: S a step ahead"),
         fp8_experiment(2304, "x2304: S a step ahead, half rows"),
-        // Two tiles a step, one softmax over their 32 keys (session 45).
-        fp8_experiment(4096, "x4096: two tiles a step"),
-        fp8_experiment(4352, "x4352: two tiles a step, half rows"),
+        // The one-tile loop that the pair loop replaced (session 45) for
+        // bf16 Q with e4m3 K/V at D 128.
+        Shape {
+            one_tile: true,
+            ..fp8(s("bs 64, L 8192 (one-tile loop)", 32, 8, 128, 64, 8192))
+        },
     ];
     if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
         v.extend(split_sweep());
@@ -833,6 +840,9 @@ fn main() {
     // The production kernel folding every split launch through the workspace.
     let mut workspace_fold = PagedAttentionKernel::new(&gpu).expect("load");
     workspace_fold.set_cluster_fold(false);
+    // The production kernel with the pair loop off.
+    let mut one_tile = PagedAttentionKernel::new(&gpu).expect("load");
+    one_tile.set_pair_loop(false);
     // The production kernel with programmatic dependent launch (graph
     // column "PDL": consecutive launches of a graph overlap their set-up).
     let mut pdl = PagedAttentionKernel::new(&gpu).expect("load");
@@ -855,6 +865,8 @@ fn main() {
             &simt
         } else if c.workspace_fold {
             &workspace_fold
+        } else if c.one_tile {
+            &one_tile
         } else {
             experiments
                 .iter()

@@ -1539,7 +1539,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     float mrow[2] = {NEG_INF, NEG_INF};
     float drow[2] = {0.f, 0.f};
 
-    // P2 (XV & 4096, timing experiment of the e4m3 XA entries): a step
+    // P2 (XV & 4096, the `_pair` entries of bf16 Q with e4m3 K/V): a step
     // takes two consecutive tiles of the warp (slices of 16 keys, TT keys
     // apart) with one softmax over their 32 keys: four independent S chains
     // instead of two, one row-max exchange, rescale and set of votes for 32
@@ -2308,7 +2308,12 @@ PA_MMA_X(bf16, 0, e4m3, 2, 1024, 2)
 // (launched only where q_len · G <= 8).
 PA_MMA_X(bf16, 0, e4m3, 2, 2048, 2)
 PA_MMA_X(bf16, 0, e4m3, 2, 2304, 2)
-// Experiment 4096 (e4m3): two tiles a step, one softmax over their 32 keys
-// (mma_body's P2); 4352 = 4096 | 256, the same on the half-row loop.
-PA_MMA_X(bf16, 0, e4m3, 2, 4096, 2)
-PA_MMA_X(bf16, 0, e4m3, 2, 4352, 2)
+// The pair loop (mma_body's P2: two tiles a step, one softmax over their 32
+// keys), the default for bf16 Q with e4m3 K/V at D 128 since session 45
+// (H200, FP8 bs 64 x 8k: 303.6 -> 285.2 us, and 272.1 with the half rows;
+// PERF.md session 45): `_pair` for every launch of that entry that does not
+// fold in clusters, `_pair_h` (the half-row loop, XV & 256) where
+// q_len · G <= 8 (src/launch/kernel.rs `pair_loop`). No `_cf` twin: those
+// launches fold through the workspace.
+PA_MMA_ENTRY(bf16, 0, e4m3, 2, 128, _pair, 4096 | 64, 2)
+PA_MMA_ENTRY(bf16, 0, e4m3, 2, 128, _pair_h, 4096 | 256 | 64, 2)

@@ -1134,17 +1134,17 @@ fn main() {
             "masked_nonfinite_keys_never_reach_a_row",
             masked_nonfinite_keys,
         ),
-        named("experiment_entries_with_correct_results", |gpu, prod| {
+        named("experiment_entries_with_correct_results", |gpu, _| {
             // The timing experiments that compute correct results (`_x16`:
             // the production entry traced; `_x256`: the half-row loop alone,
             // launched only where q_len · G <= 8, e4m3 and bf16 KV; `_x1024`:
             // the e4m3 copies as before W, lane quads with the L2 hint;
             // `_x2048` / `_x2304`: each slice's S a step ahead, the full and
-            // the half-row loop, whose outputs must also be the production
-            // entries' bits; `_x4096` / `_x4352`: two tiles a step, one
-            // softmax over their keys, full and half-row loop), on the
-            // random cases their entry serves (bf16 Q, D 128) and on some
-            // others (which keep the production entry).
+            // the half-row loop, whose outputs must also be the bits of the
+            // one-tile loop they pipeline: the launcher with the pair loop
+            // off, and `_x256`), on the random cases their entry serves
+            // (bf16 Q, D 128) and on some others (which keep the production
+            // entry).
             // MHA_KIT_GPU_EXPERIMENTS=16,256 runs only those experiments
             // (default: all).
             let only: Option<Vec<u32>> = std::env::var("MHA_KIT_GPU_EXPERIMENTS")
@@ -1159,20 +1159,21 @@ fn main() {
                 (1024, KvDtype::E4m3),
                 (2048, KvDtype::E4m3),
                 (2304, KvDtype::E4m3),
-                (4096, KvDtype::E4m3),
-                (4352, KvDtype::E4m3),
             ]
             .into_iter()
             .filter(|&(xv, _)| wanted(xv))
             {
                 let mut k = PagedAttentionKernel::new(gpu).or_fail("load")?;
                 k.set_experiment(xv).or_fail("experiment")?;
-                // PF's reference entry: the half-row loop's for 2304 (the
-                // production launcher `prod` for 2048).
+                // PF's reference: the one-tile loop (the pair loop off), on
+                // the half-row loop `_x256` for 2304.
                 let base = match xv {
-                    2304 => {
+                    2048 | 2304 => {
                         let mut b = PagedAttentionKernel::new(gpu).or_fail("load")?;
-                        b.set_experiment(256).or_fail("experiment")?;
+                        b.set_pair_loop(false);
+                        if xv == 2304 {
+                            b.set_experiment(256).or_fail("experiment")?;
+                        }
                         Some(b)
                     }
                     _ => None,
@@ -1188,17 +1189,11 @@ fn main() {
                     check(gpu, &k, &c, split, msl)
                         .map_err(|e| format!("_x{xv}, seed {seed}: {e}"))?;
                     if xv & 2048 != 0 {
-                        // PF runs the production (or half-row) loop's
+                        // PF runs the one-tile (or half-row) loop's
                         // operations in the same order: the same bits.
                         let a = launch_edited(gpu, &k, &c, split, msl, |_| {})?;
-                        let b = launch_edited(
-                            gpu,
-                            base.as_ref().unwrap_or(prod),
-                            &c,
-                            split,
-                            msl,
-                            |_| {},
-                        )?;
+                        let base = base.as_ref().ok_or("PF without its reference launcher")?;
+                        let b = launch_edited(gpu, base, &c, split, msl, |_| {})?;
                         let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                         if a.out != b.out || bits(&a.lse) != bits(&b.lse) {
                             return Err(format!(
@@ -1241,6 +1236,36 @@ fn main() {
                 }
             }
             println!("experiment_entries_with_correct_results: {runs} cases");
+            Ok(())
+        }),
+        named("one_tile_loop_matches_reference", |gpu, k| {
+            // The pair loop (`_pair` / `_pair_h`) is the default for bf16 Q
+            // with e4m3 K/V at D 128 (the random tests run it); the one-tile
+            // loop it replaces (`set_pair_loop(false)`, with its cluster
+            // fold) against the f64 reference on those cases.
+            if !k.pair_loop() {
+                return Err("the pair loop is off by default".into());
+            }
+            let mut off = PagedAttentionKernel::new(gpu).or_fail("load")?;
+            off.set_pair_loop(false);
+            let want = env_cases(500);
+            let mut runs = 0u64;
+            for seed in 0u64..20_000 {
+                if runs == want {
+                    break;
+                }
+                let (c, split, msl) = random_case(seed);
+                if !(c.d == 128 && c.kv_dtype == KvDtype::E4m3 && c.q_dtype == HalfDtype::Bf16) {
+                    continue;
+                }
+                check(gpu, &off, &c, split, msl)
+                    .map_err(|e| format!("one-tile loop, seed {seed}: {e}"))?;
+                runs += 1;
+            }
+            if runs == 0 {
+                return Err("no bf16-Q e4m3 D 128 case".into());
+            }
+            println!("one_tile_loop_matches_reference: {runs} cases");
             Ok(())
         }),
         named("cluster_fold_equals_the_workspace_fold", |gpu, k| {

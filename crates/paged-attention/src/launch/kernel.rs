@@ -28,8 +28,6 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_e4m3_d128_x1024",
     "paged_attention_mma_bf16_kv_e4m3_d128_x2048",
     "paged_attention_mma_bf16_kv_e4m3_d128_x2304",
-    "paged_attention_mma_bf16_kv_e4m3_d128_x4096",
-    "paged_attention_mma_bf16_kv_e4m3_d128_x4352",
 ];
 
 /// Experiment bit of the entries that compute only the first 8 rows of each
@@ -86,10 +84,9 @@ pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 /// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default),
 /// `x256` (where `q_len · G ≤ 8`, only the valid half of the rows
 /// computed, in an entry of its own), `x1024` (e4m3 K/V copied as before
-/// session 42's W), `x2048` (e4m3: each slice's S a step ahead), `x2304`
-/// (`x2048` on the half-row loop), `x4096` (e4m3: two tiles a step, one
-/// softmax over their keys) or `x4352` (`x4096` on the half-row loop), so
-/// that a whole replay can run it.
+/// session 42's W), `x2048` (e4m3: each slice's S a step ahead, on the
+/// one-tile loop) or `x2304` (`x2048` on the half-row loop), so that a
+/// whole replay can run it.
 /// (`x192`, the same loop beside the full one in the production entry, was
 /// dropped in session 44.)
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
@@ -106,6 +103,24 @@ pub fn cluster_fold_variant(q: HalfDtype, kv: KvDtype, d: usize) -> bool {
 /// thread-block clusters ([`PagedAttentionKernel::set_cluster_fold`]):
 /// `on` (default) or `off`.
 pub const DECODE_CLUSTER_FOLD_ENV: &str = "MHA_KIT_DECODE_CLUSTER_FOLD";
+
+/// Environment variable that sets whether bf16-Q launches with e4m3 K/V at
+/// D 128 run the pair loop ([`PagedAttentionKernel::set_pair_loop`]): `on`
+/// (default) or `off` (the one-tile loop and its cluster fold).
+pub const DECODE_PAIR_LOOP_ENV: &str = "MHA_KIT_DECODE_PAIR_LOOP";
+
+/// Suffix of the pair-loop entry ([`pair_loop_variant`]) and of its
+/// half-row form (launches with `q_len · G ≤ 8`).
+const PAIR_SUFFIX: &str = "_pair";
+const PAIR_HALF_SUFFIX: &str = "_pair_h";
+
+/// Whether the tensor-core entry of (`q`, `kv`, `d`) has the pair-loop
+/// twins (`_pair`, `_pair_h`; [`PagedAttentionKernel::set_pair_loop`]):
+/// bf16 Q with e4m3 K/V at D 128, whose loop is latency-bound (PERF.md
+/// sessions 42, 45).
+pub fn pair_loop_variant(q: HalfDtype, kv: KvDtype, d: usize) -> bool {
+    q == HalfDtype::Bf16 && kv == KvDtype::E4m3 && d == 128
+}
 
 /// Environment variable that sets when new launchers start the CTAs of the
 /// longest requests first ([`PagedAttentionKernel::set_length_order`]):
@@ -138,6 +153,11 @@ pub struct PagedAttentionKernel {
     cluster_fit: HashMap<usize, (usize, [usize; CLUSTER_FOLD_MAX - 1])>,
     /// Launches issued as clusters (the cluster fold).
     cluster_launches: AtomicU64,
+    /// Per production tensor-core entry index with pair-loop twins
+    /// ([`pair_loop_variant`]): the `_pair` and `_pair_h` entries.
+    pair_twins: HashMap<usize, (usize, usize)>,
+    /// Run the pair-loop twins where they exist ([`PagedAttentionKernel::set_pair_loop`]).
+    pair_loop: bool,
     /// At most this many row tiles a launch (tests of the multi-launch
     /// path); `None`: as many as the grid holds.
     launch_row_tiles: Option<usize>,
@@ -165,6 +185,7 @@ impl PagedAttentionKernel {
     pub fn with_path(gpu: &Arc<Gpu>, path: KernelPath) -> Result<Self> {
         let mut kernel = Launcher::empty(gpu);
         let mut cluster_fit = HashMap::new();
+        let mut pair_twins = HashMap::new();
         for (q, kv, d) in mma_variants() {
             let name = mma_entry_name(q, kv, d);
             // The entry and its timing experiments (each with its own
@@ -180,11 +201,18 @@ impl PagedAttentionKernel {
                 let smem = mma_smem_bytes_xv(d, kv, entry_experiment(&entry));
                 kernel.load(&PTX, &entry, EntryAttrs::smem_max_carveout(smem))?;
             }
+            let smem = mma_smem_bytes_xv(d, kv, 0);
+            let main = kernel.index(&name).expect("loaded above");
+            if pair_loop_variant(q, kv, d) {
+                // The same shared-memory layout as the entry.
+                let attrs = EntryAttrs::smem_max_carveout(smem);
+                let full = kernel.load(&PTX, &format!("{name}{PAIR_SUFFIX}"), attrs)?;
+                let half = kernel.load(&PTX, &format!("{name}{PAIR_HALF_SUFFIX}"), attrs)?;
+                pair_twins.insert(main, (full, half));
+            }
             if !cluster_fold_variant(q, kv, d) {
                 continue;
             }
-            let smem = mma_smem_bytes_xv(d, kv, 0);
-            let main = kernel.index(&name).expect("loaded above");
             let cf = kernel.load(
                 &PTX,
                 &format!("{name}_cf"),
@@ -222,6 +250,8 @@ impl PagedAttentionKernel {
             cluster_fold: env_choice(DECODE_CLUSTER_FOLD_ENV, &[("on", true), ("off", false)])?,
             cluster_fit,
             cluster_launches: AtomicU64::new(0),
+            pair_twins,
+            pair_loop: env_choice(DECODE_PAIR_LOOP_ENV, &[("on", true), ("off", false)])?,
             launch_row_tiles: None,
             wide_mma: env_choice(DECODE_WIDE_MMA_ENV, &[("on", true), ("off", false)])?,
             length_order: env_choice(
@@ -241,8 +271,6 @@ impl PagedAttentionKernel {
                 ("x1024", 1024),
                 ("x2048", 2048),
                 ("x2304", 2304),
-                ("x4096", 4096),
-                ("x4352", 4352),
             ],
         )?)?;
         Ok(k)
@@ -263,10 +291,9 @@ impl PagedAttentionKernel {
     /// each warp slice's S issued a step ahead, under the previous slice's
     /// softmax and P·V (bit-identical to the production entry; the loop
     /// waits one tile less ahead), and `2304` the same on the half-row loop
-    /// (`q_len · G ≤ 8` only, as `256`); `4096` (e4m3 KV) two consecutive
-    /// tiles of a warp a step, with one online-softmax update over their 32
-    /// keys (results equal the production entry's within rounding, not bit
-    /// for bit) and `4352` the same on the half-row loop; `16` (bf16 KV) the production
+    /// (`q_len · G ≤ 8` only, as `256`); `2048` is bit-identical to the
+    /// one-tile loop ([`PagedAttentionKernel::set_pair_loop`] off), not to
+    /// the pair loop; `16` (bf16 KV) the production
     /// entry writing a per-CTA trace through `skipped_slices` instead of
     /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
     /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
@@ -320,6 +347,32 @@ impl PagedAttentionKernel {
     /// through the workspace as before.
     pub fn set_cluster_fold(&mut self, on: bool) {
         self.cluster_fold = on;
+    }
+
+    /// Sets whether launches of bf16 Q with e4m3 K/V at D 128
+    /// ([`pair_loop_variant`]) run the pair loop (default from
+    /// [`DECODE_PAIR_LOOP_ENV`], unset: on): each warp takes two consecutive
+    /// 16-key slices of its tiles a step, with one online-softmax update
+    /// over their 32 keys, instead of one slice (the one-tile loop). That
+    /// loop is latency-bound at two warps a scheduler; the pair halves the
+    /// softmax's serial part per key and doubles the independent S chains
+    /// (H200, FP8 bs 64 × 8k: 303.6 → 285.2 µs, and 272.1 µs with the
+    /// half-row form that launches with `q_len · G ≤ 8` take; PERF.md
+    /// session 45). Its results equal the one-tile loop's within rounding,
+    /// not bit for bit (the softmax is updated once per 32 keys, not 16).
+    /// The pair entries have no cluster-fold twin: with the pair loop on,
+    /// their split launches fold through the workspace
+    /// ([`PagedAttentionKernel::set_cluster_fold`] does not apply), so one
+    /// launcher's results for a request do not depend on the batch. A
+    /// timing experiment ([`PagedAttentionKernel::set_experiment`]) with an
+    /// entry for the launch takes precedence.
+    pub fn set_pair_loop(&mut self, on: bool) {
+        self.pair_loop = on;
+    }
+
+    /// Whether the pair loop is on ([`PagedAttentionKernel::set_pair_loop`]).
+    pub fn pair_loop(&self) -> bool {
+        self.pair_loop
     }
 
     /// Sets which launches start the CTAs of their longest requests first:
@@ -528,6 +581,19 @@ impl PagedAttentionKernel {
         let entry = experiment
             .or_else(|| self.kernel.index(&plan.entry))
             .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {}", plan.entry)))?;
+        // The pair loop's twin (half rows where every row tile holds at
+        // most 8 rows); it has no cluster-fold twin, so the match below
+        // leaves it unfolded.
+        let entry = match self.pair_twins.get(&entry) {
+            Some(&(full, half)) if self.pair_loop && experiment.is_none() => {
+                if p.q_len * p.group <= 8 {
+                    half
+                } else {
+                    full
+                }
+            }
+            _ => entry,
+        };
         let mut config = plan.config;
         if experiment.is_some() && self.experiment & 16 != 0 {
             // Experiment 16 writes a trace of 16 u32 a CTA through
@@ -650,6 +716,14 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [16, 256, 256, 1024, 2048, 2304, 4096, 4352]);
+        assert_eq!(numbers, [16, 256, 256, 1024, 2048, 2304]);
+        for (q, kv, d) in mma_variants() {
+            if pair_loop_variant(q, kv, d) {
+                let name = mma_entry_name(q, kv, d);
+                for twin in [PAIR_SUFFIX, PAIR_HALF_SUFFIX] {
+                    assert!(PTX.has_entry(&format!("{name}{twin}")), "{name}{twin}");
+                }
+            }
+        }
     }
 }
