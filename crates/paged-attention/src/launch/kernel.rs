@@ -289,11 +289,11 @@ impl PagedAttentionKernel {
     /// parts with the L2's 128-byte hint, where W copies whole rows without
     /// it: whether W costs the H200, PERF.md session 44); `2048` (e4m3 KV)
     /// each warp slice's S issued a step ahead, under the previous slice's
-    /// softmax and P·V (bit-identical to the production entry; the loop
-    /// waits one tile less ahead), and `2304` the same on the half-row loop
-    /// (`q_len · G ≤ 8` only, as `256`); `2048` is bit-identical to the
-    /// one-tile loop ([`PagedAttentionKernel::set_pair_loop`] off), not to
-    /// the pair loop; `16` (bf16 KV) the production
+    /// softmax and P·V (bit-identical to the one-tile loop,
+    /// [`PagedAttentionKernel::set_pair_loop`] off, not to the pair loop; the
+    /// loop waits one tile less ahead: 3% slower on the H200, PERF.md session
+    /// 45), and `2304` the same on the half-row loop (`q_len · G ≤ 8` only,
+    /// as `256`); `16` (bf16 KV) the production
     /// entry writing a per-CTA trace through `skipped_slices` instead of
     /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
     /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
