@@ -225,6 +225,8 @@ fn cases() -> Vec<Shape> {
         // softmax and P V (session 45): the full and the half-row loop.
         fp8_experiment(2048, "x2048: S a step ahead"),
         fp8_experiment(2304, "x2304: S a step ahead, half rows"),
+        // The half-row pair loop with x1024's copies (session 45).
+        fp8_experiment(5376, "x5376: pair loop, half rows, lane-quad copies"),
         // The one-tile loop that the pair loop replaced (session 45) for
         // bf16 Q with e4m3 K/V at D 128.
         Shape {

@@ -2308,6 +2308,10 @@ PA_MMA_X(bf16, 0, e4m3, 2, 1024, 2)
 // (launched only where q_len · G <= 8).
 PA_MMA_X(bf16, 0, e4m3, 2, 2048, 2)
 PA_MMA_X(bf16, 0, e4m3, 2, 2304, 2)
+// Experiment 5376 = 4096 | 1024 | 256 (e4m3): the pair loop on half rows
+// (`_pair_h`) with the K/V copies of 1024 (lane quads with the L2 hint),
+// each 3-10% faster alone on the H200 (PERF.md session 45).
+PA_MMA_X(bf16, 0, e4m3, 2, 5376, 2)
 // The pair loop (mma_body's P2: two tiles a step, one softmax over their 32
 // keys), the default for bf16 Q with e4m3 K/V at D 128 since session 45
 // (H200, FP8 bs 64 x 8k: 303.6 -> 285.2 us, and 272.1 with the half rows;

@@ -1142,7 +1142,8 @@ fn main() {
             // `_x2048` / `_x2304`: each slice's S a step ahead, the full and
             // the half-row loop, whose outputs must also be the bits of the
             // one-tile loop they pipeline: the launcher with the pair loop
-            // off, and `_x256`), on the random cases their entry serves
+            // off, and `_x256`; `_x5376`: the half-row pair loop with
+            // `_x1024`'s copies), on the random cases their entry serves
             // (bf16 Q, D 128) and on some others (which keep the production
             // entry).
             // MHA_KIT_GPU_EXPERIMENTS=16,256 runs only those experiments
@@ -1159,6 +1160,7 @@ fn main() {
                 (1024, KvDtype::E4m3),
                 (2048, KvDtype::E4m3),
                 (2304, KvDtype::E4m3),
+                (5376, KvDtype::E4m3),
             ]
             .into_iter()
             .filter(|&(xv, _)| wanted(xv))

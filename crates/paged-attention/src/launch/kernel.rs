@@ -28,6 +28,7 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_e4m3_d128_x1024",
     "paged_attention_mma_bf16_kv_e4m3_d128_x2048",
     "paged_attention_mma_bf16_kv_e4m3_d128_x2304",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x5376",
 ];
 
 /// Experiment bit of the entries that compute only the first 8 rows of each
@@ -85,8 +86,9 @@ pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 /// `x256` (where `q_len · G ≤ 8`, only the valid half of the rows
 /// computed, in an entry of its own), `x1024` (e4m3 K/V copied as before
 /// session 42's W), `x2048` (e4m3: each slice's S a step ahead, on the
-/// one-tile loop) or `x2304` (`x2048` on the half-row loop), so that a
-/// whole replay can run it.
+/// one-tile loop), `x2304` (`x2048` on the half-row loop) or `x5376` (the
+/// half-row pair loop with `x1024`'s copies), so that a whole replay can
+/// run it.
 /// (`x192`, the same loop beside the full one in the production entry, was
 /// dropped in session 44.)
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
@@ -271,6 +273,7 @@ impl PagedAttentionKernel {
                 ("x1024", 1024),
                 ("x2048", 2048),
                 ("x2304", 2304),
+                ("x5376", 5376),
             ],
         )?)?;
         Ok(k)
@@ -293,7 +296,8 @@ impl PagedAttentionKernel {
     /// [`PagedAttentionKernel::set_pair_loop`] off, not to the pair loop; the
     /// loop waits one tile less ahead: 3% slower on the H200, PERF.md session
     /// 45), and `2304` the same on the half-row loop (`q_len · G ≤ 8` only,
-    /// as `256`); `16` (bf16 KV) the production
+    /// as `256`); `5376` (e4m3 KV, `q_len · G ≤ 8` only) the half-row pair
+    /// loop (`_pair_h`) with `1024`'s copies; `16` (bf16 KV) the production
     /// entry writing a per-CTA trace through `skipped_slices` instead of
     /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
     /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
@@ -716,7 +720,7 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [16, 256, 256, 1024, 2048, 2304]);
+        assert_eq!(numbers, [16, 256, 256, 1024, 2048, 2304, 5376]);
         for (q, kv, d) in mma_variants() {
             if pair_loop_variant(q, kv, d) {
                 let name = mma_entry_name(q, kv, d);
