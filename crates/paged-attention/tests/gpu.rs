@@ -15,8 +15,8 @@ use kernel_rt::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use kernel_rt::testing::{gpu_trial, run_trials, upload, OrFail};
 use kernel_rt::{DeviceErrors, ErrorReport, Gpu, KernelError, Strided, StridedMut};
 use paged_attention::{
-    workspace_for, DecodeArgs, HalfDtype, KernelPath, KvCache, KvDtype, PagedAttentionKernel,
-    QueryLayout, SplitMode,
+    pair_loop_variant, workspace_for, DecodeArgs, HalfDtype, KernelPath, KvCache, KvDtype,
+    PagedAttentionKernel, QueryLayout, SplitMode,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -1257,7 +1257,7 @@ fn main() {
                     break;
                 }
                 let (c, split, msl) = random_case(seed);
-                if !(c.d == 128 && c.kv_dtype == KvDtype::E4m3 && c.q_dtype == HalfDtype::Bf16) {
+                if !pair_loop_variant(c.q_dtype, c.kv_dtype, c.d) {
                     continue;
                 }
                 check(gpu, &off, &c, split, msl)
