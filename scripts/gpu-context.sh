@@ -87,10 +87,10 @@
 #             1024), masked keys and memcheck under x1024, stage quick
 #   dcmp      Nsight Compute counters of our bs 64 x 8k decode launch beside
 #             cuDNN SDPA's kernels on the same shape (DCMP_CASE, DCMP_SHAPE)
-#   s45       stage s44 with the decode experiments x2048 / x2304 (S a step
-#             ahead) beside them and the pair loop (production since session
-#             45): bench rows, their test, masked keys, memcheck (S45_EXPS,
-#             S45_MASKED, S45_MEMCHECK)
+#   s45       stage s44 with the decode experiment x5376 (the half-row pair
+#             loop with x1024's copies) beside the pair loop (production since
+#             session 45): bench rows, their test, masked keys, memcheck
+#             (S45_EXPS, S45_MASKED, S45_MEMCHECK)
 #   lean      the decode experiment x256 (the half-row loop alone; x192, the
 #             two-body entry, dropped in session 44): experiment test, masked keys, memcheck;
 #             memcheck on the f16-Q D 128 entries; the head_dim 512 test and memcheck
@@ -1028,12 +1028,12 @@ stage_s45mini() {
   echo "masked rc=$?"; summary "$OUT/s45mini_masked.log"
 }
 stage_s45() {
-  # Session 45: stage s44 with the decode experiments x2048 / x2304 (each
-  # slice's S a step ahead, full and half-row loop) beside production (the
-  # pair loop since session 45, whose measured forms were x4096 / x4352),
-  # the one-tile loop, x256 and x1024; their test (x2048 / x2304: bits
-  # equal to the one-tile loop they pipeline), masked keys, memcheck.
-  S44_EXPS=${S45_EXPS:-256,1024,2048,2304} S44_EXP_TIMEOUT=${S45_EXP_TIMEOUT:-300} \
-    S44_MASKED=${S45_MASKED:-"x2048 x2304"} S44_MEMCHECK=${S45_MEMCHECK:-x2304} stage_s44
+  # Session 45: stage s44 with the decode experiment x5376 (the half-row
+  # pair loop with x1024's lane-quad copies) beside production (the pair
+  # loop since session 45), the one-tile loop, x256 and x1024; its test,
+  # masked keys, memcheck. (x2048 / x2304, S a step ahead, were measured in
+  # session 45 and dropped in session 46.)
+  S44_EXPS=${S45_EXPS:-256,1024,5376} S44_EXP_TIMEOUT=${S45_EXP_TIMEOUT:-300} \
+    S44_MASKED=${S45_MASKED:-x5376} S44_MEMCHECK=${S45_MEMCHECK:-x5376} stage_s44
 }
 for st in $STAGES; do "stage_$st"; done

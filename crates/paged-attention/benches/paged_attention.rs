@@ -221,10 +221,6 @@ fn cases() -> Vec<Shape> {
             hnd: true,
             ..fp8_experiment(1024, "x1024, HND pages")
         },
-        // Each slice's S issued a step ahead, under the previous slice's
-        // softmax and P V (session 45): the full and the half-row loop.
-        fp8_experiment(2048, "x2048: S a step ahead"),
-        fp8_experiment(2304, "x2304: S a step ahead, half rows"),
         // The half-row pair loop with x1024's copies (session 45).
         fp8_experiment(5376, "x5376: pair loop, half rows, lane-quad copies"),
         // The one-tile loop that the pair loop replaced (session 45) for
@@ -233,6 +229,11 @@ fn cases() -> Vec<Shape> {
             one_tile: true,
             ..fp8(s("bs 64, L 8192 (one-tile loop)", 32, 8, 128, 64, 8192))
         },
+        // A conv-trace-like ragged batch (Azure conv 2023 decode lengths,
+        // mean ~1.2k keys) in bf16 and e4m3 K/V: the FP8 / bf16 time ratio
+        // of issue 14's conv bar (<= 0.6) at the bench's method.
+        ragged(224, 1),
+        fp8(ragged(224, 1)),
     ];
     if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
         v.extend(split_sweep());

@@ -1765,21 +1765,6 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             }
         }
     };
-    // PF (XV & 2048, timing experiment of the e4m3 XA entry): S of tile
-    // i + 1 issued in step i, before tile i's softmax and P V, so that the
-    // MMA chain of one slice runs under the other's CUDA-core work (the
-    // FP8 decode at bs 64 x 8k is latency-bound at two warps a scheduler,
-    // PERF.md session 42). The step then waits for tile i + 1, one tile
-    // less ahead (NST - 2 tiles in flight behind it), so only the 6-slot
-    // e4m3 ring takes it. The same operations per slice in the same order:
-    // bit-identical to the production entry.
-    constexpr bool PF = (XV & 2048) != 0;
-    static_assert(!PF || (KV == 2 && XA && !L::Q8_SMEM && DH == 1 && NST >= 4), "PF: the e4m3 D 128 XA entries");
-    float s_pf[2][4];
-#pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s_pf[t][e] = 0.f;
     // XA: the ring slot of tile i, counted (i % NST otherwise).
     int cslot = 0;
     // H (XV & 256): rows gr + 8 are all padding (the entry takes this
@@ -1793,7 +1778,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             xslot = cslot;
             cslot = cslot == NST - 1 ? 0 : cslot + 1;
         }
-        cp_async_wait<PF ? NST - 3 : NST - 2>();  // PF: tile i + 1 landed too
+        cp_async_wait<NST - 2>();
         if (i == 0) stamp(3);
         __syncwarp();
         // Tile i + NST - 1 goes to the slot tile i - 1 left.
@@ -1808,20 +1793,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         const u8* vraw = kraw + MWT * RRB;
 
         float s[2][4];
-        if constexpr (PF) {
-            // S of this tile was computed a step ahead; the next tile's S
-            // goes in flight now, under this tile's softmax and P V.
-#pragma unroll
-            for (int t = 0; t < 2; ++t)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[t][e] = s_pf[t][e];
-            if (i + 1 < ntiles) {  // warp-uniform
-                const int ns = cslot;  // XA: already advanced to tile i + 1's slot
-                s_slice(s_pf, ring + ns * L::SLOT, ring_u32 + ns * L::SLOT);
-            }
-        } else {
-            s_slice(s, kraw, kbase);
-        }
+        s_slice(s, kraw, kbase);
         if constexpr (DH > 1) {
             // Dim groups: the slice's S over all dims = the sum of the
             // group's partials (each warp's over its DW dims). Each stores
@@ -2083,13 +2055,6 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         if (u) pv_slice(vrb, 0u, pa[1]);
     };
 
-    if constexpr (PF) {
-        if (ntiles > 0) {  // tile 0's S (slot 0) ahead of the loop
-            cp_async_wait<NST - 2>();
-            __syncwarp();
-            s_slice(s_pf, ring, ring_u32);
-        }
-    }
     if constexpr (P2) {
         for (int i = 0; i < ntiles; i += 2) step2(i);
     } else {
@@ -2302,12 +2267,6 @@ PA_MMA_X(bf16, 0, bf16, 0, 256, 2)
 // Experiment 1024 (e4m3): the K/V copies of the XA entries before W (lane
 // quads, the L2 hint; mma_body's LQ), the production entry otherwise.
 PA_MMA_X(bf16, 0, e4m3, 2, 1024, 2)
-// Experiment 2048 (e4m3): each tile's S issued a step ahead, under the
-// previous tile's softmax and P V (mma_body's PF), bit-identical to the
-// production entry; 2304 = 2048 | 256, the same on the half-row loop
-// (launched only where q_len · G <= 8).
-PA_MMA_X(bf16, 0, e4m3, 2, 2048, 2)
-PA_MMA_X(bf16, 0, e4m3, 2, 2304, 2)
 // Experiment 5376 = 4096 | 1024 | 256 (e4m3): the pair loop on half rows
 // (`_pair_h`) with the K/V copies of 1024 (lane quads with the L2 hint),
 // each 3-10% faster alone on the H200 (PERF.md session 45).

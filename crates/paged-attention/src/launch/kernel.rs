@@ -26,8 +26,6 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_e4m3_d128_x256",
     "paged_attention_mma_bf16_kv_bf16_d128_x256",
     "paged_attention_mma_bf16_kv_e4m3_d128_x1024",
-    "paged_attention_mma_bf16_kv_e4m3_d128_x2048",
-    "paged_attention_mma_bf16_kv_e4m3_d128_x2304",
     "paged_attention_mma_bf16_kv_e4m3_d128_x5376",
 ];
 
@@ -85,12 +83,11 @@ pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 /// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default),
 /// `x256` (where `q_len · G ≤ 8`, only the valid half of the rows
 /// computed, in an entry of its own), `x1024` (e4m3 K/V copied as before
-/// session 42's W), `x2048` (e4m3: each slice's S a step ahead, on the
-/// one-tile loop), `x2304` (`x2048` on the half-row loop) or `x5376` (the
-/// half-row pair loop with `x1024`'s copies), so that a whole replay can
-/// run it.
+/// session 42's W) or `x5376` (the half-row pair loop with `x1024`'s
+/// copies), so that a whole replay can run it.
 /// (`x192`, the same loop beside the full one in the production entry, was
-/// dropped in session 44.)
+/// dropped in session 44; `x2048` / `x2304`, each slice's S a step ahead,
+/// in session 46.)
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
 
 /// Whether the tensor-core entry of (`q`, `kv`, `d`) has a `_cf` twin (the
@@ -267,14 +264,7 @@ impl PagedAttentionKernel {
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
-            &[
-                ("off", 0),
-                ("x256", 256),
-                ("x1024", 1024),
-                ("x2048", 2048),
-                ("x2304", 2304),
-                ("x5376", 5376),
-            ],
+            &[("off", 0), ("x256", 256), ("x1024", 1024), ("x5376", 5376)],
         )?)?;
         Ok(k)
     }
@@ -290,13 +280,8 @@ impl PagedAttentionKernel {
     /// 44: PERF.md sessions 31, 44); `1024` (e4m3 KV) the e4m3 K/V copies
     /// of the D 128 entries before session 42's W (lane quads of 64-byte row
     /// parts with the L2's 128-byte hint, where W copies whole rows without
-    /// it: whether W costs the H200, PERF.md session 44); `2048` (e4m3 KV)
-    /// each warp slice's S issued a step ahead, under the previous slice's
-    /// softmax and P·V (bit-identical to the one-tile loop,
-    /// [`PagedAttentionKernel::set_pair_loop`] off, not to the pair loop; the
-    /// loop waits one tile less ahead: 3% slower on the H200, PERF.md session
-    /// 45), and `2304` the same on the half-row loop (`q_len · G ≤ 8` only,
-    /// as `256`); `5376` (e4m3 KV, `q_len · G ≤ 8` only) the half-row pair
+    /// it: whether W costs the H200, PERF.md session 44); `5376` (e4m3 KV,
+    /// `q_len · G ≤ 8` only) the half-row pair
     /// loop (`_pair_h`) with `1024`'s copies; `16` (bf16 KV) the production
     /// entry writing a per-CTA trace through `skipped_slices` instead of
     /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
@@ -720,7 +705,7 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [16, 256, 256, 1024, 2048, 2304, 5376]);
+        assert_eq!(numbers, [16, 256, 256, 1024, 5376]);
         for (q, kv, d) in mma_variants() {
             if pair_loop_variant(q, kv, d) {
                 let name = mma_entry_name(q, kv, d);
