@@ -170,6 +170,12 @@
 #             the 6-slot ring; the conv-like ragged batch, bf16 and e4m3;
 #             S46_CASES), cuDNN, the experiment test (S46_EXPS, default
 #             8192,8448,5376), masked keys under x8448, then stage dcmp
+#   fp8trace  why the FP8 decode reads ~61% of copy in the conv trace but 85% on
+#             the bench's conv-like ragged batch (session 46, H100): Nsight
+#             Compute on FP8TRACE_N decode-kernel launches (default 24, after
+#             FP8TRACE_SKIP = 3000) of a conv slice (FP8TRACE_ARGS, default
+#             --requests 1500), bf16 then e4m3 K/V: each launch's entry
+#             name, grid, duration and DRAM bytes ($OUT/fp8trace_*.log)
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries.
 #   usage: OUT=logs STAGES="smoke tests bench peers" bash scripts/gpu-context.sh [bundle.tar.xz]
@@ -1056,5 +1062,19 @@ stage_s46() {
     > "$OUT/s46_masked.log" 2>&1
   echo "masked x8448 rc=$?"; summary "$OUT/s46_masked.log"
   stage_dcmp
+}
+stage_fp8trace() {
+  local m="gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size"
+  m="$m,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,dram__throughput.avg.pct_of_peak_sustained_elapsed"
+  local kv
+  for kv in bf16 fp8; do
+    echo "== ncu: decode-kernel launches of a conv slice, --kv-dtype $kv"
+    MHA_KIT_MIXED_OVERLAP=off timeout ${FP8TRACE_TIMEOUT:-200} ncu --clock-control none --metrics "$m" \
+      -k regex:'paged_attention_(mma|decode)' --launch-skip ${FP8TRACE_SKIP:-3000} -c ${FP8TRACE_N:-24} \
+      bin/mha-replay --trace conv ${FP8TRACE_ARGS:---requests 1500} --kv-dtype $kv > "$OUT/fp8trace_$kv.log" 2>&1
+    echo "rc=$?"
+    grep -E "paged_attention_(mma|decode)|gpu__time_duration|dram__bytes_read|launch__grid_size|dram__throughput" \
+      "$OUT/fp8trace_$kv.log" | head -60
+  done
 }
 for st in $STAGES; do "stage_$st"; done
