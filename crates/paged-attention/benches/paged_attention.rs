@@ -223,15 +223,6 @@ fn cases() -> Vec<Shape> {
         },
         // The half-row pair loop with x1024's copies (session 45).
         fp8_experiment(5376, "x5376: pair loop, half rows, lane-quad copies"),
-        // A 6-slot ring, one CTA an SM (session 46), on the one-wave
-        // latency rows, and on bs 64 x 8k (two waves at one CTA an SM).
-        experiment_row(8192, 1, 1024, "x8192: 6-slot ring"),
-        experiment_row(8192, 16, 1024, "x8192: 6-slot ring"),
-        experiment_row(8192, 1, 32768, "x8192: 6-slot ring"),
-        experiment_row(8192, 64, 8192, "x8192: 6-slot ring"),
-        experiment_row(8448, 1, 1024, "x8448: 6-slot ring, half rows"),
-        experiment_row(8448, 16, 1024, "x8448: 6-slot ring, half rows"),
-        experiment_row(8448, 1, 32768, "x8448: 6-slot ring, half rows"),
         // The one-tile loop that the pair loop replaced (session 45) for
         // bf16 Q with e4m3 K/V at D 128.
         Shape {

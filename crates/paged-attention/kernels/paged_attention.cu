@@ -995,14 +995,7 @@ struct MmaSmem {
     // SM (registers <= 168, shared memory <= 76 KB a CTA).
     static constexpr bool X8 = (XV & 8) != 0;
     static constexpr bool Q8_SMEM = KV == 2 && X8;
-    // Experiment XV & 8192 (16-bit KV at D 128): a ring of 6 slots a warp
-    // (5 tiles in flight behind the one computed instead of 2; 192 KB a
-    // CTA, so one CTA an SM), for launches whose grid is one wave at one
-    // CTA an SM (the latency rows: 4 warps an SM, each holding 16 KB of
-    // K/V in flight with 3 slots).
-    static constexpr bool DEEP = (XV & 8192) != 0;
-    static_assert(!DEEP || (KV != 2 && !X8 && D == 128), "DEEP: 16-bit K/V at D 128");
-    static constexpr int NST = KV == 2 ? (X8 ? 4 : 6) : (X8 ? 2 : (DEEP ? 6 : 3));  // ring slots per warp
+    static constexpr int NST = KV == 2 ? (X8 ? 4 : 6) : (X8 ? 2 : 3);  // ring slots per warp
     // D 512 (16-bit KV) and e4m3 KV at D 256 / 512: the warps work in
     // groups of DH, warp w on slice w / DH of the tile and dims
     // [DW (w % DH), DW (w % DH) + DW) of every K / V row it loads (DW = 256
@@ -2278,11 +2271,6 @@ PA_MMA_X(bf16, 0, e4m3, 2, 1024, 2)
 // (`_pair_h`) with the K/V copies of 1024 (lane quads with the L2 hint),
 // each 3-10% faster alone on the H200 (PERF.md session 45).
 PA_MMA_X(bf16, 0, e4m3, 2, 5376, 2)
-// Experiment 8192 (bf16 K/V): the 6-slot ring (MmaSmem::DEEP), one CTA an
-// SM; 8448 = 8192 | 256, the same on the half-row loop (launched only where
-// q_len · G <= 8). For the one-wave latency rows (session 46).
-PA_MMA_X(bf16, 0, bf16, 0, 8192, 1)
-PA_MMA_X(bf16, 0, bf16, 0, 8448, 1)
 // The pair loop (mma_body's P2: two tiles a step, one softmax over their 32
 // keys), the default for bf16 Q with e4m3 K/V at D 128 since session 45
 // (H200, FP8 bs 64 x 8k: 303.6 -> 285.2 us, and 272.1 with the half rows;

@@ -490,9 +490,8 @@ pub fn mma_smem_bytes(head_dim: usize, kv: KvDtype) -> usize {
 /// ([`PagedAttentionKernel::set_experiment`](crate::PagedAttentionKernel::set_experiment)):
 /// with `xv & 8`, a 4-slot (e4m3) / 2-slot (16-bit) ring, then the Q
 /// A-fragments (e4m3: `D/16 · 32 · 16` bytes) or the tile's Q rows (16-bit:
-/// `16 · D` values, as at D 256) after the valid masks; with `xv & 8192`
-/// (16-bit K/V) a 6-slot ring; other experiments share the production
-/// layout.
+/// `16 · D` values, as at D 256) after the valid masks; other experiments
+/// share the production layout.
 pub fn mma_smem_bytes_xv(head_dim: usize, kv: KvDtype, xv: u32) -> usize {
     let x8 = xv & 8 != 0;
     let q8 = kv == KvDtype::E4m3 && x8;
@@ -500,7 +499,6 @@ pub fn mma_smem_bytes_xv(head_dim: usize, kv: KvDtype, xv: u32) -> usize {
         KvDtype::E4m3 if x8 => 4,
         KvDtype::E4m3 => 6,
         _ if x8 => 2,
-        _ if xv & 8192 != 0 => 6,
         _ => 3,
     };
     let groups = mma_dim_groups(head_dim, kv);

@@ -1139,7 +1139,6 @@ fn main() {
             // the production entry traced; `_x256`: the half-row loop alone,
             // launched only where q_len · G <= 8, e4m3 and bf16 KV; `_x1024`:
             // the e4m3 copies as before W, lane quads with the L2 hint;
-            // `_x8192` / `_x8448`: a 6-slot ring, full and half rows;
             // `_x5376`: the half-row pair loop with
             // `_x1024`'s copies), on the random cases their entry serves
             // (bf16 Q, D 128) and on some others (which keep the production
@@ -1157,8 +1156,6 @@ fn main() {
                 (256, KvDtype::Bf16),
                 (1024, KvDtype::E4m3),
                 (5376, KvDtype::E4m3),
-                (8192, KvDtype::Bf16),
-                (8448, KvDtype::Bf16),
             ]
             .into_iter()
             .filter(|&(xv, _)| wanted(xv))

@@ -27,8 +27,6 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_bf16_d128_x256",
     "paged_attention_mma_bf16_kv_e4m3_d128_x1024",
     "paged_attention_mma_bf16_kv_e4m3_d128_x5376",
-    "paged_attention_mma_bf16_kv_bf16_d128_x8192",
-    "paged_attention_mma_bf16_kv_bf16_d128_x8448",
 ];
 
 /// Experiment bit of the entries that compute only the first 8 rows of each
@@ -85,9 +83,8 @@ pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 /// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default),
 /// `x256` (where `q_len · G ≤ 8`, only the valid half of the rows
 /// computed, in an entry of its own), `x1024` (e4m3 K/V copied as before
-/// session 42's W), `x5376` (the half-row pair loop with `x1024`'s
-/// copies), `x8192` (bf16 K/V: a 6-slot ring, one CTA an SM) or `x8448`
-/// (`x8192` on the half-row loop), so that a whole replay can run it.
+/// session 42's W) or `x5376` (the half-row pair loop with `x1024`'s
+/// copies), so that a whole replay can run it.
 /// (`x192`, the same loop beside the full one in the production entry, was
 /// dropped in session 44; `x2048` / `x2304`, each slice's S a step ahead,
 /// in session 46.)
@@ -267,14 +264,7 @@ impl PagedAttentionKernel {
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
-            &[
-                ("off", 0),
-                ("x256", 256),
-                ("x1024", 1024),
-                ("x5376", 5376),
-                ("x8192", 8192),
-                ("x8448", 8448),
-            ],
+            &[("off", 0), ("x256", 256), ("x1024", 1024), ("x5376", 5376)],
         )?)?;
         Ok(k)
     }
@@ -292,11 +282,7 @@ impl PagedAttentionKernel {
     /// parts with the L2's 128-byte hint, where W copies whole rows without
     /// it: whether W costs the H200, PERF.md session 44); `5376` (e4m3 KV,
     /// `q_len · G ≤ 8` only) the half-row pair
-    /// loop (`_pair_h`) with `1024`'s copies; `8192` (bf16 KV) a ring of 6
-    /// slots a warp instead of 3 (5 K/V tiles in flight behind the one
-    /// computed; 192 KB of shared memory a CTA, one CTA an SM: for launches
-    /// whose grid is one wave at one CTA an SM) and `8448` the same on the
-    /// half-row loop (`q_len · G ≤ 8` only); `16` (bf16 KV) the production
+    /// loop (`_pair_h`) with `1024`'s copies; `16` (bf16 KV) the production
     /// entry writing a per-CTA trace through `skipped_slices` instead of
     /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
     /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
@@ -719,7 +705,7 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [16, 256, 256, 1024, 5376, 8192, 8448]);
+        assert_eq!(numbers, [16, 256, 256, 1024, 5376]);
         for (q, kv, d) in mma_variants() {
             if pair_loop_variant(q, kv, d) {
                 let name = mma_entry_name(q, kv, d);
