@@ -15,6 +15,12 @@
 //! (`PagedAttentionKernel::set_pdl`) on sm_90. The ragged and
 //! grid tables keep the older method: one page set (pool ≥ 2× L2), isolated
 //! median and back-to-back µs per launch.
+//!
+//! Data (since session 46): Q and the uploaded K/V pools hold random values,
+//! uniform in (−1, 1) (e4m3: the codes of magnitude ≤ 1), as
+//! `decode_peers.py` gives cuDNN; `MHA_KIT_BENCH_KV_DATA=const` restores the
+//! earlier sessions' one constant (K/V 0.125, Q 2^-7) to compare with their
+//! numbers. The grid table's pools stay zero-filled on the device.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -510,8 +516,9 @@ fn ragged(bs: usize, seed: u64) -> Shape {
 }
 
 /// Device buffers of one case. `zero_kv`: K/V pools zero-filled on the
-/// device (the grid's largest pools are 69 GB; speed does not depend on
-/// the values) instead of uploaded. The workspace fits the largest of
+/// device (the grid's largest pools are 69 GB) instead of uploaded;
+/// uploaded pools and Q hold random values, uniform in (−1, 1) as the cuDNN
+/// peers' (one constant with `MHA_KIT_BENCH_KV_DATA=const`). The workspace fits the largest of
 /// `splits` (zeroed once; the kernel leaves its counters zero, so every
 /// launch of a graph shares it). `cold`: [`rotations`] page sets (else one),
 /// each spanning its own range of one K/V pool of ≥ 2× L2 in all.
@@ -594,7 +601,7 @@ fn prepare(
             st.alloc_zeros::<u16>(n16)?,
             st.alloc_zeros::<u16>(n16)?,
         )
-    } else {
+    } else if kv_data_constant() {
         let (h8, h16) = (vec![0x30u8; n8], vec![0x3E00u16; n16]);
         (
             st.clone_htod(&h8)?,
@@ -602,8 +609,21 @@ fn prepare(
             st.clone_htod(&h16)?,
             st.clone_htod(&h16)?,
         )
+    } else {
+        let (h8, h16) = (random_e4m3(n8, 1), random_bf16(n16, 2));
+        let (g8, g16) = (random_e4m3(n8, 3), random_bf16(n16, 4));
+        (
+            st.clone_htod(&h8)?,
+            st.clone_htod(&g8)?,
+            st.clone_htod(&h16)?,
+            st.clone_htod(&g16)?,
+        )
     };
-    let q = st.clone_htod(&vec![0x3C00u16; rows * c.hq * c.d])?;
+    let q = if kv_data_constant() {
+        st.clone_htod(&vec![0x3C00u16; rows * c.hq * c.d])?
+    } else {
+        st.clone_htod(&random_bf16(rows * c.hq * c.d, 5))?
+    };
     let out = st.alloc_zeros::<u16>(rows * c.hq * c.d)?;
     let lens = st.clone_htod(&lens)?;
     let cu = st.clone_htod(&cu)?;
@@ -639,6 +659,48 @@ fn prepare(
         m,
         bytes,
         trace: None,
+    })
+}
+
+/// Whether the K/V pools hold one constant (`MHA_KIT_BENCH_KV_DATA=const`:
+/// 0.125 in bf16 / e4m3, the bench's data before session 46) instead of the
+/// default random values (uniform in (−1, 1), as `decode_peers.py` gives
+/// cuDNN).
+fn kv_data_constant() -> bool {
+    std::env::var("MHA_KIT_BENCH_KV_DATA").as_deref() == Ok("const")
+}
+
+/// Elements of a random block, repeated to fill a pool (the values need not
+/// differ across the pool; generating gigabytes one by one would not pay).
+const RANDOM_BLOCK: usize = 1 << 22;
+
+/// `n` values from `gen` over a [`RANDOM_BLOCK`] block, repeated.
+fn repeated<T: Copy>(n: usize, seed: u64, gen: impl Fn(u64) -> T) -> Vec<T> {
+    let mut state = seed;
+    let block: Vec<T> = (0..RANDOM_BLOCK.min(n))
+        .map(|_| gen(splitmix64(&mut state)))
+        .collect();
+    let mut v = Vec::with_capacity(n);
+    while v.len() < n {
+        let take = (n - v.len()).min(block.len());
+        v.extend_from_slice(&block[..take]);
+    }
+    v
+}
+
+/// `n` bf16 values uniform in (−1, 1) (truncated f32 bits).
+fn random_bf16(n: usize, seed: u64) -> Vec<u16> {
+    repeated(n, seed, |r| {
+        let x = (r >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+        (x.to_bits() >> 16) as u16
+    })
+}
+
+/// `n` e4m3 bytes of magnitude at most 1.0 (0x00..=0x38), either sign: the
+/// uniform (−1, 1) values quantized to e4m3 cover the same codes.
+fn random_e4m3(n: usize, seed: u64) -> Vec<u8> {
+    repeated(n, seed, |r| {
+        ((r % 0x39) as u8) | (((r >> 32) & 1) as u8) << 7
     })
 }
 
@@ -936,9 +998,15 @@ fn main() {
     println!(
         "\n## paged-attention decode/verify on {} (copy ceiling {:.2} TB/s; graph: n launches \
          per CUDA graph over R page sets ≥ 192 MiB apart (cold L2), replay / n, median of \
-         ≥ {MIN_REPLAYS} replays; isolated: an event pair per launch, same page sets)\n",
+         ≥ {MIN_REPLAYS} replays; isolated: an event pair per launch, same page sets; \
+         K/V {})\n",
         gpu.describe(),
-        ceiling / 1e3
+        ceiling / 1e3,
+        if kv_data_constant() {
+            "one constant (MHA_KIT_BENCH_KV_DATA=const)"
+        } else {
+            "random, uniform in (-1, 1) as the cuDNN peers"
+        }
     );
     println!(
         "| case | µs (graph, cold L2) | µs (isolated) | TB/s | % of copy ceiling \
