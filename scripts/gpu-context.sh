@@ -176,7 +176,7 @@
 #   fp8trace  why the FP8 decode reads ~61% of copy in the conv trace but 85% on
 #             the bench's conv-like ragged batch (session 46, H100): Nsight
 #             Compute on FP8TRACE_N decode-kernel launches (default 24, after
-#             FP8TRACE_SKIP = 3000) of a conv slice (FP8TRACE_ARGS, default
+#             FP8TRACE_SKIP = 20000, mid-slice) of a conv slice (FP8TRACE_ARGS, default
 #             --requests 1500), bf16 then e4m3 K/V: each launch's entry
 #             name, grid, duration and DRAM bytes ($OUT/fp8trace_*.log)
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
@@ -1081,7 +1081,7 @@ stage_fp8trace() {
   for kv in bf16 fp8; do
     echo "== ncu: decode-kernel launches of a conv slice, --kv-dtype $kv"
     MHA_KIT_MIXED_OVERLAP=off timeout ${FP8TRACE_TIMEOUT:-200} ncu --clock-control none --metrics "$m" \
-      -k regex:'paged_attention_(mma|decode)' --launch-skip ${FP8TRACE_SKIP:-3000} -c ${FP8TRACE_N:-24} \
+      -k regex:'paged_attention_(mma|decode)' --launch-skip ${FP8TRACE_SKIP:-20000} -c ${FP8TRACE_N:-24} \
       bin/mha-replay --trace conv ${FP8TRACE_ARGS:---requests 1500} --kv-dtype $kv > "$OUT/fp8trace_$kv.log" 2>&1
     echo "rc=$?"
     grep -E "paged_attention_(mma|decode)|gpu__time_duration|dram__bytes_read|launch__grid_size|dram__throughput" \
