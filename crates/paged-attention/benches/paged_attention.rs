@@ -594,6 +594,7 @@ fn prepare(
     let elems = num_pages * P * c.hkv * c.d;
     // Small non-zero values (0x30 = 0.125 in e4m3, 0x3E00 = 0.125 in bf16).
     let (n8, n16) = if c.fp8 { (elems, 1) } else { (1, elems) };
+    let constant = kv_data_constant();
     let (k8, v8, k16, v16) = if zero_kv {
         (
             st.alloc_zeros::<u8>(n8)?,
@@ -601,7 +602,7 @@ fn prepare(
             st.alloc_zeros::<u16>(n16)?,
             st.alloc_zeros::<u16>(n16)?,
         )
-    } else if kv_data_constant() {
+    } else if constant {
         let (h8, h16) = (vec![0x30u8; n8], vec![0x3E00u16; n16]);
         (
             st.clone_htod(&h8)?,
@@ -619,7 +620,7 @@ fn prepare(
             st.clone_htod(&g16)?,
         )
     };
-    let q = if kv_data_constant() {
+    let q = if constant {
         st.clone_htod(&vec![0x3C00u16; rows * c.hq * c.d])?
     } else {
         st.clone_htod(&random_bf16(rows * c.hq * c.d, 5))?

@@ -560,8 +560,10 @@ impl PagedAttentionKernel {
             p.skip_counter = c.device_ptr_mut(stream);
         }
         p.errors = errors.device_ptr();
+        // Every row tile holds at most 8 rows: the half-row entries apply.
+        let half_rows = p.q_len * p.group <= 8;
         let experiment = (self.experiment != 0
-            && (self.experiment & EXPERIMENT_HALF_ROWS == 0 || p.q_len * p.group <= 8))
+            && (self.experiment & EXPERIMENT_HALF_ROWS == 0 || half_rows))
             .then(|| {
                 self.kernel
                     .index(&format!("{}_x{}", plan.entry, self.experiment))
@@ -570,12 +572,11 @@ impl PagedAttentionKernel {
         let entry = experiment
             .or_else(|| self.kernel.index(&plan.entry))
             .ok_or_else(|| KernelError::unsupported("q", format!("no kernel {}", plan.entry)))?;
-        // The pair loop's twin (half rows where every row tile holds at
-        // most 8 rows); it has no cluster-fold twin, so the match below
-        // leaves it unfolded.
+        // The pair loop's twin (its half-row form where `half_rows`); it has
+        // no cluster-fold twin, so the match below leaves it unfolded.
         let entry = match self.pair_twins.get(&entry) {
             Some(&(full, half)) if self.pair_loop && experiment.is_none() => {
-                if p.q_len * p.group <= 8 {
+                if half_rows {
                     half
                 } else {
                     full
