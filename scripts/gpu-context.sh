@@ -1077,6 +1077,10 @@ stage_s46() {
 stage_fp8trace() {
   local m="gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size"
   m="$m,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,dram__throughput.avg.pct_of_peak_sustained_elapsed"
+  # where a short launch's time goes: the busiest SM against the average
+  # (tail), warps resident and issue-slot use while active
+  m="$m,sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_elapsed.max"
+  m="$m,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active"
   local kv
   for kv in bf16 fp8; do
     echo "== ncu: decode-kernel launches of a conv slice, --kv-dtype $kv"
@@ -1084,8 +1088,8 @@ stage_fp8trace() {
       -k regex:'paged_attention_(mma|decode)' --launch-skip ${FP8TRACE_SKIP:-20000} -c ${FP8TRACE_N:-24} \
       bin/mha-replay --trace conv ${FP8TRACE_ARGS:---requests 1500} --kv-dtype $kv > "$OUT/fp8trace_$kv.log" 2>&1
     echo "rc=$?"
-    grep -E "paged_attention_(mma|decode)|gpu__time_duration|dram__bytes_read|launch__grid_size|dram__throughput" \
-      "$OUT/fp8trace_$kv.log" | head -60
+    grep -E "paged_attention_(mma|decode)|gpu__time_duration|dram__bytes_read|launch__grid_size|dram__throughput|sm__cycles|warps_active|issue_active" \
+      "$OUT/fp8trace_$kv.log" | head -120
   done
 }
 for st in $STAGES; do "stage_$st"; done
