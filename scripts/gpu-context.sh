@@ -179,6 +179,13 @@
 #             FP8TRACE_SKIP = 20000, mid-slice) of a conv slice (FP8TRACE_ARGS, default
 #             --requests 1500), bf16 then e4m3 K/V: each launch's entry
 #             name, grid, duration and DRAM bytes ($OUT/fp8trace_*.log)
+#             plus SM active cycles, warps resident and issue-slot use; the
+#             slice's replay report follows each log's profiler lines
+#   fp8sweep  the FP8 / bf16 time ratio by batch size (session 47): the decode
+#             bench's conv-length ragged batches of 8 to 256 requests in
+#             bf16 and e4m3 K/V under mha-backend's split rule
+#             (MHA_KIT_BENCH_FP8_SWEEP=1), then the FP8 and bf16 conv-like
+#             bs 224 rows again
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries. The device tool returns at most 8 files from $OUT, so at
 # the end every log is packed into $OUT/logs.tar.gz (PACK_LOGS=0 keeps them
@@ -1099,6 +1106,11 @@ stage_fp8trace() {
     grep -E "paged_attention_(mma|decode)|gpu__time_duration|dram__bytes_read|launch__grid_size|dram__throughput|sm__cycles|warps_active|issue_active" \
       "$OUT/fp8trace_$kv.log" | head -120
   done
+}
+stage_fp8sweep() {
+  MHA_KIT_BENCH_FP8_SWEEP=1 MHA_KIT_BENCH_CASES="mean L" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
+    timeout ${FP8SWEEP_TIMEOUT:-200} benches/paged-attention-paged_attention --bench > "$OUT/fp8sweep.log" 2>&1
+  echo "== FP8 / bf16 by batch size: rc=$?"; grep -E '^\| .*mean L' "$OUT/fp8sweep.log" | cut -d'|' -f2-6
 }
 for st in $STAGES; do "stage_$st"; done
 if [ "${PACK_LOGS:-1}" = 1 ]; then

@@ -34,7 +34,7 @@ use kernel_rt::timing::{
 use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
 use paged_attention::{
     workspace_for, DecodeArgs, HalfDtype, KernelPath, KvCache, PagedAttentionKernel, QueryLayout,
-    SplitMode,
+    SplitMode, UNSPLIT_ITEMS_PER_SM,
 };
 
 struct Shape {
@@ -246,6 +246,46 @@ fn cases() -> Vec<Shape> {
     }
     if std::env::var("MHA_KIT_BENCH_LATENCY_SWEEP").as_deref() == Ok("1") {
         v.extend(latency_sweep());
+    }
+    v
+}
+
+/// The split mha-backend's decode launch takes for `items` work items on
+/// `sms` SMs (its `launch_decode`): Auto where Auto splits (fewer items than
+/// 3/4 of the SMs, the planner's rule), unsplit from
+/// [`UNSPLIT_ITEMS_PER_SM`] items an SM, else the backend's default chunks
+/// (`DEFAULT_DECODE_SPLIT`: 2048 tokens, at most 4 a request).
+fn backend_split(items: usize, sms: usize) -> SplitMode {
+    if 4 * items < 3 * sms || items >= UNSPLIT_ITEMS_PER_SM * sms {
+        SplitMode::Auto
+    } else {
+        SplitMode::Chunked {
+            chunk_tokens: 2048,
+            max_splits: 4,
+        }
+    }
+}
+
+/// Conv-trace-like ragged batches of 8 to 256 requests (Azure conv 2023
+/// decode lengths, seed 1) in bf16 and e4m3 K/V under the split mha-backend
+/// would take: the FP8 / bf16 time ratio by batch size, which the conv
+/// trace's decode time averages (issue 14's bar: ≤ 0.6):
+/// `MHA_KIT_BENCH_FP8_SWEEP=1`.
+fn fp8_sweep(sms: usize) -> Vec<Shape> {
+    let mut v = Vec::new();
+    for bs in [8, 16, 32, 64, 96, 128, 160, 224, 256] {
+        let split = backend_split(bs * 8, sms);
+        let row = || {
+            let base = ragged(bs, 1);
+            let name = format!("sweep {}, {split:?}", base.name);
+            Shape {
+                name,
+                split,
+                ..base
+            }
+        };
+        v.push(row());
+        v.push(fp8(row()));
     }
     v
 }
@@ -885,7 +925,10 @@ fn main() {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .sample_size(10);
-    let all = cases();
+    let mut all = cases();
+    if std::env::var("MHA_KIT_BENCH_FP8_SWEEP").as_deref() == Ok("1") {
+        all.extend(fp8_sweep(kernel.num_sms()));
+    }
     // One launcher per timing experiment the cases name (the production
     // kernel serves experiment 0).
     let mut xvs: Vec<u32> = all
