@@ -229,6 +229,35 @@ fn cases() -> Vec<Shape> {
         },
         // The half-row pair loop with x1024's copies (session 45).
         fp8_experiment(5376, "x5376: pair loop, half rows, lane-quad copies"),
+        // The first K/V tiles' page lookups and copies issued before Q is
+        // read (session 47): bf16 (`_x2`) and the half-row pair loop
+        // (`_x4354`). Experiment entries fold splits through the workspace,
+        // so the split rows have workspace-fold production twins here.
+        experiment_row(2, 64, 8192, "x2: K/V issued before Q"),
+        fp8_experiment(4354, "x4354: pair loop, half rows, K/V issued before Q"),
+        {
+            let row = fp8(ragged(224, 1));
+            Shape {
+                name: format!("{} (x4354)", row.name),
+                experiment: 4354,
+                ..row
+            }
+        },
+        experiment_row(2, 1, 1024, "x2"),
+        experiment_row(2, 16, 1024, "x2"),
+        experiment_row(2, 1, 32768, "x2"),
+        Shape {
+            workspace_fold: true,
+            ..s("bs 1, L 1024 (workspace fold)", 32, 8, 128, 1, 1024)
+        },
+        Shape {
+            workspace_fold: true,
+            ..s("bs 16, L 1024 (workspace fold)", 32, 8, 128, 16, 1024)
+        },
+        Shape {
+            workspace_fold: true,
+            ..s("bs 1, L 32768 (workspace fold)", 32, 8, 128, 1, 32768)
+        },
         // The one-tile loop that the pair loop replaced (session 45) for
         // bf16 Q with e4m3 K/V at D 128.
         Shape {

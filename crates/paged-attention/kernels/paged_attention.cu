@@ -1090,7 +1090,9 @@ struct Look {
 // and a shorter ring (MmaSmem::X8); XV & 16: a per-CTA trace (below); XV &
 // 32: the cluster fold; XV & 64: lean copy addresses (below, `XA`; the D 128
 // entries' form since session 31); XV & 256: the half-row loop (`H`); XV &
-// 1024: the e4m3 copies of the XA entries before W (`LQ`). (Sessions
+// 1024: the e4m3 copies of the XA entries before W (`LQ`); XV & 2: the
+// first K/V tiles' page lookups and copies issued before Q is loaded (`EP`).
+// (Sessions
 // 9-10's copy-layout experiments x1-x5 — the L2 prefetch hint toggled,
 // lane-quad copies of 16-bit rows, whole-row copies of e4m3 rows — were
 // measured, docs/PERF.md sessions 9-10, and their entries dropped in
@@ -1401,6 +1403,41 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
         }
     };
 
+    // P2 (XV & 4096, the `_pair` entries of bf16 Q with e4m3 K/V): a step
+    // takes two consecutive tiles of the warp (slices of 16 keys, TT keys
+    // apart) with one softmax over their 32 keys: four independent S chains
+    // instead of two, one row-max exchange, rescale and set of votes for 32
+    // keys instead of 16, and P V as two k-steps (session 45; the FP8
+    // decode is latency-bound at two warps a scheduler, PERF.md session
+    // 42). The ring then keeps NST - 2 tiles in flight beyond the pair.
+    constexpr bool P2 = (XV & 4096) != 0;
+    static_assert(!P2 || (KV == 2 && XA && !L::Q8_SMEM && DH == 1 && NST >= 4), "P2: the e4m3 D 128 XA entries");
+
+    // ---- pipeline: ids two tiles ahead of their issue, data NST-1 tiles ahead ----
+    // (P2: NST - 2 tiles ahead.)
+    // All prologue page ids are requested before the first issue waits on one.
+    constexpr int PRO = P2 ? NST - 2 : NST - 1;
+    Look pro[PRO];
+    Look la, lb;
+    auto prologue = [&]() {
+#pragma unroll
+        for (int s = 0; s < PRO; ++s) lookup(pro[s], s);
+        lookup(la, PRO);
+        lookup(lb, PRO + 1);
+#pragma unroll
+        for (int s = 0; s < PRO; ++s) {
+            issue(pro[s], s, s);
+            cp_async_commit();
+        }
+    };
+    // EP (XV & 2, timing experiment): the prologue's page-table reads and
+    // K/V copies go out before Q is read, so that Q's round trip and its
+    // conversion run under theirs; in the production order (SASS, session
+    // 47) a CTA's first K/V copies wait for Q's load, its conversion and
+    // then the page-table load, one dependent round trip after another.
+    constexpr bool EP = (XV & 2) != 0;
+    if constexpr (EP) prologue();
+
     // ---- Q A-fragments (rows g and g + 8 of the tile), positions, stats ----
     const int gr = lane >> 2;  // fragment row group
     const int qd = lane & 3;   // thread in quad
@@ -1539,31 +1576,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     float mrow[2] = {NEG_INF, NEG_INF};
     float drow[2] = {0.f, 0.f};
 
-    // P2 (XV & 4096, the `_pair` entries of bf16 Q with e4m3 K/V): a step
-    // takes two consecutive tiles of the warp (slices of 16 keys, TT keys
-    // apart) with one softmax over their 32 keys: four independent S chains
-    // instead of two, one row-max exchange, rescale and set of votes for 32
-    // keys instead of 16, and P V as two k-steps (session 45; the FP8
-    // decode is latency-bound at two warps a scheduler, PERF.md session
-    // 42). The ring then keeps NST - 2 tiles in flight beyond the pair.
-    constexpr bool P2 = (XV & 4096) != 0;
-    static_assert(!P2 || (KV == 2 && XA && !L::Q8_SMEM && DH == 1 && NST >= 4), "P2: the e4m3 D 128 XA entries");
-
-    // ---- pipeline: ids two tiles ahead of their issue, data NST-1 tiles ahead ----
-    // (P2: NST - 2 tiles ahead.)
-    // All prologue page ids are requested before the first issue waits on one.
-    constexpr int PRO = P2 ? NST - 2 : NST - 1;
-    Look pro[PRO];
-    Look la, lb;
-#pragma unroll
-    for (int s = 0; s < PRO; ++s) lookup(pro[s], s);
-    lookup(la, PRO);
-    lookup(lb, PRO + 1);
-#pragma unroll
-    for (int s = 0; s < PRO; ++s) {
-        issue(pro[s], s, s);
-        cp_async_commit();
-    }
+    if constexpr (!EP) prologue();
 
     // D10: count bad entries among the request's needed pages, once, shared
     // by the splits of row tile 0 of KV head 0 (they all run: tile 0 has
@@ -2271,6 +2284,11 @@ PA_MMA_X(bf16, 0, e4m3, 2, 1024, 2)
 // (`_pair_h`) with the K/V copies of 1024 (lane quads with the L2 hint),
 // each 3-10% faster alone on the H200 (PERF.md session 45).
 PA_MMA_X(bf16, 0, e4m3, 2, 5376, 2)
+// Experiment 2 (bf16 K/V) and 4354 = 4096 | 256 | 2 (e4m3 K/V, the
+// `_pair_h` loop): the production entry with the first K/V tiles' page
+// lookups and copies issued before Q is read (mma_body's EP; session 47).
+PA_MMA_X(bf16, 0, bf16, 0, 2, 2)
+PA_MMA_X(bf16, 0, e4m3, 2, 4354, 2)
 // The pair loop (mma_body's P2: two tiles a step, one softmax over their 32
 // keys), the default for bf16 Q with e4m3 K/V at D 128 since session 45
 // (H200, FP8 bs 64 x 8k: 303.6 -> 285.2 us, and 272.1 with the half rows;

@@ -1140,7 +1140,9 @@ fn main() {
             // launched only where q_len · G <= 8, e4m3 and bf16 KV; `_x1024`:
             // the e4m3 copies as before W, lane quads with the L2 hint;
             // `_x5376`: the half-row pair loop with
-            // `_x1024`'s copies), on the random cases their entry serves
+            // `_x1024`'s copies; `_x2` / `_x4354`: the production loop /
+            // the half-row pair loop with the first K/V tiles issued before
+            // Q is read), on the random cases their entry serves
             // (bf16 Q, D 128) and on some others (which keep the production
             // entry).
             // MHA_KIT_GPU_EXPERIMENTS=16,256 runs only those experiments
@@ -1156,6 +1158,8 @@ fn main() {
                 (256, KvDtype::Bf16),
                 (1024, KvDtype::E4m3),
                 (5376, KvDtype::E4m3),
+                (2, KvDtype::Bf16),
+                (4354, KvDtype::E4m3),
             ]
             .into_iter()
             .filter(|&(xv, _)| wanted(xv))

@@ -27,6 +27,8 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_bf16_d128_x256",
     "paged_attention_mma_bf16_kv_e4m3_d128_x1024",
     "paged_attention_mma_bf16_kv_e4m3_d128_x5376",
+    "paged_attention_mma_bf16_kv_bf16_d128_x2",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x4354",
 ];
 
 /// Experiment bit of the entries that compute only the first 8 rows of each
@@ -264,7 +266,14 @@ impl PagedAttentionKernel {
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
-            &[("off", 0), ("x256", 256), ("x1024", 1024), ("x5376", 5376)],
+            &[
+                ("off", 0),
+                ("x2", 2),
+                ("x256", 256),
+                ("x1024", 1024),
+                ("x4354", 4354),
+                ("x5376", 5376),
+            ],
         )?)?;
         Ok(k)
     }
@@ -282,7 +291,10 @@ impl PagedAttentionKernel {
     /// parts with the L2's 128-byte hint, where W copies whole rows without
     /// it: whether W costs the H200, PERF.md session 44); `5376` (e4m3 KV,
     /// `q_len · G ≤ 8` only) the half-row pair
-    /// loop (`_pair_h`) with `1024`'s copies; `16` (bf16 KV) the production
+    /// loop (`_pair_h`) with `1024`'s copies; `2` (bf16 KV) and `4354` (e4m3
+    /// KV, `q_len · G ≤ 8` only, the `_pair_h` loop) the production loop with
+    /// the first K/V tiles' page lookups and copies issued before Q is read;
+    /// `16` (bf16 KV) the production
     /// entry writing a per-CTA trace through `skipped_slices` instead of
     /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
     /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
@@ -706,7 +718,7 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [16, 256, 256, 1024, 5376]);
+        assert_eq!(numbers, [16, 256, 256, 1024, 5376, 2, 4354]);
         for (q, kv, d) in mma_variants() {
             if pair_loop_variant(q, kv, d) {
                 let name = mma_entry_name(q, kv, d);
