@@ -186,6 +186,12 @@
 #             bf16 and e4m3 K/V under mha-backend's split rule
 #             (MHA_KIT_BENCH_FP8_SWEEP=1), then the FP8 and bf16 conv-like
 #             bs 224 rows again
+#   s47       session 47's call (not yet run): EP's bench rows (`_x2` bf16 beside
+#             the workspace-fold twins of the latency rows, `_x4354` on FP8
+#             bs 64 x 8k and the conv-like batch) with the production rows, the
+#             FP8 / bf16 sweep by batch size (stage fp8sweep's rows), cuDNN,
+#             then the experiment test for 2 and 4354 and the masked
+#             non-finite keys under each
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries. The device tool returns at most 8 files from $OUT, so at
 # the end every log is packed into $OUT/logs.tar.gz (PACK_LOGS=0 keeps them
@@ -1111,6 +1117,23 @@ stage_fp8sweep() {
   MHA_KIT_BENCH_FP8_SWEEP=1 MHA_KIT_BENCH_CASES="mean L" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
     timeout ${FP8SWEEP_TIMEOUT:-200} benches/paged-attention-paged_attention --bench > "$OUT/fp8sweep.log" 2>&1
   echo "== FP8 / bf16 by batch size: rc=$?"; grep -E '^\| .*mean L' "$OUT/fp8sweep.log" | cut -d'|' -f2-6
+}
+stage_s47() {
+  local c="(x2)|(x2:|x4354|workspace fold|=bs 64, L 8192|=bs 256, L 8192|=FP8 KV, bs 64, L 8192"
+  c="$c|mean L|=bs 1, L 1024|=bs 16, L 1024|=bs 1, L 32768"
+  MHA_KIT_BENCH_FP8_SWEEP=1 MHA_KIT_BENCH_CASES="${S47_CASES:-$c}" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
+    timeout ${S47_BENCH_TIMEOUT:-200} benches/paged-attention-paged_attention --bench > "$OUT/s47_dbench.log" 2>&1
+  echo "== decode bench: rc=$?"; grep -E '^\| ' "$OUT/s47_dbench.log" | cut -d'|' -f2-6,9
+  decode_peers
+  MHA_KIT_GPU_EXPERIMENTS=2,4354 timeout 150 tests/paged-attention-gpu --include-ignored experiment_entries \
+    > "$OUT/s47_dexp.log" 2>&1
+  echo "decode experiments 2, 4354: rc=$?"; summary "$OUT/s47_dexp.log"
+  local x
+  for x in x2 x4354; do
+    MHA_KIT_DECODE_EXPERIMENT=$x timeout 60 tests/paged-attention-gpu --include-ignored masked_nonfinite \
+      > "$OUT/s47_masked_$x.log" 2>&1
+    echo "masked $x: rc=$?"; summary "$OUT/s47_masked_$x.log"
+  done
 }
 for st in $STAGES; do "stage_$st"; done
 if [ "${PACK_LOGS:-1}" = 1 ]; then
