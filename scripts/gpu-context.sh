@@ -190,8 +190,10 @@
 #             the workspace-fold twins of the latency rows, `_x4354` on FP8
 #             bs 64 x 8k and the conv-like batch) with the production rows, the
 #             FP8 / bf16 sweep by batch size (stage fp8sweep's rows), cuDNN,
-#             then the experiment test for 2 and 4354 and the masked
-#             non-finite keys under each
+#             per-CTA traces (experiments 16 and 4368) of the conv-like batch
+#             and bs 64 x 8k in bf16 and FP8 (scripts/probes/trace_summary.py:
+#             each CTA's start, stream and end), then the experiment test for
+#             2, 4354 and 4368 and the masked non-finite keys under 2 and 4354
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries. The device tool returns at most 8 files from $OUT, so at
 # the end every log is packed into $OUT/logs.tar.gz (PACK_LOGS=0 keeps them
@@ -1125,9 +1127,16 @@ stage_s47() {
     timeout ${S47_BENCH_TIMEOUT:-200} benches/paged-attention-paged_attention --bench > "$OUT/s47_dbench.log" 2>&1
   echo "== decode bench: rc=$?"; grep -E '^\| ' "$OUT/s47_dbench.log" | cut -d'|' -f2-6,9
   decode_peers
-  MHA_KIT_GPU_EXPERIMENTS=2,4354 timeout 150 tests/paged-attention-gpu --include-ignored experiment_entries \
+  # Per-CTA traces (experiments 16 and 4368) of the conv-like batch and of
+  # bs 64 x 8k, bf16 and FP8: where a short CTA's time goes.
+  local r="bs 224, mean L 1204, max L 5878 (seed 1)"
+  MHA_KIT_BENCH_DECODE_TRACE="$OUT/s47trace" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
+    MHA_KIT_BENCH_CASES="=$r|=FP8 KV, $r|=bs 64, L 8192|=FP8 KV, bs 64, L 8192" \
+    timeout 150 benches/paged-attention-paged_attention --bench > "$OUT/s47_trace.log" 2>&1
+  echo "== per-CTA traces: rc=$?"; python3 "$tree_root/scripts/probes/trace_summary.py" "$OUT/s47trace"
+  MHA_KIT_GPU_EXPERIMENTS=2,4354,4368 timeout 150 tests/paged-attention-gpu --include-ignored experiment_entries \
     > "$OUT/s47_dexp.log" 2>&1
-  echo "decode experiments 2, 4354: rc=$?"; summary "$OUT/s47_dexp.log"
+  echo "decode experiments 2, 4354, 4368: rc=$?"; summary "$OUT/s47_dexp.log"
   local x
   for x in x2 x4354; do
     MHA_KIT_DECODE_EXPERIMENT=$x timeout 60 tests/paged-attention-gpu --include-ignored masked_nonfinite \

@@ -856,9 +856,10 @@ fn launch(
     kernel.launch(&mut args, errors)
 }
 
-/// `MHA_KIT_BENCH_DECODE_TRACE=dir`: case `c` (bf16 KV, D 128, the
-/// production entry) launched 8 times over its page sets, then once more
-/// under experiment 16 with the per-CTA trace
+/// `MHA_KIT_BENCH_DECODE_TRACE=dir`: case `c` (D 128, the production
+/// entry; bf16 KV, or e4m3 KV where `q_len · G ≤ 8`) launched 8 times over
+/// its page sets, then once more under experiment 16 (bf16) or 4368 (e4m3,
+/// the `_pair_h` loop) with the per-CTA trace
 /// ([`PagedAttentionKernel::set_experiment`]), written to
 /// `dir/<case>.csv`: one row per CTA (grid x, y, z, SM, ns from the
 /// launch's first CTA entry to each stamp, the fold flag).
@@ -982,11 +983,17 @@ fn main() {
     pdl.set_pdl(true);
     let mut table = Vec::new();
     let trace_dir = std::env::var("MHA_KIT_BENCH_DECODE_TRACE").ok();
-    let tracer = trace_dir.as_ref().map(|_| {
-        let mut k = PagedAttentionKernel::new(&gpu).expect("load");
-        k.set_experiment(16).expect("decode experiment 16");
-        k
-    });
+    // The trace entries: 16 (bf16 K/V, the production loop) and 4368 (e4m3
+    // K/V, the `_pair_h` loop: q_len · G <= 8 only).
+    let tracer_of = |xv: u32| {
+        trace_dir.as_ref().map(|_| {
+            let mut k = PagedAttentionKernel::new(&gpu).expect("load");
+            k.set_experiment(xv).expect("decode trace experiment");
+            k
+        })
+    };
+    let tracer = tracer_of(16);
+    let tracer8 = tracer_of(4368);
     // MHA_KIT_BENCH_CASES=a|=b runs only the cases whose name contains a or is b.
     let only = std::env::var("MHA_KIT_BENCH_CASES").ok();
     for c in all {
@@ -1045,10 +1052,15 @@ fn main() {
             errors.reset().expect("reset device errors");
             format!(" (device errors: {report:?})")
         };
-        if let (Some(dir), Some(tr)) = (&trace_dir, &tracer) {
-            if !c.simt && !c.fp8 && c.d == 128 && c.experiment == 0 && !c.workspace_fold {
-                trace_case(&gpu, tr, &c, &mut p, &mut errors, dir).expect("trace");
-            }
+        let traced = !c.simt && c.d == 128 && c.experiment == 0 && !c.workspace_fold;
+        let half_rows = c.q_len * (c.hq / c.hkv) <= 8;
+        let tr = match (c.fp8, &tracer, &tracer8) {
+            (false, Some(t), _) => Some(t),
+            (true, _, Some(t)) if half_rows && !c.one_tile => Some(t),
+            _ => None,
+        };
+        if let (Some(dir), Some(tr), true) = (&trace_dir, tr, traced) {
+            trace_case(&gpu, tr, &c, &mut p, &mut errors, dir).expect("trace");
         }
         let gbps = p.bytes / (g.median_us * 1e-6) / 1e9;
         table.push(format!(

@@ -2289,6 +2289,10 @@ PA_MMA_X(bf16, 0, e4m3, 2, 5376, 2)
 // lookups and copies issued before Q is read (mma_body's EP; session 47).
 PA_MMA_X(bf16, 0, bf16, 0, 2, 2)
 PA_MMA_X(bf16, 0, e4m3, 2, 4354, 2)
+// Experiment 4368 = 4096 | 256 | 16 (e4m3 K/V): the `_pair_h` loop with
+// experiment 16's per-CTA trace, for the FP8 decode's per-CTA start and end
+// costs on short requests (session 47).
+PA_MMA_X(bf16, 0, e4m3, 2, 4368, 2)
 // The pair loop (mma_body's P2: two tiles a step, one softmax over their 32
 // keys), the default for bf16 Q with e4m3 K/V at D 128 since session 45
 // (H200, FP8 bs 64 x 8k: 303.6 -> 285.2 us, and 272.1 with the half rows;

@@ -1160,6 +1160,7 @@ fn main() {
                 (5376, KvDtype::E4m3),
                 (2, KvDtype::Bf16),
                 (4354, KvDtype::E4m3),
+                (4368, KvDtype::E4m3),
             ]
             .into_iter()
             .filter(|&(xv, _)| wanted(xv))

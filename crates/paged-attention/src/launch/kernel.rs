@@ -29,6 +29,7 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_e4m3_d128_x5376",
     "paged_attention_mma_bf16_kv_bf16_d128_x2",
     "paged_attention_mma_bf16_kv_e4m3_d128_x4354",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x4368",
 ];
 
 /// Experiment bit of the entries that compute only the first 8 rows of each
@@ -294,7 +295,8 @@ impl PagedAttentionKernel {
     /// loop (`_pair_h`) with `1024`'s copies; `2` (bf16 KV) and `4354` (e4m3
     /// KV, `q_len · G ≤ 8` only, the `_pair_h` loop) the production loop with
     /// the first K/V tiles' page lookups and copies issued before Q is read;
-    /// `16` (bf16 KV) the production
+    /// `4368` (e4m3 KV, `q_len · G ≤ 8` only) the `_pair_h` loop with
+    /// `16`'s trace; `16` (bf16 KV) the production
     /// entry writing a per-CTA trace through `skipped_slices` instead of
     /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
     /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
@@ -718,7 +720,7 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [16, 256, 256, 1024, 5376, 2, 4354]);
+        assert_eq!(numbers, [16, 256, 256, 1024, 5376, 2, 4354, 4368]);
         for (q, kv, d) in mma_variants() {
             if pair_loop_variant(q, kv, d) {
                 let name = mma_entry_name(q, kv, d);
