@@ -1142,7 +1142,8 @@ fn main() {
             // `_x5376`: the half-row pair loop with
             // `_x1024`'s copies; `_x2` / `_x4354`: the production loop /
             // the half-row pair loop with the first K/V tiles issued before
-            // Q is read), on the random cases their entry serves
+            // Q is read; `_x4368`: the half-row pair loop traced), on the
+            // random cases their entry serves
             // (bf16 Q, D 128) and on some others (which keep the production
             // entry).
             // MHA_KIT_GPU_EXPERIMENTS=16,256 runs only those experiments
