@@ -33,8 +33,8 @@ use kernel_rt::timing::{
 };
 use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
 use paged_attention::{
-    workspace_for, DecodeArgs, HalfDtype, KernelPath, KvCache, PagedAttentionKernel, QueryLayout,
-    SplitMode, UNSPLIT_ITEMS_PER_SM,
+    chunk_full, launch_config, workspace_for, DecodeArgs, HalfDtype, KernelPath, KvCache,
+    PagedAttentionKernel, QueryLayout, SplitMode,
 };
 
 struct Shape {
@@ -274,19 +274,20 @@ fn cases() -> Vec<Shape> {
     v
 }
 
-/// The split mha-backend's decode launch takes for `items` work items on
-/// `sms` SMs (its `launch_decode`): Auto where Auto splits (fewer items than
-/// 3/4 of the SMs, the planner's rule), unsplit from
-/// [`UNSPLIT_ITEMS_PER_SM`] items an SM, else the backend's default chunks
-/// (`DEFAULT_DECODE_SPLIT`: 2048 tokens, at most 4 a request).
-fn backend_split(items: usize, sms: usize) -> SplitMode {
-    if 4 * items < 3 * sms || items >= UNSPLIT_ITEMS_PER_SM * sms {
-        SplitMode::Auto
-    } else {
+/// The split mha-backend's decode launch takes for a q_len-1 batch of `bs`
+/// requests × `hkv` KV heads on `sms` SMs (its `launch_decode`): the
+/// backend's default chunks (`DEFAULT_DECODE_SPLIT`: 2048 tokens, at most 4
+/// a request) where [`chunk_full`] says so of Auto's plan, else Auto.
+fn backend_split(bs: usize, hkv: usize, sms: usize) -> SplitMode {
+    let (auto_splits, _) =
+        launch_config(bs, hkv, 1, RAGGED_MAX_SEQ_LEN, SplitMode::Auto, sms, 0).expect("plan");
+    if chunk_full(auto_splits, bs * hkv, sms) {
         SplitMode::Chunked {
             chunk_tokens: 2048,
             max_splits: 4,
         }
+    } else {
+        SplitMode::Auto
     }
 }
 
@@ -298,7 +299,7 @@ fn backend_split(items: usize, sms: usize) -> SplitMode {
 fn fp8_sweep(sms: usize) -> Vec<Shape> {
     let mut v = Vec::new();
     for bs in [8, 16, 32, 64, 96, 128, 160, 224, 256] {
-        let split = backend_split(bs * 8, sms);
+        let split = backend_split(bs, 8, sms);
         let row = || {
             let base = ragged(bs, 1);
             let name = format!("sweep {}, {split:?}", base.name);
@@ -872,15 +873,7 @@ fn trace_case(
     dir: &str,
 ) -> Result<()> {
     let row_tiles = (c.q_len * (c.hq / c.hkv)).div_ceil(paged_attention::ROWS_PER_CTA);
-    let (_, cfg) = paged_attention::launch_config(
-        c.bs,
-        c.hkv,
-        row_tiles,
-        c.len,
-        c.split,
-        tracer.num_sms(),
-        0,
-    )?;
+    let (_, cfg) = launch_config(c.bs, c.hkv, row_tiles, c.len, c.split, tracer.num_sms(), 0)?;
     let (x, y, z) = cfg.grid_dim;
     let ctas = x as usize * y as usize * z as usize;
     for set in 0..8 {

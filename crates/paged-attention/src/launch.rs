@@ -423,7 +423,15 @@ pub const UNSPLIT_ITEMS_PER_SM: usize = 8;
 /// chunked 2048 × 4 94% / 96%; 64 requests: chunked and ordered 85% / 82%,
 /// unsplit and ordered 64% / 71%; docs/PERF.md session 37).
 pub fn chunk_full_launch(plan: &LaunchPlan, num_sms: usize) -> bool {
-    plan.params.max_splits == 1 && plan.params.work_items() < UNSPLIT_ITEMS_PER_SM * num_sms
+    let splits = usize::try_from(plan.params.max_splits).unwrap_or(0);
+    chunk_full(splits, plan.params.work_items(), num_sms)
+}
+
+/// [`chunk_full_launch`]'s rule from the split count Auto gives a launch
+/// (`auto_splits`, e.g. from [`launch_config`] with [`SplitMode::Auto`])
+/// and its work items, for callers without a [`LaunchPlan`].
+pub fn chunk_full(auto_splits: usize, work_items: usize, num_sms: usize) -> bool {
+    auto_splits == 1 && work_items < UNSPLIT_ITEMS_PER_SM * num_sms
 }
 
 /// Everything [`validate`] derives from the arguments.

@@ -113,7 +113,7 @@ pub use context::{
     CONTEXT_TILE_KEYS,
 };
 pub use launch::{
-    chunk_full_launch, cluster_fold_variant, entry_name, launch_config, mma_entry_name,
+    chunk_full, chunk_full_launch, cluster_fold_variant, entry_name, launch_config, mma_entry_name,
     mma_smem_bytes, mma_smem_bytes_xv, mma_strides_fit, mma_supported, mma_tile_tokens,
     mma_variants, mma_wide, pair_loop_variant, smem_bytes, validate, validate_path,
     workspace_elems, workspace_for, DecodeArgs, KernelPath, KvCache, LaunchPlan,

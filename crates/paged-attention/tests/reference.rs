@@ -694,4 +694,19 @@ fn chunk_full_launch_rule() {
     assert!(!chunk_full_launch(&plan(33, 8, 4, 1), sms));
     // Auto already split it (the grid was not full): never re-planned.
     assert!(!chunk_full_launch(&plan(4, 8, 1, 8), sms));
+    // `chunk_full` is the same rule from Auto's split count and the items.
+    for (bs, hkv, rt, splits) in [
+        (64, 8, 1, 1),
+        (132, 8, 1, 1),
+        (131, 8, 1, 1),
+        (33, 8, 4, 1),
+        (4, 8, 1, 8),
+    ] {
+        let p = plan(bs, hkv, rt, splits);
+        assert_eq!(
+            paged_attention::chunk_full(splits as usize, p.params.work_items(), sms),
+            chunk_full_launch(&p, sms),
+            "{bs} × {hkv} × {rt}, {splits} splits"
+        );
+    }
 }

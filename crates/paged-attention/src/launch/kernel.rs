@@ -86,8 +86,10 @@ pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 /// new launcher ([`PagedAttentionKernel::set_experiment`]): `off` (default),
 /// `x256` (where `q_len · G ≤ 8`, only the valid half of the rows
 /// computed, in an entry of its own), `x1024` (e4m3 K/V copied as before
-/// session 42's W) or `x5376` (the half-row pair loop with `x1024`'s
-/// copies), so that a whole replay can run it.
+/// session 42's W), `x5376` (the half-row pair loop with `x1024`'s
+/// copies), `x2` (bf16 K/V) or `x4354` (e4m3 K/V, the half-row pair loop)
+/// (the first K/V tiles issued before Q is read), so that a whole replay
+/// can run it.
 /// (`x192`, the same loop beside the full one in the production entry, was
 /// dropped in session 44; `x2048` / `x2304`, each slice's S a step ahead,
 /// in session 46.)
