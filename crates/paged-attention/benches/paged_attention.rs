@@ -862,8 +862,10 @@ fn launch(
 /// its page sets, then once more under experiment 16 (bf16) or 4368 (e4m3,
 /// the `_pair_h` loop) with the per-CTA trace
 /// ([`PagedAttentionKernel::set_experiment`]), written to
-/// `dir/<case>.csv`: one row per CTA (grid x, y, z, SM, ns from the
-/// launch's first CTA entry to each stamp, the fold flag).
+/// `dir/<case>.csv`: one row per CTA (grid x, y, z, SM, the length
+/// order's ranking in ns, ns from the launch's first CTA entry to each
+/// stamp, the fold flag; since session 48 `entry` is taken before the
+/// ranking, and an empty CTA has entry and exit only).
 fn trace_case(
     gpu: &Arc<Gpu>,
     tracer: &PagedAttentionKernel,
@@ -897,7 +899,8 @@ fn trace_case(
         .min()
         .unwrap_or(0);
     let rel = |v: u64| if v == 0 { -1 } else { v as i64 - t0 as i64 };
-    let mut csv = String::from("cta,x,y,z,sm,entry,len_read,first_kv,loop_end,written,exit,fold\n");
+    let mut csv =
+        String::from("cta,x,y,z,sm,rank,entry,len_read,first_kv,loop_end,written,exit,fold\n");
     for (i, r) in t.chunks_exact(8).enumerate() {
         let (cx, cy, cz) = (
             i % x as usize,
@@ -905,8 +908,9 @@ fn trace_case(
             i / (x as usize * y as usize),
         );
         csv += &format!(
-            "{i},{cx},{cy},{cz},{},{},{},{},{},{},{},{}\n",
-            r[0],
+            "{i},{cx},{cy},{cz},{},{},{},{},{},{},{},{},{}\n",
+            r[0] & 0xffff_ffff,
+            r[0] >> 32,
             rel(r[1]),
             rel(r[2]),
             rel(r[3]),

@@ -1122,41 +1122,33 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
 
     const int h = blockIdx.y % p.num_kv_heads;
     const int rt = p.row_tile_base + blockIdx.y / p.num_kv_heads;
-    const int2 unit = decode_unit<L>(p, smem);
-    if (unit.x < 0) return;  // length order: past the last unit
-    const int split = unit.y;
-    const int b = unit.x;
-    const int tid = threadIdx.x;
-    const int lane = tid & 31;
-    const int warp = tid >> 5;
-    // D 512 (DH = 2): warp slice ws of the tile, dim half hf (L::DH).
-    const int ws = warp / DH;
-    const int hf = warp % DH;
 
     // Timing experiment XV & 16: a per-CTA trace in place of the skip
-    // counter (8 u64 a CTA, linear CTA order): %smid, then %globaltimer at
-    // entry, length read, first K/V tile landed, loop end, partial or rows
-    // written, exit; the last word: 1 = this CTA folded the splits, 2 = no
-    // work. The launcher requires 16 u32 a CTA of `skipped_slices`.
+    // counter (8 u64 a CTA, linear CTA order): %smid in the low word and the
+    // length order's ranking in ns (`decode_unit`; 0 in grid order) in the
+    // high word, then %globaltimer at entry (before the ranking), length
+    // read, first K/V tile landed, loop end, partial or rows written, exit;
+    // the last word: 1 = this CTA folded the splits, 2 = no work (an empty
+    // CTA of the length order: entry and exit only). The launcher requires
+    // 16 u32 a CTA of `skipped_slices`.
     constexpr bool TR = (XV & 16) != 0;
     unsigned long long* trace = nullptr;
+    auto now = []() {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        return t;
+    };
     if constexpr (TR) {
-        if (p.skip_counter != nullptr && tid == 0) {
+        if (p.skip_counter != nullptr && threadIdx.x == 0) {
             const i64 cta = blockIdx.x + (i64)gridDim.x * (blockIdx.y + (i64)gridDim.y * blockIdx.z);
             trace = reinterpret_cast<unsigned long long*>(p.skip_counter) + 8 * cta;
-            u32 sm;
-            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-            trace[0] = sm;
+            trace[1] = now();
             trace[7] = 0;
         }
     }
     auto stamp = [&](int k) {
         if constexpr (TR) {
-            if (trace != nullptr) {
-                unsigned long long t;
-                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-                trace[k] = t;
-            }
+            if (trace != nullptr) trace[k] = now();
         }
     };
     auto no_work = [&]() {
@@ -1168,7 +1160,26 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             }
         }
     };
-    stamp(1);
+    const int2 unit = decode_unit<L>(p, smem);
+    if constexpr (TR) {
+        if (trace != nullptr) {
+            u32 sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            trace[0] = (unsigned long long)sm | ((now() - trace[1]) << 32);
+        }
+    }
+    if (unit.x < 0) {  // length order: past the last unit
+        no_work();
+        return;
+    }
+    const int split = unit.y;
+    const int b = unit.x;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    // D 512 (DH = 2): warp slice ws of the tile, dim half hf (L::DH).
+    const int ws = warp / DH;
+    const int hf = warp % DH;
 
     const bool reporter_cta = split == 0 && h == 0 && rt == 0;
     // Per-request events once over the ranks (rank 0); page events by the
