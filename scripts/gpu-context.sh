@@ -186,7 +186,7 @@
 #             bf16 and e4m3 K/V under mha-backend's split rule
 #             (MHA_KIT_BENCH_FP8_SWEEP=1), then the FP8 and bf16 conv-like
 #             bs 224 rows again
-#   s47       session 47's call (not yet run): EP's bench rows (`_x2` bf16 beside
+#   s47       session 47's call (run in session 48 on an H100): EP's bench rows (`_x2` bf16 beside
 #             the workspace-fold twins of the latency rows, `_x4354` on FP8
 #             bs 64 x 8k and the conv-like batch) with the production rows, the
 #             FP8 / bf16 sweep by batch size (stage fp8sweep's rows), cuDNN,
@@ -194,6 +194,12 @@
 #             and bs 64 x 8k in bf16 and FP8 (scripts/probes/trace_summary.py:
 #             each CTA's start, stream and end), then the experiment test for
 #             2, 4354 and 4368 and the masked non-finite keys under 2 and 4354
+#   s48       session 48's call: issue 14's bar rows with cuDNN (for an
+#             H200), EP and x5376 beside production, the FP8 / bf16 sweep
+#             with both of the backend's split forms from bs 32 up, per-CTA
+#             traces of bs 128 and bs 224 chunked and unsplit (the entry now
+#             stamped before the length order's ranking; empty CTAs traced),
+#             the experiment test for the trace entries 16 and 4368
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries. The device tool returns at most 8 files from $OUT, so at
 # the end every log is packed into $OUT/logs.tar.gz (PACK_LOGS=0 keeps them
@@ -1143,6 +1149,27 @@ stage_s47() {
       > "$OUT/s47_masked_$x.log" 2>&1
     echo "masked $x: rc=$?"; summary "$OUT/s47_masked_$x.log"
   done
+}
+stage_s48() {
+  # Issue 14's bar rows beside cuDNN (an H200 reads the bars), EP and x5376
+  # beside production, and the FP8 sweep with both of the backend's split
+  # forms from bs 32 up.
+  local c="(x2)|(x2:|x4354|x5376|workspace fold|=bs 64, L 8192|=bs 256, L 8192|=FP8 KV, bs 64, L 8192"
+  c="$c|sweep|=bs 1, L 1024|=bs 16, L 1024|=bs 1, L 32768"
+  MHA_KIT_BENCH_FP8_SWEEP=1 MHA_KIT_BENCH_CASES="${S48_CASES:-$c}" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
+    timeout ${S48_BENCH_TIMEOUT:-220} benches/paged-attention-paged_attention --bench > "$OUT/s48_dbench.log" 2>&1
+  echo "== decode bench: rc=$?"; grep -E '^\| ' "$OUT/s48_dbench.log" | cut -d'|' -f2-6,9
+  decode_peers
+  # Per-CTA traces (experiments 16 and 4368, entry stamped before the length
+  # order's ranking) of bs 128 and bs 224, chunked and unsplit, bf16 and
+  # FP8: the ranking's cost and the empty CTAs of a chunked launch.
+  MHA_KIT_BENCH_DECODE_TRACE="$OUT/s48trace" MHA_KIT_BENCH_FP8_SWEEP=1 MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
+    MHA_KIT_BENCH_CASES="sweep bs 128,|sweep bs 224," \
+    timeout 150 benches/paged-attention-paged_attention --bench > "$OUT/s48_trace.log" 2>&1
+  echo "== per-CTA traces: rc=$?"; python3 "$tree_root/scripts/probes/trace_summary.py" "$OUT/s48trace"
+  MHA_KIT_GPU_EXPERIMENTS=16,4368 timeout 120 tests/paged-attention-gpu --include-ignored experiment_entries \
+    > "$OUT/s48_dexp.log" 2>&1
+  echo "decode experiments 16, 4368: rc=$?"; summary "$OUT/s48_dexp.log"
 }
 for st in $STAGES; do "stage_$st"; done
 if [ "${PACK_LOGS:-1}" = 1 ]; then

@@ -295,22 +295,40 @@ fn backend_split(bs: usize, hkv: usize, sms: usize) -> SplitMode {
 /// decode lengths, seed 1) in bf16 and e4m3 K/V under the split mha-backend
 /// would take: the FP8 / bf16 time ratio by batch size, which the conv
 /// trace's decode time averages (issue 14's bar: ≤ 0.6):
-/// `MHA_KIT_BENCH_FP8_SWEEP=1`.
+/// `MHA_KIT_BENCH_FP8_SWEEP=1`. From 32 requests up each batch also runs
+/// under the backend's other form (Auto, unsplit at these sizes, where the
+/// backend chunks; chunked where it runs Auto): session 48 read FP8 at bs 128
+/// chunked (171.9 µs on an H100) slower than at bs 160 unsplit (164.9), and
+/// an ordered chunked launch's empty CTAs each pay the length ranking.
 fn fp8_sweep(sms: usize) -> Vec<Shape> {
     let mut v = Vec::new();
     for bs in [8, 16, 32, 64, 96, 128, 160, 224, 256] {
-        let split = backend_split(bs, 8, sms);
-        let row = || {
-            let base = ragged(bs, 1);
-            let name = format!("sweep {}, {split:?}", base.name);
-            Shape {
-                name,
-                split,
-                ..base
-            }
+        let chosen = backend_split(bs, 8, sms);
+        let other = match chosen {
+            SplitMode::Auto => SplitMode::Chunked {
+                chunk_tokens: 2048,
+                max_splits: 4,
+            },
+            _ => SplitMode::Auto,
         };
-        v.push(row());
-        v.push(fp8(row()));
+        let splits: &[SplitMode] = if bs >= 32 {
+            &[chosen, other]
+        } else {
+            &[chosen]
+        };
+        for &split in splits {
+            let row = || {
+                let base = ragged(bs, 1);
+                let name = format!("sweep {}, {split:?}", base.name);
+                Shape {
+                    name,
+                    split,
+                    ..base
+                }
+            };
+            v.push(row());
+            v.push(fp8(row()));
+        }
     }
     v
 }
