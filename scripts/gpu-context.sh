@@ -199,7 +199,11 @@
 #             with both of the backend's split forms from bs 32 up, per-CTA
 #             traces of bs 128 and bs 224 chunked and unsplit (the entry now
 #             stamped before the length order's ranking; empty CTAs traced),
-#             the experiment test for the trace entries 16 and 4368
+#             the experiment test for the trace entries 16 and 4368 and the
+#             persistent-grid entries 128 / 4480 (their rows beside
+#             production, their bit-identity test, masked keys, memcheck and
+#             racecheck); the conv trace on the persistent grid:
+#             MHA_KIT_DECODE_EXPERIMENT=x4480 (FP8) / x128 (bf16) with STAGES=conv
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries. The device tool returns at most 8 files from $OUT, so at
 # the end every log is packed into $OUT/logs.tar.gz (PACK_LOGS=0 keeps them
@@ -1155,7 +1159,8 @@ stage_s48() {
   # beside production, and the FP8 sweep with both of the backend's split
   # forms from bs 32 up.
   local c="(x2)|(x2:|x4354|x5376|workspace fold|=bs 64, L 8192|=bs 256, L 8192|=FP8 KV, bs 64, L 8192"
-  c="$c|sweep|=bs 1, L 1024|=bs 16, L 1024|=bs 1, L 32768"
+  c="$c|sweep|=bs 1, L 1024|=bs 16, L 1024|=bs 1, L 32768|persistent grid|=bs 224, mean L 1204, max L 5878 (seed 1)"
+  c="$c|=FP8 KV, bs 224, mean L 1204, max L 5878 (seed 1)"
   MHA_KIT_BENCH_FP8_SWEEP=1 MHA_KIT_BENCH_CASES="${S48_CASES:-$c}" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
     timeout ${S48_BENCH_TIMEOUT:-220} benches/paged-attention-paged_attention --bench > "$OUT/s48_dbench.log" 2>&1
   echo "== decode bench: rc=$?"; grep -E '^\| ' "$OUT/s48_dbench.log" | cut -d'|' -f2-6,9
@@ -1167,9 +1172,25 @@ stage_s48() {
     MHA_KIT_BENCH_CASES="sweep bs 128,|sweep bs 224," \
     timeout 150 benches/paged-attention-paged_attention --bench > "$OUT/s48_trace.log" 2>&1
   echo "== per-CTA traces: rc=$?"; python3 "$tree_root/scripts/probes/trace_summary.py" "$OUT/s48trace"
-  MHA_KIT_GPU_EXPERIMENTS=16,4368 timeout 120 tests/paged-attention-gpu --include-ignored experiment_entries \
+  MHA_KIT_GPU_EXPERIMENTS=16,4368,128,4480 timeout 150 tests/paged-attention-gpu --include-ignored experiment_entries \
     > "$OUT/s48_dexp.log" 2>&1
-  echo "decode experiments 16, 4368: rc=$?"; summary "$OUT/s48_dexp.log"
+  echo "decode experiments 16, 4368, 128, 4480: rc=$?"; summary "$OUT/s48_dexp.log"
+  # The persistent grid (experiments 128 / 4480): bit-identical to the
+  # ordinary launch, the masked non-finite keys under each, and memcheck /
+  # racecheck on a few of its cases once.
+  timeout 120 tests/paged-attention-gpu --include-ignored persistent_grid > "$OUT/s48_ps.log" 2>&1
+  echo "persistent grid == ordinary grid: rc=$?"; summary "$OUT/s48_ps.log"
+  local x
+  for x in x128 x4480; do
+    MHA_KIT_DECODE_EXPERIMENT=$x timeout 60 tests/paged-attention-gpu --include-ignored masked_nonfinite \
+      > "$OUT/s48_masked_$x.log" 2>&1
+    echo "masked $x: rc=$?"; summary "$OUT/s48_masked_$x.log"
+  done
+  for tool in memcheck racecheck; do
+    MHA_KIT_GPU_CASES=6 timeout 90 compute-sanitizer --tool $tool tests/paged-attention-gpu --include-ignored \
+      persistent_grid > "$OUT/s48_ps_$tool.log" 2>&1
+    echo "$tool, persistent grid: rc=$?"; grep -E "SUMMARY|test result" "$OUT/s48_ps_$tool.log"
+  done
 }
 for st in $STAGES; do "stage_$st"; done
 if [ "${PACK_LOGS:-1}" = 1 ]; then

@@ -103,6 +103,18 @@ fn experiment_row(xv: u32, bs: usize, len: usize, what: &str) -> Shape {
     }
 }
 
+/// `sh` on the persistent grid (session 48's experiments: 128 for bf16
+/// K/V, 4480 = the half-row pair loop for e4m3), its name suffixed with
+/// the experiment.
+fn persistent(sh: Shape) -> Shape {
+    let xv = if sh.fp8 { 4480 } else { 128 };
+    Shape {
+        name: format!("{} (x{xv}: persistent grid)", sh.name),
+        experiment: xv,
+        ..sh
+    }
+}
+
 /// `sh` with e4m3 K/V, its name prefixed `FP8 KV, `.
 fn fp8(sh: Shape) -> Shape {
     let name = format!("FP8 KV, {}", sh.name);
@@ -243,6 +255,12 @@ fn cases() -> Vec<Shape> {
                 ..row
             }
         },
+        // The production loops on a persistent grid (session 48): bf16
+        // (`_x128`) and the half-row pair loop (`_x4480`).
+        persistent(s("bs 64, L 8192", 32, 8, 128, 64, 8192)),
+        persistent(fp8(s("bs 64, L 8192", 32, 8, 128, 64, 8192))),
+        persistent(ragged(224, 1)),
+        persistent(fp8(ragged(224, 1))),
         // The one-tile loop that the pair loop replaced (session 45) for
         // bf16 Q with e4m3 K/V at D 128.
         Shape {
@@ -299,7 +317,9 @@ fn backend_split(bs: usize, hkv: usize, sms: usize) -> SplitMode {
 /// under the backend's other form (Auto, unsplit at these sizes, where the
 /// backend chunks; chunked where it runs Auto): session 48 read FP8 at bs 128
 /// chunked (171.9 µs on an H100) slower than at bs 160 unsplit (164.9), and
-/// an ordered chunked launch's empty CTAs each pay the length ranking.
+/// an ordered chunked launch's empty CTAs each pay the length ranking. The
+/// backend's own form also runs on the persistent grid (experiments 128 /
+/// 4480).
 fn fp8_sweep(sms: usize) -> Vec<Shape> {
     let mut v = Vec::new();
     for bs in [8, 16, 32, 64, 96, 128, 160, 224, 256] {
@@ -328,6 +348,10 @@ fn fp8_sweep(sms: usize) -> Vec<Shape> {
             };
             v.push(row());
             v.push(fp8(row()));
+            if split == chosen {
+                v.push(persistent(row()));
+                v.push(persistent(fp8(row())));
+            }
         }
     }
     v

@@ -1098,7 +1098,7 @@ struct Look {
 // measured, docs/PERF.md sessions 9-10, and their entries dropped in
 // session 23 for room.)
 template <int QT, int KV, int D, int XV = 0>
-MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
+MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps_y = 0, int ps_z = 0) {
     using L = MmaSmem<D, KV, XV>;
     constexpr int NST = L::NST;
     constexpr int ES = L::ES;
@@ -1120,8 +1120,12 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     float* dsum = ms + MW * ROWS;
     u32* vm_s = reinterpret_cast<u32*>(smem + L::VM_OFF);
 
-    const int h = blockIdx.y % p.num_kv_heads;
-    const int rt = p.row_tile_base + blockIdx.y / p.num_kv_heads;
+    // PS (XV & 128, timing experiment; `mma_entry`): the CTA serves grid
+    // position (ps_x, ps_y, ps_z) of the launch's work units instead of
+    // its own block index.
+    constexpr bool PS = (XV & 128) != 0;
+    const int h = PS ? ps_y % p.num_kv_heads : blockIdx.y % p.num_kv_heads;
+    const int rt = PS ? p.row_tile_base + ps_y / p.num_kv_heads : p.row_tile_base + blockIdx.y / p.num_kv_heads;
 
     // Timing experiment XV & 16: a per-CTA trace in place of the skip
     // counter (8 u64 a CTA, linear CTA order): %smid in the low word and the
@@ -1160,7 +1164,12 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
             }
         }
     };
-    const int2 unit = decode_unit<L>(p, smem);
+    static_assert(!(PS && TR), "PS: no per-CTA trace");
+    const int2 unit = PS ? (p.length_order != 0 ? unit_in_length_order(p.cache_seqlens, p.bs, p.max_splits,
+                                                                       p.fixed_chunk, ps_x, ps_z,
+                                                                       reinterpret_cast<u32*>(smem))
+                                                : make_int2(ps_z, ps_x))
+                         : decode_unit<L>(p, smem);
     if constexpr (TR) {
         if (trace != nullptr) {
             u32 sm;
@@ -2199,6 +2208,34 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     stamp(6);
 }
 
+// A tensor-core entry's body. PS (XV & 128, timing experiment; session
+// 48): a persistent grid. The launcher starts min(units, 2 SMs) CTAs in
+// one row (`gridDim.x`); CTA c serves the grid positions l = c, c +
+// gridDim.x, ... of the launch's units in launch order (x fastest: split,
+// then KV head and row tile, then request: the order the block scheduler
+// starts an ordinary grid in), each exactly as the CTA at that position
+// would (same unit, keys, partials and fold: bit-identical results). What
+// it measures: the change of CTA between units (exit, the next CTA's
+// start, its length ranking's first loads), which the per-CTA traces of
+// session 48 put at a few µs of every short FP8 CTA's ~20 µs. The row tiles
+// must fit one launch (the launcher's check); no per-CTA trace.
+template <int QT, int KV, int D, int XV>
+MHA_KIT_DEVICE void mma_entry(const PagedAttentionParams& p) {
+    if constexpr ((XV & 128) != 0) {
+        const u32 nx = (u32)p.max_splits;
+        const u32 ny = (u32)p.num_kv_heads * (u32)p.row_tiles;
+        const u32 units = nx * ny * (u32)p.bs;
+        for (u32 l = blockIdx.x; l < units; l += gridDim.x) {
+            mma_body<QT, KV, D, XV>(p, (int)(l % nx), (int)((l / nx) % ny), (int)(l / (nx * ny)));
+            // The unit's shared memory (its merge scratch, fold) is read
+            // before the next unit's ranking or copies write it.
+            __syncthreads();
+        }
+    } else {
+        mma_body<QT, KV, D, XV>(p);
+    }
+}
+
 }  // namespace pa
 
 #define PA_DECODE(QN, QT, KVN, KV, D)                                                              \
@@ -2226,12 +2263,12 @@ PA_DECODE_D(f16, 1, e4m3, 2)
 // of 128 dims each: MmaSmem::DH); Q and a 16-bit
 // KV share the dtype, or KV is e4m3 (f16 MMAs, each element converted once).
 // One entry, `paged_attention_mma_{QN}_kv_{KVN}_d{D}{SUFFIX}`: mma_body<QT, KV,
-// D, XV> with MINB CTAs an SM.
+// D, XV> with MINB CTAs an SM (`mma_entry`).
 #define PA_MMA_ENTRY(QN, QT, KVN, KV, D, SUFFIX, XV, MINB)                                         \
     extern "C" __global__ void __launch_bounds__(pa::NT, MINB)                                       \
         paged_attention_mma_##QN##_kv_##KVN##_d##D##SUFFIX(const PagedAttentionParams p) {           \
         pa::pdl_wait();                                                                            \
-        pa::mma_body<QT, KV, D, XV>(p);                                                            \
+        pa::mma_entry<QT, KV, D, XV>(p);                                                           \
     }
 // D 128 entries take the lean copy addresses (XV & 64, mma_body's XA;
 // session 28's experiment 64, production since session 31: on an H100 it
@@ -2300,6 +2337,11 @@ PA_MMA_X(bf16, 0, e4m3, 2, 5376, 2)
 // lookups and copies issued before Q is read (mma_body's EP; session 47).
 PA_MMA_X(bf16, 0, bf16, 0, 2, 2)
 PA_MMA_X(bf16, 0, e4m3, 2, 4354, 2)
+// Experiment 128 (bf16 K/V) and 4480 = 4096 | 256 | 128 (e4m3 K/V, the
+// `_pair_h` loop): the production entry on a persistent grid (mma_entry's
+// PS; session 48).
+PA_MMA_X(bf16, 0, bf16, 0, 128, 2)
+PA_MMA_X(bf16, 0, e4m3, 2, 4480, 2)
 // Experiment 4368 = 4096 | 256 | 16 (e4m3 K/V): the `_pair_h` loop with
 // experiment 16's per-CTA trace, for the FP8 decode's per-CTA start and end
 // costs on short requests (session 47).

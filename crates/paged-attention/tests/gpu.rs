@@ -1142,7 +1142,9 @@ fn main() {
             // `_x5376`: the half-row pair loop with
             // `_x1024`'s copies; `_x2` / `_x4354`: the production loop /
             // the half-row pair loop with the first K/V tiles issued before
-            // Q is read; `_x4368`: the half-row pair loop traced), on the
+            // Q is read; `_x4368`: the half-row pair loop traced; `_x128` /
+            // `_x4480`: the production loop / the half-row pair loop on a
+            // persistent grid), on the
             // random cases their entry serves
             // (bf16 Q, D 128) and on some others (which keep the production
             // entry).
@@ -1162,6 +1164,8 @@ fn main() {
                 (2, KvDtype::Bf16),
                 (4354, KvDtype::E4m3),
                 (4368, KvDtype::E4m3),
+                (128, KvDtype::Bf16),
+                (4480, KvDtype::E4m3),
             ]
             .into_iter()
             .filter(|&(xv, _)| wanted(xv))
@@ -1286,6 +1290,61 @@ fn main() {
                 "cluster_fold_equals_the_workspace_fold: {same} cases, {} launches as clusters",
                 k.cluster_launches()
             );
+            Ok(())
+        }),
+        named("persistent_grid_equals_the_ordinary_grid", |gpu, _| {
+            // Experiments 128 (bf16 K/V) and 4480 (e4m3 K/V, the half-row
+            // pair loop): one row of min(units, 2 SMs) CTAs, each serving
+            // grid positions c, c + CTAs, ... (`mma_entry`'s PS). Rows, LSE
+            // and error words bit-identical to the launcher's ordinary
+            // launch (the cluster fold's results equal the workspace
+            // fold's) on the random cases, in grid order and with the
+            // length order forced on, and on chunked splits of 1..97 keys
+            // (many units without keys).
+            let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let cases = env_cases(300);
+            let mut runs = 0usize;
+            for (xv, kv) in [(128u32, KvDtype::Bf16), (4480, KvDtype::E4m3)] {
+                for order in [None, Some(0)] {
+                    let mut ps = PagedAttentionKernel::new(gpu).or_fail("load")?;
+                    ps.set_experiment(xv).or_fail("experiment")?;
+                    ps.set_length_order(order);
+                    let mut base = PagedAttentionKernel::new(gpu).or_fail("load")?;
+                    base.set_length_order(order);
+                    let mut n = 0u64;
+                    for seed in 0u64..40_000 {
+                        if n == cases {
+                            break;
+                        }
+                        let (c, drawn, msl) = random_case(seed);
+                        if c.d != 128 || c.kv_dtype != kv || c.q_dtype != HalfDtype::Bf16 {
+                            continue;
+                        }
+                        let split = if seed % 3 == 0 {
+                            SplitMode::Chunked {
+                                chunk_tokens: 1 + (seed % 97) as usize,
+                                max_splits: 1 + (seed % 9) as usize,
+                            }
+                        } else {
+                            drawn
+                        };
+                        let a = launch_edited(gpu, &ps, &c, split, msl, |_| {})
+                            .map_err(|e| format!("_x{xv}, seed {seed}: {e}"))?;
+                        let b = launch_edited(gpu, &base, &c, split, msl, |_| {})
+                            .map_err(|e| format!("production, seed {seed}: {e}"))?;
+                        if a.out != b.out || bits(&a.lse) != bits(&b.lse) || a.errors != b.errors {
+                            return Err(format!(
+                                "_x{xv}, order {order:?}, seed {seed}, {split:?}: differs from the \
+                                 ordinary grid ({})",
+                                describe(&c)
+                            ));
+                        }
+                        n += 1;
+                        runs += 1;
+                    }
+                }
+            }
+            println!("persistent_grid_equals_the_ordinary_grid: {runs} cases");
             Ok(())
         }),
         named("length_order_equals_grid_order", |gpu, _| {

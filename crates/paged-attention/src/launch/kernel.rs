@@ -30,7 +30,14 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_bf16_d128_x2",
     "paged_attention_mma_bf16_kv_e4m3_d128_x4354",
     "paged_attention_mma_bf16_kv_e4m3_d128_x4368",
+    "paged_attention_mma_bf16_kv_bf16_d128_x128",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x4480",
 ];
+
+/// Experiment bit of the persistent-grid entries (`mma_entry`'s PS in the
+/// .cu): the launch is one row of `min(units, 2·SMs)` CTAs, each serving
+/// the grid positions `c, c + CTAs, …` of the ordinary grid's units.
+const EXPERIMENT_PERSISTENT: u32 = 128;
 
 /// Experiment bit of the entries that compute only the first 8 rows of each
 /// 16-row tile: they run only where `q_len · G ≤ 8` (the production entry
@@ -56,7 +63,7 @@ fn row_tile_blocks(
     total: usize,
     grid_tiles: usize,
     cap: Option<usize>,
-) -> impl Iterator<Item = (usize, usize)> {
+) -> impl Iterator<Item = (usize, usize)> + Clone {
     let per = grid_tiles.min(cap.unwrap_or(usize::MAX)).max(1);
     (0..total)
         .step_by(per)
@@ -88,8 +95,9 @@ pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 /// computed, in an entry of its own), `x1024` (e4m3 K/V copied as before
 /// session 42's W), `x5376` (the half-row pair loop with `x1024`'s
 /// copies), `x2` (bf16 K/V) or `x4354` (e4m3 K/V, the half-row pair loop)
-/// (the first K/V tiles issued before Q is read), so that a whole replay
-/// can run it.
+/// (the first K/V tiles issued before Q is read), `x128` (bf16 K/V) or
+/// `x4480` (e4m3 K/V, the half-row pair loop) (a persistent grid), so that
+/// a whole replay can run it.
 /// (`x192`, the same loop beside the full one in the production entry, was
 /// dropped in session 44; `x2048` / `x2304`, each slice's S a step ahead,
 /// in session 46.)
@@ -276,6 +284,8 @@ impl PagedAttentionKernel {
                 ("x1024", 1024),
                 ("x4354", 4354),
                 ("x5376", 5376),
+                ("x128", 128),
+                ("x4480", 4480),
             ],
         )?)?;
         Ok(k)
@@ -298,12 +308,19 @@ impl PagedAttentionKernel {
     /// KV, `q_len · G ≤ 8` only, the `_pair_h` loop) the production loop with
     /// the first K/V tiles' page lookups and copies issued before Q is read;
     /// `4368` (e4m3 KV, `q_len · G ≤ 8` only) the `_pair_h` loop with
-    /// `16`'s trace; `16` (bf16 KV) the production
-    /// entry writing a per-CTA trace through `skipped_slices` instead of
-    /// counting skipped slices: 8 u64 a CTA in linear CTA order (`%smid`;
-    /// `%globaltimer` ns at entry, length read, first K/V tile landed, loop
-    /// end, partial or rows written, exit; then 1 = this CTA folded the
-    /// splits, 2 = no work, 0 = neither). With experiment 16 a
+    /// `16`'s trace; `128` (bf16 KV) and `4480` (e4m3 KV, `q_len · G ≤ 8`
+    /// only, the `_pair_h` loop) the production loop on a persistent grid:
+    /// one row of `min(units, 2·SMs)` CTAs, CTA `c` serving the ordinary
+    /// grid's positions `c, c + CTAs, …` in launch order, bit-identical to
+    /// the ordinary launch ([`KernelError::Unsupported`] at launch where
+    /// the row tiles need more than one launch); `16` (bf16 KV) the
+    /// production entry writing a per-CTA trace through `skipped_slices`
+    /// instead of counting skipped slices: 8 u64 a CTA in linear CTA order
+    /// (`%smid` in the low word and the length order's ranking in ns in
+    /// the high word; `%globaltimer` ns at entry (before the ranking),
+    /// length read, first K/V tile landed, loop end, partial or rows
+    /// written, exit; then 1 = this CTA folded the splits, 2 = no work, 0 =
+    /// neither). With experiment 16 a
     /// `skipped_slices` shorter than 16 u32 a CTA is refused
     /// ([`KernelError::Capacity`]), a strided one too
     /// ([`KernelError::Stride`]).
@@ -654,13 +671,30 @@ impl PagedAttentionKernel {
         // The row tiles in blocks of the grid's y extent (one block unless
         // `long_rows` needed more).
         let hkv = p.num_kv_heads.max(1) as usize;
-        for (base, count) in row_tile_blocks(
+        let persistent = experiment.is_some() && self.experiment & EXPERIMENT_PERSISTENT != 0;
+        let blocks = row_tile_blocks(
             p.row_tiles.max(1) as usize,
             y as usize / hkv,
             self.launch_row_tiles,
-        ) {
+        );
+        if persistent && blocks.clone().count() > 1 {
+            // The persistent entries serve every row tile of `row_tiles` in
+            // one launch.
+            return Err(KernelError::unsupported(
+                "q",
+                format!(
+                    "decode experiment {}: {} row tiles need more than one launch",
+                    self.experiment, p.row_tiles
+                ),
+            ));
+        }
+        for (base, count) in blocks {
             p.row_tile_base = to_i32("max_q_len", base)?;
             config.grid_dim.1 = (hkv * count) as u32;
+            if persistent {
+                let units = x as usize * hkv * count * z as usize;
+                config.grid_dim = ((units.min(2 * self.num_sms())).max(1) as u32, 1, 1);
+            }
             // SAFETY: `validate` checked every shape and stride against the
             // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
             // alignment, and the workspace size; device data (page ids, lengths,
@@ -722,7 +756,10 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(numbers, [16, 256, 256, 1024, 5376, 2, 4354, 4368]);
+        assert_eq!(
+            numbers,
+            [16, 256, 256, 1024, 5376, 2, 4354, 4368, 128, 4480]
+        );
         for (q, kv, d) in mma_variants() {
             if pair_loop_variant(q, kv, d) {
                 let name = mma_entry_name(q, kv, d);
