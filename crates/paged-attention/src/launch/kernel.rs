@@ -677,13 +677,15 @@ impl PagedAttentionKernel {
             y as usize / hkv,
             self.launch_row_tiles,
         );
-        if persistent && blocks.clone().count() > 1 {
+        if persistent
+            && (blocks.clone().count() > 1 || x as u64 * y as u64 * z as u64 > i32::MAX as u64)
+        {
             // The persistent entries serve every row tile of `row_tiles` in
-            // one launch.
+            // one launch, counting grid positions in 32 bits.
             return Err(KernelError::unsupported(
                 "q",
                 format!(
-                    "decode experiment {}: {} row tiles need more than one launch",
+                    "decode experiment {}: {} row tiles over a grid of ({x}, {y}, {z}) CTAs",
                     self.experiment, p.row_tiles
                 ),
             ));
