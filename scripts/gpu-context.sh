@@ -186,7 +186,8 @@
 #             bf16 and e4m3 K/V under mha-backend's split rule
 #             (MHA_KIT_BENCH_FP8_SWEEP=1), then the FP8 and bf16 conv-like
 #             bs 224 rows again
-#   s47       session 47's call (run in session 48 on an H100): EP's bench rows (`_x2` bf16 beside
+#   s47       session 47's call (run in session 48 on an H100; EP's entries
+#             were dropped after it, so it no longer runs as written): EP's bench rows (`_x2` bf16 beside
 #             the workspace-fold twins of the latency rows, `_x4354` on FP8
 #             bs 64 x 8k and the conv-like batch) with the production rows, the
 #             FP8 / bf16 sweep by batch size (stage fp8sweep's rows), cuDNN,
@@ -195,15 +196,16 @@
 #             each CTA's start, stream and end), then the experiment test for
 #             2, 4354 and 4368 and the masked non-finite keys under 2 and 4354
 #   s48       session 48's call: issue 14's bar rows with cuDNN (for an
-#             H200), EP and x5376 beside production, the FP8 / bf16 sweep
+#             H200), x5376 beside production, the FP8 / bf16 sweep
 #             with both of the backend's split forms from bs 32 up, per-CTA
 #             traces of bs 128 and bs 224 chunked and unsplit (the entry now
 #             stamped before the length order's ranking; empty CTAs traced),
 #             the experiment test for the trace entries 16 and 4368 and the
-#             persistent-grid entries 128 / 4480 (their rows beside
-#             production, their bit-identity test, masked keys, memcheck and
-#             racecheck); the conv trace on the persistent grid:
-#             MHA_KIT_DECODE_EXPERIMENT=x4480 (FP8) / x128 (bf16) with STAGES=conv
+#             persistent-grid entries 128 / 4480 and PS1's 640 / 4992 (their
+#             rows beside production, their bit-identity test, masked keys,
+#             memcheck and racecheck); the conv trace on the persistent grid:
+#             MHA_KIT_DECODE_EXPERIMENT=x4992 or x4480 (FP8) / x640 or x128
+#             (bf16) with STAGES=conv
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries. The device tool returns at most 8 files from $OUT, so at
 # the end every log is packed into $OUT/logs.tar.gz (PACK_LOGS=0 keeps them
@@ -1158,8 +1160,8 @@ stage_s48() {
   # Issue 14's bar rows beside cuDNN (an H200 reads the bars), EP and x5376
   # beside production, and the FP8 sweep with both of the backend's split
   # forms from bs 32 up.
-  local c="(x2)|(x2:|x4354|x5376|workspace fold|=bs 64, L 8192|=bs 256, L 8192|=FP8 KV, bs 64, L 8192"
-  c="$c|sweep|=bs 1, L 1024|=bs 16, L 1024|=bs 1, L 32768|persistent grid|=bs 224, mean L 1204, max L 5878 (seed 1)"
+  local c="x5376|=bs 64, L 8192|=bs 256, L 8192|=FP8 KV, bs 64, L 8192"
+  c="$c|sweep|=bs 1, L 1024|=bs 16, L 1024|=bs 1, L 32768|persistent grid|PS1|=bs 224, mean L 1204, max L 5878 (seed 1)"
   c="$c|=FP8 KV, bs 224, mean L 1204, max L 5878 (seed 1)"
   MHA_KIT_BENCH_FP8_SWEEP=1 MHA_KIT_BENCH_CASES="${S48_CASES:-$c}" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
     timeout ${S48_BENCH_TIMEOUT:-220} benches/paged-attention-paged_attention --bench > "$OUT/s48_dbench.log" 2>&1
@@ -1172,16 +1174,16 @@ stage_s48() {
     MHA_KIT_BENCH_CASES="sweep bs 128,|sweep bs 224," \
     timeout 150 benches/paged-attention-paged_attention --bench > "$OUT/s48_trace.log" 2>&1
   echo "== per-CTA traces: rc=$?"; python3 "$tree_root/scripts/probes/trace_summary.py" "$OUT/s48trace"
-  MHA_KIT_GPU_EXPERIMENTS=16,4368,128,4480 timeout 150 tests/paged-attention-gpu --include-ignored experiment_entries \
-    > "$OUT/s48_dexp.log" 2>&1
-  echo "decode experiments 16, 4368, 128, 4480: rc=$?"; summary "$OUT/s48_dexp.log"
-  # The persistent grid (experiments 128 / 4480): bit-identical to the
-  # ordinary launch, the masked non-finite keys under each, and memcheck /
-  # racecheck on a few of its cases once.
+  MHA_KIT_GPU_EXPERIMENTS=16,4368,128,4480,640,4992 timeout 200 tests/paged-attention-gpu --include-ignored \
+    experiment_entries > "$OUT/s48_dexp.log" 2>&1
+  echo "decode experiments 16, 4368, 128, 4480, 640, 4992: rc=$?"; summary "$OUT/s48_dexp.log"
+  # The persistent grid (experiments 128 / 4480, PS1 640 / 4992):
+  # bit-identical to the ordinary launch, the masked non-finite keys under
+  # each, and memcheck / racecheck on a few of its cases once.
   timeout 120 tests/paged-attention-gpu --include-ignored persistent_grid > "$OUT/s48_ps.log" 2>&1
   echo "persistent grid == ordinary grid: rc=$?"; summary "$OUT/s48_ps.log"
   local x
-  for x in x128 x4480; do
+  for x in x128 x4480 x640 x4992; do
     MHA_KIT_DECODE_EXPERIMENT=$x timeout 60 tests/paged-attention-gpu --include-ignored masked_nonfinite \
       > "$OUT/s48_masked_$x.log" 2>&1
     echo "masked $x: rc=$?"; summary "$OUT/s48_masked_$x.log"

@@ -115,6 +115,17 @@ fn persistent(sh: Shape) -> Shape {
     }
 }
 
+/// `sh` on PS1 (the persistent grid with the next unit's first tiles
+/// issued before each unit's merge: 640 for bf16 K/V, 4992 for e4m3).
+fn ps1(sh: Shape) -> Shape {
+    let xv = if sh.fp8 { 4992 } else { 640 };
+    Shape {
+        name: format!("{} (x{xv}: PS1)", sh.name),
+        experiment: xv,
+        ..sh
+    }
+}
+
 /// `sh` with e4m3 K/V, its name prefixed `FP8 KV, `.
 fn fp8(sh: Shape) -> Shape {
     let name = format!("FP8 KV, {}", sh.name);
@@ -241,26 +252,18 @@ fn cases() -> Vec<Shape> {
         },
         // The half-row pair loop with x1024's copies (session 45).
         fp8_experiment(5376, "x5376: pair loop, half rows, lane-quad copies"),
-        // The first K/V tiles' page lookups and copies issued before Q is
-        // read (session 47): bf16 (`_x2`) and the half-row pair loop
-        // (`_x4354`). Experiment entries fold splits through the workspace,
-        // so the split rows have workspace-fold production twins here.
-        experiment_row(2, 64, 8192, "x2: K/V issued before Q"),
-        fp8_experiment(4354, "x4354: pair loop, half rows, K/V issued before Q"),
-        {
-            let row = fp8(ragged(224, 1));
-            Shape {
-                name: format!("{} (x4354)", row.name),
-                experiment: 4354,
-                ..row
-            }
-        },
         // The production loops on a persistent grid (session 48): bf16
         // (`_x128`) and the half-row pair loop (`_x4480`).
         persistent(s("bs 64, L 8192", 32, 8, 128, 64, 8192)),
         persistent(fp8(s("bs 64, L 8192", 32, 8, 128, 64, 8192))),
         persistent(ragged(224, 1)),
         persistent(fp8(ragged(224, 1))),
+        // PS1: the persistent grid with the next unit's first ring tiles
+        // issued before each unit's merge (`_x640`, `_x4992`).
+        ps1(s("bs 64, L 8192", 32, 8, 128, 64, 8192)),
+        ps1(fp8(s("bs 64, L 8192", 32, 8, 128, 64, 8192))),
+        ps1(ragged(224, 1)),
+        ps1(fp8(ragged(224, 1))),
         // The one-tile loop that the pair loop replaced (session 45) for
         // bf16 Q with e4m3 K/V at D 128.
         Shape {
@@ -273,16 +276,6 @@ fn cases() -> Vec<Shape> {
         ragged(224, 1),
         fp8(ragged(224, 1)),
     ];
-    // EP on the latency rows (below the table's production rows, which fold
-    // their splits in clusters), each beside its workspace-fold twin.
-    for (bs, len) in [(1, 1024), (16, 1024), (1, 32768)] {
-        v.push(experiment_row(2, bs, len, "x2"));
-        let name = format!("bs {bs}, L {len} (workspace fold)");
-        v.push(Shape {
-            workspace_fold: true,
-            ..s(&name, 32, 8, 128, bs, len)
-        });
-    }
     if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
         v.extend(split_sweep());
     }
@@ -351,6 +344,8 @@ fn fp8_sweep(sms: usize) -> Vec<Shape> {
             if split == chosen {
                 v.push(persistent(row()));
                 v.push(persistent(fp8(row())));
+                v.push(ps1(row()));
+                v.push(ps1(fp8(row())));
             }
         }
     }

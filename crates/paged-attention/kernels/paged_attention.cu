@@ -1097,8 +1097,18 @@ struct Look {
 // lane-quad copies of 16-bit rows, whole-row copies of e4m3 rows — were
 // measured, docs/PERF.md sessions 9-10, and their entries dropped in
 // session 23 for room.)
+// PS1's hand-over between the units of a persistent CTA: the next unit
+// (request -2^31: not yet ranked) and how many of its first ring tiles the
+// previous unit already issued.
+struct PsCarry {
+    int2 unit;
+    int early;
+};
+constexpr int PS_UNRANKED = -2147483647 - 1;
+
 template <int QT, int KV, int D, int XV = 0>
-MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps_y = 0, int ps_z = 0) {
+MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps_y = 0, int ps_z = 0,
+                             const PsCarry* ps_in = nullptr, PsCarry* ps_out = nullptr, u32 ps_next = ~0u) {
     using L = MmaSmem<D, KV, XV>;
     constexpr int NST = L::NST;
     constexpr int ES = L::ES;
@@ -1124,6 +1134,9 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
     // position (ps_x, ps_y, ps_z) of the launch's work units instead of
     // its own block index.
     constexpr bool PS = (XV & 128) != 0;
+    // PS1 (XV & 512 with PS): the next unit's first ring tiles are issued
+    // before this unit's merge (below), so their flight overlaps its end.
+    constexpr bool PS1 = PS && (XV & 512) != 0;
     const int h = PS ? ps_y % p.num_kv_heads : blockIdx.y % p.num_kv_heads;
     const int rt = PS ? p.row_tile_base + ps_y / p.num_kv_heads : p.row_tile_base + blockIdx.y / p.num_kv_heads;
 
@@ -1165,7 +1178,8 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
         }
     };
     static_assert(!(PS && TR), "PS: no per-CTA trace");
-    const int2 unit = PS ? (p.length_order != 0 ? unit_in_length_order(p.cache_seqlens, p.bs, p.max_splits,
+    const int2 unit = PS1 && ps_in->unit.x != PS_UNRANKED ? ps_in->unit
+                      : PS ? (p.length_order != 0 ? unit_in_length_order(p.cache_seqlens, p.bs, p.max_splits,
                                                                        p.fixed_chunk, ps_x, ps_z,
                                                                        reinterpret_cast<u32*>(smem))
                                                 : make_int2(ps_z, ps_x))
@@ -1216,9 +1230,9 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
         no_work();
         return;
     }
-    const i32 ks0 = sp.k_lo + split * sp.chunk;
-    const i32 ke = min(ks0 + sp.chunk, sp.k_hi);
-    const int ntiles = ke > ks0 ? (ke - ks0 + TT - 1) / TT : 0;
+    i32 ks0 = sp.k_lo + split * sp.chunk;
+    i32 ke = min(ks0 + sp.chunk, sp.k_hi);
+    int ntiles = ke > ks0 ? (ke - ks0 + TT - 1) / TT : 0;
     const int nrows = sp.rows;
     const int r0 = rt * ROWS;
 
@@ -1256,7 +1270,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
     // ---- loader: lane loads tokens lt and lt + 8 of the warp slice, chunks cq + 4 i ----
     const int lt = lane >> 2;
     const int cq = lane & 3;
-    const i32 slice0 = ks0 + ws * MWT;  // first key of this warp's slice in tile 0
+    i32 slice0 = ks0 + ws * MWT;  // first key of this warp's slice in tile 0
     u8* ring = smem + warp * L::WRING;
     const u32 ring_u32 = smem_u32(ring);
     // XA: the lane's copy base, the row start (the XA entries copy whole
@@ -1446,8 +1460,11 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
         lookup(lb, PRO + 1);
 #pragma unroll
         for (int s = 0; s < PRO; ++s) {
-            issue(pro[s], s, s);
-            cp_async_commit();
+            // PS1: tiles below `early` were issued by the previous unit.
+            if (!PS1 || s >= ps_in->early) {
+                issue(pro[s], s, s);
+                cp_async_commit();
+            }
         }
     };
     // EP (XV & 2, timing experiment): the prologue's page-table reads and
@@ -2102,6 +2119,68 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
     pdl_launch_dependents();
     __syncthreads();  // every warp is done with its ring: reuse it as merge scratch
 
+    // PS1: each warp's merge rows go to the top of its own ring (`osc_w`),
+    // so its first EARLY slots can take the next unit's first tiles now:
+    // the next unit is ranked (scratch: the ring's first 1 KB, as every
+    // ranking, free until the copies below), its loader state replaces this unit's (the
+    // merge below needs only b, h, rt, split, g, sp and the registers), and
+    // tiles 0 .. EARLY - 1 are looked up and issued as the prologue would.
+    constexpr int MROW_BYTES = ROWS * L::OS * 4;  // one warp's merge rows
+    constexpr int EARLY = PS1 ? ((L::WRING - MROW_BYTES) / L::SLOT < PRO ? (L::WRING - MROW_BYTES) / L::SLOT : PRO) : 0;
+    static_assert(!PS1 || (DH == 1 && EARLY >= 1), "PS1: the D 128 entries");
+    auto osc_w = [&](int w) { return reinterpret_cast<float*>(smem + w * L::WRING + L::WRING - MROW_BYTES); };
+    if constexpr (PS1) {
+        ps_out->unit = make_int2(PS_UNRANKED, 0);
+        ps_out->early = 0;
+        if (ps_next != ~0u) {
+            const u32 nx = (u32)p.max_splits;
+            const u32 ny = (u32)p.num_kv_heads * (u32)p.row_tiles;
+            const int x2 = (int)(ps_next % nx), y2 = (int)((ps_next / nx) % ny), z2 = (int)(ps_next / (nx * ny));
+            const int2 u2 = p.length_order != 0
+                                ? unit_in_length_order(p.cache_seqlens, p.bs, p.max_splits, p.fixed_chunk, x2, z2,
+                                                       reinterpret_cast<u32*>(smem))
+                                : make_int2(z2, x2);
+            ps_out->unit = u2;
+            if (u2.x >= 0) {
+                const int h2 = y2 % p.num_kv_heads;
+                const int rt2 = p.row_tile_base + y2 / p.num_kv_heads;
+                const Geom g2 = request_geom(p, u2.x, false);
+                Split sp2{};
+                if (!g2.skip) sp2 = tile_split(p, g2, rt2);
+                if (!g2.skip && sp2.rows > 0 && u2.y < sp2.nb) {
+                    ks0 = sp2.k_lo + u2.y * sp2.chunk;
+                    ke = min(ks0 + sp2.chunk, sp2.k_hi);
+                    ntiles = ke > ks0 ? (ke - ks0 + TT - 1) / TT : 0;
+                    pt_row = p.page_table + (i64)u2.x * p.page_table_stride;
+                    if constexpr (XA) pt_row = pac::opaque_ptr(pt_row);
+                    k_base = p.k_cache + (i64)h2 * p.k_stride_head * ES;
+                    v_base = p.v_cache + (i64)h2 * p.v_stride_head * ES;
+                    k_lane = k_base;
+                    v_lane = v_base;
+                    if constexpr (XA) {
+                        k_lane = pac::opaque_ptr(k_lane);
+                        v_lane = pac::opaque_ptr(v_lane);
+                    }
+                    slice0 = ks0 + ws * MWT;
+                    cur_pg0 = (slice0 + lt) / psz;
+                    cur_off0 = slice0 + lt - cur_pg0 * psz;
+                    cur_pg1 = (slice0 + lt + 8) / psz;
+                    cur_off1 = slice0 + lt + 8 - cur_pg1 * psz;
+                    cur_pg0 = cur_pg0 * cpn + p.cp_rank;
+                    cur_pg1 = cur_pg1 * cpn + p.cp_rank;
+#pragma unroll
+                    for (int s = 0; s < EARLY; ++s) lookup(pro[s], s);
+#pragma unroll
+                    for (int s = 0; s < EARLY; ++s) {
+                        issue(pro[s], s, s);
+                        cp_async_commit();
+                    }
+                    ps_out->early = EARLY;
+                }
+            }
+        }
+    }
+
     // ---- merge the 4 warps' (m, d, O) (DH = 2: the 2 pairs', each pair's
     // warps holding the same (m, d) and one half of O's dims) ----
     float* osc = reinterpret_cast<float*>(smem);
@@ -2116,7 +2195,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
         }
 #pragma unroll
         for (int n = 0; n < NT8; ++n) {
-            float* orow = osc + (ws * ROWS + row) * L::OS + hf * DW;
+            float* orow = PS1 ? osc_w(ws) + row * L::OS + hf * DW : osc + (ws * ROWS + row) * L::OS + hf * DW;
             if constexpr (KV == 2) {
                 orow[NT8 * (2 * qd) + n] = o[n][2 * hr];
                 orow[NT8 * (2 * qd + 1) + n] = o[n][2 * hr + 1];
@@ -2144,7 +2223,8 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
             const float mw = ms[w * ROWS + rr];
             const float f = mw == NEG_INF ? 0.f : ex2(mw - mm);
             den += f * dsum[w * ROWS + rr];
-            const float4* src = reinterpret_cast<const float4*>(osc + (w * ROWS + rr) * L::OS + ch * 8);
+            const float4* src = reinterpret_cast<const float4*>(PS1 ? osc_w(w) + rr * L::OS + ch * 8
+                                                                    : osc + (w * ROWS + rr) * L::OS + ch * 8);
             const float4 a = src[0], c = src[1];
             acc[0] += f * a.x;
             acc[1] += f * a.y;
@@ -2200,7 +2280,11 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
         }
     } else if (sp.nb > 1) {
         const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
-        merge_last<QT, D, true>(p, g, item, sp.nb, nrows, r0, h, osc, L::RING / 4);
+        if constexpr (PS1) {
+            merge_last<QT, D, true>(p, g, item, sp.nb, nrows, r0, h, osc_w(0), ROWS * L::OS);
+        } else {
+            merge_last<QT, D, true>(p, g, item, sp.nb, nrows, r0, h, osc, L::RING / 4);
+        }
         if constexpr (TR) {
             if (trace != nullptr) trace[7] = *reinterpret_cast<const u32*>(osc + 2 * ROWS);
         }
@@ -2221,7 +2305,20 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
 // must fit one launch (the launcher's check); no per-CTA trace.
 template <int QT, int KV, int D, int XV>
 MHA_KIT_DEVICE void mma_entry(const PagedAttentionParams& p) {
-    if constexpr ((XV & 128) != 0) {
+    if constexpr ((XV & 128) != 0 && (XV & 512) != 0) {
+        // PS1: each unit hands the next its rank and early tiles.
+        const u32 nx = (u32)p.max_splits;
+        const u32 ny = (u32)p.num_kv_heads * (u32)p.row_tiles;
+        const u32 units = nx * ny * (u32)p.bs;
+        PsCarry carry{make_int2(PS_UNRANKED, 0), 0};
+        for (u32 l = blockIdx.x; l < units; l += gridDim.x) {
+            const PsCarry in = carry;
+            const u32 next = l + gridDim.x < units ? l + gridDim.x : ~0u;
+            mma_body<QT, KV, D, XV>(p, (int)(l % nx), (int)((l / nx) % ny), (int)(l / (nx * ny)), &in, &carry, next);
+            __syncthreads();
+        }
+        cp_async_wait<0>();  // an unused hand-over's copies (none: the last unit has no next)
+    } else if constexpr ((XV & 128) != 0) {
         const u32 nx = (u32)p.max_splits;
         const u32 ny = (u32)p.num_kv_heads * (u32)p.row_tiles;
         const u32 units = nx * ny * (u32)p.bs;
@@ -2335,13 +2432,17 @@ PA_MMA_X(bf16, 0, e4m3, 2, 5376, 2)
 // Experiment 2 (bf16 K/V) and 4354 = 4096 | 256 | 2 (e4m3 K/V, the
 // `_pair_h` loop): the production entry with the first K/V tiles' page
 // lookups and copies issued before Q is read (mma_body's EP; session 47).
-PA_MMA_X(bf16, 0, bf16, 0, 2, 2)
-PA_MMA_X(bf16, 0, e4m3, 2, 4354, 2)
+// (EP's entries, 2 and 4354, dropped on this branch for room.)
 // Experiment 128 (bf16 K/V) and 4480 = 4096 | 256 | 128 (e4m3 K/V, the
 // `_pair_h` loop): the production entry on a persistent grid (mma_entry's
 // PS; session 48).
 PA_MMA_X(bf16, 0, bf16, 0, 128, 2)
 PA_MMA_X(bf16, 0, e4m3, 2, 4480, 2)
+// Experiment 640 = 512 | 128 (bf16 K/V) and 4992 = 4096 | 512 | 256 | 128
+// (e4m3 K/V, `_pair_h`): PS1, the persistent grid with the next unit's
+// first ring tiles issued before this unit's merge.
+PA_MMA_X(bf16, 0, bf16, 0, 640, 2)
+PA_MMA_X(bf16, 0, e4m3, 2, 4992, 2)
 // Experiment 4368 = 4096 | 256 | 16 (e4m3 K/V): the `_pair_h` loop with
 // experiment 16's per-CTA trace, for the FP8 decode's per-CTA start and end
 // costs on short requests (session 47).

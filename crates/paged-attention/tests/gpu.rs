@@ -1140,11 +1140,11 @@ fn main() {
             // launched only where q_len · G <= 8, e4m3 and bf16 KV; `_x1024`:
             // the e4m3 copies as before W, lane quads with the L2 hint;
             // `_x5376`: the half-row pair loop with
-            // `_x1024`'s copies; `_x2` / `_x4354`: the production loop /
-            // the half-row pair loop with the first K/V tiles issued before
-            // Q is read; `_x4368`: the half-row pair loop traced; `_x128` /
-            // `_x4480`: the production loop / the half-row pair loop on a
-            // persistent grid), on the
+            // `_x1024`'s copies; `_x4368`: the half-row pair loop traced;
+            // `_x128` / `_x4480`: the production loop / the half-row pair
+            // loop on a persistent grid; `_x640` / `_x4992`: the same with
+            // the next unit's first tiles issued before each unit's
+            // merge), on the
             // random cases their entry serves
             // (bf16 Q, D 128) and on some others (which keep the production
             // entry).
@@ -1161,11 +1161,11 @@ fn main() {
                 (256, KvDtype::Bf16),
                 (1024, KvDtype::E4m3),
                 (5376, KvDtype::E4m3),
-                (2, KvDtype::Bf16),
-                (4354, KvDtype::E4m3),
                 (4368, KvDtype::E4m3),
                 (128, KvDtype::Bf16),
                 (4480, KvDtype::E4m3),
+                (640, KvDtype::Bf16),
+                (4992, KvDtype::E4m3),
             ]
             .into_iter()
             .filter(|&(xv, _)| wanted(xv))
@@ -1295,7 +1295,9 @@ fn main() {
         named("persistent_grid_equals_the_ordinary_grid", |gpu, _| {
             // Experiments 128 (bf16 K/V) and 4480 (e4m3 K/V, the half-row
             // pair loop): one row of min(units, 2 SMs) CTAs, each serving
-            // grid positions c, c + CTAs, ... (`mma_entry`'s PS). Rows, LSE
+            // grid positions c, c + CTAs, ... (`mma_entry`'s PS); 640 /
+            // 4992 the same with each unit's first ring tiles issued by the
+            // unit before it (PS1). Rows, LSE
             // and error words bit-identical to the launcher's ordinary
             // launch (the cluster fold's results equal the workspace
             // fold's) on the random cases, in grid order and with the
@@ -1304,7 +1306,12 @@ fn main() {
             let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             let cases = env_cases(300);
             let mut runs = 0usize;
-            for (xv, kv) in [(128u32, KvDtype::Bf16), (4480, KvDtype::E4m3)] {
+            for (xv, kv) in [
+                (128u32, KvDtype::Bf16),
+                (4480, KvDtype::E4m3),
+                (640, KvDtype::Bf16),
+                (4992, KvDtype::E4m3),
+            ] {
                 for order in [None, Some(0)] {
                     let mut ps = PagedAttentionKernel::new(gpu).or_fail("load")?;
                     ps.set_experiment(xv).or_fail("experiment")?;

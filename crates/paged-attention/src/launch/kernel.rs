@@ -27,11 +27,11 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_bf16_d128_x256",
     "paged_attention_mma_bf16_kv_e4m3_d128_x1024",
     "paged_attention_mma_bf16_kv_e4m3_d128_x5376",
-    "paged_attention_mma_bf16_kv_bf16_d128_x2",
-    "paged_attention_mma_bf16_kv_e4m3_d128_x4354",
     "paged_attention_mma_bf16_kv_e4m3_d128_x4368",
     "paged_attention_mma_bf16_kv_bf16_d128_x128",
     "paged_attention_mma_bf16_kv_e4m3_d128_x4480",
+    "paged_attention_mma_bf16_kv_bf16_d128_x640",
+    "paged_attention_mma_bf16_kv_e4m3_d128_x4992",
 ];
 
 /// Experiment bit of the persistent-grid entries (`mma_entry`'s PS in the
@@ -94,13 +94,14 @@ pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 /// `x256` (where `q_len · G ≤ 8`, only the valid half of the rows
 /// computed, in an entry of its own), `x1024` (e4m3 K/V copied as before
 /// session 42's W), `x5376` (the half-row pair loop with `x1024`'s
-/// copies), `x2` (bf16 K/V) or `x4354` (e4m3 K/V, the half-row pair loop)
-/// (the first K/V tiles issued before Q is read), `x128` (bf16 K/V) or
-/// `x4480` (e4m3 K/V, the half-row pair loop) (a persistent grid), so that
-/// a whole replay can run it.
+/// copies), `x128` (bf16 K/V) or `x4480` (e4m3 K/V, the half-row pair
+/// loop) (a persistent grid), `x640` / `x4992` (the same with the next
+/// unit's first tiles issued before each unit's merge), so that a whole
+/// replay can run it.
 /// (`x192`, the same loop beside the full one in the production entry, was
 /// dropped in session 44; `x2048` / `x2304`, each slice's S a step ahead,
-/// in session 46.)
+/// in session 46; `x2` / `x4354`, the first K/V tiles issued before Q is
+/// read, in session 48.)
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
 
 /// Whether the tensor-core entry of (`q`, `kv`, `d`) has a `_cf` twin (the
@@ -279,13 +280,13 @@ impl PagedAttentionKernel {
             DECODE_EXPERIMENT_ENV,
             &[
                 ("off", 0),
-                ("x2", 2),
                 ("x256", 256),
                 ("x1024", 1024),
-                ("x4354", 4354),
                 ("x5376", 5376),
                 ("x128", 128),
                 ("x4480", 4480),
+                ("x640", 640),
+                ("x4992", 4992),
             ],
         )?)?;
         Ok(k)
@@ -304,16 +305,15 @@ impl PagedAttentionKernel {
     /// parts with the L2's 128-byte hint, where W copies whole rows without
     /// it: whether W costs the H200, PERF.md session 44); `5376` (e4m3 KV,
     /// `q_len · G ≤ 8` only) the half-row pair
-    /// loop (`_pair_h`) with `1024`'s copies; `2` (bf16 KV) and `4354` (e4m3
-    /// KV, `q_len · G ≤ 8` only, the `_pair_h` loop) the production loop with
-    /// the first K/V tiles' page lookups and copies issued before Q is read;
-    /// `4368` (e4m3 KV, `q_len · G ≤ 8` only) the `_pair_h` loop with
+    /// loop (`_pair_h`) with `1024`'s copies; `4368` (e4m3 KV, `q_len · G ≤ 8` only) the `_pair_h` loop with
     /// `16`'s trace; `128` (bf16 KV) and `4480` (e4m3 KV, `q_len · G ≤ 8`
     /// only, the `_pair_h` loop) the production loop on a persistent grid:
     /// one row of `min(units, 2·SMs)` CTAs, CTA `c` serving the ordinary
     /// grid's positions `c, c + CTAs, …` in launch order, bit-identical to
     /// the ordinary launch ([`KernelError::Unsupported`] at launch where
-    /// the row tiles need more than one launch); `16` (bf16 KV) the
+    /// the row tiles need more than one launch); `640` / `4992` the same
+    /// with the next unit's first ring tiles issued before each unit's
+    /// merge; `16` (bf16 KV) the
     /// production entry writing a per-CTA trace through `skipped_slices`
     /// instead of counting skipped slices: 8 u64 a CTA in linear CTA order
     /// (`%smid` in the low word and the length order's ranking in ns in
@@ -760,7 +760,7 @@ mod tests {
             .collect();
         assert_eq!(
             numbers,
-            [16, 256, 256, 1024, 5376, 2, 4354, 4368, 128, 4480]
+            [16, 256, 256, 1024, 5376, 4368, 128, 4480, 640, 4992]
         );
         for (q, kv, d) in mma_variants() {
             if pair_loop_variant(q, kv, d) {
