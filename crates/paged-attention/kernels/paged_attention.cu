@@ -2432,7 +2432,7 @@ PA_MMA_X(bf16, 0, e4m3, 2, 5376, 2)
 // Experiment 2 (bf16 K/V) and 4354 = 4096 | 256 | 2 (e4m3 K/V, the
 // `_pair_h` loop): the production entry with the first K/V tiles' page
 // lookups and copies issued before Q is read (mma_body's EP; session 47).
-// (EP's entries, 2 and 4354, dropped on this branch for room.)
+// (EP's entries, 2 and 4354, were dropped in session 48 for room.)
 // Experiment 128 (bf16 K/V) and 4480 = 4096 | 256 | 128 (e4m3 K/V, the
 // `_pair_h` loop): the production entry on a persistent grid (mma_entry's
 // PS; session 48).

@@ -1302,7 +1302,8 @@ fn main() {
             // launch (the cluster fold's results equal the workspace
             // fold's) on the random cases, in grid order and with the
             // length order forced on, and on chunked splits of 1..97 keys
-            // (many units without keys).
+            // (many units without keys); and on batches of more units than
+            // the persistent grid's CTAs.
             let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             let cases = env_cases(300);
             let mut runs = 0usize;
@@ -1348,6 +1349,54 @@ fn main() {
                         }
                         n += 1;
                         runs += 1;
+                    }
+                    // Batches with more units than CTAs (2 SMs), so that
+                    // CTAs serve several units in turn and PS1 hands its
+                    // early tiles over: ragged lengths (some empty), one KV
+                    // head, G 4, unsplit and in 128-key chunks; also
+                    // against the f64 reference.
+                    for (bs, seed) in [(300usize, 11u64), (700, 12)] {
+                        let mut x = seed;
+                        let lens: Vec<i32> = (0..bs)
+                            .map(|_| {
+                                x = x
+                                    .wrapping_mul(6_364_136_223_846_793_005)
+                                    .wrapping_add(1_442_695_040_888_963_407);
+                                let r = (x >> 33) as i32;
+                                if r % 13 == 0 {
+                                    0
+                                } else {
+                                    1 + r % 900
+                                }
+                            })
+                            .collect();
+                        let c =
+                            uniform_weights_case(kv, 128, 4, 16, &lens, Some(1), bs, |b, pos| {
+                                ((b * 5 + pos) % 11) as f64 / 11.0 - 0.5
+                            });
+                        let msl = lens.iter().copied().max().unwrap_or(1).max(1) as usize;
+                        for split in [
+                            SplitMode::Auto,
+                            SplitMode::Chunked {
+                                chunk_tokens: 128,
+                                max_splits: 4,
+                            },
+                        ] {
+                            check(gpu, &ps, &c, split, msl)
+                                .map_err(|e| format!("_x{xv}, bs {bs}: {e}"))?;
+                            let a = launch_edited(gpu, &ps, &c, split, msl, |_| {})?;
+                            let b = launch_edited(gpu, &base, &c, split, msl, |_| {})?;
+                            if a.out != b.out
+                                || bits(&a.lse) != bits(&b.lse)
+                                || a.errors != b.errors
+                            {
+                                return Err(format!(
+                                    "_x{xv}, order {order:?}, bs {bs}, {split:?}: differs from the \
+                                     ordinary grid"
+                                ));
+                            }
+                            runs += 1;
+                        }
                     }
                 }
             }
