@@ -1118,6 +1118,26 @@ fn pdl_chains(gpu: &Arc<Gpu>) -> Result<(), String> {
     Ok(())
 }
 
+/// `bs` ragged cache lengths from a 64-bit LCG seeded with `seed`: a draw
+/// divisible by `empty_every` gives 0 (a request without keys), any other
+/// `1..=max`.
+fn lcg_lens(bs: usize, seed: u64, empty_every: i32, max: i32) -> Vec<i32> {
+    let mut x = seed;
+    (0..bs)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let r = (x >> 33) as i32;
+            if r % empty_every == 0 {
+                0
+            } else {
+                1 + r % max
+            }
+        })
+        .collect()
+}
+
 fn main() {
     let trials = vec![
         gpu_trial("pdl_chains_equal_plain_launches", pdl_chains),
@@ -1356,20 +1376,7 @@ fn main() {
                     // head, G 4, unsplit and in 128-key chunks; also
                     // against the f64 reference.
                     for (bs, seed) in [(300usize, 11u64), (700, 12)] {
-                        let mut x = seed;
-                        let lens: Vec<i32> = (0..bs)
-                            .map(|_| {
-                                x = x
-                                    .wrapping_mul(6_364_136_223_846_793_005)
-                                    .wrapping_add(1_442_695_040_888_963_407);
-                                let r = (x >> 33) as i32;
-                                if r % 13 == 0 {
-                                    0
-                                } else {
-                                    1 + r % 900
-                                }
-                            })
-                            .collect();
+                        let lens = lcg_lens(bs, seed, 13, 900);
                         let c =
                             uniform_weights_case(kv, 128, 4, 16, &lens, Some(1), bs, |b, pos| {
                                 ((b * 5 + pos) % 11) as f64 / 11.0 - 0.5
@@ -1447,20 +1454,7 @@ fn main() {
                 (200, 1, 64, 2),
                 (129, 8, 256, 3),
             ] {
-                let mut x = seed;
-                let lens: Vec<i32> = (0..bs)
-                    .map(|_| {
-                        x = x
-                            .wrapping_mul(6_364_136_223_846_793_005)
-                            .wrapping_add(1_442_695_040_888_963_407);
-                        let r = (x >> 33) as i32;
-                        if r % 11 == 0 {
-                            0
-                        } else {
-                            1 + r % 700
-                        }
-                    })
-                    .collect();
+                let lens = lcg_lens(bs, seed, 11, 700);
                 let c = uniform_weights_case(
                     KvDtype::Bf16,
                     d,
