@@ -104,23 +104,18 @@ fn experiment_row(xv: u32, bs: usize, len: usize, what: &str) -> Shape {
 }
 
 /// `sh` on the persistent grid (session 48's experiments: 128 for bf16
-/// K/V, 4480 = the half-row pair loop for e4m3), its name suffixed with
-/// the experiment.
-fn persistent(sh: Shape) -> Shape {
-    let xv = if sh.fp8 { 4480 } else { 128 };
+/// K/V, 4480 = the half-row pair loop for e4m3), or with `ps1` on PS1 (the
+/// next unit's first tiles issued before each unit's merge: 640 / 4992),
+/// its name suffixed with the experiment.
+fn persistent(sh: Shape, ps1: bool) -> Shape {
+    let base = if sh.fp8 { 4480 } else { 128 };
+    let (xv, what) = if ps1 {
+        (base | 512, "PS1")
+    } else {
+        (base, "persistent grid")
+    };
     Shape {
-        name: format!("{} (x{xv}: persistent grid)", sh.name),
-        experiment: xv,
-        ..sh
-    }
-}
-
-/// `sh` on PS1 (the persistent grid with the next unit's first tiles
-/// issued before each unit's merge: 640 for bf16 K/V, 4992 for e4m3).
-fn ps1(sh: Shape) -> Shape {
-    let xv = if sh.fp8 { 4992 } else { 640 };
-    Shape {
-        name: format!("{} (x{xv}: PS1)", sh.name),
+        name: format!("{} (x{xv}: {what})", sh.name),
         experiment: xv,
         ..sh
     }
@@ -252,18 +247,6 @@ fn cases() -> Vec<Shape> {
         },
         // The half-row pair loop with x1024's copies (session 45).
         fp8_experiment(5376, "x5376: pair loop, half rows, lane-quad copies"),
-        // The production loops on a persistent grid (session 48): bf16
-        // (`_x128`) and the half-row pair loop (`_x4480`).
-        persistent(s("bs 64, L 8192", 32, 8, 128, 64, 8192)),
-        persistent(fp8(s("bs 64, L 8192", 32, 8, 128, 64, 8192))),
-        persistent(ragged(224, 1)),
-        persistent(fp8(ragged(224, 1))),
-        // PS1: the persistent grid with the next unit's first ring tiles
-        // issued before each unit's merge (`_x640`, `_x4992`).
-        ps1(s("bs 64, L 8192", 32, 8, 128, 64, 8192)),
-        ps1(fp8(s("bs 64, L 8192", 32, 8, 128, 64, 8192))),
-        ps1(ragged(224, 1)),
-        ps1(fp8(ragged(224, 1))),
         // The one-tile loop that the pair loop replaced (session 45) for
         // bf16 Q with e4m3 K/V at D 128.
         Shape {
@@ -276,6 +259,20 @@ fn cases() -> Vec<Shape> {
         ragged(224, 1),
         fp8(ragged(224, 1)),
     ];
+    // The production loops on a persistent grid (session 48): bf16
+    // (`_x128`) and the half-row pair loop (`_x4480`), and PS1 with the
+    // next unit's first ring tiles issued before each unit's merge (`_x640`,
+    // `_x4992`).
+    for ps1 in [false, true] {
+        for row in [
+            s("bs 64, L 8192", 32, 8, 128, 64, 8192),
+            fp8(s("bs 64, L 8192", 32, 8, 128, 64, 8192)),
+            ragged(224, 1),
+            fp8(ragged(224, 1)),
+        ] {
+            v.push(persistent(row, ps1));
+        }
+    }
     if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
         v.extend(split_sweep());
     }
@@ -342,10 +339,10 @@ fn fp8_sweep(sms: usize) -> Vec<Shape> {
             v.push(row());
             v.push(fp8(row()));
             if split == chosen {
-                v.push(persistent(row()));
-                v.push(persistent(fp8(row())));
-                v.push(ps1(row()));
-                v.push(ps1(fp8(row())));
+                for ps1 in [false, true] {
+                    v.push(persistent(row(), ps1));
+                    v.push(persistent(fp8(row()), ps1));
+                }
             }
         }
     }

@@ -336,6 +336,28 @@ MHA_KIT_DEVICE int2 decode_unit(const Params& p, u8* smem) {
                                : make_int2((int)blockIdx.z, (int)blockIdx.x);
 }
 
+// decode_unit's rule for grid position (x, z) of a persistent CTA
+// (mma_entry's PS): the same unit the CTA at that position would take.
+template <class L, class Params>
+MHA_KIT_DEVICE int2 decode_unit_at(const Params& p, int x, int z, u8* smem) {
+    static_assert(L::BYTES >= LO_WORDS * 4, "length order scratch");
+    return p.length_order != 0
+               ? unit_in_length_order(p.cache_seqlens, p.bs, p.max_splits, p.fixed_chunk, x, z, reinterpret_cast<u32*>(smem))
+               : make_int2(z, x);
+}
+
+// The persistent grid (mma_entry's PS): the ordinary grid's units (x
+// splits, y KV heads and row tiles, z requests) and the (x, y, z) of its
+// linear position l in launch order (x fastest).
+MHA_KIT_DEVICE u32 ps_units(const PagedAttentionParams& p) {
+    return (u32)p.max_splits * (u32)p.num_kv_heads * (u32)p.row_tiles * (u32)p.bs;
+}
+MHA_KIT_DEVICE int3 ps_position(const PagedAttentionParams& p, u32 l) {
+    const u32 nx = (u32)p.max_splits;
+    const u32 ny = (u32)p.num_kv_heads * (u32)p.row_tiles;
+    return make_int3((int)(l % nx), (int)((l / nx) % ny), (int)(l / (nx * ny)));
+}
+
 // ---- decode context parallelism: page interleave (p.cp_ranks > 1) ----
 // Rank p.cp_rank of p.cp_ranks holds every request's pages e with
 // e mod N = rank, as its local pages e div N: local key k sits at global
@@ -1090,9 +1112,7 @@ struct Look {
 // and a shorter ring (MmaSmem::X8); XV & 16: a per-CTA trace (below); XV &
 // 32: the cluster fold; XV & 64: lean copy addresses (below, `XA`; the D 128
 // entries' form since session 31); XV & 256: the half-row loop (`H`); XV &
-// 1024: the e4m3 copies of the XA entries before W (`LQ`); XV & 2: the
-// first K/V tiles' page lookups and copies issued before Q is loaded (`EP`).
-// (Sessions
+// 1024: the e4m3 copies of the XA entries before W (`LQ`). (Sessions
 // 9-10's copy-layout experiments x1-x5 — the L2 prefetch hint toggled,
 // lane-quad copies of 16-bit rows, whole-row copies of e4m3 rows — were
 // measured, docs/PERF.md sessions 9-10, and their entries dropped in
@@ -1179,11 +1199,8 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
     };
     static_assert(!(PS && TR), "PS: no per-CTA trace");
     const int2 unit = PS1 && ps_in->unit.x != PS_UNRANKED ? ps_in->unit
-                      : PS ? (p.length_order != 0 ? unit_in_length_order(p.cache_seqlens, p.bs, p.max_splits,
-                                                                       p.fixed_chunk, ps_x, ps_z,
-                                                                       reinterpret_cast<u32*>(smem))
-                                                : make_int2(ps_z, ps_x))
-                         : decode_unit<L>(p, smem);
+                      : PS                                    ? decode_unit_at<L>(p, ps_x, ps_z, smem)
+                                                              : decode_unit<L>(p, smem);
     if constexpr (TR) {
         if (trace != nullptr) {
             u32 sm;
@@ -1307,12 +1324,18 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
     const i32 adv_pg = TT / psz;
     const i32 adv_off = TT - adv_pg * psz;
     const i32 adv_col = adv_pg * cpn;
-    i32 cur_pg0 = (slice0 + lt) / psz;
-    i32 cur_off0 = slice0 + lt - cur_pg0 * psz;
-    i32 cur_pg1 = (slice0 + lt + 8) / psz;
-    i32 cur_off1 = slice0 + lt + 8 - cur_pg1 * psz;
-    cur_pg0 = cur_pg0 * cpn + p.cp_rank;
-    cur_pg1 = cur_pg1 * cpn + p.cp_rank;
+    i32 cur_pg0, cur_off0, cur_pg1, cur_off1;
+    // The cursor at tile 0 of the slice starting at slice0 (PS1 re-aims it
+    // at the next unit's).
+    auto aim_cursor = [&]() {
+        cur_pg0 = (slice0 + lt) / psz;
+        cur_off0 = slice0 + lt - cur_pg0 * psz;
+        cur_pg1 = (slice0 + lt + 8) / psz;
+        cur_off1 = slice0 + lt + 8 - cur_pg1 * psz;
+        cur_pg0 = cur_pg0 * cpn + p.cp_rank;
+        cur_pg1 = cur_pg1 * cpn + p.cp_rank;
+    };
+    aim_cursor();
     auto lookup = [&](Look& lk, int t) {
         const i32 k0 = slice0 + t * TT + lt;
         const i32 k1 = k0 + 8;
@@ -1467,13 +1490,6 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
             }
         }
     };
-    // EP (XV & 2, timing experiment): the prologue's page-table reads and
-    // K/V copies go out before Q is read, so that Q's round trip and its
-    // conversion run under theirs; in the production order (SASS, session
-    // 47) a CTA's first K/V copies wait for Q's load, its conversion and
-    // then the page-table load, one dependent round trip after another.
-    constexpr bool EP = (XV & 2) != 0;
-    if constexpr (EP) prologue();
 
     // ---- Q A-fragments (rows g and g + 8 of the tile), positions, stats ----
     const int gr = lane >> 2;  // fragment row group
@@ -1613,7 +1629,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
     float mrow[2] = {NEG_INF, NEG_INF};
     float drow[2] = {0.f, 0.f};
 
-    if constexpr (!EP) prologue();
+    prologue();
 
     // D10: count bad entries among the request's needed pages, once, shared
     // by the splits of row tile 0 of KV head 0 (they all run: tile 0 has
@@ -2133,17 +2149,12 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
         ps_out->unit = make_int2(PS_UNRANKED, 0);
         ps_out->early = 0;
         if (ps_next != ~0u) {
-            const u32 nx = (u32)p.max_splits;
-            const u32 ny = (u32)p.num_kv_heads * (u32)p.row_tiles;
-            const int x2 = (int)(ps_next % nx), y2 = (int)((ps_next / nx) % ny), z2 = (int)(ps_next / (nx * ny));
-            const int2 u2 = p.length_order != 0
-                                ? unit_in_length_order(p.cache_seqlens, p.bs, p.max_splits, p.fixed_chunk, x2, z2,
-                                                       reinterpret_cast<u32*>(smem))
-                                : make_int2(z2, x2);
+            const int3 at = ps_position(p, ps_next);
+            const int2 u2 = decode_unit_at<L>(p, at.x, at.z, smem);
             ps_out->unit = u2;
             if (u2.x >= 0) {
-                const int h2 = y2 % p.num_kv_heads;
-                const int rt2 = p.row_tile_base + y2 / p.num_kv_heads;
+                const int h2 = at.y % p.num_kv_heads;
+                const int rt2 = p.row_tile_base + at.y / p.num_kv_heads;
                 const Geom g2 = request_geom(p, u2.x, false);
                 Split sp2{};
                 if (!g2.skip) sp2 = tile_split(p, g2, rt2);
@@ -2162,12 +2173,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
                         v_lane = pac::opaque_ptr(v_lane);
                     }
                     slice0 = ks0 + ws * MWT;
-                    cur_pg0 = (slice0 + lt) / psz;
-                    cur_off0 = slice0 + lt - cur_pg0 * psz;
-                    cur_pg1 = (slice0 + lt + 8) / psz;
-                    cur_off1 = slice0 + lt + 8 - cur_pg1 * psz;
-                    cur_pg0 = cur_pg0 * cpn + p.cp_rank;
-                    cur_pg1 = cur_pg1 * cpn + p.cp_rank;
+                    aim_cursor();
 #pragma unroll
                     for (int s = 0; s < EARLY; ++s) lookup(pro[s], s);
 #pragma unroll
@@ -2305,25 +2311,16 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
 // must fit one launch (the launcher's check); no per-CTA trace.
 template <int QT, int KV, int D, int XV>
 MHA_KIT_DEVICE void mma_entry(const PagedAttentionParams& p) {
-    if constexpr ((XV & 128) != 0 && (XV & 512) != 0) {
-        // PS1: each unit hands the next its rank and early tiles.
-        const u32 nx = (u32)p.max_splits;
-        const u32 ny = (u32)p.num_kv_heads * (u32)p.row_tiles;
-        const u32 units = nx * ny * (u32)p.bs;
+    if constexpr ((XV & 128) != 0) {
+        // PS1 (XV & 512): each unit hands the next its rank and early tiles
+        // (PS alone leaves the hand-over unranked and empty).
+        const u32 units = ps_units(p);
         PsCarry carry{make_int2(PS_UNRANKED, 0), 0};
         for (u32 l = blockIdx.x; l < units; l += gridDim.x) {
             const PsCarry in = carry;
             const u32 next = l + gridDim.x < units ? l + gridDim.x : ~0u;
-            mma_body<QT, KV, D, XV>(p, (int)(l % nx), (int)((l / nx) % ny), (int)(l / (nx * ny)), &in, &carry, next);
-            __syncthreads();
-        }
-        cp_async_wait<0>();  // an unused hand-over's copies (none: the last unit has no next)
-    } else if constexpr ((XV & 128) != 0) {
-        const u32 nx = (u32)p.max_splits;
-        const u32 ny = (u32)p.num_kv_heads * (u32)p.row_tiles;
-        const u32 units = nx * ny * (u32)p.bs;
-        for (u32 l = blockIdx.x; l < units; l += gridDim.x) {
-            mma_body<QT, KV, D, XV>(p, (int)(l % nx), (int)((l / nx) % ny), (int)(l / (nx * ny)));
+            const int3 at = ps_position(p, l);
+            mma_body<QT, KV, D, XV>(p, at.x, at.y, at.z, &in, &carry, next);
             // The unit's shared memory (its merge scratch, fold) is read
             // before the next unit's ranking or copies write it.
             __syncthreads();
@@ -2429,10 +2426,9 @@ PA_MMA_X(bf16, 0, e4m3, 2, 1024, 2)
 // (`_pair_h`) with the K/V copies of 1024 (lane quads with the L2 hint),
 // each 3-10% faster alone on the H200 (PERF.md session 45).
 PA_MMA_X(bf16, 0, e4m3, 2, 5376, 2)
-// Experiment 2 (bf16 K/V) and 4354 = 4096 | 256 | 2 (e4m3 K/V, the
-// `_pair_h` loop): the production entry with the first K/V tiles' page
-// lookups and copies issued before Q is read (mma_body's EP; session 47).
-// (EP's entries, 2 and 4354, were dropped in session 48 for room.)
+// (Experiments 2 and 4354, EP: the first K/V tiles' page lookups and
+// copies issued before Q is read, session 47; flat on an H100, their
+// entries and code dropped in session 48.)
 // Experiment 128 (bf16 K/V) and 4480 = 4096 | 256 | 128 (e4m3 K/V, the
 // `_pair_h` loop): the production entry on a persistent grid (mma_entry's
 // PS; session 48).
