@@ -17,8 +17,9 @@ pub const DECODE_SPLIT_ENV: &str = "MHA_KIT_DECODE_SPLIT";
 /// Default split of full decode / verify batches: keys cut into 2048-token
 /// chunks, at most 4 per request (a request with `L > 8192` keys gets
 /// chunks of `2048 · ⌈n / 4⌉`, `n = ⌈L / 2048⌉`). Launches that leave SMs idle use
-/// [`SplitMode::Auto`] whatever this is, and launches of at least 8 work
-/// items an SM run unsplit (the kernel's length order balances them). Why: in a full batch of ragged
+/// [`SplitMode::Auto`] whatever this is, and launches of at least 6 work
+/// items an SM (5 with e4m3 K/V: `paged_attention::unsplit_items_per_sm`)
+/// run unsplit (the kernel's length order balances them). Why: in a full batch of ragged
 /// requests (a serving trace) one CTA per (request, KV head) makes the
 /// longest request the tail of every layer; see mha-backend's crate docs
 /// (2048 × 4 was the best of five settings on the H200, docs/PERF.md).

@@ -136,11 +136,12 @@
 //! split's partials and merge. The split of a request depends only on its
 //! own length and the policy, so eager and graph launches of a bucket agree
 //! bit for bit. If the workspace cannot hold the chunked partials, Auto runs.
-//! A launch of at least 8 work items (request, KV head, row tile) an SM runs
-//! unsplit (`paged_attention::chunk_full_launch`): there the decode kernel's
-//! length order (its CTAs serve the longest requests first, on by default
-//! from `2·SMs` items) balances the batch better than chunks, whose extra
-//! CTAs each pay that order's ranking (docs/PERF.md session 37).
+//! A launch of at least 6 work items (request, KV head, row tile) an SM
+//! (5 with e4m3 K/V) runs unsplit (`paged_attention::chunk_full_launch`):
+//! there the decode kernel's length order (its CTAs serve the longest
+//! requests first, on by default from `2·SMs` items) balances the batch
+//! better than chunks, whose extra CTAs each pay that order's ranking
+//! (docs/PERF.md sessions 37 and 49).
 //!
 //! **Status:** the CUDA executor and the graph path pass their GPU tests on
 //! an H200 (`tests/gpu.rs`: 48 trials, every mode eager == CPU executor,

@@ -54,7 +54,7 @@ pub const FAMILIES: [&str; 4] = ["attention", "page_table", "graph_metadata", "k
 pub const COUNTER_ELEMS: usize = 1 << 16;
 
 /// Decode splits of launches that fill the GPU with fewer than
-/// `paged_attention::UNSPLIT_ITEMS_PER_SM` work items an SM
+/// `paged_attention::unsplit_items_per_sm(kv)` work items an SM
 /// (`chunk_full_launch`; mha-backend's default).
 const CHUNKED: SplitMode = SplitMode::Chunked {
     chunk_tokens: 2048,

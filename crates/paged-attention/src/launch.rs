@@ -407,31 +407,48 @@ impl PagedAttentionParams {
 }
 
 /// Work items an SM from which a launch that fills the GPU runs unsplit
-/// ([`chunk_full_launch`]).
-pub const UNSPLIT_ITEMS_PER_SM: usize = 8;
+/// ([`chunk_full_launch`]), for 2-byte K/V (bf16, f16).
+pub const UNSPLIT_ITEMS_PER_SM: usize = 6;
+/// [`UNSPLIT_ITEMS_PER_SM`] for 1-byte K/V (e4m3): lower, because each
+/// CTA streams half the bytes in the same fixed time (its start, the length
+/// order's ranking, the merge), so the chunked form's extra CTAs cost
+/// relatively more.
+pub const UNSPLIT_ITEMS_PER_SM_FP8: usize = 5;
+
+/// [`UNSPLIT_ITEMS_PER_SM`] or [`UNSPLIT_ITEMS_PER_SM_FP8`] by the K/V
+/// element size.
+pub fn unsplit_items_per_sm(kv: KvDtype) -> usize {
+    if kv.size() == 1 {
+        UNSPLIT_ITEMS_PER_SM_FP8
+    } else {
+        UNSPLIT_ITEMS_PER_SM
+    }
+}
 
 /// Whether a decode / verify launch planned with [`SplitMode::Auto`] should
 /// be planned again with a chunked split ([`SplitMode::Chunked`]): Auto
 /// left it unsplit (`max_splits == 1`: the batch fills the GPU) and it holds
-/// fewer than [`UNSPLIT_ITEMS_PER_SM`] work items an SM. In a ragged batch
-/// that fills the GPU, one CTA per item leaves the longest request's CTAs
-/// running alone at the end; chunks cut it. From 8 items an SM the
-/// kernel's length order ([`PagedAttentionKernel::set_length_order`], on by
-/// default from `2·SMs` items) balances the batch better than chunks, whose
-/// extra CTAs each pay that order's ranking (H200, Azure conv lengths: 224
-/// requests × 8 KV heads unsplit and ordered 100% / 100% of the copy ceiling,
-/// chunked 2048 × 4 94% / 96%; 64 requests: chunked and ordered 85% / 82%,
-/// unsplit and ordered 64% / 71%; docs/PERF.md session 37).
+/// fewer than [`unsplit_items_per_sm`] work items an SM (6 for 2-byte K/V,
+/// 5 for e4m3). In a ragged batch that fills the GPU, one CTA per item
+/// leaves the longest request's CTAs running alone at the end; chunks cut
+/// it. From that many items an SM the kernel's length order
+/// ([`PagedAttentionKernel::set_length_order`], on by default from `2·SMs`
+/// items) balances the batch better than chunks, whose extra CTAs each pay
+/// that order's ranking. The thresholds sit where the two forms cross on
+/// Azure conv lengths (docs/PERF.md sessions 37 and 49; 8 KV heads on 132
+/// SMs, graph µs, chunked 2048 × 4 / unsplit): bf16 96 requests (5.8 items
+/// an SM) 189.8 / 197.3, 128 requests (7.8) 258.7 / 235.4; e4m3 64 requests
+/// (3.9) 86.7 / 104.7, 96 requests 125.9 / 113.4.
 pub fn chunk_full_launch(plan: &LaunchPlan, num_sms: usize) -> bool {
     let splits = usize::try_from(plan.params.max_splits).unwrap_or(0);
-    chunk_full(splits, plan.params.work_items(), num_sms)
+    chunk_full(splits, plan.params.work_items(), num_sms, plan.kv_dtype)
 }
 
 /// [`chunk_full_launch`]'s rule from the split count Auto gives a launch
-/// (`auto_splits`, e.g. from [`launch_config`] with [`SplitMode::Auto`])
-/// and its work items, for callers without a [`LaunchPlan`].
-pub fn chunk_full(auto_splits: usize, work_items: usize, num_sms: usize) -> bool {
-    auto_splits == 1 && work_items < UNSPLIT_ITEMS_PER_SM * num_sms
+/// (`auto_splits`, e.g. from [`launch_config`] with [`SplitMode::Auto`]),
+/// its work items and its K/V dtype, for callers without a [`LaunchPlan`].
+pub fn chunk_full(auto_splits: usize, work_items: usize, num_sms: usize, kv: KvDtype) -> bool {
+    auto_splits == 1 && work_items < unsplit_items_per_sm(kv) * num_sms
 }
 
 /// Everything [`validate`] derives from the arguments.
@@ -447,6 +464,8 @@ pub struct LaunchPlan {
     pub workspace_elems: usize,
     /// Head dim.
     pub head_dim: usize,
+    /// K/V element type of the launch (its [`chunk_full_launch`] threshold).
+    pub kv_dtype: KvDtype,
 }
 
 /// Kernel entry name (CUDA-core kernel) for a dtype pair and head dim.

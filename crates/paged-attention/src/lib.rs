@@ -115,12 +115,13 @@ pub use context::{
 pub use launch::{
     chunk_full, chunk_full_launch, cluster_fold_variant, entry_name, launch_config, mma_entry_name,
     mma_smem_bytes, mma_smem_bytes_xv, mma_strides_fit, mma_supported, mma_tile_tokens,
-    mma_variants, mma_wide, pair_loop_variant, smem_bytes, validate, validate_path,
+    mma_variants, mma_wide, pair_loop_variant, smem_bytes, unsplit_items_per_sm, validate,
+    validate_path,
     workspace_elems, workspace_for, DecodeArgs, KernelPath, KvCache, LaunchPlan,
     PagedAttentionKernel, PagedAttentionParams, QueryLayout, SplitMode, BLOCK_THREADS,
     DECODE_CLUSTER_FOLD_ENV, DECODE_EXPERIMENT_ENV, DECODE_LENGTH_ORDER_ENV, DECODE_PAIR_LOOP_ENV,
     DECODE_PDL_ENV, DECODE_WIDE_MMA_ENV, MAX_GROUP, MMA_HEAD_DIMS, MMA_TILE_TOKENS, ROWS_PER_CTA,
-    TILE_TOKENS, UNSPLIT_ITEMS_PER_SM,
+    TILE_TOKENS, UNSPLIT_ITEMS_PER_SM, UNSPLIT_ITEMS_PER_SM_FP8,
 };
 pub use merge_kernel::{
     merge_entry_name, merge_plan, MergeStatesArgs, MergeStatesKernel, MergeStatesParams,

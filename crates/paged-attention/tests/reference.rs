@@ -659,12 +659,15 @@ fn committed_abi_header_is_current() {
 
 /// The full-launch rule shared by mha-backend and the Python package: only a
 /// launch Auto left unsplit is chunked, and only below
-/// `UNSPLIT_ITEMS_PER_SM` work items an SM.
+/// `unsplit_items_per_sm(kv)` work items an SM (6 for 2-byte K/V, 5 for e4m3).
 #[test]
 fn chunk_full_launch_rule() {
     use kernel_rt::cudarc::driver::LaunchConfig;
-    use paged_attention::{chunk_full_launch, LaunchPlan, UNSPLIT_ITEMS_PER_SM};
-    let plan = |bs: i32, hkv: i32, row_tiles: i32, max_splits: i32| LaunchPlan {
+    use paged_attention::{
+        chunk_full_launch, unsplit_items_per_sm, KvDtype, LaunchPlan, UNSPLIT_ITEMS_PER_SM,
+        UNSPLIT_ITEMS_PER_SM_FP8,
+    };
+    let plan = |bs: i32, hkv: i32, row_tiles: i32, max_splits: i32, kv_dtype| LaunchPlan {
         params: PagedAttentionParams {
             bs,
             num_kv_heads: hkv,
@@ -680,33 +683,51 @@ fn chunk_full_launch_rule() {
         },
         workspace_elems: 0,
         head_dim: 128,
+        kv_dtype,
     };
     let sms = 132;
-    assert_eq!(UNSPLIT_ITEMS_PER_SM, 8);
-    assert_eq!(plan(64, 8, 1, 1).params.work_items(), 512);
-    assert_eq!(plan(3, 2, 5, 1).params.work_items(), 30);
-    // bs 64 × 8 KV heads: 512 < 1,056 items → chunked.
-    assert!(chunk_full_launch(&plan(64, 8, 1, 1), sms));
-    // bs 132 × 8 = 1,056 items → unsplit; one below → chunked.
-    assert!(!chunk_full_launch(&plan(132, 8, 1, 1), sms));
-    assert!(chunk_full_launch(&plan(131, 8, 1, 1), sms));
-    // Row tiles count: 33 requests × 8 heads × 4 row tiles = 1,056.
-    assert!(!chunk_full_launch(&plan(33, 8, 4, 1), sms));
+    let (bf, hf, e) = (KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3);
+    assert_eq!((UNSPLIT_ITEMS_PER_SM, UNSPLIT_ITEMS_PER_SM_FP8), (6, 5));
+    assert_eq!(unsplit_items_per_sm(bf), 6);
+    assert_eq!(unsplit_items_per_sm(hf), 6);
+    assert_eq!(unsplit_items_per_sm(e), 5);
+    assert_eq!(plan(64, 8, 1, 1, bf).params.work_items(), 512);
+    assert_eq!(plan(3, 2, 5, 1, bf).params.work_items(), 30);
+    // bs 64 × 8 KV heads: 512 items, below both thresholds (792, 660) → chunked.
+    assert!(chunk_full_launch(&plan(64, 8, 1, 1, bf), sms));
+    assert!(chunk_full_launch(&plan(64, 8, 1, 1, e), sms));
+    // bs 96 × 8 = 768 items: chunked for 2-byte K/V (< 792), unsplit for e4m3 (≥ 660).
+    assert!(chunk_full_launch(&plan(96, 8, 1, 1, bf), sms));
+    assert!(chunk_full_launch(&plan(96, 8, 1, 1, hf), sms));
+    assert!(!chunk_full_launch(&plan(96, 8, 1, 1, e), sms));
+    // The edges: 99 × 8 = 792 = 6 · 132 unsplit, one request fewer chunked;
+    // 660 = 5 · 132 items (165 × 4 heads) unsplit for e4m3, 659 chunked.
+    assert!(!chunk_full_launch(&plan(99, 8, 1, 1, bf), sms));
+    assert!(chunk_full_launch(&plan(98, 8, 1, 1, bf), sms));
+    assert!(!chunk_full_launch(&plan(165, 4, 1, 1, e), sms));
+    assert!(chunk_full_launch(&plan(659, 1, 1, 1, e), sms));
+    // Row tiles count: 33 requests × 6 heads × 4 row tiles = 792.
+    assert!(!chunk_full_launch(&plan(33, 6, 4, 1, bf), sms));
+    assert!(chunk_full_launch(&plan(33, 6, 4, 1, bf), sms + 1));
     // Auto already split it (the grid was not full): never re-planned.
-    assert!(!chunk_full_launch(&plan(4, 8, 1, 8), sms));
+    assert!(!chunk_full_launch(&plan(4, 8, 1, 8, bf), sms));
+    assert!(!chunk_full_launch(&plan(4, 8, 1, 8, e), sms));
     // `chunk_full` is the same rule from Auto's split count and the items.
     for (bs, hkv, rt, splits) in [
         (64, 8, 1, 1),
-        (132, 8, 1, 1),
-        (131, 8, 1, 1),
+        (96, 8, 1, 1),
+        (99, 8, 1, 1),
+        (98, 8, 1, 1),
         (33, 8, 4, 1),
         (4, 8, 1, 8),
     ] {
-        let p = plan(bs, hkv, rt, splits);
-        assert_eq!(
-            paged_attention::chunk_full(splits as usize, p.params.work_items(), sms),
-            chunk_full_launch(&p, sms),
-            "{bs} × {hkv} × {rt}, {splits} splits"
-        );
+        for kv in [bf, hf, e] {
+            let p = plan(bs, hkv, rt, splits, kv);
+            assert_eq!(
+                paged_attention::chunk_full(splits as usize, p.params.work_items(), sms, kv),
+                chunk_full_launch(&p, sms),
+                "{bs} × {hkv} × {rt}, {splits} splits, {kv:?}"
+            );
+        }
     }
 }

@@ -235,6 +235,7 @@ pub(super) fn plan_path(
         config,
         workspace_elems,
         head_dim: dim,
+        kv_dtype: args.kv.dtype(),
     })
 }
 
