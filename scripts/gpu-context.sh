@@ -1156,10 +1156,15 @@ stage_s47() {
     echo "masked $x: rc=$?"; summary "$OUT/s47_masked_$x.log"
   done
 }
-stage_s48() {
-  # Issue 14's bar rows beside cuDNN (an H200 reads the bars), EP and x5376
-  # beside production, and the FP8 sweep with both of the backend's split
-  # forms from bs 32 up.
+# Session 48's call in parts (each fits one device call of 10 minutes):
+# s48_bench the bar rows, PS / PS1 rows and the two-form sweep with cuDNN;
+# s48_trace the per-CTA traces; s48_exp the experiment test; s48_ps the
+# persistent grid's bit-identity test and masked keys; s48_sanitize memcheck
+# and racecheck on it.
+s48_bench() {
+  # Issue 14's bar rows beside cuDNN (an H200 reads the bars), x5376, the
+  # persistent grid and PS1 beside production, and the FP8 sweep with both of
+  # the backend's split forms from bs 32 up.
   local c="x5376|=bs 64, L 8192|=bs 256, L 8192|=FP8 KV, bs 64, L 8192"
   c="$c|sweep|=bs 1, L 1024|=bs 16, L 1024|=bs 1, L 32768|persistent grid|PS1|=bs 224, mean L 1204, max L 5878 (seed 1)"
   c="$c|=FP8 KV, bs 224, mean L 1204, max L 5878 (seed 1)"
@@ -1167,6 +1172,8 @@ stage_s48() {
     timeout ${S48_BENCH_TIMEOUT:-220} benches/paged-attention-paged_attention --bench > "$OUT/s48_dbench.log" 2>&1
   echo "== decode bench: rc=$?"; grep -E '^\| ' "$OUT/s48_dbench.log" | cut -d'|' -f2-6,9
   decode_peers
+}
+s48_trace() {
   # Per-CTA traces (experiments 16 and 4368, entry stamped before the length
   # order's ranking) of bs 128 and bs 224, chunked and unsplit, bf16 and
   # FP8: the ranking's cost and the empty CTAs of a chunked launch.
@@ -1174,12 +1181,16 @@ stage_s48() {
     MHA_KIT_BENCH_CASES="sweep bs 128,|sweep bs 224," \
     timeout 150 benches/paged-attention-paged_attention --bench > "$OUT/s48_trace.log" 2>&1
   echo "== per-CTA traces: rc=$?"; python3 "$tree_root/scripts/probes/trace_summary.py" "$OUT/s48trace"
+}
+s48_exp() {
   MHA_KIT_GPU_EXPERIMENTS=16,4368,128,4480,640,4992 timeout 200 tests/paged-attention-gpu --include-ignored \
     experiment_entries > "$OUT/s48_dexp.log" 2>&1
   echo "decode experiments 16, 4368, 128, 4480, 640, 4992: rc=$?"; summary "$OUT/s48_dexp.log"
+}
+s48_ps() {
   # The persistent grid (experiments 128 / 4480, PS1 640 / 4992):
-  # bit-identical to the ordinary launch, the masked non-finite keys under
-  # each, and memcheck / racecheck on a few of its cases once.
+  # bit-identical to the ordinary launch, and the masked non-finite keys
+  # under each.
   timeout 120 tests/paged-attention-gpu --include-ignored persistent_grid > "$OUT/s48_ps.log" 2>&1
   echo "persistent grid == ordinary grid: rc=$?"; summary "$OUT/s48_ps.log"
   local x
@@ -1188,12 +1199,21 @@ stage_s48() {
       > "$OUT/s48_masked_$x.log" 2>&1
     echo "masked $x: rc=$?"; summary "$OUT/s48_masked_$x.log"
   done
+}
+s48_sanitize() {
+  local tool
   for tool in memcheck racecheck; do
     MHA_KIT_GPU_CASES=6 timeout 90 compute-sanitizer --tool $tool tests/paged-attention-gpu --include-ignored \
       persistent_grid > "$OUT/s48_ps_$tool.log" 2>&1
     echo "$tool, persistent grid: rc=$?"; grep -E "SUMMARY|test result" "$OUT/s48_ps_$tool.log"
   done
 }
+stage_s48() { s48_bench; s48_trace; s48_exp; s48_ps; s48_sanitize; }
+#   s49a      session 49's first call: s48_ps then s48_bench (correctness of
+#             the persistent grid first, then its speed and the bar rows)
+#   s49b      s48_exp, s48_sanitize and s48_trace
+stage_s49a() { s48_ps; s48_bench; }
+stage_s49b() { s48_exp; s48_sanitize; s48_trace; }
 for st in $STAGES; do "stage_$st"; done
 if [ "${PACK_LOGS:-1}" = 1 ]; then
   (cd "$OUT" && tar -czf "$work/logs.tar.gz" . && find . -mindepth 1 -delete && mv "$work/logs.tar.gz" .)
