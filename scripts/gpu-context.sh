@@ -200,12 +200,10 @@
 #             with both of the backend's split forms from bs 32 up, per-CTA
 #             traces of bs 128 and bs 224 chunked and unsplit (the entry now
 #             stamped before the length order's ranking; empty CTAs traced),
-#             the experiment test for the trace entries 16 and 4368 and the
-#             persistent-grid entries 128 / 4480 and PS1's 640 / 4992 (their
-#             rows beside production, their bit-identity test, masked keys,
-#             memcheck and racecheck); the conv trace on the persistent grid:
-#             MHA_KIT_DECODE_EXPERIMENT=x4992 or x4480 (FP8) / x640 or x128
-#             (bf16) with STAGES=conv
+#             the experiment test for the trace entries 16 and 4368 (the
+#             persistent-grid entries 128 / 4480 and PS1's 640 / 4992, with
+#             their rows, bit-identity test, masked keys and sanitizer runs,
+#             were removed in session 49)
 # Logs go to $OUT (default /tmp/out); the console gets the tables and the
 # test summaries. The device tool returns at most 8 files from $OUT, so at
 # the end every log is packed into $OUT/logs.tar.gz (PACK_LOGS=0 keeps them
@@ -1157,16 +1155,14 @@ stage_s47() {
   done
 }
 # Session 48's call in parts (each fits one device call of 10 minutes):
-# s48_bench the bar rows, PS / PS1 rows and the two-form sweep with cuDNN;
-# s48_trace the per-CTA traces; s48_exp the experiment test; s48_ps the
-# persistent grid's bit-identity test and masked keys; s48_sanitize memcheck
-# and racecheck on it.
+# s48_bench the bar rows and the two-form sweep with cuDNN; s48_trace the
+# per-CTA traces; s48_exp the experiment test.
 s48_bench() {
-  # Issue 14's bar rows beside cuDNN (an H200 reads the bars), x5376, the
-  # persistent grid and PS1 beside production, and the FP8 sweep with both of
-  # the backend's split forms from bs 32 up.
+  # Issue 14's bar rows beside cuDNN (an H200 reads the bars), x5376 beside
+  # production, and the FP8 sweep with both of the backend's split forms
+  # from bs 32 up.
   local c="x5376|=bs 64, L 8192|=bs 256, L 8192|=FP8 KV, bs 64, L 8192"
-  c="$c|sweep|=bs 1, L 1024|=bs 16, L 1024|=bs 1, L 32768|persistent grid|PS1|=bs 224, mean L 1204, max L 5878 (seed 1)"
+  c="$c|sweep|=bs 1, L 1024|=bs 16, L 1024|=bs 1, L 32768|=bs 224, mean L 1204, max L 5878 (seed 1)"
   c="$c|=FP8 KV, bs 224, mean L 1204, max L 5878 (seed 1)"
   MHA_KIT_BENCH_FP8_SWEEP=1 MHA_KIT_BENCH_CASES="${S48_CASES:-$c}" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
     timeout ${S48_BENCH_TIMEOUT:-220} benches/paged-attention-paged_attention --bench > "$OUT/s48_dbench.log" 2>&1
@@ -1183,37 +1179,16 @@ s48_trace() {
   echo "== per-CTA traces: rc=$?"; python3 "$tree_root/scripts/probes/trace_summary.py" "$OUT/s48trace"
 }
 s48_exp() {
-  MHA_KIT_GPU_EXPERIMENTS=16,4368,128,4480,640,4992 timeout 200 tests/paged-attention-gpu --include-ignored \
+  MHA_KIT_GPU_EXPERIMENTS=16,4368 timeout 200 tests/paged-attention-gpu --include-ignored \
     experiment_entries > "$OUT/s48_dexp.log" 2>&1
-  echo "decode experiments 16, 4368, 128, 4480, 640, 4992: rc=$?"; summary "$OUT/s48_dexp.log"
+  echo "decode experiments 16, 4368: rc=$?"; summary "$OUT/s48_dexp.log"
 }
-s48_ps() {
-  # The persistent grid (experiments 128 / 4480, PS1 640 / 4992):
-  # bit-identical to the ordinary launch, and the masked non-finite keys
-  # under each.
-  timeout 120 tests/paged-attention-gpu --include-ignored persistent_grid > "$OUT/s48_ps.log" 2>&1
-  echo "persistent grid == ordinary grid: rc=$?"; summary "$OUT/s48_ps.log"
-  local x
-  for x in x128 x4480 x640 x4992; do
-    MHA_KIT_DECODE_EXPERIMENT=$x timeout 60 tests/paged-attention-gpu --include-ignored masked_nonfinite \
-      > "$OUT/s48_masked_$x.log" 2>&1
-    echo "masked $x: rc=$?"; summary "$OUT/s48_masked_$x.log"
-  done
-}
-s48_sanitize() {
-  local tool
-  for tool in memcheck racecheck; do
-    MHA_KIT_GPU_CASES=6 timeout 90 compute-sanitizer --tool $tool tests/paged-attention-gpu --include-ignored \
-      persistent_grid > "$OUT/s48_ps_$tool.log" 2>&1
-    echo "$tool, persistent grid: rc=$?"; grep -E "SUMMARY|test result" "$OUT/s48_ps_$tool.log"
-  done
-}
-stage_s48() { s48_bench; s48_trace; s48_exp; s48_ps; s48_sanitize; }
-#   s49a      session 49's first call: s48_ps then s48_bench (correctness of
-#             the persistent grid first, then its speed and the bar rows)
-#   s49b      s48_exp, s48_sanitize and s48_trace
-stage_s49a() { s48_ps; s48_bench; }
-stage_s49b() { s48_exp; s48_sanitize; s48_trace; }
+stage_s48() { s48_bench; s48_trace; s48_exp; }
+#   s49a      session 49's first call: s48_bench (the bar rows and the
+#             two-form sweep)
+#   s49b      s48_exp and s48_trace
+stage_s49a() { s48_bench; }
+stage_s49b() { s48_exp; s48_trace; }
 for st in $STAGES; do "stage_$st"; done
 if [ "${PACK_LOGS:-1}" = 1 ]; then
   (cd "$OUT" && tar -czf "$work/logs.tar.gz" . && find . -mindepth 1 -delete && mv "$work/logs.tar.gz" .)

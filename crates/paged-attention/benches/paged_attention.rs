@@ -33,8 +33,8 @@ use kernel_rt::timing::{
 };
 use kernel_rt::{gpu_status, DeviceErrors, Gpu, GpuStatus, Result, Strided, StridedMut};
 use paged_attention::{
-    chunk_full, launch_config, workspace_for, DecodeArgs, HalfDtype, KernelPath, KvCache,
-    KvDtype, PagedAttentionKernel, QueryLayout, SplitMode,
+    chunk_full, launch_config, workspace_for, DecodeArgs, HalfDtype, KernelPath, KvCache, KvDtype,
+    PagedAttentionKernel, QueryLayout, SplitMode,
 };
 
 struct Shape {
@@ -100,24 +100,6 @@ fn experiment_row(xv: u32, bs: usize, len: usize, what: &str) -> Shape {
     Shape {
         experiment: xv,
         ..s(&format!("bs {bs}, L {len} ({what})"), 32, 8, 128, bs, len)
-    }
-}
-
-/// `sh` on the persistent grid (session 48's experiments: 128 for bf16
-/// K/V, 4480 = the half-row pair loop for e4m3), or with `ps1` on PS1 (the
-/// next unit's first tiles issued before each unit's merge: 640 / 4992),
-/// its name suffixed with the experiment.
-fn persistent(sh: Shape, ps1: bool) -> Shape {
-    let base = if sh.fp8 { 4480 } else { 128 };
-    let (xv, what) = if ps1 {
-        (base | 512, "PS1")
-    } else {
-        (base, "persistent grid")
-    };
-    Shape {
-        name: format!("{} (x{xv}: {what})", sh.name),
-        experiment: xv,
-        ..sh
     }
 }
 
@@ -259,20 +241,6 @@ fn cases() -> Vec<Shape> {
         ragged(224, 1),
         fp8(ragged(224, 1)),
     ];
-    // The production loops on a persistent grid (session 48): bf16
-    // (`_x128`) and the half-row pair loop (`_x4480`), and PS1 with the
-    // next unit's first ring tiles issued before each unit's merge (`_x640`,
-    // `_x4992`).
-    for ps1 in [false, true] {
-        for row in [
-            s("bs 64, L 8192", 32, 8, 128, 64, 8192),
-            fp8(s("bs 64, L 8192", 32, 8, 128, 64, 8192)),
-            ragged(224, 1),
-            fp8(ragged(224, 1)),
-        ] {
-            v.push(persistent(row, ps1));
-        }
-    }
     if std::env::var("MHA_KIT_BENCH_SPLIT_SWEEP").as_deref() == Ok("1") {
         v.extend(split_sweep());
     }
@@ -308,9 +276,7 @@ fn backend_split(bs: usize, hkv: usize, sms: usize, kv: KvDtype) -> SplitMode {
 /// under the backend's other form (Auto, unsplit at these sizes, where the
 /// backend chunks; chunked where it runs Auto): session 48 read FP8 at bs 128
 /// chunked (171.9 µs on an H100) slower than at bs 160 unsplit (164.9), and
-/// an ordered chunked launch's empty CTAs each pay the length ranking. The
-/// backend's own form also runs on the persistent grid (experiments 128 /
-/// 4480).
+/// an ordered chunked launch's empty CTAs each pay the length ranking.
 fn fp8_sweep(sms: usize) -> Vec<Shape> {
     let mut v = Vec::new();
     for bs in [8, 16, 32, 64, 96, 128, 160, 224, 256] {
@@ -341,12 +307,6 @@ fn fp8_sweep(sms: usize) -> Vec<Shape> {
             };
             v.push(row());
             v.push(fp8(row()));
-            if split == chosen {
-                for ps1 in [false, true] {
-                    v.push(persistent(row(), ps1));
-                    v.push(persistent(fp8(row()), ps1));
-                }
-            }
         }
     }
     v

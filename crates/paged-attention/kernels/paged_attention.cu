@@ -336,28 +336,6 @@ MHA_KIT_DEVICE int2 decode_unit(const Params& p, u8* smem) {
                                : make_int2((int)blockIdx.z, (int)blockIdx.x);
 }
 
-// decode_unit's rule for grid position (x, z) of a persistent CTA
-// (mma_entry's PS): the same unit the CTA at that position would take.
-template <class L, class Params>
-MHA_KIT_DEVICE int2 decode_unit_at(const Params& p, int x, int z, u8* smem) {
-    static_assert(L::BYTES >= LO_WORDS * 4, "length order scratch");
-    return p.length_order != 0
-               ? unit_in_length_order(p.cache_seqlens, p.bs, p.max_splits, p.fixed_chunk, x, z, reinterpret_cast<u32*>(smem))
-               : make_int2(z, x);
-}
-
-// The persistent grid (mma_entry's PS): the ordinary grid's units (x
-// splits, y KV heads and row tiles, z requests) and the (x, y, z) of its
-// linear position l in launch order (x fastest).
-MHA_KIT_DEVICE u32 ps_units(const PagedAttentionParams& p) {
-    return (u32)p.max_splits * (u32)p.num_kv_heads * (u32)p.row_tiles * (u32)p.bs;
-}
-MHA_KIT_DEVICE int3 ps_position(const PagedAttentionParams& p, u32 l) {
-    const u32 nx = (u32)p.max_splits;
-    const u32 ny = (u32)p.num_kv_heads * (u32)p.row_tiles;
-    return make_int3((int)(l % nx), (int)((l / nx) % ny), (int)(l / (nx * ny)));
-}
-
 // ---- decode context parallelism: page interleave (p.cp_ranks > 1) ----
 // Rank p.cp_rank of p.cp_ranks holds every request's pages e with
 // e mod N = rank, as its local pages e div N: local key k sits at global
@@ -1117,18 +1095,8 @@ struct Look {
 // lane-quad copies of 16-bit rows, whole-row copies of e4m3 rows — were
 // measured, docs/PERF.md sessions 9-10, and their entries dropped in
 // session 23 for room.)
-// PS1's hand-over between the units of a persistent CTA: the next unit
-// (request -2^31: not yet ranked) and how many of its first ring tiles the
-// previous unit already issued.
-struct PsCarry {
-    int2 unit;
-    int early;
-};
-constexpr int PS_UNRANKED = -2147483647 - 1;
-
 template <int QT, int KV, int D, int XV = 0>
-MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps_y = 0, int ps_z = 0,
-                             const PsCarry* ps_in = nullptr, PsCarry* ps_out = nullptr, u32 ps_next = ~0u) {
+MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     using L = MmaSmem<D, KV, XV>;
     constexpr int NST = L::NST;
     constexpr int ES = L::ES;
@@ -1150,15 +1118,8 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
     float* dsum = ms + MW * ROWS;
     u32* vm_s = reinterpret_cast<u32*>(smem + L::VM_OFF);
 
-    // PS (XV & 128, timing experiment; `mma_entry`): the CTA serves grid
-    // position (ps_x, ps_y, ps_z) of the launch's work units instead of
-    // its own block index.
-    constexpr bool PS = (XV & 128) != 0;
-    // PS1 (XV & 512 with PS): the next unit's first ring tiles are issued
-    // before this unit's merge (below), so their flight overlaps its end.
-    constexpr bool PS1 = PS && (XV & 512) != 0;
-    const int h = PS ? ps_y % p.num_kv_heads : blockIdx.y % p.num_kv_heads;
-    const int rt = PS ? p.row_tile_base + ps_y / p.num_kv_heads : p.row_tile_base + blockIdx.y / p.num_kv_heads;
+    const int h = blockIdx.y % p.num_kv_heads;
+    const int rt = p.row_tile_base + blockIdx.y / p.num_kv_heads;
 
     // Timing experiment XV & 16: a per-CTA trace in place of the skip
     // counter (8 u64 a CTA, linear CTA order): %smid in the low word and the
@@ -1197,10 +1158,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
             }
         }
     };
-    static_assert(!(PS && TR), "PS: no per-CTA trace");
-    const int2 unit = PS1 && ps_in->unit.x != PS_UNRANKED ? ps_in->unit
-                      : PS                                    ? decode_unit_at<L>(p, ps_x, ps_z, smem)
-                                                              : decode_unit<L>(p, smem);
+    const int2 unit = decode_unit<L>(p, smem);
     if constexpr (TR) {
         if (trace != nullptr) {
             u32 sm;
@@ -1247,9 +1205,9 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
         no_work();
         return;
     }
-    i32 ks0 = sp.k_lo + split * sp.chunk;
-    i32 ke = min(ks0 + sp.chunk, sp.k_hi);
-    int ntiles = ke > ks0 ? (ke - ks0 + TT - 1) / TT : 0;
+    const i32 ks0 = sp.k_lo + split * sp.chunk;
+    const i32 ke = min(ks0 + sp.chunk, sp.k_hi);
+    const int ntiles = ke > ks0 ? (ke - ks0 + TT - 1) / TT : 0;
     const int nrows = sp.rows;
     const int r0 = rt * ROWS;
 
@@ -1287,7 +1245,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
     // ---- loader: lane loads tokens lt and lt + 8 of the warp slice, chunks cq + 4 i ----
     const int lt = lane >> 2;
     const int cq = lane & 3;
-    i32 slice0 = ks0 + ws * MWT;  // first key of this warp's slice in tile 0
+    const i32 slice0 = ks0 + ws * MWT;  // first key of this warp's slice in tile 0
     u8* ring = smem + warp * L::WRING;
     const u32 ring_u32 = smem_u32(ring);
     // XA: the lane's copy base, the row start (the XA entries copy whole
@@ -1324,18 +1282,12 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
     const i32 adv_pg = TT / psz;
     const i32 adv_off = TT - adv_pg * psz;
     const i32 adv_col = adv_pg * cpn;
-    i32 cur_pg0, cur_off0, cur_pg1, cur_off1;
-    // The cursor at tile 0 of the slice starting at slice0 (PS1 re-aims it
-    // at the next unit's).
-    auto aim_cursor = [&]() {
-        cur_pg0 = (slice0 + lt) / psz;
-        cur_off0 = slice0 + lt - cur_pg0 * psz;
-        cur_pg1 = (slice0 + lt + 8) / psz;
-        cur_off1 = slice0 + lt + 8 - cur_pg1 * psz;
-        cur_pg0 = cur_pg0 * cpn + p.cp_rank;
-        cur_pg1 = cur_pg1 * cpn + p.cp_rank;
-    };
-    aim_cursor();
+    i32 cur_pg0 = (slice0 + lt) / psz;
+    i32 cur_off0 = slice0 + lt - cur_pg0 * psz;
+    i32 cur_pg1 = (slice0 + lt + 8) / psz;
+    i32 cur_off1 = slice0 + lt + 8 - cur_pg1 * psz;
+    cur_pg0 = cur_pg0 * cpn + p.cp_rank;
+    cur_pg1 = cur_pg1 * cpn + p.cp_rank;
     auto lookup = [&](Look& lk, int t) {
         const i32 k0 = slice0 + t * TT + lt;
         const i32 k1 = k0 + 8;
@@ -1483,11 +1435,8 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
         lookup(lb, PRO + 1);
 #pragma unroll
         for (int s = 0; s < PRO; ++s) {
-            // PS1: tiles below `early` were issued by the previous unit.
-            if (!PS1 || s >= ps_in->early) {
-                issue(pro[s], s, s);
-                cp_async_commit();
-            }
+            issue(pro[s], s, s);
+            cp_async_commit();
         }
     };
 
@@ -2135,58 +2084,6 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
     pdl_launch_dependents();
     __syncthreads();  // every warp is done with its ring: reuse it as merge scratch
 
-    // PS1: each warp's merge rows go to the top of its own ring (`osc_w`),
-    // so its first EARLY slots can take the next unit's first tiles now:
-    // the next unit is ranked (scratch: the ring's first 1 KB, as every
-    // ranking, free until the copies below), its loader state replaces this unit's (the
-    // merge below needs only b, h, rt, split, g, sp and the registers), and
-    // tiles 0 .. EARLY - 1 are looked up and issued as the prologue would.
-    constexpr int MROW_BYTES = ROWS * L::OS * 4;  // one warp's merge rows
-    constexpr int EARLY = PS1 ? ((L::WRING - MROW_BYTES) / L::SLOT < PRO ? (L::WRING - MROW_BYTES) / L::SLOT : PRO) : 0;
-    static_assert(!PS1 || (DH == 1 && EARLY >= 1), "PS1: the D 128 entries");
-    auto osc_w = [&](int w) { return reinterpret_cast<float*>(smem + w * L::WRING + L::WRING - MROW_BYTES); };
-    if constexpr (PS1) {
-        ps_out->unit = make_int2(PS_UNRANKED, 0);
-        ps_out->early = 0;
-        if (ps_next != ~0u) {
-            const int3 at = ps_position(p, ps_next);
-            const int2 u2 = decode_unit_at<L>(p, at.x, at.z, smem);
-            ps_out->unit = u2;
-            if (u2.x >= 0) {
-                const int h2 = at.y % p.num_kv_heads;
-                const int rt2 = p.row_tile_base + at.y / p.num_kv_heads;
-                const Geom g2 = request_geom(p, u2.x, false);
-                Split sp2{};
-                if (!g2.skip) sp2 = tile_split(p, g2, rt2);
-                if (!g2.skip && sp2.rows > 0 && u2.y < sp2.nb) {
-                    ks0 = sp2.k_lo + u2.y * sp2.chunk;
-                    ke = min(ks0 + sp2.chunk, sp2.k_hi);
-                    ntiles = ke > ks0 ? (ke - ks0 + TT - 1) / TT : 0;
-                    pt_row = p.page_table + (i64)u2.x * p.page_table_stride;
-                    if constexpr (XA) pt_row = pac::opaque_ptr(pt_row);
-                    k_base = p.k_cache + (i64)h2 * p.k_stride_head * ES;
-                    v_base = p.v_cache + (i64)h2 * p.v_stride_head * ES;
-                    k_lane = k_base;
-                    v_lane = v_base;
-                    if constexpr (XA) {
-                        k_lane = pac::opaque_ptr(k_lane);
-                        v_lane = pac::opaque_ptr(v_lane);
-                    }
-                    slice0 = ks0 + ws * MWT;
-                    aim_cursor();
-#pragma unroll
-                    for (int s = 0; s < EARLY; ++s) lookup(pro[s], s);
-#pragma unroll
-                    for (int s = 0; s < EARLY; ++s) {
-                        issue(pro[s], s, s);
-                        cp_async_commit();
-                    }
-                    ps_out->early = EARLY;
-                }
-            }
-        }
-    }
-
     // ---- merge the 4 warps' (m, d, O) (DH = 2: the 2 pairs', each pair's
     // warps holding the same (m, d) and one half of O's dims) ----
     float* osc = reinterpret_cast<float*>(smem);
@@ -2201,7 +2098,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
         }
 #pragma unroll
         for (int n = 0; n < NT8; ++n) {
-            float* orow = PS1 ? osc_w(ws) + row * L::OS + hf * DW : osc + (ws * ROWS + row) * L::OS + hf * DW;
+            float* orow = osc + (ws * ROWS + row) * L::OS + hf * DW;
             if constexpr (KV == 2) {
                 orow[NT8 * (2 * qd) + n] = o[n][2 * hr];
                 orow[NT8 * (2 * qd + 1) + n] = o[n][2 * hr + 1];
@@ -2229,8 +2126,7 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
             const float mw = ms[w * ROWS + rr];
             const float f = mw == NEG_INF ? 0.f : ex2(mw - mm);
             den += f * dsum[w * ROWS + rr];
-            const float4* src = reinterpret_cast<const float4*>(PS1 ? osc_w(w) + rr * L::OS + ch * 8
-                                                                    : osc + (w * ROWS + rr) * L::OS + ch * 8);
+            const float4* src = reinterpret_cast<const float4*>(osc + (w * ROWS + rr) * L::OS + ch * 8);
             const float4 a = src[0], c = src[1];
             acc[0] += f * a.x;
             acc[1] += f * a.y;
@@ -2286,48 +2182,12 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p, int ps_x = 0, int ps
         }
     } else if (sp.nb > 1) {
         const i64 item = ((i64)b * p.num_kv_heads + h) * p.row_tiles + rt;
-        if constexpr (PS1) {
-            merge_last<QT, D, true>(p, g, item, sp.nb, nrows, r0, h, osc_w(0), ROWS * L::OS);
-        } else {
-            merge_last<QT, D, true>(p, g, item, sp.nb, nrows, r0, h, osc, L::RING / 4);
-        }
+        merge_last<QT, D, true>(p, g, item, sp.nb, nrows, r0, h, osc, L::RING / 4);
         if constexpr (TR) {
             if (trace != nullptr) trace[7] = *reinterpret_cast<const u32*>(osc + 2 * ROWS);
         }
     }
     stamp(6);
-}
-
-// A tensor-core entry's body. PS (XV & 128, timing experiment; session
-// 48): a persistent grid. The launcher starts min(units, 2 SMs) CTAs in
-// one row (`gridDim.x`); CTA c serves the grid positions l = c, c +
-// gridDim.x, ... of the launch's units in launch order (x fastest: split,
-// then KV head and row tile, then request: the order the block scheduler
-// starts an ordinary grid in), each exactly as the CTA at that position
-// would (same unit, keys, partials and fold: bit-identical results). What
-// it measures: the change of CTA between units (exit, the next CTA's
-// start, its length ranking's first loads), which the per-CTA traces of
-// session 48 put at a few µs of every short FP8 CTA's ~20 µs. The row tiles
-// must fit one launch (the launcher's check); no per-CTA trace.
-template <int QT, int KV, int D, int XV>
-MHA_KIT_DEVICE void mma_entry(const PagedAttentionParams& p) {
-    if constexpr ((XV & 128) != 0) {
-        // PS1 (XV & 512): each unit hands the next its rank and early tiles
-        // (PS alone leaves the hand-over unranked and empty).
-        const u32 units = ps_units(p);
-        PsCarry carry{make_int2(PS_UNRANKED, 0), 0};
-        for (u32 l = blockIdx.x; l < units; l += gridDim.x) {
-            const PsCarry in = carry;
-            const u32 next = l + gridDim.x < units ? l + gridDim.x : ~0u;
-            const int3 at = ps_position(p, l);
-            mma_body<QT, KV, D, XV>(p, at.x, at.y, at.z, &in, &carry, next);
-            // The unit's shared memory (its merge scratch, fold) is read
-            // before the next unit's ranking or copies write it.
-            __syncthreads();
-        }
-    } else {
-        mma_body<QT, KV, D, XV>(p);
-    }
 }
 
 }  // namespace pa
@@ -2357,12 +2217,12 @@ PA_DECODE_D(f16, 1, e4m3, 2)
 // of 128 dims each: MmaSmem::DH); Q and a 16-bit
 // KV share the dtype, or KV is e4m3 (f16 MMAs, each element converted once).
 // One entry, `paged_attention_mma_{QN}_kv_{KVN}_d{D}{SUFFIX}`: mma_body<QT, KV,
-// D, XV> with MINB CTAs an SM (`mma_entry`).
+// D, XV> with MINB CTAs an SM.
 #define PA_MMA_ENTRY(QN, QT, KVN, KV, D, SUFFIX, XV, MINB)                                         \
     extern "C" __global__ void __launch_bounds__(pa::NT, MINB)                                       \
         paged_attention_mma_##QN##_kv_##KVN##_d##D##SUFFIX(const PagedAttentionParams p) {           \
         pa::pdl_wait();                                                                            \
-        pa::mma_entry<QT, KV, D, XV>(p);                                                           \
+        pa::mma_body<QT, KV, D, XV>(p);                                                            \
     }
 // D 128 entries take the lean copy addresses (XV & 64, mma_body's XA;
 // session 28's experiment 64, production since session 31: on an H100 it
@@ -2429,16 +2289,13 @@ PA_MMA_X(bf16, 0, e4m3, 2, 5376, 2)
 // (Experiments 2 and 4354, EP: the first K/V tiles' page lookups and
 // copies issued before Q is read, session 47; flat on an H100, their
 // entries and code dropped in session 48.)
-// Experiment 128 (bf16 K/V) and 4480 = 4096 | 256 | 128 (e4m3 K/V, the
-// `_pair_h` loop): the production entry on a persistent grid (mma_entry's
-// PS; session 48).
-PA_MMA_X(bf16, 0, bf16, 0, 128, 2)
-PA_MMA_X(bf16, 0, e4m3, 2, 4480, 2)
-// Experiment 640 = 512 | 128 (bf16 K/V) and 4992 = 4096 | 512 | 256 | 128
-// (e4m3 K/V, `_pair_h`): PS1, the persistent grid with the next unit's
-// first ring tiles issued before this unit's merge.
-PA_MMA_X(bf16, 0, bf16, 0, 640, 2)
-PA_MMA_X(bf16, 0, e4m3, 2, 4992, 2)
+// (Experiments 128 / 4480, PS: the production loops on a persistent grid,
+// and 640 / 4992, PS1: the same with the next unit's first ring tiles
+// issued before each unit's merge, session 48; on an H100 the persistent
+// grid was 17-25% slower on ragged batches (static round-robin over the
+// length-ordered units in place of the block scheduler's balance) and
+// within 1% on uniform ones, and PS1 failed its bit-identity test against
+// the ordinary grid: their entries and code dropped in session 49.)
 // Experiment 4368 = 4096 | 256 | 16 (e4m3 K/V): the `_pair_h` loop with
 // experiment 16's per-CTA trace, for the FP8 decode's per-CTA start and end
 // costs on short requests (session 47).

@@ -570,16 +570,6 @@ impl Edited {
     }
 }
 
-/// The persistent-grid experiments (`mma_entry`'s PS: 128 bf16 K/V, 4480
-/// e4m3 on the half-row pair loop; PS1: 640, 4992) and the K/V dtype each
-/// serves.
-const PERSISTENT_EXPERIMENTS: [(u32, KvDtype); 4] = [
-    (128, KvDtype::Bf16),
-    (4480, KvDtype::E4m3),
-    (640, KvDtype::Bf16),
-    (4992, KvDtype::E4m3),
-];
-
 /// Launches case `c` once into a poisoned output with the row LSE and the
 /// skipped-slice counter requested, after `edit` set what the test varies
 /// (the rank, the skip-softmax factor, the sinks).
@@ -1178,11 +1168,7 @@ fn main() {
             // launched only where q_len · G <= 8, e4m3 and bf16 KV; `_x1024`:
             // the e4m3 copies as before W, lane quads with the L2 hint;
             // `_x5376`: the half-row pair loop with
-            // `_x1024`'s copies; `_x4368`: the half-row pair loop traced;
-            // `_x128` / `_x4480`: the production loop / the half-row pair
-            // loop on a persistent grid; `_x640` / `_x4992`: the same with
-            // the next unit's first tiles issued before each unit's
-            // merge), on the
+            // `_x1024`'s copies; `_x4368`: the half-row pair loop traced), on the
             // random cases their entry serves
             // (bf16 Q, D 128) and on some others (which keep the production
             // entry).
@@ -1202,7 +1188,6 @@ fn main() {
                 (4368, KvDtype::E4m3),
             ]
             .into_iter()
-            .chain(PERSISTENT_EXPERIMENTS)
             .filter(|&(xv, _)| wanted(xv))
             {
                 let mut k = PagedAttentionKernel::new(gpu).or_fail("load")?;
@@ -1324,95 +1309,6 @@ fn main() {
                 "cluster_fold_equals_the_workspace_fold: {same} cases, {} launches as clusters",
                 k.cluster_launches()
             );
-            Ok(())
-        }),
-        named("persistent_grid_equals_the_ordinary_grid", |gpu, _| {
-            // Experiments 128 (bf16 K/V) and 4480 (e4m3 K/V, the half-row
-            // pair loop): one row of min(units, 2 SMs) CTAs, each serving
-            // grid positions c, c + CTAs, ... (`mma_entry`'s PS); 640 /
-            // 4992 the same with each unit's first ring tiles issued by the
-            // unit before it (PS1). Rows, LSE
-            // and error words bit-identical to the launcher's ordinary
-            // launch (the cluster fold's results equal the workspace
-            // fold's) on the random cases, in grid order and with the
-            // length order forced on, and on chunked splits of 1..97 keys
-            // (many units without keys); and on batches of more units than
-            // the persistent grid's CTAs.
-            let cases = env_cases(300);
-            let mut runs = 0usize;
-            for (xv, kv) in PERSISTENT_EXPERIMENTS {
-                for order in [None, Some(0)] {
-                    let mut ps = PagedAttentionKernel::new(gpu).or_fail("load")?;
-                    ps.set_experiment(xv).or_fail("experiment")?;
-                    ps.set_length_order(order);
-                    let mut base = PagedAttentionKernel::new(gpu).or_fail("load")?;
-                    base.set_length_order(order);
-                    let mut n = 0u64;
-                    for seed in 0u64..40_000 {
-                        if n == cases {
-                            break;
-                        }
-                        let (c, drawn, msl) = random_case(seed);
-                        if c.d != 128 || c.kv_dtype != kv || c.q_dtype != HalfDtype::Bf16 {
-                            continue;
-                        }
-                        let split = if seed % 3 == 0 {
-                            SplitMode::Chunked {
-                                chunk_tokens: 1 + (seed % 97) as usize,
-                                max_splits: 1 + (seed % 9) as usize,
-                            }
-                        } else {
-                            drawn
-                        };
-                        let a = launch_edited(gpu, &ps, &c, split, msl, |_| {})
-                            .map_err(|e| format!("_x{xv}, seed {seed}: {e}"))?;
-                        let b = launch_edited(gpu, &base, &c, split, msl, |_| {})
-                            .map_err(|e| format!("production, seed {seed}: {e}"))?;
-                        if !a.same_bits(&b) {
-                            return Err(format!(
-                                "_x{xv}, order {order:?}, seed {seed}, {split:?}: differs from the \
-                                 ordinary grid ({})",
-                                describe(&c)
-                            ));
-                        }
-                        n += 1;
-                        runs += 1;
-                    }
-                    // Batches with more units than CTAs (2 SMs), so that
-                    // CTAs serve several units in turn and PS1 hands its
-                    // early tiles over: ragged lengths (some empty), one KV
-                    // head, G 4, unsplit and in 128-key chunks; also
-                    // against the f64 reference.
-                    for (bs, seed) in [(300usize, 11u64), (700, 12)] {
-                        let lens = lcg_lens(bs, seed, 13, 900);
-                        let c =
-                            uniform_weights_case(kv, 128, 4, 16, &lens, Some(1), bs, |b, pos| {
-                                ((b * 5 + pos) % 11) as f64 / 11.0 - 0.5
-                            });
-                        let msl = lens.iter().copied().max().unwrap_or(1).max(1) as usize;
-                        for split in [
-                            SplitMode::Auto,
-                            SplitMode::Chunked {
-                                chunk_tokens: 128,
-                                max_splits: 4,
-                            },
-                        ] {
-                            check(gpu, &ps, &c, split, msl)
-                                .map_err(|e| format!("_x{xv}, bs {bs}: {e}"))?;
-                            let a = launch_edited(gpu, &ps, &c, split, msl, |_| {})?;
-                            let b = launch_edited(gpu, &base, &c, split, msl, |_| {})?;
-                            if !a.same_bits(&b) {
-                                return Err(format!(
-                                    "_x{xv}, order {order:?}, bs {bs}, {split:?}: differs from the \
-                                     ordinary grid"
-                                ));
-                            }
-                            runs += 1;
-                        }
-                    }
-                }
-            }
-            println!("persistent_grid_equals_the_ordinary_grid: {runs} cases");
             Ok(())
         }),
         named("length_order_equals_grid_order", |gpu, _| {

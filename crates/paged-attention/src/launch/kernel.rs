@@ -28,16 +28,7 @@ const EXPERIMENT_ENTRIES: &[&str] = &[
     "paged_attention_mma_bf16_kv_e4m3_d128_x1024",
     "paged_attention_mma_bf16_kv_e4m3_d128_x5376",
     "paged_attention_mma_bf16_kv_e4m3_d128_x4368",
-    "paged_attention_mma_bf16_kv_bf16_d128_x128",
-    "paged_attention_mma_bf16_kv_e4m3_d128_x4480",
-    "paged_attention_mma_bf16_kv_bf16_d128_x640",
-    "paged_attention_mma_bf16_kv_e4m3_d128_x4992",
 ];
-
-/// Experiment bit of the persistent-grid entries (`mma_entry`'s PS in the
-/// .cu): the launch is one row of `min(units, 2·SMs)` CTAs, each serving
-/// the grid positions `c, c + CTAs, …` of the ordinary grid's units.
-const EXPERIMENT_PERSISTENT: u32 = 128;
 
 /// Experiment bit of the entries that compute only the first 8 rows of each
 /// 16-row tile: they run only where `q_len · G ≤ 8` (the production entry
@@ -63,7 +54,7 @@ fn row_tile_blocks(
     total: usize,
     grid_tiles: usize,
     cap: Option<usize>,
-) -> impl Iterator<Item = (usize, usize)> + Clone {
+) -> impl Iterator<Item = (usize, usize)> {
     let per = grid_tiles.min(cap.unwrap_or(usize::MAX)).max(1);
     (0..total)
         .step_by(per)
@@ -94,14 +85,13 @@ pub const DECODE_WIDE_MMA_ENV: &str = "MHA_KIT_DECODE_WIDE_MMA";
 /// `x256` (where `q_len · G ≤ 8`, only the valid half of the rows
 /// computed, in an entry of its own), `x1024` (e4m3 K/V copied as before
 /// session 42's W), `x5376` (the half-row pair loop with `x1024`'s
-/// copies), `x128` (bf16 K/V) or `x4480` (e4m3 K/V, the half-row pair
-/// loop) (a persistent grid), `x640` / `x4992` (the same with the next
-/// unit's first tiles issued before each unit's merge), so that a whole
-/// replay can run it.
+/// copies), so that a whole replay can run it.
 /// (`x192`, the same loop beside the full one in the production entry, was
 /// dropped in session 44; `x2048` / `x2304`, each slice's S a step ahead,
 /// in session 46; `x2` / `x4354`, the first K/V tiles issued before Q is
-/// read, in session 48.)
+/// read, in session 48; `x128` / `x4480`, a persistent grid, and `x640` /
+/// `x4992`, the same with the next unit's first tiles issued before each
+/// unit's merge, in session 49.)
 pub const DECODE_EXPERIMENT_ENV: &str = "MHA_KIT_DECODE_EXPERIMENT";
 
 /// Whether the tensor-core entry of (`q`, `kv`, `d`) has a `_cf` twin (the
@@ -278,16 +268,7 @@ impl PagedAttentionKernel {
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
-            &[
-                ("off", 0),
-                ("x256", 256),
-                ("x1024", 1024),
-                ("x5376", 5376),
-                ("x128", 128),
-                ("x4480", 4480),
-                ("x640", 640),
-                ("x4992", 4992),
-            ],
+            &[("off", 0), ("x256", 256), ("x1024", 1024), ("x5376", 5376)],
         )?)?;
         Ok(k)
     }
@@ -305,15 +286,8 @@ impl PagedAttentionKernel {
     /// parts with the L2's 128-byte hint, where W copies whole rows without
     /// it: whether W costs the H200, PERF.md session 44); `5376` (e4m3 KV,
     /// `q_len · G ≤ 8` only) the half-row pair
-    /// loop (`_pair_h`) with `1024`'s copies; `4368` (e4m3 KV, `q_len · G ≤ 8` only) the `_pair_h` loop with
-    /// `16`'s trace; `128` (bf16 KV) and `4480` (e4m3 KV, `q_len · G ≤ 8`
-    /// only, the `_pair_h` loop) the production loop on a persistent grid:
-    /// one row of `min(units, 2·SMs)` CTAs, CTA `c` serving the ordinary
-    /// grid's positions `c, c + CTAs, …` in launch order, bit-identical to
-    /// the ordinary launch ([`KernelError::Unsupported`] at launch where
-    /// the row tiles need more than one launch); `640` / `4992` the same
-    /// with the next unit's first ring tiles issued before each unit's
-    /// merge; `16` (bf16 KV) the
+    /// loop (`_pair_h`) with `1024`'s copies; `4368` (e4m3 KV, `q_len · G ≤
+    /// 8` only) the `_pair_h` loop with `16`'s trace; `16` (bf16 KV) the
     /// production entry writing a per-CTA trace through `skipped_slices`
     /// instead of counting skipped slices: 8 u64 a CTA in linear CTA order
     /// (`%smid` in the low word and the length order's ranking in ns in
@@ -671,32 +645,13 @@ impl PagedAttentionKernel {
         // The row tiles in blocks of the grid's y extent (one block unless
         // `long_rows` needed more).
         let hkv = p.num_kv_heads.max(1) as usize;
-        let persistent = experiment.is_some() && self.experiment & EXPERIMENT_PERSISTENT != 0;
-        let blocks = row_tile_blocks(
+        for (base, count) in row_tile_blocks(
             p.row_tiles.max(1) as usize,
             y as usize / hkv,
             self.launch_row_tiles,
-        );
-        if persistent
-            && (blocks.clone().count() > 1 || x as u64 * y as u64 * z as u64 > i32::MAX as u64)
-        {
-            // The persistent entries serve every row tile of `row_tiles` in
-            // one launch, counting grid positions in 32 bits.
-            return Err(KernelError::unsupported(
-                "q",
-                format!(
-                    "decode experiment {}: {} row tiles over a grid of ({x}, {y}, {z}) CTAs",
-                    self.experiment, p.row_tiles
-                ),
-            ));
-        }
-        for (base, count) in blocks {
+        ) {
             p.row_tile_base = to_i32("max_q_len", base)?;
             config.grid_dim.1 = (hkv * count) as u32;
-            if persistent {
-                let units = x as usize * hkv * count * z as usize;
-                config.grid_dim = ((units.min(2 * self.num_sms())).max(1) as u32, 1, 1);
-            }
             // SAFETY: `validate` checked every shape and stride against the
             // buffers (Strided/StridedMut constructors), dtypes, head dim, group and
             // alignment, and the workspace size; device data (page ids, lengths,
@@ -758,10 +713,7 @@ mod tests {
             .iter()
             .map(|e| entry_experiment(e))
             .collect();
-        assert_eq!(
-            numbers,
-            [16, 256, 256, 1024, 5376, 4368, 128, 4480, 640, 4992]
-        );
+        assert_eq!(numbers, [16, 256, 256, 1024, 5376, 4368]);
         for (q, kv, d) in mma_variants() {
             if pair_loop_variant(q, kv, d) {
                 let name = mma_entry_name(q, kv, d);
