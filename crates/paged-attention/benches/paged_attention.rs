@@ -70,6 +70,9 @@ struct Shape {
     /// The one-tile loop where the launcher would run the pair loop
     /// ([`PagedAttentionKernel::set_pair_loop`] off; comparison row).
     one_tile: bool,
+    /// Grid order where the launcher would rank the batch by length
+    /// ([`PagedAttentionKernel::set_length_order`] off; comparison row).
+    grid_order: bool,
 }
 
 fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shape {
@@ -92,6 +95,7 @@ fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shap
         ragged_q: false,
         workspace_fold: false,
         one_tile: false,
+        grid_order: false,
     }
 }
 
@@ -276,7 +280,9 @@ fn backend_split(bs: usize, hkv: usize, sms: usize, kv: KvDtype) -> SplitMode {
 /// under the backend's other form (Auto, unsplit at these sizes, where the
 /// backend chunks; chunked where it runs Auto): session 48 read FP8 at bs 128
 /// chunked (171.9 µs on an H100) slower than at bs 160 unsplit (164.9), and
-/// an ordered chunked launch's empty CTAs each pay the length ranking.
+/// an ordered chunked launch's empty CTAs each pay the length ranking
+/// (session 49 moved the backend's thresholds to where the forms cross).
+/// From 128 requests up, [`sorted_pair`] prices the ranking itself.
 fn fp8_sweep(sms: usize) -> Vec<Shape> {
     let mut v = Vec::new();
     for bs in [8, 16, 32, 64, 96, 128, 160, 224, 256] {
@@ -308,6 +314,38 @@ fn fp8_sweep(sms: usize) -> Vec<Shape> {
             v.push(row());
             v.push(fp8(row()));
         }
+        if bs >= 128 {
+            v.extend(sorted_pair(bs));
+        }
+    }
+    v
+}
+
+/// The length order's price alone: batch `bs` of the sweep (unsplit) with
+/// its lengths sorted longest first, so grid order serves the same units in
+/// the same order as the length order; rows with the order (every CTA ranks
+/// the batch) and in grid order (none does), bf16 and e4m3.
+fn sorted_pair(bs: usize) -> Vec<Shape> {
+    let mut v = Vec::new();
+    for grid_order in [false, true] {
+        let row = || {
+            let base = ragged(bs, 1);
+            let mut lens = base.lens.clone().expect("ragged lengths");
+            lens.sort_unstable_by(|a, b| b.cmp(a));
+            let how = if grid_order {
+                "grid order"
+            } else {
+                "length order"
+            };
+            Shape {
+                name: format!("sorted {}, Auto, {how}", base.name),
+                lens: Some(lens),
+                grid_order,
+                ..base
+            }
+        };
+        v.push(row());
+        v.push(fp8(row()));
     }
     v
 }
@@ -971,6 +1009,9 @@ fn main() {
     // The production kernel with the pair loop off.
     let mut one_tile = PagedAttentionKernel::new(&gpu).expect("load");
     one_tile.set_pair_loop(false);
+    // The production kernel without the length order (grid order).
+    let mut grid_order = PagedAttentionKernel::new(&gpu).expect("load");
+    grid_order.set_length_order(None);
     // The production kernel with programmatic dependent launch (graph
     // column "PDL": consecutive launches of a graph overlap their set-up).
     let mut pdl = PagedAttentionKernel::new(&gpu).expect("load");
@@ -1001,6 +1042,8 @@ fn main() {
             &workspace_fold
         } else if c.one_tile {
             &one_tile
+        } else if c.grid_order {
+            &grid_order
         } else {
             experiments
                 .iter()
@@ -1030,7 +1073,7 @@ fn main() {
             launch(kernel, &c, &mut p, i, c.split, &mut errors)
         })
         .expect("graph replay");
-        let pdl_us = if !c.simt && c.experiment == 0 && pdl.pdl() {
+        let pdl_us = if !c.simt && c.experiment == 0 && !c.grid_order && pdl.pdl() {
             let g = graph_replay_us(&gpu, calls, graph_replays(calls, iso), |i| {
                 launch(&pdl, &c, &mut p, i, c.split, &mut errors)
             })
@@ -1046,7 +1089,8 @@ fn main() {
             errors.reset().expect("reset device errors");
             format!(" (device errors: {report:?})")
         };
-        let traced = !c.simt && c.d == 128 && c.experiment == 0 && !c.workspace_fold;
+        let traced =
+            !c.simt && c.d == 128 && c.experiment == 0 && !c.workspace_fold && !c.grid_order;
         let half_rows = c.q_len * (c.hq / c.hkv) <= 8;
         let tr = match (c.fp8, &tracer, &tracer8) {
             (false, Some(t), _) => Some(t),
