@@ -1189,6 +1189,16 @@ stage_s48() { s48_bench; s48_trace; s48_exp; }
 #   s49b      s48_exp and s48_trace
 stage_s49a() { s48_bench; }
 stage_s49b() { s48_exp; s48_trace; }
+#   s49c      session 49's last call: the bar rows with cuDNN, the sweep's
+#             mid-size batches under the new split rule (both forms) and
+#             the sorted-length twins (the length order's price), the per-CTA
+#             traces, and mha-backend's GPU tests on the new rule
+stage_s49c() {
+  S48_CASES="=bs 64, L 8192|=bs 256, L 8192|=FP8 KV, bs 64, L 8192|=bs 1, L 1024|=bs 16, L 1024|=bs 1, L 32768|sweep bs 64,|sweep bs 96,|sweep bs 128,|sweep bs 160,|sorted" \
+    S48_BENCH_TIMEOUT=180 s48_bench
+  s48_trace
+  BACKEND_TIMEOUT=200 stage_backend
+}
 for st in $STAGES; do "stage_$st"; done
 if [ "${PACK_LOGS:-1}" = 1 ]; then
   (cd "$OUT" && tar -czf "$work/logs.tar.gz" . && find . -mindepth 1 -delete && mv "$work/logs.tar.gz" .)
