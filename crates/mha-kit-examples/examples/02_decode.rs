@@ -194,6 +194,7 @@ pub fn run(allow_gpu: bool) -> Result<String, Box<dyn Error>> {
                     interleave: None,
                     skip_softmax: None,
                     skipped_slices: None,
+                    unit_order: None,
                     workspace: Some(StridedMut::of("workspace", &mut d_ws, [ws_len])?),
                     lse: None,
                 },

@@ -396,6 +396,7 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
         interleave: c.interleave,
         skip_softmax: c.skip_softmax,
         skipped_slices: None,
+        unit_order: None,
         workspace: None,
         lse: match (&mut lse, &c.lse) {
             (Some(b), Some(t)) => Some(b.view_mut(t)?),

@@ -327,13 +327,89 @@ __device__ __noinline__ int2 unit_in_length_order(const i32* cache_seqlens, int 
 
 // The unit (request, split) of this CTA, or request -1 for an empty one:
 // grid order (z, x), or with `p.length_order` longest requests first (the
-// block's shared memory as scratch, L::BYTES of it).
+// block's shared memory as scratch, L::BYTES of it). An ordered launch of
+// one split given the batch's order (`p.unit_order`, written once per batch
+// by paged_attention_unit_order below) reads its request there: unit v = z,
+// the same unit unit_in_length_order gives, without the ranking. Every
+// thread loads the same word (one request, uniform across the CTA); an
+// entry outside [0, bs) empties the CTA and is counted once (its y = 0 CTA).
 template <class L, class Params>
 MHA_KIT_DEVICE int2 decode_unit(const Params& p, u8* smem) {
     static_assert(L::BYTES >= LO_WORDS * 4, "length order scratch");
+    if (p.length_order != 0 && p.unit_order != nullptr && p.max_splits == 1) {
+        const i32 b = p.unit_order[blockIdx.z];
+        if (b < 0 || b >= p.bs) {
+            if (threadIdx.x == 0 && blockIdx.y == 0) mha_kit::report_error(p.errors, PA_BAD_UNIT_ORDER);
+            return make_int2(-1, 0);
+        }
+        return make_int2(b, 0);
+    }
     return p.length_order != 0 ? unit_in_length_order(p.cache_seqlens, p.bs, p.max_splits, p.fixed_chunk, blockIdx.x,
                                                       blockIdx.z, reinterpret_cast<u32*>(smem))
                                : make_int2((int)blockIdx.z, (int)blockIdx.x);
+}
+
+// ---- the batch's length order, once (PagedAttentionKernel::write_unit_order) ----
+// order[0 .. bs) = the requests in descending length bucket
+// (lo_rank_bucket), ties by index: the order unit_in_length_order gives one
+// split a request. One CTA of LO_BUCKETS threads: a histogram of the
+// buckets, its exclusive scan (each bucket's first position), then a stable
+// scatter, UO_NT requests a round: a request's position is its bucket's
+// next position plus the requests of its bucket before it in the round
+// (earlier warps' counts, then earlier lanes' by __match_any_sync).
+constexpr int UO_NT = LO_BUCKETS;
+MHA_KIT_DEVICE void unit_order_body(const i32* cache_seqlens, int bs, i32* order) {
+    __shared__ u32 first[LO_BUCKETS];              // next position of each bucket
+    __shared__ u32 cnt[UO_NT / 32][LO_BUCKETS];    // a round's count by warp and bucket
+    __shared__ u32 wtot[UO_NT / 32];
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const u32 lt = (1u << lane) - 1u;
+    first[tid] = 0u;
+    __syncthreads();
+    for (int base = 0; base < bs; base += UO_NT) {
+        const int j = base + tid;
+        const int k = j < bs ? lo_rank_bucket(cache_seqlens, j) : -1;
+        const u32 same = __match_any_sync(0xffffffffu, k);
+        if (k >= 0 && (same & lt) == 0u) atomicAdd(&first[k], (u32)__popc(same));
+    }
+    __syncthreads();
+    // Exclusive scan of first[] (thread d holds bucket d).
+    const u32 c = first[tid];
+    u32 incl = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u32 t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+    }
+    if (lane == 31) wtot[warp] = incl;
+    __syncthreads();
+    u32 before = 0u;
+    for (int q = 0; q < warp; ++q) before += wtot[q];
+    first[tid] = before + incl - c;
+    for (int base = 0; base < bs; base += UO_NT) {
+        for (int i = tid; i < (UO_NT / 32) * LO_BUCKETS; i += UO_NT) (&cnt[0][0])[i] = 0u;
+        __syncthreads();
+        const int j = base + tid;
+        const int k = j < bs ? lo_rank_bucket(cache_seqlens, j) : -1;
+        const u32 same = __match_any_sync(0xffffffffu, k);
+        if (k >= 0 && (same & lt) == 0u) cnt[warp][k] = (u32)__popc(same);
+        __syncthreads();
+        if (k >= 0) {
+            u32 pos = first[k] + (u32)__popc(same & lt);
+            for (int q = 0; q < warp; ++q) pos += cnt[q][k];
+            // In range unless the lengths changed between the two passes
+            // (a writer racing this launch): never written past the end.
+            if (pos < (u32)bs) order[pos] = j;
+        }
+        __syncthreads();
+        u32 add = 0u;
+#pragma unroll
+        for (int q = 0; q < UO_NT / 32; ++q) add += cnt[q][tid];
+        first[tid] += add;
+        __syncthreads();  // cnt read before the next round zeroes it
+    }
 }
 
 // ---- decode context parallelism: page interleave (p.cp_ranks > 1) ----
@@ -2204,6 +2280,14 @@ MHA_KIT_DEVICE void mma_body(const PagedAttentionParams& p) {
     PA_DECODE(QN, QT, KVN, KV, 128)  \
     PA_DECODE(QN, QT, KVN, KV, 256)  \
     PA_DECODE(QN, QT, KVN, KV, 512)
+
+// The batch's length order (pa::unit_order_body): one CTA of pa::UO_NT
+// threads; `order` `[bs]` i32. Not a PDL launch (no wait needed: it is
+// launched without the attribute, so it starts after the previous kernel).
+extern "C" __global__ void __launch_bounds__(pa::UO_NT)
+    paged_attention_unit_order(const i32* __restrict__ cache_seqlens, int bs, i32* __restrict__ order) {
+    pa::unit_order_body(cache_seqlens, bs, order);
+}
 
 PA_DECODE_D(bf16, 0, bf16, 0)
 PA_DECODE_D(bf16, 0, f16, 1)

@@ -5,18 +5,20 @@
 #include "mha_kit/common.cuh"
 
 // Flag bits of the device error word: paged_attention::ErrorFlags (`PA_*`).
-#define PA_BAD_CU_SEQLENS  1u  // Ragged mode: `cu_seqlens_q[i] < 0`, `cu_seqlens_q[i+1] < cu_seqlens_q[i]`, `cu_seqlens_q[i+1] > num_tokens`, or `cu_seqlens_q[i] < cu_seqlens_q[k]` for some `k < i` (rows overlapping an earlier request): the request is skipped, its rows untouched (once per request). See the crate docs.
-#define PA_Q_LEN_TOO_LONG  2u  // Ragged mode: `n_i = cu_seqlens_q[i+1] − cu_seqlens_q[i] > max_q_len`: the request is skipped, its rows untouched (once per request).
-#define PA_NEGATIVE_SEQLEN 4u  // `cache_seqlens[i] < 0`: read as 0 (once per request).
-#define PA_BAD_PAGE        8u  // A needed page (one overlapping `[k_lo, L)`) lies past `max_num_pages` or its id is outside `[0, num_pages)`: its keys are masked (once per page, D10).
+#define PA_BAD_CU_SEQLENS   1u  // Ragged mode: `cu_seqlens_q[i] < 0`, `cu_seqlens_q[i+1] < cu_seqlens_q[i]`, `cu_seqlens_q[i+1] > num_tokens`, or `cu_seqlens_q[i] < cu_seqlens_q[k]` for some `k < i` (rows overlapping an earlier request): the request is skipped, its rows untouched (once per request). See the crate docs.
+#define PA_Q_LEN_TOO_LONG   2u  // Ragged mode: `n_i = cu_seqlens_q[i+1] − cu_seqlens_q[i] > max_q_len`: the request is skipped, its rows untouched (once per request).
+#define PA_NEGATIVE_SEQLEN  4u  // `cache_seqlens[i] < 0`: read as 0 (once per request).
+#define PA_BAD_PAGE         8u  // A needed page (one overlapping `[k_lo, L)`) lies past `max_num_pages` or its id is outside `[0, num_pages)`: its keys are masked (once per page, D10).
+#define PA_BAD_UNIT_ORDER  16u  // `unit_order[z]` (a CTA's request in a launch given `DecodeArgs::unit_order`) lies outside `[0, bs)`: that CTA does nothing (once per such entry).
 
 // Flag bits of the device error word: paged_attention::ErrorFlags (`PAC_*`).
-#define PAC_BAD_CU_SEQLENS  1u  // Ragged mode: `cu_seqlens_q[i] < 0`, `cu_seqlens_q[i+1] < cu_seqlens_q[i]`, `cu_seqlens_q[i+1] > num_tokens`, or `cu_seqlens_q[i] < cu_seqlens_q[k]` for some `k < i` (rows overlapping an earlier request): the request is skipped, its rows untouched (once per request). See the crate docs.
-#define PAC_Q_LEN_TOO_LONG  2u  // Ragged mode: `n_i = cu_seqlens_q[i+1] − cu_seqlens_q[i] > max_q_len`: the request is skipped, its rows untouched (once per request).
-#define PAC_NEGATIVE_SEQLEN 4u  // `cache_seqlens[i] < 0`: read as 0 (once per request).
-#define PAC_BAD_PAGE        8u  // A needed page (one overlapping `[k_lo, L)`) lies past `max_num_pages` or its id is outside `[0, num_pages)`: its keys are masked (once per page, D10).
+#define PAC_BAD_CU_SEQLENS   1u  // Ragged mode: `cu_seqlens_q[i] < 0`, `cu_seqlens_q[i+1] < cu_seqlens_q[i]`, `cu_seqlens_q[i+1] > num_tokens`, or `cu_seqlens_q[i] < cu_seqlens_q[k]` for some `k < i` (rows overlapping an earlier request): the request is skipped, its rows untouched (once per request). See the crate docs.
+#define PAC_Q_LEN_TOO_LONG   2u  // Ragged mode: `n_i = cu_seqlens_q[i+1] − cu_seqlens_q[i] > max_q_len`: the request is skipped, its rows untouched (once per request).
+#define PAC_NEGATIVE_SEQLEN  4u  // `cache_seqlens[i] < 0`: read as 0 (once per request).
+#define PAC_BAD_PAGE         8u  // A needed page (one overlapping `[k_lo, L)`) lies past `max_num_pages` or its id is outside `[0, num_pages)`: its keys are masked (once per page, D10).
+#define PAC_BAD_UNIT_ORDER  16u  // `unit_order[z]` (a CTA's request in a launch given `DecodeArgs::unit_order`) lies outside `[0, bs)`: that CTA does nothing (once per such entry).
 
-// paged_attention::PagedAttentionParams (288 bytes).
+// paged_attention::PagedAttentionParams (296 bytes).
 struct PagedAttentionParams {
     const u16* q;              // `[num_tokens, Hq, D]`.
     u16* out;                  // `[num_tokens, Hq, D]`.
@@ -79,8 +81,12 @@ struct PagedAttentionParams {
     // request `z`, split `x`.
     i32 length_order;
     u32* skip_counter;         // `[1]` count of skipped warp slices (debug), or 0.
+    // `[bs]`: the batch's requests in the length order
+    // ([`DecodeArgs::unit_order`]), read by ordered launches of one
+    // split instead of ranking the batch in every CTA; or 0.
+    const i32* unit_order;
 };
-static_assert(sizeof(PagedAttentionParams) == 288, "PagedAttentionParams: size differs from Rust");
+static_assert(sizeof(PagedAttentionParams) == 296, "PagedAttentionParams: size differs from Rust");
 static_assert(alignof(PagedAttentionParams) == 8, "PagedAttentionParams: alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::q) == 8 && alignof(decltype(PagedAttentionParams::q)) == 8, "PagedAttentionParams::q (offset 0): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::out) == 8 && alignof(decltype(PagedAttentionParams::out)) == 8, "PagedAttentionParams::out (offset 8): size or alignment differs from Rust");
@@ -128,6 +134,7 @@ static_assert(sizeof(PagedAttentionParams::skip_log2_factor) == 4 && alignof(dec
 static_assert(sizeof(PagedAttentionParams::row_tile_base) == 4 && alignof(decltype(PagedAttentionParams::row_tile_base)) == 4, "PagedAttentionParams::row_tile_base (offset 268): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::length_order) == 4 && alignof(decltype(PagedAttentionParams::length_order)) == 4, "PagedAttentionParams::length_order (offset 272): size or alignment differs from Rust");
 static_assert(sizeof(PagedAttentionParams::skip_counter) == 8 && alignof(decltype(PagedAttentionParams::skip_counter)) == 8, "PagedAttentionParams::skip_counter (offset 280): size or alignment differs from Rust");
+static_assert(sizeof(PagedAttentionParams::unit_order) == 8 && alignof(decltype(PagedAttentionParams::unit_order)) == 8, "PagedAttentionParams::unit_order (offset 288): size or alignment differs from Rust");
 
 // paged_attention::ContextParams (280 bytes).
 struct ContextParams {

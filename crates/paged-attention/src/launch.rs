@@ -176,6 +176,10 @@ kernel_rt::abi_struct! {
         pub length_order: i32 = "i32",
         /// `u32*` `[1]` count of skipped warp slices (debug), or 0.
         pub skip_counter: u64 = "u32*",
+        /// `const i32*` `[bs]`: the batch's requests in the length order
+        /// ([`DecodeArgs::unit_order`]), read by ordered launches of one
+        /// split instead of ranking the batch in every CTA; or 0.
+        pub unit_order: u64 = "const i32*",
     }
 }
 
@@ -393,6 +397,20 @@ pub struct DecodeArgs<'a> {
     /// counters ([`workspace_elems`]): zero them once (e.g. `alloc_zeros`)
     /// before the first launch; every launch leaves them zero again.
     pub workspace: Option<StridedMut<'a, f32, 1>>,
+    /// `[bs]` i32, contiguous: the batch's requests in the length order,
+    /// as [`PagedAttentionKernel::write_unit_order`] writes them from the
+    /// same `cache_seqlens` (once per batch, for all its layers). A launch
+    /// the length order applies to ([`PagedAttentionKernel::set_length_order`])
+    /// with one split reads its CTA's request here instead of ranking the
+    /// batch in every CTA (~2 µs a CTA on an H100, docs/PERF.md session 49);
+    /// other launches ignore it. Any permutation of `0..bs` gives the same
+    /// results bit for bit (the order only decides which CTA serves which
+    /// request, and when): a stale order from other lengths costs balance,
+    /// never correctness. An entry outside `[0, bs)` is skipped and counted
+    /// ([`crate::ErrorFlags::BAD_UNIT_ORDER`]); a table with a repeated
+    /// request leaves another request's rows unwritten, so only pass what
+    /// `write_unit_order` wrote. `None` = every CTA ranks.
+    pub unit_order: Option<Strided<'a, i32, 1>>,
 }
 
 impl PagedAttentionParams {

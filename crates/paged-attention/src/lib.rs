@@ -253,6 +253,10 @@ kernel_rt::abi_flags! {
         /// A needed page (one overlapping `[k_lo, L)`) lies past `max_num_pages`
         /// or its id is outside `[0, num_pages)`: its keys are masked (once per page, D10).
         pub const BAD_PAGE: Self = Self(8);
+        /// `unit_order[z]` (a CTA's request in a launch given
+        /// `DecodeArgs::unit_order`) lies outside `[0, bs)`: that CTA does
+        /// nothing (once per such entry).
+        pub const BAD_UNIT_ORDER: Self = Self(16);
     }
 }
 

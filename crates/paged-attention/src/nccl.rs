@@ -472,6 +472,7 @@ impl DcpRank {
             split,
             lse,
             workspace,
+            unit_order,
         } = args;
         if interleave.is_some() {
             return Err(KernelError::unsupported(
@@ -516,6 +517,7 @@ impl DcpRank {
                     [rows, hq],
                 )?),
                 workspace,
+                unit_order,
             };
             kernel.launch_on(&stream, &mut local, errors)?;
         }

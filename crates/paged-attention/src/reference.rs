@@ -258,6 +258,24 @@ pub struct RefOutput {
     pub errors: ErrorReport,
 }
 
+/// The batch's length order ([`crate::PagedAttentionKernel::write_unit_order`],
+/// the decode kernel's `set_length_order`): the request indices `0..bs` in
+/// descending order of their length bucket `⌈cache_seqlens[i] / 128⌉`
+/// (capped at 255; a length ≤ 0 is bucket 0), ties by index. `[bs]` i32.
+pub fn unit_order(cache_seqlens: &[i32]) -> Vec<i32> {
+    let bucket = |len: i32| {
+        if len <= 0 {
+            0
+        } else {
+            (len.unsigned_abs().div_ceil(128)).min(255)
+        }
+    };
+    let mut order: Vec<i32> = (0..cache_seqlens.len() as i32).collect();
+    // Stable: equal buckets keep index order.
+    order.sort_by_key(|&i| std::cmp::Reverse(bucket(cache_seqlens[i as usize])));
+    order
+}
+
 /// Visible keys of a row at position `x` (SEMANTICS.md §attention.2), before the
 /// page check: `max(0, x − W) ..= x`, empty when `x < 0`.
 pub fn visible_range(x: i64, window_left: Option<u32>) -> std::ops::Range<i64> {

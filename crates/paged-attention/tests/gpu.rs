@@ -543,6 +543,7 @@ fn case_args<'a>(
         interleave: None,
         skip_softmax: None,
         skipped_slices: None,
+        unit_order: None,
         workspace: Some(StridedMut::contiguous(
             "workspace",
             ws.slice_mut(0..ws_len),
@@ -581,7 +582,25 @@ fn launch_edited(
     msl: usize,
     edit: impl FnOnce(&mut DecodeArgs<'_>),
 ) -> Result<Edited, String> {
+    launch_ordered(gpu, k, c, split, msl, None, edit)
+}
+
+/// [`launch_edited`] with `order` (`[bs]`, uploaded) as the launch's
+/// `unit_order`.
+fn launch_ordered(
+    gpu: &Arc<Gpu>,
+    k: &PagedAttentionKernel,
+    c: &Case,
+    split: SplitMode,
+    msl: usize,
+    order: Option<&[i32]>,
+    edit: impl FnOnce(&mut DecodeArgs<'_>),
+) -> Result<Edited, String> {
     let dev = CaseBuffers::upload(gpu, c).or_fail("upload")?;
+    let ord = match order {
+        Some(o) => Some(upload(gpu, &[o, &[0]].concat()).or_fail("upload")?),
+        None => None,
+    };
     let (n, rows) = (c.q.len(), c.num_tokens * c.hq);
     let mut out = upload(gpu, &vec![POISON; n]).or_fail("upload")?;
     let need = case_workspace(c, split, msl, k.num_sms()).or_fail("workspace")?;
@@ -608,6 +627,11 @@ fn launch_edited(
             StridedMut::contiguous("skipped_slices", count.slice_mut(0..1), [1])
                 .or_fail("count")?,
         );
+        if let Some(o) = &ord {
+            let bs = c.bs();
+            args.unit_order =
+                Some(Strided::contiguous("unit_order", o.slice(0..bs), [bs]).or_fail("order")?);
+        }
         edit(&mut args);
         k.launch(&mut args, &mut errors).or_fail("launch")?;
     }
@@ -1379,6 +1403,171 @@ fn main() {
                 }
             }
             println!("length_order_equals_grid_order: {cases} random cases, {big} large batches");
+            Ok(())
+        }),
+        named("unit_order_matches_the_reference", |gpu, _| {
+            // write_unit_order against reference::unit_order, bit for bit:
+            // one request, one warp, the bucket count (256) and one past,
+            // several 256-request rounds; lengths 0, negative, past the
+            // capped bucket (32,640), and many ties. bs 0 launches nothing;
+            // mismatched lengths are a typed error.
+            let k = PagedAttentionKernel::new(gpu).or_fail("load")?;
+            let s = gpu.stream();
+            for (bs, seed) in [
+                (1usize, 1u64),
+                (2, 2),
+                (31, 3),
+                (256, 4),
+                (257, 5),
+                (1000, 6),
+                (4099, 7),
+            ] {
+                let mut lens = lcg_lens(bs, seed, 7, 40_000);
+                for (i, l) in lens.iter_mut().enumerate() {
+                    if i % 13 == 5 {
+                        *l = -(i as i32);
+                    } else if i % 5 == 1 {
+                        *l = 1 + (*l % 300); // ties in the first buckets
+                    }
+                }
+                let dl = upload(gpu, &lens).or_fail("upload")?;
+                let mut out = upload(gpu, &vec![-7i32; bs]).or_fail("upload")?;
+                {
+                    let l = Strided::contiguous("cache_seqlens", dl.slice(0..bs), [bs])
+                        .or_fail("view")?;
+                    let mut o = StridedMut::contiguous("unit_order", out.slice_mut(0..bs), [bs])
+                        .or_fail("view")?;
+                    k.write_unit_order(s, &l, &mut o)
+                        .or_fail("write_unit_order")?;
+                }
+                let got: Vec<i32> = s.clone_dtoh(&out).or_fail("read")?;
+                let want = paged_attention::reference::unit_order(&lens);
+                if got != want {
+                    let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                    return Err(format!(
+                        "bs {bs}: order differs from the reference at {at}: {} vs {}",
+                        got[at], want[at]
+                    ));
+                }
+            }
+            let dl = upload(gpu, &[3i32, 4]).or_fail("upload")?;
+            let mut out = upload(gpu, &[0i32; 2]).or_fail("upload")?;
+            let l0 = Strided::contiguous("cache_seqlens", dl.slice(0..0), [0]).or_fail("view")?;
+            let mut o0 =
+                StridedMut::contiguous("unit_order", out.slice_mut(0..0), [0]).or_fail("view")?;
+            k.write_unit_order(s, &l0, &mut o0).or_fail("bs 0")?;
+            let l2 = Strided::contiguous("cache_seqlens", dl.slice(0..2), [2]).or_fail("view")?;
+            let mut o1 =
+                StridedMut::contiguous("unit_order", out.slice_mut(0..1), [1]).or_fail("view")?;
+            if k.write_unit_order(s, &l2, &mut o1).is_ok() {
+                return Err("a [1] order for 2 requests was accepted".into());
+            }
+            println!("unit_order_matches_the_reference: 7 batches of 1 to 4,099 requests");
+            Ok(())
+        }),
+        named("unit_order_equals_the_ranking", |gpu, _| {
+            // Ordered launches of one split (`set_length_order(Some(0))`)
+            // given the batch's order as `unit_order` against the same
+            // launches ranking in every CTA: rows, LSE and error words bit
+            // for bit, on the random cases (the table's path: one split;
+            // their drawn splits too, where the table is ignored) and on
+            // batches of 129-300 ragged requests. Any permutation gives the
+            // same bits (reversed order); an entry outside [0, bs) leaves
+            // that request's rows untouched and sets BAD_UNIT_ORDER, the
+            // other requests' rows unchanged.
+            let mut on = PagedAttentionKernel::new(gpu).or_fail("load")?;
+            on.set_length_order(Some(0));
+            let one = SplitMode::Chunked {
+                chunk_tokens: 1 << 30,
+                max_splits: 1,
+            };
+            let compare = |c: &Case, split: SplitMode, msl: usize| -> Result<(), String> {
+                let order = paged_attention::reference::unit_order(&c.lens[..c.bs()]);
+                let ranked = launch_edited(gpu, &on, c, split, msl, |_| {})?;
+                let table = launch_ordered(gpu, &on, c, split, msl, Some(&order), |_| {})?;
+                let mut rev = order.clone();
+                rev.reverse();
+                let reversed = launch_ordered(gpu, &on, c, split, msl, Some(&rev), |_| {})?;
+                for (what, e) in [("the order", &table), ("the reversed order", &reversed)] {
+                    if !e.same_bits(&ranked) {
+                        return Err(format!(
+                            "{split:?}: {what} differs from the ranking ({})",
+                            describe(c)
+                        ));
+                    }
+                }
+                Ok(())
+            };
+            let cases = env_cases(300);
+            let mut bad_checked = 0usize;
+            for seed in 0..cases {
+                let (c, drawn, msl) = random_case(seed);
+                let split = if seed % 3 == 0 { drawn } else { one };
+                compare(&c, split, msl).map_err(|e| format!("seed {seed}: {e}"))?;
+                if seed % 10 == 1 && c.bs() >= 2 {
+                    // Request `victim`'s entry replaced by bs: skipped, counted.
+                    let mut order = paged_attention::reference::unit_order(&c.lens[..c.bs()]);
+                    let victim = order[0];
+                    order[0] = c.bs() as i32;
+                    let ranked = launch_edited(gpu, &on, &c, one, msl, |_| {})?;
+                    let bad = launch_ordered(gpu, &on, &c, one, msl, Some(&order), |_| {})?;
+                    if bad.errors.flags & paged_attention::ErrorFlags::BAD_UNIT_ORDER.bits() == 0 {
+                        return Err(format!(
+                            "seed {seed}: BAD_UNIT_ORDER not set ({:?})",
+                            bad.errors
+                        ));
+                    }
+                    // Request b's rows (a malformed ragged range: none).
+                    let rows = |b: usize| -> std::ops::Range<usize> {
+                        let (s, e) = match c.uniform {
+                            Some(n) => (b * n, (b + 1) * n),
+                            None => (c.cu[b].max(0) as usize, c.cu[b + 1].max(0) as usize),
+                        };
+                        let e = e.min(c.num_tokens);
+                        s.min(e) * c.hq * c.d..e * c.hq * c.d
+                    };
+                    for b in 0..c.bs() {
+                        let r = rows(b);
+                        let (x, y) = (&bad.out[r.clone()], &ranked.out[r.clone()]);
+                        if b as i32 == victim {
+                            if x.iter().any(|&v| v != POISON) {
+                                return Err(format!(
+                                    "seed {seed}: request {b} (its entry bad) was written"
+                                ));
+                            }
+                        } else if x != y {
+                            return Err(format!(
+                                "seed {seed}: request {b} differs with another entry bad"
+                            ));
+                        }
+                    }
+                    bad_checked += 1;
+                }
+            }
+            let mut big = 0usize;
+            for (bs, group, d, seed) in [
+                (300usize, 4usize, 128usize, 11u64),
+                (200, 1, 64, 12),
+                (129, 8, 256, 13),
+            ] {
+                let lens = lcg_lens(bs, seed, 11, 700);
+                let c = uniform_weights_case(
+                    KvDtype::Bf16,
+                    d,
+                    group,
+                    16,
+                    &lens,
+                    Some(1),
+                    bs,
+                    |b, pos| ((b * 7 + pos) % 13) as f64 / 13.0 - 0.5,
+                );
+                let msl = lens.iter().copied().max().unwrap_or(1).max(1) as usize;
+                compare(&c, one, msl).map_err(|e| format!("bs {bs}: {e}"))?;
+                big += 1;
+            }
+            println!(
+                "unit_order_equals_the_ranking: {cases} random cases, {bad_checked} with a bad entry, {big} large batches"
+            );
             Ok(())
         }),
         named("d512_decode_and_verify_vs_reference", |gpu, _| {

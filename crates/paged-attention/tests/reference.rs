@@ -731,3 +731,35 @@ fn chunk_full_launch_rule() {
         }
     }
 }
+
+/// The batch's length order: a permutation of the requests, longest length
+/// bucket first (128-token buckets capped at 255, lengths ≤ 0 in bucket 0),
+/// ties by index.
+#[test]
+fn unit_order_is_the_stable_length_order() {
+    use paged_attention::reference::unit_order;
+    assert!(unit_order(&[]).is_empty());
+    assert_eq!(unit_order(&[5]), [0]);
+    // 129 and 256 share bucket 2; 1 and 128 bucket 1; 0 and −3 bucket 0;
+    // 40,000 and 32,641 the capped bucket 255 (ties by index).
+    let lens = [1, 129, 0, 256, 128, -3, 40_000, 32_641, 257];
+    assert_eq!(unit_order(&lens), [6, 7, 8, 1, 3, 0, 4, 2, 5]);
+    let lens: Vec<i32> = (0..1000).map(|i| ((i * 7919) % 5000) - 100).collect();
+    let order = unit_order(&lens);
+    let mut seen = vec![false; lens.len()];
+    for &i in &order {
+        assert!(!seen[i as usize], "request {i} twice");
+        seen[i as usize] = true;
+    }
+    let bucket = |l: i32| {
+        if l <= 0 {
+            0
+        } else {
+            ((l + 127) / 128).min(255)
+        }
+    };
+    for w in order.windows(2) {
+        let (a, b) = (bucket(lens[w[0] as usize]), bucket(lens[w[1] as usize]));
+        assert!(a > b || (a == b && w[0] < w[1]), "{w:?}: buckets {a}, {b}");
+    }
+}

@@ -89,6 +89,7 @@ impl ContextKernel {
             },
             lse: args.lse.as_mut().map(StridedMut::reborrow),
             workspace: None,
+            unit_order: None,
         };
         self.wide.launch_rows_on(stream, &mut dargs, errors, true)
     }
