@@ -73,6 +73,10 @@ struct Shape {
     /// Grid order where the launcher would rank the batch by length
     /// ([`PagedAttentionKernel::set_length_order`] off; comparison row).
     grid_order: bool,
+    /// The batch's length order written once
+    /// ([`PagedAttentionKernel::write_unit_order`]) and passed as
+    /// `DecodeArgs::unit_order` (comparison row).
+    unit_order: bool,
 }
 
 fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shape {
@@ -96,6 +100,7 @@ fn s(name: &str, hq: usize, hkv: usize, d: usize, bs: usize, len: usize) -> Shap
         workspace_fold: false,
         one_tile: false,
         grid_order: false,
+        unit_order: false,
     }
 }
 
@@ -317,6 +322,9 @@ fn fp8_sweep(sms: usize) -> Vec<Shape> {
         if bs >= 128 {
             v.extend(sorted_pair(bs));
         }
+        if bs >= 96 {
+            v.extend(written_order(bs));
+        }
     }
     v
 }
@@ -327,20 +335,21 @@ fn fp8_sweep(sms: usize) -> Vec<Shape> {
 /// the batch) and in grid order (none does), bf16 and e4m3.
 fn sorted_pair(bs: usize) -> Vec<Shape> {
     let mut v = Vec::new();
-    for grid_order in [false, true] {
+    for (grid_order, unit_order) in [(false, false), (true, false), (false, true)] {
         let row = || {
             let base = ragged(bs, 1);
             let mut lens = base.lens.clone().expect("ragged lengths");
             lens.sort_unstable_by(|a, b| b.cmp(a));
-            let how = if grid_order {
-                "grid order"
-            } else {
-                "length order"
+            let how = match (grid_order, unit_order) {
+                (true, _) => "grid order",
+                (_, true) => "length order written once",
+                _ => "length order",
             };
             Shape {
                 name: format!("sorted {}, Auto, {how}", base.name),
                 lens: Some(lens),
                 grid_order,
+                unit_order,
                 ..base
             }
         };
@@ -348,6 +357,22 @@ fn sorted_pair(bs: usize) -> Vec<Shape> {
         v.push(fp8(row()));
     }
     v
+}
+
+/// The sweep's unsplit batch of `bs` requests (its own, unsorted lengths)
+/// with the batch's length order written once and passed to the launch
+/// (`DecodeArgs::unit_order`): its CTAs read their request instead of
+/// ranking the batch.
+fn written_order(bs: usize) -> Vec<Shape> {
+    let row = || {
+        let base = ragged(bs, 1);
+        Shape {
+            name: format!("sweep {}, Auto, length order written once", base.name),
+            unit_order: true,
+            ..base
+        }
+    };
+    vec![row(), fp8(row())]
 }
 
 /// The latency cases (issue 14's ≤ 1.05× cuDNN rows) under the production
@@ -489,6 +514,9 @@ struct Prepared {
     bytes: f64,
     /// Experiment 16's per-CTA trace buffer (`skipped_slices`), when set.
     trace: Option<CudaSlice<u32>>,
+    /// `[bs]` the batch's length order (`write_unit_order`, written once:
+    /// every page set has the same lengths).
+    order: CudaSlice<i32>,
 }
 
 /// The issue's full grid: heads × bs × L (uniform lengths, bf16 KV, P 16).
@@ -727,6 +755,12 @@ fn prepare(
     };
     let out = st.alloc_zeros::<u16>(rows * c.hq * c.d)?;
     let lens = st.clone_htod(&lens)?;
+    let mut order = st.alloc_zeros::<i32>(c.bs.max(1))?;
+    kernel.write_unit_order(
+        st,
+        &Strided::contiguous("cache_seqlens", lens.slice(0..c.bs), [c.bs])?,
+        &mut StridedMut::contiguous("unit_order", order.slice_mut(0..c.bs), [c.bs])?,
+    )?;
     let cu = st.clone_htod(&cu)?;
     let sinks = st.clone_htod(&vec![0.5f32; c.hq])?;
     let mut need = 0;
@@ -760,6 +794,7 @@ fn prepare(
         m,
         bytes,
         trace: None,
+        order,
     })
 }
 
@@ -888,6 +923,15 @@ fn launch(
             [ws_len],
         )?),
         lse: None,
+        unit_order: if c.unit_order {
+            Some(Strided::contiguous(
+                "unit_order",
+                p.order.slice(0..c.bs),
+                [c.bs],
+            )?)
+        } else {
+            None
+        },
     };
     kernel.launch(&mut args, errors)
 }
