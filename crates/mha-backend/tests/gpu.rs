@@ -834,6 +834,86 @@ fn part_timing(config: BackendConfig, gpu: &Arc<Gpu>) -> R {
     Ok(())
 }
 
+/// Decode passes of 128 requests (1,024 work items at 8 KV heads: above
+/// the full-launch threshold on a 132-SM GPU, so unsplit and in the length
+/// order, reading the pass's order written once): eager CUDA == the CPU
+/// executor, and a graph replay of the 128-request bucket == eager bit for
+/// bit, over `steps` passes whose lengths change (the order written again
+/// each pass, eager and replayed). bf16 and FP8 K/V.
+fn large_decode_batches(mut config: BackendConfig, seed: u64, steps: u32) -> R {
+    const BS: usize = 128;
+    config.spec = None;
+    config.max_requests = BS + 8;
+    config.num_pages = BS * (config.context_len / config.page_size + 1);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dev = Device::Cuda(gpu_ordinal());
+    let mut w = World::new(&config, &[Device::Cpu, dev, dev])?;
+    let mut rows = Vec::with_capacity(BS);
+    for _ in 0..BS {
+        let r = w.new_request()?;
+        let l = rng.gen_range(1..config.context_len - 3 * steps as usize - 8);
+        w.alloc(&[(r, l)])?;
+        rows.push(r);
+    }
+    w.backends[2]
+        .init_cuda_graph_state(BS, BS)
+        .or_fail("graph state")?;
+    w.backends[2]
+        .capture_cuda_graph(GraphKind::Decode, BS, BS)
+        .or_fail("capture")?;
+    for step in 0..steps {
+        // A random subset keeps the lengths ragged and changing.
+        let grow: Vec<(usize, usize)> = rows.iter().map(|&r| (r, 1)).collect();
+        let old: Vec<i64> = rows.iter().map(|&r| w.len(r) as i64).collect();
+        let out = w.alloc(&grow)?;
+        let rpi: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+        let batch = ForwardBatch::decode(rpi, old.iter().map(|l| l + 1).collect(), out);
+        let io = inputs(&mut rng, &config, BS);
+        let [cpu, cuda, graph] = &mut w.backends[..] else {
+            return Err("three backends".into());
+        };
+        let want = run_eager(cpu, &batch, &io).map_err(|e| format!("cpu: {e}"))?;
+        let got = run_eager(cuda, &batch, &io).map_err(|e| format!("cuda: {e}"))?;
+        for (l, (g, wv)) in got.iter().zip(&want).enumerate() {
+            close(g, wv, &format!("step {step} layer {l}"))?;
+        }
+        for (l, (q, k, v)) in io.iter().enumerate() {
+            graph
+                .write_graph_inputs(
+                    l,
+                    TensorRef::Host(q),
+                    TensorRef::Host(k),
+                    TensorRef::Host(v),
+                )
+                .or_fail("graph inputs")?;
+        }
+        graph.replay_cuda_graph(&batch).or_fail("replay")?;
+        for (l, g) in got.iter().enumerate() {
+            let row = config.layers[l].num_q_heads * config.layers[l].head_dim;
+            let r = graph.read_graph_output(l, BS).or_fail("graph output")?;
+            if r[..] != g[..BS * row] {
+                return Err(format!(
+                    "step {step} layer {l}: replay output differs from eager"
+                ));
+            }
+        }
+        for b in [&*cuda, &*graph] {
+            if !b.device_errors().is_clean() {
+                return Err(format!("device errors {:?}", b.device_errors()));
+            }
+        }
+        // Lengths move apart: some requests grow by a few tokens more.
+        let mut more = Vec::new();
+        for &r in &rows {
+            if rng.gen_bool(0.3) {
+                more.push((r, rng.gen_range(1..3)));
+            }
+        }
+        w.alloc(&more)?;
+    }
+    Ok(())
+}
+
 fn main() {
     let steps = gpu_cases(12);
     let replay_steps = gpu_cases(1000);
@@ -867,6 +947,12 @@ fn main() {
         trials.push(gpu_trial(
             format!("mixed_overlap_bit_exact/{name}"),
             move |g: &Arc<Gpu>| mixed_overlap_bit_exact(make(), g),
+        ));
+    }
+    for (name, make) in [("dense", dense as fn() -> BackendConfig), ("fp8", fp8)] {
+        trials.push(gpu_trial(
+            format!("large_decode_batches/{name}"),
+            move |_g: &Arc<Gpu>| large_decode_batches(make(), 500, steps.min(6) as u32),
         ));
     }
     trials.push(gpu_trial(

@@ -54,6 +54,45 @@ pub(super) struct AttnCx<'a> {
     pub(super) cp: Option<super::cp::CpCx<'a>>,
     /// Skip-softmax factor of decode launches (`DecodeArgs::skip_softmax`).
     pub(super) skip_softmax: Option<f32>,
+    /// The pass's length order for its ordered decode launches
+    /// ([`UnitOrder`]); `None`: every CTA of such a launch ranks the batch.
+    pub(super) unit_order: Option<&'a mut UnitOrder>,
+}
+
+/// A pass's length order (`paged_attention::DecodeArgs::unit_order`): the
+/// first decode launch of the pass that reads it (an ordered launch of one
+/// split: [`PagedAttentionKernel::set_length_order`], its default from
+/// `2·SMs` work items) writes it from its `cache_seqlens`
+/// ([`PagedAttentionKernel::write_unit_order`], one small launch on its
+/// stream) and the pass's other layers read it, so their CTAs skip the
+/// ranking (~2 µs each; FP8 conv-like batches 4–6% faster, docs/PERF.md
+/// session 49). Valid for one pass: [`UnitOrder::reset`] whenever the
+/// pass's lengths are written again (eager metadata, a graph's capture).
+#[derive(Debug)]
+pub(super) struct UnitOrder {
+    buf: CudaSlice<i32>,
+    /// `(req0, bs)`: the requests of the tables the order was written for.
+    written: Option<(usize, usize)>,
+}
+
+impl UnitOrder {
+    /// Room for `cap` requests.
+    pub(super) fn new(stream: &Arc<CudaStream>, cap: usize) -> Result<Self> {
+        Ok(Self {
+            buf: stream.alloc_zeros::<i32>(cap.max(1)).map_err(kerr)?,
+            written: None,
+        })
+    }
+
+    /// Requests it has room for.
+    pub(super) fn capacity(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Forgets the order (the lengths change).
+    pub(super) fn reset(&mut self) {
+        self.written = None;
+    }
 }
 
 /// The executor's second stream for mixed passes, with the two events that
@@ -522,7 +561,7 @@ fn attend_part(
         part,
         max_q,
     )?;
-    launch_decode(cx, stream, args)?;
+    launch_decode(cx, stream, args, Some(part.req0))?;
     cx.span_end(AttnPart::Decode, start, stream)
 }
 
@@ -580,6 +619,7 @@ pub(super) fn decode_args<'v>(
         interleave: None,
         skip_softmax: cx.skip_softmax,
         skipped_slices: None,
+        unit_order: None,
         workspace: None,
         lse: None,
     })
@@ -587,11 +627,16 @@ pub(super) fn decode_args<'v>(
 
 /// Plans and launches one decode call on `stream`: Auto's split, or the
 /// executor's chunked split when Auto would not split and the workspace
-/// holds it; the split counters zeroed unless known zero.
+/// holds it; the split counters zeroed unless known zero. `req0`: the
+/// launch's `cache_seqlens` are the pass tables' requests from `req0`
+/// (then an ordered launch of one split reads the pass's [`UnitOrder`],
+/// written here first if the pass has none for them); `None` for lengths of
+/// its own (a decode-parallel rank's).
 pub(super) fn launch_decode(
     cx: &mut AttnCx<'_>,
     stream: &Arc<CudaStream>,
     args: DecodeArgs<'_>,
+    req0: Option<usize>,
 ) -> Result<()> {
     // Shortened to this call (the workspace view borrows `cx`).
     let mut args: DecodeArgs<'_> = args;
@@ -610,6 +655,26 @@ pub(super) fn launch_decode(
             lp = chunked;
         } else {
             args.split = SplitMode::Auto;
+        }
+    }
+    let bs = args.cache_seqlens.shape()[0];
+    let ordered = bs > 1
+        && lp.params.max_splits == 1
+        && cx
+            .decode
+            .length_order()
+            .is_some_and(|min| lp.params.work_items() >= min);
+    if let (Some(req0), Some(u), true) = (req0, cx.unit_order.as_deref_mut(), ordered) {
+        if bs <= u.capacity() {
+            if u.written != Some((req0, bs)) {
+                cx.decode.write_unit_order(
+                    stream,
+                    &args.cache_seqlens,
+                    &mut StridedMut::contiguous("unit_order", u.buf.slice_mut(0..bs), [bs])?,
+                )?;
+                u.written = Some((req0, bs));
+            }
+            args.unit_order = Some(Strided::contiguous("unit_order", u.buf.slice(0..bs), [bs])?);
         }
     }
     let elems = lp.workspace_elems;

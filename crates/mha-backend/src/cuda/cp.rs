@@ -317,7 +317,7 @@ pub(super) fn attend_ranks(
             block: cx.page_size,
         });
         args.lse = Some(StridedMut::contiguous("lse", lse_dst, [rows, hq])?);
-        launch_decode(cx, stream, args)?;
+        launch_decode(cx, stream, args, None)?;
     }
     if let Some(c) = &cp.comm {
         c.comm.all_gather_states(

@@ -372,6 +372,9 @@ fn engine_layer(
         side: None,
         cp: None,
         skip_softmax: cx.skip_softmax,
+        // An engine pass's lengths are its own per call: its ordered
+        // launches rank in every CTA (no order kept across its layers).
+        unit_order: None,
     };
     let kv = KvSrc::Engine(&io.kv_cache);
     let pass = PassShape {

@@ -14,7 +14,7 @@ use crate::executor::{LayerPlan, TensorRef};
 use crate::graph::{GraphKey, GraphKind};
 use crate::pools::Pools;
 
-use super::attention::{run_attention, AttnCx, KvSrc, PassShape, Rows, Tables};
+use super::attention::{run_attention, AttnCx, KvSrc, PassShape, Rows, Tables, UnitOrder};
 use super::metadata::{launch_metadata, MetaBufs, MetaInputs};
 use super::mirrors::{read, upload, zeros};
 use super::write::run_write;
@@ -57,6 +57,9 @@ pub(super) struct GraphState {
     /// Rank buffers of decode context parallelism for every bucket (sized
     /// for `max_num_tokens` rows at creation, never reallocated).
     pub(super) cp: Option<super::cp::DecodeCp>,
+    /// The step's length order (room for every bucket's requests): each
+    /// captured step writes it at its first ordered decode launch.
+    pub(super) order: UnitOrder,
 }
 
 fn no_graph_state() -> BackendError {
@@ -115,12 +118,14 @@ impl CudaExecutor {
             }
             None => None,
         };
+        let order = UnitOrder::new(&stream, bufs.cap_bs)?;
         self.graph = Some(GraphState {
             bufs,
             io,
             graphs: HashMap::new(),
             last: None,
             cp,
+            order,
         });
         Ok(())
     }
@@ -358,6 +363,9 @@ impl CudaExecutor {
         } = self;
         let stream = gpu.stream();
         let g = graph.as_mut().ok_or_else(no_graph_state)?;
+        // The capture records the order's write at the step's first
+        // ordered decode launch: every replay rewrites it from its lengths.
+        g.order.reset();
         if key.kind != GraphKind::RaggedVerify {
             launch_metadata(
                 meta_kernel,
@@ -417,6 +425,7 @@ impl CudaExecutor {
                 side: None,
                 cp: g.cp.as_mut().map(super::cp::DecodeCp::cx),
                 skip_softmax: *skip_softmax,
+                unit_order: Some(&mut g.order),
             };
             let out_len = io.out.len();
             let (hq, d) = (plan.num_q_heads, plan.head_dim);

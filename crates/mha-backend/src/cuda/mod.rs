@@ -55,7 +55,7 @@ use crate::part_timing::{attention_flops, ragged_causal_pairs, AttnPart, PartTim
 use crate::pools::Pools;
 
 use attention::{
-    one_token_tail, run_attention, AttnCx, KvSrc, PassShape, Rows, SideStream, Tables,
+    one_token_tail, run_attention, AttnCx, KvSrc, PassShape, Rows, SideStream, Tables, UnitOrder,
 };
 use cp::DecodeCp;
 use graphs::{GraphState, SendGraph};
@@ -114,6 +114,9 @@ pub struct CudaExecutor {
     ws_zero: Option<(usize, usize)>,
     maps: Maps,
     eager: MetaBufs,
+    /// The eager pass's length order ([`attention::UnitOrder`]; reset with
+    /// every metadata upload).
+    eager_order: UnitOrder,
     prepared: Option<Prepared>,
     scratch: Scratch,
     graph: Option<GraphState>,
@@ -193,6 +196,7 @@ impl CudaExecutor {
             ws_zero: None,
             maps: Maps::new(gpu, &stream, pools)?,
             eager: MetaBufs::new(&stream, 1, 1, max_num_pages.max(1), swa)?,
+            eager_order: UnitOrder::new(&stream, 1)?,
             prepared: None,
             scratch: Scratch {
                 q: zeros(&stream, 1)?,
@@ -352,6 +356,11 @@ impl Executor for CudaExecutor {
                 swa,
             )?;
         }
+        if self.eager_order.capacity() < bs {
+            self.eager_order = UnitOrder::new(&stream, bs.max(self.eager.cap_bs))?;
+        }
+        // New lengths: the next ordered decode launch writes the order again.
+        self.eager_order.reset();
         let max_q = if meta.mode == AttnMode::RaggedVerify {
             meta.max_seq_len_q.max(self.ragged_max_q)
         } else {
@@ -429,6 +438,7 @@ impl Executor for CudaExecutor {
             side,
             decode_cp,
             skip_softmax,
+            eager_order,
             ..
         } = self;
         let stream = gpu.stream();
@@ -468,6 +478,7 @@ impl Executor for CudaExecutor {
             side: side.as_ref(),
             cp: decode_cp.as_mut().map(DecodeCp::cx),
             skip_softmax: *skip_softmax,
+            unit_order: Some(eager_order),
         };
         let (hq, d) = (plan.num_q_heads, plan.head_dim);
         run_attention(
