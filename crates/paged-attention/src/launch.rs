@@ -18,7 +18,7 @@ mod views;
 pub use kernel::{
     cluster_fold_variant, pair_loop_variant, PagedAttentionKernel, DECODE_CLUSTER_FOLD_ENV,
     DECODE_EXPERIMENT_ENV, DECODE_LENGTH_ORDER_ENV, DECODE_PAIR_LOOP_ENV, DECODE_PDL_ENV,
-    DECODE_WIDE_MMA_ENV,
+    DECODE_UNIT_ORDER_ENV, DECODE_WIDE_MMA_ENV,
 };
 pub(crate) use plan::lse_stride_tok;
 pub use plan::{validate, validate_path};

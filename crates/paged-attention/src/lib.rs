@@ -119,8 +119,8 @@ pub use launch::{
     validate_path, workspace_elems, workspace_for, DecodeArgs, KernelPath, KvCache, LaunchPlan,
     PagedAttentionKernel, PagedAttentionParams, QueryLayout, SplitMode, BLOCK_THREADS,
     DECODE_CLUSTER_FOLD_ENV, DECODE_EXPERIMENT_ENV, DECODE_LENGTH_ORDER_ENV, DECODE_PAIR_LOOP_ENV,
-    DECODE_PDL_ENV, DECODE_WIDE_MMA_ENV, MAX_GROUP, MMA_HEAD_DIMS, MMA_TILE_TOKENS, ROWS_PER_CTA,
-    TILE_TOKENS, UNSPLIT_ITEMS_PER_SM, UNSPLIT_ITEMS_PER_SM_FP8,
+    DECODE_PDL_ENV, DECODE_UNIT_ORDER_ENV, DECODE_WIDE_MMA_ENV, MAX_GROUP, MMA_HEAD_DIMS,
+    MMA_TILE_TOKENS, ROWS_PER_CTA, TILE_TOKENS, UNSPLIT_ITEMS_PER_SM, UNSPLIT_ITEMS_PER_SM_FP8,
 };
 pub use merge_kernel::{
     merge_entry_name, merge_plan, MergeStatesArgs, MergeStatesKernel, MergeStatesParams,

@@ -1474,11 +1474,17 @@ fn main() {
             // batches of 129-300 ragged requests. Any permutation gives the
             // same bits (reversed order); an entry outside [0, bs) leaves
             // that request's rows untouched and sets BAD_UNIT_ORDER, the
-            // other requests' rows unchanged.
+            // other requests' rows unchanged; a launcher with
+            // set_unit_order(false) ignores the order (the ranking's bits).
             let mut on = PagedAttentionKernel::new(gpu).or_fail("load")?;
             on.set_length_order(Some(0));
+            on.set_unit_order(true);
+            let mut ignoring = PagedAttentionKernel::new(gpu).or_fail("load")?;
+            ignoring.set_length_order(Some(0));
+            ignoring.set_unit_order(false);
+            // One split whatever the length (chunk_tokens must stay below 2^30).
             let one = SplitMode::Chunked {
-                chunk_tokens: 1 << 30,
+                chunk_tokens: 1 << 29,
                 max_splits: 1,
             };
             let compare = |c: &Case, split: SplitMode, msl: usize| -> Result<(), String> {
@@ -1516,6 +1522,11 @@ fn main() {
                             "seed {seed}: BAD_UNIT_ORDER not set ({:?})",
                             bad.errors
                         ));
+                    }
+                    let ignored =
+                        launch_ordered(gpu, &ignoring, &c, one, msl, Some(&order), |_| {})?;
+                    if !ignored.same_bits(&ranked) {
+                        return Err(format!("seed {seed}: set_unit_order(false) read the order"));
                     }
                     // Request b's rows (a malformed ragged range: none).
                     let rows = |b: usize| -> std::ops::Range<usize> {

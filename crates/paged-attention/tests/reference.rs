@@ -374,7 +374,7 @@ fn window_ragged_seed_15297217940233036951() {
 #[test]
 fn params_layout_matches_cuda() {
     use std::mem::{offset_of, size_of};
-    assert_eq!(size_of::<PagedAttentionParams>(), 288);
+    assert_eq!(size_of::<PagedAttentionParams>(), 296);
     assert_eq!(offset_of!(PagedAttentionParams, errors), 80);
     assert_eq!(offset_of!(PagedAttentionParams, lse), 88);
     assert_eq!(offset_of!(PagedAttentionParams, lse_stride_tok), 96);
@@ -390,9 +390,10 @@ fn params_layout_matches_cuda() {
     assert_eq!(offset_of!(PagedAttentionParams, row_tile_base), 268);
     assert_eq!(offset_of!(PagedAttentionParams, length_order), 272);
     assert_eq!(offset_of!(PagedAttentionParams, skip_counter), 280);
+    assert_eq!(offset_of!(PagedAttentionParams, unit_order), 288);
     assert!(PTX
         .ptx
-        .contains("paged_attention_decode_bf16_kv_bf16_d128_param_0[288]"));
+        .contains("paged_attention_decode_bf16_kv_bf16_d128_param_0[296]"));
 }
 
 #[test]
@@ -409,6 +410,8 @@ fn ptx_has_every_kernel_name() {
     assert!(names.contains(&"paged_attention_decode_bf16_kv_bf16_d128".to_string()));
     assert!(names.contains(&"paged_attention_mma_bf16_kv_e4m3_d128".to_string()));
     assert!(!names.contains(&"paged_attention_mma_bf16_kv_f16_d128".to_string()));
+    // The length order written once (`write_unit_order`).
+    assert!(PTX.has_entry("paged_attention_unit_order"));
 }
 
 #[test]

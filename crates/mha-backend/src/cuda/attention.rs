@@ -659,6 +659,7 @@ pub(super) fn launch_decode(
     }
     let bs = args.cache_seqlens.shape()[0];
     let ordered = bs > 1
+        && cx.decode.unit_order()
         && lp.params.max_splits == 1
         && cx
             .decode

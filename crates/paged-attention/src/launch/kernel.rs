@@ -136,6 +136,12 @@ pub fn pair_loop_variant(q: HalfDtype, kv: KvDtype, d: usize) -> bool {
 /// `off`.
 pub const DECODE_LENGTH_ORDER_ENV: &str = "MHA_KIT_DECODE_LENGTH_ORDER";
 
+/// Environment variable that sets whether new launchers read a given
+/// [`DecodeArgs::unit_order`] ([`PagedAttentionKernel::set_unit_order`]):
+/// `on` (default) or `off` (every CTA ranks, as without one; for A/B
+/// runs such as a whole replay with and without it).
+pub const DECODE_UNIT_ORDER_ENV: &str = "MHA_KIT_DECODE_UNIT_ORDER";
+
 /// The decode/verify launcher: every kernel function is resolved once, at
 /// construction (with its dynamic shared memory limit raised); launches are
 /// stream-ordered and graph-capturable (no host sync, allocation or copy).
@@ -178,6 +184,8 @@ pub struct PagedAttentionKernel {
     /// Entry index of `paged_attention_unit_order`
     /// ([`PagedAttentionKernel::write_unit_order`]).
     unit_order: usize,
+    /// Read [`DecodeArgs::unit_order`] where given ([`PagedAttentionKernel::set_unit_order`]).
+    read_unit_order: bool,
 }
 
 impl PagedAttentionKernel {
@@ -275,6 +283,7 @@ impl PagedAttentionKernel {
                 ],
             )?,
             unit_order,
+            read_unit_order: env_choice(DECODE_UNIT_ORDER_ENV, &[("on", true), ("off", false)])?,
         };
         k.set_experiment(env_choice(
             DECODE_EXPERIMENT_ENV,
@@ -407,6 +416,19 @@ impl PagedAttentionKernel {
     /// empty CTA pays the ranking too.
     pub fn set_length_order(&mut self, min_items: Option<usize>) {
         self.length_order = min_items;
+    }
+
+    /// Sets whether launches read a given [`DecodeArgs::unit_order`]
+    /// (`false`: ignored, every CTA of an ordered launch ranks the batch;
+    /// the results are the same bits either way). Default from
+    /// [`DECODE_UNIT_ORDER_ENV`], unset: `true`.
+    pub fn set_unit_order(&mut self, on: bool) {
+        self.read_unit_order = on;
+    }
+
+    /// Whether launches read a given [`DecodeArgs::unit_order`].
+    pub fn unit_order(&self) -> bool {
+        self.read_unit_order
     }
 
     /// Launches of at least this many work items start their longest
@@ -731,7 +753,7 @@ impl PagedAttentionKernel {
             }
             // Read only by ordered launches of one split (the kernel's
             // decode_unit); the others rank or use grid order.
-            if p.length_order != 0 && p.max_splits == 1 {
+            if self.read_unit_order && p.length_order != 0 && p.max_splits == 1 {
                 p.unit_order = u.device_ptr(stream);
             }
         }
