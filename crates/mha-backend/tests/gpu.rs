@@ -358,6 +358,21 @@ fn same_metadata(b: &MhaBackend, want: &ForwardMetadata, graph: bool, p: usize) 
     Ok(())
 }
 
+/// Every layer's q / k / v as the graph backend's static inputs.
+fn write_inputs(graph: &mut MhaBackend, io: &[(Vec<u16>, Vec<u16>, Vec<u16>)]) -> R {
+    for (l, (q, k, v)) in io.iter().enumerate() {
+        graph
+            .write_graph_inputs(
+                l,
+                TensorRef::Host(q),
+                TensorRef::Host(k),
+                TensorRef::Host(v),
+            )
+            .or_fail("graph inputs")?;
+    }
+    Ok(())
+}
+
 /// Runs one eager pass on a backend; returns each layer's host output.
 fn run_eager(
     b: &mut MhaBackend,
@@ -543,16 +558,7 @@ fn graph_vs_eager_with(
         }
         .or_fail("pad")?;
         let io = inputs(&mut rng, &config, key.num_tokens);
-        for (l, (q, k, v)) in io.iter().enumerate() {
-            graph
-                .write_graph_inputs(
-                    l,
-                    TensorRef::Host(q),
-                    TensorRef::Host(k),
-                    TensorRef::Host(v),
-                )
-                .or_fail("graph inputs")?;
-        }
+        write_inputs(graph, &io)?;
         let used = graph.replay_cuda_graph(&batch).or_fail("replay")?;
         if used != key {
             return Err(format!("replayed {used:?}, selected {key:?}"));
@@ -877,16 +883,7 @@ fn large_decode_batches(mut config: BackendConfig, seed: u64, steps: u32) -> R {
         for (l, (g, wv)) in got.iter().zip(&want).enumerate() {
             close(g, wv, &format!("step {step} layer {l}"))?;
         }
-        for (l, (q, k, v)) in io.iter().enumerate() {
-            graph
-                .write_graph_inputs(
-                    l,
-                    TensorRef::Host(q),
-                    TensorRef::Host(k),
-                    TensorRef::Host(v),
-                )
-                .or_fail("graph inputs")?;
-        }
+        write_inputs(graph, &io)?;
         graph.replay_cuda_graph(&batch).or_fail("replay")?;
         for (l, g) in got.iter().enumerate() {
             let row = config.layers[l].num_q_heads * config.layers[l].head_dim;

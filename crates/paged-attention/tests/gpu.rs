@@ -1153,6 +1153,28 @@ fn pdl_chains(gpu: &Arc<Gpu>) -> Result<(), String> {
 /// `bs` ragged cache lengths from a 64-bit LCG seeded with `seed`: a draw
 /// divisible by `empty_every` gives 0 (a request without keys), any other
 /// `1..=max`.
+/// Three ragged batches of 129 to 300 one-row requests (more than one
+/// 128-request pass of the in-kernel ranking, empty requests, many requests
+/// a length bucket), GQA 4 / 1 / 8 at D 128 / 64 / 256, bf16, P 16, with
+/// `max_seq_len`: `(bs, case, max_seq_len)`, LCG seeds `seed0 + 1..=3`.
+fn large_ragged_batches(seed0: u64) -> Vec<(usize, Case, usize)> {
+    [
+        (300usize, 4usize, 128usize, 1u64),
+        (200, 1, 64, 2),
+        (129, 8, 256, 3),
+    ]
+    .into_iter()
+    .map(|(bs, group, d, seed)| {
+        let lens = lcg_lens(bs, seed0 + seed, 11, 700);
+        let c = uniform_weights_case(KvDtype::Bf16, d, group, 16, &lens, Some(1), bs, |b, pos| {
+            ((b * 7 + pos) % 13) as f64 / 13.0 - 0.5
+        });
+        let msl = lens.iter().copied().max().unwrap_or(1).max(1) as usize;
+        (bs, c, msl)
+    })
+    .collect()
+}
+
 fn lcg_lens(bs: usize, seed: u64, empty_every: i32, max: i32) -> Vec<i32> {
     let mut x = seed;
     (0..bs)
@@ -1373,23 +1395,7 @@ fn main() {
                 same(&c, split, msl).map_err(|e| format!("seed {seed}: {e}"))?;
             }
             let mut big = 0usize;
-            for (bs, group, d, seed) in [
-                (300usize, 4usize, 128usize, 1u64),
-                (200, 1, 64, 2),
-                (129, 8, 256, 3),
-            ] {
-                let lens = lcg_lens(bs, seed, 11, 700);
-                let c = uniform_weights_case(
-                    KvDtype::Bf16,
-                    d,
-                    group,
-                    16,
-                    &lens,
-                    Some(1),
-                    bs,
-                    |b, pos| ((b * 7 + pos) % 13) as f64 / 13.0 - 0.5,
-                );
-                let msl = lens.iter().copied().max().unwrap_or(1).max(1) as usize;
+            for (bs, c, msl) in large_ragged_batches(0) {
                 for split in [
                     SplitMode::Auto,
                     SplitMode::Chunked {
@@ -1556,23 +1562,7 @@ fn main() {
                 }
             }
             let mut big = 0usize;
-            for (bs, group, d, seed) in [
-                (300usize, 4usize, 128usize, 11u64),
-                (200, 1, 64, 12),
-                (129, 8, 256, 13),
-            ] {
-                let lens = lcg_lens(bs, seed, 11, 700);
-                let c = uniform_weights_case(
-                    KvDtype::Bf16,
-                    d,
-                    group,
-                    16,
-                    &lens,
-                    Some(1),
-                    bs,
-                    |b, pos| ((b * 7 + pos) % 13) as f64 / 13.0 - 0.5,
-                );
-                let msl = lens.iter().copied().max().unwrap_or(1).max(1) as usize;
+            for (bs, c, msl) in large_ragged_batches(10) {
                 compare(&c, one, msl).map_err(|e| format!("bs {bs}: {e}"))?;
                 big += 1;
             }
