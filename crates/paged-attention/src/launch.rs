@@ -5,6 +5,8 @@
 //! - `views`: the view checks every attention launcher shares;
 //! - `plan`: validation of one call and its launch plan;
 //! - `kernel`: the launcher, [`PagedAttentionKernel`].
+//! - `unit_order`: the batch's length order written once
+//!   ([`PagedAttentionKernel::write_unit_order`]).
 
 use kernel_rt::cudarc::driver::{DeviceRepr, LaunchConfig};
 use kernel_rt::{grid_dim, Result, Strided, StridedMut, MAX_GRID_YZ};
@@ -13,6 +15,7 @@ use crate::{HalfDtype, KvDtype};
 
 mod kernel;
 mod plan;
+mod unit_order;
 mod views;
 
 pub use kernel::{

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kernel_rt::cudarc::driver::sys::CUdevice_attribute;
-use kernel_rt::cudarc::driver::{CudaStream, LaunchConfig};
+use kernel_rt::cudarc::driver::CudaStream;
 use kernel_rt::launch::{EntryAttrs, Launcher};
-use kernel_rt::{to_i32, DeviceErrors, Gpu, KernelError, Result, Strided, StridedMut};
+use kernel_rt::{to_i32, DeviceErrors, Gpu, KernelError, Result};
 
 use crate::context::env_choice;
 use crate::{HalfDtype, KvDtype, DECODE_HEAD_DIMS, PTX};
@@ -19,11 +19,6 @@ use super::{
     entry_name, mma_entry_name, mma_smem_bytes_xv, mma_variants, smem_bytes, DecodeArgs,
     KernelPath, LaunchPlan, QueryLayout, BLOCK_THREADS, ROWS_PER_CTA,
 };
-
-/// The entry writing a batch's length order ([`PagedAttentionKernel::write_unit_order`]).
-const UNIT_ORDER_ENTRY: &str = "paged_attention_unit_order";
-/// Its threads (one CTA; `pa::UO_NT` in the .cu, one a length bucket).
-const UNIT_ORDER_THREADS: u32 = 256;
 
 /// Timing experiment entries of the tensor-core kernel (`<entry>_x<n>`).
 const EXPERIMENT_ENTRIES: &[&str] = &[
@@ -148,7 +143,7 @@ pub const DECODE_UNIT_ORDER_ENV: &str = "MHA_KIT_DECODE_UNIT_ORDER";
 #[derive(Debug)]
 pub struct PagedAttentionKernel {
     /// Every entry (tensor-core, its timing experiments, CUDA-core), by name.
-    kernel: Launcher,
+    pub(super) kernel: Launcher,
     num_sms: usize,
     path: KernelPath,
     /// Timing experiment: the `_x{n}` tensor-core entry where one exists.
@@ -183,7 +178,7 @@ pub struct PagedAttentionKernel {
     length_order: Option<usize>,
     /// Entry index of `paged_attention_unit_order`
     /// ([`PagedAttentionKernel::write_unit_order`]).
-    unit_order: usize,
+    pub(super) unit_order: usize,
     /// Read [`DecodeArgs::unit_order`] where given ([`PagedAttentionKernel::set_unit_order`]).
     read_unit_order: bool,
 }
@@ -247,7 +242,7 @@ impl PagedAttentionKernel {
             }
             cluster_fit.insert(main, (cf, fit));
         }
-        let unit_order = kernel.load(&PTX, UNIT_ORDER_ENTRY, EntryAttrs::smem(0))?;
+        let unit_order = kernel.load(&PTX, super::unit_order::ENTRY, EntryAttrs::smem(0))?;
         for q in [HalfDtype::Bf16, HalfDtype::F16] {
             for kv in [KvDtype::Bf16, KvDtype::F16, KvDtype::E4m3] {
                 for d in DECODE_HEAD_DIMS {
@@ -501,68 +496,6 @@ impl PagedAttentionKernel {
     /// The kernel choice of this launcher.
     pub fn path(&self) -> KernelPath {
         self.path
-    }
-
-    /// Writes the batch's length order into `order`: its `bs` requests in
-    /// descending order of `⌈cache_seqlens / 128⌉` (capped at 255; a length
-    /// ≤ 0 counts as 0), ties by index, the order in which an ordered decode
-    /// launch of one split serves them ([`PagedAttentionKernel::set_length_order`]).
-    /// Pass it as [`DecodeArgs::unit_order`] to every launch over the same
-    /// lengths (e.g. each layer of a decode step): their CTAs then read
-    /// their request instead of each ranking the batch. One launch of one
-    /// CTA on `stream` (a few µs; asynchronous, graph-capturable); `bs = 0`
-    /// launches nothing.
-    ///
-    /// `cache_seqlens`: `[bs]` i32, contiguous. `order`: `[bs]` i32,
-    /// contiguous, written in full.
-    ///
-    /// # Errors
-    /// [`KernelError::Shape`] when the two lengths differ, [`KernelError::Stride`]
-    /// when either is not contiguous, [`KernelError::Unsupported`] for `bs`
-    /// past `i32` or a stream of another context; [`KernelError::Driver`].
-    pub fn write_unit_order(
-        &self,
-        stream: &CudaStream,
-        cache_seqlens: &Strided<'_, i32, 1>,
-        order: &mut StridedMut<'_, i32, 1>,
-    ) -> Result<()> {
-        let bs = cache_seqlens.shape()[0];
-        if order.shape()[0] != bs {
-            return Err(KernelError::shape(
-                "unit_order",
-                format!("[{bs}] (cache_seqlens' length)"),
-                format!("{:?}", order.shape()),
-            ));
-        }
-        for (arg, stride) in [
-            ("cache_seqlens", cache_seqlens.strides()[0]),
-            ("unit_order", order.strides()[0]),
-        ] {
-            if bs > 1 && stride != 1 {
-                return Err(stride_err(
-                    arg,
-                    format!("stride {stride}, must be contiguous"),
-                ));
-            }
-        }
-        if bs == 0 {
-            return Ok(());
-        }
-        let n = to_i32("bs", bs)?;
-        let lens = cache_seqlens.device_ptr(stream);
-        let out = order.device_ptr_mut(stream);
-        let config = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (UNIT_ORDER_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the entry takes (const i32* cache_seqlens, int bs, i32*
-        // order); both buffers hold `bs` contiguous i32 (checked above) and
-        // the kernel writes only positions below `bs`. Launched without PDL.
-        unsafe {
-            self.kernel
-                .launch_with(stream, self.unit_order, config, &[&lens, &n, &out], false)
-        }
     }
 
     /// Computes `out` (rows of requests only; other rows untouched); `bs = 0`
