@@ -141,7 +141,12 @@
 //! there the decode kernel's length order (its CTAs serve the longest
 //! requests first, on by default from `2·SMs` items) balances the batch
 //! better than chunks, whose extra CTAs each pay that order's ranking
-//! (docs/PERF.md sessions 37 and 49).
+//! (docs/PERF.md sessions 37 and 49). The ordered launches of one split in
+//! a pass share one length order, written by the pass's first such launch
+//! (`paged_attention::PagedAttentionKernel::write_unit_order`) and read by
+//! the other layers' launches instead of each CTA ranking the batch (FP8
+//! conv-like batches 3.5–6% faster, bf16 ~1%; docs/PERF.md session 49);
+//! engine passes and decode-parallel ranks keep the per-CTA ranking.
 //!
 //! **Status:** the CUDA executor and the graph path pass their GPU tests on
 //! an H200 (`tests/gpu.rs`: 48 trials, every mode eager == CPU executor,
