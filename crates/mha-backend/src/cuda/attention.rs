@@ -658,14 +658,8 @@ pub(super) fn launch_decode(
         }
     }
     let bs = args.cache_seqlens.shape()[0];
-    let ordered = bs > 1
-        && cx.decode.unit_order()
-        && lp.params.max_splits == 1
-        && cx
-            .decode
-            .length_order()
-            .is_some_and(|min| lp.params.work_items() >= min);
-    if let (Some(req0), Some(u), true) = (req0, cx.unit_order.as_deref_mut(), ordered) {
+    let reads = cx.decode.reads_unit_order(&lp.params);
+    if let (Some(req0), Some(u), true) = (req0, cx.unit_order.as_deref_mut(), reads) {
         if bs <= u.capacity() {
             if u.written != Some((req0, bs)) {
                 cx.decode.write_unit_order(

@@ -14,10 +14,11 @@ use crate::context::env_choice;
 use crate::{HalfDtype, KvDtype, DECODE_HEAD_DIMS, PTX};
 
 use super::plan::plan_path;
+use super::unit_order::check_order_view;
 use super::views::{base_ptrs, stride_err};
 use super::{
     entry_name, mma_entry_name, mma_smem_bytes_xv, mma_variants, smem_bytes, DecodeArgs,
-    KernelPath, LaunchPlan, QueryLayout, BLOCK_THREADS, ROWS_PER_CTA,
+    KernelPath, LaunchPlan, PagedAttentionParams, QueryLayout, BLOCK_THREADS, ROWS_PER_CTA,
 };
 
 /// Timing experiment entries of the tensor-core kernel (`<entry>_x<n>`).
@@ -426,6 +427,22 @@ impl PagedAttentionKernel {
         self.read_unit_order
     }
 
+    /// Whether a launch with `params` (its plan's, e.g. from
+    /// [`PagedAttentionKernel::plan`]) reads a given [`DecodeArgs::unit_order`]:
+    /// reading is on ([`PagedAttentionKernel::set_unit_order`]), the launch
+    /// has one split and is in the length order (more than one request and
+    /// at least [`PagedAttentionKernel::length_order`] work items; a launch
+    /// of one split never folds in clusters). One rule for the launcher and
+    /// callers that write the order only where it is read.
+    pub fn reads_unit_order(&self, params: &PagedAttentionParams) -> bool {
+        self.read_unit_order
+            && params.bs > 1
+            && params.max_splits == 1
+            && self
+                .length_order
+                .is_some_and(|min| params.work_items() >= min)
+    }
+
     /// Launches of at least this many work items start their longest
     /// requests first (`None`: none).
     pub fn length_order(&self) -> Option<usize> {
@@ -671,22 +688,10 @@ impl PagedAttentionKernel {
         );
         if let Some(u) = &args.unit_order {
             let bs = args.cache_seqlens.shape()[0];
-            if u.shape()[0] != bs {
-                return Err(KernelError::shape(
-                    "unit_order",
-                    format!("[{bs}] (cache_seqlens' length)"),
-                    format!("{:?}", u.shape()),
-                ));
-            }
-            if bs > 1 && u.strides()[0] != 1 {
-                return Err(stride_err(
-                    "unit_order",
-                    format!("stride {}, must be contiguous", u.strides()[0]),
-                ));
-            }
+            check_order_view("unit_order", u.shape()[0], u.strides()[0], bs)?;
             // Read only by ordered launches of one split (the kernel's
             // decode_unit); the others rank or use grid order.
-            if self.read_unit_order && p.length_order != 0 && p.max_splits == 1 {
+            if self.reads_unit_order(&p) {
                 p.unit_order = u.device_ptr(stream);
             }
         }

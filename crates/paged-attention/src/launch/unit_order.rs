@@ -13,6 +13,35 @@ pub(super) const ENTRY: &str = "paged_attention_unit_order";
 /// Its threads (one CTA; `pa::UO_NT` in the .cu, one a length bucket).
 const THREADS: u32 = 256;
 
+/// The checks of a `[bs]` i32 view that holds or receives a length order
+/// (`arg`, its length and stride) or the lengths it is written from:
+/// `bs` elements, contiguous.
+///
+/// # Errors
+/// [`KernelError::Shape`] for another length, [`KernelError::Stride`] for a
+/// stride other than 1 (where `bs > 1`).
+pub(super) fn check_order_view(
+    arg: &'static str,
+    len: usize,
+    stride: usize,
+    bs: usize,
+) -> Result<()> {
+    if len != bs {
+        return Err(KernelError::shape(
+            arg,
+            format!("[{bs}] (cache_seqlens' length)"),
+            format!("[{len}]"),
+        ));
+    }
+    if bs > 1 && stride != 1 {
+        return Err(stride_err(
+            arg,
+            format!("stride {stride}, must be contiguous"),
+        ));
+    }
+    Ok(())
+}
+
 impl PagedAttentionKernel {
     /// Writes the batch's length order into `order`: its `bs` requests in
     /// descending order of `⌈cache_seqlens / 128⌉` (capped at 255; a length
@@ -38,24 +67,8 @@ impl PagedAttentionKernel {
         order: &mut StridedMut<'_, i32, 1>,
     ) -> Result<()> {
         let bs = cache_seqlens.shape()[0];
-        if order.shape()[0] != bs {
-            return Err(KernelError::shape(
-                "unit_order",
-                format!("[{bs}] (cache_seqlens' length)"),
-                format!("{:?}", order.shape()),
-            ));
-        }
-        for (arg, stride) in [
-            ("cache_seqlens", cache_seqlens.strides()[0]),
-            ("unit_order", order.strides()[0]),
-        ] {
-            if bs > 1 && stride != 1 {
-                return Err(stride_err(
-                    arg,
-                    format!("stride {stride}, must be contiguous"),
-                ));
-            }
-        }
+        check_order_view("cache_seqlens", bs, cache_seqlens.strides()[0], bs)?;
+        check_order_view("unit_order", order.shape()[0], order.strides()[0], bs)?;
         if bs == 0 {
             return Ok(());
         }
