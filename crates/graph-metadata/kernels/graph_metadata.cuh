@@ -126,36 +126,10 @@ MHA_KIT_DEVICE i64 swa_out_loc(const GraphMetadataParams& p, i64 j) {
 static constexpr int THREADS = 256;
 static constexpr int WARPS = THREADS / 32;
 
-// Block-wide exclusive scan of one i64 per thread (blockDim.x == THREADS).
-// Returns the sum of the values of threads below this one; `*total` gets the
-// sum over the block. Contains __syncthreads: every thread must call it.
-// Safe to call repeatedly (the leading barrier keeps a call's writes of
-// warp_sums behind every read of the previous call).
+// Block-wide exclusive scan of one i64 per thread (blockDim.x == THREADS):
+// mha_kit::block_exclusive_scan (kernel-rt's common.cuh) at this block size.
 MHA_KIT_DEVICE i64 block_exclusive_scan(i64 v, i64* total) {
-    __shared__ i64 warp_sums[WARPS];
-    __syncthreads();
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    i64 incl = v;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-        const i64 up = __shfl_up_sync(0xffffffffu, incl, d);
-        if (lane >= d) incl += up;
-    }
-    if (lane == 31) warp_sums[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        i64 w = lane < WARPS ? warp_sums[lane] : 0;
-#pragma unroll
-        for (int d = 1; d < WARPS; d <<= 1) {
-            const i64 up = __shfl_up_sync(0xffffffffu, w, d);
-            if (lane >= d) w += up;
-        }
-        if (lane < WARPS) warp_sums[lane] = w;
-    }
-    __syncthreads();
-    *total = warp_sums[WARPS - 1];
-    return incl - v + (warp > 0 ? warp_sums[warp - 1] : 0);
+    return mha_kit::block_exclusive_scan<i64, THREADS>(v, total);
 }
 
 // The whole of cache_seqlens, cu_seqlens_k (entry 0 included, D1) and, when

@@ -361,7 +361,6 @@ constexpr int UO_NT = LO_BUCKETS;
 MHA_KIT_DEVICE void unit_order_body(const i32* cache_seqlens, int bs, i32* order) {
     __shared__ u32 first[LO_BUCKETS];              // next position of each bucket
     __shared__ u32 cnt[UO_NT / 32][LO_BUCKETS];    // a round's count by warp and bucket
-    __shared__ u32 wtot[UO_NT / 32];
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
@@ -375,19 +374,10 @@ MHA_KIT_DEVICE void unit_order_body(const i32* cache_seqlens, int bs, i32* order
         if (k >= 0 && (same & lt) == 0u) atomicAdd(&first[k], (u32)__popc(same));
     }
     __syncthreads();
-    // Exclusive scan of first[] (thread d holds bucket d).
-    const u32 c = first[tid];
-    u32 incl = c;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const u32 t = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += t;
-    }
-    if (lane == 31) wtot[warp] = incl;
-    __syncthreads();
-    u32 before = 0u;
-    for (int q = 0; q < warp; ++q) before += wtot[q];
-    first[tid] = before + incl - c;
+    // Exclusive scan of first[] (thread d holds bucket d; every thread has
+    // read its own bucket before the scan's barriers, and writes only it).
+    u32 all;
+    first[tid] = mha_kit::block_exclusive_scan<u32, UO_NT>(first[tid], &all);
     for (int base = 0; base < bs; base += UO_NT) {
         for (int i = tid; i < (UO_NT / 32) * LO_BUCKETS; i += UO_NT) (&cnt[0][0])[i] = 0u;
         __syncthreads();

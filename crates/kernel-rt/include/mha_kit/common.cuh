@@ -48,4 +48,40 @@ MHA_KIT_DEVICE uint4 load16_stream(const void* p) {
 template <typename T>
 MHA_KIT_DEVICE T load_ro(const T* p) { return __ldg(p); }
 
+// ---- block-wide exclusive scan ---------------------------------------------------
+// One value a thread, blockDim.x == NTHREADS (a multiple of 32, at most
+// 1024). Returns the sum of the values of the threads below this one;
+// `*total` gets the sum over the block. Contains __syncthreads: every thread
+// must call it. Safe to call repeatedly (the leading barrier keeps a call's
+// writes of warp_sums behind every read of the previous call).
+template <typename T, int NTHREADS>
+MHA_KIT_DEVICE T block_exclusive_scan(T v, T* total) {
+    constexpr int WARPS = NTHREADS / 32;
+    static_assert(NTHREADS % 32 == 0 && WARPS <= 32, "block_exclusive_scan: 32..1024 threads, whole warps");
+    __shared__ T warp_sums[WARPS];
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    T incl = v;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const T up = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += up;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        T w = lane < WARPS ? warp_sums[lane] : T(0);
+#pragma unroll
+        for (int d = 1; d < WARPS; d <<= 1) {
+            const T up = __shfl_up_sync(0xffffffffu, w, d);
+            if (lane >= d) w += up;
+        }
+        if (lane < WARPS) warp_sums[lane] = w;
+    }
+    __syncthreads();
+    *total = warp_sums[WARPS - 1];
+    return incl - v + (warp > 0 ? warp_sums[warp - 1] : T(0));
+}
+
 }  // namespace mha_kit
