@@ -332,7 +332,8 @@ fn fp8_sweep(sms: usize) -> Vec<Shape> {
 /// The length order's price alone: batch `bs` of the sweep (unsplit) with
 /// its lengths sorted longest first, so grid order serves the same units in
 /// the same order as the length order; rows with the order (every CTA ranks
-/// the batch) and in grid order (none does), bf16 and e4m3.
+/// the batch), in grid order (none does) and with the order written once
+/// (each CTA reads its request), bf16 and e4m3.
 fn sorted_pair(bs: usize) -> Vec<Shape> {
     let mut v = Vec::new();
     for (grid_order, unit_order) in [(false, false), (true, false), (false, true)] {
