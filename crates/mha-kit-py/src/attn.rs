@@ -100,6 +100,10 @@ pub struct AttnCall {
     /// the rank's partial state, in global positions, without sinks.
     /// `None` = the whole sequence (also for one rank).
     pub interleave: Option<Interleave>,
+    /// `[bs]` i32, contiguous: the batch's length order written by
+    /// `write_decode_unit_order` from `seq_lens` (decode; the GPU's ordered
+    /// launches of one split read it, the CPU path does not).
+    pub unit_order: Option<Tensor>,
 }
 
 /// The arguments of either entry point, described.
@@ -146,6 +150,8 @@ pub struct AttnInputs {
     pub skip_softmax: Option<f64>,
     /// `(dcp_rank, dcp_world_size)` (decode; `None` = not sharded).
     pub dcp: Option<(usize, usize)>,
+    /// `unit_order` (decode; mha-kit's own keyword).
+    pub unit_order: Option<Tensor>,
 }
 
 fn half(t: &Tensor) -> Result<HalfDtype, ArgError> {
@@ -277,6 +283,12 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
         return Err(a.page_table.err("max_num_pages (dim 1) must be ≥ 1"));
     }
     vector(&a.seq_lens, Dtype::I32, bs, "[batch_size]")?;
+    if let Some(u) = &a.unit_order {
+        if context {
+            return Err(u.err("a decode / verify option (the context call has no unit order)"));
+        }
+        vector(u, Dtype::I32, bs, "[batch_size]")?;
+    }
     if let Some(s) = &a.sinks {
         vector(s, Dtype::F32, hq, "[num_qo_heads]")?;
     }
@@ -440,7 +452,38 @@ pub fn validate(a: AttnInputs, context: bool) -> Result<AttnCall, ArgError> {
         max_seq_len: a.max_seq_len.max(1),
         skip_softmax,
         interleave,
+        unit_order: a.unit_order,
     })
+}
+
+/// Checks `write_decode_unit_order`'s tensors: `seq_lens` and `unit_order`
+/// `[bs]` i32, contiguous (`bs` from `seq_lens`).
+///
+/// # Errors
+/// [`ArgError`] naming the tensor.
+pub fn validate_unit_order(seq_lens: &Tensor, unit_order: &Tensor) -> Result<(), ArgError> {
+    seq_lens.require_rank(1, "[batch_size]")?;
+    let bs = seq_lens.shape[0];
+    vector(seq_lens, Dtype::I32, bs, "[batch_size]")?;
+    vector(unit_order, Dtype::I32, bs, "[batch_size]")
+}
+
+/// `write_decode_unit_order` on host tensors: `unit_order` = the length
+/// order of `seq_lens` ([`paged_attention::reference::unit_order`], the
+/// definition the GPU's writer is tested against).
+///
+/// # Safety
+/// Both tensors must describe live host memory as validated by
+/// [`validate_unit_order`]; they must not overlap.
+///
+/// # Errors
+/// [`ArgError`] for a misaligned or non-host tensor.
+pub unsafe fn unit_order_cpu(seq_lens: &Tensor, unit_order: &Tensor) -> Result<(), ArgError> {
+    // SAFETY: the caller's contract.
+    let lens = unsafe { host::slice::<i32>(seq_lens)? };
+    let order = paged_attention::reference::unit_order(lens);
+    // SAFETY: as above.
+    unsafe { host::scatter::<i32>(unit_order, &order) }
 }
 
 /// The CPU path: the f64 reference on the host tensors, rounded to the
@@ -606,6 +649,7 @@ mod tests {
                 window_left: -1,
                 skip_softmax: None,
                 dcp: None,
+                unit_order: None,
             },
             true,
         )

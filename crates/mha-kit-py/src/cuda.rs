@@ -302,7 +302,14 @@ pub(crate) fn attn_tensors(c: &AttnCall) -> Vec<&Tensor> {
         &c.seq_lens,
         &c.workspace,
     ];
-    v.extend(c.cu_q.iter().chain(&c.cu_k).chain(&c.sinks).chain(&c.lse));
+    v.extend(
+        c.cu_q
+            .iter()
+            .chain(&c.cu_k)
+            .chain(&c.sinks)
+            .chain(&c.lse)
+            .chain(&c.unit_order),
+    );
     v
 }
 
@@ -368,6 +375,7 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
     let cu = Buf::<i32>::opt(c.cu_q.as_ref(), &stream)?;
     let sinks = Buf::<f32>::opt(c.sinks.as_ref(), &stream)?;
     let mut lse = Buf::<f32>::opt(c.lse.as_ref(), &stream)?;
+    let order = Buf::<i32>::opt(c.unit_order.as_ref(), &stream)?;
     let layout = match (c.layout, &cu, &c.cu_q) {
         (Layout::Uniform(n), _, _) => QueryLayout::Uniform { q_len_per_req: n },
         (Layout::Ragged(max_q_len), Some(b), Some(t)) => QueryLayout::Ragged {
@@ -396,7 +404,10 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
         interleave: c.interleave,
         skip_softmax: c.skip_softmax,
         skipped_slices: None,
-        unit_order: None,
+        unit_order: match (&order, &c.unit_order) {
+            (Some(b), Some(t)) => Some(b.view(t)?),
+            _ => None,
+        },
         workspace: None,
         lse: match (&mut lse, &c.lse) {
             (Some(b), Some(t)) => Some(b.view_mut(t)?),
@@ -457,6 +468,50 @@ pub fn decode(c: &AttnCall, ordinal: usize, handle: u64) -> CallResult<()> {
     let r = kernel.launch_on(&stream, &mut args, &mut errs[Family::Attention as usize]);
     crate::probe::end_launch(t0);
     r.map_err(ke)
+}
+
+/// `write_decode_unit_order` on the GPU: the decode launcher's
+/// [`PagedAttentionKernel::write_unit_order`] from `seq_lens` into `order`
+/// (both validated `[bs]` i32, contiguous) on stream `handle`.
+///
+/// # Errors
+/// [`CallError`] naming the argument; device failures.
+pub fn write_unit_order(
+    seq_lens: &Tensor,
+    order: &Tensor,
+    ordinal: usize,
+    handle: u64,
+) -> CallResult<()> {
+    let ts = [seq_lens, order];
+    check_device(&ts, ordinal)?;
+    let dev = device(ordinal)?;
+    let stream = dev.stream(handle)?;
+    let kernel = dev.launcher(&stream, |l| &mut l.decode, PagedAttentionKernel::new)?;
+    let sl = Buf::<i32>::new(seq_lens, &stream)?;
+    let mut o = Buf::<i32>::new(order, &stream)?;
+    kernel
+        .write_unit_order(&stream, &sl.view(seq_lens)?, &mut o.view_mut(order)?)
+        .map_err(|e| from_kernel(e, crate::attn::NAMES, &ts))
+}
+
+/// Whether a decode launch on device `ordinal` over `bs` requests and
+/// `work_items` work items can read a given unit order
+/// ([`PagedAttentionKernel::may_read_unit_order`], the decode launcher's
+/// settings; loads it on first use, on stream `handle`).
+///
+/// # Errors
+/// [`CallError::Device`] when the module does not load or the first use
+/// falls in a graph capture.
+pub fn may_read_unit_order(
+    ordinal: usize,
+    handle: u64,
+    bs: usize,
+    work_items: usize,
+) -> CallResult<bool> {
+    let dev = device(ordinal)?;
+    let stream = dev.stream(handle)?;
+    let kernel = dev.launcher(&stream, |l| &mut l.decode, PagedAttentionKernel::new)?;
+    Ok(kernel.may_read_unit_order(bs, work_items))
 }
 
 /// Context / chunked prefill on the GPU (the launcher's own split workspace;

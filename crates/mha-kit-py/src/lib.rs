@@ -94,7 +94,7 @@ type ErrWord = Option<(u32, u32)>;
 #[pyfunction]
 #[pyo3(signature = (query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
     max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req, max_q_len,
-    cum_seq_lens_q, stream, lse=None, skip_softmax=None, dcp=None))]
+    cum_seq_lens_q, stream, lse=None, skip_softmax=None, dcp=None, unit_order=None))]
 #[allow(clippy::too_many_arguments)]
 fn decode(
     py: Python<'_>,
@@ -117,6 +117,7 @@ fn decode(
     lse: Option<Desc>,
     skip_softmax: Option<f64>,
     dcp: Option<(usize, usize)>,
+    unit_order: Option<Desc>,
 ) -> PyResult<ErrWord> {
     let stream = resolve_stream(py, stream, query.device)?;
     guard(|| {
@@ -142,6 +143,7 @@ fn decode(
                 window_left,
                 skip_softmax,
                 dcp,
+                unit_order: opt("unit_order", unit_order)?,
             },
             false,
         )?;
@@ -220,6 +222,7 @@ fn context(
                 window_left,
                 skip_softmax: None,
                 dcp: None,
+                unit_order: None,
             },
             true,
         )?;
@@ -445,6 +448,45 @@ fn merge_states(
     })
 }
 
+/// `write_decode_unit_order`: the length order of `seq_lens` (`[bs]` i32)
+/// into `unit_order` (`[bs]` i32), on the GPU (one small launch on `stream`)
+/// or on the host.
+#[pyfunction]
+#[pyo3(signature = (seq_lens, unit_order, stream))]
+fn write_unit_order(
+    py: Python<'_>,
+    seq_lens: Desc,
+    unit_order: Desc,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let stream = resolve_stream(py, stream, seq_lens.device)?;
+    guard(|| {
+        let lens = t("seq_lens", seq_lens)?;
+        let order = t("unit_order", unit_order)?;
+        attn::validate_unit_order(&lens, &order)?;
+        match common_device(&[&lens, &order])? {
+            // SAFETY: host tensors described by the Python layer, alive for the call.
+            Device::Cpu => Ok(unsafe { attn::unit_order_cpu(&lens, &order) }?),
+            Device::Cuda(_) if probe::stubbed() => Ok(()),
+            Device::Cuda(n) => cuda::write_unit_order(&lens, &order, n, stream),
+        }
+    })
+}
+
+/// Whether a decode launch on CUDA device `device` over `bs` requests and
+/// `work_items` work items (requests · KV heads for one query row a
+/// request) can read a given unit order (`stream`: torch's current stream,
+/// used if the decode module loads here).
+#[pyfunction]
+fn decode_may_read_unit_order(
+    device: usize,
+    stream: u64,
+    bs: usize,
+    work_items: usize,
+) -> PyResult<bool> {
+    guard(|| cuda::may_read_unit_order(device, stream, bs, work_items))
+}
+
 /// Opens CUDA device `device` and loads every kernel module now (outside any
 /// graph capture); `stream` is torch's current stream of that device.
 #[pyfunction]
@@ -529,6 +571,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fused_fp8_set_kv_buffer, m)?)?;
     m.add_function(wrap_pyfunction!(merge_states, m)?)?;
     m.add_function(wrap_pyfunction!(set_kv_buffer, m)?)?;
+    m.add_function(wrap_pyfunction!(write_unit_order, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_may_read_unit_order, m)?)?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(device_errors, m)?)?;
     m.add_function(wrap_pyfunction!(module_sources, m)?)?;

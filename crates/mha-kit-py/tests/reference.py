@@ -69,6 +69,14 @@ def attention(q, k_hnd, v_hnd, block_tables, seq_lens, rows, bmm1, bmm2, window_
     return (out, written, lse) if with_lse else (out, written)
 
 
+def unit_order(seq_lens):
+    """The batch's length order (``mha_kit.write_decode_unit_order``): request
+    indices in descending ``ceil(len / 128)`` (capped at 255; a length ≤ 0 is
+    0), ties by index."""
+    bucket = [0 if n <= 0 else min(-(-int(n) // 128), 255) for n in seq_lens]
+    return np.array(sorted(range(len(bucket)), key=lambda i: (-bucket[i], i)), dtype=np.int32)
+
+
 def page_table(req_to_token, req_pool_indices, cache_seqlens, page_table, page_size,
                full_to_swa=None, swa_page_table=None):
     """The page table (SEMANTICS.md §page-table.3) into copies of the outputs (valid input)."""

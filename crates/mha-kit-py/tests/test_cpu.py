@@ -1021,3 +1021,46 @@ def test_dcp_ranks_error_words_add_up_to_the_unsplit_call():
     parts = [word((r, 2), lse) for r in range(2)]
     assert whole[0] == 2, whole
     assert [p[0] for p in parts] == [1, 1], parts
+
+
+def test_write_decode_unit_order_is_the_length_order():
+    """``write_decode_unit_order`` on host arrays: descending length bucket
+    (``ceil(len / 128)``, capped at 255, lengths ≤ 0 in bucket 0), ties by
+    index; into a given array or a new one; an empty batch."""
+    rng = np.random.default_rng(7)
+    for bs in (0, 1, 2, 5, 300):
+        lens = rng.integers(-3, 40000, bs).astype(np.int32)
+        if bs >= 5:
+            lens[:3] = [0, 128, 129]  # bucket edges; ties by index
+            lens[3:5] = [33000, 40000]  # both past the capped bucket
+        want = ref.unit_order(lens)
+        got = mha_kit.write_decode_unit_order(lens)
+        assert got.dtype == np.int32 and np.array_equal(got, want), (bs, got, want)
+        into = np.full(bs, -7, np.int32)
+        assert mha_kit.write_decode_unit_order(lens, into) is into
+        assert np.array_equal(into, want)
+    assert np.array_equal(mha_kit.write_decode_unit_order(np.array([5, 300, 300, 1], np.int32)),
+                          [1, 2, 0, 3])
+
+
+def test_unit_order_arguments_are_checked_and_the_cpu_decode_ignores_the_order():
+    """The decode call's ``unit_order``: ``[bs]`` int32, contiguous (named
+    when not); the CPU path gives the same bits with any order. The writer
+    names a bad ``seq_lens`` / ``unit_order``."""
+    a = _decode_args()
+    want = mha_kit.trtllm_batch_decode_with_kv_cache(**a)
+    for order in ([0, 1], [1, 0]):
+        got = mha_kit.trtllm_batch_decode_with_kv_cache(**a, unit_order=np.array(order, np.int32))
+        assert np.array_equal(got, want)
+    for bad, needle in ((np.zeros(3, np.int32), "[3]"), (np.zeros(2, np.int64), "int64"),
+                        (np.zeros((2, 1), np.int32), "unit_order"),
+                        (np.zeros(4, np.int32)[::2], "contiguous")):
+        with pytest.raises(mha_kit.InvalidArgument, match="unit_order") as e:
+            mha_kit.trtllm_batch_decode_with_kv_cache(**_decode_args(unit_order=bad))
+        assert needle in str(e.value), str(e.value)
+    with pytest.raises(mha_kit.InvalidArgument, match="seq_lens"):
+        mha_kit.write_decode_unit_order(np.zeros(3, np.int64))
+    with pytest.raises(mha_kit.InvalidArgument, match="unit_order"):
+        mha_kit.write_decode_unit_order(np.zeros(3, np.int32), np.zeros(2, np.int32))
+    with pytest.raises(mha_kit.InvalidArgument, match="unit_order"):
+        mha_kit.write_decode_unit_order(np.zeros(3, np.int32), np.zeros(3, np.float32))

@@ -700,3 +700,124 @@ def test_cuda_tensor_scales_equal_floats_and_are_refused_under_capture():
             mha_kit.trtllm_batch_decode_with_kv_cache(
                 t["q"], (t["k"], t["v"]), ws, t["block_tables"], t["seq_lens"],
                 c["max_seq_len"], bmm1_scale=s1_dev, bmm2_scale=s2, kv_layout=c["layout"])
+
+
+BAD_UNIT_ORDER = 16  # paged-attention's ErrorFlags::BAD_UNIT_ORDER
+
+
+def test_unit_order_is_written_on_cuda_as_its_definition():
+    """``write_decode_unit_order`` on CUDA tensors equals the definition:
+    1 to 4,099 requests, ties, lengths ≤ 0 and past the capped bucket."""
+    rng = np.random.default_rng(29)
+    for bs in (1, 2, 31, 256, 257, 1000, 4099):
+        lens = rng.integers(-5, 40000, bs).astype(np.int32)
+        lens[:: max(bs // 7, 1)] = 640  # ties across the batch
+        got = mha_kit.write_decode_unit_order(torch.from_numpy(lens).to(DEV))
+        assert got.dtype == torch.int32 and got.device == DEV
+        assert np.array_equal(got.cpu().numpy(), ref.unit_order(lens)), bs
+
+
+@pytest.mark.parametrize("kv", ["bf16", "e4m3"])
+def test_unit_order_read_by_a_large_decode_keeps_the_bits(kv):
+    """A decode of 256 requests · 8 KV heads (one split, in length order)
+    given the order: the same bits as without it and with another
+    permutation; an entry outside ``[0, bs)`` leaves its request's rows
+    unwritten and sets BAD_UNIT_ORDER; captured in a CUDA graph with the
+    order written inside it, replays on new lengths equal the eager call
+    without an order, bit for bit."""
+    bs, hq, hkv, d, p, m = 256, 32, 8, 128, 16, 24
+    g = torch.Generator(device=DEV).manual_seed(3)
+    pages = bs * m + 1
+    kvd = torch.float8_e4m3fn if kv == "e4m3" else torch.bfloat16
+    kc = torch.randn(pages, hkv, p, d, device=DEV, generator=g).to(kvd)
+    vc = torch.randn(pages, hkv, p, d, device=DEV, generator=g).to(kvd)
+    bt = torch.randperm(pages, device=DEV, generator=g)[: bs * m].view(bs, m).to(torch.int32)
+    q = torch.randn(bs, hq, d, device=DEV, generator=g).to(torch.bfloat16)
+    ws = _ws()
+    lens = torch.randint(1, m * p + 1, (bs,), device=DEV, generator=g, dtype=torch.int32)
+
+    def decode(lens, order=None, out=None):
+        return mha_kit.trtllm_batch_decode_with_kv_cache(
+            q, (kc, vc), ws, bt, lens, m * p, bmm1_scale=d ** -0.5, out=out, unit_order=order)
+
+    mha_kit.device_errors(DEV, reset=True)
+    want = decode(lens)
+    order = mha_kit.write_decode_unit_order(lens)
+    assert torch.equal(decode(lens, order), want)
+    assert torch.equal(decode(lens, order.flip(0).contiguous()), want)
+    assert all(v == (0, 0) for v in mha_kit.device_errors(DEV, reset=True).values())
+    bad = order.clone()
+    victim = int(bad[3])
+    bad[3] = bs + 5
+    out = torch.full_like(q, float("nan"))
+    decode(lens, bad, out)
+    count, flags = mha_kit.device_errors(DEV, reset=True)["attention"]
+    assert flags & BAD_UNIT_ORDER and count >= 1, (count, flags)
+    keep = torch.arange(bs, device=DEV) != victim
+    assert torch.equal(out[keep], want[keep]) and torch.isnan(out[victim]).all()
+    # Graph: the order written inside the graph from the lengths it reads.
+    glens = lens.clone()
+    gorder = torch.zeros(bs, dtype=torch.int32, device=DEV)
+    gout = torch.zeros_like(q)
+
+    def step():
+        mha_kit.write_decode_unit_order(glens, gorder)
+        decode(glens, gorder, gout)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed in (1, 2):
+        new = torch.randint(1, m * p + 1, (bs,), device=DEV,
+                            generator=torch.Generator(device=DEV).manual_seed(seed),
+                            dtype=torch.int32)
+        glens.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert np.array_equal(gorder.cpu().numpy(), ref.unit_order(new.cpu().numpy()))
+        assert torch.equal(gout, decode(new)), f"replay {seed}"
+    assert all(v == (0, 0) for v in mha_kit.device_errors(DEV, reset=True).values())
+
+
+def test_backend_writes_the_unit_order_once_a_pass_on_cuda():
+    """``TrtllmMhaBackend`` on CUDA: a decode pass of 256 requests (8 KV
+    heads) gets the length order of its ``cache_seqlens`` in its metadata,
+    eager and in a graph bucket (rewritten at each replay's metadata
+    update), and its layers' outputs equal the decode call without an
+    order, bit for bit; a pass of 4 requests gets none."""
+    from mha_kit import backend as mb
+
+    bs, hq, hkv, d, p, width = 256, 32, 8, 128, 16, 256
+    pages = bs * width // p + 1
+    r2t_np = _pool(bs + 1, width, p, pages, seed=11)
+    r2t = torch.from_numpy(r2t_np).to(DEV)
+    layer = mb.Layer(0, hq, hkv, d, d ** -0.5)
+    caches = [(torch.randn(pages, hkv, p, d, device=DEV).to(torch.bfloat16),
+               torch.randn(pages, hkv, p, d, device=DEV).to(torch.bfloat16))]
+    b = mb.TrtllmMhaBackend(req_to_token=r2t, kv_buffers=caches, layers=[layer], page_size=p,
+                            max_context_len=width, workspace_buffer=_ws())
+    rng = np.random.default_rng(5)
+    rpi = torch.arange(1, bs + 1, dtype=torch.int64, device=DEV)
+    q = torch.randn(bs, hq * d, device=DEV).to(torch.bfloat16)
+
+    def check(meta, what):
+        assert meta.unit_order is not None, what
+        lens = meta.cache_seqlens.cpu().numpy()
+        assert np.array_equal(meta.unit_order.cpu().numpy(), ref.unit_order(lens)), what
+        got = b.forward_decode(q, None, None, layer, None, save_kv_cache=False)
+        want = mha_kit.trtllm_batch_decode_with_kv_cache(
+            q.view(bs, hq, d), caches[0], b.workspace_buffer, meta.page_table,
+            meta.cache_seqlens, width, bmm1_scale=d ** -0.5)
+        assert torch.equal(got, want.view(bs, hq * d)), what
+
+    seq = torch.from_numpy(rng.integers(1, width, bs)).to(DEV)
+    loc = torch.zeros(bs, dtype=torch.int64, device=DEV)
+    check(b.init_forward_metadata(mb.ForwardBatch(mb.DECODE, rpi, seq, loc)), "eager")
+    small = b.init_forward_metadata(mb.ForwardBatch(mb.DECODE, rpi[:4], seq[:4], loc[:4]))
+    assert small.unit_order is None
+    b.init_cuda_graph_state(bs, bs)
+    check(b.init_forward_metadata_capture_cuda_graph(bs, bs, rpi, seq, mb.DECODE,
+                                                     out_cache_loc=loc), "capture")
+    seq2 = torch.from_numpy(rng.integers(1, width, bs)).to(DEV)
+    check(b.init_forward_metadata_replay_cuda_graph(bs, bs, rpi, seq2, mb.DECODE,
+                                                    out_cache_loc=loc), "replay")

@@ -10,6 +10,8 @@ PTX elsewhere; no JIT, no CUDA toolkit at run time, only the driver):
 - :func:`build_trtllm_mha_page_table`, :func:`update_trtllm_mha_graph_metadata`,
   :func:`fused_fp8_set_kv_buffer`: the seed backend's helpers, and
   :func:`set_kv_buffer` for 16-bit caches (bad slots skipped and counted);
+- :func:`write_decode_unit_order`: a batch's length order, written once a
+  step and passed to every layer's decode call (``unit_order``);
 - :func:`merge_states`, :func:`merge_state`: FlashInfer's merges of partial
   attention states (split KV, decode context parallelism after an
   all-gather), sinks joined once;
@@ -44,6 +46,7 @@ from ._api import (
     trtllm_batch_context_with_kv_cache,
     trtllm_batch_decode_with_kv_cache,
     update_trtllm_mha_graph_metadata,
+    write_decode_unit_order,
 )
 
 from .backend import TrtllmMhaBackend, TrtllmMhaMultiStepDraftBackend
@@ -171,4 +174,5 @@ __all__ = [
     "trtllm_batch_context_with_kv_cache",
     "trtllm_batch_decode_with_kv_cache",
     "update_trtllm_mha_graph_metadata",
+    "write_decode_unit_order",
 ]

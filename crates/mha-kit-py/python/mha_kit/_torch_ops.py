@@ -25,15 +25,26 @@ def _decode(query: Tensor, k_cache: Tensor, v_cache: Tensor, workspace_buffer: T
             bmm1_scale: float, bmm2_scale: float, window_left: int, sinks: Optional[Tensor],
             q_len_per_req: Optional[int], max_q_len: Optional[int],
             cum_seq_lens_q: Optional[Tensor], kv_layout: str, lse: Optional[Tensor],
-            skip: Optional[float], dcp_rank: int, dcp_world_size: int) -> None:
+            skip: Optional[float], dcp_rank: int, dcp_world_size: int,
+            unit_order: Optional[Tensor]) -> None:
     dcp = None if dcp_world_size == 1 and dcp_rank == 0 else (dcp_rank, dcp_world_size)
     _api._decode_impl(query, k_cache, v_cache, workspace_buffer, block_tables, seq_lens, out,
                       max_seq_len, bmm1_scale, bmm2_scale, window_left, sinks, q_len_per_req,
-                      max_q_len, cum_seq_lens_q, kv_layout, lse, skip, dcp)
+                      max_q_len, cum_seq_lens_q, kv_layout, lse, skip, dcp, unit_order)
 
 
 @_decode.register_fake
 def _decode_fake(*args) -> None:
+    return None
+
+
+@torch.library.custom_op(f"{_NS}::write_decode_unit_order", mutates_args=("unit_order",))
+def _unit_order(seq_lens: Tensor, unit_order: Tensor) -> None:
+    _api._unit_order_impl(seq_lens, unit_order)
+
+
+@_unit_order.register_fake
+def _unit_order_fake(*args) -> None:
     return None
 
 

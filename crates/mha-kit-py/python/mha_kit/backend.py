@@ -103,7 +103,13 @@ class ForwardBatch:
 @dataclass
 class Metadata:
     """The seed backend's metadata object (``[bs]`` / ``[bs + 1]`` int32 lengths
-    and offsets, ``[bs, M]`` int32 page tables, ``[num_tokens]`` int64 SWA slots)."""
+    and offsets, ``[bs, M]`` int32 page tables, ``[num_tokens]`` int64 SWA slots).
+
+    ``unit_order``: ``[bs]`` int32, the length order of ``cache_seqlens``
+    (:func:`mha_kit.write_decode_unit_order`) that every layer's decode call
+    of the pass reads, written once a pass where a decode launch can read it
+    (a CUDA batch of at least ``2·SMs`` requests · KV heads); ``None``
+    otherwise (the calls then rank the batch themselves)."""
 
     cache_seqlens: Any
     cu_seqlens_q: Any
@@ -116,6 +122,7 @@ class Metadata:
     mode: str = DECODE
     batch_size: int = 0
     num_tokens: int = 0
+    unit_order: Any = None
 
 
 # ---- array helpers: torch tensors or numpy arrays, following `like` ----
@@ -305,6 +312,8 @@ class TrtllmMhaBackend:
             batch_size=bs,
             num_tokens=n_tok,
         )
+        if mode not in (EXTEND, MIXED) and self._orders(bs, like):
+            meta.unit_order = _api.write_decode_unit_order(cache)
         if self.full_to_swa is not None:
             meta.swa_page_table = _empty_i32((bs, self.max_num_pages), like)
             meta.swa_out_cache_loc = self.full_to_swa[batch.out_cache_loc]
@@ -314,6 +323,12 @@ class TrtllmMhaBackend:
                 self.page_size, meta.swa_page_table, self.full_to_swa)
         self.forward_metadata = meta
         return meta
+
+    def _orders(self, bs, like):
+        """Whether this pass's decode calls get a unit order: a launch over
+        ``bs`` requests of the layer with the most KV heads could read one."""
+        hkv = max((l.num_kv_heads for l in self.layers), default=0)
+        return _api._decode_may_read_unit_order(like, bs, bs * hkv)
 
     # ---- per-layer forward (SEMANTICS.md §backend.7) ----
 
@@ -357,7 +372,8 @@ class TrtllmMhaBackend:
             self.workspace_buffer, self._page_table(layer), meta.cache_seqlens,
             self.max_context_len, bmm1_scale=bmm1, bmm2_scale=bmm2,
             window_left=layer.window_left, sinks=sinks, kv_layout=self.kv_layout,
-            skip_softmax_threshold_scale_factor=self.skip_softmax_decode, **kw)
+            skip_softmax_threshold_scale_factor=self.skip_softmax_decode,
+            unit_order=meta.unit_order, **kw)
         return out.reshape(-1, layer.num_q_heads * layer.head_dim)
 
     def forward_decode(self, q, k, v, layer, batch, save_kv_cache=True, sinks=None):
@@ -403,6 +419,7 @@ class TrtllmMhaBackend:
                 cu_seqlens_k=_empty_i32((max_bs + 1,), like),
                 page_table=_empty_i32((max_bs, m), like),
                 swa_page_table=None if self.full_to_swa is None else _empty_i32((max_bs, m), like),
+                unit_order=_empty_i32((max_bs,), like),
             )
         g["swa_out_cache_loc"] = (None if self.full_to_swa is None
                                   else _zeros((max_num_tokens,), like, "int64"))
@@ -441,6 +458,9 @@ class TrtllmMhaBackend:
             mode=mode,
             batch_size=bs,
             num_tokens=num_tokens,
+            # The same for a bucket's capture and replays (bs and the
+            # settings decide it), so the captured layers read it or not.
+            unit_order=buf["unit_order"][:bs] if self._orders(bs, buf["unit_order"]) else None,
         )
         return (name, bs, num_tokens, ragged), meta, buf
 
@@ -471,6 +491,8 @@ class TrtllmMhaBackend:
             swa_out_cache_loc=g["swa_out_cache_loc"],
             cu_seqlens_q=buf["cu_seqlens_q"], qlens=g["qlens"] if ragged else None,
             q_stride=q_stride, q_mode=q_mode)
+        if meta.unit_order is not None:
+            _api.write_decode_unit_order(meta.cache_seqlens, meta.unit_order)
 
     def _ragged_lens(self, key, spec_info):
         """SEMANTICS.md §backend.5, first step: the batch's verify lengths padded to

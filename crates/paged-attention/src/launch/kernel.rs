@@ -435,12 +435,20 @@ impl PagedAttentionKernel {
     /// of one split never folds in clusters). One rule for the launcher and
     /// callers that write the order only where it is read.
     pub fn reads_unit_order(&self, params: &PagedAttentionParams) -> bool {
-        self.read_unit_order
-            && params.bs > 1
-            && params.max_splits == 1
-            && self
-                .length_order
-                .is_some_and(|min| params.work_items() >= min)
+        params.max_splits == 1
+            && self.may_read_unit_order(params.bs.max(0) as usize, params.work_items())
+    }
+
+    /// The part of [`PagedAttentionKernel::reads_unit_order`] known before a
+    /// launch is planned: whether a launch over `bs` requests and
+    /// `work_items` work items (requests · KV heads · row tiles; a decode
+    /// launch of one row tile: `bs · num_kv_heads`) can read a given order
+    /// (reading is on, `bs > 1`, the length order applies). A planned
+    /// launch reads it when it also has one split. For callers that write
+    /// the order once a pass (e.g. the Python package's backend) and skip
+    /// the write where no launch could read it.
+    pub fn may_read_unit_order(&self, bs: usize, work_items: usize) -> bool {
+        self.read_unit_order && bs > 1 && self.length_order.is_some_and(|min| work_items >= min)
     }
 
     /// Launches of at least this many work items start their longest
