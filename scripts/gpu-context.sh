@@ -1221,6 +1221,25 @@ stage_s49d() {
     echo "$tool, unit order: rc=$?"; grep -E "SUMMARY|test result" "$OUT/s49_uo_$tool.log"
   done
 }
+# s50a      session 49's unit order re-checked after the scan refactor (its
+#           GPU tests incl. the fixed bit-identity test, the backend's large
+#           batches, memcheck / racecheck), then the Python package's GPU
+#           tests (the decode call's unit_order among them)
+stage_s50a() {
+  timeout ${S50_T:-100} tests/paged-attention-gpu --include-ignored unit_order > "$OUT/s50_uo.log" 2>&1
+  echo "unit order tests: rc=$?"; summary "$OUT/s50_uo.log"; grep -E "^unit_order|test result" "$OUT/s50_uo.log"
+  timeout ${S50_BT:-120} tests/mha-backend-gpu --include-ignored large_decode_batches > "$OUT/s50_backend.log" 2>&1
+  echo "backend large batches: rc=$?"; summary "$OUT/s50_backend.log"; grep -E "test result" "$OUT/s50_backend.log"
+  local tool
+  for tool in memcheck racecheck; do
+    MHA_KIT_GPU_CASES=4 timeout 45 compute-sanitizer --tool $tool tests/paged-attention-gpu --include-ignored \
+      unit_order > "$OUT/s50_uo_$tool.log" 2>&1
+    echo "$tool, unit order: rc=$?"; grep -E "SUMMARY|test result" "$OUT/s50_uo_$tool.log"
+  done
+  echo "== python GPU tests"
+  timeout ${S50_PT:-200} bash python/run_python.sh "$OUT/python" > "$OUT/python.log" 2>&1; echo "rc=$?"
+  grep -E "unit_order|passed|failed|FAILED|Error" "$OUT/python.log" | head -30
+}
 for st in $STAGES; do "stage_$st"; done
 if [ "${PACK_LOGS:-1}" = 1 ]; then
   (cd "$OUT" && tar -czf "$work/logs.tar.gz" . && find . -mindepth 1 -delete && mv "$work/logs.tar.gz" .)
