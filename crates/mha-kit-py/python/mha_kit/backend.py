@@ -256,6 +256,7 @@ class TrtllmMhaBackend:
         self.forward_metadata = None
         self._graph = None
         self._graph_metadata = {}
+        self._order_rule = {}
 
     # ---- eager metadata (SEMANTICS.md §backend.3) ----
 
@@ -326,9 +327,15 @@ class TrtllmMhaBackend:
 
     def _orders(self, bs, like):
         """Whether this pass's decode calls get a unit order: a launch over
-        ``bs`` requests of the layer with the most KV heads could read one."""
-        hkv = max((l.num_kv_heads for l in self.layers), default=0)
-        return _api._decode_may_read_unit_order(like, bs, bs * hkv)
+        ``bs`` requests of the layer with the most KV heads could read one
+        (the decode launcher's fixed settings decide it: kept per ``bs`` and
+        device, off the replay path's host time)."""
+        key = (bs, str(getattr(like, "device", "")))
+        got = self._order_rule.get(key)
+        if got is None:
+            hkv = max((l.num_kv_heads for l in self.layers), default=0)
+            got = self._order_rule[key] = _api._decode_may_read_unit_order(like, bs, bs * hkv)
+        return got
 
     # ---- per-layer forward (SEMANTICS.md §backend.7) ----
 
