@@ -1202,9 +1202,23 @@ stage_s49c() {
 #   s49d      the length order written once (DecodeArgs::unit_order): its
 #             GPU tests, the bench rows beside the ranking's, the backend's
 #             large decode batches, memcheck / racecheck on the new kernel
+# The unit order's checks (stages s49d, s50a): its GPU tests, the backend's
+# large decode batches, memcheck / racecheck on the order's tests; logs
+# $OUT/<tag>_*.log. usage: uo_checks TAG TEST_T BACKEND_T SANITIZER_T
+uo_checks() {
+  local tag=$1 tool
+  timeout "$2" tests/paged-attention-gpu --include-ignored unit_order > "$OUT/${tag}_uo.log" 2>&1
+  echo "unit order tests: rc=$?"; summary "$OUT/${tag}_uo.log"; grep -E "^unit_order|test result" "$OUT/${tag}_uo.log"
+  timeout "$3" tests/mha-backend-gpu --include-ignored large_decode_batches > "$OUT/${tag}_backend.log" 2>&1
+  echo "backend large batches: rc=$?"; summary "$OUT/${tag}_backend.log"
+  for tool in memcheck racecheck; do
+    MHA_KIT_GPU_CASES=4 timeout "$4" compute-sanitizer --tool $tool tests/paged-attention-gpu --include-ignored \
+      unit_order > "$OUT/${tag}_uo_$tool.log" 2>&1
+    echo "$tool, unit order: rc=$?"; grep -E "SUMMARY|test result" "$OUT/${tag}_uo_$tool.log"
+  done
+}
 stage_s49d() {
-  timeout ${S49_T:-80} tests/paged-attention-gpu --include-ignored unit_order > "$OUT/s49_uo.log" 2>&1
-  echo "unit order tests: rc=$?"; summary "$OUT/s49_uo.log"; grep -E "^unit_order" "$OUT/s49_uo.log"
+  uo_checks s49 ${S49_T:-80} ${S49_T:-80} 50
   local c="written once|sorted bs 224" x
   for x in "96, mean L 1326" "128, mean L 1332" "160, mean L 1274" "224, mean L 1204" "256, mean L 1224"; do
     c="$c|=sweep bs $x, max L 5878 (seed 1), Auto|=FP8 KV, sweep bs $x, max L 5878 (seed 1), Auto"
@@ -1212,30 +1226,12 @@ stage_s49d() {
   MHA_KIT_BENCH_FP8_SWEEP=1 MHA_KIT_BENCH_CASES="$c" MHA_KIT_BENCH_RAGGED=0 MHA_KIT_BENCH_GRID=0 \
     timeout ${S49_T:-80} benches/paged-attention-paged_attention --bench > "$OUT/s49_bench.log" 2>&1
   echo "== decode bench: rc=$?"; grep -E '^\| ' "$OUT/s49_bench.log" | cut -d'|' -f2-6,9
-  timeout ${S49_T:-80} tests/mha-backend-gpu --include-ignored large_decode_batches > "$OUT/s49_backend.log" 2>&1
-  echo "backend large batches: rc=$?"; summary "$OUT/s49_backend.log"
-  local tool
-  for tool in memcheck racecheck; do
-    MHA_KIT_GPU_CASES=4 timeout 50 compute-sanitizer --tool $tool tests/paged-attention-gpu --include-ignored \
-      unit_order > "$OUT/s49_uo_$tool.log" 2>&1
-    echo "$tool, unit order: rc=$?"; grep -E "SUMMARY|test result" "$OUT/s49_uo_$tool.log"
-  done
 }
-# s50a      session 49's unit order re-checked after the scan refactor (its
-#           GPU tests incl. the fixed bit-identity test, the backend's large
-#           batches, memcheck / racecheck), then the Python package's GPU
-#           tests (the decode call's unit_order among them)
+# s50a      session 49's unit order re-checked after the scan refactor
+#           (uo_checks), then the Python package's GPU tests (the decode
+#           call's unit_order among them)
 stage_s50a() {
-  timeout ${S50_T:-100} tests/paged-attention-gpu --include-ignored unit_order > "$OUT/s50_uo.log" 2>&1
-  echo "unit order tests: rc=$?"; summary "$OUT/s50_uo.log"; grep -E "^unit_order|test result" "$OUT/s50_uo.log"
-  timeout ${S50_BT:-120} tests/mha-backend-gpu --include-ignored large_decode_batches > "$OUT/s50_backend.log" 2>&1
-  echo "backend large batches: rc=$?"; summary "$OUT/s50_backend.log"; grep -E "test result" "$OUT/s50_backend.log"
-  local tool
-  for tool in memcheck racecheck; do
-    MHA_KIT_GPU_CASES=4 timeout 45 compute-sanitizer --tool $tool tests/paged-attention-gpu --include-ignored \
-      unit_order > "$OUT/s50_uo_$tool.log" 2>&1
-    echo "$tool, unit order: rc=$?"; grep -E "SUMMARY|test result" "$OUT/s50_uo_$tool.log"
-  done
+  uo_checks s50 ${S50_T:-100} ${S50_BT:-120} 45
   echo "== python GPU tests"
   timeout ${S50_PT:-200} bash python/run_python.sh "$OUT/python" > "$OUT/python.log" 2>&1; echo "rc=$?"
   grep -E "unit_order|passed|failed|FAILED|Error" "$OUT/python.log" | head -30
