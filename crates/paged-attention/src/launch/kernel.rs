@@ -448,7 +448,16 @@ impl PagedAttentionKernel {
     /// the order once a pass (e.g. the Python package's backend) and skip
     /// the write where no launch could read it.
     pub fn may_read_unit_order(&self, bs: usize, work_items: usize) -> bool {
-        self.read_unit_order && bs > 1 && self.length_order.is_some_and(|min| work_items >= min)
+        self.read_unit_order && self.length_ordered(bs, work_items)
+    }
+
+    /// Whether a launch over `bs` requests and `work_items` work items is in
+    /// the length order unless it folds in clusters: more than one request
+    /// and at least [`PagedAttentionKernel::length_order`] items. The one
+    /// rule behind `PagedAttentionParams::length_order` and
+    /// [`PagedAttentionKernel::may_read_unit_order`].
+    fn length_ordered(&self, bs: usize, work_items: usize) -> bool {
+        bs > 1 && self.length_order.is_some_and(|min| work_items >= min)
     }
 
     /// Launches of at least this many work items start their longest
@@ -689,11 +698,8 @@ impl PagedAttentionKernel {
         };
         // Longest requests first (not with the cluster fold: a cluster must
         // hold the splits of one item).
-        p.length_order = i32::from(
-            p.bs > 1
-                && cluster_x == 1
-                && self.length_order.is_some_and(|min| p.work_items() >= min),
-        );
+        p.length_order =
+            i32::from(cluster_x == 1 && self.length_ordered(p.bs.max(0) as usize, p.work_items()));
         if let Some(u) = &args.unit_order {
             let bs = args.cache_seqlens.shape()[0];
             check_order_view("unit_order", u.shape()[0], u.strides()[0], bs)?;
