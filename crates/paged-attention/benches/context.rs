@@ -37,6 +37,9 @@
 //! `experiment x{xv}`; `0` is a second instance of the default kernel, a
 //! control for the rows' order in the run (every case runs the default
 //! first).
+//! `MHA_KIT_BENCH_TRIM_VS=1` runs each case with the default kernel and then
+//! with schedule variant 4 (each item's last KV tile whole, the form before
+//! the trimmed diagonal tile); `=2` in the other order.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -573,6 +576,14 @@ fn main() {
     // graph-replay column?).
     let mut tma = ContextKernel::new(&gpu).expect("load");
     tma.set_kv_load(ContextKvLoad::Tma);
+    // Every item's last KV tile whole (schedule variant bit 2: no trimmed
+    // diagonal tile), for MHA_KIT_BENCH_TRIM_VS.
+    let mut whole_diag = ContextKernel::new(&gpu).expect("load");
+    whole_diag.set_variant(4);
+    let trim_vs: u32 = std::env::var("MHA_KIT_BENCH_TRIM_VS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     // One CTA per work item instead of the persistent grid.
     let mut per_item = ContextKernel::new(&gpu).expect("load");
     per_item.set_variant(2);
@@ -645,6 +656,8 @@ fn main() {
             "sm90a wgmma, ping-pong"
         } else if std::ptr::eq(k, &per_item) {
             "sm90a wgmma, one CTA per item"
+        } else if std::ptr::eq(k, &whole_diag) {
+            "sm90a wgmma, last tiles whole (variant 4)"
         } else if std::ptr::eq(k, &gather) {
             "sm90a wgmma, cp.async gather"
         } else if std::ptr::eq(k, &tma) {
@@ -745,6 +758,13 @@ fn main() {
             if c.d == 128 && !c.fp8 {
                 kernels.extend(vs.iter().map(|(e, _)| e));
             }
+        }
+        if trim_vs != 0 && kernel.uses_sm90() {
+            kernels = if trim_vs == 2 {
+                vec![&whole_diag, &kernel]
+            } else {
+                vec![&kernel, &whole_diag]
+            };
         }
         for k in kernels {
             crit.bench_function(&format!("{} ({})", c.name, label(k)), |b| {

@@ -386,12 +386,14 @@ MHA_KIT_DEVICE void mma_ss(float (&d)[N / 2], u64 a, u64 b) {
         if constexpr (QT == 1 && N == 128) wg::wgmma_ss_f16_n128(d, a, b, 1);
     }
 }
-// d (+)= A B for e4m3 A and B (m64n128k32, both K-major in shared memory);
+// d (+)= A B for e4m3 A and B (m64nNk32, both K-major in shared memory);
 // INIT as in mma_ss.
-template <bool INIT>
-MHA_KIT_DEVICE void mma_ss8(float (&d)[64], u64 a, u64 b) {
-    if constexpr (INIT) wg::wgmma_ss_e4m3_n128_init(d, a, b);
-    else wg::wgmma_ss_e4m3_n128(d, a, b, 1);
+template <int N, bool INIT>
+MHA_KIT_DEVICE void mma_ss8(float (&d)[N / 2], u64 a, u64 b) {
+    if constexpr (INIT && N == 64) wg::wgmma_ss_e4m3_n64_init(d, a, b);
+    if constexpr (INIT && N == 128) wg::wgmma_ss_e4m3_n128_init(d, a, b);
+    if constexpr (!INIT && N == 64) wg::wgmma_ss_e4m3_n64(d, a, b, 1);
+    if constexpr (!INIT && N == 128) wg::wgmma_ss_e4m3_n128(d, a, b, 1);
 }
 template <int QT, int N>
 MHA_KIT_DEVICE void mma_rs(float (&d)[N / 2], const u32 (&a)[4], u64 b, int scale_d) {
@@ -771,6 +773,22 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // finite V) skips the scan of masked tiles' V, NOSTORE (XV & 1024;
     // wrong results) the epilogue's global stores.
     constexpr bool NOSCAN = (XV & 512) != 0;
+    // TRIM: the causal diagonal tile trimmed. Where every row of a consumer
+    // warpgroup lies before the middle of its item's last KV tile (the
+    // largest position of its rows < the tile's first key + BN / 2), that
+    // warpgroup runs the tile as its first BN / 2 keys: S = Q K^T as an
+    // m64n(BN/2) GEMM, the softmax over those scores, P V over KSTEPS / 2
+    // steps. The tile's other keys are causally masked for each of its rows,
+    // so they only added zero weights: same result (bit for bit: the sums
+    // and P V added exact zeros), half the GEMM work and exponentials of
+    // that tile. With 16-token warpgroups (GQA 4 packs 64 rows) that is half
+    // of the items' diagonal tiles. Not at BN 64 (D 256, duo), nor in the
+    // experiment entries (the trace and no-V-scan entries then serialized
+    // their wgmmas for want of registers: ptxas C7511; they run whole tiles,
+    // as the production entries under variant 4), nor for an item's only
+    // tile where a bf16 Q is converted for e4m3 K/V (QCONV: C7511 there);
+    // off with schedule variant bit 2 (an A/B).
+    constexpr bool TRIM = BN == 128 && XV == 0;
     constexpr bool NOSTORE = (XV & 1024) != 0;
     // TMA stores of the output rows (p.o_tma, see the epilogue): not with
     // three serial consumers (D 64 16-bit) nor in the no-K/V-reads timing
@@ -1478,6 +1496,14 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         const bool active = wrow0 < rows;    // warpgroup-uniform
         const i32 xw_min = x_base + (r0 + wrow0) / G;
         const i32 xw_max = x_base + (r0 + min(wrow0 + 63, rows - 1)) / G;
+        // TRIM: whether tile t is the item's last and trimmed for this
+        // warpgroup (uniform; evaluated where used, so that no register
+        // holds it across the tile loop: the three consumers' entries
+        // spilled 8 bytes with a per-item flag).
+        auto trim_at = [&](int t) {
+            return TRIM && (p.variant & 4) == 0 && active && t == ntiles - 1 &&
+                   xw_max < (t_first + t) * BN + BN / 2;
+        };
         i32 xr[2], xlo[2];
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
@@ -1498,6 +1524,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         float s[NS];
 #pragma unroll
         for (int i = 0; i < NS; ++i) s[i] = 0.f;
+        // The trimmed tile's S and P (TRIM): fenced alone, so that the
+        // upper half holds nothing live across its GEMMs.
+        float(&s_lo)[NS / 2] = reinterpret_cast<float(&)[NS / 2]>(s);
         u32 pa[KSTEPS][4];
 #pragma unroll
         for (int i = 0; i < KSTEPS; ++i)
@@ -1537,7 +1566,11 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         const u32 q_lo = (u32)sdesc(base + C::Q_OFF + qb * C::Q_BYTES + wrow0 * 128, 16, 1024);
         const u32 k_lo0 = (u32)sdesc(base + C::K_OFF, 16, 1024);
         const u32 v_lo0 = (u32)sdesc(base + C::V_OFF, C::KV_ATOM, 1024);
-        auto qk = [&](int st) {
+        // hb (a literal at every call, folded once the lambda is inlined:
+        // NVRTC compiles no generic lambda in device code): true issues the
+        // trimmed tile's S (its first BN / 2 keys, m64n(BN/2), into
+        // s[0 .. NS / 2); see TRIM), false the whole tile's.
+        auto qk = [&](int st, bool hb) {
             if constexpr ((XV & 2) != 0) return;
             wg_fence();
             const u32 kd = k_lo0 + (u32)((uni(st) * C::K_BYTES) >> 4);
@@ -1554,11 +1587,22 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 // The first step is write-only (scale-d 0, s not read: dead
                 // since the last P was packed), so its registers are free
                 // until here.
-                if constexpr (K8) {
+                if (TRIM && hb) {
+                    if constexpr (K8) {
+                        if (ks == 0)
+                            mma_ss8<BN / 2, true>(s_lo, dsc(qd0 + qo), dsc(kd + ko));
+                        else
+                            mma_ss8<BN / 2, false>(s_lo, dsc(qd0 + qo), dsc(kd + ko));
+                    } else if (ks == 0) {
+                        mma_ss<MT, BN / 2, true>(s_lo, dsc(qd0 + qo), dsc(kd + ko));
+                    } else {
+                        mma_ss<MT, BN / 2, false>(s_lo, dsc(qd0 + qo), dsc(kd + ko));
+                    }
+                } else if constexpr (K8) {
                     if (ks == 0)
-                        mma_ss8<true>(s, dsc(qd0 + qo), dsc(kd + ko));
+                        mma_ss8<BN, true>(s, dsc(qd0 + qo), dsc(kd + ko));
                     else
-                        mma_ss8<false>(s, dsc(qd0 + qo), dsc(kd + ko));
+                        mma_ss8<BN, false>(s, dsc(qd0 + qo), dsc(kd + ko));
                 } else if (ks == 0) {
                     mma_ss<MT, BN, true>(s, dsc(qd0 + qo), dsc(kd + ko));
                 } else {
@@ -1567,12 +1611,15 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             }
             wg_commit();
         };
-        auto pv = [&](int st) {
+        // hb as in qk: the trimmed tile's P V runs its first KSTEPS / 2 steps.
+        auto pv = [&](int st, bool hb) {
             if constexpr ((XV & 2) != 0) return;
+            const int KSV = TRIM && hb ? KSTEPS / 2 : KSTEPS;
             wg_fence();
             const u32 vd = v_lo0 + (u32)((uni(st) * C::KV_BYTES) >> 4);
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk) {
+                if (kk >= KSV) break;
                 if constexpr (SERIAL) {
                     // P packed in place in s (see rescale_pack).
                     const u32 a[4] = {__float_as_uint(s[4 * kk]), __float_as_uint(s[4 * kk + 1]),
@@ -1609,7 +1656,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             return c;
         };
         float dsum[2] = {0.f, 0.f};
-        auto softmax = [&](int t, bool full, const u32 (&vmw)[VMW]) {
+        // hb as in qk: the trimmed tile's softmax reads s[0 .. NS / 2) only
+        // (its other keys are past every row of the warpgroup).
+        auto softmax = [&](int t, bool full, const u32 (&vmw)[VMW], bool hb) {
+            const int NSV = TRIM && hb ? NS / 2 : NS;
             if constexpr ((XV & 1) != 0) {
                 alpha[0] = alpha[1] = 1.f;
                 return;
@@ -1627,6 +1677,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 const i32 lim[2] = {xr[0] - k0 - 2 * qd, xr[1] - k0 - 2 * qd};
 #pragma unroll
                 for (int i = 0; i < NS; ++i) {
+                    if (i >= NSV) break;
                     const int tk = 8 * (i >> 2) + (i & 1);
                     s[i] = tk <= lim[(i >> 1) & 1] ? s[i] : PAC_NEG_INF;
                 }
@@ -1639,6 +1690,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 const u32 mw[2] = {(hq ? vmw[1] : vmw[0]) >> sh, (hq ? vmw[3] : vmw[2]) >> sh};
 #pragma unroll
                 for (int i = 0; i < NS; ++i) {
+                    if (i >= NSV) break;
                     const int j = i >> 2;
                     const int hr = (i >> 1) & 1;
                     const int e = i & 1;
@@ -1661,12 +1713,14 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             if (cpos) {
 #pragma unroll
                 for (int i = 0; i < NS; ++i) {
+                    if (i >= NSV) break;
                     float& m = mp[(i >> 1) & 1][(((i >> 2) & 3) | ((i & 1) << 2)) & (MPN - 1)];
                     m = fmaxf(m, s[i]);
                 }
             } else {
 #pragma unroll
                 for (int i = 0; i < NS; ++i) {
+                    if (i >= NSV) break;
                     s[i] = s[i] == PAC_NEG_INF ? PAC_NEG_INF : s[i] * crow((i >> 1) & 1);  // masked stays -inf
                     float& m = mp[(i >> 1) & 1][(((i >> 2) & 3) | ((i & 1) << 2)) & (MPN - 1)];
                     m = fmaxf(m, s[i]);
@@ -1715,6 +1769,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             u32 xb[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
             for (int i = 0; i < NS; ++i) {
+                    if (i >= NSV) break;
                 const int hr = (i >> 1) & 1;
                 const float x = fmaf(s[i], cs[hr], -mx[hr]);
                 // POLY: one score in four on the FMA pipe (ex2_poly), the
@@ -1786,13 +1841,24 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             }
         };
         // P = 16-bit S; running row sums (late placement: O *= alpha first).
-        auto rescale_pack = [&]() {
+        // hb as in qk: the trimmed tile packs its first KSTEPS / 2 steps and
+        // zeroes the others' P (which the CUDA-core P V of a tile with
+        // non-finite V reads: it skips zero weights).
+        auto rescale_pack = [&](bool hb) {
+            const int KSV = TRIM && hb ? KSTEPS / 2 : KSTEPS;
             if constexpr (!EARLY) rescale_o();
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int i = 8 * kk + 2 * e;
+                    if (kk >= KSV) {
+                        if constexpr (SERIAL)
+                            s[4 * kk + e] = 0.f;
+                        else
+                            pa[kk][e] = 0u;
+                        continue;
+                    }
                     // SERIAL: P's step kk lands in s[4 kk .. 4 kk + 3]
                     // (in increasing order each source is read before it is
                     // overwritten), so P takes no registers of its own.
@@ -1941,17 +2007,27 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
 #pragma unroll
                     for (int w = 0; w < VMW; ++w) vmw[w] = vm_s[st * VMW + w];
                     const bool full = tile_full(t, vmw);
-                    if (active) {
-                        qk(st);
+                    // TRIM: each form waits for its own S (no merge with a
+                    // wgmma in flight).
+                    const bool half = trim_at(t);
+                    if (half) {
+                        qk(st, true);
+                        wg_wait<0>();
+                        fence_regs(s_lo);
+                    } else if (active) {
+                        qk(st, false);
                         wg_wait<0>();
                         fence_regs(s);
                     }
                     mbar_arrive(bar_ek + 8 * st);
                     // By now the last item's TMA stores have long read their rows.
                     if (t == 0) release_o();
-                    if (active) {
-                        softmax(t, full, vmw);
-                        rescale_pack();
+                    if (half) {
+                        softmax(t, full, vmw, true);
+                        rescale_pack(true);
+                    } else if (active) {
+                        softmax(t, full, vmw, false);
+                        rescale_pack(false);
                     } else if constexpr (SX) {
                         named_sync_if(true, 4 + cw, 256);
                     }
@@ -1962,9 +2038,14 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     if (slow) {
                         psum();
                         pv_slow(sv);
+                    } else if (half) {
+                        pv(sv, true);
+                        wg_wait<0>();
+                        fence_regs(o);
+                        fence_regs(s_lo);  // P, read by the P V wgmma
                     } else if (active) {
                         psum();
-                        pv(sv);
+                        pv(sv, false);
                         wg_wait<0>();
                         fence_regs(o);
                         fence_regs(s);  // P, read by the P V wgmma
@@ -1988,9 +2069,20 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     named_arrive_if(!(cw == 1 && t == ntiles - 1), 9 - cw, 256);
                 }
             };
+            // TRIM: whether this warpgroup ran the item's last tile trimmed
+            // (its only tile here; in the loop, unless that tile's
+            // iteration takes the CUDA-core P V path). Each form issues and
+            // waits for its own GEMMs (no merge with a wgmma in flight).
+            bool lh = !QCONV && trim_at(0);
             turn_take();
-            if (active) {
-                qk(kslot(0));
+            if (lh) {
+                qk(kslot(0), true);
+                turn_pass(false);
+                wg_wait<0>();
+                fence_regs(s_lo);
+                mark(role, 4, tnow());
+            } else if (active) {
+                qk(kslot(0), false);
                 turn_pass(false);
                 wg_wait<0>();
                 fence_regs(s);
@@ -2005,9 +2097,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // warpgroup's last S (an idle warpgroup reads no Q); with it, after
             // the epilogue.
             mbar_arrive_if(!C::STAGE_O && (!active || ntiles == 1), bar_qe + 8 * qb);
-            if (active) {
-                softmax(0, prev_full, vmw);
-                rescale_pack();
+            if (lh) {
+                softmax(0, prev_full, vmw, true);
+                rescale_pack(true);
+                mark(role, 5, tnow());
+            } else if (active) {
+                softmax(0, prev_full, vmw, false);
+                rescale_pack(false);
                 mark(role, 5, tnow());
             } else {
                 ext_idle_turn(0);
@@ -2030,21 +2126,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 if (t == 1) mark(role, 14, tnow());
                 // The two paths never merge while a wgmma is in flight (ptxas
                 // would serialize every wgmma of the kernel otherwise).
-                if (slow) {
-                    turn_take();
-                    qk(st);
-                    if constexpr (EARLY) rescale_o();  // alpha of tile t - 1, before its P V
-                    turn_pass(false);
-                    psum();  // P_{t-1}, with alpha of tile t - 1
-                    wg_wait<0>();
-                    fence_regs(s);
-                    mbar_arrive(bar_ek + 8 * st);
-                    mbar_arrive_if(!C::STAGE_O && t == ntiles - 1, bar_qe + 8 * qb);
-                    softmax(t, full, vmw);
-                    pv_slow(sp);
-                    mbar_arrive(bar_ev + 8 * sp);
-                    rescale_pack();
-                } else if (active) {
+                // S_t beside P_{t-1} V_{t-1} on the tensor cores (hb: tile t
+                // trimmed, see TRIM; tile t - 1 is never the last).
+                auto fast_tile = [&](bool hb) {
                     turn_take();
                     u32 tlap = tnow();  // trace: the phase boundaries, one lap at a time
                     auto lap = [&](int k) {
@@ -2055,18 +2139,21 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                         }
                     };
                     if (t == 2) mark(role, 21, tlap);
-                    qk(st);
+                    qk(st, hb);
                     if constexpr (EARLY) rescale_o();  // alpha of tile t - 1, under S_t
                     psum();  // P_{t-1}, with alpha of tile t - 1, under S_t
-                    pv(sp);
+                    pv(sp, false);
                     turn_pass(false);
                     lap(0);
                     wg_wait<1>();
-                    fence_regs(s);
+                    if (hb)
+                        fence_regs(s_lo);
+                    else
+                        fence_regs(s);
                     lap(1);
                     mbar_arrive(bar_ek + 8 * st);
                     mbar_arrive_if(!C::STAGE_O && t == ntiles - 1, bar_qe + 8 * qb);
-                    softmax(t, full, vmw);
+                    softmax(t, full, vmw, hb);
                     lap(2);
                     wg_wait<0>();
                     fence_regs(o);
@@ -2074,8 +2161,28 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     fence_regs(pa);
                     lap(3);
                     mbar_arrive(bar_ev + 8 * sp);
-                    rescale_pack();
+                    rescale_pack(hb);
                     lap(4);
+                };
+                if (slow) {
+                    turn_take();
+                    qk(st, false);
+                    if constexpr (EARLY) rescale_o();  // alpha of tile t - 1, before its P V
+                    turn_pass(false);
+                    psum();  // P_{t-1}, with alpha of tile t - 1
+                    wg_wait<0>();
+                    fence_regs(s);
+                    mbar_arrive(bar_ek + 8 * st);
+                    mbar_arrive_if(!C::STAGE_O && t == ntiles - 1, bar_qe + 8 * qb);
+                    softmax(t, full, vmw, false);
+                    pv_slow(sp);
+                    mbar_arrive(bar_ev + 8 * sp);
+                    rescale_pack(false);
+                } else if (trim_at(t)) {
+                    fast_tile(true);
+                    lh = true;
+                } else if (active) {
+                    fast_tile(false);
                 } else {
                     turn_take();
                     turn_pass(false);
@@ -2099,15 +2206,21 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 psum();
                 pv_slow(sl);
             } else if (active) {
-                turn_take();
-                if constexpr (EARLY) rescale_o();
-                psum();
-                pv(sl);
-                turn_pass(true);
-                wg_wait<0>();
-                fence_regs(o);
-                if constexpr (TCSUM) fence_regs(lacc);
-                fence_regs(pa);
+                auto last_pv = [&](bool hb) {
+                    turn_take();
+                    if constexpr (EARLY) rescale_o();
+                    psum();
+                    pv(sl, hb);
+                    turn_pass(true);
+                    wg_wait<0>();
+                    fence_regs(o);
+                    if constexpr (TCSUM) fence_regs(lacc);
+                    fence_regs(pa);
+                };
+                if (lh)
+                    last_pv(true);
+                else
+                    last_pv(false);
             } else {
                 turn_take();
                 turn_pass(true);

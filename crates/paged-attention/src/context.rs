@@ -291,8 +291,9 @@ kernel_rt::abi_struct! {
         /// Schedule variant of the sm_90a kernel, for A/B benchmarks only: 0 =
         /// default (persistent grid where [`context_sm90_persistent`]); bit 0
         /// (1): the consumers ping-pong their GEMM issue on named barriers;
-        /// bit 1 (2): one CTA per work item. Same results, other timing; the
-        /// compute_90 kernel ignores it.
+        /// bit 1 (2): one CTA per work item; bit 2 (4): every item's last KV
+        /// tile run whole (no trimmed diagonal tile). Same results, other
+        /// timing; the compute_90 kernel ignores it.
         pub variant: i32 = "i32",
         /// sm_90a K/V loads: keys per TMA box ([`context_sm90_tma_rows`]), 0 =
         /// the cp.async row gather.

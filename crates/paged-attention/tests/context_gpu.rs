@@ -1086,6 +1086,50 @@ fn main() {
             println!("persistent_grid_equals_one_cta_per_item: {cases} cases");
             Ok(())
         }),
+        named("trimmed_last_tiles_equal_whole_ones", |gpu, k| {
+            // The default sm_90a kernel runs an item's last KV tile as its
+            // first half for a consumer warpgroup whose rows all lie before
+            // the tile's middle (the causal diagonal: TRIM in the kernel);
+            // schedule variant 4 runs every tile whole. Both on random
+            // ragged cases (windows, sinks, GQA, page sizes, bad pages, e4m3
+            // KV, every D) and on one request of each D 64 / 128 and dtype
+            // pair (GQA 4, two KV heads) whose new tokens end at each
+            // quarter of a tile and past it, with no prefix and a 37-token
+            // one: the same bits (the trimmed keys only added zero weights),
+            // and the reference.
+            let _ = k;
+            let trimmed = ContextKernel::new(gpu).or_fail("load")?;
+            let mut whole = ContextKernel::new(gpu).or_fail("load")?;
+            whole.set_variant(4);
+            let mut cases: Vec<Case> = (0..u64::from(gpu_cases(120)))
+                .map(|i| context_random_case(0x7819_0000 + i, BUDGET / 2.0))
+                .collect();
+            let dtypes = [
+                (HalfDtype::Bf16, KvDtype::Bf16),
+                (HalfDtype::F16, KvDtype::F16),
+                (HalfDtype::Bf16, KvDtype::E4m3),
+                (HalfDtype::F16, KvDtype::E4m3),
+            ];
+            for (j, &(qd, kv)) in dtypes.iter().enumerate() {
+                for (m, &d) in [64usize, 128].iter().enumerate() {
+                    for (n, &new) in [32usize, 64, 96, 128, 129, 161].iter().enumerate() {
+                        for prefix in [0usize, 37] {
+                            let seed = 0x7819_1000 + (1000 * j + 100 * m + 10 * n + prefix) as u64;
+                            cases.push(extend_case_h(kv, qd, d, 8, 2, 16, prefix, new, seed));
+                        }
+                    }
+                }
+            }
+            for (i, c) in cases.iter().enumerate() {
+                let a = run_gpu(gpu, &trimmed, c).or_fail("trimmed")?;
+                let b = run_gpu(gpu, &whole, c).or_fail("whole")?;
+                same_bits(i, &a, &b, c)?;
+                let want = c.reference();
+                compare(c, &want, &a.out, &a.errors).map_err(|e| format!("case {i}: {e}"))?;
+            }
+            println!("trimmed_last_tiles_equal_whole_ones: {} cases", cases.len());
+            Ok(())
+        }),
         named("kv_split_equals_the_reference", |gpu, k| {
             // Split KV forced to 2..16 chunks per item (every chunk writes
             // its partial rows, the merge entry finishes them): random

@@ -360,8 +360,10 @@ impl ContextKernel {
     }
 
     /// Sets the sm_90a kernel's schedule variant ([`ContextParams::variant`]:
-    /// 0 persistent (default), 1 ping-pong, 2 one CTA per work item;
-    /// benchmarks compare variants in one run). Same results, other timing.
+    /// 0 persistent (default), 1 ping-pong, 2 one CTA per work item, 4 the
+    /// last KV tile of every item run whole instead of trimmed to the keys
+    /// its rows can see; bits combine; benchmarks compare variants in one
+    /// run). Same results, other timing.
     pub fn set_variant(&mut self, variant: i32) {
         self.variant = variant;
     }
