@@ -1237,27 +1237,21 @@ stage_s50a() {
   grep -E "unit_order|passed|failed|FAILED|Error" "$OUT/python.log" | head -30
 }
 # s51a      the trimmed diagonal tile (session 51): its GPU test (trimmed ==
-#           whole bit for bit, and the reference) with memcheck / racecheck,
-#           the context bench's cells with the default beside variant 4
-#           (every last tile whole) in one process (S51_VS=1; 2 swaps the
-#           order), then the cuDNN peers
-# s51b      the context tests of stage quick on the trimmed default
+#           whole bit for bit, and the reference), the context bench's
+#           cells with the default beside variant 4 (every last tile whole)
+#           in one process (S51_VS=1; 2 swaps the order), the cuDNN peers
+# s51b      the context tests of stage quick and the sanitizers (stage
+#           sanitize) on the trimmed default
 stage_s51a() {
-  local tool
   timeout ${S51_TT:-150} $T --include-ignored trimmed_last_tiles > "$OUT/s51_trim.log" 2>&1
   echo "trimmed test: rc=$?"; summary "$OUT/s51_trim.log"; grep -E "^trimmed_last_tiles" "$OUT/s51_trim.log"
-  for tool in memcheck racecheck; do
-    MHA_KIT_GPU_CASES=4 timeout ${S51_ST:-90} compute-sanitizer --tool $tool $T --include-ignored \
-      trimmed_last_tiles > "$OUT/s51_trim_$tool.log" 2>&1
-    echo "$tool, trimmed: rc=$?"; grep -E "SUMMARY|test result" "$OUT/s51_trim_$tool.log"
-  done
   local c="=bs 8 × 4096, P 16|=bs 1 × 16384, P 16|FP8 KV|chunked|TP-8|FA3 grid D 64|FA3 grid D 128"
   MHA_KIT_BENCH_TRIM_VS=${S51_VS:-1} MHA_KIT_BENCH_CASES="${S51_CASES:-$c}" timeout ${S51_BT:-280} \
     benches/paged-attention-context --bench > "$OUT/s51_bench.log" 2>&1
   echo "== context bench, trimmed vs whole: rc=$?"; grep -E '^(\||## )' "$OUT/s51_bench.log"
   stage_peers
 }
-stage_s51b() { stage_quick; }
+stage_s51b() { stage_quick; stage_sanitize; }
 for st in $STAGES; do "stage_$st"; done
 if [ "${PACK_LOGS:-1}" = 1 ]; then
   (cd "$OUT" && tar -czf "$work/logs.tar.gz" . && find . -mindepth 1 -delete && mv "$work/logs.tar.gz" .)
