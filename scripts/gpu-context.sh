@@ -1252,6 +1252,13 @@ stage_s51a() {
   stage_peers
 }
 stage_s51b() { stage_quick; stage_sanitize; }
+# s51vs     stage s51a's bench alone (S51_VS, S51_CASES as there)
+stage_s51vs() {
+  local c="=bs 8 × 4096, P 16|=bs 1 × 16384, P 16|FP8 KV|chunked|TP-8|FA3 grid D 64|FA3 grid D 128"
+  MHA_KIT_BENCH_TRIM_VS=${S51_VS:-1} MHA_KIT_BENCH_CASES="${S51_CASES:-$c}" timeout ${S51_BT:-280} \
+    benches/paged-attention-context --bench > "$OUT/s51_bench_vs${S51_VS:-1}.log" 2>&1
+  echo "== context bench, trimmed vs whole: rc=$?"; grep -E '^(\||## )' "$OUT/s51_bench_vs${S51_VS:-1}.log"
+}
 for st in $STAGES; do "stage_$st"; done
 if [ "${PACK_LOGS:-1}" = 1 ]; then
   (cd "$OUT" && tar -czf "$work/logs.tar.gz" . && find . -mindepth 1 -delete && mv "$work/logs.tar.gz" .)

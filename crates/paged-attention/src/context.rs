@@ -98,6 +98,22 @@ pub const CONTEXT_KV_LOAD_ENV: &str = "MHA_KIT_CONTEXT_KV_LOAD";
 /// supported; for experiments). [`ContextKernel::set_duo`] overrides it.
 pub const CONTEXT_DUO_ENV: &str = "MHA_KIT_CONTEXT_DUO";
 
+/// Environment variable that turns the sm_90a kernel's trimmed diagonal
+/// tile off (`off`: every item's last KV tile run whole, schedule variant
+/// bit 2) or on (`on`, the default): same results, other timing, for A/B
+/// runs of whole programs (the replay). [`ContextKernel::set_variant`]
+/// overrides it.
+pub const CONTEXT_TRIM_ENV: &str = "MHA_KIT_CONTEXT_TRIM";
+
+/// The schedule variant that [`CONTEXT_TRIM_ENV`] asks for: 0 (`on` or
+/// unset) or 4 (`off`).
+///
+/// # Errors
+/// [`KernelError::Unsupported`] for a value other than `on`, `off`.
+pub fn context_trim_variant_from_env() -> Result<i32> {
+    env_choice(CONTEXT_TRIM_ENV, &[("on", 0), ("off", 4)])
+}
+
 /// The duo choice of [`CONTEXT_DUO_ENV`] as [`ContextKernel::set_duo`]
 /// takes it: `Some(false)` off, `None` the launcher's rule, `Some(true)` on.
 ///

@@ -208,7 +208,7 @@ impl ContextKernel {
             q_tma: true,
             duo: context_duo_from_env()?,
             narrow: true,
-            variant: 0,
+            variant: context_trim_variant_from_env()?,
             experiment: 0,
             tma_launches: AtomicU64::new(0),
             o_tma_launches: AtomicU64::new(0),
