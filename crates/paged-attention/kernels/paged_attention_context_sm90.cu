@@ -773,6 +773,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // finite V) skips the scan of masked tiles' V, NOSTORE (XV & 1024;
     // wrong results) the epilogue's global stores.
     constexpr bool NOSCAN = (XV & 512) != 0;
+    constexpr bool NOSTORE = (XV & 1024) != 0;
     // TRIM: the causal diagonal tile trimmed. Where every row of a consumer
     // warpgroup lies before the middle of its item's last KV tile (the
     // largest position of its rows < the tile's first key + BN / 2), that
@@ -789,7 +790,6 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // tile where a bf16 Q is converted for e4m3 K/V (QCONV: C7511 there);
     // off with schedule variant bit 2 (an A/B).
     constexpr bool TRIM = BN == 128 && XV == 0;
-    constexpr bool NOSTORE = (XV & 1024) != 0;
     // TMA stores of the output rows (p.o_tma, see the epilogue): not with
     // three serial consumers (D 64 16-bit) nor in the no-K/V-reads timing
     // experiments (XV & 4), where the store's issue code made ptxas spill
@@ -1769,7 +1769,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             u32 xb[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
             for (int i = 0; i < NS; ++i) {
-                    if (i >= NSV) break;
+                if (i >= NSV) break;
                 const int hr = (i >> 1) & 1;
                 const float x = fmaf(s[i], cs[hr], -mx[hr]);
                 // POLY: one score in four on the FMA pipe (ex2_poly), the
