@@ -98,11 +98,10 @@ pub const CONTEXT_KV_LOAD_ENV: &str = "MHA_KIT_CONTEXT_KV_LOAD";
 /// supported; for experiments). [`ContextKernel::set_duo`] overrides it.
 pub const CONTEXT_DUO_ENV: &str = "MHA_KIT_CONTEXT_DUO";
 
-/// Environment variable that turns the sm_90a kernel's trimmed diagonal
-/// tile off (`off`: every item's last KV tile run whole, schedule variant
-/// bit 2) or on (`on`, the default): same results, other timing, for A/B
-/// runs of whole programs (the replay). [`ContextKernel::set_variant`]
-/// overrides it.
+/// Environment variable: `off` runs every item's last KV tile whole in the
+/// sm_90a kernel (schedule variant bit 2), `on` (default) trims the causal
+/// diagonal tile; same results, other timing (A/B runs of whole programs).
+/// [`ContextKernel::set_variant`] overrides it.
 pub const CONTEXT_TRIM_ENV: &str = "MHA_KIT_CONTEXT_TRIM";
 
 /// The schedule variant that [`CONTEXT_TRIM_ENV`] asks for: 0 (`on` or
