@@ -588,23 +588,7 @@ pub fn page_table(c: &PageTableCall, ordinal: usize, handle: u64) -> CallResult<
 /// # Errors
 /// [`CallError`] naming the argument; device failures.
 pub fn graph(c: &GraphCall, ordinal: usize, handle: u64) -> CallResult<()> {
-    let mut ts = vec![
-        &c.req_pool_indices,
-        &c.seq_lens,
-        &c.req_to_token,
-        &c.cache_seqlens,
-        &c.cu_seqlens_k,
-        &c.page_table,
-    ];
-    ts.extend(
-        c.cu_seqlens_q
-            .iter()
-            .chain(&c.qlens)
-            .chain(&c.swa_mapping)
-            .chain(&c.swa_page_table)
-            .chain(&c.out_cache_loc)
-            .chain(&c.swa_out_cache_loc),
-    );
+    let ts = c.tensors();
     check_device(&ts, ordinal)?;
     let dev = device(ordinal)?;
     let stream = dev.stream(handle)?;

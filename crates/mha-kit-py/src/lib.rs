@@ -322,23 +322,7 @@ fn update_graph_metadata(
             opt("cu_seqlens_q", cu_seqlens_q)?,
             opt("qlens", qlens)?,
         )?;
-        let mut ts = vec![
-            &c.req_pool_indices,
-            &c.seq_lens,
-            &c.req_to_token,
-            &c.cache_seqlens,
-            &c.cu_seqlens_k,
-            &c.page_table,
-        ];
-        ts.extend(
-            c.cu_seqlens_q
-                .iter()
-                .chain(&c.qlens)
-                .chain(&c.swa_mapping)
-                .chain(&c.swa_page_table)
-                .chain(&c.out_cache_loc)
-                .chain(&c.swa_out_cache_loc),
-        );
+        let ts = c.tensors();
         match common_device(&ts)? {
             // SAFETY: host tensors described by the Python layer, alive for the call.
             Device::Cpu => Ok(Some(unsafe { meta::graph_cpu(&c) }?)),

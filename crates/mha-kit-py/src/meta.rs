@@ -279,6 +279,30 @@ pub struct GraphCall {
     pub swa_out_cache_loc: Option<Tensor>,
 }
 
+impl GraphCall {
+    /// Every tensor of the update (for the device checks).
+    pub fn tensors(&self) -> Vec<&Tensor> {
+        let mut ts = vec![
+            &self.req_pool_indices,
+            &self.seq_lens,
+            &self.req_to_token,
+            &self.cache_seqlens,
+            &self.cu_seqlens_k,
+            &self.page_table,
+        ];
+        ts.extend(
+            self.cu_seqlens_q
+                .iter()
+                .chain(&self.qlens)
+                .chain(&self.swa_mapping)
+                .chain(&self.swa_page_table)
+                .chain(&self.out_cache_loc)
+                .chain(&self.swa_out_cache_loc),
+        );
+        ts
+    }
+}
+
 /// Validates a graph-metadata update.
 ///
 /// # Errors
