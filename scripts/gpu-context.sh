@@ -1245,10 +1245,7 @@ stage_s50a() {
 stage_s51a() {
   timeout ${S51_TT:-150} $T --include-ignored trimmed_last_tiles > "$OUT/s51_trim.log" 2>&1
   echo "trimmed test: rc=$?"; summary "$OUT/s51_trim.log"; grep -E "^trimmed_last_tiles" "$OUT/s51_trim.log"
-  local c="=bs 8 × 4096, P 16|=bs 1 × 16384, P 16|FP8 KV|chunked|TP-8|FA3 grid D 64|FA3 grid D 128"
-  MHA_KIT_BENCH_TRIM_VS=${S51_VS:-1} MHA_KIT_BENCH_CASES="${S51_CASES:-$c}" timeout ${S51_BT:-280} \
-    benches/paged-attention-context --bench > "$OUT/s51_bench.log" 2>&1
-  echo "== context bench, trimmed vs whole: rc=$?"; grep -E '^(\||## )' "$OUT/s51_bench.log"
+  stage_s51vs
   stage_peers
 }
 stage_s51b() { stage_quick; stage_sanitize; }

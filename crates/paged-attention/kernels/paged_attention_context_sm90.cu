@@ -395,6 +395,21 @@ MHA_KIT_DEVICE void mma_ss8(float (&d)[N / 2], u64 a, u64 b) {
     if constexpr (!INIT && N == 64) wg::wgmma_ss_e4m3_n64(d, a, b, 1);
     if constexpr (!INIT && N == 128) wg::wgmma_ss_e4m3_n128(d, a, b, 1);
 }
+// One k-step of S = Q K^T into d (m64nNk16, or m64nNk32 for K8's e4m3
+// chains); `first`: the tile's first step, write-only (see mma_ss).
+template <int QT, int N, bool K8>
+MHA_KIT_DEVICE void s_step(float (&d)[N / 2], u64 a, u64 b, bool first) {
+    if constexpr (K8) {
+        if (first)
+            mma_ss8<N, true>(d, a, b);
+        else
+            mma_ss8<N, false>(d, a, b);
+    } else if (first) {
+        mma_ss<QT, N, true>(d, a, b);
+    } else {
+        mma_ss<QT, N, false>(d, a, b);
+    }
+}
 template <int QT, int N>
 MHA_KIT_DEVICE void mma_rs(float (&d)[N / 2], const u32 (&a)[4], u64 b, int scale_d) {
     if constexpr (QT == 0 && N == 8) wg::wgmma_rs_bf16_n8(d, a, b, scale_d);
@@ -1587,27 +1602,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 // The first step is write-only (scale-d 0, s not read: dead
                 // since the last P was packed), so its registers are free
                 // until here.
-                if (TRIM && hb) {
-                    if constexpr (K8) {
-                        if (ks == 0)
-                            mma_ss8<BN / 2, true>(s_lo, dsc(qd0 + qo), dsc(kd + ko));
-                        else
-                            mma_ss8<BN / 2, false>(s_lo, dsc(qd0 + qo), dsc(kd + ko));
-                    } else if (ks == 0) {
-                        mma_ss<MT, BN / 2, true>(s_lo, dsc(qd0 + qo), dsc(kd + ko));
-                    } else {
-                        mma_ss<MT, BN / 2, false>(s_lo, dsc(qd0 + qo), dsc(kd + ko));
-                    }
-                } else if constexpr (K8) {
-                    if (ks == 0)
-                        mma_ss8<BN, true>(s, dsc(qd0 + qo), dsc(kd + ko));
-                    else
-                        mma_ss8<BN, false>(s, dsc(qd0 + qo), dsc(kd + ko));
-                } else if (ks == 0) {
-                    mma_ss<MT, BN, true>(s, dsc(qd0 + qo), dsc(kd + ko));
-                } else {
-                    mma_ss<MT, BN, false>(s, dsc(qd0 + qo), dsc(kd + ko));
-                }
+                if (TRIM && hb)
+                    s_step<MT, BN / 2, K8>(s_lo, dsc(qd0 + qo), dsc(kd + ko), ks == 0);
+                else
+                    s_step<MT, BN, K8>(s, dsc(qd0 + qo), dsc(kd + ko), ks == 0);
             }
             wg_commit();
         };
