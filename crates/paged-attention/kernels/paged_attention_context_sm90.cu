@@ -102,21 +102,24 @@ struct Cfg {
     // Two CTAs per SM (DUO, 256 threads each): 128.
     static constexpr int LAUNCH_REGS = (65536 / (NTHREADS * CTAS)) & ~7;
     // Register split (128 x P + 128 NCW x C <= the launch's LAUNCH_REGS x
-    // NTHREADS). D 256: 48 / 224, the split its tests ran with on the H200
-    // (with a persistent D 256 the producer's item loop spilled at 40).
+    // NTHREADS). D 256: 56 / 224 (the persistent 16-bit producer spilled at
+    // 40 and 48; at 40 / 232 it spilled 60 bytes).
     // e4m3: 72 / 216 at D 64 / 128, 56 / 224 at D 256 (the producer's
     // conversion keeps four 16-byte loads in flight; with fewer registers
     // it spilled).
     // Three consumers (D 64 16-bit): 56 / 152, the whole register file.
     // DUO: 56 / 200 (one consumer of 64 rows: O 64, S 32, P 16 registers at D 128).
-    static constexpr int PRODUCER_REGS = D == 256 ? (F8 ? 56 : 48) : F8 ? 72 : 56;
+    static constexpr int PRODUCER_REGS = D == 256 ? 56 : F8 ? 72 : 56;
     static constexpr int CONSUMER_REGS = DUO ? 200 : NCW == 3 ? 152 : F8 && D != 256 ? 216 : 224;
     static_assert(128 * PRODUCER_REGS + 128 * NCW * CONSUMER_REGS <= NTHREADS * LAUNCH_REGS, "register split");
     // Persistent grid (mirrored by `context_sm90_persistent` in
-    // src/context.rs): at D 256 the consumers' O (128 registers a thread)
-    // leaves no room for the work-item loop state (NVRTC 12.4's ptxas
-    // spills), so D 256 runs one CTA per work item.
-    static constexpr bool PERSISTENT = D != 256;
+    // src/context/sm90.rs): every 16-bit entry; D 256 with one Q buffer (Q
+    // [128, 256] is 64 KB), so its output goes out by threads and its Q
+    // buffer frees after the item's last S (the next item's Q loads under
+    // the last P V and the epilogue). e4m3 at D 256 runs one CTA per work
+    // item: its persistent producer (56 or 64 registers) spilled 12-24
+    // bytes of item-loop state.
+    static constexpr bool PERSISTENT = D != 256 || !F8;
     static constexpr int CPR = D / 8;               // 16-byte chunks per row
     static constexpr int Q_ATOM = BM * 128;         // bytes of one 64-column block of Q
     static constexpr int KV_ATOM = BN * 128;
@@ -127,16 +130,21 @@ struct Cfg {
     // the consumers finish the current one), three at D 128 16-bit (Q3, in
     // the room of the V ring's third slot: with the output staged in the Q
     // buffer a buffer frees only after its item's TMA stores have read it),
-    // one at D 256 (one item per CTA). e4m3 at D 128: one, so that the
-    // staging ring fits.
+    // one at D 256 (64 KB each). e4m3 at D 128: one, so that the staging
+    // ring fits (K8: two, see KST).
     static constexpr bool Q3 = D == 128 && !F8 && !DUO && !SWAP;
-    static constexpr int QBUF = K8 ? 2 : PERSISTENT && !(F8 && D == 128) ? (Q3 ? 3 : 2) : 1;
+    static constexpr int QBUF = K8 ? 2 : PERSISTENT && !(F8 && D == 128) && D != 256 ? (Q3 ? 3 : 2) : 1;
     // The epilogue stages each warpgroup's output rows in its rows of the
     // item's Q buffer and writes them as whole 16-byte chunks (coalesced
     // rows); the Q buffer is then released after the epilogue, not after the
-    // item's last S. Not with one Q buffer on the persistent grid (e4m3 at
-    // D 128): the next item's Q would wait for this item's epilogue.
-    static constexpr bool STAGE_O = QBUF >= 2 || !PERSISTENT;
+    // item's last S. Not with one Q buffer on the persistent grid (f16-Q
+    // e4m3 at D 128, 16-bit D 256): the next item's Q would wait for this
+    // item's epilogue.
+    // 16-bit D 256 (persistent, one Q buffer) stages too (SD256): its
+    // thread-stored epilogue measured 2-3% slower than one CTA per item
+    // with staging (PERF.md session 52); the next item's Q then waits for
+    // this item's TMA stores to have read the staged rows (no deferral).
+    static constexpr bool STAGE_O = QBUF >= 2 || !PERSISTENT || (D == 256 && !F8);
     static constexpr int Q_OFF = 0;
     static constexpr int K_OFF = Q_OFF + QBUF * Q_BYTES;  // KST slots
     // Ring depths. The producer issues K_t and then V_{t-1}; V's slot frees
@@ -176,7 +184,8 @@ struct Cfg {
     // exponentials ahead of the wait for P V (see `softmax`).
     static constexpr int PIN_OFF = BAR_OFF + NBAR * 8;
     // i32 [4]: two work-item slots, thread 0's prefetched counter value, a
-    // spare (8-byte multiple); then the two slots' geometry (`Item`,
+    // spare (8-byte multiple; at D 256 the consumers' shared pin word,
+    // see pin_addr); then the two slots' geometry (`Item`,
     // published by producer warp 0 for the consumers).
     static constexpr int ITEM_OFF = PIN_OFF + 128 * NCW * 4;
     static constexpr int ITEM_GEOM_BYTES = 64;  // >= sizeof(Item), checked below
@@ -1438,8 +1447,15 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     const int gr = lane >> 2;
     const int qd = lane & 3;
     const int wrow0 = 64 * cw;           // first tile row of this warpgroup
+    // D 256: one word for every thread, the spare word of the work-item
+    // slots (the default reads no pin word back; a warp's stores to one
+    // word are one transaction), so that no register holds a per-thread
+    // address across the item loop (O takes 128 of the 224; with it the
+    // persistent D 256 consumers spilled 4 bytes). Their per-thread pin
+    // words hold each thread's item count instead (see nslot).
     const u32 pin_addr = TCSUM ? base + C::PIN_OFF + (u32)(4 * cw + warp) * 4u
-                               : base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
+                         : D == 256 && !PSUM ? base + C::ITEM_OFF + 12u
+                                             : base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
     const u32 ones_addr = base + C::PIN_OFF + 512u;  // TCSUM: 512 bytes of 16-bit ones
     // SX, EXT: this thread's pin word holds +0, read after each turn is
     // taken (see `softmax`).
@@ -1473,9 +1489,22 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // of the consumers), read from shared memory where it is used; the
         // slot is released after the epilogue.
         const int islot = (n_items - 1) & 1;
+        // D 256: this thread's item count kept in its (otherwise unused, see
+        // pin_addr) pin word across the item and read back at its end, so
+        // that no register holds it beside O's 128 (ptxas spilled it).
+        const u32 nslot = base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
+        if constexpr (D == 256 && !PSUM && !TCSUM)
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(nslot), "r"(n_items) : "memory");
         mbar_wait(bar_ig + 8 * islot, (u32)(((n_items - 1) >> 1) & 1));
         const Item& I = item_geom_s[islot];
         auto release_item = [&]() {
+            if constexpr (D == 256 && !PSUM && !TCSUM) {
+                u32 n;
+                asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(n) : "r"(nslot) : "memory");
+                n_items = (int)n;
+                if (persistent) mbar_arrive(bar_ie + 8 * ((n_items - 1) & 1));
+                return;
+            }
             if (persistent) mbar_arrive(bar_ie + 8 * islot);
         };
         // The last item's TMA stores release their Q buffer here when this
@@ -2252,6 +2281,23 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             // (o_pend); the other threads release it now. A partial
             // warpgroup (the request's last tile) stores by threads.
             bool defer = false;  // this thread's TMA stores release the Q buffer later (o_pend)
+            bool lead_arrived = false;  // one Q buffer: this thread arrived after its stores' reads
+            // D 256: the item's rows, first row and head read again from its
+            // published geometry and the row from a fresh %tid.x (as in the
+            // epilogue by threads below): ptxas kept them across the tile
+            // loop beside O's 128 registers (spills).
+            const int rows_e = D == 256 ? I.rows : rows;
+            const i32 r0_e = D == 256 ? I.r0 : r0;
+            const int h_e = D == 256 ? I.h : h;
+            auto erow = [&](int hr) -> int {
+                if constexpr (D == 256) {
+                    u32 tv;
+                    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tv));
+                    return wrow0 + 16 * (int)((tv & 127u) >> 5) + (int)((tv & 31u) >> 2) + 8 * hr;
+                } else {
+                    return wrow0 + 16 * warp + gr + 8 * hr;
+                }
+            };
             // The row LSE (LSE entries; lane qd 0 of each row's four). Not
             // in the three consumers' entries (D 64 16-bit), where it
             // spilled (152 registers): the launcher runs LSE launches there
@@ -2262,10 +2308,10 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     float den = drow[hr];
                     den += __shfl_xor_sync(0xffffffffu, den, 1);
                     den += __shfl_xor_sync(0xffffffffu, den, 2);
-                    const int row = wrow0 + 16 * warp + gr + 8 * hr;
-                    const int qh = h * G + (r0 + row) % G;
-                    if (qd == 0 && row < rows)
-                        p.lse[(i64)(g.row_start + (r0 + row) / G) * p.lse_stride_tok + qh] =
+                    const int row = erow(hr);
+                    const int qh = h_e * G + (r0_e + row) % G;
+                    if (qd == 0 && row < rows_e)
+                        p.lse[(i64)(g.row_start + (r0_e + row) / G) * p.lse_stride_tok + qh] =
                             row_lse(den, mrow[hr], p.sinks, qh);
                 }
             }
@@ -2275,9 +2321,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     float den = drow[hr];
                     den += __shfl_xor_sync(0xffffffffu, den, 1);
                     den += __shfl_xor_sync(0xffffffffu, den, 2);
-                    const int row = wrow0 + 16 * warp + gr + 8 * hr;
-                    const int qh = h * G + (r0 + row) % G;
-                    const float scale = row < rows ? out_scale(den, mrow[hr], p.sinks, qh, p.bmm2_scale) : 0.f;
+                    const int row = erow(hr);
+                    const int qh = h_e * G + (r0_e + row) % G;
+                    const float scale = row < rows_e ? out_scale(den, mrow[hr], p.sinks, qh, p.bmm2_scale) : 0.f;
 #pragma unroll
                     for (int n = 0; n < D / 8; ++n) {
                         const u32 v = pack2<QT>(o[4 * n + 2 * hr] * scale, o[4 * n + 2 * hr + 1] * scale);
@@ -2287,33 +2333,38 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 }
                 if (OTMA && p.o_tma != 0) fence_proxy_async();  // the staged rows, before a TMA store reads them
                 named_sync_if(true, 6 + cw, 128);
-                if (OTMA && p.o_tma != 0 && !NOSTORE && wrow0 + 64 <= rows) {
+                if (OTMA && p.o_tma != 0 && !NOSTORE && wrow0 + 64 <= rows_e) {
                     const bool lead = ct == 0;
-                    const int tok = g.row_start + (r0 + wrow0) / G;
+                    const int tok = g.row_start + (r0_e + wrow0) / G;
                     u64 map;
                     asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(map) : "r"(base + C::OMAP_OFF));
 #pragma unroll
                     for (int a = 0; a < D / 64; ++a)
-                        tma_store_3d_if(lead, map, ob + a * C::Q_ATOM + wrow0 * 128, 64 * a, h * G, tok);
+                        tma_store_3d_if(lead, map, ob + a * C::Q_ATOM + wrow0 * 128, 64 * a, h_e * G, tok);
                     bulk_commit_if(lead);
-                    defer = lead;
+                    // One Q buffer (D 256): the next item's Q waits for
+                    // these stores to read the rows, so no deferral (the
+                    // next item's first S would wait for that Q).
+                    defer = lead && C::QBUF > 1;
+                    if constexpr (C::QBUF == 1) bulk_wait_read_arrive_if(lead, bar_qe + 8 * qb);
+                    if (C::QBUF == 1 && lead) lead_arrived = true;
                 } else {
                 constexpr int ORS = 128 / CPR;  // rows per pass
                 const int ch = ct % CPR;
                 int rr = ct / CPR;  // row of the warpgroup's 64
-                int rg = r0 + wrow0 + rr;
+                int rg = r0_e + wrow0 + rr;
                 int j = rg / G;
                 int gq = rg - j * G;
                 const int sj = ORS / G, sg = ORS - (ORS / G) * G;
 #pragma unroll
                 for (int i = 0; i < 64 / ORS; ++i, rr += ORS) {
-                    if (wrow0 + rr < rows) {
+                    if (wrow0 + rr < rows_e) {
                         uint4 v;
                         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                                      : "r"(ob + swz(wrow0 + rr, ch, C::Q_ATOM))
                                      : "memory");
-                        u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)(h * G + gq) * p.o_stride_head +
+                        u16* dst = p.out + (i64)(g.row_start + j) * p.o_stride_tok + (i64)(h_e * G + gq) * p.o_stride_head +
                                    ch * 8;
                         // One 16-byte store (a C++ uint4 store of these asm
                         // outputs compiled to four 4-byte stores).
@@ -2332,17 +2383,33 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 }  // stores by threads
             }
             if constexpr (OTMA) o_pend = defer ? bar_qe + 8 * qb : 0u;
-            mbar_arrive_if(!defer, bar_qe + 8 * qb);
+            mbar_arrive_if(!defer && !lead_arrived, bar_qe + 8 * qb);
         } else {
 #pragma unroll
         for (int hr = 0; hr < 2 && active; ++hr) {
             float den = drow[hr];
             den += __shfl_xor_sync(0xffffffffu, den, 1);
             den += __shfl_xor_sync(0xffffffffu, den, 2);
-            const int row = wrow0 + 16 * warp + gr + 8 * hr;
+            // D 256: the row from a fresh thread index (opaque); ptxas kept
+            // the item start's row + 8 across the tile loop (a spill). The
+            // other entries keep the row as it is (the D 64 entries spilled
+            // 4 bytes with the fresh index).
+            const int row = [&]() -> int {
+                if constexpr (D == 256) {
+                    u32 tv;
+                    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tv));
+                    return wrow0 + 16 * (int)((tv & 127u) >> 5) + (int)((tv & 31u) >> 2) + 8 * hr;
+                } else {
+                    return wrow0 + 16 * warp + gr + 8 * hr;
+                }
+            }();
             // Compared here (opaque), not kept as a flag from the item's start
             // (ptxas spilled that flag).
-            int rows_v = rows;
+            // D 256: the item's rows, head and first row read again from its
+            // published geometry (I, shared memory; reloaded after the
+            // loop's barriers), not held across the tile loop (O: 128
+            // registers; ptxas spilled the copies).
+            int rows_v = D == 256 ? I.rows : rows;
             asm volatile("" : "+r"(rows_v));
             if (row >= rows_v) continue;
             if (p.kv_splits > 1) {
@@ -2358,9 +2425,9 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                 }
                 continue;
             }
-            const int rg = r0 + row;
+            const int rg = (D == 256 ? I.r0 : r0) + row;
             const int j = rg / G;
-            const int qh = h * G + (rg - j * G);
+            const int qh = (D == 256 ? I.h : h) * G + (rg - j * G);
             const float scale = out_scale(den, mrow[hr], p.sinks, qh, p.bmm2_scale);
             // The row LSE (LSE entries; not the three consumers', see the
             // staged epilogue). With the staged epilogue this path writes

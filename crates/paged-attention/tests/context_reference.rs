@@ -298,10 +298,10 @@ fn context_sm90_plan_fits() {
         // two elsewhere, one for e4m3 at D 128 (its staging ring takes the
         // room).
         let qbuf = context_sm90_q_buffers(d, kv);
-        let persistent = context_sm90_persistent(d);
+        let persistent = context_sm90_persistent(d, kv);
         let want = match (persistent, d, kv) {
             (false, _, _) => 1,
-            (true, 128, KvDtype::E4m3) => 1,
+            (true, 128, KvDtype::E4m3) | (true, 256, _) => 1,
             (true, 128, _) => 3,
             _ => 2,
         };
@@ -354,20 +354,24 @@ fn context_sm90_plan_fits() {
             // The launcher's grid: persistent (at most one CTA per SM) only
             // for variants without bit 1 at the persistent head dims.
             let items = tiles as u32 * 6;
-            let want = if context_sm90_persistent(d) {
+            let want = if context_sm90_persistent(d, kv) {
                 items.min(132)
             } else {
                 items
             };
             for variant in [0, 1] {
-                assert_eq!(context_sm90_grid(items, d, variant, 132), want);
+                assert_eq!(context_sm90_grid(items, d, kv, variant, 132), want);
             }
             assert_eq!(
-                context_sm90_grid(items, d, 0, 0),
-                if context_sm90_persistent(d) { 1 } else { items }
+                context_sm90_grid(items, d, kv, 0, 0),
+                if context_sm90_persistent(d, kv) {
+                    1
+                } else {
+                    items
+                }
             );
             for variant in [2, 3] {
-                assert_eq!(context_sm90_grid(items, d, variant, 132), items);
+                assert_eq!(context_sm90_grid(items, d, kv, variant, 132), items);
             }
             assert_eq!(cfg.block_dim.0, 128 * (ncw as u32 + 1));
             assert_eq!(cfg.block_dim.0, context_sm90_threads(d, kv));
@@ -416,7 +420,7 @@ fn context_sm90_launch_matches_the_ptx() {
         let name = context_sm90_entry_name(q, kv, d);
         let body = sm90_entry_body(&name);
         let counts_work = body.contains("atom.global.add.u32");
-        assert_eq!(counts_work, context_sm90_persistent(d), "{name}");
+        assert_eq!(counts_work, context_sm90_persistent(d, kv), "{name}");
         // The launcher's block size is the entry's `.maxntid`, and the
         // producer / consumer register split fits the registers the
         // launch gives the CTA.

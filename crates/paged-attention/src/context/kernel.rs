@@ -622,7 +622,7 @@ impl ContextKernel {
                 .max_ctas
                 .unwrap_or(self.sm_count * per_sm)
                 .min(self.sm_count * per_sm);
-            config.grid_dim.0 = context_sm90_grid(config.grid_dim.0, d, p.variant, ctas);
+            config.grid_dim.0 = context_sm90_grid(config.grid_dim.0, d, kv_dtype, p.variant, ctas);
         }
         let sm90_args: [&dyn KernelArg; 5] = [&p, &maps[0], &maps[1], &o_map, &q_map];
         let params: &[&dyn KernelArg] = if plan.sm90 {

@@ -45,13 +45,16 @@ pub fn context_sm90_entry_name(q: HalfDtype, kv: KvDtype, head_dim: usize) -> St
     )
 }
 
-/// Whether the sm_90a kernel at `head_dim` runs a persistent grid (one CTA
-/// per SM taking work items from a counter) under schedule variant 0;
-/// mirrors `Cfg::PERSISTENT` in `paged_attention_context_sm90.cu`: D 64 and
-/// 128. At D 256 the kernel handles one work item per CTA and must be
-/// launched with one CTA per item ([`context_sm90_grid`]).
-pub fn context_sm90_persistent(head_dim: usize) -> bool {
-    head_dim != 256
+/// Whether the sm_90a kernel at `head_dim` with `kv` pools runs a
+/// persistent grid (one CTA per SM taking work items from a counter) under
+/// schedule variant 0; mirrors `Cfg::PERSISTENT` in
+/// `paged_attention_context_sm90.cu`: every entry but e4m3 at D 256 (16-bit
+/// D 256 since session 52, with one Q buffer; the e4m3 D 256 producer's
+/// item-loop state does not fit its registers), which handles one work item
+/// per CTA and must be launched with one CTA per item
+/// ([`context_sm90_grid`]).
+pub fn context_sm90_persistent(head_dim: usize, kv: KvDtype) -> bool {
+    !(head_dim == 256 && kv == KvDtype::E4m3)
 }
 
 /// Keys per KV tile of the sm_90a kernel: 64 at D 256, else 128.
@@ -76,14 +79,14 @@ pub fn context_sm90_stages(head_dim: usize, kv: KvDtype) -> (usize, usize) {
 
 /// Q buffers of the sm_90a kernel (mirrors `Cfg::QBUF`): on the persistent
 /// grid ([`context_sm90_persistent`]: the next work items' Q load while the
-/// consumers finish the current item) three at D 128 with 16-bit KV and
-/// two otherwise; one off it and for e4m3 KV at D 128 (the staging ring
-/// takes the room). The bf16-Q e4m3 entries at D 128 (K8: S on the 8-bit K
+/// consumers finish the current item) three at D 128 with 16-bit KV, one
+/// at D 256 (a `[128, 256]` Q tile is 64 KB) and two at D 64; one off it
+/// and for e4m3 KV at D 128 (the staging ring takes the room). The bf16-Q e4m3 entries at D 128 (K8: S on the 8-bit K
 /// tiles) have two, with four 8-bit K slots and two V slots (see
 /// [`context_sm90_smem_bytes`]); these mirrors give the f16-Q layout.
 pub fn context_sm90_q_buffers(head_dim: usize, kv: KvDtype) -> usize {
-    match (context_sm90_persistent(head_dim), head_dim, kv) {
-        (false, _, _) | (true, 128, KvDtype::E4m3) => 1,
+    match (context_sm90_persistent(head_dim, kv), head_dim, kv) {
+        (false, _, _) | (true, 128, KvDtype::E4m3) | (true, 256, _) => 1,
         (true, 128, _) => 3,
         _ => 2,
     }
