@@ -114,9 +114,10 @@ struct Cfg {
     static_assert(128 * PRODUCER_REGS + 128 * NCW * CONSUMER_REGS <= NTHREADS * LAUNCH_REGS, "register split");
     // Persistent grid (mirrored by `context_sm90_persistent` in
     // src/context/sm90.rs): every 16-bit entry; D 256 with one Q buffer (Q
-    // [128, 256] is 64 KB), so its output goes out by threads and its Q
-    // buffer frees after the item's last S (the next item's Q loads under
-    // the last P V and the epilogue). e4m3 at D 256 runs one CTA per work
+    // [128, 256] is 64 KB), released once the item's staged output rows
+    // have been read by their TMA stores (see STAGE_O; measured 2-5% faster
+    // than one CTA per item on the short cells, PERF.md session 53). e4m3
+    // at D 256 runs one CTA per work
     // item: its persistent producer (56 or 64 registers) spilled 12-24
     // bytes of item-loop state.
     static constexpr bool PERSISTENT = D != 256 || !F8;
@@ -142,7 +143,8 @@ struct Cfg {
     // item's epilogue.
     // 16-bit D 256 (persistent, one Q buffer) stages too (SD256): its
     // thread-stored epilogue measured 2-3% slower than one CTA per item
-    // with staging (PERF.md session 52); the next item's Q then waits for
+    // with staging (PERF.md session 52), the staged one 2-5% faster on the
+    // short cells (session 53); the next item's Q then waits for
     // this item's TMA stores to have read the staged rows (no deferral).
     static constexpr bool STAGE_O = QBUF >= 2 || !PERSISTENT || (D == 256 && !F8);
     static constexpr int Q_OFF = 0;

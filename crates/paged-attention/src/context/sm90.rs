@@ -49,7 +49,7 @@ pub fn context_sm90_entry_name(q: HalfDtype, kv: KvDtype, head_dim: usize) -> St
 /// persistent grid (one CTA per SM taking work items from a counter) under
 /// schedule variant 0; mirrors `Cfg::PERSISTENT` in
 /// `paged_attention_context_sm90.cu`: every entry but e4m3 at D 256 (16-bit
-/// D 256 since session 52, with one Q buffer; the e4m3 D 256 producer's
+/// D 256 since session 53, with one Q buffer; the e4m3 D 256 producer's
 /// item-loop state does not fit its registers), which handles one work item
 /// per CTA and must be launched with one CTA per item
 /// ([`context_sm90_grid`]).
