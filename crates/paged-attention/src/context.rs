@@ -648,25 +648,6 @@ pub fn context_sm90_merge_entry_name(q: HalfDtype, kv: KvDtype, head_dim: usize)
     )
 }
 
-/// CTAs of an sm_90a launch of `items` work items: one per item, or, for the
-/// persistent grid (schedule variants without bit 1 at
-/// [`context_sm90_persistent`] head dims and KV dtypes), at most `ctas` (the SM count: one CTA per
-/// SM fits; at least 1). With fewer CTAs than items, CTA `c` starts with item `c` and takes the
-/// following items, in order, from a device counter ([`ContextParams::work`]).
-pub fn context_sm90_grid(
-    items: u32,
-    head_dim: usize,
-    kv: KvDtype,
-    variant: i32,
-    ctas: usize,
-) -> u32 {
-    if variant & 2 == 0 && context_sm90_persistent(head_dim, kv) {
-        items.min(ctas.max(1) as u32)
-    } else {
-        items
-    }
-}
-
 /// Validates `args` and derives the launch plan of the compute_90 kernel
 /// ([`validate_context_for`] with `sm90 = false`).
 ///

@@ -57,6 +57,25 @@ pub fn context_sm90_persistent(head_dim: usize, kv: KvDtype) -> bool {
     !(head_dim == 256 && kv == KvDtype::E4m3)
 }
 
+/// CTAs of an sm_90a launch of `items` work items: one per item, or, for the
+/// persistent grid (schedule variants without bit 1 at
+/// [`context_sm90_persistent`] head dims and KV dtypes), at most `ctas` (the SM count: one CTA per
+/// SM fits; at least 1). With fewer CTAs than items, CTA `c` starts with item `c` and takes the
+/// following items, in order, from a device counter ([`ContextParams::work`]).
+pub fn context_sm90_grid(
+    items: u32,
+    head_dim: usize,
+    kv: KvDtype,
+    variant: i32,
+    ctas: usize,
+) -> u32 {
+    if variant & 2 == 0 && context_sm90_persistent(head_dim, kv) {
+        items.min(ctas.max(1) as u32)
+    } else {
+        items
+    }
+}
+
 /// Keys per KV tile of the sm_90a kernel: 64 at D 256, else 128.
 pub fn context_sm90_tile_keys(head_dim: usize) -> usize {
     if head_dim == 256 {
