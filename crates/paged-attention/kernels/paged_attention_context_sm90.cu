@@ -2265,6 +2265,20 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             }
         }
         // ---- epilogue ----
+        // Row hr of this thread in the warpgroup's 64. D 256: from a fresh
+        // thread index (opaque); ptxas kept the item start's row + 8 across
+        // the tile loop beside O's 128 registers (a spill). The other entries
+        // keep the row as it is (the D 64 entries spilled 4 bytes with the
+        // fresh index).
+        auto erow = [&](int hr) -> int {
+            if constexpr (D == 256) {
+                u32 tv;
+                asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tv));
+                return wrow0 + 16 * (int)((tv & 127u) >> 5) + (int)((tv & 31u) >> 2) + 8 * hr;
+            } else {
+                return wrow0 + 16 * warp + gr + 8 * hr;
+            }
+        };
         if (C::STAGE_O && ntiles > 0 && p.kv_splits == 1) {
             // Each thread scales its two rows' columns into this warpgroup's
             // rows of the Q buffer (the operand layout, conflict-free), then
@@ -2285,21 +2299,12 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             bool defer = false;  // this thread's TMA stores release the Q buffer later (o_pend)
             bool lead_arrived = false;  // one Q buffer: this thread arrived after its stores' reads
             // D 256: the item's rows, first row and head read again from its
-            // published geometry and the row from a fresh %tid.x (as in the
-            // epilogue by threads below): ptxas kept them across the tile
-            // loop beside O's 128 registers (spills).
+            // published geometry (as in the epilogue by threads below) and
+            // the row from erow: ptxas kept them across the tile loop beside
+            // O's 128 registers (spills).
             const int rows_e = D == 256 ? I.rows : rows;
             const i32 r0_e = D == 256 ? I.r0 : r0;
             const int h_e = D == 256 ? I.h : h;
-            auto erow = [&](int hr) -> int {
-                if constexpr (D == 256) {
-                    u32 tv;
-                    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tv));
-                    return wrow0 + 16 * (int)((tv & 127u) >> 5) + (int)((tv & 31u) >> 2) + 8 * hr;
-                } else {
-                    return wrow0 + 16 * warp + gr + 8 * hr;
-                }
-            };
             // The row LSE (LSE entries; lane qd 0 of each row's four). Not
             // in the three consumers' entries (D 64 16-bit), where it
             // spilled (152 registers): the launcher runs LSE launches there
@@ -2392,19 +2397,7 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             float den = drow[hr];
             den += __shfl_xor_sync(0xffffffffu, den, 1);
             den += __shfl_xor_sync(0xffffffffu, den, 2);
-            // D 256: the row from a fresh thread index (opaque); ptxas kept
-            // the item start's row + 8 across the tile loop (a spill). The
-            // other entries keep the row as it is (the D 64 entries spilled
-            // 4 bytes with the fresh index).
-            const int row = [&]() -> int {
-                if constexpr (D == 256) {
-                    u32 tv;
-                    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tv));
-                    return wrow0 + 16 * (int)((tv & 127u) >> 5) + (int)((tv & 31u) >> 2) + 8 * hr;
-                } else {
-                    return wrow0 + 16 * warp + gr + 8 * hr;
-                }
-            }();
+            const int row = erow(hr);  // see erow
             // Compared here (opaque), not kept as a flag from the item's start
             // (ptxas spilled that flag).
             // D 256: the item's rows, head and first row read again from its
