@@ -58,10 +58,11 @@ pub fn context_sm90_persistent(head_dim: usize, kv: KvDtype) -> bool {
 }
 
 /// CTAs of an sm_90a launch of `items` work items: one per item, or, for the
-/// persistent grid (schedule variants without bit 1 at
-/// [`context_sm90_persistent`] head dims and KV dtypes), at most `ctas` (the SM count: one CTA per
-/// SM fits; at least 1). With fewer CTAs than items, CTA `c` starts with item `c` and takes the
-/// following items, in order, from a device counter ([`ContextParams::work`]).
+/// persistent grid (schedule variants without bit 1 at the
+/// [`context_sm90_persistent`] head dims and KV dtypes), at most `ctas`
+/// (the SM count: one CTA per SM fits; at least 1). With fewer CTAs than
+/// items, CTA `c` starts with item `c` and takes the following items, in
+/// order, from a device counter ([`ContextParams::work`]).
 pub fn context_sm90_grid(
     items: u32,
     head_dim: usize,
@@ -100,8 +101,9 @@ pub fn context_sm90_stages(head_dim: usize, kv: KvDtype) -> (usize, usize) {
 /// grid ([`context_sm90_persistent`]: the next work items' Q load while the
 /// consumers finish the current item) three at D 128 with 16-bit KV, one
 /// at D 256 (a `[128, 256]` Q tile is 64 KB) and two at D 64; one off it
-/// and for e4m3 KV at D 128 (the staging ring takes the room). The bf16-Q e4m3 entries at D 128 (K8: S on the 8-bit K
-/// tiles) have two, with four 8-bit K slots and two V slots (see
+/// and for e4m3 KV at D 128 (the staging ring takes the room). The bf16-Q
+/// e4m3 entries at D 128 (K8: S on the 8-bit K tiles) have two, with four
+/// 8-bit K slots and two V slots (see
 /// [`context_sm90_smem_bytes`]); these mirrors give the f16-Q layout.
 pub fn context_sm90_q_buffers(head_dim: usize, kv: KvDtype) -> usize {
     match (context_sm90_persistent(head_dim, kv), head_dim, kv) {
