@@ -117,9 +117,8 @@ struct Cfg {
     // [128, 256] is 64 KB), released once the item's staged output rows
     // have been read by their TMA stores (see STAGE_O; measured 2-5% faster
     // than one CTA per item on the short cells, PERF.md session 53). e4m3
-    // at D 256 runs one CTA per work
-    // item: its persistent producer (56 or 64 registers) spilled 12-24
-    // bytes of item-loop state.
+    // at D 256 runs one CTA per work item: its persistent producer (56 or
+    // 64 registers) spilled 12-24 bytes of item-loop state.
     static constexpr bool PERSISTENT = D != 256 || !F8;
     static constexpr int CPR = D / 8;               // 16-byte chunks per row
     static constexpr int Q_ATOM = BM * 128;         // bytes of one 64-column block of Q
@@ -138,14 +137,13 @@ struct Cfg {
     // The epilogue stages each warpgroup's output rows in its rows of the
     // item's Q buffer and writes them as whole 16-byte chunks (coalesced
     // rows); the Q buffer is then released after the epilogue, not after the
-    // item's last S. Not with one Q buffer on the persistent grid (f16-Q
-    // e4m3 at D 128, 16-bit D 256): the next item's Q would wait for this
-    // item's epilogue.
-    // 16-bit D 256 (persistent, one Q buffer) stages too (SD256): its
+    // item's last S. Not with one Q buffer on the persistent grid for f16-Q
+    // e4m3 at D 128: the next item's Q would wait for this item's epilogue.
+    // 16-bit D 256 (persistent, one Q buffer) stages all the same: its
     // thread-stored epilogue measured 2-3% slower than one CTA per item
     // with staging (PERF.md session 52), the staged one 2-5% faster on the
-    // short cells (session 53); the next item's Q then waits for
-    // this item's TMA stores to have read the staged rows (no deferral).
+    // short cells (session 53); the next item's Q then waits for this
+    // item's TMA stores to have read the staged rows (no deferral).
     static constexpr bool STAGE_O = QBUF >= 2 || !PERSISTENT || (D == 256 && !F8);
     static constexpr int Q_OFF = 0;
     static constexpr int K_OFF = Q_OFF + QBUF * Q_BYTES;  // KST slots
@@ -1500,14 +1498,14 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         mbar_wait(bar_ig + 8 * islot, (u32)(((n_items - 1) >> 1) & 1));
         const Item& I = item_geom_s[islot];
         auto release_item = [&]() {
+            int slot = islot;
             if constexpr (D == 256 && !PSUM && !TCSUM) {
                 u32 n;
                 asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(n) : "r"(nslot) : "memory");
                 n_items = (int)n;
-                if (persistent) mbar_arrive(bar_ie + 8 * ((n_items - 1) & 1));
-                return;
+                slot = (n_items - 1) & 1;  // islot, not held across the item
             }
-            if (persistent) mbar_arrive(bar_ie + 8 * islot);
+            if (persistent) mbar_arrive(bar_ie + 8 * slot);
         };
         // The last item's TMA stores release their Q buffer here when this
         // item runs no S (else after its first S, below).
