@@ -20,7 +20,7 @@ scale_d = 0 overwrites d, 1 accumulates. Run: python3 gen_wgmma.py > wgmma_sm90.
 """
 
 TYPES = {"bf16": "bf16", "f16": "f16"}
-SS_N = [64, 128]
+SS_N = [32, 64, 128]
 RS_N = [8, 64, 128, 256]
 SS8_N = [64, 128]
 

@@ -384,13 +384,17 @@ MHA_KIT_DEVICE constexpr u64 sdesc_noswz(u32 addr, u32 lbo, u32 sbo) {
 template <int QT, int N, bool INIT>
 MHA_KIT_DEVICE void mma_ss(float (&d)[N / 2], u64 a, u64 b) {
     if constexpr (INIT) {
+        if constexpr (QT == 0 && N == 32) wg::wgmma_ss_bf16_n32_init(d, a, b);
         if constexpr (QT == 0 && N == 64) wg::wgmma_ss_bf16_n64_init(d, a, b);
         if constexpr (QT == 0 && N == 128) wg::wgmma_ss_bf16_n128_init(d, a, b);
+        if constexpr (QT == 1 && N == 32) wg::wgmma_ss_f16_n32_init(d, a, b);
         if constexpr (QT == 1 && N == 64) wg::wgmma_ss_f16_n64_init(d, a, b);
         if constexpr (QT == 1 && N == 128) wg::wgmma_ss_f16_n128_init(d, a, b);
     } else {
+        if constexpr (QT == 0 && N == 32) wg::wgmma_ss_bf16_n32(d, a, b, 1);
         if constexpr (QT == 0 && N == 64) wg::wgmma_ss_bf16_n64(d, a, b, 1);
         if constexpr (QT == 0 && N == 128) wg::wgmma_ss_bf16_n128(d, a, b, 1);
+        if constexpr (QT == 1 && N == 32) wg::wgmma_ss_f16_n32(d, a, b, 1);
         if constexpr (QT == 1 && N == 64) wg::wgmma_ss_f16_n64(d, a, b, 1);
         if constexpr (QT == 1 && N == 128) wg::wgmma_ss_f16_n128(d, a, b, 1);
     }
@@ -807,13 +811,17 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
     // so they only added zero weights: same result (bit for bit: the sums
     // and P V added exact zeros), half the GEMM work and exponentials of
     // that tile. With 16-token warpgroups (GQA 4 packs 64 rows) that is half
-    // of the items' diagonal tiles. Not at BN 64 (D 256, duo), nor in the
+    // of the items' diagonal tiles. At D 256 (BN 64: m64n32 S, 2 of 4 P V
+    // steps) only where the trimmed tile is not the item's first (tile 0
+    // trimmed serialized the 16-bit entries' wgmmas, C7511), and the last
+    // P V reads the trim from the geometry, not from a flag (which spilled).
+    // Not in the duo entries (BN 64), nor in the
     // experiment entries (the trace and no-V-scan entries then serialized
     // their wgmmas for want of registers: ptxas C7511; they run whole tiles,
     // as the production entries under variant 4), nor for an item's only
     // tile where a bf16 Q is converted for e4m3 K/V (QCONV: C7511 there);
     // off with schedule variant bit 2 (an A/B).
-    constexpr bool TRIM = BN == 128 && XV == 0;
+    constexpr bool TRIM = (BN == 128 || (D == 256 && !DUO)) && XV == 0;
     // TMA stores of the output rows (p.o_tma, see the epilogue): not with
     // three serial consumers (D 64 16-bit) nor in the no-K/V-reads timing
     // experiments (XV & 4), where the store's issue code made ptxas spill
@@ -1491,10 +1499,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         const int islot = (n_items - 1) & 1;
         // D 256: this thread's item count kept in its (otherwise unused, see
         // pin_addr) pin word across the item and read back at its end, so
-        // that no register holds it beside O's 128 (ptxas spilled it).
+        // that no register holds it beside O's 128 (ptxas spilled it); bit
+        // 31 holds the parity of nq (the consumers' only use of it with one
+        // Q buffer: the Q barrier's phase; with the trimmed D 256 tile ptxas
+        // spilled nq too).
         const u32 nslot = base + C::PIN_OFF + (u32)(128 * cw + ct) * 4u;
         if constexpr (D == 256 && !PSUM && !TCSUM)
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(nslot), "r"(n_items) : "memory");
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(nslot), "r"((u32)n_items | ((u32)nq << 31)) : "memory");
         mbar_wait(bar_ig + 8 * islot, (u32)(((n_items - 1) >> 1) & 1));
         const Item& I = item_geom_s[islot];
         auto release_item = [&]() {
@@ -1502,7 +1513,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
             if constexpr (D == 256 && !PSUM && !TCSUM) {
                 u32 n;
                 asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(n) : "r"(nslot) : "memory");
-                n_items = (int)n;
+                n_items = (int)(n & 0x7fffffffu);
+                nq = (int)(n >> 31);
                 slot = (n_items - 1) & 1;  // islot, not held across the item
             }
             if (persistent) mbar_arrive(bar_ie + 8 * slot);
@@ -1545,6 +1557,8 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
         // holds it across the tile loop: the three consumers' entries
         // spilled 8 bytes with a per-item flag).
         auto trim_at = [&](int t) {
+            if constexpr (D == 256)
+                if (t == 0) return false;  // see TRIM
             return TRIM && (p.variant & 4) == 0 && active && t == ntiles - 1 &&
                    xw_max < (t_first + t) * BN + BN / 2;
         };
@@ -2244,7 +2258,13 @@ MHA_KIT_DEVICE void context_sm90_body(const ContextParams& p, const TmaMap& tmap
                     if constexpr (TCSUM) fence_regs(lacc);
                     fence_regs(pa);
                 };
-                if (lh)
+                // D 256: the trim from the geometry (a flag across the loop
+                // spilled). Where the loop's slow path ran the last tile
+                // whole, its P past the tile's middle is exact zeros (those
+                // keys are causally masked for every row of the warpgroup)
+                // and its V is finite (else the slow last P V above), so
+                // leaving those steps out changes no bit.
+                if (D == 256 ? trim_at(ntiles - 1) : lh)
                     last_pv(true);
                 else
                     last_pv(false);

@@ -1092,11 +1092,12 @@ fn main() {
             // the tile's middle (the causal diagonal: TRIM in the kernel);
             // schedule variant 4 runs every tile whole. Both on random
             // ragged cases (windows, sinks, GQA, page sizes, bad pages, e4m3
-            // KV, every D) and on one request of each D 64 / 128 and dtype
-            // pair (GQA 4, two KV heads) whose new tokens end at each
-            // quarter of a tile and past it, with no prefix and a 37-token
-            // one: the same bits (the trimmed keys only added zero weights),
-            // and the reference.
+            // KV, every D) and on one request of each D 64 / 128 / 256 and
+            // dtype pair (GQA 4, two KV heads) whose new tokens end at each
+            // quarter of a 128-key tile and past it (at D 256, 64-key tiles:
+            // at each half of one, the trimmed tile never an item's first),
+            // with no prefix and a 37-token one: the same bits (the trimmed
+            // keys only added zero weights), and the reference.
             let _ = k;
             let trimmed = ContextKernel::new(gpu).or_fail("load")?;
             let mut whole = ContextKernel::new(gpu).or_fail("load")?;
@@ -1114,7 +1115,7 @@ fn main() {
             // A small case budget (the sanitizer runs): the first pair only.
             let pairs = if n < 16 { 1 } else { dtypes.len() };
             for (j, &(qd, kv)) in dtypes.iter().enumerate().take(pairs) {
-                for (m, &d) in [64usize, 128].iter().enumerate() {
+                for (m, &d) in [64usize, 128, 256].iter().enumerate() {
                     for (n, &new) in [32usize, 64, 96, 128, 129, 161].iter().enumerate() {
                         for prefix in [0usize, 37] {
                             let seed = 0x7819_1000 + (1000 * j + 100 * m + 10 * n + prefix) as u64;
