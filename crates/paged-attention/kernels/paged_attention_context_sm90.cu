@@ -6,11 +6,12 @@
 //
 // Work item = (q tile of BM packed (token, head) rows, KV split s,
 // KV head h, request b), numbered with q tiles fastest (items in flight
-// share K/V in L2), the heaviest tiles of a (request, head) first. At D 64 /
-// 128 the grid is persistent: CTA c starts with item c and takes further
-// items from a device counter (p.work, fetched one item ahead, reset by the
-// last CTA to run out); the K/V rings run on across a CTA's items and two Q
-// buffers alternate. D 256 runs one CTA per item. With split KV
+// share K/V in L2), the heaviest tiles of a (request, head) first. The grid
+// is persistent (every entry but e4m3 D 256, which runs one CTA per item):
+// CTA c starts with item c and takes further items from a device counter
+// (p.work, fetched one item ahead, reset by the last CTA to run out); the
+// K/V rings run on across a CTA's items and its Q buffers take the items in
+// turn (Cfg::QBUF: three at 16-bit D 128, one at D 256). With split KV
 // (p.kv_splits > 1) an item covers one chunk of the q tile's KV tiles and
 // writes partial rows; the merge entry at the end of this file finishes them.
 // BM = 64 rows per consumer warpgroup: two consumers (BM 128, 384 threads),
